@@ -1,0 +1,161 @@
+// The op interface. The transformer forward in runtime/ is written once against Backend; the
+// CPU backend (kernels/cpu/) is the reference and the embedded default, the CUDA backend
+// (kernels/cuda/) implements the same calls on a stream.
+//
+// Conventions shared by every op:
+// - Pointers are device pointers of the backend (host pointers for the CPU backend).
+// - Activations are f32, row-major; weights keep their stored dtype (F32, F16, BF16).
+// - Ops are enqueued in order; results are visible to later ops of the same backend, and to the
+//   host after synchronize().
+// - Every op returns a Status and never throws; a failed status leaves outputs unspecified.
+// - Batch invariance: every output element is computed by the same instructions in the same
+//   reduction order however many rows or tokens share the call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "kernels/core/dtype.h"
+#include "kernels/core/status.h"
+
+namespace specrun::kernels {
+
+struct EmbeddingParams {
+  int64_t num_tokens;  // rows to gather
+  int64_t vocab_size;  // rows in the table; an id outside [0, vocab_size) is kOutOfRange
+  int64_t dim;         // row width
+  DType table_dtype;   // storage dtype of the table
+};
+
+struct RmsNormParams {
+  int64_t rows;        // independent rows to normalise
+  int64_t dim;         // row width
+  float eps;           // added to the mean square before the reciprocal square root
+  DType weight_dtype;  // storage dtype of the per-channel gain
+};
+
+// out[rows, out_features] = x[rows, in_features] @ weight[out_features, in_features]^T + bias
+struct MatmulParams {
+  int64_t rows;          // activation rows (tokens); 1 for decode, gamma + 1 for verification
+  int64_t in_features;   // reduction length
+  int64_t out_features;  // weight rows
+  DType weight_dtype;    // storage dtype of the weight
+  DType bias_dtype;      // storage dtype of the bias; ignored when bias is null
+};
+
+// Which pairs of channels a rotation mixes.
+enum class RopeStyle : uint8_t {
+  kRotateHalf,   // (i, i + head_dim/2): Hugging Face checkpoints
+  kInterleaved,  // (2i, 2i + 1): Meta's original and GGUF checkpoints
+};
+
+struct RopeParams {
+  int64_t num_tokens;    // rows of q and k
+  int64_t num_heads;     // query heads per row
+  int64_t num_kv_heads;  // key heads per row
+  int64_t head_dim;      // channels per head, even
+  RopeStyle style;       // channel pairing
+};
+
+struct KvWriteParams {
+  int64_t num_tokens;    // rows of k and v to store
+  int64_t num_kv_heads;  // heads per row
+  int64_t head_dim;      // channels per head
+  int64_t num_slots;     // capacity of the cache in tokens (num_blocks * block_size)
+};
+
+struct AttentionParams {
+  int64_t num_seqs;            // sequences in the batch
+  int64_t num_tokens;          // query tokens over all sequences
+  int64_t num_heads;           // query heads
+  int64_t num_kv_heads;        // key/value heads; num_heads is a multiple (grouped-query)
+  int64_t head_dim;            // channels per head
+  int64_t block_size;          // tokens per KV block
+  int64_t max_blocks_per_seq;  // row stride of the block tables
+  float scale;                 // softmax scale, usually 1/sqrt(head_dim)
+  int64_t sliding_window;      // attend to at most this many latest positions; 0: no limit
+};
+
+struct SwigluParams {
+  int64_t rows;  // tokens
+  int64_t dim;   // intermediate width
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", "cuda:0".
+  virtual std::string_view name() const = 0;
+  // True when device pointers are host pointers, so weights can be used in place.
+  virtual bool uses_host_memory() const = 0;
+
+  // Returns null when the allocation fails. Memory is aligned for any dtype and for vector loads.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* pointer) noexcept = 0;
+  virtual Status copy_to_device(void* device_dst, const void* host_src, size_t bytes) = 0;
+  virtual Status copy_to_host(void* host_dst, const void* device_src, size_t bytes) = 0;
+  virtual Status copy_on_device(void* device_dst, const void* device_src, size_t bytes) = 0;
+  // Waits until every enqueued op has finished.
+  virtual Status synchronize() = 0;
+
+  // out[t, :] = table[token_ids[t], :]
+  virtual Status embedding(const EmbeddingParams& params,
+                           const int32_t* token_ids,  // [num_tokens]
+                           const void* table,         // [vocab_size, dim] table_dtype
+                           float* out) = 0;           // [num_tokens, dim]
+
+  // out = x / sqrt(mean(x^2) + eps) * weight, per row; out may alias x.
+  virtual Status rmsnorm(const RmsNormParams& params,
+                         const float* x,      // [rows, dim]
+                         const void* weight,  // [dim] weight_dtype
+                         float* out) = 0;     // [rows, dim]
+
+  virtual Status matmul(const MatmulParams& params,
+                        const float* x,      // [rows, in_features]
+                        const void* weight,  // [out_features, in_features] weight_dtype
+                        const void* bias,    // [out_features] bias_dtype, or null
+                        float* out) = 0;     // [rows, out_features]; must not alias x
+
+  // Rotates q and k in place by position * inv_freq.
+  virtual Status rope(const RopeParams& params,
+                      const int32_t* positions,  // [num_tokens]
+                      const float* inv_freq,     // [head_dim / 2]
+                      float* q,                  // [num_tokens, num_heads, head_dim]
+                      float* k) = 0;             // [num_tokens, num_kv_heads, head_dim]
+
+  // Stores each token's k and v at its cache slot (block * block_size + offset).
+  virtual Status kv_write(const KvWriteParams& params,
+                          const float* k,        // [num_tokens, num_kv_heads, head_dim]
+                          const float* v,        // [num_tokens, num_kv_heads, head_dim]
+                          const int32_t* slots,  // [num_tokens]
+                          float* k_cache,        // [num_slots, num_kv_heads, head_dim]
+                          float* v_cache) = 0;   // [num_slots, num_kv_heads, head_dim]
+
+  // Causal attention of each sequence's new tokens over its paged cache, which already holds
+  // them. Sequence s owns query rows [query_start[s], query_start[s+1]); its cache holds
+  // context_lengths[s] positions, the last of them the new tokens, so query row i of n attends
+  // to positions [0, context_length - n + i].
+  virtual Status attention(const AttentionParams& params,
+                           const float* q,                  // [num_tokens, num_heads, head_dim]
+                           const float* k_cache,            // [slots, num_kv_heads, head_dim]
+                           const float* v_cache,            // [slots, num_kv_heads, head_dim]
+                           const int32_t* query_start,      // [num_seqs + 1]
+                           const int32_t* context_lengths,  // [num_seqs]
+                           const int32_t* block_tables,     // [num_seqs, max_blocks_per_seq]
+                           float* out) = 0;                 // [num_tokens, num_heads, head_dim]
+
+  // out = silu(gate) * up; out may alias gate.
+  virtual Status swiglu(const SwigluParams& params,
+                        const float* gate,  // [rows, dim]
+                        const float* up,    // [rows, dim]
+                        float* out) = 0;    // [rows, dim]
+
+  // accumulator += addend, elementwise (the residual connection).
+  virtual Status add(int64_t count,
+                     const float* addend,      // [count]
+                     float* accumulator) = 0;  // [count]
+};
+
+}  // namespace specrun::kernels

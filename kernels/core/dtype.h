@@ -1,0 +1,107 @@
+// Storage types of weights and their conversions. Activations are always f32; weights stay in
+// their stored dtype and are widened on the fly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace specrun {
+
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+};
+
+constexpr size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+      return 2;
+    case DType::kBF16:
+      return 2;
+  }
+  return 0;
+}
+
+// The safetensors spelling: "F32", "F16", "BF16".
+constexpr std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+  }
+  return "?";
+}
+
+// Parses the safetensors spelling; nullopt for anything else (including dtypes specrun does not
+// compute in, such as I64 or F64).
+std::optional<DType> parse_dtype(std::string_view name);
+
+inline float bit_cast_f32(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+inline uint32_t bit_cast_u32(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+// bfloat16 is the top half of an f32, so widening is exact.
+inline float bf16_to_f32(uint16_t bits) {
+  return bit_cast_f32(static_cast<uint32_t>(bits) << 16);
+}
+
+// Round to nearest even; NaN stays NaN (quiet), infinities stay infinities.
+inline uint16_t f32_to_bf16(float value) {
+  const uint32_t bits = bit_cast_u32(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+// IEEE binary16 to f32, exact, including subnormals, infinities and NaN.
+inline float f16_to_f32(uint16_t half) {
+  const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
+  const uint32_t exponent = (half >> 10) & 0x1fu;
+  uint32_t mantissa = half & 0x3ffu;
+  if (exponent == 0x1fu) return bit_cast_f32(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent != 0) return bit_cast_f32(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  if (mantissa == 0) return bit_cast_f32(sign);
+  // Subnormal: normalise the mantissa.
+  int shift = 0;
+  while ((mantissa & 0x400u) == 0) {
+    mantissa <<= 1;
+    ++shift;
+  }
+  mantissa &= 0x3ffu;
+  return bit_cast_f32(sign | static_cast<uint32_t>(113 - shift) << 23 | (mantissa << 13));
+}
+
+// f32 to IEEE binary16, round to nearest even, overflow to infinity.
+uint16_t f32_to_f16(float value);
+
+// Reads element `index` of a buffer of `dtype` as f32.
+inline float load_as_f32(const void* data, DType dtype, size_t index) {
+  switch (dtype) {
+    case DType::kF32:
+      return static_cast<const float*>(data)[index];
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(data)[index]);
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(data)[index]);
+  }
+  return 0.0f;
+}
+
+}  // namespace specrun

@@ -1,0 +1,90 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+
+namespace specrun::kernels::cpu {
+
+namespace {
+// Cache-line alignment: enough for every dtype and for 512-bit vector loads.
+constexpr size_t kAlignment = 64;
+}  // namespace
+
+CpuBackend::CpuBackend(std::shared_ptr<ThreadPool> pool) : pool_(std::move(pool)) {}
+
+void* CpuBackend::allocate(size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  return std::aligned_alloc(kAlignment, rounded);
+}
+
+void CpuBackend::deallocate(void* pointer) noexcept {
+  std::free(pointer);
+}
+
+Status CpuBackend::copy_to_device(void* device_dst, const void* host_src, size_t bytes) {
+  if (bytes != 0) std::memcpy(device_dst, host_src, bytes);
+  return Status::ok();
+}
+
+Status CpuBackend::copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+  if (bytes != 0) std::memcpy(host_dst, device_src, bytes);
+  return Status::ok();
+}
+
+Status CpuBackend::copy_on_device(void* device_dst, const void* device_src, size_t bytes) {
+  if (bytes != 0) std::memmove(device_dst, device_src, bytes);
+  return Status::ok();
+}
+
+Status CpuBackend::embedding(const EmbeddingParams& params, const int32_t* token_ids,
+                             const void* table, float* out) {
+  return cpu::embedding(params, token_ids, table, out, *pool_);
+}
+
+Status CpuBackend::rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
+                           float* out) {
+  return cpu::rmsnorm(params, x, weight, out, *pool_);
+}
+
+Status CpuBackend::matmul(const MatmulParams& params, const float* x, const void* weight,
+                          const void* bias, float* out) {
+  return cpu::matmul(params, x, weight, bias, out, *pool_);
+}
+
+Status CpuBackend::rope(const RopeParams& params, const int32_t* positions, const float* inv_freq,
+                        float* q, float* k) {
+  return cpu::rope(params, positions, inv_freq, q, k, *pool_);
+}
+
+Status CpuBackend::kv_write(const KvWriteParams& params, const float* k, const float* v,
+                            const int32_t* slots, float* k_cache, float* v_cache) {
+  return cpu::kv_write(params, k, v, slots, k_cache, v_cache, *pool_);
+}
+
+Status CpuBackend::attention(const AttentionParams& params, const float* q, const float* k_cache,
+                             const float* v_cache, const int32_t* query_start,
+                             const int32_t* context_lengths, const int32_t* block_tables,
+                             float* out) {
+  return cpu::attention(params, q, k_cache, v_cache, query_start, context_lengths, block_tables,
+                        out, *pool_);
+}
+
+Status CpuBackend::swiglu(const SwigluParams& params, const float* gate, const float* up,
+                          float* out) {
+  return cpu::swiglu(params, gate, up, out, *pool_);
+}
+
+Status CpuBackend::add(int64_t count, const float* addend, float* accumulator) {
+  return cpu::add(count, addend, accumulator, *pool_);
+}
+
+}  // namespace specrun::kernels::cpu

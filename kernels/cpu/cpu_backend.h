@@ -1,0 +1,48 @@
+// The CPU backend: the reference for every other backend and the default where there is no GPU.
+// Ops run synchronously on a thread pool shared with any other CPU backend of the process.
+#pragma once
+
+#include <memory>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace specrun::kernels::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(std::shared_ptr<ThreadPool> pool);
+
+  std::string_view name() const override { return "cpu"; }
+  bool uses_host_memory() const override { return true; }
+  ThreadPool& pool() { return *pool_; }
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* pointer) noexcept override;
+  Status copy_to_device(void* device_dst, const void* host_src, size_t bytes) override;
+  Status copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
+  Status copy_on_device(void* device_dst, const void* device_src, size_t bytes) override;
+  Status synchronize() override { return Status::ok(); }
+
+  Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
+                   float* out) override;
+  Status rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
+                 float* out) override;
+  Status matmul(const MatmulParams& params, const float* x, const void* weight, const void* bias,
+                float* out) override;
+  Status rope(const RopeParams& params, const int32_t* positions, const float* inv_freq, float* q,
+              float* k) override;
+  Status kv_write(const KvWriteParams& params, const float* k, const float* v, const int32_t* slots,
+                  float* k_cache, float* v_cache) override;
+  Status attention(const AttentionParams& params, const float* q, const float* k_cache,
+                   const float* v_cache, const int32_t* query_start, const int32_t* context_lengths,
+                   const int32_t* block_tables, float* out) override;
+  Status swiglu(const SwigluParams& params, const float* gate, const float* up,
+                float* out) override;
+  Status add(int64_t count, const float* addend, float* accumulator) override;
+
+ private:
+  std::shared_ptr<ThreadPool> pool_;
+};
+
+}  // namespace specrun::kernels::cpu

@@ -1,0 +1,33 @@
+#include "kernels/cpu/embedding.h"
+
+#include <string>
+
+namespace specrun::kernels::cpu {
+
+Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
+                 float* out, ThreadPool& pool) {
+  if (params.num_tokens < 0 || params.dim <= 0 || params.vocab_size <= 0) {
+    return Status::invalid_argument("embedding: bad shape");
+  }
+  for (int64_t t = 0; t < params.num_tokens; ++t) {
+    if (token_ids[t] < 0 || token_ids[t] >= params.vocab_size) {
+      return Status::out_of_range("token id " + std::to_string(token_ids[t]) +
+                                  " is outside the vocabulary [0, " +
+                                  std::to_string(params.vocab_size) + ")");
+    }
+  }
+  const size_t element_size = dtype_size(params.table_dtype);
+  pool.parallel_for(params.num_tokens, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const auto* row = static_cast<const char*>(table) +
+                        static_cast<size_t>(token_ids[t]) * params.dim * element_size;
+      float* destination = out + t * params.dim;
+      for (int64_t c = 0; c < params.dim; ++c) {
+        destination[c] = load_as_f32(row, params.table_dtype, static_cast<size_t>(c));
+      }
+    }
+  });
+  return Status::ok();
+}
+
+}  // namespace specrun::kernels::cpu

@@ -1,0 +1,27 @@
+// A read-only memory mapping of a whole file.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+
+namespace specrun {
+
+class MappedFile {
+ public:
+  // Throws Error naming the file when it cannot be opened or mapped.
+  explicit MappedFile(const std::filesystem::path& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  const std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  std::filesystem::path path_;
+  std::byte* data_ = nullptr;  // null for an empty file
+  size_t size_ = 0;
+};
+
+}  // namespace specrun

@@ -1,0 +1,277 @@
+#include "runtime/model/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <numbers>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/core/check.h"
+
+namespace specrun {
+namespace {
+
+using nlohmann::json;
+
+// Reads typed keys of one JSON object, naming the source and key in every error.
+class KeyReader {
+ public:
+  KeyReader(const json& object, std::string source) : object_(object), source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw Error(source_ + ": key '" + key + "' " + what);
+  }
+
+  // Absent and null both count as missing.
+  const json* find(const std::string& key) const {
+    const auto it = object_.find(key);
+    return it == object_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  int64_t positive_int(const std::string& key) const {
+    const json* value = find(key);
+    if (value == nullptr) fail(key, "is required");
+    return positive_int(key, *value);
+  }
+
+  int64_t positive_int(const std::string& key, int64_t fallback) const {
+    const json* value = find(key);
+    return value == nullptr ? fallback : positive_int(key, *value);
+  }
+
+  double positive_number(const std::string& key, double fallback) const {
+    const json* value = find(key);
+    if (value == nullptr) return fallback;
+    if (!value->is_number() || !(value->get<double>() > 0.0)) {
+      fail(key, "must be a positive number, got " + value->dump());
+    }
+    return value->get<double>();
+  }
+
+  bool boolean(const std::string& key, bool fallback) const {
+    const json* value = find(key);
+    if (value == nullptr) return fallback;
+    if (!value->is_boolean()) fail(key, "must be true or false, got " + value->dump());
+    return value->get<bool>();
+  }
+
+  // An int, a list of ints, or absent/null (empty).
+  std::vector<int32_t> token_ids(const std::string& key) const {
+    const json* value = find(key);
+    std::vector<int32_t> ids;
+    if (value == nullptr) return ids;
+    auto add = [&](const json& id) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
+        fail(key, "must be a token id or a list of token ids, got " + value->dump());
+      }
+      ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+    };
+    if (value->is_array()) {
+      for (const json& id : *value) add(id);
+    } else {
+      add(*value);
+    }
+    return ids;
+  }
+
+ private:
+  int64_t positive_int(const std::string& key, const json& value) const {
+    if (!value.is_number_integer() || value.get<int64_t>() <= 0) {
+      fail(key, "must be a positive integer, got " + value.dump());
+    }
+    return value.get<int64_t>();
+  }
+
+  const json& object_;
+  std::string source_;
+};
+
+Architecture parse_architecture(const json& document, const std::string& source,
+                                std::string* name) {
+  const auto architectures = document.find("architectures");
+  if (architectures != document.end() && !architectures->is_null()) {
+    if (!architectures->is_array() || architectures->empty() || !(*architectures)[0].is_string()) {
+      throw Error(source + ": key 'architectures' must be a non-empty list of strings");
+    }
+    *name = (*architectures)[0].get<std::string>();
+    if (*name == "LlamaForCausalLM") return Architecture::kLlama;
+    if (*name == "MistralForCausalLM") return Architecture::kMistral;
+    if (*name == "Qwen2ForCausalLM") return Architecture::kQwen2;
+    throw Error(source + ": architecture '" + *name +
+                "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+  }
+  // Some configs name only the model type.
+  const auto model_type = document.find("model_type");
+  if (model_type == document.end() || !model_type->is_string()) {
+    throw Error(source + ": neither 'architectures' nor 'model_type' says what the model is");
+  }
+  const std::string type = model_type->get<std::string>();
+  if (type == "llama") return *name = "LlamaForCausalLM", Architecture::kLlama;
+  if (type == "mistral") return *name = "MistralForCausalLM", Architecture::kMistral;
+  if (type == "qwen2") return *name = "Qwen2ForCausalLM", Architecture::kQwen2;
+  throw Error(source + ": model_type '" + type + "' is not supported (llama, mistral, qwen2)");
+}
+
+RopeScaling parse_rope_scaling(const KeyReader& keys, const json* value,
+                               const std::string& source) {
+  RopeScaling scaling;
+  if (value == nullptr) return scaling;
+  if (!value->is_object()) keys.fail("rope_scaling", "must be an object or null");
+  // Newer configs say rope_type, older ones type.
+  const json* type = nullptr;
+  for (const char* key : {"rope_type", "type"}) {
+    const auto it = value->find(key);
+    if (it != value->end() && !it->is_null()) {
+      type = &*it;
+      break;
+    }
+  }
+  if (type == nullptr || !type->is_string()) keys.fail("rope_scaling", "has no rope_type");
+  const std::string name = type->get<std::string>();
+  const KeyReader inner(*value, source + ": rope_scaling");
+  if (name == "default") return scaling;
+  if (name == "linear") {
+    scaling.type = RopeScalingType::kLinear;
+    scaling.factor = inner.positive_number("factor", 0.0);
+    if (scaling.factor == 0.0) inner.fail("factor", "is required");
+    return scaling;
+  }
+  if (name == "llama3") {
+    scaling.type = RopeScalingType::kLlama3;
+    for (const char* key :
+         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+      if (inner.find(key) == nullptr) inner.fail(key, "is required for rope_type llama3");
+    }
+    scaling.factor = inner.positive_number("factor", 1.0);
+    scaling.low_freq_factor = inner.positive_number("low_freq_factor", 1.0);
+    scaling.high_freq_factor = inner.positive_number("high_freq_factor", 4.0);
+    scaling.original_max_position_embeddings =
+        inner.positive_int("original_max_position_embeddings");
+    if (scaling.high_freq_factor <= scaling.low_freq_factor) {
+      inner.fail("high_freq_factor", "must exceed low_freq_factor");
+    }
+    return scaling;
+  }
+  keys.fail("rope_scaling",
+            "has rope_type '" + name + "', which is not supported (default, linear, llama3)");
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const json& document, const std::string& source) {
+  if (!document.is_object()) throw Error(source + ": not a JSON object");
+  ModelConfig config;
+  config.architecture = parse_architecture(document, source, &config.architecture_name);
+  const KeyReader keys(document, source);
+
+  config.vocab_size = keys.positive_int("vocab_size");
+  config.hidden_size = keys.positive_int("hidden_size");
+  config.intermediate_size = keys.positive_int("intermediate_size");
+  config.num_layers = keys.positive_int("num_hidden_layers");
+  config.num_heads = keys.positive_int("num_attention_heads");
+  config.num_kv_heads = keys.positive_int("num_key_value_heads", config.num_heads);
+  if (config.num_heads % config.num_kv_heads != 0) {
+    keys.fail("num_key_value_heads", "(" + std::to_string(config.num_kv_heads) +
+                                         ") must divide num_attention_heads (" +
+                                         std::to_string(config.num_heads) + ")");
+  }
+  if (keys.find("head_dim") != nullptr) {
+    config.head_dim = keys.positive_int("head_dim");
+  } else {
+    if (config.hidden_size % config.num_heads != 0) {
+      keys.fail("hidden_size", "is not a multiple of num_attention_heads and no head_dim is given");
+    }
+    config.head_dim = config.hidden_size / config.num_heads;
+  }
+  if (config.head_dim % 2 != 0) keys.fail("head_dim", "must be even for rotary embeddings");
+
+  config.rms_norm_eps = keys.positive_number("rms_norm_eps", 1e-6);
+  config.rope_theta = keys.positive_number("rope_theta", 10000.0);
+  config.rope_scaling = parse_rope_scaling(keys, keys.find("rope_scaling"), source);
+  const int64_t default_context = config.architecture == Architecture::kLlama     ? 2048
+                                  : config.architecture == Architecture::kMistral ? 131072
+                                                                                  : 32768;
+  config.max_position_embeddings = keys.positive_int("max_position_embeddings", default_context);
+  config.tie_word_embeddings = keys.boolean("tie_word_embeddings", false);
+
+  if (const json* activation = keys.find("hidden_act")) {
+    if (!activation->is_string() || activation->get<std::string>() != "silu") {
+      keys.fail("hidden_act", "must be \"silu\", got " + activation->dump());
+    }
+  }
+
+  switch (config.architecture) {
+    case Architecture::kLlama: {
+      const bool attention_bias = keys.boolean("attention_bias", false);
+      config.qkv_bias = attention_bias;
+      config.o_bias = attention_bias;
+      config.mlp_bias = keys.boolean("mlp_bias", false);
+      break;
+    }
+    case Architecture::kMistral:
+      config.sliding_window = keys.positive_int("sliding_window", 0);
+      break;
+    case Architecture::kQwen2:
+      config.qkv_bias = true;
+      if (keys.boolean("use_sliding_window", false)) {
+        keys.fail("use_sliding_window",
+                  "is true; Qwen2's per-layer sliding window is not supported");
+      }
+      break;
+  }
+
+  config.bos_token_ids = keys.token_ids("bos_token_id");
+  config.eos_token_ids = keys.token_ids("eos_token_id");
+  for (const auto* ids : {&config.bos_token_ids, &config.eos_token_ids}) {
+    for (const int32_t id : *ids) {
+      if (id >= config.vocab_size) {
+        keys.fail(ids == &config.bos_token_ids ? "bos_token_id" : "eos_token_id",
+                  "holds " + std::to_string(id) + ", outside the vocabulary of " +
+                      std::to_string(config.vocab_size));
+      }
+    }
+  }
+  return config;
+}
+
+ModelConfig load_model_config(const std::filesystem::path& path) {
+  std::ifstream stream(path);
+  if (!stream) throw Error(path.string() + ": cannot open");
+  json document;
+  try {
+    document = json::parse(stream);
+  } catch (const json::exception& error) {
+    throw Error(path.string() + ": not valid JSON: " + error.what());
+  }
+  return parse_model_config(document, path.string());
+}
+
+std::vector<float> rope_inverse_frequencies(const ModelConfig& config) {
+  const int64_t half = config.head_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  const RopeScaling& scaling = config.rope_scaling;
+  for (int64_t i = 0; i < half; ++i) {
+    double frequency = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) /
+                                                             static_cast<double>(config.head_dim));
+    if (scaling.type == RopeScalingType::kLinear) {
+      frequency /= scaling.factor;
+    } else if (scaling.type == RopeScalingType::kLlama3) {
+      const double context = static_cast<double>(scaling.original_max_position_embeddings);
+      const double low_freq_wavelength = context / scaling.low_freq_factor;
+      const double high_freq_wavelength = context / scaling.high_freq_factor;
+      const double wavelength = 2.0 * std::numbers::pi / frequency;
+      if (wavelength > low_freq_wavelength) {
+        frequency /= scaling.factor;  // long wavelengths: fully scaled
+      } else if (wavelength >= high_freq_wavelength) {
+        // The band between: interpolate between scaled and unscaled.
+        const double smooth = (context / wavelength - scaling.low_freq_factor) /
+                              (scaling.high_freq_factor - scaling.low_freq_factor);
+        frequency = (1.0 - smooth) * frequency / scaling.factor + smooth * frequency;
+      }
+    }
+    inv_freq[static_cast<size_t>(i)] = static_cast<float>(frequency);
+  }
+  return inv_freq;
+}
+
+}  // namespace specrun

@@ -1,0 +1,68 @@
+// The model hyperparameters read from a Hugging Face config.json (Llama family).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "kernels/backend.h"
+
+namespace specrun {
+
+enum class Architecture {
+  kLlama,    // LlamaForCausalLM: Llama 2, 3, 3.1, 3.2 and their derivatives
+  kMistral,  // MistralForCausalLM: optional sliding-window attention
+  kQwen2,    // Qwen2ForCausalLM: bias on q, k and v
+};
+
+enum class RopeScalingType {
+  kNone,    // plain inverse frequencies
+  kLinear,  // every frequency divided by factor
+  kLlama3,  // Llama 3.1's band-wise scaling
+};
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;    // which scaling
+  double factor = 1.0;                              // linear and llama3: context extension factor
+  double low_freq_factor = 1.0;                     // llama3: wavelengths beyond ctx/low are scaled
+  double high_freq_factor = 4.0;                    // llama3: wavelengths below ctx/high are kept
+  int64_t original_max_position_embeddings = 8192;  // llama3: the pre-extension context
+};
+
+struct ModelConfig {
+  Architecture architecture = Architecture::kLlama;  // which family's rules apply
+  std::string architecture_name;  // as written in config.json, e.g. "LlamaForCausalLM"
+  int64_t vocab_size = 0;         // rows of the embedding and of the output projection
+  int64_t hidden_size = 0;        // model width
+  int64_t intermediate_size = 0;  // MLP width
+  int64_t num_layers = 0;         // decoder layers
+  int64_t num_heads = 0;          // query heads
+  int64_t num_kv_heads = 0;       // key/value heads (grouped-query attention)
+  int64_t head_dim = 0;           // channels per head
+  double rms_norm_eps = 1e-6;     // RMSNorm epsilon
+  double rope_theta = 10000.0;    // RoPE base
+  RopeScaling rope_scaling;       // RoPE frequency scaling
+  kernels::RopeStyle rope_style = kernels::RopeStyle::kRotateHalf;  // HF layout; not in config.json
+  int64_t max_position_embeddings = 2048;  // the context the model was trained for
+  bool tie_word_embeddings = false;        // the output projection is the embedding
+  bool qkv_bias = false;                   // q, k, v projections carry a bias
+  bool o_bias = false;                     // the attention output projection carries a bias
+  bool mlp_bias = false;                   // gate, up and down projections carry a bias
+  int64_t sliding_window = 0;              // attend to this many latest positions; 0: all
+  std::vector<int32_t> bos_token_ids;      // beginning-of-sequence ids (may be empty)
+  std::vector<int32_t> eos_token_ids;      // any of these ends generation (may be empty)
+};
+
+// Parses a config.json document; `source` names it in errors. Unknown keys are ignored; a missing
+// or ill-typed key the model needs, or an unsupported architecture or option, is an Error naming
+// the key.
+ModelConfig parse_model_config(const nlohmann::json& document, const std::string& source);
+ModelConfig load_model_config(const std::filesystem::path& path);
+
+// The RoPE inverse frequencies, scaling applied: [head_dim / 2].
+std::vector<float> rope_inverse_frequencies(const ModelConfig& config);
+
+}  // namespace specrun

@@ -1,0 +1,345 @@
+#include "runtime/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+
+#include <spdlog/spdlog.h>
+
+#include "kernels/core/check.h"
+
+namespace specrun {
+
+namespace {
+// A default KV capacity that fits the tiny and the large alike; users size it explicitly.
+constexpr int64_t kDefaultKvTokens = 8192;
+
+std::string layer_op(const char* what, int64_t layer) {
+  return layer < 0 ? std::string(what) : "layer " + std::to_string(layer) + " " + what;
+}
+}  // namespace
+
+// Activation buffers, grown to the largest call seen.
+struct Model::Workspace {
+  int64_t token_capacity = 0;     // rows the activation buffers hold
+  int64_t logit_capacity = 0;     // rows the logits buffer holds
+  int64_t metadata_capacity = 0;  // int32 entries of the metadata buffer
+  DeviceBuffer x;                 // [tokens, hidden]: the residual stream
+  DeviceBuffer normed;            // [tokens, hidden]
+  DeviceBuffer q;                 // [tokens, heads * head_dim]
+  DeviceBuffer k;                 // [tokens, kv_heads * head_dim]
+  DeviceBuffer v;                 // [tokens, kv_heads * head_dim]
+  DeviceBuffer attention;         // [tokens, heads * head_dim]
+  DeviceBuffer projected;         // [tokens, hidden]
+  DeviceBuffer gate;              // [tokens, intermediate]
+  DeviceBuffer up;                // [tokens, intermediate]
+  DeviceBuffer logits;            // [logit rows, vocab]
+  DeviceBuffer metadata;          // int32: tokens, positions, slots, query_start, context, blocks
+  // This call's slices of `metadata`.
+  int32_t* tokens = nullptr;           // [tokens]
+  int32_t* positions = nullptr;        // [tokens]
+  int32_t* slots = nullptr;            // [tokens]
+  int32_t* query_start = nullptr;      // [seqs + 1]
+  int32_t* context_lengths = nullptr;  // [seqs]
+  int32_t* block_tables = nullptr;     // [seqs, max_blocks]
+};
+
+std::unique_ptr<Model> Model::load(const std::filesystem::path& path, kernels::Backend& backend,
+                                   const ModelOptions& options) {
+  return std::make_unique<Model>(open_checkpoint(path), backend, options);
+}
+
+Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOptions& options)
+    : checkpoint_(std::move(checkpoint)),
+      backend_(backend),
+      options_(options),
+      workspace_(std::make_unique<Workspace>()) {
+  ModelConfig& config = checkpoint_.config;
+  if (options.rope_style) config.rope_style = *options.rope_style;
+  weights_ = bind_weights(checkpoint_);
+  for (const TensorInfo* info : checkpoint_.tensors.all()) parameter_count_ += info->num_elements();
+  if (config.tie_word_embeddings && checkpoint_.tensors.find("lm_head.weight") != nullptr) {
+    parameter_count_ -= config.vocab_size * config.hidden_size;
+  }
+  if (options.kv_block_size <= 0) {
+    throw Error("KV block size must be positive, got " + std::to_string(options.kv_block_size));
+  }
+  if (options.kv_cache_tokens < 0) {
+    throw Error("KV cache size must not be negative, got " +
+                std::to_string(options.kv_cache_tokens));
+  }
+  place_weights();
+
+  const std::vector<float> inv_freq = rope_inverse_frequencies(config);
+  inv_freq_ = DeviceBuffer(backend_, inv_freq.size() * sizeof(float), "RoPE frequencies");
+  SPECRUN_CHECK_OK(
+      backend_.copy_to_device(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float)),
+      "uploading RoPE frequencies");
+
+  const int64_t kv_tokens = options.kv_cache_tokens > 0
+                                ? options.kv_cache_tokens
+                                : std::min(config.max_position_embeddings, kDefaultKvTokens);
+  const int64_t blocks = (kv_tokens + options.kv_block_size - 1) / options.kv_block_size;
+  kv_cache_ = std::make_unique<KvCache>(
+      backend_, KvCacheLayout{config.num_layers, config.num_kv_heads, config.head_dim,
+                              options.kv_block_size, blocks});
+  spdlog::debug("loaded {} ({} layers, {:.1f}M parameters) on {}; KV cache {} tokens",
+                checkpoint_.paths.weights.string(), config.num_layers, parameter_count_ / 1e6,
+                backend_.name(), kv_cache_->capacity_tokens());
+}
+
+Model::~Model() = default;
+
+int64_t Model::context_limit() const {
+  return std::min(config().max_position_embeddings, kv_cache_->capacity_tokens());
+}
+
+void Model::place_weights() {
+  if (backend_.uses_host_memory()) return;  // used in place from the mapping
+  auto place = [&](WeightView& view) {
+    if (!view) return;
+    DeviceBuffer buffer(backend_, view.size_bytes, "weights");
+    SPECRUN_CHECK_OK(backend_.copy_to_device(buffer.data(), view.data, view.size_bytes),
+                     "uploading weights");
+    view.data = buffer.data();
+    weight_buffers_.push_back(std::move(buffer));
+  };
+  const bool tied = weights_.output.data == weights_.embedding.data;
+  place(weights_.embedding);
+  for (LayerWeights& l : weights_.layers) {
+    for (WeightView* view : {&l.attention_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj,
+                             &l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias, &l.mlp_norm, &l.gate_proj,
+                             &l.up_proj, &l.down_proj, &l.gate_bias, &l.up_bias, &l.down_bias}) {
+      place(*view);
+    }
+  }
+  place(weights_.final_norm);
+  if (tied) {
+    weights_.output.data = weights_.embedding.data;
+  } else {
+    place(weights_.output);
+  }
+}
+
+void Model::ensure_workspace(int64_t tokens, int64_t logit_rows, int64_t metadata_ints) {
+  Workspace& w = *workspace_;
+  const ModelConfig& c = config();
+  auto floats = [&](int64_t rows, int64_t width) {
+    return static_cast<size_t>(rows * width) * sizeof(float);
+  };
+  if (tokens > w.token_capacity) {
+    const int64_t rows = std::max(tokens, 2 * w.token_capacity);
+    w.x = DeviceBuffer(backend_, floats(rows, c.hidden_size), "workspace");
+    w.normed = DeviceBuffer(backend_, floats(rows, c.hidden_size), "workspace");
+    w.q = DeviceBuffer(backend_, floats(rows, c.num_heads * c.head_dim), "workspace");
+    w.k = DeviceBuffer(backend_, floats(rows, c.num_kv_heads * c.head_dim), "workspace");
+    w.v = DeviceBuffer(backend_, floats(rows, c.num_kv_heads * c.head_dim), "workspace");
+    w.attention = DeviceBuffer(backend_, floats(rows, c.num_heads * c.head_dim), "workspace");
+    w.projected = DeviceBuffer(backend_, floats(rows, c.hidden_size), "workspace");
+    w.gate = DeviceBuffer(backend_, floats(rows, c.intermediate_size), "workspace");
+    w.up = DeviceBuffer(backend_, floats(rows, c.intermediate_size), "workspace");
+    w.token_capacity = rows;
+  }
+  if (logit_rows > w.logit_capacity) {
+    const int64_t rows = std::max(logit_rows, 2 * w.logit_capacity);
+    w.logits = DeviceBuffer(backend_, floats(rows, c.vocab_size), "logits");
+    w.logit_capacity = rows;
+  }
+  if (metadata_ints > w.metadata_capacity) {
+    const int64_t count = std::max(metadata_ints, 2 * w.metadata_capacity);
+    w.metadata = DeviceBuffer(backend_, static_cast<size_t>(count) * sizeof(int32_t), "metadata");
+    w.metadata_capacity = count;
+  }
+}
+
+void Model::matmul(const float* x, const WeightView& weight, const WeightView& bias, int64_t rows,
+                   float* out, const char* what, int64_t layer) {
+  const kernels::MatmulParams params{rows, weight.shape[1], weight.shape[0], weight.dtype,
+                                     bias ? bias.dtype : DType::kF32};
+  SPECRUN_CHECK_OK(backend_.matmul(params, x, weight.data, bias.data, out), layer_op(what, layer));
+}
+
+void Model::forward(std::span<const SequenceInput> batch, Logits* logits) {
+  const ModelConfig& c = config();
+  logits->vocab_size = c.vocab_size;
+  logits->values.clear();
+  logits->row_begin.assign(1, 0);
+  if (batch.empty()) return;
+
+  // Validate everything before the cache is touched.
+  std::set<SequenceId> seen;
+  int64_t num_tokens = 0;
+  for (const SequenceInput& input : batch) {
+    if (!kv_cache_->has_sequence(input.sequence)) {
+      throw Error("forward: no sequence " + std::to_string(input.sequence) + " in the KV cache");
+    }
+    if (!seen.insert(input.sequence).second) {
+      throw Error("forward: sequence " + std::to_string(input.sequence) + " appears twice");
+    }
+    if (input.tokens.empty()) {
+      throw Error("forward: sequence " + std::to_string(input.sequence) + " has no new tokens");
+    }
+    for (const int32_t token : input.tokens) {
+      if (token < 0 || token >= c.vocab_size) {
+        throw Error("forward: token id " + std::to_string(token) +
+                    " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+      }
+    }
+    num_tokens += static_cast<int64_t>(input.tokens.size());
+  }
+  const int64_t num_seqs = static_cast<int64_t>(batch.size());
+
+  std::vector<std::pair<SequenceId, int64_t>> growth;
+  std::vector<int64_t> old_lengths;
+  for (const SequenceInput& input : batch) {
+    growth.emplace_back(input.sequence, static_cast<int64_t>(input.tokens.size()));
+    old_lengths.push_back(kv_cache_->length(input.sequence));
+  }
+  kv_cache_->append(growth);  // all or nothing
+
+  try {
+    // Host-side metadata, laid out as in the workspace's metadata buffer.
+    int64_t max_blocks = 0;
+    for (const SequenceInput& input : batch) {
+      max_blocks = std::max<int64_t>(
+          max_blocks, static_cast<int64_t>(kv_cache_->block_table(input.sequence).size()));
+    }
+    std::vector<int32_t> metadata(
+        static_cast<size_t>(3 * num_tokens + (num_seqs + 1) + num_seqs + num_seqs * max_blocks), 0);
+    int32_t* tokens = metadata.data();
+    int32_t* positions = tokens + num_tokens;
+    int32_t* slots = positions + num_tokens;
+    int32_t* query_start = slots + num_tokens;
+    int32_t* context_lengths = query_start + num_seqs + 1;
+    int32_t* block_tables = context_lengths + num_seqs;
+
+    logits->row_begin.assign(1, 0);
+    int64_t token = 0;
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      const SequenceInput& input = batch[static_cast<size_t>(s)];
+      query_start[s] = static_cast<int32_t>(token);
+      context_lengths[s] = static_cast<int32_t>(kv_cache_->length(input.sequence));
+      const std::span<const int32_t> table = kv_cache_->block_table(input.sequence);
+      std::copy(table.begin(), table.end(), block_tables + s * max_blocks);
+      for (size_t i = 0; i < input.tokens.size(); ++i, ++token) {
+        const int64_t position = old_lengths[static_cast<size_t>(s)] + static_cast<int64_t>(i);
+        tokens[token] = input.tokens[i];
+        positions[token] = static_cast<int32_t>(position);
+        slots[token] = kv_cache_->slot(input.sequence, position);
+      }
+      const int64_t rows = input.all_logits ? static_cast<int64_t>(input.tokens.size()) : 1;
+      logits->row_begin.push_back(logits->row_begin.back() + rows);
+    }
+    query_start[num_seqs] = static_cast<int32_t>(num_tokens);
+    const int64_t logit_rows = logits->row_begin.back();
+
+    ensure_workspace(num_tokens, logit_rows, static_cast<int64_t>(metadata.size()));
+    Workspace& w = *workspace_;
+    SPECRUN_CHECK_OK(backend_.copy_to_device(w.metadata.data(), metadata.data(),
+                                             metadata.size() * sizeof(int32_t)),
+                     "uploading batch metadata");
+    int32_t* device_metadata = w.metadata.as<int32_t>();
+    w.tokens = device_metadata + (tokens - metadata.data());
+    w.positions = device_metadata + (positions - metadata.data());
+    w.slots = device_metadata + (slots - metadata.data());
+    w.query_start = device_metadata + (query_start - metadata.data());
+    w.context_lengths = device_metadata + (context_lengths - metadata.data());
+    w.block_tables = device_metadata + (block_tables - metadata.data());
+
+    run_layers(num_tokens, num_seqs, max_blocks);
+
+    // Gather the rows whose logits are wanted, then the final norm and the output projection.
+    float* x = w.x.as<float>();
+    float* gathered = w.normed.as<float>();
+    const size_t row_bytes = static_cast<size_t>(c.hidden_size) * sizeof(float);
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      const int64_t rows =
+          logits->row_begin[static_cast<size_t>(s) + 1] - logits->row_begin[static_cast<size_t>(s)];
+      const int64_t first_token = query_start[s + 1] - rows;
+      SPECRUN_CHECK_OK(backend_.copy_on_device(
+                           gathered + logits->row_begin[static_cast<size_t>(s)] * c.hidden_size,
+                           x + first_token * c.hidden_size, static_cast<size_t>(rows) * row_bytes),
+                       "gathering logit rows");
+    }
+    SPECRUN_CHECK_OK(
+        backend_.rmsnorm({logit_rows, c.hidden_size, static_cast<float>(c.rms_norm_eps),
+                          weights_.final_norm.dtype},
+                         gathered, weights_.final_norm.data, gathered),
+        "final norm");
+    matmul(gathered, weights_.output, WeightView{}, logit_rows, w.logits.as<float>(), "lm_head",
+           -1);
+    logits->values.resize(static_cast<size_t>(logit_rows * c.vocab_size));
+    SPECRUN_CHECK_OK(backend_.copy_to_host(logits->values.data(), w.logits.data(),
+                                           logits->values.size() * sizeof(float)),
+                     "reading logits");
+    SPECRUN_CHECK_OK(backend_.synchronize(), "forward");
+  } catch (...) {
+    for (size_t s = 0; s < batch.size(); ++s)
+      kv_cache_->truncate(batch[s].sequence, old_lengths[s]);
+    throw;
+  }
+}
+
+void Model::run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks) {
+  const ModelConfig& c = config();
+  Workspace& w = *workspace_;
+  float* x = w.x.as<float>();
+  float* normed = w.normed.as<float>();
+  float* q = w.q.as<float>();
+  float* k = w.k.as<float>();
+  float* v = w.v.as<float>();
+  float* attention = w.attention.as<float>();
+  float* projected = w.projected.as<float>();
+  float* gate = w.gate.as<float>();
+  float* up = w.up.as<float>();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  SPECRUN_CHECK_OK(
+      backend_.embedding({num_tokens, c.vocab_size, c.hidden_size, weights_.embedding.dtype},
+                         w.tokens, weights_.embedding.data, x),
+      "embedding");
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    const LayerWeights& l = weights_.layers[static_cast<size_t>(layer)];
+    SPECRUN_CHECK_OK(backend_.rmsnorm({num_tokens, c.hidden_size, eps, l.attention_norm.dtype}, x,
+                                      l.attention_norm.data, normed),
+                     layer_op("attention norm", layer));
+    matmul(normed, l.q_proj, l.q_bias, num_tokens, q, "q_proj", layer);
+    matmul(normed, l.k_proj, l.k_bias, num_tokens, k, "k_proj", layer);
+    matmul(normed, l.v_proj, l.v_bias, num_tokens, v, "v_proj", layer);
+    SPECRUN_CHECK_OK(
+        backend_.rope({num_tokens, c.num_heads, c.num_kv_heads, c.head_dim, c.rope_style},
+                      w.positions, inv_freq_.as<float>(), q, k),
+        layer_op("rope", layer));
+    SPECRUN_CHECK_OK(
+        backend_.kv_write({num_tokens, c.num_kv_heads, c.head_dim, kv_cache_->capacity_tokens()}, k,
+                          v, w.slots, kv_cache_->keys(layer), kv_cache_->values(layer)),
+        layer_op("KV cache write", layer));
+    const kernels::AttentionParams attention_params{
+        num_seqs,        num_tokens,
+        c.num_heads,     c.num_kv_heads,
+        c.head_dim,      kv_cache_->layout().block_size,
+        max_blocks,      1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+        c.sliding_window};
+    SPECRUN_CHECK_OK(
+        backend_.attention(attention_params, q, kv_cache_->keys(layer), kv_cache_->values(layer),
+                           w.query_start, w.context_lengths, w.block_tables, attention),
+        layer_op("attention", layer));
+    matmul(attention, l.o_proj, l.o_bias, num_tokens, projected, "o_proj", layer);
+    SPECRUN_CHECK_OK(backend_.add(num_tokens * c.hidden_size, projected, x),
+                     layer_op("attention residual", layer));
+
+    SPECRUN_CHECK_OK(backend_.rmsnorm({num_tokens, c.hidden_size, eps, l.mlp_norm.dtype}, x,
+                                      l.mlp_norm.data, normed),
+                     layer_op("mlp norm", layer));
+    matmul(normed, l.gate_proj, l.gate_bias, num_tokens, gate, "gate_proj", layer);
+    matmul(normed, l.up_proj, l.up_bias, num_tokens, up, "up_proj", layer);
+    SPECRUN_CHECK_OK(backend_.swiglu({num_tokens, c.intermediate_size}, gate, up, gate),
+                     layer_op("swiglu", layer));
+    matmul(gate, l.down_proj, l.down_bias, num_tokens, projected, "down_proj", layer);
+    SPECRUN_CHECK_OK(backend_.add(num_tokens * c.hidden_size, projected, x),
+                     layer_op("mlp residual", layer));
+  }
+}
+
+}  // namespace specrun

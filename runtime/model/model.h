@@ -1,0 +1,96 @@
+// A Llama-family transformer on one backend, with its own weights, KV cache and workspace. The
+// forward pass is written once against the op interface; prefill, a decode step and a
+// (gamma + 1)-token verification are all the same call.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "runtime/base/device_buffer.h"
+#include "runtime/kv/kv_cache.h"
+#include "runtime/model/checkpoint.h"
+#include "runtime/model/weights.h"
+
+namespace specrun {
+
+struct ModelOptions {
+  int64_t kv_cache_tokens = 0;  // cache capacity in tokens; 0: the model's context, at most 8192
+  int64_t kv_block_size = 16;   // tokens per KV-cache block
+  std::optional<kernels::RopeStyle> rope_style;  // overrides the checkpoint's (rotate-half) layout
+};
+
+// One sequence's part of a forward batch.
+struct SequenceInput {
+  SequenceId sequence;              // a sequence of this model's KV cache
+  std::span<const int32_t> tokens;  // new tokens, fed at positions [length, length + n)
+  bool all_logits = false;          // logits for every new token, not only the last
+};
+
+struct Logits {
+  int64_t vocab_size = 0;     // row width
+  std::vector<float> values;  // [rows, vocab_size]
+  std::vector<int64_t>
+      row_begin;  // [num_seqs + 1]: sequence s owns rows [row_begin[s], row_begin[s+1])
+
+  int64_t rows() const {
+    return vocab_size == 0 ? 0 : static_cast<int64_t>(values.size()) / vocab_size;
+  }
+  std::span<const float> row(int64_t index) const {
+    return {values.data() + index * vocab_size, static_cast<size_t>(vocab_size)};
+  }
+  // The logits after sequence s's last new token.
+  std::span<const float> last(int64_t sequence_index) const {
+    return row(row_begin[static_cast<size_t>(sequence_index) + 1] - 1);
+  }
+};
+
+class Model {
+ public:
+  // Opens, validates and binds the checkpoint, then places weights and allocates the KV cache.
+  // Throws Error naming the file, tensor or key on any problem; no half-loaded model remains.
+  static std::unique_ptr<Model> load(const std::filesystem::path& path, kernels::Backend& backend,
+                                     const ModelOptions& options = {});
+  Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOptions& options);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return checkpoint_.config; }
+  const CheckpointPaths& paths() const { return checkpoint_.paths; }
+  kernels::Backend& backend() { return backend_; }
+  KvCache& kv_cache() { return *kv_cache_; }
+  // The most positions one sequence may hold: the trained context or the cache, whichever is less.
+  int64_t context_limit() const;
+  // Parameters, for reports.
+  int64_t parameter_count() const { return parameter_count_; }
+
+  // Appends each sequence's tokens to the KV cache and computes logits. Batch-invariant: a
+  // sequence's logits are bitwise the same whatever else shares the call. On error (unknown
+  // sequence, bad token id, KV cache full) throws, leaving every sequence's cache as it was.
+  void forward(std::span<const SequenceInput> batch, Logits* logits);
+
+ private:
+  struct Workspace;
+  void place_weights();
+  void ensure_workspace(int64_t tokens, int64_t logit_rows, int64_t metadata_ints);
+  void run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks);
+  void matmul(const float* x, const WeightView& weight, const WeightView& bias, int64_t rows,
+              float* out, const char* what, int64_t layer);
+
+  Checkpoint checkpoint_;
+  kernels::Backend& backend_;
+  ModelOptions options_;
+  ModelWeights weights_;
+  std::vector<DeviceBuffer> weight_buffers_;  // device copies, when the backend is not the host
+  DeviceBuffer inv_freq_;                     // [head_dim / 2] f32
+  std::unique_ptr<KvCache> kv_cache_;
+  std::unique_ptr<Workspace> workspace_;
+  int64_t parameter_count_ = 0;
+};
+
+}  // namespace specrun

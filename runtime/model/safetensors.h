@@ -1,0 +1,94 @@
+// safetensors: reading through mmap with every header field validated before use, sharded
+// checkpoints through model.safetensors.index.json, and writing (for the checkpoint generator and
+// the tests).
+//
+// File layout: an 8-byte little-endian header length N, N bytes of JSON
+//   {"name": {"dtype": "BF16", "shape": [rows, cols], "data_offsets": [begin, end]}, ...,
+//    "__metadata__": {"key": "value"}}
+// then the data section; offsets are relative to its start.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/core/dtype.h"
+#include "runtime/base/mapped_file.h"
+
+namespace specrun {
+
+// The largest header accepted, as in the reference implementation: a header beyond this is taken
+// as a corrupt or hostile file rather than allocated.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
+struct TensorInfo {
+  std::string name;            // "model.layers.0.self_attn.q_proj.weight"
+  DType dtype;                 // stored dtype
+  std::vector<int64_t> shape;  // row-major dimensions
+  uint64_t begin;              // first byte in the data section
+  uint64_t end;                // one past the last byte
+  const void* data;            // the bytes, aligned for dtype
+  std::filesystem::path file;  // the file holding it
+
+  int64_t num_elements() const;
+  uint64_t size_bytes() const { return end - begin; }
+};
+
+// "[4096, 4096]"
+std::string shape_to_string(std::span<const int64_t> shape);
+
+class SafetensorsFile {
+ public:
+  // Maps and validates the file; throws Error naming the file (and tensor) on any violation.
+  explicit SafetensorsFile(const std::filesystem::path& path);
+
+  const std::filesystem::path& path() const { return file_.path(); }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }  // sorted by name
+  const TensorInfo* find(std::string_view name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  MappedFile file_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+  // Copies of tensors whose bytes in the file are not aligned for their dtype.
+  std::vector<std::unique_ptr<std::byte[]>> aligned_copies_;
+};
+
+// Every tensor of a checkpoint: one file, or the shards named by an index.
+class TensorStore {
+ public:
+  // A single .safetensors file.
+  static TensorStore open_file(const std::filesystem::path& path);
+  // model.safetensors.index.json: every shard it names is opened, every tensor it lists must be in
+  // its shard and every tensor of a shard must be listed.
+  static TensorStore open_index(const std::filesystem::path& index_path);
+
+  const TensorInfo* find(std::string_view name) const;
+  // Every tensor, sorted by name.
+  std::vector<const TensorInfo*> all() const;
+  const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
+
+ private:
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorInfo*, std::less<>> by_name_;
+};
+
+struct TensorToWrite {
+  std::string name;                  // tensor name
+  DType dtype;                       // stored dtype
+  std::vector<int64_t> shape;        // dimensions
+  std::span<const std::byte> bytes;  // num_elements * dtype_size bytes
+};
+
+// Writes a well-formed file: header padded with spaces to 8 bytes, tensors packed in the given
+// order. Throws Error on I/O failure or a byte count that does not match the shape.
+void write_safetensors(const std::filesystem::path& path, std::span<const TensorToWrite> tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace specrun

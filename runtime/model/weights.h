@@ -1,0 +1,54 @@
+// The weights of a Llama-family model, bound by name from a checkpoint and checked against its
+// config.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/core/dtype.h"
+#include "runtime/model/checkpoint.h"
+
+namespace specrun {
+
+// A view of one tensor: host bytes in the checkpoint's mapping until the model places it on its
+// backend.
+struct WeightView {
+  const void* data = nullptr;  // null when absent (an optional bias)
+  DType dtype = DType::kF32;   // stored dtype
+  std::vector<int64_t> shape;  // dimensions
+  uint64_t size_bytes = 0;     // bytes of data
+
+  explicit operator bool() const { return data != nullptr; }
+};
+
+struct LayerWeights {
+  WeightView attention_norm;  // [hidden]
+  WeightView q_proj;          // [heads * head_dim, hidden]
+  WeightView k_proj;          // [kv_heads * head_dim, hidden]
+  WeightView v_proj;          // [kv_heads * head_dim, hidden]
+  WeightView o_proj;          // [hidden, heads * head_dim]
+  WeightView q_bias;          // [heads * head_dim] when qkv_bias
+  WeightView k_bias;          // [kv_heads * head_dim] when qkv_bias
+  WeightView v_bias;          // [kv_heads * head_dim] when qkv_bias
+  WeightView o_bias;          // [hidden] when o_bias
+  WeightView mlp_norm;        // [hidden]
+  WeightView gate_proj;       // [intermediate, hidden]
+  WeightView up_proj;         // [intermediate, hidden]
+  WeightView down_proj;       // [hidden, intermediate]
+  WeightView gate_bias;       // [intermediate] when mlp_bias
+  WeightView up_bias;         // [intermediate] when mlp_bias
+  WeightView down_bias;       // [hidden] when mlp_bias
+};
+
+struct ModelWeights {
+  WeightView embedding;  // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  WeightView final_norm;  // [hidden]
+  WeightView output;      // [vocab, hidden]; the embedding when tied
+};
+
+// Binds every tensor the config requires, with its shape checked, and rejects any tensor the
+// architecture does not use. Errors name the weights file and the tensor.
+ModelWeights bind_weights(const Checkpoint& checkpoint);
+
+}  // namespace specrun

@@ -1,0 +1,126 @@
+#include "runtime/sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/core/check.h"
+
+namespace specrun {
+
+void validate_sampling(const SamplingParams& params) {
+  auto fail = [](const std::string& name, const std::string& rule, double value) {
+    throw Error("sampling parameter " + name + " must be " + rule + ", got " +
+                std::to_string(value));
+  };
+  if (!std::isfinite(params.temperature) || params.temperature < 0.0f) {
+    fail("temperature", "finite and >= 0", params.temperature);
+  }
+  if (params.top_k < 0) fail("top_k", ">= 0 (0 turns it off)", static_cast<double>(params.top_k));
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) fail("top_p", "in (0, 1]", params.top_p);
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) fail("min_p", "in [0, 1]", params.min_p);
+}
+
+int32_t argmax(std::span<const float> logits) {
+  SPECRUN_CHECK(!logits.empty());
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
+void process_logits(const SamplingParams& params, std::span<const float> logits,
+                    std::span<float> probs) {
+  SPECRUN_CHECK(probs.size() == logits.size() && !logits.empty());
+  const size_t vocab = logits.size();
+  if (params.temperature == 0.0f) {
+    std::fill(probs.begin(), probs.end(), 0.0f);
+    probs[static_cast<size_t>(argmax(logits))] = 1.0f;
+    return;
+  }
+  // Softmax of logits / temperature in double: the filters compare and accumulate these masses.
+  const double inverse_temperature = 1.0 / static_cast<double>(params.temperature);
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> weights(vocab);
+  for (size_t i = 0; i < vocab; ++i) {
+    weights[i] = std::exp((static_cast<double>(logits[i]) - max_logit) * inverse_temperature);
+  }
+
+  // Candidates ranked by weight, ties by lower id; only as much of the order as needed.
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  const auto ranks_before = [&](int32_t a, int32_t b) {
+    return weights[static_cast<size_t>(a)] != weights[static_cast<size_t>(b)]
+               ? weights[static_cast<size_t>(a)] > weights[static_cast<size_t>(b)]
+               : a < b;
+  };
+  size_t kept = vocab;
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab) {
+    kept = static_cast<size_t>(params.top_k);
+    std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kept) - 1,
+                     order.end(), ranks_before);
+  }
+  if (params.top_p < 1.0f) {
+    std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kept), ranks_before);
+    double total = 0.0;
+    for (size_t i = 0; i < kept; ++i) total += weights[static_cast<size_t>(order[i])];
+    const double target = static_cast<double>(params.top_p) * total;
+    double cumulative = 0.0;
+    size_t count = 0;
+    while (count < kept && cumulative < target) {
+      cumulative += weights[static_cast<size_t>(order[count])];
+      ++count;
+    }
+    kept = std::max<size_t>(count, 1);
+  }
+  if (params.min_p > 0.0f) {
+    double top = 0.0;
+    for (size_t i = 0; i < kept; ++i) top = std::max(top, weights[static_cast<size_t>(order[i])]);
+    const double threshold = static_cast<double>(params.min_p) * top;
+    // Keep the survivors in place; `order[0..kept)` need not be sorted here.
+    size_t write = 0;
+    for (size_t i = 0; i < kept; ++i) {
+      if (weights[static_cast<size_t>(order[i])] >= threshold) order[write++] = order[i];
+    }
+    kept = write;
+  }
+
+  double total = 0.0;
+  for (size_t i = 0; i < kept; ++i) total += weights[static_cast<size_t>(order[i])];
+  std::fill(probs.begin(), probs.end(), 0.0f);
+  for (size_t i = 0; i < kept; ++i) {
+    const size_t token = static_cast<size_t>(order[i]);
+    probs[token] = static_cast<float>(weights[token] / total);
+  }
+}
+
+int32_t sample_from(std::span<const float> probs, Rng& rng) {
+  SPECRUN_CHECK(!probs.empty());
+  double total = 0.0;
+  for (const float p : probs) total += p;
+  SPECRUN_CHECK(total > 0.0) << "cannot sample from a distribution with no mass";
+  const double target = rng.uniform() * total;
+  double cumulative = 0.0;
+  int32_t last_nonzero = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] <= 0.0f) continue;
+    cumulative += probs[i];
+    last_nonzero = static_cast<int32_t>(i);
+    if (target < cumulative) return last_nonzero;
+  }
+  return last_nonzero;  // rounding left the target at the very end
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+  validate_sampling(params);
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  probs_.resize(logits.size());
+  process_logits(params_, logits, probs_);
+  if (params_.temperature == 0.0f) return argmax(logits);
+  return sample_from(probs_, rng_);
+}
+
+}  // namespace specrun
