@@ -1,0 +1,433 @@
+// Every CPU kernel against a naive double-precision reference, and the batch invariance the
+// speculative verifier relies on.
+//
+// Tolerances: the kernels accumulate in f32 (each step one rounding of relative size
+// u = 2^-24), so a length-n reduction is within n * u * sum|terms| of the exact value (the
+// classical bound for recursive summation; the lane split only shortens the chains). The tests
+// use that bound per element, with the reference in double standing in for the exact value.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "runtime/sampling/rng.h"
+
+namespace specrun::kernels::cpu {
+namespace {
+
+constexpr double kUnitRoundoff = 0x1.0p-24;
+
+std::vector<float> random_floats(size_t count, uint64_t seed, float scale = 1.0f) {
+  Rng rng(seed);
+  std::vector<float> values(count);
+  for (float& v : values) v = scale * static_cast<float>(2.0 * rng.uniform() - 1.0);
+  return values;
+}
+
+// Stores f32 values in `dtype`, returning the bytes and the values as stored (rounded).
+struct StoredTensor {
+  std::vector<uint16_t> halves;  // F16/BF16 storage
+  std::vector<float> floats;     // F32 storage, or the widened halves
+  const void* data(DType dtype) const {
+    return dtype == DType::kF32 ? static_cast<const void*>(floats.data())
+                                : static_cast<const void*>(halves.data());
+  }
+};
+
+StoredTensor store(const std::vector<float>& values, DType dtype) {
+  StoredTensor tensor;
+  tensor.floats = values;
+  if (dtype != DType::kF32) {
+    for (float& v : tensor.floats) {
+      const uint16_t bits = dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+      tensor.halves.push_back(bits);
+      v = dtype == DType::kBF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
+    }
+  }
+  return tensor;
+}
+
+class CpuKernels : public ::testing::TestWithParam<int> {
+ protected:
+  ThreadPool pool_{GetParam()};
+};
+
+TEST_P(CpuKernels, EmbeddingGathersRowsInEveryDtype) {
+  const int64_t vocab = 37, dim = 19;
+  const std::vector<int32_t> tokens = {0, 36, 5, 5, 17};
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const StoredTensor table = store(random_floats(vocab * dim, 1), dtype);
+    std::vector<float> out(tokens.size() * dim);
+    ASSERT_TRUE(embedding({static_cast<int64_t>(tokens.size()), vocab, dim, dtype}, tokens.data(),
+                          table.data(dtype), out.data(), pool_)
+                    .is_ok());
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      for (int64_t c = 0; c < dim; ++c) {
+        EXPECT_EQ(out[t * dim + c], table.floats[tokens[t] * dim + c]);
+      }
+    }
+  }
+}
+
+TEST_P(CpuKernels, EmbeddingRejectsTokensOutsideTheVocabulary) {
+  const std::vector<float> table(4 * 3, 1.0f);
+  std::vector<float> out(3);
+  const int32_t too_large[] = {4};
+  const int32_t negative[] = {-1};
+  EXPECT_EQ(embedding({1, 4, 3, DType::kF32}, too_large, table.data(), out.data(), pool_).code(),
+            StatusCode::kOutOfRange);
+  EXPECT_EQ(embedding({1, 4, 3, DType::kF32}, negative, table.data(), out.data(), pool_).code(),
+            StatusCode::kOutOfRange);
+}
+
+TEST_P(CpuKernels, RmsNormMatchesReference) {
+  const int64_t rows = 5, dim = 67;
+  const float eps = 1e-5f;
+  const std::vector<float> x = random_floats(rows * dim, 2, 3.0f);
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const StoredTensor weight = store(random_floats(dim, 3), dtype);
+    std::vector<float> out(rows * dim);
+    ASSERT_TRUE(
+        rmsnorm({rows, dim, eps, dtype}, x.data(), weight.data(dtype), out.data(), pool_).is_ok());
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0.0;
+      for (int64_t c = 0; c < dim; ++c) sum += double(x[r * dim + c]) * x[r * dim + c];
+      const double scale = 1.0 / std::sqrt(sum / dim + eps);
+      for (int64_t c = 0; c < dim; ++c) {
+        const double expected = x[r * dim + c] * scale * weight.floats[c];
+        // Mean square: dim roundings; then three products.
+        const double tolerance = (dim + 4) * kUnitRoundoff * std::abs(expected) + 1e-30;
+        EXPECT_NEAR(out[r * dim + c], expected, tolerance) << "row " << r << " col " << c;
+      }
+    }
+  }
+}
+
+TEST_P(CpuKernels, MatmulMatchesReferenceForEveryDtypeAndShape) {
+  // Shapes cover the 16-lane tail, the 4-row groups and their tails, and the row blocking.
+  const int64_t shapes[][3] = {{1, 16, 8}, {3, 37, 21}, {4, 64, 33}, {7, 100, 17}, {70, 48, 5}};
+  for (const auto& shape : shapes) {
+    const int64_t rows = shape[0], in = shape[1], out_features = shape[2];
+    const std::vector<float> x = random_floats(rows * in, 4);
+    for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+      const StoredTensor weight = store(random_floats(out_features * in, 5), dtype);
+      const StoredTensor bias = store(random_floats(out_features, 6), dtype);
+      for (const bool with_bias : {false, true}) {
+        std::vector<float> out(rows * out_features);
+        ASSERT_TRUE(matmul({rows, in, out_features, dtype, dtype}, x.data(), weight.data(dtype),
+                           with_bias ? bias.data(dtype) : nullptr, out.data(), pool_)
+                        .is_ok());
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t f = 0; f < out_features; ++f) {
+            double expected = with_bias ? bias.floats[f] : 0.0;
+            double magnitude = std::abs(expected);
+            for (int64_t i = 0; i < in; ++i) {
+              const double term = double(x[r * in + i]) * weight.floats[f * in + i];
+              expected += term;
+              magnitude += std::abs(term);
+            }
+            const double tolerance = (in + 2) * kUnitRoundoff * magnitude;
+            ASSERT_NEAR(out[r * out_features + f], expected, tolerance)
+                << "shape " << rows << "x" << in << "x" << out_features << " dtype "
+                << dtype_name(dtype) << " row " << r << " feature " << f;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(CpuKernels, MatmulIsBatchInvariantBitwise) {
+  // Each row alone, and the rows inside batches of every size, give identical bits.
+  const int64_t rows = 13, in = 83, out_features = 29;
+  const std::vector<float> x = random_floats(rows * in, 7);
+  const StoredTensor weight = store(random_floats(out_features * in, 8), DType::kBF16);
+  std::vector<float> all(rows * out_features);
+  ASSERT_TRUE(matmul({rows, in, out_features, DType::kBF16, DType::kF32}, x.data(),
+                     weight.data(DType::kBF16), nullptr, all.data(), pool_)
+                  .is_ok());
+  for (int64_t batch = 1; batch <= rows; ++batch) {
+    for (int64_t first = 0; first + batch <= rows; first += batch) {
+      std::vector<float> part(batch * out_features);
+      ASSERT_TRUE(matmul({batch, in, out_features, DType::kBF16, DType::kF32},
+                         x.data() + first * in, weight.data(DType::kBF16), nullptr, part.data(),
+                         pool_)
+                      .is_ok());
+      ASSERT_EQ(0, std::memcmp(part.data(), all.data() + first * out_features,
+                               part.size() * sizeof(float)))
+          << "rows " << first << ".." << first + batch;
+    }
+  }
+}
+
+TEST(CpuKernelsThreads, MatmulIsThreadCountInvariantBitwise) {
+  const int64_t rows = 9, in = 130, out_features = 75;
+  const std::vector<float> x = random_floats(rows * in, 9);
+  const StoredTensor weight = store(random_floats(out_features * in, 10), DType::kF16);
+  std::vector<float> reference;
+  for (const int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    std::vector<float> out(rows * out_features);
+    ASSERT_TRUE(matmul({rows, in, out_features, DType::kF16, DType::kF32}, x.data(),
+                       weight.data(DType::kF16), nullptr, out.data(), pool)
+                    .is_ok());
+    if (reference.empty()) reference = out;
+    ASSERT_EQ(0, std::memcmp(out.data(), reference.data(), out.size() * sizeof(float)))
+        << threads << " threads";
+  }
+}
+
+// Naive RoPE in double for one head.
+void reference_rope(std::vector<double>& head, int64_t position, const std::vector<float>& inv_freq,
+                    RopeStyle style) {
+  const size_t half = head.size() / 2;
+  for (size_t i = 0; i < half; ++i) {
+    const size_t a = style == RopeStyle::kRotateHalf ? i : 2 * i;
+    const size_t b = style == RopeStyle::kRotateHalf ? i + half : 2 * i + 1;
+    const double angle = position * double(inv_freq[i]);
+    const double x1 = head[a], x2 = head[b];
+    head[a] = x1 * std::cos(angle) - x2 * std::sin(angle);
+    head[b] = x2 * std::cos(angle) + x1 * std::sin(angle);
+  }
+}
+
+TEST_P(CpuKernels, RopeMatchesReferenceInBothStyles) {
+  const int64_t tokens = 4, heads = 3, kv_heads = 1, head_dim = 8;
+  const std::vector<int32_t> positions = {0, 1, 17, 4095};
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / head_dim));
+  }
+  for (const RopeStyle style : {RopeStyle::kRotateHalf, RopeStyle::kInterleaved}) {
+    std::vector<float> q = random_floats(tokens * heads * head_dim, 11);
+    std::vector<float> k = random_floats(tokens * kv_heads * head_dim, 12);
+    const std::vector<float> q_in = q, k_in = k;
+    ASSERT_TRUE(rope({tokens, heads, kv_heads, head_dim, style}, positions.data(), inv_freq.data(),
+                     q.data(), k.data(), pool_)
+                    .is_ok());
+    auto check = [&](const std::vector<float>& in, const std::vector<float>& out, int64_t count) {
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t h = 0; h < count; ++h) {
+          const size_t base = (t * count + h) * head_dim;
+          std::vector<double> head(in.begin() + base, in.begin() + base + head_dim);
+          reference_rope(head, positions[t], inv_freq, style);
+          for (int64_t c = 0; c < head_dim; ++c) {
+            // cos/sin rounded to f32, then two products and a sum.
+            EXPECT_NEAR(out[base + c], head[c], 8 * kUnitRoundoff * 2.0) << "token " << t;
+          }
+        }
+      }
+    };
+    check(q_in, q, heads);
+    check(k_in, k, kv_heads);
+  }
+}
+
+TEST_P(CpuKernels, RopeStylesAgreeOnPermutedChannels) {
+  // Interleaved RoPE on channels (x0, y0, x1, y1, ...) equals rotate-half RoPE on
+  // (x0, x1, ..., y0, y1, ...): the two conventions differ only in the weight layout.
+  const int64_t head_dim = 16, half = head_dim / 2;
+  const int32_t positions[] = {123};
+  std::vector<float> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) inv_freq[i] = std::pow(0.7f, static_cast<float>(i));
+  const std::vector<float> interleaved_in = random_floats(head_dim, 13);
+  std::vector<float> rotate_half_in(head_dim);
+  for (int64_t i = 0; i < half; ++i) {
+    rotate_half_in[i] = interleaved_in[2 * i];
+    rotate_half_in[i + half] = interleaved_in[2 * i + 1];
+  }
+  std::vector<float> a = interleaved_in, a_k = interleaved_in;
+  std::vector<float> b = rotate_half_in, b_k = rotate_half_in;
+  ASSERT_TRUE(rope({1, 1, 1, head_dim, RopeStyle::kInterleaved}, positions, inv_freq.data(),
+                   a.data(), a_k.data(), pool_)
+                  .is_ok());
+  ASSERT_TRUE(rope({1, 1, 1, head_dim, RopeStyle::kRotateHalf}, positions, inv_freq.data(),
+                   b.data(), b_k.data(), pool_)
+                  .is_ok());
+  for (int64_t i = 0; i < half; ++i) {
+    EXPECT_EQ(a[2 * i], b[i]);
+    EXPECT_EQ(a[2 * i + 1], b[i + half]);
+  }
+}
+
+TEST_P(CpuKernels, RopeRejectsOddHeadDim) {
+  std::vector<float> q(3), k(3);
+  const int32_t positions[] = {0};
+  const float inv_freq[] = {1.0f};
+  EXPECT_EQ(
+      rope({1, 1, 1, 3, RopeStyle::kRotateHalf}, positions, inv_freq, q.data(), k.data(), pool_)
+          .code(),
+      StatusCode::kInvalidArgument);
+}
+
+// A paged cache with scattered blocks for several sequences, and naive attention over the same
+// keys and values laid out contiguously.
+struct PagedAttentionCase {
+  int64_t heads = 4, kv_heads = 2, head_dim = 12, block_size = 4;
+  std::vector<int64_t> new_tokens = {3, 1, 6};
+  std::vector<int64_t> context = {9, 14, 6};
+  int64_t window = 0;
+};
+
+void check_paged_attention(const PagedAttentionCase& c, ThreadPool& pool) {
+  const int64_t seqs = static_cast<int64_t>(c.context.size());
+  int64_t max_blocks = 0, total_blocks = 0;
+  for (const int64_t length : c.context) {
+    max_blocks = std::max(max_blocks, (length + c.block_size - 1) / c.block_size);
+    total_blocks += (length + c.block_size - 1) / c.block_size;
+  }
+  total_blocks += 3;  // unused blocks in the pool
+  // Hand out blocks in a scrambled order so that tables are not contiguous.
+  std::vector<int32_t> free_blocks(total_blocks);
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  Rng rng(21);
+  for (size_t i = free_blocks.size() - 1; i > 0; --i) {
+    std::swap(free_blocks[i], free_blocks[rng.next() % (i + 1)]);
+  }
+  const int64_t row = c.kv_heads * c.head_dim;
+  std::vector<float> k_cache = random_floats(total_blocks * c.block_size * row, 22);
+  std::vector<float> v_cache = random_floats(total_blocks * c.block_size * row, 23);
+  std::vector<int32_t> tables(seqs * max_blocks, 0);
+  std::vector<int32_t> query_start = {0};
+  size_t next_free = 0;
+  for (int64_t s = 0; s < seqs; ++s) {
+    for (int64_t b = 0; b < (c.context[s] + c.block_size - 1) / c.block_size; ++b) {
+      tables[s * max_blocks + b] = free_blocks[next_free++];
+    }
+    query_start.push_back(query_start.back() + static_cast<int32_t>(c.new_tokens[s]));
+  }
+  const int64_t tokens = query_start.back();
+  const std::vector<float> q = random_floats(tokens * c.heads * c.head_dim, 24);
+  std::vector<int32_t> lengths(c.context.begin(), c.context.end());
+  std::vector<float> out(tokens * c.heads * c.head_dim);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ASSERT_TRUE(attention({seqs, tokens, c.heads, c.kv_heads, c.head_dim, c.block_size, max_blocks,
+                         scale, c.window},
+                        q.data(), k_cache.data(), v_cache.data(), query_start.data(),
+                        lengths.data(), tables.data(), out.data(), pool)
+                  .is_ok());
+
+  for (int64_t s = 0; s < seqs; ++s) {
+    for (int64_t i = 0; i < c.new_tokens[s]; ++i) {
+      const int64_t token = query_start[s] + i;
+      const int64_t position = c.context[s] - c.new_tokens[s] + i;
+      const int64_t first = c.window > 0 ? std::max<int64_t>(0, position - c.window + 1) : 0;
+      for (int64_t h = 0; h < c.heads; ++h) {
+        const int64_t kv_head = h / (c.heads / c.kv_heads);
+        const float* query = &q[(token * c.heads + h) * c.head_dim];
+        std::vector<double> scores;
+        for (int64_t p = first; p <= position; ++p) {
+          const int64_t slot =
+              tables[s * max_blocks + p / c.block_size] * c.block_size + p % c.block_size;
+          double dot = 0.0;
+          for (int64_t d = 0; d < c.head_dim; ++d) {
+            dot += double(query[d]) * k_cache[slot * row + kv_head * c.head_dim + d];
+          }
+          scores.push_back(dot * scale);
+        }
+        const double max_score = *std::max_element(scores.begin(), scores.end());
+        double total = 0.0;
+        for (double& score : scores) total += (score = std::exp(score - max_score));
+        for (int64_t d = 0; d < c.head_dim; ++d) {
+          double expected = 0.0;
+          for (int64_t p = first; p <= position; ++p) {
+            const int64_t slot =
+                tables[s * max_blocks + p / c.block_size] * c.block_size + p % c.block_size;
+            expected += scores[p - first] / total * v_cache[slot * row + kv_head * c.head_dim + d];
+          }
+          // Scores carry head_dim roundings into exp (values ~1, |v| <= 1): a few hundred ulps
+          // of the output scale at these sizes.
+          const double tolerance = (c.head_dim + position + 8) * kUnitRoundoff * 4.0;
+          EXPECT_NEAR(out[(token * c.heads + h) * c.head_dim + d], expected, tolerance)
+              << "seq " << s << " token " << i << " head " << h;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(CpuKernels, PagedAttentionMatchesReference) {
+  check_paged_attention({}, pool_);
+}
+
+TEST_P(CpuKernels, PagedAttentionWithSlidingWindow) {
+  PagedAttentionCase c;
+  c.window = 5;
+  check_paged_attention(c, pool_);
+}
+
+TEST_P(CpuKernels, PagedAttentionMultiHeadAndBlockOfOne) {
+  PagedAttentionCase c;
+  c.heads = 3;
+  c.kv_heads = 3;
+  c.block_size = 1;
+  c.new_tokens = {1, 4};
+  c.context = {1, 7};
+  check_paged_attention(c, pool_);
+}
+
+TEST_P(CpuKernels, AttentionRejectsImpossibleContext) {
+  const int32_t query_start[] = {0, 2};
+  const int32_t lengths[] = {1};  // fewer cached positions than new tokens
+  const int32_t tables[] = {0};
+  std::vector<float> q(2 * 4), cache(4 * 4), out(2 * 4);
+  EXPECT_EQ(attention({1, 2, 1, 1, 4, 4, 1, 0.5f, 0}, q.data(), cache.data(), cache.data(),
+                      query_start, lengths, tables, out.data(), pool_)
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_P(CpuKernels, KvWriteStoresRowsAtSlotsAndRejectsBadSlots) {
+  const int64_t kv_heads = 2, head_dim = 3, slots_in_cache = 8;
+  const std::vector<float> k = random_floats(2 * kv_heads * head_dim, 25);
+  const std::vector<float> v = random_floats(2 * kv_heads * head_dim, 26);
+  std::vector<float> k_cache(slots_in_cache * kv_heads * head_dim, 0.0f), v_cache = k_cache;
+  const int32_t slots[] = {5, 2};
+  ASSERT_TRUE(kv_write({2, kv_heads, head_dim, slots_in_cache}, k.data(), v.data(), slots,
+                       k_cache.data(), v_cache.data(), pool_)
+                  .is_ok());
+  for (int t = 0; t < 2; ++t) {
+    for (int64_t i = 0; i < kv_heads * head_dim; ++i) {
+      EXPECT_EQ(k_cache[slots[t] * kv_heads * head_dim + i], k[t * kv_heads * head_dim + i]);
+      EXPECT_EQ(v_cache[slots[t] * kv_heads * head_dim + i], v[t * kv_heads * head_dim + i]);
+    }
+  }
+  const int32_t bad[] = {8};
+  EXPECT_EQ(kv_write({1, kv_heads, head_dim, slots_in_cache}, k.data(), v.data(), bad,
+                     k_cache.data(), v_cache.data(), pool_)
+                .code(),
+            StatusCode::kOutOfRange);
+}
+
+TEST_P(CpuKernels, SwigluAndAddMatchReference) {
+  const int64_t rows = 3, dim = 40000;  // large enough to split across threads
+  const std::vector<float> gate = random_floats(rows * dim, 27, 6.0f);
+  const std::vector<float> up = random_floats(rows * dim, 28);
+  std::vector<float> out(rows * dim);
+  ASSERT_TRUE(swiglu({rows, dim}, gate.data(), up.data(), out.data(), pool_).is_ok());
+  for (int64_t i = 0; i < rows * dim; i += 97) {
+    const double g = gate[i];
+    const double expected = g / (1.0 + std::exp(-g)) * up[i];
+    EXPECT_NEAR(out[i], expected, 8 * kUnitRoundoff * std::abs(g * up[i]) + 1e-30);
+  }
+  std::vector<float> accumulator = up;
+  ASSERT_TRUE(add(rows * dim, gate.data(), accumulator.data(), pool_).is_ok());
+  for (int64_t i = 0; i < rows * dim; ++i) ASSERT_EQ(accumulator[i], up[i] + gate[i]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuKernels, ::testing::Values(1, 2, 4),
+                         [](const ::testing::TestParamInfo<int>& param) {
+                           return std::to_string(param.param) + "threads";
+                         });
+
+}  // namespace
+}  // namespace specrun::kernels::cpu

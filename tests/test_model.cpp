@@ -1,0 +1,296 @@
+// The invariants of the forward pass that speculative decoding builds on, all bitwise on the CPU
+// backend: batch invariance, rollback, and prefill-then-decode equal to one forward.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "runtime/model/model.h"
+#include "tests/test_support.h"
+
+namespace specrun {
+namespace {
+
+using fixtures::GeneratorOptions;
+
+std::vector<int32_t> token_run(int32_t first, int count, int32_t vocab) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < count; ++i) tokens.push_back((first + 37 * i) % vocab);
+  return tokens;
+}
+
+bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class ModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    GeneratorOptions options;
+    options.vocab_size = 300;
+    options.hidden_size = 96;
+    options.intermediate_size = 200;
+    options.num_layers = 3;
+    options.num_heads = 6;
+    options.num_kv_heads = 2;
+    fixtures::write_random_checkpoint(options, dir_.path());
+  }
+
+  std::unique_ptr<Model> load(kernels::Backend& backend, int64_t block_size = 16,
+                              int64_t kv_tokens = 512) {
+    ModelOptions options;
+    options.kv_block_size = block_size;
+    options.kv_cache_tokens = kv_tokens;
+    return Model::load(dir_.path(), backend, options);
+  }
+
+  // Logits of every token of `tokens`, fed as one prefill on a fresh sequence.
+  std::vector<float> prefill_logits(Model& model, const std::vector<int32_t>& tokens) {
+    const SequenceId s = model.kv_cache().add_sequence();
+    Logits logits;
+    const SequenceInput input[] = {{s, tokens, true}};
+    model.forward(input, &logits);
+    model.kv_cache().remove_sequence(s);
+    return logits.values;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(2);
+};
+
+TEST_F(ModelTest, LastLogitsRowsMatchAllLogitsRows) {
+  auto model = load(*backend_);
+  const std::vector<int32_t> tokens = token_run(3, 9, 300);
+  const std::vector<float> all = prefill_logits(*model, tokens);
+  const SequenceId s = model->kv_cache().add_sequence();
+  Logits last;
+  const SequenceInput input[] = {{s, tokens, false}};
+  model->forward(input, &last);
+  ASSERT_EQ(last.rows(), 1);
+  EXPECT_TRUE(bitwise_equal(last.last(0), std::span<const float>(all).subspan(8 * 300, 300)));
+  EXPECT_EQ(model->kv_cache().length(s), 9);
+}
+
+TEST_F(ModelTest, PrefillThenDecodeEqualsOneForwardBitwise) {
+  auto model = load(*backend_, /*block_size=*/4);
+  const std::vector<int32_t> tokens = token_run(11, 14, 300);
+  const std::vector<float> whole = prefill_logits(*model, tokens);
+  // Feed the same tokens in uneven chunks: 5, then one at a time, then 3, then the rest.
+  const std::vector<size_t> chunks = {5, 1, 1, 1, 3, 3};
+  const SequenceId s = model->kv_cache().add_sequence();
+  size_t fed = 0;
+  for (const size_t chunk : chunks) {
+    Logits logits;
+    const SequenceInput input[] = {{s, std::span<const int32_t>(tokens).subspan(fed, chunk), true}};
+    model->forward(input, &logits);
+    for (size_t i = 0; i < chunk; ++i) {
+      ASSERT_TRUE(bitwise_equal(logits.row(static_cast<int64_t>(i)),
+                                std::span<const float>(whole).subspan((fed + i) * 300, 300)))
+          << "token " << fed + i;
+    }
+    fed += chunk;
+  }
+  EXPECT_EQ(fed, tokens.size());
+}
+
+TEST_F(ModelTest, RowsAreBatchInvariantBitwise) {
+  auto model = load(*backend_, /*block_size=*/8);
+  const std::vector<int32_t> x = token_run(5, 7, 300);
+  const std::vector<int32_t> y = token_run(40, 12, 300);
+  const std::vector<int32_t> z = token_run(99, 1, 300);
+  const std::vector<float> x_alone = prefill_logits(*model, x);
+  const std::vector<float> y_alone = prefill_logits(*model, y);
+  const std::vector<float> z_alone = prefill_logits(*model, z);
+
+  // The same sequences batched in different orders and combinations.
+  const std::vector<std::vector<int>> orders = {{0, 1, 2}, {2, 0, 1}, {1, 2}, {2, 1, 0}};
+  const std::vector<int32_t>* inputs[] = {&x, &y, &z};
+  const std::vector<float>* alone[] = {&x_alone, &y_alone, &z_alone};
+  for (const auto& order : orders) {
+    std::vector<SequenceInput> batch;
+    for (const int which : order) {
+      batch.push_back({model->kv_cache().add_sequence(), *inputs[which], true});
+    }
+    Logits logits;
+    model->forward(batch, &logits);
+    for (size_t b = 0; b < order.size(); ++b) {
+      const int64_t first = logits.row_begin[b];
+      const int64_t rows = logits.row_begin[b + 1] - first;
+      ASSERT_EQ(rows, static_cast<int64_t>(inputs[order[b]]->size()));
+      ASSERT_TRUE(bitwise_equal(
+          std::span<const float>(logits.values).subspan(first * 300, rows * 300), *alone[order[b]]))
+          << "sequence " << order[b] << " at batch position " << b;
+    }
+    for (const SequenceInput& input : batch) model->kv_cache().remove_sequence(input.sequence);
+  }
+}
+
+TEST_F(ModelTest, DecodeStepsAreBatchInvariantAcrossThreadCounts) {
+  // A verification-shaped step (several tokens on a cached prefix) next to other sequences'
+  // decode steps, on 1 and 3 threads: identical bits.
+  std::vector<std::vector<float>> results;
+  for (const int threads : {1, 3}) {
+    auto backend = testing::make_cpu_backend(threads);
+    auto model = load(*backend);
+    const SequenceId a = model->kv_cache().add_sequence();
+    const SequenceId b = model->kv_cache().add_sequence();
+    Logits logits;
+    const std::vector<int32_t> prefix_a = token_run(1, 6, 300), prefix_b = token_run(2, 3, 300);
+    const SequenceInput prefill[] = {{a, prefix_a, false}, {b, prefix_b, false}};
+    model->forward(prefill, &logits);
+    const std::vector<int32_t> verify = token_run(7, 5, 300), step = {17};
+    const SequenceInput mixed[] = {{b, step, false}, {a, verify, true}};
+    model->forward(mixed, &logits);
+    results.emplace_back(logits.values.begin() + 300, logits.values.end());  // a's rows
+
+    // a's verification rows alone, on a fresh model instance, must match too.
+    auto alone_model = load(*backend);
+    const std::vector<int32_t> joined = [&] {
+      std::vector<int32_t> all = prefix_a;
+      all.insert(all.end(), verify.begin(), verify.end());
+      return all;
+    }();
+    const std::vector<float> whole = prefill_logits(*alone_model, joined);
+    ASSERT_TRUE(
+        bitwise_equal(results.back(), std::span<const float>(whole).subspan(6 * 300, 5 * 300)));
+  }
+  EXPECT_TRUE(bitwise_equal(results[0], results[1]));
+}
+
+TEST_F(ModelTest, RollbackThenAppendEqualsAFreshCacheBitwise) {
+  // Append A, truncate to keep part of it, append B: the logits of B equal those of a fresh
+  // cache fed kept(A) + B. Block size 4 makes the truncation cross and split blocks.
+  for (const int64_t keep : {0, 3, 4, 5, 8, 10}) {
+    auto model = load(*backend_, /*block_size=*/4);
+    const std::vector<int32_t> a = token_run(21, 10, 300);
+    const std::vector<int32_t> b = token_run(77, 5, 300);
+    KvCache& cache = model->kv_cache();
+    const SequenceId s = cache.add_sequence();
+    // Another sequence interleaves so that freed blocks are reused by someone else.
+    const SequenceId other = cache.add_sequence();
+    Logits logits;
+    const SequenceInput first[] = {{s, a, true}};
+    model->forward(first, &logits);
+    cache.truncate(s, keep);
+    const std::vector<int32_t> other_tokens = token_run(5, 9, 300);
+    const SequenceInput interleaved[] = {{other, other_tokens, false}};
+    model->forward(interleaved, &logits);
+    const SequenceInput second[] = {{s, b, true}};
+    model->forward(second, &logits);
+
+    std::vector<int32_t> expected_tokens(a.begin(), a.begin() + keep);
+    expected_tokens.insert(expected_tokens.end(), b.begin(), b.end());
+    auto fresh_model = load(*backend_, /*block_size=*/4);
+    const std::vector<float> fresh = prefill_logits(*fresh_model, expected_tokens);
+    EXPECT_TRUE(bitwise_equal(logits.values, std::span<const float>(fresh).subspan(keep * 300)))
+        << "keep " << keep;
+  }
+}
+
+TEST_F(ModelTest, BadInputLeavesEveryCacheUntouched) {
+  auto model = load(*backend_);
+  KvCache& cache = model->kv_cache();
+  const SequenceId s = cache.add_sequence();
+  const std::vector<int32_t> prefix = token_run(1, 4, 300);
+  Logits logits;
+  const SequenceInput prefill[] = {{s, prefix, false}};
+  model->forward(prefill, &logits);
+  const std::vector<float> before(logits.values);
+
+  const std::vector<int32_t> out_of_vocab = {5, 300};
+  const std::vector<int32_t> negative = {-1};
+  const std::vector<int32_t> empty;
+  const std::vector<int32_t> good = {7};
+  const SequenceInput bad_token[] = {{s, out_of_vocab, false}};
+  const SequenceInput bad_negative[] = {{s, negative, false}};
+  const SequenceInput no_tokens[] = {{s, empty, false}};
+  const SequenceInput unknown[] = {{s, good, false}, {12345, good, false}};
+  const SequenceInput twice[] = {{s, good, false}, {s, good, false}};
+  for (const auto& batch :
+       {std::span<const SequenceInput>(bad_token), std::span<const SequenceInput>(bad_negative),
+        std::span<const SequenceInput>(no_tokens), std::span<const SequenceInput>(unknown),
+        std::span<const SequenceInput>(twice)}) {
+    EXPECT_THROW(model->forward(batch, &logits), Error);
+    EXPECT_EQ(cache.length(s), 4);
+  }
+  // The sequence goes on as if nothing happened: its next logits equal a clean run's.
+  const SequenceInput step[] = {{s, good, false}};
+  model->forward(step, &logits);
+  std::vector<int32_t> clean = prefix;
+  clean.push_back(7);
+  const std::vector<float> expected = prefill_logits(*model, clean);
+  EXPECT_TRUE(bitwise_equal(logits.values, std::span<const float>(expected).subspan(4 * 300)));
+}
+
+TEST_F(ModelTest, KvExhaustionIsAClearErrorThatCorruptsNothing) {
+  auto model = load(*backend_, /*block_size=*/4, /*kv_tokens=*/16);  // 4 blocks
+  KvCache& cache = model->kv_cache();
+  const SequenceId a = cache.add_sequence();
+  const SequenceId b = cache.add_sequence();
+  const std::vector<int32_t> prefix_a = token_run(3, 9, 300);  // 3 blocks
+  Logits logits;
+  const SequenceInput fill[] = {{a, prefix_a, false}};
+  model->forward(fill, &logits);
+  const std::vector<int32_t> too_long = token_run(4, 5, 300);  // needs 2 blocks, 1 free
+  const std::vector<int32_t> step = {9};
+  const SequenceInput overflow[] = {{a, step, false}, {b, too_long, false}};
+  try {
+    model->forward(overflow, &logits);
+    FAIL() << "no error";
+  } catch (const KvCacheFullError& error) {
+    EXPECT_NE(std::string(error.what()).find("KV cache full"), std::string::npos);
+  }
+  EXPECT_EQ(cache.length(a), 9);
+  EXPECT_EQ(cache.length(b), 0);
+  EXPECT_EQ(cache.free_blocks(), 1);
+  const SequenceInput continue_a[] = {{a, step, false}};
+  model->forward(continue_a, &logits);
+  std::vector<int32_t> clean = prefix_a;
+  clean.push_back(9);
+  auto fresh = load(*backend_);
+  const std::vector<float> expected = prefill_logits(*fresh, clean);
+  EXPECT_TRUE(bitwise_equal(logits.values, std::span<const float>(expected).subspan(9 * 300)));
+}
+
+TEST_F(ModelTest, TwoModelsShareAProcessAndAPoolIndependently) {
+  // A draft and a target: different shapes, one thread pool, interleaved calls.
+  testing::TempDir draft_dir;
+  GeneratorOptions draft_options;
+  draft_options.vocab_size = 300;
+  draft_options.num_layers = 1;
+  draft_options.seed = 9;
+  fixtures::write_random_checkpoint(draft_options, draft_dir.path());
+  auto target = load(*backend_);
+  auto draft = Model::load(draft_dir.path(), *backend_);
+  const std::vector<int32_t> tokens = token_run(8, 6, 300);
+  const std::vector<float> target_alone = prefill_logits(*target, tokens);
+  const std::vector<float> draft_alone = prefill_logits(*draft, tokens);
+
+  const SequenceId t = target->kv_cache().add_sequence();
+  const SequenceId d = draft->kv_cache().add_sequence();
+  Logits target_logits, draft_logits;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t token[] = {tokens[i]};
+    const SequenceInput d_step[] = {{d, token, false}};
+    const SequenceInput t_step[] = {{t, token, false}};
+    draft->forward(d_step, &draft_logits);
+    target->forward(t_step, &target_logits);
+    ASSERT_TRUE(bitwise_equal(target_logits.values,
+                              std::span<const float>(target_alone).subspan(i * 300, 300)));
+    ASSERT_TRUE(bitwise_equal(draft_logits.values,
+                              std::span<const float>(draft_alone).subspan(i * 300, 300)));
+  }
+}
+
+TEST_F(ModelTest, ReportsShapeAndLimits) {
+  auto model = load(*backend_, 16, 100);
+  EXPECT_EQ(model->config().num_layers, 3);
+  EXPECT_EQ(model->context_limit(), 112);  // 100 tokens round up to 7 blocks of 16
+  // embed + lm_head + per layer (q, k, v, o, gate, up, down, 2 norms) + final norm
+  const int64_t per_layer = 96 * 96 + 2 * 32 * 96 + 96 * 96 + 3 * 200 * 96 + 2 * 96;
+  EXPECT_EQ(model->parameter_count(), 2 * 300 * 96 + 3 * per_layer + 96);
+}
+
+}  // namespace
+}  // namespace specrun

@@ -1,0 +1,239 @@
+// Logits processing keeps exactly the right tokens, and sampling follows the processed
+// distribution (checked by a chi-square test against the exact probabilities).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "kernels/core/check.h"
+#include "runtime/sampling/sampler.h"
+
+namespace specrun {
+namespace {
+
+// Logits whose softmax is exactly proportional to `probabilities`.
+std::vector<float> logits_of(const std::vector<double>& probabilities) {
+  std::vector<float> logits;
+  for (const double p : probabilities) logits.push_back(static_cast<float>(std::log(p)));
+  return logits;
+}
+
+std::set<int32_t> support(const std::vector<float>& probs) {
+  std::set<int32_t> kept;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] > 0.0f) kept.insert(static_cast<int32_t>(i));
+  }
+  return kept;
+}
+
+std::vector<float> process(const SamplingParams& params, const std::vector<float>& logits) {
+  std::vector<float> probs(logits.size());
+  process_logits(params, logits, probs);
+  double total = 0.0;
+  for (const float p : probs) total += p;
+  EXPECT_NEAR(total, 1.0, 1e-6);
+  return probs;
+}
+
+// Token ids shuffled so that rank order differs from id order.
+const std::vector<double> kProbabilities = {0.10, 0.02, 0.50, 0.15, 0.03, 0.20};
+// Rank order by probability: 2 (0.50), 5 (0.20), 3 (0.15), 0 (0.10), 4 (0.03), 1 (0.02).
+
+TEST(Sampler, PlainSoftmaxWithoutFilters) {
+  const std::vector<float> probs = process({}, logits_of(kProbabilities));
+  for (size_t i = 0; i < probs.size(); ++i) EXPECT_NEAR(probs[i], kProbabilities[i], 1e-6);
+}
+
+TEST(Sampler, TopKKeepsExactlyTheKMostProbable) {
+  const auto logits = logits_of(kProbabilities);
+  for (int64_t k = 1; k <= 6; ++k) {
+    SamplingParams params;
+    params.top_k = k;
+    const std::vector<float> probs = process(params, logits);
+    const std::vector<int32_t> ranked = {2, 5, 3, 0, 4, 1};
+    EXPECT_EQ(support(probs), std::set<int32_t>(ranked.begin(), ranked.begin() + k)) << "k " << k;
+  }
+  SamplingParams large;
+  large.top_k = 1000;  // beyond the vocabulary: no filtering
+  EXPECT_EQ(support(process(large, logits)).size(), 6u);
+}
+
+TEST(Sampler, TopKBreaksTiesByLowerId) {
+  SamplingParams params;
+  params.top_k = 2;
+  const std::vector<float> logits = {1.0f, 3.0f, 3.0f, 3.0f};
+  EXPECT_EQ(support(process(params, logits)), (std::set<int32_t>{1, 2}));
+}
+
+TEST(Sampler, TopPKeepsTheFewestTokensReachingP) {
+  const auto logits = logits_of(kProbabilities);
+  const struct {
+    float top_p;
+    std::set<int32_t> kept;
+  } cases[] = {{0.45f, {2}},
+               {0.55f, {2, 5}},
+               {0.69f, {2, 5}},
+               {0.71f, {2, 5, 3}},
+               {0.84f, {2, 5, 3}},
+               {0.86f, {2, 5, 3, 0}},
+               {0.96f, {2, 5, 3, 0, 4}},
+               {0.99f, {2, 5, 3, 0, 4, 1}},
+               {1.0f, {0, 1, 2, 3, 4, 5}}};
+  for (const auto& c : cases) {
+    SamplingParams params;
+    params.top_p = c.top_p;
+    const std::vector<float> probs = process(params, logits);
+    EXPECT_EQ(support(probs), c.kept) << "top_p " << c.top_p;
+    // Kept tokens keep their relative odds.
+    double kept_mass = 0.0;
+    for (const int32_t t : c.kept) kept_mass += kProbabilities[t];
+    for (const int32_t t : c.kept) EXPECT_NEAR(probs[t], kProbabilities[t] / kept_mass, 1e-6);
+  }
+}
+
+TEST(Sampler, MinPDropsTokensBelowAFractionOfTheTop) {
+  const auto logits = logits_of(kProbabilities);
+  const struct {
+    float min_p;
+    std::set<int32_t> kept;
+  } cases[] = {{0.39f, {2, 5}},
+               {0.41f, {2}},
+               {0.25f, {2, 5, 3}},
+               {0.19f, {2, 5, 3, 0}},
+               {0.05f, {2, 5, 3, 0, 4}},
+               {0.0f, {0, 1, 2, 3, 4, 5}},
+               {1.0f, {2}}};
+  for (const auto& c : cases) {
+    SamplingParams params;
+    params.min_p = c.min_p;
+    EXPECT_EQ(support(process(params, logits)), c.kept) << "min_p " << c.min_p;
+  }
+}
+
+TEST(Sampler, FiltersApplyInOrderTopKThenTopPThenMinP) {
+  SamplingParams params;
+  params.top_k = 3;     // {2, 5, 3}: renormalised 0.588, 0.235, 0.176
+  params.top_p = 0.8f;  // 0.588 < 0.8 <= 0.823: {2, 5}
+  params.min_p = 0.3f;  // 0.235 / 0.588 = 0.4 >= 0.3: both stay
+  EXPECT_EQ(support(process(params, logits_of(kProbabilities))), (std::set<int32_t>{2, 5}));
+  params.min_p = 0.5f;  // 0.4 < 0.5: only 2
+  EXPECT_EQ(support(process(params, logits_of(kProbabilities))), (std::set<int32_t>{2}));
+}
+
+TEST(Sampler, TemperatureScalesLogits) {
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f};
+  SamplingParams params;
+  params.temperature = 0.5f;
+  const std::vector<float> probs = process(params, logits);
+  const double z = 1.0 + std::exp(2.0) + std::exp(4.0);
+  EXPECT_NEAR(probs[0], 1.0 / z, 1e-6);
+  EXPECT_NEAR(probs[1], std::exp(2.0) / z, 1e-6);
+  EXPECT_NEAR(probs[2], std::exp(4.0) / z, 1e-6);
+}
+
+TEST(Sampler, TemperatureZeroIsArgmaxWithLowestIdOnTies) {
+  SamplingParams params;
+  params.temperature = 0.0f;
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
+  const std::vector<float> probs = process(params, logits);
+  EXPECT_EQ(probs, (std::vector<float>{0.0f, 1.0f, 0.0f, 0.0f}));
+  Sampler sampler(params);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(sampler.sample(logits), 1);
+  EXPECT_EQ(argmax(logits), 1);
+}
+
+TEST(Sampler, ASeedReproducesAndAnotherSeedDiffers) {
+  std::vector<float> logits(50);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>(std::sin(i * 1.7));
+  auto draw = [&](uint64_t seed) {
+    SamplingParams params;
+    params.seed = seed;
+    Sampler sampler(params);
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 200; ++i) tokens.push_back(sampler.sample(logits));
+    return tokens;
+  };
+  EXPECT_EQ(draw(42), draw(42));
+  EXPECT_NE(draw(42), draw(43));
+}
+
+// Pearson's chi-square statistic of observed counts against expected probabilities.
+double chi_square(const std::vector<int64_t>& counts, const std::vector<double>& expected,
+                  int64_t draws) {
+  double statistic = 0.0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (expected[i] == 0.0) {
+      EXPECT_EQ(counts[i], 0) << "token " << i << " has probability zero but was drawn";
+      continue;
+    }
+    const double e = expected[i] * static_cast<double>(draws);
+    statistic += (static_cast<double>(counts[i]) - e) * (static_cast<double>(counts[i]) - e) / e;
+  }
+  return statistic;
+}
+
+TEST(Sampler, SamplesFollowTheProcessedDistribution) {
+  // With a fixed seed the test is deterministic; the threshold is the 0.999 quantile of the
+  // chi-square distribution, so a correct sampler passes for all but 1 in 1000 seeds, while a
+  // bias of one percentage point on any token fails at this sample size.
+  const int64_t draws = 200000;
+  const auto logits = logits_of(kProbabilities);
+  SamplingParams params;
+  params.seed = 1234;
+  params.top_k = 5;  // drops token 1
+  Sampler sampler(params);
+  std::vector<int64_t> counts(kProbabilities.size(), 0);
+  for (int64_t i = 0; i < draws; ++i) ++counts[static_cast<size_t>(sampler.sample(logits))];
+  std::vector<double> expected(kProbabilities.size());
+  for (size_t i = 0; i < expected.size(); ++i)
+    expected[i] = i == 1 ? 0.0 : kProbabilities[i] / 0.98;
+  // 4 degrees of freedom (5 possible tokens); chi-square 0.999 quantile: 18.47.
+  EXPECT_LT(chi_square(counts, expected, draws), 18.47);
+}
+
+TEST(Sampler, SampleFromUnnormalisedWeights) {
+  Rng rng(5);
+  const std::vector<float> weights = {0.0f, 3.0f, 0.0f, 1.0f};
+  std::vector<int64_t> counts(4, 0);
+  const int64_t draws = 100000;
+  for (int64_t i = 0; i < draws; ++i) ++counts[static_cast<size_t>(sample_from(weights, rng))];
+  // 1 degree of freedom; 0.999 quantile 10.83.
+  EXPECT_LT(chi_square(counts, {0.0, 0.75, 0.0, 0.25}, draws), 10.83);
+}
+
+TEST(Sampler, RejectsOutOfRangeParameters) {
+  auto expect_rejected = [](SamplingParams params, const std::string& name) {
+    try {
+      validate_sampling(params);
+      ADD_FAILURE() << name << " accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(name), std::string::npos) << error.what();
+    }
+  };
+  SamplingParams p;
+  p.temperature = -0.1f;
+  expect_rejected(p, "temperature");
+  p = {};
+  p.temperature = std::nanf("");
+  expect_rejected(p, "temperature");
+  p = {};
+  p.top_k = -1;
+  expect_rejected(p, "top_k");
+  p = {};
+  p.top_p = 0.0f;
+  expect_rejected(p, "top_p");
+  p = {};
+  p.top_p = 1.01f;
+  expect_rejected(p, "top_p");
+  p = {};
+  p.min_p = -0.5f;
+  expect_rejected(p, "min_p");
+  p = {};
+  p.min_p = 1.5f;
+  expect_rejected(p, "min_p");
+  EXPECT_THROW({ Sampler sampler(p); }, Error);
+}
+
+}  // namespace
+}  // namespace specrun

@@ -1,0 +1,70 @@
+#include "tests/test_support.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace specrun::testing {
+
+TempDir::TempDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "specrun-test-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+void write_file(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream stream(path, std::ios::binary | std::ios::trunc);
+  stream.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!stream) throw std::runtime_error("cannot write " + path.string());
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream stream(path, std::ios::binary);
+  std::ostringstream text;
+  text << stream.rdbuf();
+  return text.str();
+}
+
+std::unique_ptr<kernels::cpu::CpuBackend> make_cpu_backend(int threads) {
+  return std::make_unique<kernels::cpu::CpuBackend>(
+      std::make_shared<kernels::cpu::ThreadPool>(threads));
+}
+
+CommandResult run_command(const std::string& command_line) {
+  TempDir capture;
+  const std::string out = (capture / "stdout").string();
+  const std::string err = (capture / "stderr").string();
+  const int status = std::system((command_line + " >" + out + " 2>" + err + " </dev/null").c_str());
+  CommandResult result;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.stdout_text = read_file(out);
+  result.stderr_text = read_file(err);
+  return result;
+}
+
+std::filesystem::path tool_path(const std::string& name) {
+  return std::filesystem::path(SPECRUN_BIN_DIR) / name;
+}
+
+std::filesystem::path source_path(const std::string& relative) {
+  return std::filesystem::path(SPECRUN_SOURCE_DIR) / relative;
+}
+
+std::filesystem::path shared_path(const std::string& relative) {
+  return std::filesystem::path(SPECRUN_SHARED_DIR) / relative;
+}
+
+std::string reference_python() {
+  return SPECRUN_PYTHON;
+}
+
+}  // namespace specrun::testing

@@ -1,0 +1,51 @@
+// Helpers shared by the test suites: temporary directories, raw files, generated checkpoints,
+// running the command-line tools.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "tools/fixtures/checkpoint_generator.h"
+
+namespace specrun::testing {
+
+// A fresh directory under the system temp dir, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+void write_file(const std::filesystem::path& path, const std::string& bytes);
+std::string read_file(const std::filesystem::path& path);
+
+// A CPU backend over a pool of `threads` threads (0: one per core).
+std::unique_ptr<kernels::cpu::CpuBackend> make_cpu_backend(int threads = 0);
+
+struct CommandResult {
+  int exit_code;            // the process's exit status (-1 when it did not exit normally)
+  std::string stdout_text;  // everything it wrote to stdout
+  std::string stderr_text;  // everything it wrote to stderr
+};
+
+// Runs a shell command line, capturing both streams.
+CommandResult run_command(const std::string& command_line);
+
+// Paths of things the build and the repository provide.
+std::filesystem::path tool_path(const std::string& name);  // build/bin/NAME
+std::filesystem::path source_path(const std::string& relative);
+std::filesystem::path shared_path(const std::string& relative);  // ../shared/RELATIVE
+// The Python with NumPy found at configure time; empty when none.
+std::string reference_python();
+
+}  // namespace specrun::testing
