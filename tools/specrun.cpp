@@ -1,39 +1,46 @@
 // specrun: generate from a checkpoint. Generated token ids go to stdout as they are produced;
 // logs and the closing stats go to stderr.
 #include <cstdio>
-#include <exception>
-#include <iostream>
+#include <functional>
 #include <string>
 #include <vector>
 
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "runtime/engine/generate.h"
+#include "runtime/engine/run_config.h"
 #include "runtime/model/model.h"
 #include "tools/cli_support.h"
 
 namespace {
 
 struct Options {
-  std::string target;      // checkpoint directory or file
-  std::string prompt_ids;  // "1,2,3"
-  specrun::GenerationOptions generation;
-  int threads = 0;                  // 0: one per core
-  int64_t kv_cache_tokens = 0;      // 0: the model's context, at most 8192
+  std::string target;               // checkpoint directory or file
+  std::string config_path;          // TOML settings, overridden by flags
+  std::string prompt_ids;           // "1,2,3"
   std::string rope_style = "auto";  // auto, rotate-half, interleaved
   std::string log_level = "warn";   // spdlog level
+  bool ignore_eos = false;          // generate past EOS
   bool quiet = false;               // no stats on stderr
+  specrun::RunConfig flags;         // values of the settings given as flags
+  // Copy each setting given on the command line into a config.
+  std::vector<std::function<void(specrun::RunConfig&)>> overrides;
 };
 
 int run(const Options& options) {
+  specrun::RunConfig config;
+  if (!options.config_path.empty()) config = specrun::load_run_config(options.config_path);
+  for (const auto& override_setting : options.overrides) override_setting(config);
+  if (options.ignore_eos) config.generation.stop_at_eos = false;
+  specrun::validate_run_config(config);
+
   specrun::ModelOptions model_options;
-  model_options.kv_cache_tokens = options.kv_cache_tokens;
+  model_options.kv_cache_tokens = config.kv_cache_tokens;
+  model_options.kv_block_size = config.kv_block_size;
   model_options.rope_style = specrun::tools::parse_rope_style(options.rope_style);
 
-  auto pool = std::make_shared<specrun::kernels::cpu::ThreadPool>(options.threads);
+  auto pool = std::make_shared<specrun::kernels::cpu::ThreadPool>(config.threads);
   specrun::kernels::cpu::CpuBackend backend(pool);
   const auto model = specrun::Model::load(options.target, backend, model_options);
 
@@ -48,7 +55,7 @@ int run(const Options& options) {
 
   bool first = true;
   const specrun::GenerationResult result =
-      specrun::generate(*model, prompt, options.generation, [&](int32_t token) {
+      specrun::generate(*model, prompt, config.generation, [&](int32_t token) {
         std::printf(first ? "%d" : " %d", token);
         std::fflush(stdout);
         first = false;
@@ -61,9 +68,9 @@ int run(const Options& options) {
     const double decode_steps = static_cast<double>(result.tokens.size()) - 1.0;
     std::fprintf(
         stderr,
-        "specrun: %zu prompt tokens, %zu generated (stop: %s) on %s with %d threads\n"
+        "specrun: %lld prompt tokens, %zu generated (stop: %s) on %s with %d threads\n"
         "specrun: prefill %.1f ms (%.1f tokens/s), decode %.1f tokens/s\n",
-        static_cast<size_t>(result.prompt_tokens), result.tokens.size(),
+        static_cast<long long>(result.prompt_tokens), result.tokens.size(),
         specrun::stop_reason_name(result.stop_reason), std::string(backend.name()).c_str(),
         pool->num_threads(), result.prefill_ms,
         result.prefill_ms > 0 ? 1e3 * static_cast<double>(result.prompt_tokens) / result.prefill_ms
@@ -77,38 +84,39 @@ int run(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  CLI::App app{
-      "specrun: generate text from a Llama-family checkpoint (speculative decoding runtime)"};
+  specrun::RunConfig& f = options.flags;
+  CLI::App app{"specrun: generate from a Llama-family checkpoint (speculative decoding runtime)"};
   app.add_option("--target", options.target,
                  "Target checkpoint: a directory with config.json and *.safetensors, or a "
                  ".safetensors / .safetensors.index.json file with config.json beside it")
       ->required();
+  app.add_option("--config", options.config_path,
+                 "TOML settings file (see configs/default.toml); flags override it");
   app.add_option("--prompt-ids", options.prompt_ids,
                  "Prompt as comma-separated token ids, e.g. 1,450,4996 (default: the BOS token)");
-  app.add_option("--max-tokens", options.generation.max_tokens, "Most new tokens to generate")
-      ->capture_default_str();
-  app.add_option("--temperature", options.generation.sampling.temperature,
-                 "Sampling temperature; 0 is greedy")
-      ->capture_default_str();
-  app.add_option("--top-k", options.generation.sampling.top_k,
-                 "Keep the k most probable tokens; 0 disables")
-      ->capture_default_str();
-  app.add_option("--top-p", options.generation.sampling.top_p,
-                 "Keep the fewest most probable tokens whose probability reaches p; 1 disables")
-      ->capture_default_str();
-  app.add_option("--min-p", options.generation.sampling.min_p,
-                 "Drop tokens less probable than min-p times the most probable; 0 disables")
-      ->capture_default_str();
-  app.add_option("--seed", options.generation.sampling.seed, "Seed of the sampler")
-      ->capture_default_str();
-  app.add_flag(
-      "--ignore-eos", [&](int64_t) { options.generation.stop_at_eos = false; },
-      "Keep generating past end-of-sequence tokens");
-  app.add_option("--threads", options.threads, "CPU threads; 0 uses every core")
-      ->capture_default_str();
-  app.add_option("--kv-cache-tokens", options.kv_cache_tokens,
-                 "KV cache capacity in tokens; 0 uses the model's context, at most 8192")
-      ->capture_default_str();
+  CLI::Option* max_tokens =
+      app.add_option("--max-tokens", f.generation.max_tokens, "Most new tokens to generate");
+  CLI::Option* temperature = app.add_option("--temperature", f.generation.sampling.temperature,
+                                            "Sampling temperature; 0 is greedy");
+  CLI::Option* top_k = app.add_option("--top-k", f.generation.sampling.top_k,
+                                      "Keep the k most probable tokens; 0 disables");
+  CLI::Option* top_p = app.add_option(
+      "--top-p", f.generation.sampling.top_p,
+      "Keep the fewest most probable tokens whose probability reaches p; 1 disables");
+  CLI::Option* min_p =
+      app.add_option("--min-p", f.generation.sampling.min_p,
+                     "Drop tokens less probable than min-p times the most probable; 0 disables");
+  CLI::Option* seed = app.add_option("--seed", f.generation.sampling.seed, "Seed of the sampler");
+  CLI::Option* threads = app.add_option("--threads", f.threads, "CPU threads; 0 uses every core");
+  CLI::Option* kv_tokens =
+      app.add_option("--kv-cache-tokens", f.kv_cache_tokens,
+                     "KV cache capacity in tokens; 0 uses the model's context, at most 8192");
+  CLI::Option* device = app.add_option("--device", f.device, "Where the model runs: cpu");
+  for (CLI::Option* option :
+       {max_tokens, temperature, top_k, top_p, min_p, seed, threads, kv_tokens, device}) {
+    option->capture_default_str();
+  }
+  app.add_flag("--ignore-eos", options.ignore_eos, "Keep generating past end-of-sequence tokens");
   app.add_option("--rope-style", options.rope_style,
                  "RoPE channel pairing: auto (rotate-half, as Hugging Face checkpoints), "
                  "rotate-half or interleaved (Meta/GGUF weight layout)")
@@ -117,6 +125,21 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--quiet", options.quiet, "Print no stats on stderr");
   CLI11_PARSE(app, argc, argv);
+
+  // Settings given as flags win over the config file.
+  auto given = [](const CLI::Option* option) { return option->count() > 0; };
+  options.overrides.push_back([&](specrun::RunConfig& config) {
+    if (given(max_tokens)) config.generation.max_tokens = f.generation.max_tokens;
+    if (given(temperature))
+      config.generation.sampling.temperature = f.generation.sampling.temperature;
+    if (given(top_k)) config.generation.sampling.top_k = f.generation.sampling.top_k;
+    if (given(top_p)) config.generation.sampling.top_p = f.generation.sampling.top_p;
+    if (given(min_p)) config.generation.sampling.min_p = f.generation.sampling.min_p;
+    if (given(seed)) config.generation.sampling.seed = f.generation.sampling.seed;
+    if (given(threads)) config.threads = f.threads;
+    if (given(kv_tokens)) config.kv_cache_tokens = f.kv_cache_tokens;
+    if (given(device)) config.device = f.device;
+  });
   return specrun::tools::run_reporting_errors("specrun", options.log_level,
                                               [&] { return run(options); });
 }

@@ -1,0 +1,161 @@
+#include "runtime/engine/run_config.h"
+
+#include <limits>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "kernels/core/check.h"
+
+namespace specrun {
+namespace {
+
+// Reads the keys of one table, each into a typed field, with errors that name file, line and key.
+class TableReader {
+ public:
+  TableReader(const std::filesystem::path& path, const toml::table& table, std::string name)
+      : path_(path), table_(table), name_(std::move(name)) {}
+
+  [[noreturn]] void fail(const toml::node& node, const std::string& key,
+                         const std::string& what) const {
+    std::ostringstream message;
+    message << path_.string() << ":" << node.source().begin.line << ": key '" << name_ << "." << key
+            << "' " << what;
+    throw Error(message.str());
+  }
+
+  template <typename Integer>
+  void integer(const std::string& key, Integer* field, int64_t minimum, int64_t maximum) {
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return;
+    if (!node->is_integer()) fail(*node, key, "must be an integer");
+    const int64_t value = node->as_integer()->get();
+    if (value < minimum || value > maximum) {
+      fail(*node, key,
+           "must be in [" + std::to_string(minimum) + ", " + std::to_string(maximum) + "], got " +
+               std::to_string(value));
+    }
+    *field = static_cast<Integer>(value);
+  }
+
+  void number(const std::string& key, float* field, double minimum, double maximum,
+              bool exclusive_minimum, const std::string& range) {
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return;
+    if (!node->is_number()) fail(*node, key, "must be a number");
+    const double value = node->is_integer() ? static_cast<double>(node->as_integer()->get())
+                                            : node->as_floating_point()->get();
+    const bool too_small = exclusive_minimum ? !(value > minimum) : !(value >= minimum);
+    if (too_small || !(value <= maximum)) {
+      std::ostringstream text;
+      text << "must be " << range << ", got " << value;
+      fail(*node, key, text.str());
+    }
+    *field = static_cast<float>(value);
+  }
+
+  void string(const std::string& key, std::string* field,
+              std::initializer_list<const char*> allowed) {
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return;
+    if (!node->is_string()) fail(*node, key, "must be a string");
+    const std::string value = node->as_string()->get();
+    std::string choices;
+    for (const char* option : allowed) {
+      if (value == option) {
+        *field = value;
+        return;
+      }
+      choices += (choices.empty() ? "" : ", ") + std::string(option);
+    }
+    fail(*node, key, "must be one of " + choices + ", got '" + value + "'");
+  }
+
+  // Every key must be one this reader knows.
+  void reject_unknown(std::initializer_list<const char*> known) const {
+    for (const auto& [key, node] : table_) {
+      bool found = false;
+      for (const char* name : known) found = found || key.str() == name;
+      if (!found) fail(node, std::string(key.str()), "is not a known key");
+    }
+  }
+
+ private:
+  const std::filesystem::path& path_;
+  const toml::table& table_;
+  std::string name_;
+};
+
+}  // namespace
+
+RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& defaults) {
+  toml::table document;
+  try {
+    document = toml::parse_file(path.string());
+  } catch (const toml::parse_error& error) {
+    std::ostringstream message;
+    message << path.string() << ":" << error.source().begin.line << ": " << error.description();
+    throw Error(message.str());
+  }
+  RunConfig config = defaults;
+  for (const auto& [key, node] : document) {
+    const std::string name(key.str());
+    if (name != "sampling" && name != "runtime") {
+      std::ostringstream message;
+      message << path.string() << ":" << node.source().begin.line << ": '" << name
+              << "' is not a known table (sampling, runtime)";
+      throw Error(message.str());
+    }
+    if (!node.is_table()) {
+      std::ostringstream message;
+      message << path.string() << ":" << node.source().begin.line << ": '" << name
+              << "' must be a table";
+      throw Error(message.str());
+    }
+  }
+  if (const toml::table* sampling = document["sampling"].as_table()) {
+    TableReader reader(path, *sampling, "sampling");
+    reader.reject_unknown({"temperature", "top_k", "top_p", "min_p", "seed", "max_tokens"});
+    SamplingParams& s = config.generation.sampling;
+    reader.number("temperature", &s.temperature, 0.0, std::numeric_limits<float>::max(), false,
+                  "finite and >= 0");
+    reader.integer("top_k", &s.top_k, 0, std::numeric_limits<int32_t>::max());
+    reader.number("top_p", &s.top_p, 0.0, 1.0, true, "in (0, 1]");
+    reader.number("min_p", &s.min_p, 0.0, 1.0, false, "in [0, 1]");
+    int64_t seed = static_cast<int64_t>(s.seed);
+    reader.integer("seed", &seed, 0, std::numeric_limits<int64_t>::max());
+    s.seed = static_cast<uint64_t>(seed);
+    reader.integer("max_tokens", &config.generation.max_tokens, 0,
+                   std::numeric_limits<int32_t>::max());
+  }
+  if (const toml::table* runtime = document["runtime"].as_table()) {
+    TableReader reader(path, *runtime, "runtime");
+    reader.reject_unknown({"device", "threads", "kv_cache_tokens", "kv_block_size"});
+    reader.string("device", &config.device, {"cpu"});
+    reader.integer("threads", &config.threads, 0, 4096);
+    reader.integer("kv_cache_tokens", &config.kv_cache_tokens, 0,
+                   std::numeric_limits<int32_t>::max());
+    reader.integer("kv_block_size", &config.kv_block_size, 1, 4096);
+  }
+  return config;
+}
+
+void validate_run_config(const RunConfig& config) {
+  validate_sampling(config.generation.sampling);
+  if (config.generation.max_tokens < 0) {
+    throw Error("max_tokens must be >= 0, got " + std::to_string(config.generation.max_tokens));
+  }
+  if (config.threads < 0)
+    throw Error("threads must be >= 0, got " + std::to_string(config.threads));
+  if (config.kv_cache_tokens < 0) {
+    throw Error("kv_cache_tokens must be >= 0, got " + std::to_string(config.kv_cache_tokens));
+  }
+  if (config.kv_block_size < 1) {
+    throw Error("kv_block_size must be >= 1, got " + std::to_string(config.kv_block_size));
+  }
+  if (config.device != "cpu") {
+    throw Error("device '" + config.device + "' is not available (cpu)");
+  }
+}
+
+}  // namespace specrun

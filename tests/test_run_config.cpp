@@ -1,0 +1,138 @@
+// TOML run settings: configs/default.toml is complete and matches the built-in defaults; every bad
+// file is one error naming the file, the line and the key; flags override the file.
+#include <gtest/gtest.h>
+
+#include "kernels/core/check.h"
+#include "runtime/engine/run_config.h"
+#include "tests/test_support.h"
+
+namespace specrun {
+namespace {
+
+void expect_config_error(const std::string& toml, const std::vector<std::string>& fragments) {
+  testing::TempDir dir;
+  const auto path = dir / "bad.toml";
+  testing::write_file(path, toml);
+  try {
+    load_run_config(path);
+    ADD_FAILURE() << "accepted:\n" << toml;
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+    for (const std::string& fragment : fragments) {
+      EXPECT_NE(message.find(fragment), std::string::npos) << message << "\nmissing: " << fragment;
+    }
+  }
+}
+
+TEST(RunConfig, DefaultFileDocumentsTheBuiltInDefaults) {
+  const RunConfig built_in;
+  const RunConfig loaded = load_run_config(testing::source_path("configs/default.toml"));
+  EXPECT_EQ(loaded.generation.sampling.temperature, built_in.generation.sampling.temperature);
+  EXPECT_EQ(loaded.generation.sampling.top_k, built_in.generation.sampling.top_k);
+  EXPECT_EQ(loaded.generation.sampling.top_p, built_in.generation.sampling.top_p);
+  EXPECT_EQ(loaded.generation.sampling.min_p, built_in.generation.sampling.min_p);
+  EXPECT_EQ(loaded.generation.sampling.seed, built_in.generation.sampling.seed);
+  EXPECT_EQ(loaded.generation.max_tokens, built_in.generation.max_tokens);
+  EXPECT_EQ(loaded.threads, built_in.threads);
+  EXPECT_EQ(loaded.kv_cache_tokens, built_in.kv_cache_tokens);
+  EXPECT_EQ(loaded.kv_block_size, built_in.kv_block_size);
+  EXPECT_EQ(loaded.device, built_in.device);
+}
+
+TEST(RunConfig, ReadsEveryKeyAndKeepsDefaultsForAbsentOnes) {
+  testing::TempDir dir;
+  testing::write_file(dir / "c.toml",
+                      "[sampling]\ntemperature = 0.7\ntop_k = 40\ntop_p = 0.9\nmin_p = 0.05\n"
+                      "seed = 12345\nmax_tokens = 99\n[runtime]\nthreads = 3\n"
+                      "kv_cache_tokens = 4096\nkv_block_size = 32\ndevice = \"cpu\"\n");
+  const RunConfig config = load_run_config(dir / "c.toml");
+  EXPECT_FLOAT_EQ(config.generation.sampling.temperature, 0.7f);
+  EXPECT_EQ(config.generation.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(config.generation.sampling.top_p, 0.9f);
+  EXPECT_FLOAT_EQ(config.generation.sampling.min_p, 0.05f);
+  EXPECT_EQ(config.generation.sampling.seed, 12345u);
+  EXPECT_EQ(config.generation.max_tokens, 99);
+  EXPECT_EQ(config.threads, 3);
+  EXPECT_EQ(config.kv_cache_tokens, 4096);
+  EXPECT_EQ(config.kv_block_size, 32);
+
+  testing::write_file(dir / "partial.toml", "[sampling]\ntemperature = 1\n");
+  RunConfig defaults;
+  defaults.threads = 7;
+  const RunConfig partial = load_run_config(dir / "partial.toml", defaults);
+  EXPECT_EQ(partial.generation.sampling.temperature, 1.0f);  // an integer where a float is fine
+  EXPECT_EQ(partial.threads, 7);
+}
+
+TEST(RunConfig, RejectsUnknownTablesAndKeysWithTheirLine) {
+  expect_config_error("[sampling]\ntemperature = 1.0\n\n[speculatve]\ngamma = 4\n",
+                      {":4:", "'speculatve' is not a known table"});
+  expect_config_error("[sampling]\ntemperature = 1.0\ntopp = 0.9\n",
+                      {":3:", "key 'sampling.topp' is not a known key"});
+  expect_config_error("[runtime]\nthread = 2\n", {":2:", "runtime.thread"});
+  expect_config_error("sampling = 3\n", {":1:", "'sampling' must be a table"});
+}
+
+TEST(RunConfig, RejectsWrongTypes) {
+  expect_config_error("[sampling]\ntemperature = \"hot\"\n",
+                      {":2:", "sampling.temperature", "must be a number"});
+  expect_config_error("[sampling]\ntop_k = 2.5\n", {":2:", "sampling.top_k", "must be an integer"});
+  expect_config_error("[runtime]\nthreads = true\n", {":2:", "runtime.threads", "integer"});
+  expect_config_error("[runtime]\ndevice = 1\n", {":2:", "runtime.device", "must be a string"});
+}
+
+TEST(RunConfig, RejectsOutOfRangeValues) {
+  expect_config_error("[sampling]\ntemperature = -1\n", {":2:", "sampling.temperature", ">= 0"});
+  expect_config_error("[sampling]\ntemperature = inf\n", {":2:", "sampling.temperature"});
+  expect_config_error("[sampling]\ntop_p = 0\n", {":2:", "sampling.top_p", "(0, 1]"});
+  expect_config_error("[sampling]\ntop_p = 1.5\n", {"sampling.top_p", "got 1.5"});
+  expect_config_error("[sampling]\nmin_p = -0.1\n", {"sampling.min_p"});
+  expect_config_error("[sampling]\ntop_k = -5\n", {"sampling.top_k", "got -5"});
+  expect_config_error("[sampling]\nseed = -1\n", {"sampling.seed"});
+  expect_config_error("[sampling]\nmax_tokens = -1\n", {"sampling.max_tokens"});
+  expect_config_error("[runtime]\nkv_block_size = 0\n", {"runtime.kv_block_size"});
+  expect_config_error("[runtime]\ndevice = \"tpu\"\n", {"runtime.device", "'tpu'"});
+}
+
+TEST(RunConfig, ReportsSyntaxErrorsWithTheirLine) {
+  expect_config_error("[sampling]\ntemperature = = 1\n", {":2:"});
+  expect_config_error("[sampling\n", {":1:"});
+}
+
+TEST(RunConfig, MissingFileIsAnErrorNamingIt) {
+  EXPECT_THROW(load_run_config("/nonexistent/specrun.toml"), Error);
+}
+
+TEST(RunConfig, FlagsOverrideTheFile) {
+  testing::TempDir dir;
+  fixtures::GeneratorOptions model;
+  model.vocab_size = 64;
+  fixtures::write_random_checkpoint(model, dir / "model");
+  testing::write_file(dir / "c.toml", "[sampling]\ntemperature = 0\nmax_tokens = 6\n");
+  const std::string base = testing::tool_path("specrun").string() + " --target " +
+                           (dir / "model").string() + " --config " + (dir / "c.toml").string() +
+                           " --prompt-ids 1,2 --ignore-eos --quiet";
+  const testing::CommandResult from_file = testing::run_command(base);
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.stderr_text;
+  EXPECT_EQ(std::count(from_file.stdout_text.begin(), from_file.stdout_text.end(), ' '), 5);
+  const testing::CommandResult overridden = testing::run_command(base + " --max-tokens 2");
+  ASSERT_EQ(overridden.exit_code, 0) << overridden.stderr_text;
+  EXPECT_EQ(std::count(overridden.stdout_text.begin(), overridden.stdout_text.end(), ' '), 1);
+  // Greedy from the file: the first two tokens agree.
+  EXPECT_EQ(from_file.stdout_text.substr(0, overridden.stdout_text.size() - 1),
+            overridden.stdout_text.substr(0, overridden.stdout_text.size() - 1));
+
+  testing::write_file(dir / "bad.toml", "[sampling]\ntop_p = 7\n");
+  const testing::CommandResult bad =
+      testing::run_command(testing::tool_path("specrun").string() + " --target " +
+                           (dir / "model").string() + " --config " + (dir / "bad.toml").string());
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_EQ(bad.stderr_text.rfind("specrun: error: ", 0), 0u) << bad.stderr_text;
+  EXPECT_NE(bad.stderr_text.find("bad.toml:2: key 'sampling.top_p'"), std::string::npos)
+      << bad.stderr_text;
+  EXPECT_TRUE(bad.stdout_text.empty());
+}
+
+}  // namespace
+}  // namespace specrun
