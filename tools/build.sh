@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Configures and builds specrun. Environment:
+#   SPECRUN_BUILD_DIR   build directory (default: build)
+#   SPECRUN_CUDA        AUTO (default), ON or OFF
+#   SPECRUN_SANITIZE    e.g. address,undefined (default: none)
+#   SPECRUN_TARGETS     targets to build (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${SPECRUN_BUILD_DIR:-build}
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DSPECRUN_CUDA="${SPECRUN_CUDA:-AUTO}" -DSPECRUN_SANITIZE="${SPECRUN_SANITIZE:-}" \
+  -DSPECRUN_WERROR=ON >/dev/null
+# shellcheck disable=SC2086
+cmake --build "$build_dir" ${SPECRUN_TARGETS:+--target $SPECRUN_TARGETS}

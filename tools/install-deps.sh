@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs specrun's build and test dependencies from Debian 12's packages (only those missing).
+# The CUDA toolkit is not installed here: the CUDA backend is built when nvcc is already present.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ pkg-config       # toolchain
+  libspdlog-dev libfmt-dev               # logging
+  nlohmann-json3-dev                     # JSON: safetensors headers, config.json
+  libcli11-dev                           # command-line parsing
+  libtomlplusplus-dev                    # TOML configuration files
+  libgtest-dev libgmock-dev              # tests
+  python3 python3-numpy                  # the independent NumPy reference and model converters
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$package")
+  fi
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  exit 0
+fi
+
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+echo "install-deps: installing ${missing[*]}" >&2
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs the whole test suite (the README's test command; CI runs it too).
+# Tests that need a GPU skip without one; run them alone with `ctest -L gpu`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install-deps.sh
+bash tools/build.sh
+build_dir=${SPECRUN_BUILD_DIR:-build}
+ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)"
