@@ -1,0 +1,214 @@
+// A real trained checkpoint from the wild: Karpathy's TinyStories 260K Llama in llama2.c format
+// (../shared/models/stories260K). tools/convert_llama2c.py turns it into a Hugging Face
+// checkpoint twice, with q/k rows permuted for rotate-half RoPE (hf) and as Meta wrote them for
+// interleaved RoPE (meta). Both must decode the known story, and the logits must match the NumPy
+// reference. Random weights cannot show that the model computes language; this can.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/generate.h"
+#include "runtime/model/model.h"
+#include "tests/test_support.h"
+
+namespace specrun {
+namespace {
+
+using specrun::testing::TempDir;
+
+// The known greedy continuation of BOS for this checkpoint (../shared/README.md).
+constexpr char kExpectedStory[] =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park";
+constexpr int64_t kGreedyTokens = 60;
+constexpr int64_t kReferenceTokens = 20;
+// Same reasoning as tests/test_reference.cpp: f32 compute over f32 weights against float64, so
+// only f32 rounding remains, and it tracks the scale of the whole row (the final norm and the
+// tied classifier), not each logit. Measured: max abs error 4.8e-6 on rows whose largest logit
+// is ~22, i.e. about 2.5 ulps of it (0.18 of the bound below at worst). Five trained layers
+// round more than the two-layer random cases, hence atol 2e-5 rather than 1e-5; still a factor
+// ~5 of headroom and four orders of magnitude below a real defect.
+constexpr double kAtol = 2e-5;
+constexpr double kRtol = 1e-5;
+
+std::filesystem::path checkpoint_path() {
+  return specrun::testing::shared_path("models/stories260K/stories260K.bin");
+}
+std::filesystem::path tokenizer_path() {
+  return specrun::testing::shared_path("models/stories260K/tok512.bin");
+}
+
+// llama2.c tokenizer file: int32 max_token_length, then per token float32 score, int32 length
+// and that many bytes of the piece.
+std::vector<std::string> read_llama2c_vocab(const std::filesystem::path& path, int64_t vocab) {
+  const std::string bytes = specrun::testing::read_file(path);
+  size_t offset = sizeof(int32_t);
+  std::vector<std::string> pieces;
+  for (int64_t i = 0; i < vocab; ++i) {
+    int32_t length = 0;
+    if (offset + sizeof(float) + sizeof(length) > bytes.size()) {
+      throw std::runtime_error(path.string() + ": truncated at token " + std::to_string(i));
+    }
+    std::memcpy(&length, bytes.data() + offset + sizeof(float), sizeof(length));
+    offset += sizeof(float) + sizeof(length);
+    if (length < 0 || offset + static_cast<size_t>(length) > bytes.size()) {
+      throw std::runtime_error(path.string() + ": bad length at token " + std::to_string(i));
+    }
+    pieces.emplace_back(bytes.data() + offset, static_cast<size_t>(length));
+    offset += static_cast<size_t>(length);
+  }
+  return pieces;
+}
+
+// Concatenates the pieces, turning "<0xNN>" byte-fallback pieces into their byte; the leading
+// space SentencePiece puts on the first word after BOS is dropped, as llama2.c's decoder does.
+std::string decode(const std::vector<std::string>& pieces, std::span<const int32_t> tokens) {
+  std::string text;
+  for (const int32_t token : tokens) {
+    const std::string& piece = pieces.at(static_cast<size_t>(token));
+    unsigned int byte = 0;
+    if (piece.size() == 6 && piece.starts_with("<0x") && piece.ends_with(">") &&
+        std::sscanf(piece.c_str(), "<0x%02X>", &byte) == 1) {
+      text += static_cast<char>(byte);
+    } else {
+      text += piece;
+    }
+  }
+  if (text.starts_with(" ")) text.erase(0, 1);
+  return text;
+}
+
+class Stories260kTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(checkpoint_path()) || !std::filesystem::exists(tokenizer_path())) {
+      GTEST_SKIP() << "stories260K is not in ../shared/models";
+    }
+    if (specrun::testing::reference_python().empty()) {
+      GTEST_SKIP() << "no Python with NumPy was found at configure time";
+    }
+    convert("hf");
+    convert("meta");
+  }
+
+  void convert(const std::string& layout) {
+    const std::string command = "'" + specrun::testing::reference_python() + "' '" +
+                                specrun::testing::source_path("tools/convert_llama2c.py").string() +
+                                "' '" + checkpoint_path().string() + "' '" +
+                                (dir_ / layout).string() + "' --layout " + layout;
+    const auto result = specrun::testing::run_command(command);
+    ASSERT_EQ(result.exit_code, 0) << command << "\n" << result.stderr_text;
+  }
+
+  std::unique_ptr<Model> load(const std::string& layout) {
+    ModelOptions options;
+    if (layout == "meta") options.rope_style = kernels::RopeStyle::kInterleaved;
+    return Model::load(dir_ / layout, *backend_, options);
+  }
+
+  std::vector<int32_t> greedy(Model& model) {
+    GenerationOptions options;
+    options.sampling.temperature = 0.0f;
+    options.max_tokens = kGreedyTokens;
+    const std::vector<int32_t> prompt = {1};  // BOS
+    return generate(model, prompt, options).tokens;
+  }
+
+  // The NumPy reference's logits [tokens, vocab] for one sequence.
+  std::vector<double> reference_logits(const std::string& layout, std::span<const int32_t> tokens) {
+    std::string token_list;
+    for (const int32_t token : tokens) {
+      if (!token_list.empty()) token_list += ",";
+      token_list += std::to_string(token);
+    }
+    const std::filesystem::path out = dir_ / (layout + "-ref.bin");
+    const std::string command =
+        "'" + specrun::testing::reference_python() + "' '" +
+        specrun::testing::source_path("tests/reference/llama_ref.py").string() + "' --model '" +
+        (dir_ / layout).string() + "' --tokens " + token_list + " --out '" + out.string() + "'" +
+        (layout == "meta" ? " --rope-style interleaved" : "");
+    const auto result = specrun::testing::run_command(command);
+    EXPECT_EQ(result.exit_code, 0) << command << "\n" << result.stderr_text;
+    const std::string bytes = specrun::testing::read_file(out);
+    std::vector<double> values(bytes.size() / sizeof(double));
+    std::memcpy(values.data(), bytes.data(), values.size() * sizeof(double));
+    return values;
+  }
+
+  // Compares one prefill of `tokens` (all logits) against the reference.
+  void expect_matches_reference(const std::string& layout, std::span<const int32_t> tokens) {
+    const std::vector<double> ref = reference_logits(layout, tokens);
+    auto model = load(layout);
+    const int64_t vocab = model->config().vocab_size;
+    ASSERT_EQ(ref.size(), tokens.size() * static_cast<size_t>(vocab));
+    const SequenceInput input{model->kv_cache().add_sequence(), tokens, /*all_logits=*/true};
+    Logits logits;
+    model->forward(std::span<const SequenceInput>(&input, 1), &logits);
+    ASSERT_EQ(logits.values.size(), ref.size());
+    double max_error = 0.0;
+    double max_ref = 0.0;
+    double worst_ratio = 0.0;
+    int64_t violations = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double error = std::abs(static_cast<double>(logits.values[i]) - ref[i]);
+      max_error = std::max(max_error, error);
+      max_ref = std::max(max_ref, std::abs(ref[i]));
+      const double bound = kAtol + kRtol * std::abs(ref[i]);
+      worst_ratio = std::max(worst_ratio, error / bound);
+      if (!(error <= bound)) ++violations;
+    }
+    std::cout << "[ stories260K ] " << layout << " layout, " << tokens.size()
+              << " tokens: max |ref| " << max_ref << ", max abs error " << max_error
+              << " (worst error/tolerance " << worst_ratio << ")\n";
+    EXPECT_EQ(violations, 0) << layout << ": " << violations << " logits beyond atol " << kAtol
+                             << " + rtol " << kRtol << " (max abs error " << max_error << ")";
+
+    // The reference's own greedy choices must be the tokens that follow: an independent check
+    // that the float64 model, not only the C++ one, reproduces the story.
+    for (size_t position = 0; position + 1 < tokens.size(); ++position) {
+      const double* row = ref.data() + position * static_cast<size_t>(vocab);
+      const auto best = std::max_element(row, row + vocab) - row;
+      EXPECT_EQ(best, tokens[position + 1]) << "reference argmax at position " << position;
+    }
+  }
+
+  TempDir dir_;
+  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = specrun::testing::make_cpu_backend(2);
+};
+
+TEST_F(Stories260kTest, GreedyStoryIsTheSameInBothRopeLayouts) {
+  auto hf = load("hf");
+  auto meta = load("meta");
+  const std::vector<int32_t> hf_tokens = greedy(*hf);
+  const std::vector<int32_t> meta_tokens = greedy(*meta);
+  EXPECT_EQ(hf_tokens, meta_tokens);
+
+  const std::vector<std::string> pieces = read_llama2c_vocab(tokenizer_path(), 512);
+  const std::string text = decode(pieces, hf_tokens);
+  std::cout << "[ stories260K ] greedy: \"" << text << "\"\n";
+  EXPECT_EQ(static_cast<int64_t>(hf_tokens.size()), kGreedyTokens);
+  EXPECT_TRUE(text.starts_with(kExpectedStory)) << text;
+}
+
+TEST_F(Stories260kTest, LogitsMatchNumpyReference) {
+  auto model = load("hf");
+  std::vector<int32_t> tokens = {1};
+  const std::vector<int32_t> story = greedy(*model);
+  ASSERT_GE(static_cast<int64_t>(story.size()), kReferenceTokens - 1);
+  tokens.insert(tokens.end(), story.begin(), story.begin() + (kReferenceTokens - 1));
+  expect_matches_reference("hf", tokens);
+  expect_matches_reference("meta", tokens);
+}
+
+}  // namespace
+}  // namespace specrun
