@@ -2,6 +2,7 @@
 // logs and the closing stats go to stderr.
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,14 +17,14 @@
 namespace {
 
 struct Options {
-  std::string target;               // checkpoint directory or file
-  std::string config_path;          // TOML settings, overridden by flags
-  std::string prompt_ids;           // "1,2,3"
-  std::string rope_style = "auto";  // auto, rotate-half, interleaved
-  std::string log_level = "warn";   // spdlog level
-  bool ignore_eos = false;          // generate past EOS
-  bool quiet = false;               // no stats on stderr
-  specrun::RunConfig flags;         // values of the settings given as flags
+  std::string target;                     // checkpoint directory or file
+  std::string config_path;                // TOML settings, overridden by flags
+  std::optional<std::string> prompt_ids;  // "1,2,3"; given but empty is an error
+  std::string rope_style = "auto";        // auto, rotate-half, interleaved
+  std::string log_level = "warn";         // spdlog level
+  bool ignore_eos = false;                // generate past EOS
+  bool quiet = false;                     // no stats on stderr
+  specrun::RunConfig flags;               // values of the settings given as flags
   // Copy each setting given on the command line into a config.
   std::vector<std::function<void(specrun::RunConfig&)>> overrides;
 };
@@ -34,19 +35,31 @@ int run(const Options& options) {
   for (const auto& override_setting : options.overrides) override_setting(config);
   if (options.ignore_eos) config.generation.stop_at_eos = false;
   specrun::validate_run_config(config);
+  // Every argument is checked before the (possibly large) model is loaded.
+  std::vector<int32_t> prompt;
+  if (options.prompt_ids) {
+    prompt = specrun::tools::parse_token_ids(*options.prompt_ids, "--prompt-ids");
+  }
+  const std::optional<specrun::kernels::RopeStyle> rope_style =
+      specrun::tools::parse_rope_style(options.rope_style);
 
   specrun::ModelOptions model_options;
   model_options.kv_cache_tokens = config.kv_cache_tokens;
   model_options.kv_block_size = config.kv_block_size;
-  model_options.rope_style = specrun::tools::parse_rope_style(options.rope_style);
+  model_options.rope_style = rope_style;
 
   auto pool = std::make_shared<specrun::kernels::cpu::ThreadPool>(config.threads);
   specrun::kernels::cpu::CpuBackend backend(pool);
   const auto model = specrun::Model::load(options.target, backend, model_options);
 
-  std::vector<int32_t> prompt;
-  if (!options.prompt_ids.empty()) {
-    prompt = specrun::tools::parse_token_ids(options.prompt_ids, "--prompt-ids");
+  if (options.prompt_ids) {
+    for (const int32_t id : prompt) {
+      if (id >= model->config().vocab_size) {
+        throw specrun::Error("--prompt-ids: token id " + std::to_string(id) +
+                             " is outside the model's vocabulary [0, " +
+                             std::to_string(model->config().vocab_size) + ")");
+      }
+    }
   } else if (!model->config().bos_token_ids.empty()) {
     prompt = {model->config().bos_token_ids.front()};
   } else {

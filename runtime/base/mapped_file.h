@@ -3,12 +3,14 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <string_view>
 
 namespace specrun {
 
 class MappedFile {
  public:
-  // Throws Error naming the file when it cannot be opened or mapped.
+  // Throws Error naming the file when it cannot be opened or mapped, or is not a regular file
+  // (a FIFO or a device is refused rather than waited on or read).
   explicit MappedFile(const std::filesystem::path& path);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
@@ -16,6 +18,7 @@ class MappedFile {
 
   const std::filesystem::path& path() const { return path_; }
   const std::byte* data() const { return data_; }
+  std::string_view text() const { return {reinterpret_cast<const char*>(data_), size_}; }
   size_t size() const { return size_; }
 
  private:

@@ -55,6 +55,12 @@ GenerationResult generate(Model& model, std::span<const int32_t> prompt,
     throw Error("the prompt has " + std::to_string(prompt.size()) +
                 " tokens, more than the context limit of " + std::to_string(context_limit));
   }
+  for (const int32_t token : prompt) {
+    if (token < 0 || token >= model.config().vocab_size) {
+      throw Error("prompt token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                  std::to_string(model.config().vocab_size) + ")");
+    }
+  }
   Sampler sampler(options.sampling);
   const std::vector<int32_t>& eos = model.config().eos_token_ids;
 

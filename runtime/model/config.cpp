@@ -1,12 +1,12 @@
 #include "runtime/model/config.h"
 
 #include <cmath>
-#include <fstream>
 #include <numbers>
 
 #include <nlohmann/json.hpp>
 
 #include "kernels/core/check.h"
+#include "runtime/base/mapped_file.h"
 
 namespace specrun {
 namespace {
@@ -235,11 +235,10 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
 }
 
 ModelConfig load_model_config(const std::filesystem::path& path) {
-  std::ifstream stream(path);
-  if (!stream) throw Error(path.string() + ": cannot open");
+  const MappedFile file(path);
   json document;
   try {
-    document = json::parse(stream);
+    document = json::parse(file.text());
   } catch (const json::exception& error) {
     throw Error(path.string() + ": not valid JSON: " + error.what());
   }

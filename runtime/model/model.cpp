@@ -1,6 +1,7 @@
 #include "runtime/model/model.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <set>
 #include <string>
@@ -14,6 +15,8 @@ namespace specrun {
 namespace {
 // A default KV capacity that fits the tiny and the large alike; users size it explicitly.
 constexpr int64_t kDefaultKvTokens = 8192;
+// Slots are 32-bit indices.
+constexpr int64_t kMaxKvTokens = INT32_MAX;
 
 std::string layer_op(const char* what, int64_t layer) {
   return layer < 0 ? std::string(what) : "layer " + std::to_string(layer) + " " + what;
@@ -65,9 +68,13 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
   if (options.kv_block_size <= 0) {
     throw Error("KV block size must be positive, got " + std::to_string(options.kv_block_size));
   }
-  if (options.kv_cache_tokens < 0) {
-    throw Error("KV cache size must not be negative, got " +
+  if (options.kv_cache_tokens < 0 || options.kv_cache_tokens > kMaxKvTokens) {
+    throw Error("KV cache size must be in [0, " + std::to_string(kMaxKvTokens) + "] tokens, got " +
                 std::to_string(options.kv_cache_tokens));
+  }
+  if (options.kv_block_size > kMaxKvTokens) {
+    throw Error("KV block size must be at most " + std::to_string(kMaxKvTokens) + ", got " +
+                std::to_string(options.kv_block_size));
   }
   place_weights();
 

@@ -231,10 +231,9 @@ TensorStore TensorStore::open_file(const std::filesystem::path& path) {
 TensorStore TensorStore::open_index(const std::filesystem::path& index_path) {
   json index;
   {
-    std::ifstream stream(index_path);
-    if (!stream) fail(index_path, "cannot open");
+    const MappedFile file(index_path);
     try {
-      index = json::parse(stream);
+      index = json::parse(file.text());
     } catch (const json::exception& error) {
       fail(index_path, std::string("not valid JSON: ") + error.what());
     }
