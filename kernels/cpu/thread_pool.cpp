@@ -1,12 +1,46 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace specrun::kernels::cpu {
+namespace {
+
+// How long an idle thread polls before it sleeps: longer than the host work between two ops of a
+// forward pass, much shorter than the pause between two requests.
+constexpr auto kSpinTime = std::chrono::microseconds(200);
+
+void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Polls `done` until it holds or kSpinTime passes; true when it held.
+template <typename Predicate>
+bool spin_until(const Predicate& done) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      relax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
-  if (num_threads <= 0)
+  if (num_threads <= 0) {
     num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
   workers_.reserve(static_cast<size_t>(num_threads - 1));
   for (int i = 0; i < num_threads - 1; ++i) {
     workers_.emplace_back([this, i] { worker_loop(i + 1); });
@@ -16,7 +50,7 @@ ThreadPool::ThreadPool(int num_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+    stopping_.store(true);
   }
   work_ready_.notify_all();
   for (auto& worker : workers_) worker.join();
@@ -41,16 +75,22 @@ void ThreadPool::run_chunk(int chunk_index) {
 void ThreadPool::worker_loop(int worker_index) {
   uint64_t seen_generation = 0;
   for (;;) {
-    {
+    const auto has_work = [&] {
+      return stopping_.load(std::memory_order_acquire) ||
+             generation_.load(std::memory_order_acquire) != seen_generation;
+    };
+    if (!spin_until(has_work)) {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_ready_.wait(lock, [&] { return stopping_ || generation_ != seen_generation; });
-      if (stopping_) return;
-      seen_generation = generation_;
+      work_ready_.wait(lock, has_work);
     }
+    if (stopping_.load(std::memory_order_acquire)) return;
+    seen_generation = generation_.load(std::memory_order_acquire);
     run_chunk(worker_index);
-    {
+    if (pending_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // The caller may be asleep: wake it under the mutex so the wake-up cannot slip between its
+      // check and its wait.
       std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_workers_ == 0) work_done_.notify_one();
+      work_done_.notify_one();
     }
   }
 }
@@ -67,18 +107,22 @@ void ThreadPool::parallel_for(int64_t count, int64_t grain,
   }
   std::lock_guard<std::mutex> call_lock(call_mutex_);
   active_caller_.store(std::this_thread::get_id());
+  body_ = &body;
+  count_ = count;
+  chunk_size_ = ((grains + chunks - 1) / chunks) * grain;
+  pending_workers_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
   {
+    // Under the mutex, so that a worker between its check and its wait cannot miss the job.
     std::lock_guard<std::mutex> lock(mutex_);
-    body_ = &body;
-    count_ = count;
-    chunk_size_ = ((grains + chunks - 1) / chunks) * grain;
-    pending_workers_ = static_cast<int>(workers_.size());
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   work_ready_.notify_all();
   run_chunk(0);
-  std::unique_lock<std::mutex> lock(mutex_);
-  work_done_.wait(lock, [&] { return pending_workers_ == 0; });
+  const auto all_done = [&] { return pending_workers_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(all_done)) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    work_done_.wait(lock, all_done);
+  }
   body_ = nullptr;
   active_caller_.store(std::thread::id());
 }

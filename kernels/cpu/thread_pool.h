@@ -1,5 +1,9 @@
 // A fixed pool of worker threads for data-parallel loops. One pool is shared by every CPU
 // backend in a process (draft and target alike), so two models never oversubscribe the cores.
+//
+// A decode step issues about a hundred short loops, so handing work over must cost far less than
+// a sleep and a wake-up: idle workers spin for a short while before they block, and the caller
+// spins briefly for the last chunk before it blocks.
 #pragma once
 
 #include <atomic>
@@ -40,14 +44,14 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex call_mutex_;                         // one parallel_for at a time
   std::atomic<std::thread::id> active_caller_{};  // the thread inside parallel_for, if any
-  std::mutex mutex_;
+  std::mutex mutex_;                              // guards sleeping and waking
   std::condition_variable work_ready_;
   std::condition_variable work_done_;
-  uint64_t generation_ = 0;  // bumped for each parallel_for
-  int pending_workers_ = 0;  // workers still running the current generation
-  bool stopping_ = false;
+  std::atomic<uint64_t> generation_{0};  // bumped (release) to publish each job
+  std::atomic<int> pending_workers_{0};  // workers still running the current job
+  std::atomic<bool> stopping_{false};
 
-  // The current job, valid while pending_workers_ > 0.
+  // The current job, published by generation_.
   const std::function<void(int64_t, int64_t)>* body_ = nullptr;
   int64_t count_ = 0;
   int64_t chunk_size_ = 0;
