@@ -23,28 +23,10 @@ namespace specrun {
 namespace {
 
 using nlohmann::json;
+using testing::expect_error;
 using testing::TempDir;
 
 constexpr const char* kSource = "/models/x/config.json";
-
-// Asserts `body` throws specrun::Error whose one-line message holds every part.
-void expect_error(const std::function<void()>& body, std::initializer_list<std::string> parts) {
-  try {
-    body();
-  } catch (const Error& error) {
-    const std::string message = error.what();
-    for (const std::string& part : parts) {
-      EXPECT_NE(message.find(part), std::string::npos)
-          << "message lacks '" << part << "': " << message;
-    }
-    EXPECT_EQ(message.find('\n'), std::string::npos) << "message is not one line: " << message;
-    return;
-  } catch (const std::exception& other) {
-    ADD_FAILURE() << "threw a non-specrun exception: " << other.what();
-    return;
-  }
-  ADD_FAILURE() << "no error thrown";
-}
 
 ModelConfig parse(const std::string& text) {
   return parse_model_config(json::parse(text), kSource);

@@ -67,28 +67,6 @@ std::vector<int32_t> make_tokens(int count, int64_t vocab, uint64_t seed) {
   return tokens;
 }
 
-// Runs llama_ref.py and returns its logits [tokens, vocab] in row-major order.
-std::vector<double> reference_logits(const std::filesystem::path& model_dir,
-                                     std::span<const int32_t> tokens, bool interleaved,
-                                     const std::filesystem::path& out) {
-  std::string token_list;
-  for (const int32_t token : tokens) {
-    if (!token_list.empty()) token_list += ",";
-    token_list += std::to_string(token);
-  }
-  const std::string command =
-      "'" + specrun::testing::reference_python() + "' '" +
-      specrun::testing::source_path("tests/reference/llama_ref.py").string() + "' --model '" +
-      model_dir.string() + "' --tokens " + token_list + " --out '" + out.string() + "'" +
-      (interleaved ? " --rope-style interleaved" : "");
-  const auto result = specrun::testing::run_command(command);
-  EXPECT_EQ(result.exit_code, 0) << command << "\n" << result.stderr_text;
-  const std::string bytes = specrun::testing::read_file(out);
-  std::vector<double> values(bytes.size() / sizeof(double));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(double));
-  return values;
-}
-
 struct Comparison {
   double max_abs_error = 0.0;
   double max_ref = 0.0;
@@ -130,7 +108,7 @@ TEST_P(ReferenceTest, LogitsMatchNumpyReference) {
   const std::vector<int32_t> tokens =
       make_tokens(c.num_tokens, c.options.vocab_size, c.options.seed);
   const std::vector<double> ref =
-      reference_logits(dir / "model", tokens, c.interleaved, dir / "ref.bin");
+      testing::reference_logits(dir / "model", tokens, c.interleaved, dir / "ref.bin");
   const int64_t vocab = c.options.vocab_size;
   ASSERT_EQ(static_cast<int64_t>(ref.size()), c.num_tokens * vocab);
 
@@ -180,8 +158,8 @@ TEST_P(ReferenceTest, LogitsMatchNumpyReference) {
 
   if (c.has_contrast) {
     fixtures::write_random_checkpoint(c.contrast, dir / "contrast");
-    const std::vector<double> other =
-        reference_logits(dir / "contrast", tokens, c.contrast_interleaved, dir / "contrast.bin");
+    const std::vector<double> other = testing::reference_logits(
+        dir / "contrast", tokens, c.contrast_interleaved, dir / "contrast.bin");
     ASSERT_EQ(other.size(), ref.size());
     double difference = 0.0;
     for (size_t i = 0; i < ref.size(); ++i) {

@@ -22,27 +22,9 @@
 namespace specrun {
 namespace {
 
+using testing::expect_error;
 using testing::TempDir;
 using testing::write_file;
-
-// Asserts `body` throws specrun::Error whose one-line message holds every part.
-void expect_error(const std::function<void()>& body, std::initializer_list<std::string> parts) {
-  try {
-    body();
-  } catch (const Error& error) {
-    const std::string message = error.what();
-    for (const std::string& part : parts) {
-      EXPECT_NE(message.find(part), std::string::npos)
-          << "message lacks '" << part << "': " << message;
-    }
-    EXPECT_EQ(message.find('\n'), std::string::npos) << "message is not one line: " << message;
-    return;
-  } catch (const std::exception& other) {
-    ADD_FAILURE() << "threw a non-specrun exception: " << other.what();
-    return;
-  }
-  ADD_FAILURE() << "no error thrown";
-}
 
 std::string le64(uint64_t value) {
   std::string bytes(8, '\0');

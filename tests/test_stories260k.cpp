@@ -124,30 +124,10 @@ class Stories260kTest : public ::testing::Test {
     return generate(model, prompt, options).tokens;
   }
 
-  // The NumPy reference's logits [tokens, vocab] for one sequence.
-  std::vector<double> reference_logits(const std::string& layout, std::span<const int32_t> tokens) {
-    std::string token_list;
-    for (const int32_t token : tokens) {
-      if (!token_list.empty()) token_list += ",";
-      token_list += std::to_string(token);
-    }
-    const std::filesystem::path out = dir_ / (layout + "-ref.bin");
-    const std::string command =
-        "'" + specrun::testing::reference_python() + "' '" +
-        specrun::testing::source_path("tests/reference/llama_ref.py").string() + "' --model '" +
-        (dir_ / layout).string() + "' --tokens " + token_list + " --out '" + out.string() + "'" +
-        (layout == "meta" ? " --rope-style interleaved" : "");
-    const auto result = specrun::testing::run_command(command);
-    EXPECT_EQ(result.exit_code, 0) << command << "\n" << result.stderr_text;
-    const std::string bytes = specrun::testing::read_file(out);
-    std::vector<double> values(bytes.size() / sizeof(double));
-    std::memcpy(values.data(), bytes.data(), values.size() * sizeof(double));
-    return values;
-  }
-
   // Compares one prefill of `tokens` (all logits) against the reference.
   void expect_matches_reference(const std::string& layout, std::span<const int32_t> tokens) {
-    const std::vector<double> ref = reference_logits(layout, tokens);
+    const std::vector<double> ref = testing::reference_logits(
+        dir_ / layout, tokens, layout == "meta", dir_ / (layout + "-ref.bin"));
     auto model = load(layout);
     const int64_t vocab = model->config().vocab_size;
     ASSERT_EQ(ref.size(), tokens.size() * static_cast<size_t>(vocab));

@@ -3,10 +3,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include "kernels/core/check.h"
 
 namespace specrun::testing {
 
@@ -65,6 +70,44 @@ std::filesystem::path shared_path(const std::string& relative) {
 
 std::string reference_python() {
   return SPECRUN_PYTHON;
+}
+
+std::vector<double> reference_logits(const std::filesystem::path& model_dir,
+                                     std::span<const int32_t> tokens, bool interleaved_rope,
+                                     const std::filesystem::path& out) {
+  std::string token_list;
+  for (const int32_t token : tokens) {
+    if (!token_list.empty()) token_list += ",";
+    token_list += std::to_string(token);
+  }
+  const std::string command =
+      "'" + reference_python() + "' '" + source_path("tests/reference/llama_ref.py").string() +
+      "' --model '" + model_dir.string() + "' --tokens " + token_list + " --out '" + out.string() +
+      "'" + (interleaved_rope ? " --rope-style interleaved" : "");
+  const CommandResult result = run_command(command);
+  EXPECT_EQ(result.exit_code, 0) << command << "\n" << result.stderr_text;
+  const std::string bytes = read_file(out);
+  std::vector<double> values(bytes.size() / sizeof(double));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(double));
+  return values;
+}
+
+void expect_error(const std::function<void()>& body, std::initializer_list<std::string> fragments) {
+  try {
+    body();
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    for (const std::string& fragment : fragments) {
+      EXPECT_NE(message.find(fragment), std::string::npos)
+          << "message lacks '" << fragment << "': " << message;
+    }
+    EXPECT_EQ(message.find('\n'), std::string::npos) << "message is not one line: " << message;
+    return;
+  } catch (const std::exception& other) {
+    ADD_FAILURE() << "threw a non-specrun exception: " << other.what();
+    return;
+  }
+  ADD_FAILURE() << "no error thrown";
 }
 
 }  // namespace specrun::testing

@@ -2,8 +2,12 @@
 // running the command-line tools.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -47,5 +51,14 @@ std::filesystem::path source_path(const std::string& relative);
 std::filesystem::path shared_path(const std::string& relative);  // ../shared/RELATIVE
 // The Python with NumPy found at configure time; empty when none.
 std::string reference_python();
+
+// Runs the NumPy reference (tests/reference/llama_ref.py) on one sequence and returns its logits
+// [tokens, vocab] in float64, written through the file `out`. Fails the test on a script error.
+std::vector<double> reference_logits(const std::filesystem::path& model_dir,
+                                     std::span<const int32_t> tokens, bool interleaved_rope,
+                                     const std::filesystem::path& out);
+
+// Asserts that `body` throws specrun::Error with a one-line message holding every fragment.
+void expect_error(const std::function<void()>& body, std::initializer_list<std::string> fragments);
 
 }  // namespace specrun::testing
