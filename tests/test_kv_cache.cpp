@@ -84,6 +84,14 @@ TEST_F(KvCacheTest, ExhaustionIsAllOrNothingAcrossSequences) {
   EXPECT_EQ(cache_.free_blocks(), 0);
 }
 
+TEST_F(KvCacheTest, OneAppendNamingASequenceTwiceIsRejected) {
+  const SequenceId a = cache_.add_sequence();
+  const std::pair<SequenceId, int64_t> twice[] = {{a, 4}, {a, 4}};
+  EXPECT_THROW(cache_.append(twice), Error);
+  EXPECT_EQ(cache_.length(a), 0);
+  EXPECT_EQ(cache_.free_blocks(), 5);
+}
+
 TEST_F(KvCacheTest, RemovedSequencesReturnTheirBlocks) {
   const SequenceId a = cache_.add_sequence();
   cache_.append(a, 20);

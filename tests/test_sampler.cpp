@@ -202,6 +202,23 @@ TEST(Sampler, SampleFromUnnormalisedWeights) {
   EXPECT_LT(chi_square(counts, {0.0, 0.75, 0.0, 0.25}, draws), 10.83);
 }
 
+TEST(Sampler, BannedTokensAndCorruptLogits) {
+  // -inf bans a token; NaN or +inf means the forward pass went wrong and must not be sampled.
+  SamplingParams params;
+  const std::vector<float> banned = {0.0f, -INFINITY, 0.0f};
+  EXPECT_EQ(support(process(params, banned)), (std::set<int32_t>{0, 2}));
+  std::vector<float> probs(3);
+  for (const float bad : {std::nanf(""), INFINITY}) {
+    const std::vector<float> logits = {0.0f, bad, 1.0f};
+    EXPECT_THROW(process_logits(params, logits, probs), Error);
+    SamplingParams greedy;
+    greedy.temperature = 0.0f;
+    EXPECT_THROW(process_logits(greedy, logits, probs), Error);
+  }
+  const std::vector<float> all_banned(3, -INFINITY);
+  EXPECT_THROW(process_logits(params, all_banned, probs), Error);
+}
+
 TEST(Sampler, RejectsOutOfRangeParameters) {
   auto expect_rejected = [](SamplingParams params, const std::string& name) {
     try {

@@ -25,14 +25,14 @@ struct Options {
   bool ignore_eos = false;                // generate past EOS
   bool quiet = false;                     // no stats on stderr
   specrun::RunConfig flags;               // values of the settings given as flags
-  // Copy each setting given on the command line into a config.
-  std::vector<std::function<void(specrun::RunConfig&)>> overrides;
+  // Copies the settings given on the command line over a config.
+  std::function<void(specrun::RunConfig&)> apply_flags;
 };
 
 int run(const Options& options) {
   specrun::RunConfig config;
   if (!options.config_path.empty()) config = specrun::load_run_config(options.config_path);
-  for (const auto& override_setting : options.overrides) override_setting(config);
+  options.apply_flags(config);
   if (options.ignore_eos) config.generation.stop_at_eos = false;
   specrun::validate_run_config(config);
   // Every argument is checked before the (possibly large) model is loaded.
@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
 
   // Settings given as flags win over the config file.
   auto given = [](const CLI::Option* option) { return option->count() > 0; };
-  options.overrides.push_back([&](specrun::RunConfig& config) {
+  options.apply_flags = [&](specrun::RunConfig& config) {
     if (given(max_tokens)) config.generation.max_tokens = f.generation.max_tokens;
     if (given(temperature))
       config.generation.sampling.temperature = f.generation.sampling.temperature;
@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
     if (given(threads)) config.threads = f.threads;
     if (given(kv_tokens)) config.kv_cache_tokens = f.kv_cache_tokens;
     if (given(device)) config.device = f.device;
-  });
+  };
   return specrun::tools::run_reporting_errors("specrun", options.log_level,
                                               [&] { return run(options); });
 }

@@ -55,8 +55,15 @@ KvCache::Sequence& KvCache::get(SequenceId sequence) {
 
 void KvCache::append(std::span<const std::pair<SequenceId, int64_t>> growth) {
   int64_t needed = 0;
-  for (const auto& [sequence, count] : growth) {
+  for (size_t i = 0; i < growth.size(); ++i) {
+    const auto& [sequence, count] = growth[i];
     if (count < 0) throw Error("KV cache: cannot append a negative count");
+    for (size_t j = 0; j < i; ++j) {
+      if (growth[j].first == sequence) {
+        throw Error("KV cache: sequence " + std::to_string(sequence) +
+                    " appears twice in one append");
+      }
+    }
     const Sequence& entry = get(sequence);
     needed += blocks_for(entry.length + count) - static_cast<int64_t>(entry.blocks.size());
   }

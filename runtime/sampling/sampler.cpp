@@ -34,6 +34,16 @@ void process_logits(const SamplingParams& params, std::span<const float> logits,
                     std::span<float> probs) {
   SPECRUN_CHECK(probs.size() == logits.size() && !logits.empty());
   const size_t vocab = logits.size();
+  // NaN or +infinity means the forward pass went wrong: never sample from it. -infinity bans a
+  // token, but not every token.
+  bool any_allowed = false;
+  for (const float logit : logits) {
+    if (std::isnan(logit) || logit == INFINITY) {
+      throw Error("logits hold NaN or +infinity: the model's output is corrupt");
+    }
+    any_allowed = any_allowed || logit != -INFINITY;
+  }
+  if (!any_allowed) throw Error("every token's logit is -infinity: nothing can be sampled");
   if (params.temperature == 0.0f) {
     std::fill(probs.begin(), probs.end(), 0.0f);
     probs[static_cast<size_t>(argmax(logits))] = 1.0f;

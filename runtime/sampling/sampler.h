@@ -31,7 +31,8 @@ int32_t argmax(std::span<const float> logits);
 // Writes the processed distribution into `probs` (same length as `logits`): zero for every token
 // the filters drop, summing to one. The filters apply in order temperature, top-k, top-p, min-p;
 // ties are ranked by lower token id, so top-k keeps exactly k tokens. At temperature 0 the result
-// is a point mass on argmax(logits).
+// is a point mass on argmax(logits). Throws Error when the logits have no finite maximum (NaN
+// or +infinity; -infinity marks a banned token and is fine).
 void process_logits(const SamplingParams& params, std::span<const float> logits,
                     std::span<float> probs);
 
