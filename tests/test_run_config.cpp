@@ -38,6 +38,14 @@ TEST(RunConfig, DefaultFileDocumentsTheBuiltInDefaults) {
   EXPECT_EQ(loaded.kv_cache_tokens, built_in.kv_cache_tokens);
   EXPECT_EQ(loaded.kv_block_size, built_in.kv_block_size);
   EXPECT_EQ(loaded.device, built_in.device);
+  EXPECT_EQ(loaded.speculative.method, built_in.speculative.method);
+  EXPECT_EQ(loaded.speculative.gamma.initial, built_in.speculative.gamma.initial);
+  EXPECT_EQ(loaded.speculative.gamma.min, built_in.speculative.gamma.min);
+  EXPECT_EQ(loaded.speculative.gamma.max, built_in.speculative.gamma.max);
+  EXPECT_EQ(loaded.speculative.controller, built_in.speculative.controller);
+  EXPECT_EQ(loaded.speculative.draft_p_min, built_in.speculative.draft_p_min);
+  EXPECT_EQ(loaded.speculative.lookup_min_ngram, built_in.speculative.lookup_min_ngram);
+  EXPECT_EQ(loaded.speculative.lookup_max_ngram, built_in.speculative.lookup_max_ngram);
 }
 
 TEST(RunConfig, ReadsEveryKeyAndKeepsDefaultsForAbsentOnes) {
@@ -93,6 +101,38 @@ TEST(RunConfig, RejectsOutOfRangeValues) {
   expect_config_error("[sampling]\nmax_tokens = -1\n", {"sampling.max_tokens"});
   expect_config_error("[runtime]\nkv_block_size = 0\n", {"runtime.kv_block_size"});
   expect_config_error("[runtime]\ndevice = \"tpu\"\n", {"runtime.device", "'tpu'"});
+}
+
+TEST(RunConfig, ReadsTheSpeculativeTable) {
+  testing::TempDir dir;
+  testing::write_file(dir / "c.toml",
+                      "[speculative]\nmethod = \"prompt_lookup\"\ngamma = 3\ngamma_min = 1\n"
+                      "gamma_max = 6\ncontroller = \"heuristic\"\ndraft_p_min = 0.25\n"
+                      "lookup_min_ngram = 2\nlookup_max_ngram = 4\n");
+  const RunConfig config = load_run_config(dir / "c.toml");
+  EXPECT_EQ(config.speculative.method, SpeculativeMethod::kPromptLookup);
+  EXPECT_EQ(config.speculative.gamma.initial, 3);
+  EXPECT_EQ(config.speculative.gamma.min, 1);
+  EXPECT_EQ(config.speculative.gamma.max, 6);
+  EXPECT_EQ(config.speculative.controller, ControllerKind::kHeuristic);
+  EXPECT_FLOAT_EQ(config.speculative.draft_p_min, 0.25f);
+  EXPECT_EQ(config.speculative.lookup_min_ngram, 2);
+  EXPECT_EQ(config.speculative.lookup_max_ngram, 4);
+}
+
+TEST(RunConfig, RejectsBadSpeculativeSettings) {
+  expect_config_error("[speculative]\nmethod = \"medusa\"\n",
+                      {":2:", "speculative.method", "'medusa'"});
+  expect_config_error("[speculative]\ncontroller = \"pid\"\n", {":2:", "speculative.controller"});
+  expect_config_error("[speculative]\ngamma = -1\n", {":2:", "speculative.gamma"});
+  expect_config_error("[speculative]\ngamma = 100\n", {":2:", "speculative.gamma", "got 100"});
+  expect_config_error("[speculative]\ndraft_p_min = 1.5\n", {":2:", "speculative.draft_p_min"});
+  expect_config_error("[speculative]\ngama = 4\n", {":2:", "speculative.gama", "not a known key"});
+  // Keys valid alone but not together: the table is located by its line.
+  expect_config_error("\n[speculative]\ngamma = 9\ngamma_max = 8\n",
+                      {":2:", "[speculative]", "gamma_min <= gamma <= gamma_max"});
+  expect_config_error("[speculative]\nlookup_min_ngram = 3\nlookup_max_ngram = 2\n",
+                      {"[speculative]", "n-gram"});
 }
 
 TEST(RunConfig, ReportsSyntaxErrorsWithTheirLine) {

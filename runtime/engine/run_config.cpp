@@ -10,6 +10,8 @@
 namespace specrun {
 namespace {
 
+constexpr int64_t kMaxGamma = 64;  // as validate_speculative allows
+
 // Reads the keys of one table, each into a typed field, with errors that name file, line and key.
 class TableReader {
  public:
@@ -100,16 +102,43 @@ RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& de
   RunConfig config = defaults;
   for (const auto& [key, node] : document) {
     const std::string name(key.str());
-    if (name != "sampling" && name != "runtime") {
+    if (name != "speculative" && name != "sampling" && name != "runtime") {
       std::ostringstream message;
       message << path.string() << ":" << node.source().begin.line << ": '" << name
-              << "' is not a known table (sampling, runtime)";
+              << "' is not a known table (speculative, sampling, runtime)";
       throw Error(message.str());
     }
     if (!node.is_table()) {
       std::ostringstream message;
       message << path.string() << ":" << node.source().begin.line << ": '" << name
               << "' must be a table";
+      throw Error(message.str());
+    }
+  }
+  if (const toml::table* speculative = document["speculative"].as_table()) {
+    TableReader reader(path, *speculative, "speculative");
+    reader.reject_unknown({"method", "gamma", "gamma_min", "gamma_max", "controller", "draft_p_min",
+                           "lookup_min_ngram", "lookup_max_ngram"});
+    SpeculativeOptions& s = config.speculative;
+    std::string method = method_name(s.method);
+    reader.string("method", &method, {"draft", "prompt_lookup", "none"});
+    s.method = parse_method(method);
+    reader.integer("gamma", &s.gamma.initial, 0, kMaxGamma);
+    reader.integer("gamma_min", &s.gamma.min, 0, kMaxGamma);
+    reader.integer("gamma_max", &s.gamma.max, 0, kMaxGamma);
+    std::string controller = controller_name(s.controller);
+    reader.string("controller", &controller, {"fixed", "heuristic", "goodput"});
+    s.controller = parse_controller(controller);
+    reader.number("draft_p_min", &s.draft_p_min, 0.0, 1.0, false, "in [0, 1]");
+    reader.integer("lookup_min_ngram", &s.lookup_min_ngram, 1, 64);
+    reader.integer("lookup_max_ngram", &s.lookup_max_ngram, 1, 64);
+    // Relations between keys: named by the first key of the table, whose line locates it.
+    try {
+      validate_speculative(s);
+    } catch (const Error& error) {
+      std::ostringstream message;
+      message << path.string() << ":" << speculative->source().begin.line << ": [speculative] "
+              << error.what();
       throw Error(message.str());
     }
   }
@@ -141,6 +170,7 @@ RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& de
 }
 
 void validate_run_config(const RunConfig& config) {
+  validate_speculative(config.speculative);
   validate_sampling(config.generation.sampling);
   if (config.generation.max_tokens < 0) {
     throw Error("max_tokens must be >= 0, got " + std::to_string(config.generation.max_tokens));

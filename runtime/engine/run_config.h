@@ -7,15 +7,18 @@
 #include <string>
 
 #include "runtime/engine/generate.h"
+#include "runtime/engine/speculative.h"
 
 namespace specrun {
 
 struct RunConfig {
-  GenerationOptions generation;  // [sampling]: temperature, top_k, top_p, min_p, seed, max_tokens
-  int threads = 0;               // [runtime] threads: CPU threads, 0 for one per core
-  int64_t kv_cache_tokens = 0;   // [runtime] kv_cache_tokens: capacity, 0 for the model's context
-  int64_t kv_block_size = 16;    // [runtime] kv_block_size: tokens per KV-cache block
-  std::string device = "cpu";    // [runtime] device: where the model runs ("cpu")
+  SpeculativeOptions speculative;  // [speculative]: method, gamma, gamma_min, gamma_max,
+                                   // controller, draft_p_min, lookup_min_ngram, lookup_max_ngram
+  GenerationOptions generation;    // [sampling]: temperature, top_k, top_p, min_p, seed, max_tokens
+  int threads = 0;                 // [runtime] threads: CPU threads, 0 for one per core
+  int64_t kv_cache_tokens = 0;     // [runtime] kv_cache_tokens: capacity, 0 for the model's context
+  int64_t kv_block_size = 16;      // [runtime] kv_block_size: tokens per KV-cache block
+  std::string device = "cpu";      // [runtime] device: where the model runs ("cpu")
 };
 
 // Reads `path` over `defaults`: keys absent from the file keep their default. An unknown table or

@@ -1,0 +1,165 @@
+#include "draft/proposer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/core/check.h"
+
+namespace specrun {
+
+ModelProposer::ModelProposer(Model& draft, const SamplingParams& sampling, float draft_p_min)
+    : draft_(draft), sampling_(sampling), draft_p_min_(draft_p_min) {
+  validate_sampling(sampling);
+  if (!(draft_p_min >= 0.0f && draft_p_min <= 1.0f)) {
+    throw Error("draft_p_min must be in [0, 1], got " + std::to_string(draft_p_min));
+  }
+}
+
+ModelProposer::~ModelProposer() {
+  for (const auto& [id, kv] : sequences_) draft_.kv_cache().remove_sequence(kv);
+}
+
+void ModelProposer::add_sequence(int64_t sequence) {
+  sequences_.emplace_back(sequence, draft_.kv_cache().add_sequence());
+}
+
+void ModelProposer::remove_sequence(int64_t sequence) {
+  const auto it = std::find_if(sequences_.begin(), sequences_.end(),
+                               [&](const auto& entry) { return entry.first == sequence; });
+  if (it == sequences_.end()) return;
+  draft_.kv_cache().remove_sequence(it->second);
+  sequences_.erase(it);
+}
+
+SequenceId ModelProposer::kv_sequence(int64_t sequence) const {
+  for (const auto& [id, kv] : sequences_) {
+    if (id == sequence) return kv;
+  }
+  throw Error("draft: no sequence " + std::to_string(sequence));
+}
+
+int64_t ModelProposer::cached_length(int64_t sequence) const {
+  return draft_.kv_cache().length(kv_sequence(sequence));
+}
+
+void ModelProposer::rollback(int64_t sequence, int64_t committed_prefix) {
+  const SequenceId kv = kv_sequence(sequence);
+  KvCache& cache = draft_.kv_cache();
+  cache.truncate(kv, std::min(cache.length(kv), committed_prefix));
+}
+
+Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
+  const int64_t batch = static_cast<int64_t>(requests.size());
+  const int64_t vocab = draft_.config().vocab_size;
+  Proposals proposals;
+  proposals.batch = batch;
+  proposals.vocab = vocab;
+  for (const DraftRequest& request : requests) {
+    proposals.gamma = std::max(proposals.gamma, request.gamma);
+  }
+  proposals.tokens.assign(static_cast<size_t>(batch * proposals.gamma), -1);
+  proposals.counts.assign(static_cast<size_t>(batch), 0);
+  proposals.probs.assign(static_cast<size_t>(batch * proposals.gamma * vocab), 0.0f);
+
+  // Each round feeds every row still drafting: first its unseen committed tokens, then its
+  // previous draft. Rows drafting the same round share one batched forward.
+  std::vector<int64_t> active;
+  for (int64_t b = 0; b < batch; ++b) {
+    if (requests[static_cast<size_t>(b)].gamma > 0) active.push_back(b);
+  }
+  std::vector<std::vector<int32_t>> inputs(static_cast<size_t>(batch));
+  std::vector<SequenceInput> forward_batch;
+  Logits logits;
+  std::vector<double> softmax(static_cast<size_t>(vocab));
+  for (int64_t round = 0; !active.empty(); ++round) {
+    forward_batch.clear();
+    for (const int64_t b : active) {
+      const DraftRequest& request = requests[static_cast<size_t>(b)];
+      const SequenceId kv = kv_sequence(request.sequence);
+      std::vector<int32_t>& input = inputs[static_cast<size_t>(b)];
+      if (round == 0) {
+        const int64_t seen = draft_.kv_cache().length(kv);
+        SPECRUN_CHECK(seen < static_cast<int64_t>(request.committed.size()))
+            << "the draft has seen every committed token, so it has no logits to draft from";
+        input.assign(request.committed.begin() + seen, request.committed.end());
+      } else {
+        input.assign(1, proposals.tokens[static_cast<size_t>(b * proposals.gamma + round - 1)]);
+      }
+      forward_batch.push_back({kv, input, false});
+    }
+    draft_.forward(forward_batch, &logits);
+
+    std::vector<int64_t> still_active;
+    for (size_t row = 0; row < active.size(); ++row) {
+      const int64_t b = active[row];
+      const DraftRequest& request = requests[static_cast<size_t>(b)];
+      const std::span<const float> row_logits = logits.last(static_cast<int64_t>(row));
+      if (draft_p_min_ > 0.0f) {
+        // The draft model's own confidence: its unprocessed top probability.
+        const float top = *std::max_element(row_logits.begin(), row_logits.end());
+        double total = 0.0;
+        for (const float logit : row_logits) total += std::exp(static_cast<double>(logit - top));
+        if (1.0 / total < draft_p_min_) continue;  // stop this row without drafting
+      }
+      float* q = proposals.probs.data() + (b * proposals.gamma + round) * vocab;
+      process_logits(sampling_, row_logits, std::span<float>(q, static_cast<size_t>(vocab)));
+      const int32_t token =
+          sampling_.temperature == 0.0f
+              ? argmax(row_logits)
+              : sample_from(std::span<const float>(q, static_cast<size_t>(vocab)), *request.rng);
+      proposals.tokens[static_cast<size_t>(b * proposals.gamma + round)] = token;
+      proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(round + 1);
+      // The last draft is never fed: its logits would only serve a draft beyond gamma.
+      if (round + 1 < request.gamma) still_active.push_back(b);
+    }
+    active.swap(still_active);
+  }
+  return proposals;
+}
+
+PromptLookupProposer::PromptLookupProposer(int64_t min_ngram, int64_t max_ngram)
+    : min_ngram_(min_ngram), max_ngram_(max_ngram) {
+  if (min_ngram < 1 || max_ngram < min_ngram) {
+    throw Error("prompt lookup n-gram sizes must satisfy 1 <= min <= max, got " +
+                std::to_string(min_ngram) + " and " + std::to_string(max_ngram));
+  }
+}
+
+Proposals PromptLookupProposer::propose(std::span<const DraftRequest> requests) {
+  Proposals proposals;
+  proposals.batch = static_cast<int64_t>(requests.size());
+  for (const DraftRequest& request : requests) {
+    proposals.gamma = std::max(proposals.gamma, request.gamma);
+  }
+  proposals.tokens.assign(static_cast<size_t>(proposals.batch * proposals.gamma), -1);
+  proposals.counts.assign(static_cast<size_t>(proposals.batch), 0);
+  for (int64_t b = 0; b < proposals.batch; ++b) {
+    const DraftRequest& request = requests[static_cast<size_t>(b)];
+    const std::span<const int32_t> text = request.committed;
+    const int64_t length = static_cast<int64_t>(text.size());
+    if (request.gamma == 0) continue;
+    for (int64_t n = std::min(max_ngram_, length - 1); n >= min_ngram_; --n) {
+      const std::span<const int32_t> suffix = text.subspan(static_cast<size_t>(length - n));
+      // The latest earlier occurrence that has at least one token after it.
+      int64_t match = -1;
+      for (int64_t start = length - n - 1; start >= 0; --start) {
+        if (std::equal(suffix.begin(), suffix.end(), text.begin() + start)) {
+          match = start;
+          break;
+        }
+      }
+      if (match < 0) continue;
+      const int64_t follow = match + n;
+      const int64_t count = std::min(request.gamma, length - follow);
+      for (int64_t i = 0; i < count; ++i) {
+        proposals.tokens[static_cast<size_t>(b * proposals.gamma + i)] =
+            text[static_cast<size_t>(follow + i)];
+      }
+      proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(count);
+      break;
+    }
+  }
+  return proposals;
+}
+
+}  // namespace specrun

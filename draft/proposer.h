@@ -1,0 +1,75 @@
+// Proposers: given each sequence's committed tokens, propose up to gamma next tokens and the
+// processed distribution each was drawn from.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "runtime/model/model.h"
+#include "runtime/sampling/sampler.h"
+#include "verify/types.h"
+
+namespace specrun {
+
+struct DraftRequest {
+  int64_t sequence;                    // the engine's id for the sequence
+  std::span<const int32_t> committed;  // every committed token, prompt included
+  int64_t gamma;                       // drafts wanted; 0 for none
+  Rng* rng;                            // the sequence's draft generator
+};
+
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  virtual void add_sequence(int64_t sequence) = 0;
+  virtual void remove_sequence(int64_t sequence) = 0;
+  // Proposals for every request, in request order; a row may hold fewer than its gamma.
+  virtual Proposals propose(std::span<const DraftRequest> requests) = 0;
+  // The first `committed_prefix` committed tokens are final: forget any state past them.
+  virtual void rollback(int64_t sequence, int64_t committed_prefix) = 0;
+};
+
+// Runs a small model gamma steps per sequence on its own KV cache, sampling each draft from the
+// processed distribution q (the same settings as the target's), batched across sequences.
+// Drafting stops early for a row when the draft model's own top probability (its unprocessed
+// softmax) falls below `draft_p_min`: a draft it does not believe in is rarely accepted.
+class ModelProposer : public Proposer {
+ public:
+  ModelProposer(Model& draft, const SamplingParams& sampling, float draft_p_min);
+  ~ModelProposer() override;
+
+  void add_sequence(int64_t sequence) override;
+  void remove_sequence(int64_t sequence) override;
+  Proposals propose(std::span<const DraftRequest> requests) override;
+  void rollback(int64_t sequence, int64_t committed_prefix) override;
+  // Positions the draft's cache holds for a sequence (for tests of the rollback).
+  int64_t cached_length(int64_t sequence) const;
+
+ private:
+  Model& draft_;
+  SamplingParams sampling_;
+  float draft_p_min_;
+  std::vector<std::pair<int64_t, SequenceId>> sequences_;  // engine id -> draft KV sequence
+  SequenceId kv_sequence(int64_t sequence) const;
+};
+
+// Prompt lookup: finds the latest earlier occurrence of the longest suffix n-gram
+// (max_ngram down to min_ngram) of the committed tokens and proposes what followed it. No model;
+// its q is a point mass on each proposal, which verification handles exactly.
+class PromptLookupProposer : public Proposer {
+ public:
+  PromptLookupProposer(int64_t min_ngram, int64_t max_ngram);
+
+  void add_sequence(int64_t) override {}
+  void remove_sequence(int64_t) override {}
+  Proposals propose(std::span<const DraftRequest> requests) override;
+  void rollback(int64_t, int64_t) override {}
+
+ private:
+  int64_t min_ngram_;
+  int64_t max_ngram_;
+};
+
+}  // namespace specrun

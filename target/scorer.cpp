@@ -1,0 +1,33 @@
+#include "target/scorer.h"
+
+namespace specrun {
+
+Scorer::Scorer(Model& target, const SamplingParams& sampling)
+    : target_(target), sampling_(sampling) {
+  validate_sampling(sampling);
+}
+
+Scores Scorer::score(std::span<const ScoreRequest> requests) {
+  inputs_.resize(requests.size());
+  std::vector<SequenceInput> batch;
+  batch.reserve(requests.size());
+  for (size_t b = 0; b < requests.size(); ++b) {
+    std::vector<int32_t>& input = inputs_[b];
+    input.assign(1, requests[b].pending);
+    input.insert(input.end(), requests[b].drafts.begin(), requests[b].drafts.end());
+    batch.push_back({requests[b].sequence, input, true});
+  }
+  target_.forward(batch, &logits_);
+  Scores scores;
+  scores.vocab = logits_.vocab_size;
+  scores.row_begin = logits_.row_begin;
+  scores.probs.resize(logits_.values.size());
+  for (int64_t r = 0; r < logits_.rows(); ++r) {
+    process_logits(sampling_, logits_.row(r),
+                   std::span<float>(scores.probs.data() + r * scores.vocab,
+                                    static_cast<size_t>(scores.vocab)));
+  }
+  return scores;
+}
+
+}  // namespace specrun

@@ -1,0 +1,493 @@
+// Speculative decoding end to end on the CPU backend: greedy output equal to greedy target-only
+// output token for token, the output distribution equal to the target's (by exact enumeration),
+// the rollback edge cases, and the pairing check.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/engine/pairing.h"
+#include "runtime/engine/speculative.h"
+#include "target/scorer.h"
+#include "tests/test_support.h"
+#include "tests/verify_testing.h"
+
+namespace specrun {
+namespace {
+
+using fixtures::GeneratorOptions;
+
+GeneratorOptions small_model(uint64_t seed, int64_t layers = 2) {
+  GeneratorOptions options;
+  options.vocab_size = 96;
+  options.hidden_size = 48;
+  options.intermediate_size = 96;
+  options.num_layers = layers;
+  options.num_heads = 4;
+  options.num_kv_heads = 2;
+  options.seed = seed;
+  options.max_position_embeddings = 256;
+  return options;
+}
+
+class SpeculativeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fixtures::write_random_checkpoint(small_model(1), dir_ / "target");
+    fixtures::write_random_checkpoint(small_model(2, 1), dir_ / "draft");
+    target_ = load("target");
+    self_draft_ = load("target");    // the target drafting for itself: every draft accepted
+    foreign_draft_ = load("draft");  // unrelated weights: drafts mostly rejected
+  }
+
+  std::unique_ptr<Model> load(const std::string& name, int64_t kv_tokens = 0) {
+    ModelOptions options;
+    options.kv_block_size = 4;  // small blocks: rollbacks cross block boundaries
+    options.kv_cache_tokens = kv_tokens;
+    return Model::load(dir_ / name, *backend_, options);
+  }
+
+  static GenerationOptions greedy(int64_t max_tokens) {
+    GenerationOptions options;
+    options.sampling.temperature = 0.0f;
+    options.max_tokens = max_tokens;
+    options.stop_at_eos = false;
+    return options;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(2);
+  std::unique_ptr<Model> target_, self_draft_, foreign_draft_;
+};
+
+std::vector<std::vector<int32_t>> prompts() {
+  return {{1}, {1, 5, 9, 13}, {1, 40, 41, 42, 40, 41, 42, 40, 41}, {7, 7, 7, 7, 7, 7}};
+}
+
+TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyForEveryGammaControllerAndProposer) {
+  struct Proposer {
+    const char* name;
+    SpeculativeMethod method;
+    Model* draft;
+  };
+  const Proposer proposers[] = {
+      {"self draft", SpeculativeMethod::kDraftModel, self_draft_.get()},
+      {"foreign draft", SpeculativeMethod::kDraftModel, foreign_draft_.get()},
+      {"prompt lookup", SpeculativeMethod::kPromptLookup, nullptr}};
+  int64_t total_accepted = 0;
+  for (const auto& prompt : prompts()) {
+    const std::vector<int32_t> expected = generate(*target_, prompt, greedy(40)).tokens;
+    for (const Proposer& proposer : proposers) {
+      for (const ControllerKind controller :
+           {ControllerKind::kFixed, ControllerKind::kHeuristic, ControllerKind::kGoodput}) {
+        for (int64_t gamma = 1; gamma <= 8; ++gamma) {
+          SpeculativeOptions options;
+          options.method = proposer.method;
+          options.controller = controller;
+          options.gamma = {gamma, controller == ControllerKind::kFixed ? gamma : 0, 8};
+          SpeculativeGenerator generator(*target_, proposer.draft, greedy(40), options);
+          SpeculativeStats stats;
+          const GenerationResult result = generator.generate(prompt, {}, &stats);
+          ASSERT_EQ(result.tokens, expected)
+              << proposer.name << ", " << controller_name(controller) << ", gamma " << gamma
+              << ", prompt of " << prompt.size();
+          EXPECT_EQ(stats.tokens_generated, 40);
+          total_accepted += stats.accepted;
+          if (proposer.draft == self_draft_.get() && controller == ControllerKind::kFixed) {
+            EXPECT_EQ(stats.accepted, stats.drafted) << "a model must accept its own greedy drafts";
+          }
+        }
+      }
+    }
+    EXPECT_EQ(target_->kv_cache().num_sequences(), 0);
+    EXPECT_EQ(self_draft_->kv_cache().num_sequences(), 0);
+  }
+  EXPECT_GT(total_accepted, 0);
+}
+
+TEST_F(SpeculativeTest, MethodNoneIsPlainDecodingEvenWhenSampling) {
+  // Same seed, same single uniform per token: the speculative loop at gamma 0 reproduces the plain
+  // loop exactly, sampled tokens included.
+  GenerationOptions options;
+  options.max_tokens = 30;
+  options.stop_at_eos = false;
+  options.sampling.temperature = 0.9f;
+  options.sampling.top_p = 0.9f;
+  options.sampling.seed = 77;
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  SpeculativeOptions none;
+  none.method = SpeculativeMethod::kNone;
+  SpeculativeGenerator generator(*target_, nullptr, options, none);
+  EXPECT_EQ(generator.generate(prompt).tokens, generate(*target_, prompt, options).tokens);
+}
+
+TEST_F(SpeculativeTest, StopsAtEosInsideAnAcceptedRun) {
+  // With the target drafting for itself every draft is accepted, so an EOS lands in the middle of
+  // an accepted run; output stops before it exactly as plain decoding does.
+  const std::vector<int32_t> prompt = {1, 5, 9};
+  const std::vector<int32_t> free_run = generate(*target_, prompt, greedy(12)).tokens;
+  size_t index = 5;
+  while (std::find(free_run.begin(), free_run.begin() + index, free_run[index]) !=
+         free_run.begin() + index) {
+    ++index;
+  }
+  ASSERT_LT(index, free_run.size());
+  target_.reset();
+  self_draft_.reset();
+  GeneratorOptions with_eos = small_model(1);
+  with_eos.eos_token_id = free_run[index];
+  fixtures::write_random_checkpoint(with_eos, dir_ / "target");
+  target_ = load("target");
+  self_draft_ = load("target");
+  GenerationOptions options = greedy(12);
+  options.stop_at_eos = true;
+  SpeculativeOptions speculative;
+  speculative.controller = ControllerKind::kFixed;
+  speculative.gamma = {8, 8, 8};
+  SpeculativeGenerator generator(*target_, self_draft_.get(), options, speculative);
+  const GenerationResult result = generator.generate(prompt);
+  EXPECT_EQ(result.stop_reason, StopReason::kEndOfSequence);
+  EXPECT_EQ(result.tokens, std::vector<int32_t>(free_run.begin(), free_run.begin() + index));
+  EXPECT_EQ(result.tokens, generate(*target_, prompt, options).tokens);
+}
+
+TEST_F(SpeculativeTest, TokenLimitInTheMiddleOfADraft) {
+  const std::vector<int32_t> prompt = {1, 5};
+  for (const int64_t limit : {1, 2, 5, 7}) {
+    SpeculativeOptions speculative;
+    speculative.controller = ControllerKind::kFixed;
+    speculative.gamma = {8, 8, 8};
+    SpeculativeGenerator generator(*target_, self_draft_.get(), greedy(limit), speculative);
+    SpeculativeStats stats;
+    const GenerationResult result = generator.generate(prompt, {}, &stats);
+    EXPECT_EQ(result.stop_reason, StopReason::kMaxTokens);
+    EXPECT_EQ(result.tokens, generate(*target_, prompt, greedy(limit)).tokens);
+    // Never drafts more than the budget can use.
+    EXPECT_LE(stats.drafted, limit - 1) << "limit " << limit;
+  }
+}
+
+TEST_F(SpeculativeTest, ContextLimitInTheMiddleOfADraft) {
+  // Target cache of 20 tokens, draft cache of 18: both limits fall inside a step of gamma 8.
+  auto small_target = load("target", 20);
+  auto small_draft = load("target", 18);
+  const std::vector<int32_t> prompt = {1, 5, 9};
+  SpeculativeOptions speculative;
+  speculative.controller = ControllerKind::kFixed;
+  speculative.gamma = {8, 8, 8};
+  SpeculativeGenerator generator(*small_target, small_draft.get(), greedy(100), speculative);
+  const GenerationResult result = generator.generate(prompt);
+  EXPECT_EQ(result.stop_reason, StopReason::kContextLimit);
+  const GenerationResult plain = generate(*small_target, prompt, greedy(100));
+  EXPECT_EQ(result.tokens, plain.tokens);
+  EXPECT_EQ(result.tokens.size(), 18u);  // 20 positions, 3 of them the prompt, +1 never fed
+}
+
+TEST_F(SpeculativeTest, ProposerCachesRollBackToTheCommittedPrefix) {
+  // One step by hand with each outcome: every draft accepted (the draft never fed its last
+  // draft), and the first draft rejected.
+  for (Model* draft : {self_draft_.get(), foreign_draft_.get()}) {
+    GenerationOptions options = greedy(1);
+    ModelProposer proposer(*draft, options.sampling, 0.0f);
+    proposer.add_sequence(0);
+    const std::vector<int32_t> committed = {1, 5, 9, 13, 17};
+    Rng rng(1);
+    const int64_t gamma = 4;
+    const DraftRequest request[] = {{0, committed, gamma, &rng}};
+    const Proposals proposals = proposer.propose(request);
+    ASSERT_EQ(proposals.counts[0], gamma);
+    // Fed the 5 committed tokens and d1..d3, never d4.
+    EXPECT_EQ(proposer.cached_length(0), 5 + gamma - 1);
+
+    const SequenceId sequence = target_->kv_cache().add_sequence();
+    Logits unused;
+    const SequenceInput prefill[] = {
+        {sequence, std::span<const int32_t>(committed).first(4), false}};
+    target_->forward(prefill, &unused);
+    Scorer scorer(*target_, options.sampling);
+    const ScoreRequest score_request[] = {{sequence, committed.back(), proposals.row_tokens(0)}};
+    const Scores scores = scorer.score(score_request);
+    EXPECT_EQ(target_->kv_cache().length(sequence), 5 + gamma);
+    const Verdict verdict = GreedyVerifier().verify(proposals, scores, {});
+    const int64_t k = verdict.accepted[0];
+    if (draft == self_draft_.get()) {
+      EXPECT_EQ(k, gamma);
+    }
+    const int64_t keep = 5 + k;  // committed + accepted; the new token is pending
+    target_->kv_cache().truncate(sequence, keep);
+    proposer.rollback(0, keep);
+    EXPECT_EQ(proposer.cached_length(0), std::min<int64_t>(keep, 5 + gamma - 1));
+    // The next proposal feeds what the draft has not seen and still matches a fresh run.
+    std::vector<int32_t> next = committed;
+    for (const int32_t token : verdict.row(0)) next.push_back(token);
+    const DraftRequest again[] = {{0, next, 2, &rng}};
+    const Proposals second = proposer.propose(again);
+    ModelProposer fresh(*draft, options.sampling, 0.0f);
+    fresh.add_sequence(7);
+    const DraftRequest fresh_request[] = {{7, next, 2, &rng}};
+    EXPECT_EQ(second.tokens, fresh.propose(fresh_request).tokens);
+    target_->kv_cache().remove_sequence(sequence);
+  }
+}
+
+TEST_F(SpeculativeTest, DraftConfidenceFloorStopsDraftingEarly) {
+  // A floor of 1 can never be met by a softmax over 96 tokens with random weights: no drafts, and
+  // the output is still exact.
+  SpeculativeOptions speculative;
+  speculative.controller = ControllerKind::kFixed;
+  speculative.gamma = {4, 4, 4};
+  speculative.draft_p_min = 1.0f;
+  SpeculativeGenerator generator(*target_, self_draft_.get(), greedy(10), speculative);
+  SpeculativeStats stats;
+  const std::vector<int32_t> prompt = {1, 2};
+  EXPECT_EQ(generator.generate(prompt, {}, &stats).tokens,
+            generate(*target_, prompt, greedy(10)).tokens);
+  EXPECT_EQ(stats.drafted, 0);
+  EXPECT_EQ(stats.gamma_histogram.at(0), stats.steps);
+}
+
+TEST_F(SpeculativeTest, StatsAddUp) {
+  SpeculativeOptions speculative;
+  speculative.controller = ControllerKind::kHeuristic;
+  SpeculativeGenerator generator(*target_, self_draft_.get(), greedy(50), speculative);
+  SpeculativeStats stats;
+  int64_t streamed = 0;
+  generator.generate(
+      prompts()[1], [&](int32_t) { return ++streamed > 0; }, &stats);
+  EXPECT_EQ(stats.tokens_generated, 50);
+  EXPECT_EQ(streamed, 50);
+  EXPECT_EQ(static_cast<int64_t>(stats.token_ms.size()), 50);
+  EXPECT_EQ(stats.committed_in_steps, 50);  // every committed token came from a step
+  EXPECT_EQ(stats.committed_in_steps, stats.accepted + stats.steps);
+  int64_t histogram_steps = 0, histogram_drafts = 0;
+  for (const auto& [gamma, steps] : stats.gamma_histogram) {
+    histogram_steps += steps;
+    histogram_drafts += gamma * steps;
+  }
+  EXPECT_EQ(histogram_steps, stats.steps);
+  EXPECT_EQ(histogram_drafts, stats.drafted);
+  EXPECT_DOUBLE_EQ(stats.acceptance_rate(), 1.0);
+  EXPECT_GT(stats.mean_accepted_length(), 1.0);
+  EXPECT_LE(stats.ttft_ms, stats.total_ms);
+  const auto latency = stats.inter_token_latency();
+  EXPECT_LE(latency.p50, latency.p99);
+}
+
+TEST_F(SpeculativeTest, RejectsBadSettings) {
+  SpeculativeOptions options;
+  EXPECT_THROW(SpeculativeGenerator(*target_, nullptr, greedy(4), options), Error);  // no draft
+  options.gamma = {9, 0, 8};
+  EXPECT_THROW(SpeculativeGenerator(*target_, self_draft_.get(), greedy(4), options), Error);
+  options.gamma = {4, 0, 8};
+  options.draft_p_min = 2.0f;
+  EXPECT_THROW(SpeculativeGenerator(*target_, self_draft_.get(), greedy(4), options), Error);
+  options = {};
+  SpeculativeGenerator generator(*target_, self_draft_.get(), greedy(4), options);
+  const std::vector<int32_t> bad = {1, 96};
+  EXPECT_THROW(generator.generate(bad), Error);
+  EXPECT_THROW(generator.generate(std::vector<int32_t>{}), Error);
+  EXPECT_THROW(parse_method("medusa"), Error);
+}
+
+// ---- losslessness by distribution --------------------------------------------------------------
+
+// The exact joint distribution of the first three generated tokens under the target's processed
+// distributions, by enumeration: P(a, b, c) = p(a | prompt) p(b | prompt a) p(c | prompt a b).
+std::map<int64_t, double> enumerate_target(Model& target, const std::vector<int32_t>& prompt,
+                                           const SamplingParams& sampling, int64_t vocab) {
+  std::map<int64_t, double> distribution;
+  std::vector<float> p(static_cast<size_t>(vocab));
+  auto processed = [&](const std::vector<int32_t>& tokens) {
+    const SequenceId s = target.kv_cache().add_sequence();
+    Logits logits;
+    const SequenceInput input[] = {{s, tokens, false}};
+    target.forward(input, &logits);
+    target.kv_cache().remove_sequence(s);
+    std::vector<double> probs(static_cast<size_t>(vocab));
+    process_logits(sampling, logits.last(0), p);
+    for (size_t i = 0; i < p.size(); ++i) probs[i] = p[i];
+    return probs;
+  };
+  const std::vector<double> first = processed(prompt);
+  for (int64_t a = 0; a < vocab; ++a) {
+    if (first[static_cast<size_t>(a)] == 0.0) continue;
+    std::vector<int32_t> with_a = prompt;
+    with_a.push_back(static_cast<int32_t>(a));
+    const std::vector<double> second = processed(with_a);
+    for (int64_t b = 0; b < vocab; ++b) {
+      if (second[static_cast<size_t>(b)] == 0.0) continue;
+      std::vector<int32_t> with_b = with_a;
+      with_b.push_back(static_cast<int32_t>(b));
+      const std::vector<double> third = processed(with_b);
+      for (int64_t c = 0; c < vocab; ++c) {
+        const double probability = first[static_cast<size_t>(a)] * second[static_cast<size_t>(b)] *
+                                   third[static_cast<size_t>(c)];
+        if (probability > 0.0) distribution[(a * vocab + b) * vocab + c] = probability;
+      }
+    }
+  }
+  return distribution;
+}
+
+class LosslessnessTest : public ::testing::Test {
+ protected:
+  static constexpr int64_t kVocab = 6;
+  static constexpr int64_t kSamples = 100000;
+
+  void SetUp() override {
+    GeneratorOptions target = small_model(3);
+    target.vocab_size = kVocab;
+    target.hidden_size = 16;
+    target.intermediate_size = 32;
+    target.num_heads = 2;
+    target.num_kv_heads = 1;
+    target.num_layers = 1;
+    fixtures::write_random_checkpoint(target, dir_ / "target");
+    GeneratorOptions draft = target;
+    draft.seed = 4;
+    fixtures::write_random_checkpoint(draft, dir_ / "draft");
+    target_ = Model::load(dir_ / "target", *backend_);
+    draft_ = Model::load(dir_ / "draft", *backend_);
+  }
+
+  // Speculative samples of the first three tokens, one seed per sample.
+  testing::ChiSquare check(const SamplingParams& sampling, const Verifier* verifier,
+                           int64_t gamma) {
+    const std::vector<int32_t> prompt = {1, 4};
+    const std::map<int64_t, double> exact = enumerate_target(*target_, prompt, sampling, kVocab);
+    std::map<int64_t, int64_t> counts;
+    GenerationOptions options;
+    options.max_tokens = 3;
+    options.stop_at_eos = false;
+    options.sampling = sampling;
+    SpeculativeOptions speculative;
+    speculative.controller = ControllerKind::kFixed;
+    speculative.gamma = {gamma, gamma, gamma};
+    for (int64_t i = 0; i < kSamples; ++i) {
+      options.sampling.seed = static_cast<uint64_t>(i) * 7919 + 17;
+      SpeculativeGenerator generator(*target_, draft_.get(), options, speculative, verifier);
+      const std::vector<int32_t> tokens = generator.generate(prompt).tokens;
+      ++counts[(tokens[0] * kVocab + tokens[1]) * kVocab + tokens[2]];
+    }
+    return testing::chi_square(counts, exact, kSamples);
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(1);
+  std::unique_ptr<Model> target_, draft_;
+};
+
+TEST_F(LosslessnessTest, MatchesTheTargetAtTemperatureOne) {
+  SamplingParams sampling;
+  const auto result = check(sampling, nullptr, 2);
+  EXPECT_LT(result.statistic, result.critical()) << "df " << result.degrees;
+}
+
+TEST_F(LosslessnessTest, MatchesTheTargetWithTemperatureTopKAndTopP) {
+  SamplingParams sampling;
+  sampling.temperature = 0.6f;
+  sampling.top_k = 4;
+  sampling.top_p = 0.9f;
+  const auto result = check(sampling, nullptr, 3);
+  EXPECT_LT(result.statistic, result.critical()) << "df " << result.degrees;
+}
+
+TEST_F(LosslessnessTest, MatchesTheTargetWithHighTemperatureAndMinP) {
+  SamplingParams sampling;
+  sampling.temperature = 1.5f;
+  sampling.min_p = 0.1f;
+  const auto result = check(sampling, nullptr, 1);
+  EXPECT_LT(result.statistic, result.critical()) << "df " << result.degrees;
+}
+
+TEST_F(LosslessnessTest, BrokenVerifiersFailTheSameCheck) {
+  SamplingParams sampling;
+  sampling.temperature = 0.6f;
+  const testing::ResidualWithoutSubtractionVerifier residual;
+  const auto wrong_residual = check(sampling, &residual, 2);
+  EXPECT_GT(wrong_residual.statistic, wrong_residual.critical());
+  const testing::ShiftedPositionVerifier shifted;
+  const auto off_by_one = check(sampling, &shifted, 2);
+  EXPECT_GT(off_by_one.statistic, off_by_one.critical());
+  const testing::UnprocessedDraftVerifier unprocessed(sampling.temperature);
+  const auto raw_q = check(sampling, &unprocessed, 2);
+  EXPECT_GT(raw_q.statistic, raw_q.critical());
+}
+
+// ---- pairing ----------------------------------------------------------------------------------
+
+class PairingTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Model> load(const GeneratorOptions& options, const std::string& name,
+                              const std::string& tokenizer_json = "") {
+    fixtures::write_random_checkpoint(options, dir_ / name);
+    if (!tokenizer_json.empty())
+      testing::write_file(dir_ / name / "tokenizer.json", tokenizer_json);
+    return Model::load(dir_ / name, *backend_);
+  }
+
+  static std::string tokenizer(const std::string& vocab, const std::string& added = "[]") {
+    return R"({"version": "1.0", "added_tokens": )" + added +
+           R"(, "model": {"type": "BPE", "vocab": )" + vocab + R"(, "merges": []}})";
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(1);
+};
+
+TEST_F(PairingTest, SameVocabularyPairs) {
+  auto target = load(small_model(1), "t");
+  auto draft = load(small_model(2, 1), "d");
+  EXPECT_NO_THROW(check_pairing(*target, *draft));
+}
+
+TEST_F(PairingTest, DifferentSizesOrSpecialIdsWithoutTokenizers) {
+  auto target = load(small_model(1), "t");
+  GeneratorOptions other = small_model(2);
+  other.vocab_size = 100;
+  testing::expect_error([&] { check_pairing(*target, *load(other, "d1")); },
+                        {"vocab_size 96", "100"});
+  other = small_model(2);
+  other.eos_token_id = 3;
+  testing::expect_error([&] { check_pairing(*target, *load(other, "d2")); },
+                        {"eos_token_id", "[2]", "[3]"});
+  other = small_model(2);
+  other.bos_token_id = 0;
+  testing::expect_error([&] { check_pairing(*target, *load(other, "d3")); }, {"bos_token_id"});
+}
+
+TEST_F(PairingTest, TokenizersMustAgree) {
+  const std::string vocab = R"({"a": 0, "b": 1, "ab": 2})";
+  const std::string added = R"([{"id": 3, "content": "<s>", "special": true}])";
+  auto target = load(small_model(1), "t", tokenizer(vocab, added));
+  // A padded embedding (vocab_size 128) with the same tokenizer pairs fine.
+  GeneratorOptions padded = small_model(2);
+  padded.vocab_size = 128;
+  EXPECT_NO_THROW(check_pairing(*target, *load(padded, "same", tokenizer(vocab, added))));
+  testing::expect_error(
+      [&] {
+        check_pairing(*target, *load(small_model(2), "moved",
+                                     tokenizer(R"({"a": 0, "b": 2, "ab": 1})", added)));
+      },
+      {"tokenizers differ", "\"ab\"", "id 2 in the target", "1 in the draft"});
+  testing::expect_error(
+      [&] {
+        check_pairing(*target,
+                      *load(small_model(2), "missing", tokenizer(R"({"a": 0, "b": 1})", added)));
+      },
+      {"\"ab\"", "missing from the draft"});
+  testing::expect_error(
+      [&] {
+        check_pairing(
+            *target, *load(small_model(2), "special",
+                           tokenizer(vocab, R"([{"id": 3, "content": "</s>", "special": true}])")));
+      },
+      {"added token 3", "<s>", "</s>"});
+  testing::expect_error([&] { check_pairing(*target, *load(small_model(2), "none")); },
+                        {"only the target has a tokenizer.json"});
+}
+
+}  // namespace
+}  // namespace specrun

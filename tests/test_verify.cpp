@@ -1,0 +1,297 @@
+// The verifiers and gamma controllers, without any model: exact distributions and synthetic costs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "kernels/core/check.h"
+#include "runtime/sampling/sampler.h"
+#include "tests/verify_testing.h"
+#include "verify/gamma_controller.h"
+#include "verify/verifier.h"
+
+namespace specrun {
+namespace {
+
+// One row with fixed distributions: q_1..q_g for the drafts, p_0..p_g from the target.
+struct FixedStep {
+  std::vector<std::vector<float>> q;  // [g][vocab]
+  std::vector<std::vector<float>> p;  // [g + 1][vocab]
+};
+
+Proposals draw_proposals(const FixedStep& step, Rng& rng) {
+  const int64_t gamma = static_cast<int64_t>(step.q.size());
+  const int64_t vocab = static_cast<int64_t>(step.p[0].size());
+  Proposals proposals;
+  proposals.batch = 1;
+  proposals.gamma = gamma;
+  proposals.vocab = vocab;
+  proposals.counts = {static_cast<int32_t>(gamma)};
+  for (int64_t i = 0; i < gamma; ++i) {
+    proposals.tokens.push_back(sample_from(step.q[static_cast<size_t>(i)], rng));
+    proposals.probs.insert(proposals.probs.end(), step.q[static_cast<size_t>(i)].begin(),
+                           step.q[static_cast<size_t>(i)].end());
+  }
+  return proposals;
+}
+
+Scores make_scores(const FixedStep& step) {
+  Scores scores;
+  scores.vocab = static_cast<int64_t>(step.p[0].size());
+  scores.row_begin = {0, static_cast<int64_t>(step.p.size())};
+  for (const auto& p : step.p) scores.probs.insert(scores.probs.end(), p.begin(), p.end());
+  return scores;
+}
+
+// The first emitted token over many draws; with fixed distributions its law must be p_0 exactly,
+// and the second token, when the first draft was accepted, must follow p_1.
+testing::ChiSquare first_token_check(const Verifier& verifier, const FixedStep& step,
+                                     int64_t draws) {
+  Rng draft_rng(1), verify_rng(2);
+  const Scores scores = make_scores(step);
+  std::map<int64_t, int64_t> counts;
+  for (int64_t i = 0; i < draws; ++i) {
+    const Proposals proposals = draw_proposals(step, draft_rng);
+    const Verdict verdict = verifier.verify(proposals, scores, std::span<Rng>(&verify_rng, 1));
+    ++counts[verdict.row(0)[0]];
+  }
+  std::map<int64_t, double> expected;
+  for (size_t x = 0; x < step.p[0].size(); ++x) expected[static_cast<int64_t>(x)] = step.p[0][x];
+  return testing::chi_square(counts, expected, draws);
+}
+
+const FixedStep kStep = {
+    {{0.50f, 0.30f, 0.15f, 0.05f}, {0.10f, 0.20f, 0.30f, 0.40f}},
+    {{0.10f, 0.20f, 0.30f, 0.40f}, {0.25f, 0.25f, 0.25f, 0.25f}, {0.70f, 0.10f, 0.10f, 0.10f}}};
+
+TEST(RejectionSampler, FirstTokenFollowsTheTarget) {
+  const auto check = first_token_check(RejectionSampler(), kStep, 200000);
+  EXPECT_LT(check.statistic, check.critical()) << "df " << check.degrees;
+}
+
+TEST(RejectionSampler, BrokenVerifiersAreCaught) {
+  const auto residual =
+      first_token_check(testing::ResidualWithoutSubtractionVerifier(), kStep, 200000);
+  EXPECT_GT(residual.statistic, residual.critical());
+  const auto shifted = first_token_check(testing::ShiftedPositionVerifier(), kStep, 200000);
+  EXPECT_GT(shifted.statistic, shifted.critical());
+}
+
+TEST(RejectionSampler, AcceptanceIsTheOverlapOfTheDistributions) {
+  // P(accept d_1) = sum_x min(p_0(x), q_1(x)) = 0.1 + 0.2 + 0.15 + 0.05 = 0.5.
+  Rng draft_rng(3), verify_rng(4);
+  const Scores scores = make_scores(kStep);
+  int64_t accepted = 0;
+  const int64_t draws = 200000;
+  for (int64_t i = 0; i < draws; ++i) {
+    const Verdict verdict = RejectionSampler().verify(draw_proposals(kStep, draft_rng), scores,
+                                                      std::span<Rng>(&verify_rng, 1));
+    accepted += verdict.accepted[0] >= 1;
+  }
+  // Binomial standard deviation: sqrt(0.25 / 200000) = 0.0011; five of them.
+  EXPECT_NEAR(static_cast<double>(accepted) / draws, 0.5, 0.0056);
+}
+
+TEST(RejectionSampler, IdenticalDistributionsAcceptEverything) {
+  const FixedStep same = {{{0.2f, 0.8f}, {0.6f, 0.4f}}, {{0.2f, 0.8f}, {0.6f, 0.4f}, {0.5f, 0.5f}}};
+  Rng draft_rng(5), verify_rng(6);
+  const Scores scores = make_scores(same);
+  for (int i = 0; i < 1000; ++i) {
+    const Verdict verdict = RejectionSampler().verify(draw_proposals(same, draft_rng), scores,
+                                                      std::span<Rng>(&verify_rng, 1));
+    ASSERT_EQ(verdict.accepted[0], 2);
+    ASSERT_EQ(verdict.row(0).size(), 3u);  // two drafts and the bonus
+  }
+}
+
+TEST(RejectionSampler, PointMassDraftsAreExact) {
+  // Prompt lookup proposes with q a point mass: accept with probability p(d), recover from p
+  // without d. The first token must still follow p_0.
+  const std::vector<float> p0 = {0.1f, 0.6f, 0.3f};
+  Proposals proposals;
+  proposals.batch = 1;
+  proposals.gamma = 1;
+  proposals.tokens = {1};
+  proposals.counts = {1};
+  Scores scores;
+  scores.vocab = 3;
+  scores.row_begin = {0, 2};
+  scores.probs = {0.1f, 0.6f, 0.3f, 0.3f, 0.3f, 0.4f};
+  Rng rng(7);
+  std::map<int64_t, int64_t> counts;
+  const int64_t draws = 100000;
+  for (int64_t i = 0; i < draws; ++i) {
+    ++counts[RejectionSampler().verify(proposals, scores, std::span<Rng>(&rng, 1)).row(0)[0]];
+  }
+  const auto check = testing::chi_square(counts, {{0, 0.1}, {1, 0.6}, {2, 0.3}}, draws);
+  EXPECT_LT(check.statistic, check.critical());
+}
+
+TEST(RejectionSampler, DraftVocabularyWiderThanTheTarget) {
+  // A draft token beyond the target's vocabulary has p = 0: always rejected.
+  Proposals proposals;
+  proposals.batch = 1;
+  proposals.gamma = 1;
+  proposals.vocab = 4;
+  proposals.tokens = {3};
+  proposals.counts = {1};
+  proposals.probs = {0.0f, 0.0f, 0.0f, 1.0f};
+  Scores scores;
+  scores.vocab = 3;
+  scores.row_begin = {0, 2};
+  scores.probs = {0.5f, 0.5f, 0.0f, 0.2f, 0.2f, 0.6f};
+  Rng rng(8);
+  for (int i = 0; i < 100; ++i) {
+    const Verdict verdict = RejectionSampler().verify(proposals, scores, std::span<Rng>(&rng, 1));
+    ASSERT_EQ(verdict.accepted[0], 0);
+    ASSERT_LT(verdict.row(0)[0], 2);
+  }
+}
+
+TEST(GreedyVerifier, AcceptsWhileDraftsAreTheArgmax) {
+  Proposals proposals;
+  proposals.batch = 2;
+  proposals.gamma = 3;
+  proposals.tokens = {1, 0, 1, 2, -1, -1};
+  proposals.counts = {3, 1};
+  Scores scores;
+  scores.vocab = 3;
+  scores.row_begin = {0, 4, 6};
+  scores.probs = {0, 1, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0,  // row 0: argmax 1, 0, 2, 0
+                  0, 0, 1, 0, 1, 0};                   // row 1: argmax 2, 1
+  const Verdict verdict = GreedyVerifier().verify(proposals, scores, {});
+  EXPECT_EQ(verdict.accepted, (std::vector<int32_t>{2, 1}));
+  EXPECT_EQ(std::vector<int32_t>(verdict.row(0).begin(), verdict.row(0).end()),
+            (std::vector<int32_t>{1, 0, 2}));  // d1, d2 accepted, then the recovered argmax
+  EXPECT_EQ(std::vector<int32_t>(verdict.row(1).begin(), verdict.row(1).end()),
+            (std::vector<int32_t>{2, 1}));  // all accepted, then the bonus
+  EXPECT_EQ(verdict.tokens[3], -1);         // padding past each row's tokens
+}
+
+TEST(Verifier, RejectsScoresThatDoNotMatchTheProposals) {
+  Proposals proposals;
+  proposals.batch = 1;
+  proposals.gamma = 2;
+  proposals.tokens = {0, 1};
+  proposals.counts = {2};
+  Scores scores;
+  scores.vocab = 2;
+  scores.row_begin = {0, 2};  // needs 3 distributions
+  scores.probs = {1, 0, 0, 1};
+  Rng rng(1);
+  EXPECT_THROW(GreedyVerifier().verify(proposals, scores, {}), Error);
+  EXPECT_THROW(RejectionSampler().verify(proposals, scores, std::span<Rng>(&rng, 1)), Error);
+}
+
+// ---- gamma controllers ---------------------------------------------------------------------
+
+TEST(GammaController, FixedAndHeuristic) {
+  auto fixed = make_gamma_controller(ControllerKind::kFixed, {3, 0, 8});
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(fixed->next_gamma(), 3);
+    fixed->observe({3, i % 4, 1.0, 1.0});
+  }
+  auto heuristic = make_gamma_controller(ControllerKind::kHeuristic, {4, 1, 7});
+  EXPECT_EQ(heuristic->next_gamma(), 4);
+  heuristic->observe({4, 4, 1, 1});  // all accepted: +2
+  EXPECT_EQ(heuristic->next_gamma(), 6);
+  heuristic->observe({6, 6, 1, 1});  // clamped at 7
+  EXPECT_EQ(heuristic->next_gamma(), 7);
+  heuristic->observe({7, 2, 1, 1});  // -1
+  EXPECT_EQ(heuristic->next_gamma(), 6);
+  for (int i = 0; i < 10; ++i) heuristic->observe({6, 0, 1, 1});
+  EXPECT_EQ(heuristic->next_gamma(), 1);  // clamped at gamma_min
+  EXPECT_THROW(make_gamma_controller(ControllerKind::kGoodput, {9, 0, 8}), Error);
+  EXPECT_THROW(make_gamma_controller(ControllerKind::kFixed, {1, 2, 8}), Error);
+  EXPECT_THROW(parse_controller("adaptive"), Error);
+}
+
+// A synthetic system: every draft accepted with probability alpha; a step of gamma g costs
+// g * draft_ms + verify_ms(g).
+struct Synthetic {
+  double alpha;
+  double draft_ms;
+  double verify_base_ms;
+  double verify_per_token_ms;
+
+  double verify_ms(int64_t g) const { return verify_base_ms + verify_per_token_ms * g; }
+  double goodput(int64_t g) const {  // expected tokens per ms
+    double expected = 1.0, reach = 1.0;
+    for (int64_t k = 1; k <= g; ++k) expected += (reach *= alpha);
+    return expected / (g * draft_ms + verify_ms(g));
+  }
+  int64_t best(int64_t max) const {
+    int64_t best = 0;
+    for (int64_t g = 1; g <= max; ++g) {
+      if (goodput(g) > goodput(best)) best = g;
+    }
+    return best;
+  }
+};
+
+// Runs the controller on the system; returns the realised tokens per ms over the last steps.
+double run_controller(GammaController& controller, const Synthetic& system, int64_t steps, Rng& rng,
+                      int64_t measured_from) {
+  double tokens = 0.0, time = 0.0;
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t g = controller.next_gamma();
+    int64_t accepted = 0;
+    while (accepted < g && rng.uniform() < system.alpha) ++accepted;
+    const double draft = g * system.draft_ms, verify = system.verify_ms(g);
+    controller.observe({g, accepted, draft, verify});
+    if (s >= measured_from) {
+      tokens += static_cast<double>(accepted + 1);
+      time += draft + verify;
+    }
+  }
+  return tokens / time;
+}
+
+TEST(GoodputController, FindsTheBestGammaWhenVerificationIsNearlyFree) {
+  // Memory-bound target: verifying more tokens costs little.
+  const Synthetic system{0.8, 1.0, 20.0, 0.5};
+  const int64_t best = system.best(8);
+  ASSERT_GE(best, 4);
+  GoodputController controller({4, 0, 8});
+  Rng rng(11);
+  const double realised = run_controller(controller, system, 600, rng, 200);
+  EXPECT_NEAR(controller.current(), best, 1);
+  // Within a few percent of the best fixed gamma, probes included.
+  EXPECT_GT(realised, 0.95 * system.goodput(best)) << "best gamma " << best;
+}
+
+TEST(GoodputController, FallsBackToPlainDecodingWhenSpeculationDoesNotPay) {
+  // Compute-bound target: verifying g + 1 tokens costs g + 1 decode steps, and drafting is dear.
+  const Synthetic system{0.6, 3.0, 10.0, 10.0};
+  ASSERT_EQ(system.best(8), 0);
+  GoodputController controller({4, 0, 8});
+  Rng rng(12);
+  const double realised = run_controller(controller, system, 600, rng, 200);
+  EXPECT_EQ(controller.current(), 0);
+  // Probing costs at most a few percent against plain decoding.
+  EXPECT_GT(realised, 0.95 * system.goodput(0));
+}
+
+TEST(GoodputController, ComesBackWhenSpeculationStartsToPay) {
+  GoodputController controller({4, 0, 8});
+  Rng rng(13);
+  run_controller(controller, Synthetic{0.3, 3.0, 10.0, 10.0}, 300, rng, 0);
+  EXPECT_EQ(controller.current(), 0);
+  const Synthetic good{0.85, 0.5, 20.0, 0.2};
+  const double realised = run_controller(controller, good, 600, rng, 300);
+  EXPECT_GE(controller.current(), good.best(8) - 1);
+  EXPECT_GT(realised, 0.9 * good.goodput(good.best(8)));
+}
+
+TEST(GoodputController, EstimatesAcceptancePerPosition) {
+  GoodputController controller({3, 0, 3});
+  // Position 1 always accepted, position 2 never.
+  for (int i = 0; i < 100; ++i) controller.observe({3, 1, 3.0, 10.0});
+  EXPECT_NEAR(controller.acceptance(1), 1.0, 1e-6);
+  EXPECT_NEAR(controller.acceptance(2), 0.0, 1e-6);
+  EXPECT_NEAR(controller.expected_tokens(3), 2.0, 1e-6);
+}
+
+}  // namespace
+}  // namespace specrun

@@ -1,0 +1,57 @@
+// The plain data the speculative roles exchange through the engine: what the draft proposes, what
+// the target scores, what the verifier decides.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace specrun {
+
+// Up to gamma proposed tokens per sequence, with the processed draft distribution each was drawn
+// from.
+struct Proposals {
+  int64_t batch = 0;            // sequences
+  int64_t gamma = 0;            // the most drafts any row may hold (row stride)
+  int64_t vocab = 0;            // row width of probs; 0 when every row is a point mass
+  std::vector<int32_t> tokens;  // [batch, gamma] drafts, -1 past a row's count
+  std::vector<int32_t> counts;  // [batch] drafts actually proposed (<= gamma)
+  // [batch, gamma, vocab] processed distributions q_1..q_gamma. Empty when the proposer's q is a
+  // point mass on each draft token (prompt lookup): q_i(x) = [x == d_i].
+  std::vector<float> probs;
+
+  bool point_masses() const { return probs.empty(); }
+  std::span<const int32_t> row_tokens(int64_t b) const {
+    return {tokens.data() + b * gamma, static_cast<size_t>(counts[static_cast<size_t>(b)])};
+  }
+  std::span<const float> q(int64_t b, int64_t i) const {  // q_{i+1} of row b, i from 0
+    return {probs.data() + (b * gamma + i) * vocab, static_cast<size_t>(vocab)};
+  }
+};
+
+// The target's processed distributions p_0..p_n for each row, n its number of drafts.
+struct Scores {
+  int64_t vocab = 0;         // row width
+  std::vector<float> probs;  // [sum over rows of (count + 1), vocab]
+  std::vector<int64_t>
+      row_begin;  // [batch + 1]: row b owns distributions [row_begin[b], row_begin[b+1])
+
+  std::span<const float> p(int64_t b, int64_t i) const {  // p_i of row b
+    return {probs.data() + (row_begin[static_cast<size_t>(b)] + i) * vocab,
+            static_cast<size_t>(vocab)};
+  }
+};
+
+// The verifier's decision for each row: k accepted drafts then one recovered or bonus token.
+struct Verdict {
+  int64_t batch = 0;              // rows
+  int64_t width = 0;              // gamma + 1 (row stride)
+  std::vector<int32_t> tokens;    // [batch, gamma + 1]: d_1..d_k, then the new token, then -1
+  std::vector<int32_t> accepted;  // [batch] k, the number of drafts accepted
+
+  std::span<const int32_t> row(int64_t b) const {  // the k + 1 tokens to commit
+    return {tokens.data() + b * width, static_cast<size_t>(accepted[static_cast<size_t>(b)] + 1)};
+  }
+};
+
+}  // namespace specrun
