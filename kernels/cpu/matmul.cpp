@@ -7,54 +7,84 @@
 namespace specrun::kernels::cpu {
 namespace {
 
-// Rows handled together against one weight row: the weight row is widened once per group.
+// Activation rows and weight rows handled together: a 4 x 4 block of dot products reuses every
+// loaded vector four times, keeping the block in registers.
 constexpr int kRowGroup = 4;
+constexpr int kFeatureGroup = 4;
 // Activation rows kept hot in cache while a thread sweeps its weight rows.
 constexpr int64_t kRowBlock = 64;
 // Weight rows per scheduling grain.
 constexpr int64_t kFeatureGrain = 16;
 
-template <DType kDType, int kRows>
-void dot_group(const float* x, int64_t first_row, const void* weight_row, int64_t in_features,
-               float* out, int64_t out_features, int64_t feature, float bias) {
+template <DType kDType, int kRows, int kFeatures>
+void dot_tile(const MatmulParams& params, const float* x, int64_t first_row, const void* weight,
+              const void* bias, int64_t first_feature, float* out) {
+  const int64_t k = params.in_features;
+  const size_t row_bytes = static_cast<size_t>(k) * dtype_size(kDType);
   const float* rows[kRows];
-  for (int r = 0; r < kRows; ++r) rows[r] = x + (first_row + r) * in_features;
-  float results[kRows];
-  dot_rows<kDType, kRows>(rows, weight_row, in_features, results);
-  for (int r = 0; r < kRows; ++r) out[(first_row + r) * out_features + feature] = results[r] + bias;
+  for (int r = 0; r < kRows; ++r) rows[r] = x + (first_row + r) * k;
+  const void* weight_rows[kFeatures];
+  for (int f = 0; f < kFeatures; ++f) {
+    weight_rows[f] = static_cast<const char*>(weight) + (first_feature + f) * row_bytes;
+  }
+  float results[kRows][kFeatures];
+  dot_block<kDType, kRows, kFeatures>(rows, weight_rows, k, results);
+  for (int f = 0; f < kFeatures; ++f) {
+    const float bias_value =
+        bias ? load_as_f32(bias, params.bias_dtype, static_cast<size_t>(first_feature + f)) : 0.0f;
+    for (int r = 0; r < kRows; ++r) {
+      out[(first_row + r) * params.out_features + first_feature + f] = results[r][f] + bias_value;
+    }
+  }
+}
+
+// All row counts 1..kRowGroup for a fixed feature count.
+template <DType kDType, int kFeatures>
+void dot_rows_tile(int64_t rows, const MatmulParams& params, const float* x, int64_t first_row,
+                   const void* weight, const void* bias, int64_t first_feature, float* out) {
+  switch (rows) {
+    case 4:
+      dot_tile<kDType, 4, kFeatures>(params, x, first_row, weight, bias, first_feature, out);
+      break;
+    case 3:
+      dot_tile<kDType, 3, kFeatures>(params, x, first_row, weight, bias, first_feature, out);
+      break;
+    case 2:
+      dot_tile<kDType, 2, kFeatures>(params, x, first_row, weight, bias, first_feature, out);
+      break;
+    case 1:
+      dot_tile<kDType, 1, kFeatures>(params, x, first_row, weight, bias, first_feature, out);
+      break;
+    default:
+      break;
+  }
 }
 
 template <DType kDType>
 void matmul_features(const MatmulParams& params, const float* x, const void* weight,
                      const void* bias, float* out, int64_t feature_begin, int64_t feature_end) {
-  const int64_t k = params.in_features;
-  const size_t row_bytes = static_cast<size_t>(k) * dtype_size(kDType);
   for (int64_t block = 0; block < params.rows; block += kRowBlock) {
     const int64_t block_end = std::min(params.rows, block + kRowBlock);
-    for (int64_t feature = feature_begin; feature < feature_end; ++feature) {
-      const void* weight_row = static_cast<const char*>(weight) + feature * row_bytes;
-      const float bias_value =
-          bias ? load_as_f32(bias, params.bias_dtype, static_cast<size_t>(feature)) : 0.0f;
-      int64_t row = block;
-      for (; row + kRowGroup <= block_end; row += kRowGroup) {
-        dot_group<kDType, kRowGroup>(x, row, weight_row, k, out, params.out_features, feature,
-                                     bias_value);
-      }
-      switch (block_end - row) {
-        case 3:
-          dot_group<kDType, 3>(x, row, weight_row, k, out, params.out_features, feature,
-                               bias_value);
-          break;
-        case 2:
-          dot_group<kDType, 2>(x, row, weight_row, k, out, params.out_features, feature,
-                               bias_value);
-          break;
-        case 1:
-          dot_group<kDType, 1>(x, row, weight_row, k, out, params.out_features, feature,
-                               bias_value);
-          break;
-        default:
-          break;
+    for (int64_t feature = feature_begin; feature < feature_end; feature += kFeatureGroup) {
+      const int64_t features = std::min<int64_t>(kFeatureGroup, feature_end - feature);
+      for (int64_t row = block; row < block_end; row += kRowGroup) {
+        const int64_t rows = std::min<int64_t>(kRowGroup, block_end - row);
+        switch (features) {
+          case 4:
+            dot_rows_tile<kDType, 4>(rows, params, x, row, weight, bias, feature, out);
+            break;
+          case 3:
+            dot_rows_tile<kDType, 3>(rows, params, x, row, weight, bias, feature, out);
+            break;
+          case 2:
+            dot_rows_tile<kDType, 2>(rows, params, x, row, weight, bias, feature, out);
+            break;
+          case 1:
+            dot_rows_tile<kDType, 1>(rows, params, x, row, weight, bias, feature, out);
+            break;
+          default:
+            break;
+        }
       }
     }
   }

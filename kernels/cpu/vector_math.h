@@ -8,6 +8,10 @@
 #include <cmath>
 #include <cstdint>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/core/dtype.h"
 
 namespace specrun::kernels::cpu {
@@ -71,35 +75,102 @@ inline void load_full_lanes(const void* row, int64_t offset, float (&out)[kLanes
   }
 }
 
-// results[r] = dot(x[r], weight_row) for kRows activation rows against one weight row of length n.
-template <DType kDType, int kRows>
-inline void dot_rows(const float* const (&x)[kRows], const void* weight_row, int64_t n,
-                     float (&results)[kRows]) {
-  float acc[kRows][kLanes] = {};
-  float w[kLanes];
+// results[r][f] = dot(x[r], weight_rows[f]) for kRows activation rows against kFeatures weight
+// rows: every weight vector loaded once feeds kRows products, every activation vector kFeatures.
+// Each result accumulates its lanes in exactly the order dot_rows uses, so blocking changes no bit.
+// With AVX-512 the block is written with intrinsics (one 16-lane register per accumulator): the
+// compiler's vectorisation of the portable loop keeps the widened weights in memory.
+template <DType kDType, int kRows, int kFeatures>
+inline void dot_block(const float* const (&x)[kRows], const void* const (&weight_rows)[kFeatures],
+                      int64_t n, float (&results)[kRows][kFeatures]) {
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    load_full_lanes<kDType>(weight_row, i, w);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
+  static_assert(kLanes == 16, "one zmm register per accumulator");
+#pragma GCC diagnostic push
+  // GCC 12's own intrinsic headers trip this warning in _mm512_cvtepu16_epi32 (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+  __m512 vacc[kRows][kFeatures];
+  for (int r = 0; r < kRows; ++r) {
+    for (int f = 0; f < kFeatures; ++f) vacc[r][f] = _mm512_setzero_ps();
+  }
+  // The tail runs the same loop body on masked loads: lanes past n read as zero and add zero.
+  for (; i < n; i += kLanes) {
+    const int64_t remaining = n - i;
+    const __mmask16 mask =
+        remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
+    __m512 w[kFeatures];
+    for (int f = 0; f < kFeatures; ++f) {
+      if constexpr (kDType == DType::kF32) {
+        w[f] = _mm512_maskz_loadu_ps(mask, static_cast<const float*>(weight_rows[f]) + i);
+      } else {
+        const __m256i halves =
+            _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(weight_rows[f]) + i);
+        if constexpr (kDType == DType::kBF16) {
+          w[f] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+        } else {
+          w[f] = _mm512_cvtph_ps(halves);
+        }
+      }
+    }
     for (int r = 0; r < kRows; ++r) {
-      for (int l = 0; l < kLanes; ++l) acc[r][l] = multiply_add(x[r][i + l], w[l], acc[r][l]);
+      const __m512 xr = _mm512_maskz_loadu_ps(mask, x[r] + i);
+      for (int f = 0; f < kFeatures; ++f) vacc[r][f] = _mm512_fmadd_ps(xr, w[f], vacc[r][f]);
+    }
+  }
+  // Fold in registers, in fold_lanes' order: lane l += lane l+8, then l+4, l+2, l+1.
+  for (int r = 0; r < kRows; ++r) {
+    for (int f = 0; f < kFeatures; ++f) {
+      const __m512 v = vacc[r][f];
+      const __m256 eight =
+          _mm256_add_ps(_mm512_castps512_ps256(v),
+                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+      const __m128 four =
+          _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+      const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+      const __m128 one = _mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55));
+      results[r][f] = _mm_cvtss_f32(one);
+    }
+  }
+#pragma GCC diagnostic pop
+  return;
+#else
+  float acc[kRows][kFeatures][kLanes] = {};
+  for (; i + kLanes <= n; i += kLanes) {
+    float w[kFeatures][kLanes];
+    for (int f = 0; f < kFeatures; ++f) load_full_lanes<kDType>(weight_rows[f], i, w[f]);
+    for (int r = 0; r < kRows; ++r) {
+      for (int f = 0; f < kFeatures; ++f) {
+        for (int l = 0; l < kLanes; ++l) {
+          acc[r][f][l] = multiply_add(x[r][i + l], w[f][l], acc[r][f][l]);
+        }
+      }
     }
   }
   if (i < n) {
     const int count = static_cast<int>(n - i);
-    load_lanes<kDType>(weight_row, i, count, w);
+    float w[kFeatures][kLanes];
+    for (int f = 0; f < kFeatures; ++f) load_lanes<kDType>(weight_rows[f], i, count, w[f]);
     for (int r = 0; r < kRows; ++r) {
-      for (int l = 0; l < count; ++l) acc[r][l] = multiply_add(x[r][i + l], w[l], acc[r][l]);
+      for (int f = 0; f < kFeatures; ++f) {
+        for (int l = 0; l < count; ++l) {
+          acc[r][f][l] = multiply_add(x[r][i + l], w[f][l], acc[r][f][l]);
+        }
+      }
     }
   }
-  for (int r = 0; r < kRows; ++r) results[r] = fold_lanes(acc[r]);
+  for (int r = 0; r < kRows; ++r) {
+    for (int f = 0; f < kFeatures; ++f) results[r][f] = fold_lanes(acc[r][f]);
+  }
+#endif
 }
 
-// dot(a, b) over f32 vectors with the same lane order as dot_rows.
+// dot(a, b) over f32 vectors, with the lane order of every other reduction.
 inline float dot_f32(const float* a, const float* b, int64_t n) {
   const float* rows[1] = {a};
-  float result[1];
-  dot_rows<DType::kF32, 1>(rows, b, n, result);
-  return result[0];
+  const void* weights[1] = {b};
+  float result[1][1];
+  dot_block<DType::kF32, 1, 1>(rows, weights, n, result);
+  return result[0][0];
 }
 
 }  // namespace specrun::kernels::cpu
