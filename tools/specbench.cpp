@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "runtime/engine/pairing.h"
+#include "runtime/engine/speculative.h"
 #include "runtime/model/model.h"
 #include "runtime/sampling/rng.h"
 #include "tools/cli_support.h"
@@ -89,6 +93,204 @@ Bandwidth measure_bandwidth(specrun::kernels::cpu::ThreadPool& pool, size_t byte
           2.0 * static_cast<double>(bytes) / median(copy_seconds)};
 }
 
+// ---- speculative decoding -----------------------------------------------------------------------
+
+// Median milliseconds of `repeats` calls of `body`, after one warm-up call.
+template <typename Body>
+double median_ms(int repeats, const Body& body) {
+  std::vector<double> times;
+  for (int r = 0; r < repeats + 1; ++r) {
+    const auto start = Clock::now();
+    body();
+    if (r > 0) times.push_back(milliseconds(start));
+  }
+  return median(times);
+}
+
+// The cost of one target forward over `tokens` new tokens on a cached prefix of `prefix` tokens.
+double forward_ms(specrun::Model& model, int64_t prefix, int64_t tokens, int repeats) {
+  specrun::KvCache& cache = model.kv_cache();
+  const specrun::SequenceId sequence = cache.add_sequence();
+  std::vector<int32_t> prompt(static_cast<size_t>(prefix));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + i % 50);
+  specrun::Logits logits;
+  const specrun::SequenceInput prefill[] = {{sequence, prompt, false}};
+  model.forward(prefill, &logits);
+  const std::vector<int32_t> step(static_cast<size_t>(tokens), 7);
+  const double ms = median_ms(repeats, [&] {
+    const specrun::SequenceInput input[] = {{sequence, step, true}};
+    model.forward(input, &logits);
+    cache.truncate(sequence, prefix);
+  });
+  cache.remove_sequence(sequence);
+  return ms;
+}
+
+struct RunSummary {
+  double tokens_per_second = 0;
+  double acceptance = 0;
+  double mean_accepted_length = 0;
+  std::map<int64_t, int64_t> gamma_histogram;
+};
+
+RunSummary run_generation(specrun::Model& target, specrun::Model* draft,
+                          const std::vector<std::vector<int32_t>>& prompts, int64_t tokens,
+                          float temperature, const specrun::SpeculativeOptions& speculative) {
+  specrun::GenerationOptions generation;
+  generation.sampling.temperature = temperature;
+  generation.max_tokens = tokens;
+  generation.stop_at_eos = false;
+  specrun::SpeculativeGenerator generator(target, draft, generation, speculative);
+  RunSummary summary;
+  int64_t generated = 0, drafted = 0, accepted = 0, steps = 0, committed = 0;
+  double total_ms = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    specrun::SpeculativeStats stats;
+    generator.generate(prompts[p], {}, &stats);
+    generated += stats.tokens_generated;
+    total_ms += stats.total_ms;
+    drafted += stats.drafted;
+    accepted += stats.accepted;
+    steps += stats.steps;
+    committed += stats.committed_in_steps;
+    for (const auto& [gamma, count] : stats.gamma_histogram)
+      summary.gamma_histogram[gamma] += count;
+  }
+  summary.tokens_per_second = 1e3 * static_cast<double>(generated) / total_ms;
+  summary.acceptance = drafted ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0;
+  summary.mean_accepted_length =
+      steps ? static_cast<double>(committed) / static_cast<double>(steps) : 0;
+  return summary;
+}
+
+std::string histogram_text(const std::map<int64_t, int64_t>& histogram) {
+  std::string text;
+  for (const auto& [gamma, count] : histogram) {
+    text += (text.empty() ? "" : " ") + std::to_string(gamma) + ":" + std::to_string(count);
+  }
+  return text;
+}
+
+// Speculative against target-only on the same prompts in the same run, with the measured costs
+// and the speedup Leviathan et al.'s formula predicts from them.
+nlohmann::json speculative_bench(const std::string& label, const std::string& target_path,
+                                 const std::string& draft_path,
+                                 specrun::kernels::cpu::CpuBackend& backend, int64_t tokens,
+                                 int64_t prompt_count, float temperature) {
+  specrun::ModelOptions options;
+  options.kv_cache_tokens = 4096;
+  const auto target = specrun::Model::load(target_path, backend, options);
+  const auto draft = specrun::Model::load(draft_path, backend, options);
+  specrun::check_pairing(*target, *draft);
+  const int64_t prefix = 32;
+  const int repeats = 15;
+
+  std::printf("\n== %s: target %.1fM parameters (%lld layers), draft %.1fM (%lld layers) ==\n",
+              label.c_str(), static_cast<double>(target->parameter_count()) / 1e6,
+              static_cast<long long>(target->config().num_layers),
+              static_cast<double>(draft->parameter_count()) / 1e6,
+              static_cast<long long>(draft->config().num_layers));
+  const double decode = forward_ms(*target, prefix, 1, repeats);
+  const double draft_step = forward_ms(*draft, prefix, 1, repeats);
+  std::printf("costs (median of %d): target decode %.3f ms, draft step %.3f ms (c = %.3f)\n",
+              repeats, decode, draft_step, draft_step / decode);
+  std::printf("verify cost / decode cost by gamma + 1 tokens:");
+  std::vector<double> verify(9);
+  for (int64_t gamma = 0; gamma <= 8; ++gamma) {
+    verify[static_cast<size_t>(gamma)] = forward_ms(*target, prefix, gamma + 1, repeats);
+    std::printf(" %lld:%.2f", static_cast<long long>(gamma + 1),
+                verify[static_cast<size_t>(gamma)] / decode);
+  }
+  std::printf("\n");
+
+  specrun::Rng rng(99);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t p = 0; p < prompt_count; ++p) {
+    std::vector<int32_t> prompt(static_cast<size_t>(prefix));
+    for (int32_t& token : prompt) {
+      token = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(target->config().vocab_size));
+    }
+    prompts.push_back(prompt);
+  }
+  specrun::SpeculativeOptions plain;
+  plain.method = specrun::SpeculativeMethod::kNone;
+  const RunSummary baseline = run_generation(*target, nullptr, prompts, tokens, temperature, plain);
+  std::printf("target only: %.1f tokens/s (temperature %.2f, %lld prompts x %lld tokens)\n",
+              baseline.tokens_per_second, temperature, static_cast<long long>(prompt_count),
+              static_cast<long long>(tokens));
+
+  nlohmann::json result = {{"label", label},
+                           {"target_parameters", target->parameter_count()},
+                           {"draft_parameters", draft->parameter_count()},
+                           {"decode_ms", decode},
+                           {"draft_step_ms", draft_step},
+                           {"verify_ms", verify},
+                           {"target_only_tokens_per_second", baseline.tokens_per_second}};
+  std::printf("%-10s %8s %8s %10s %10s %10s  %s\n", "controller", "gamma", "alpha", "tokens/s",
+              "speedup", "predicted", "gamma histogram (drafts:steps)");
+  auto report = [&](const std::string& controller, int64_t gamma,
+                    const specrun::SpeculativeOptions& speculative) {
+    const RunSummary run =
+        run_generation(*target, draft.get(), prompts, tokens, temperature, speculative);
+    const double speedup = run.tokens_per_second / baseline.tokens_per_second;
+    // Leviathan et al.: E(gamma) = (1 - alpha^(gamma + 1)) / (1 - alpha) tokens per step, each
+    // step costing gamma draft steps and one verification of gamma + 1 tokens.
+    double predicted = NAN;
+    if (gamma > 0) {
+      const double alpha = std::min(run.acceptance, 0.999999);
+      const double expected =
+          (1.0 - std::pow(alpha, static_cast<double>(gamma + 1))) / (1.0 - alpha);
+      predicted = expected * decode /
+                  (static_cast<double>(gamma) * draft_step + verify[static_cast<size_t>(gamma)]);
+    }
+    std::printf("%-10s %8s %8.3f %10.1f %9.2fx %9.2fx  %s\n", controller.c_str(),
+                gamma > 0 ? std::to_string(gamma).c_str() : "adaptive", run.acceptance,
+                run.tokens_per_second, speedup, predicted,
+                histogram_text(run.gamma_histogram).c_str());
+    result["runs"].push_back(
+        {{"controller", controller},
+         {"gamma", gamma},
+         {"acceptance", run.acceptance},
+         {"mean_accepted_length", run.mean_accepted_length},
+         {"tokens_per_second", run.tokens_per_second},
+         {"speedup", speedup},
+         {"predicted_speedup",
+          std::isnan(predicted) ? nlohmann::json() : nlohmann::json(predicted)}});
+  };
+  for (const int64_t gamma : {1, 2, 3, 4, 6, 8}) {
+    specrun::SpeculativeOptions fixed;
+    fixed.controller = specrun::ControllerKind::kFixed;
+    fixed.gamma = {gamma, gamma, 8};
+    report("fixed", gamma, fixed);
+  }
+  specrun::SpeculativeOptions goodput;  // the default controller
+  report("goodput", 0, goodput);
+  return result;
+}
+
+// A layer-skip pair: a target whose deep layers change the logits little, and its first layers as
+// the draft. Synthetic: acceptance is set by construction, the costs are real.
+void write_layer_skip_pair(const std::filesystem::path& directory, int64_t vocab, int64_t hidden,
+                           int64_t intermediate, int64_t layers, int64_t heads, int64_t kv_heads,
+                           int64_t draft_layers, float deep_scale) {
+  specrun::fixtures::GeneratorOptions o;
+  o.vocab_size = vocab;
+  o.hidden_size = hidden;
+  o.intermediate_size = intermediate;
+  o.num_layers = layers;
+  o.num_heads = heads;
+  o.num_kv_heads = kv_heads;
+  // Untied: with the embedding as output projection a random model mostly repeats its input token,
+  // which any draft predicts.
+  o.tie_word_embeddings = false;
+  o.max_position_embeddings = 4096;
+  o.shallow_layers = draft_layers;
+  o.deep_layer_scale = deep_scale;
+  specrun::fixtures::write_random_checkpoint(o, directory / "target");
+  specrun::fixtures::write_truncated_checkpoint(directory / "target", draft_layers,
+                                                directory / "draft");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,7 +309,60 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "Measured runs (after one warm-up); the median is reported")
       ->capture_default_str();
   app.add_option("--json", json_path, "Also write the results as JSON to this file");
+  bool speculative = false;
+  std::string target_path, draft_path;
+  int64_t spec_tokens = 64, spec_prompts = 4;
+  float spec_temperature = 1.0f;
+  app.add_flag("--speculative", speculative,
+               "Speculative against target-only decoding: measured costs, speedups, and the "
+               "speedups predicted from them (default: two generated layer-skip pairs, a small "
+               "compute-bound and a large memory-bound target)");
+  app.add_option("--target", target_path, "With --speculative: the target checkpoint");
+  app.add_option("--draft", draft_path, "With --speculative: the draft checkpoint");
+  app.add_option("--spec-tokens", spec_tokens, "With --speculative: tokens per prompt")
+      ->capture_default_str();
+  app.add_option("--spec-prompts", spec_prompts, "With --speculative: prompts per run")
+      ->capture_default_str();
+  app.add_option("--spec-temperature", spec_temperature,
+                 "With --speculative: sampling temperature (0 is greedy)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+
+  if (speculative) {
+    return specrun::tools::run_reporting_errors("specbench", "warn", [&] {
+      auto pool = std::make_shared<specrun::kernels::cpu::ThreadPool>(threads);
+      specrun::kernels::cpu::CpuBackend backend(pool);
+      std::printf(
+          "machine: %d threads; greedy decoding; speedup = speculative tokens/s over "
+          "target-only tokens/s in this run\n",
+          pool->num_threads());
+      nlohmann::json results = nlohmann::json::array();
+      if (!target_path.empty() || !draft_path.empty()) {
+        if (target_path.empty() || draft_path.empty()) {
+          throw specrun::Error("--speculative takes both --target and --draft, or neither");
+        }
+        results.push_back(speculative_bench("given pair", target_path, draft_path, backend,
+                                            spec_tokens, spec_prompts, spec_temperature));
+      } else {
+        const std::filesystem::path directory = std::filesystem::temp_directory_path() /
+                                                ("specbench-spec-" + std::to_string(::getpid()));
+        std::fprintf(stderr, "specbench: generating layer-skip pairs in %s\n", directory.c_str());
+        write_layer_skip_pair(directory / "small", 2048, 128, 344, 4, 4, 2, 1, 0.3f);
+        write_layer_skip_pair(directory / "large", 8192, 768, 2048, 12, 12, 4, 2, 0.3f);
+        results.push_back(speculative_bench("small target (4 x 128 wide)",
+                                            (directory / "small" / "target").string(),
+                                            (directory / "small" / "draft").string(), backend,
+                                            spec_tokens, spec_prompts, spec_temperature));
+        results.push_back(speculative_bench("large target (12 x 768 wide)",
+                                            (directory / "large" / "target").string(),
+                                            (directory / "large" / "draft").string(), backend,
+                                            spec_tokens, spec_prompts, spec_temperature));
+        std::filesystem::remove_all(directory);
+      }
+      if (!json_path.empty()) std::ofstream(json_path) << results.dump(2) << "\n";
+      return 0;
+    });
+  }
 
   return specrun::tools::run_reporting_errors("specbench", "warn", [&] {
     if (prompt_tokens < 1 || decode_tokens < 1 || repeats < 1) {

@@ -22,15 +22,18 @@ void relax() {
 #endif
 }
 
-// Polls `done` until it holds or kSpinTime passes; true when it held.
+// Polls `done` until it holds or kSpinTime passes; true when it held. After a short busy phase
+// it yields between polls, so that when the cores are shared with other work a spinning thread
+// hands its core to whoever can use it instead of burning its time slice.
 template <typename Predicate>
 bool spin_until(const Predicate& done) {
   const auto deadline = std::chrono::steady_clock::now() + kSpinTime;
-  for (;;) {
+  for (int round = 0;; ++round) {
     for (int i = 0; i < 64; ++i) {
       if (done()) return true;
       relax();
     }
+    if (round >= 16) std::this_thread::yield();
     if (std::chrono::steady_clock::now() >= deadline) return done();
   }
 }

@@ -124,6 +124,7 @@ SpeculativeGenerator::SpeculativeGenerator(Model& target, Model* draft,
     default_verifier_ = std::make_unique<RejectionSampler>();
   }
   verifier_ = verifier != nullptr ? verifier : default_verifier_.get();
+  controller_ = make_gamma_controller(speculative.controller, speculative.gamma);
 }
 
 SpeculativeGenerator::~SpeculativeGenerator() = default;
@@ -167,8 +168,7 @@ GenerationResult SpeculativeGenerator::generate(std::span<const int32_t> prompt,
   SequenceScope scope(target_, proposer_.get());
   const SequenceId target_sequence = scope.target_sequence();
   Scorer scorer(target_, generation_.sampling);
-  std::unique_ptr<GammaController> controller =
-      make_gamma_controller(speculative_.controller, speculative_.gamma);
+  GammaController& controller = *controller_;
   Rng verify_rng(generation_.sampling.seed);
   Rng draft_rng(generation_.sampling.seed ^ kDraftSeedSalt);
 
@@ -191,7 +191,7 @@ GenerationResult SpeculativeGenerator::generate(std::span<const int32_t> prompt,
     }
     // Limits: a step emits up to gamma + 1 tokens; the target feeds gamma + 1 positions from
     // n - 1; the draft feeds through d_{gamma - 1}, position n + gamma - 2.
-    int64_t gamma = drafting ? controller->next_gamma() : 0;
+    int64_t gamma = drafting ? controller.next_gamma() : 0;
     gamma = std::min({gamma, remaining - 1, target_limit - n, draft_limit - n + 1});
     gamma = std::max<int64_t>(gamma, 0);
 
@@ -223,7 +223,7 @@ GenerationResult SpeculativeGenerator::generate(std::span<const int32_t> prompt,
     stats.gamma_histogram[drafted] += 1;
     stats.draft_ms += draft_ms;
     stats.target_ms += verify_ms;
-    if (drafting) controller->observe({drafted, accepted, draft_ms, verify_ms});
+    if (drafting) controller.observe({drafted, accepted, draft_ms, verify_ms});
 
     // Commit the accepted drafts and the new token, stopping at EOS, the token limit or the
     // callback's word.

@@ -88,6 +88,9 @@ class SpeculativeGenerator {
   GenerationOptions generation_;
   SpeculativeOptions speculative_;
   std::unique_ptr<Proposer> proposer_;
+  // Persists across generate() calls: acceptance and costs are properties of the model pair and
+  // the machine, learnt once rather than per request.
+  std::unique_ptr<GammaController> controller_;
   std::unique_ptr<Verifier> default_verifier_;
   const Verifier* verifier_;
 };
