@@ -107,6 +107,42 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyForEveryGammaControllerAndProposer
   EXPECT_GT(total_accepted, 0);
 }
 
+TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyWithAPartlyAgreeingLayerSkipDraft) {
+  // A target whose second layer changes the logits only a little, and its first layer as the
+  // draft: drafts are accepted often but not always, so every step mixes acceptance, rejection
+  // and rollback.
+  GeneratorOptions target_options = small_model(5);
+  target_options.shallow_layers = 1;
+  target_options.deep_layer_scale = 0.4f;
+  fixtures::write_random_checkpoint(target_options, dir_ / "skip-target");
+  fixtures::write_truncated_checkpoint(dir_ / "skip-target", 1, dir_ / "skip-draft");
+  auto target = load("skip-target");
+  auto draft = load("skip-draft");
+  check_pairing(*target, *draft);
+  int64_t drafted = 0, accepted = 0;
+  for (const auto& prompt : prompts()) {
+    const std::vector<int32_t> expected = generate(*target, prompt, greedy(48)).tokens;
+    for (const ControllerKind controller :
+         {ControllerKind::kFixed, ControllerKind::kHeuristic, ControllerKind::kGoodput}) {
+      for (const int64_t gamma : {1, 2, 4, 7}) {
+        SpeculativeOptions options;
+        options.controller = controller;
+        options.gamma = {gamma, controller == ControllerKind::kFixed ? gamma : 0, 8};
+        SpeculativeGenerator generator(*target, draft.get(), greedy(48), options);
+        SpeculativeStats stats;
+        ASSERT_EQ(generator.generate(prompt, {}, &stats).tokens, expected)
+            << controller_name(controller) << ", gamma " << gamma;
+        drafted += stats.drafted;
+        accepted += stats.accepted;
+      }
+    }
+  }
+  ASSERT_GT(drafted, 0);
+  const double acceptance = static_cast<double>(accepted) / static_cast<double>(drafted);
+  EXPECT_GT(acceptance, 0.05);
+  EXPECT_LT(acceptance, 0.98);
+}
+
 TEST_F(SpeculativeTest, MethodNoneIsPlainDecodingEvenWhenSampling) {
   // Same seed, same single uniform per token: the speculative loop at gamma 0 reproduces the plain
   // loop exactly, sampled tokens included.
