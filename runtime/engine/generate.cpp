@@ -44,23 +44,25 @@ double milliseconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-GenerationResult generate(Model& model, std::span<const int32_t> prompt,
-                          const GenerationOptions& options, const TokenCallback& on_token) {
+void validate_request(const Model& model, std::span<const int32_t> prompt, int64_t max_tokens) {
   if (prompt.empty()) throw Error("the prompt is empty: give at least one token");
-  if (options.max_tokens < 0) {
-    throw Error("max_tokens must be >= 0, got " + std::to_string(options.max_tokens));
-  }
-  const int64_t context_limit = model.context_limit();
-  if (static_cast<int64_t>(prompt.size()) > context_limit) {
-    throw Error("the prompt has " + std::to_string(prompt.size()) +
-                " tokens, more than the context limit of " + std::to_string(context_limit));
-  }
+  if (max_tokens < 0) throw Error("max_tokens must be >= 0, got " + std::to_string(max_tokens));
   for (const int32_t token : prompt) {
     if (token < 0 || token >= model.config().vocab_size) {
       throw Error("prompt token id " + std::to_string(token) + " is outside the vocabulary [0, " +
                   std::to_string(model.config().vocab_size) + ")");
     }
   }
+  if (static_cast<int64_t>(prompt.size()) > model.context_limit()) {
+    throw Error("the prompt has " + std::to_string(prompt.size()) +
+                " tokens, more than the context limit of " + std::to_string(model.context_limit()));
+  }
+}
+
+GenerationResult generate(Model& model, std::span<const int32_t> prompt,
+                          const GenerationOptions& options, const TokenCallback& on_token) {
+  validate_request(model, prompt, options.max_tokens);
+  const int64_t context_limit = model.context_limit();
   Sampler sampler(options.sampling);
   const std::vector<int32_t>& eos = model.config().eos_token_ids;
 

@@ -35,6 +35,10 @@ struct GenerationResult {
   double decode_ms = 0.0;                           // every later step
 };
 
+// Throws Error when a prompt cannot start a generation on `model`: empty, a token id outside the
+// vocabulary, longer than the context limit; or when max_tokens is negative.
+void validate_request(const Model& model, std::span<const int32_t> prompt, int64_t max_tokens);
+
 // Called with each new token as soon as it is chosen; returning false stops generation.
 using TokenCallback = std::function<bool(int32_t token)>;
 

@@ -133,25 +133,11 @@ GenerationResult SpeculativeGenerator::generate(std::span<const int32_t> prompt,
                                                 const TokenCallback& on_token,
                                                 SpeculativeStats* stats_out) {
   const auto start = Clock::now();
-  if (prompt.empty()) throw Error("the prompt is empty: give at least one token");
-  if (generation_.max_tokens < 0) {
-    throw Error("max_tokens must be >= 0, got " + std::to_string(generation_.max_tokens));
-  }
-  for (const int32_t token : prompt) {
-    if (token < 0 || token >= target_.config().vocab_size) {
-      throw Error("prompt token id " + std::to_string(token) + " is outside the vocabulary [0, " +
-                  std::to_string(target_.config().vocab_size) + ")");
-    }
-  }
+  validate_request(target_, prompt, generation_.max_tokens);
   const int64_t target_limit = target_.context_limit();
   const bool drafting = proposer_ != nullptr;
   const int64_t draft_limit =
       speculative_.method == SpeculativeMethod::kDraftModel ? draft_->context_limit() : INT64_MAX;
-  if (static_cast<int64_t>(prompt.size()) > target_limit) {
-    throw Error("the prompt has " + std::to_string(prompt.size()) +
-                " tokens, more than the context limit of " + std::to_string(target_limit));
-  }
-
   SpeculativeStats stats;
   GenerationResult result;
   result.prompt_tokens = static_cast<int64_t>(prompt.size());
