@@ -10,6 +10,7 @@ packages=(
   libcli11-dev                           # command-line parsing
   libtomlplusplus-dev                    # TOML configuration files
   libgtest-dev libgmock-dev              # tests
+  libpcre2-dev libutf8proc-dev           # tokenizer: Unicode regexes, normalization forms
   python3 python3-numpy                  # the independent NumPy reference and model converters
 )
 

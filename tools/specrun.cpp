@@ -13,6 +13,7 @@
 #include "runtime/engine/run_config.h"
 #include "runtime/model/model.h"
 #include "tools/cli_support.h"
+#include "tools/text_commands.h"
 
 namespace {
 
@@ -30,6 +31,7 @@ struct Options {
 };
 
 int run(const Options& options) {
+  if (options.target.empty()) throw specrun::Error("--target is required");
   specrun::RunConfig config;
   if (!options.config_path.empty()) config = specrun::load_run_config(options.config_path);
   options.apply_flags(config);
@@ -101,8 +103,8 @@ int main(int argc, char** argv) {
   CLI::App app{"specrun: generate from a Llama-family checkpoint (speculative decoding runtime)"};
   app.add_option("--target", options.target,
                  "Target checkpoint: a directory with config.json and *.safetensors, or a "
-                 ".safetensors / .safetensors.index.json file with config.json beside it")
-      ->required();
+                 ".safetensors / .safetensors.index.json file with config.json beside it "
+                 "(required unless a subcommand runs)");
   app.add_option("--config", options.config_path,
                  "TOML settings file (see configs/default.toml); flags override it");
   app.add_option("--prompt-ids", options.prompt_ids,
@@ -137,7 +139,10 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", options.log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();
   app.add_flag("--quiet", options.quiet, "Print no stats on stderr");
+  app.require_subcommand(0, 1);
+  const specrun::tools::TextCommands text_commands(app);
   CLI11_PARSE(app, argc, argv);
+  if (text_commands.ran()) return text_commands.run();
 
   // Settings given as flags win over the config file.
   auto given = [](const CLI::Option* option) { return option->count() > 0; };
