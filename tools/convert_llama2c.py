@@ -22,8 +22,16 @@ default) the q and k rows are permuted exactly as transformers' convert_llama_we
 does, so the standard rotate-half RoPE gives the same model; --layout meta keeps the rows as they
 are, for a runtime that applies interleaved RoPE.
 
+With --tokenizer tok512.bin it also writes OUT_DIR/tokenizer.json: llama2.c's tokenizer export
+(SentencePiece BPE pieces with their scores, "▁" written as a space, BOS and EOS written as
+"\n<s>\n" and "\n</s>\n", bytes as "<0xNN>") turned back into the Llama 2 tokenizer.json layout
+(Prepend/Replace normalizer, byte-fallback BPE, TemplateProcessing adding BOS, and the decoder that
+undoes them), its merges derived from the piece scores as Hugging Face's SentencePiece converter
+derives them.
+
 Usage:
-    convert_llama2c.py stories260K.bin OUT_DIR [--layout hf|meta]
+    convert_llama2c.py stories260K.bin OUT_DIR [--layout hf|meta] [--tokenizer tok512.bin]
+                       [--dtype f32|bf16]
 """
 
 import argparse
@@ -108,13 +116,21 @@ def permute_to_rotate_half(w, n_heads):
         dim1, dim2)
 
 
-def write_safetensors(path, tensors):
-    """Writes {name: float32 array} as one safetensors file (F32, data 8-byte aligned)."""
+def to_bf16_bits(array):
+    """float32 -> bfloat16 bit patterns (uint16), rounding to nearest even."""
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def write_safetensors(path, tensors, dtype="F32"):
+    """Writes {name: float32 array} as one safetensors file (F32 or BF16, data 8-byte aligned)."""
+    element = 4 if dtype == "F32" else 2
     header = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, array in tensors.items():
-        size = array.size * 4
-        header[name] = {"dtype": "F32", "shape": list(array.shape),
+        size = array.size * element
+        header[name] = {"dtype": dtype, "shape": list(array.shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
     header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -123,10 +139,12 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(header_bytes)))
         f.write(header_bytes)
         for array in tensors.values():
-            f.write(np.ascontiguousarray(array, dtype="<f4").tobytes())
+            data = (np.ascontiguousarray(array, dtype="<f4") if dtype == "F32"
+                    else to_bf16_bits(array).astype("<u2"))
+            f.write(data.tobytes())
 
 
-def convert(source, out_dir, layout):
+def convert(source, out_dir, layout, dtype="F32"):
     header, arrays = read_llama2c(source)
     theta = 10000.0
     check_rope_table(header, arrays, theta)
@@ -168,13 +186,84 @@ def convert(source, out_dir, layout):
         "tie_word_embeddings": header["shared_classifier"],
         "bos_token_id": 1,
         "eos_token_id": 2,
-        "torch_dtype": "float32",
+        "torch_dtype": "float32" if dtype == "F32" else "bfloat16",
     }
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
-    write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors)
+    write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, dtype)
+
+
+def read_llama2c_tokenizer(path, vocab_size):
+    """Returns [(piece, score)] in id order, pieces in SentencePiece form ("▁" for spaces)."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    offset = 4  # max_token_length, unused
+    pieces = []
+    for token_id in range(vocab_size):
+        if offset + 8 > len(blob):
+            raise ValueError(f"{path}: ends after {token_id} of {vocab_size} tokens")
+        score, length = struct.unpack("<fi", blob[offset:offset + 8])
+        offset += 8
+        text = blob[offset:offset + length].decode("utf-8")
+        offset += length
+        if text == "\n<s>\n":
+            text = "<s>"
+        elif text == "\n</s>\n":
+            text = "</s>"
+        pieces.append((text.replace(" ", "\u2581"), score))
+    if offset != len(blob):
+        raise ValueError(f"{path}: {len(blob) - offset} bytes left after {vocab_size} tokens")
+    return pieces
+
+
+def tokenizer_json(pieces):
+    """The Llama 2 tokenizer.json layout around these SentencePiece BPE pieces."""
+    vocab = {piece: token_id for token_id, (piece, _) in enumerate(pieces)}
+    # Merges as transformers' SentencePieceExtractor builds them: every split of a piece into two
+    # pieces of the vocabulary, ordered by the merged piece's score (then by the halves' ids).
+    merges = []
+    for token_id, (piece, score) in enumerate(pieces):
+        if piece in ("<unk>", "<s>", "</s>") or piece.startswith("<0x"):
+            continue
+        local = [(piece[:i], piece[i:], score) for i in range(1, len(piece))
+                 if piece[:i] in vocab and piece[i:] in vocab]
+        local.sort(key=lambda merge: (vocab[merge[0]], vocab[merge[1]]))
+        merges.extend(local)
+    merges.sort(key=lambda merge: merge[2], reverse=True)
+    special = lambda token_id, content: {
+        "id": token_id, "content": content, "single_word": False, "lstrip": False,
+        "rstrip": False, "normalized": False, "special": True}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [special(0, "<unk>"), special(1, "<s>"), special(2, "</s>")],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        "pre_tokenizer": None,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": "<s>", "type_id": 1}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": "<unk>",
+            "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
+            "byte_fallback": True, "ignore_merges": False, "vocab": vocab,
+            "merges": [[left, right] for left, right, _ in merges]},
+    }
 
 
 def main(argv):
@@ -184,9 +273,19 @@ def main(argv):
     parser.add_argument("--layout", choices=("hf", "meta"), default="hf",
                         help="hf: q/k rows permuted for rotate-half RoPE (default); "
                              "meta: rows kept, for interleaved RoPE")
+    parser.add_argument("--tokenizer", help="llama2.c tokenizer .bin: also write tokenizer.json")
+    parser.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                        help="stored dtype of the weights (bf16 rounds to nearest even)")
     args = parser.parse_args(argv)
     try:
-        convert(args.checkpoint, args.out_dir, args.layout)
+        convert(args.checkpoint, args.out_dir, args.layout, args.dtype.upper())
+        if args.tokenizer:
+            with open(os.path.join(args.out_dir, "config.json")) as f:
+                vocab_size = json.load(f)["vocab_size"]
+            pieces = read_llama2c_tokenizer(args.tokenizer, vocab_size)
+            with open(os.path.join(args.out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+                json.dump(tokenizer_json(pieces), f, ensure_ascii=False, indent=1)
+                f.write("\n")
     except (OSError, ValueError) as error:
         print(f"convert_llama2c: {error}", file=sys.stderr)
         return 1

@@ -41,6 +41,15 @@ int main(int argc, char** argv) {
   app.add_option("--eos", o.eos_token_id, "EOS token id")->capture_default_str();
   app.add_option("--shards", o.shards, "Split the weights over this many files with an index")
       ->capture_default_str();
+  app.add_option("--shallow-layers", o.shallow_layers,
+                 "Layers from this index on get output projections scaled by --deep-scale "
+                 "(0: none), so that the first layers alone make a layer-skip draft")
+      ->capture_default_str();
+  app.add_option("--deep-scale", o.deep_layer_scale, "See --shallow-layers")->capture_default_str();
+  std::string truncate_source;
+  app.add_option("--truncate", truncate_source,
+                 "Instead of generating: write the first --layers layers of this checkpoint to "
+                 "--out (a layer-skip draft)");
   CLI11_PARSE(app, argc, argv);
   return specrun::tools::run_reporting_errors("specrun-genmodel", "warn", [&] {
     if (dtype == "f32") {
@@ -52,7 +61,11 @@ int main(int argc, char** argv) {
     } else {
       throw specrun::Error("--dtype: '" + dtype + "' is not one of f32, f16, bf16");
     }
-    specrun::fixtures::write_random_checkpoint(o, out);
+    if (!truncate_source.empty()) {
+      specrun::fixtures::write_truncated_checkpoint(truncate_source, o.num_layers, out);
+    } else {
+      specrun::fixtures::write_random_checkpoint(o, out);
+    }
     return 0;
   });
 }

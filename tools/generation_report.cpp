@@ -1,0 +1,78 @@
+#include "tools/generation_report.h"
+
+#include <fstream>
+
+#include "kernels/core/check.h"
+
+namespace specrun::tools {
+
+nlohmann::json stats_to_json(const SpeculativeStats& stats, const RunDescription& run) {
+  const SpeculativeStats::Latency latency = stats.inter_token_latency();
+  nlohmann::json histogram = nlohmann::json::object();
+  for (const auto& [gamma, steps] : stats.gamma_histogram) histogram[std::to_string(gamma)] = steps;
+  return {{"tokens_generated", stats.tokens_generated},
+          {"ttft_ms", stats.ttft_ms},
+          {"itl_ms_mean", latency.mean},
+          {"itl_ms_p50", latency.p50},
+          {"itl_ms_p99", latency.p99},
+          {"tokens_per_second", stats.tokens_per_second()},
+          {"acceptance_rate", stats.acceptance_rate()},
+          {"mean_accepted_length", stats.mean_accepted_length()},
+          {"gamma_histogram", histogram},
+          {"draft_ms", stats.draft_ms},
+          {"target_ms", stats.target_ms},
+          {"prompt_tokens", run.prompt_tokens},
+          {"stop_reason", stop_reason_name(run.stop_reason)},
+          {"steps", stats.steps},
+          {"drafted", stats.drafted},
+          {"accepted", stats.accepted},
+          {"total_ms", stats.total_ms},
+          {"method", method_name(run.method)},
+          {"controller", controller_name(run.controller)},
+          {"backend", run.backend},
+          {"threads", run.threads}};
+}
+
+void print_stats(std::FILE* stream, const SpeculativeStats& stats, const RunDescription& run) {
+  const SpeculativeStats::Latency latency = stats.inter_token_latency();
+  std::fprintf(stream,
+               "specrun: %lld prompt tokens, %lld generated (stop: %s) in %.1f ms on %s with %d "
+               "threads: %.1f tokens/s\n",
+               static_cast<long long>(run.prompt_tokens),
+               static_cast<long long>(stats.tokens_generated), stop_reason_name(run.stop_reason),
+               stats.total_ms, run.backend.c_str(), run.threads, stats.tokens_per_second());
+  std::fprintf(stream,
+               "specrun: time to first token %.1f ms; inter-token latency mean %.2f ms, p50 "
+               "%.2f ms, p99 %.2f ms\n",
+               stats.ttft_ms, latency.mean, latency.p50, latency.p99);
+  std::string histogram;
+  for (const auto& [gamma, steps] : stats.gamma_histogram) {
+    histogram +=
+        (histogram.empty() ? "" : " ") + std::to_string(gamma) + ":" + std::to_string(steps);
+  }
+  if (run.method == SpeculativeMethod::kNone) {
+    std::fprintf(stream, "specrun: plain decoding, %lld target steps, target %.1f ms\n",
+                 static_cast<long long>(stats.steps), stats.target_ms);
+    return;
+  }
+  std::fprintf(stream,
+               "specrun: speculative (%s, %s controller): acceptance %.3f, %.2f tokens per "
+               "target step over %lld steps; gamma histogram (drafts:steps) %s\n",
+               method_name(run.method), controller_name(run.controller), stats.acceptance_rate(),
+               stats.mean_accepted_length(), static_cast<long long>(stats.steps),
+               histogram.c_str());
+  const double busy = stats.draft_ms + stats.target_ms;
+  std::fprintf(stream, "specrun: time split: draft %.1f ms (%.0f%%), target %.1f ms (%.0f%%)\n",
+               stats.draft_ms, busy > 0 ? 100.0 * stats.draft_ms / busy : 0.0, stats.target_ms,
+               busy > 0 ? 100.0 * stats.target_ms / busy : 0.0);
+}
+
+void write_stats_json(const std::filesystem::path& path, const SpeculativeStats& stats,
+                      const RunDescription& run) {
+  std::ofstream stream(path, std::ios::trunc);
+  stream << stats_to_json(stats, run).dump(2) << "\n";
+  stream.flush();
+  if (!stream) throw Error(path.string() + ": cannot write the stats");
+}
+
+}  // namespace specrun::tools
