@@ -324,5 +324,91 @@ TEST_F(CliTest, GenmodelWritesLoadableModel) {
   EXPECT_EQ(parse_ids(result.stdout_text).size(), 3u);
 }
 
+// ---- speculative decoding from the command line ------------------------------------------------
+
+// A layer-skip pair: a target whose deep layers change little, and its first layer as the draft.
+class CliSpeculativeTest : public CliTest {
+ protected:
+  void SetUp() override {
+    fixtures::GeneratorOptions options;
+    options.shallow_layers = 1;
+    options.deep_layer_scale = 0.3f;
+    fixtures::write_random_checkpoint(options, dir_ / "target");
+    fixtures::write_truncated_checkpoint(dir_ / "target", 1, dir_ / "draft");
+  }
+  CommandResult run(const std::string& arguments) {
+    return specrun(
+        dir_ / "target",
+        "--prompt-ids 1,17,200 --max-tokens 30 --ignore-eos --temperature 0 " + arguments);
+  }
+};
+
+TEST_F(CliSpeculativeTest, HelpDocumentsTheSpeculativeFlags) {
+  const CommandResult result = run_tool("specrun", "--help");
+  for (const char* flag : {"--draft", "--gamma", "--no-draft", "--stats-json", "--prompt ",
+                           "--config", "--method", "--controller"}) {
+    EXPECT_NE(result.stdout_text.find(flag), std::string::npos) << flag;
+  }
+}
+
+TEST_F(CliSpeculativeTest, SpeculativeOutputEqualsTargetAlone) {
+  const CommandResult alone = run("--no-draft --quiet");
+  ASSERT_EQ(alone.exit_code, 0) << alone.stderr_text;
+  EXPECT_EQ(parse_ids(alone.stdout_text).size(), 30u);
+  for (const std::string flags : {"--controller goodput", "--controller heuristic --gamma 6",
+                                  "--controller fixed --gamma 3", "--method prompt_lookup"}) {
+    const CommandResult speculative =
+        run("--draft " + quote((dir_ / "draft").string()) + " --quiet " + flags);
+    ASSERT_EQ(speculative.exit_code, 0) << flags << ": " << speculative.stderr_text;
+    EXPECT_EQ(speculative.stdout_text, alone.stdout_text) << flags;
+  }
+}
+
+TEST_F(CliSpeculativeTest, StatsOnStderrAndAsJson) {
+  const fs::path json_path = dir_ / "stats.json";
+  const CommandResult result =
+      run("--draft " + quote((dir_ / "draft").string()) +
+          " --controller fixed --gamma 4 --stats-json " + quote(json_path.string()));
+  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  for (const char* figure : {"time to first token", "inter-token latency", "tokens/s", "acceptance",
+                             "gamma histogram", "draft", "target"}) {
+    EXPECT_NE(result.stderr_text.find(figure), std::string::npos) << figure;
+  }
+  const nlohmann::json stats = nlohmann::json::parse(testing::read_file(json_path));
+  for (const char* key : {"tokens_generated", "ttft_ms", "itl_ms_mean", "itl_ms_p50", "itl_ms_p99",
+                          "tokens_per_second", "acceptance_rate", "mean_accepted_length",
+                          "gamma_histogram", "draft_ms", "target_ms"}) {
+    EXPECT_TRUE(stats.contains(key)) << key;
+  }
+  EXPECT_EQ(stats["tokens_generated"], 30);
+  EXPECT_EQ(stats["method"], "draft");
+  int64_t steps = 0;
+  for (const auto& [gamma, count] : stats["gamma_histogram"].items()) {
+    EXPECT_LE(std::stoi(gamma), 4);
+    steps += count.get<int64_t>();
+  }
+  EXPECT_EQ(steps, stats["steps"].get<int64_t>());
+}
+
+TEST_F(CliSpeculativeTest, BadSpeculativeInputIsOneLine) {
+  fixtures::GeneratorOptions other;
+  other.vocab_size = 300;
+  fixtures::write_random_checkpoint(other, dir_ / "other");
+  expect_one_error_line(run("--draft " + quote((dir_ / "other").string())),
+                        {{"vocab_size"}, {"draft"}});
+  expect_one_error_line(run("--draft " + quote((dir_ / "missing").string())), {{"missing"}});
+  expect_one_error_line(run("--draft " + quote((dir_ / "draft").string()) + " --gamma 100"),
+                        {{"gamma"}});
+  expect_one_error_line(run("--gamma -1"), {{"gamma"}});
+  expect_one_error_line(specrun(dir_ / "target", "--prompt hello"),
+                        {{"tokenizer.json"}, {"--prompt-ids"}});
+  expect_one_error_line(specrun(dir_ / "target", "--prompt hello --prompt-ids 1"), {{"--prompt"}});
+  expect_one_error_line(run("--stats-json " + quote((dir_ / "no" / "such" / "x.json").string())),
+                        {{"x.json"}});
+  const CommandResult bad_method = run("--method medusa");
+  EXPECT_NE(bad_method.exit_code, 0);
+  EXPECT_TRUE(bad_method.stdout_text.empty());
+}
+
 }  // namespace
 }  // namespace specrun

@@ -248,5 +248,32 @@ TEST_F(Stories260kTest, SpeculativeWithDraftsCutFromItEqualsTargetGreedy) {
   }
 }
 
+// Text in, text out, from the command line: the prompt through the converted tokenizer.json, the
+// story streamed back, with and without a draft, from --prompt and from stdin.
+TEST_F(Stories260kTest, CommandLineStreamsTheStoryAsText) {
+  const std::string python = specrun::testing::reference_python();
+  for (const std::string dtype : {"f32", "bf16"}) {
+    const auto result = specrun::testing::run_command(
+        "'" + python + "' '" + specrun::testing::source_path("tools/convert_llama2c.py").string() +
+        "' '" + checkpoint_path().string() + "' '" + (dir_ / ("text-" + dtype)).string() +
+        "' --tokenizer '" + tokenizer_path().string() + "' --dtype " + dtype);
+    ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  }
+  const std::string specrun = "'" + specrun::testing::tool_path("specrun").string() +
+                              "' --threads 1 --max-tokens 40 --temperature 0 --target '" +
+                              (dir_ / "text-f32").string() + "'";
+  const std::string story = ", there was a little girl named Lily. She loved to play outside";
+  const auto plain = specrun::testing::run_command(specrun + " --prompt 'Once upon a time'");
+  ASSERT_EQ(plain.exit_code, 0) << plain.stderr_text;
+  EXPECT_EQ(plain.stdout_text.rfind(story, 0), 0u) << plain.stdout_text;
+  const auto speculative = specrun::testing::run_command(
+      specrun + " --prompt 'Once upon a time' --draft '" + (dir_ / "text-bf16").string() + "'");
+  ASSERT_EQ(speculative.exit_code, 0) << speculative.stderr_text;
+  EXPECT_EQ(speculative.stdout_text, plain.stdout_text);
+  EXPECT_NE(speculative.stderr_text.find("acceptance"), std::string::npos);
+  const auto from_stdin = specrun::testing::run_command("printf 'Once upon a time' | " + specrun);
+  EXPECT_EQ(from_stdin.stdout_text, plain.stdout_text);
+}
+
 }  // namespace
 }  // namespace specrun

@@ -48,7 +48,9 @@ CommandResult run_command(const std::string& command_line) {
   TempDir capture;
   const std::string out = (capture / "stdout").string();
   const std::string err = (capture / "stderr").string();
-  const int status = std::system((command_line + " >" + out + " 2>" + err + " </dev/null").c_str());
+  // A subshell, so that a pipeline inside the command keeps its own stdin.
+  const int status =
+      std::system(("(" + command_line + ") >" + out + " 2>" + err + " </dev/null").c_str());
   CommandResult result;
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   result.stdout_text = read_file(out);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -85,6 +86,9 @@ int run(const Options& options) {
   std::vector<int32_t> prompt;
   if (options.prompt_ids) {
     prompt = specrun::tools::parse_token_ids(*options.prompt_ids, "--prompt-ids");
+  }
+  if (!options.stats_json.empty() && !std::ofstream(options.stats_json, std::ios::app)) {
+    throw specrun::Error("--stats-json: cannot write " + options.stats_json);
   }
   specrun::ModelOptions model_options;
   model_options.kv_cache_tokens = config.kv_cache_tokens;
