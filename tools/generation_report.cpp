@@ -26,6 +26,7 @@ nlohmann::json stats_to_json(const SpeculativeStats& stats, const RunDescription
           {"steps", stats.steps},
           {"drafted", stats.drafted},
           {"accepted", stats.accepted},
+          {"rejections", stats.rejections},
           {"total_ms", stats.total_ms},
           {"method", method_name(run.method)},
           {"controller", controller_name(run.controller)},

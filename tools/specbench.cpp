@@ -128,7 +128,8 @@ double forward_ms(specrun::Model& model, int64_t prefix, int64_t tokens, int rep
 
 struct RunSummary {
   double tokens_per_second = 0;
-  double acceptance = 0;
+  double acceptance = 0;            // accepted / drafted
+  double per_token_acceptance = 0;  // accepted / (accepted + rejections): Leviathan's alpha
   double mean_accepted_length = 0;
   std::map<int64_t, int64_t> gamma_histogram;
 };
@@ -142,7 +143,7 @@ RunSummary run_generation(specrun::Model& target, specrun::Model* draft,
   generation.stop_at_eos = false;
   specrun::SpeculativeGenerator generator(target, draft, generation, speculative);
   RunSummary summary;
-  int64_t generated = 0, drafted = 0, accepted = 0, steps = 0, committed = 0;
+  int64_t generated = 0, drafted = 0, accepted = 0, steps = 0, committed = 0, rejections = 0;
   double total_ms = 0;
   for (size_t p = 0; p < prompts.size(); ++p) {
     specrun::SpeculativeStats stats;
@@ -153,11 +154,16 @@ RunSummary run_generation(specrun::Model& target, specrun::Model* draft,
     accepted += stats.accepted;
     steps += stats.steps;
     committed += stats.committed_in_steps;
+    rejections += stats.rejections;
     for (const auto& [gamma, count] : stats.gamma_histogram)
       summary.gamma_histogram[gamma] += count;
   }
   summary.tokens_per_second = 1e3 * static_cast<double>(generated) / total_ms;
   summary.acceptance = drafted ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0;
+  summary.per_token_acceptance =
+      accepted + rejections
+          ? static_cast<double>(accepted) / static_cast<double>(accepted + rejections)
+          : 0;
   summary.mean_accepted_length =
       steps ? static_cast<double>(committed) / static_cast<double>(steps) : 0;
   return summary;
@@ -234,10 +240,11 @@ nlohmann::json speculative_bench(const std::string& label, const std::string& ta
         run_generation(*target, draft.get(), prompts, tokens, temperature, speculative);
     const double speedup = run.tokens_per_second / baseline.tokens_per_second;
     // Leviathan et al.: E(gamma) = (1 - alpha^(gamma + 1)) / (1 - alpha) tokens per step, each
-    // step costing gamma draft steps and one verification of gamma + 1 tokens.
+    // step costing gamma draft steps and one verification of gamma + 1 tokens; alpha is the
+    // per-token acceptance (drafts behind a rejection were never judged).
     double predicted = NAN;
     if (gamma > 0) {
-      const double alpha = std::min(run.acceptance, 0.999999);
+      const double alpha = std::min(run.per_token_acceptance, 0.999999);
       const double expected =
           (1.0 - std::pow(alpha, static_cast<double>(gamma + 1))) / (1.0 - alpha);
       predicted = expected * decode /
@@ -311,7 +318,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "Also write the results as JSON to this file");
   bool speculative = false;
   std::string target_path, draft_path;
-  int64_t spec_tokens = 64, spec_prompts = 4;
+  int64_t spec_tokens = 256, spec_prompts = 3;
   float spec_temperature = 1.0f;
   app.add_flag("--speculative", speculative,
                "Speculative against target-only decoding: measured costs, speedups, and the "
@@ -333,8 +340,8 @@ int main(int argc, char** argv) {
       auto pool = std::make_shared<specrun::kernels::cpu::ThreadPool>(threads);
       specrun::kernels::cpu::CpuBackend backend(pool);
       std::printf(
-          "machine: %d threads; greedy decoding; speedup = speculative tokens/s over "
-          "target-only tokens/s in this run\n",
+          "machine: %d threads; speedup = speculative tokens/s over target-only tokens/s "
+          "on the same prompts in this run (prefills included)\n",
           pool->num_threads());
       nlohmann::json results = nlohmann::json::array();
       if (!target_path.empty() || !draft_path.empty()) {

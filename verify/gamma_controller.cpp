@@ -87,6 +87,7 @@ GoodputController::GoodputController(const GammaLimits& limits, const Tuning& tu
     : limits_(limits),
       tuning_(tuning),
       current_(limits.initial),
+      interval_(tuning.probe_interval),
       alpha_(static_cast<size_t>(limits.max) + 1, tuning.prior_acceptance),
       alpha_seen_(static_cast<size_t>(limits.max) + 1, false),
       verify_ms_(static_cast<size_t>(limits.max) + 1, -1.0),
@@ -181,6 +182,15 @@ void GoodputController::observe(const StepObservation& step) {
     verify_updated_[static_cast<size_t>(step.gamma)] = steps_;
   }
   choose();
+  if (probing_) {
+    // A probe that changed nothing earns a longer wait before the next; one that moved the
+    // choice starts the schedule over.
+    interval_ = current_ == chosen_before_probe_
+                    ? std::min(2 * interval_, tuning_.max_probe_interval)
+                    : tuning_.probe_interval;
+    next_probe_ = steps_ + interval_;
+    probing_ = false;
+  }
 }
 
 void GoodputController::choose() {
@@ -199,23 +209,27 @@ void GoodputController::choose() {
 }
 
 int64_t GoodputController::next_gamma() {
-  // Probe every probe_interval steps: a neighbour of the current choice, so the cost line and the
-  // acceptance of the next position stay measured. Early steps probe more often, to get a second
-  // cost point (and the plain-decoding cost) quickly.
-  const int64_t interval = steps_ < 8 ? 3 : tuning_.probe_interval;
-  if (steps_ > 0 && steps_ % interval == 0) {
-    const int64_t step_index = steps_ / interval;
-    int64_t probe;
-    if (current_ == 0) {
-      probe = 1;  // the cheapest step that measures acceptance
-    } else if (verify_ms_[0] < 0 && limits_.min == 0) {
-      probe = 0;  // plain decoding's cost is the baseline speculation must beat
-    } else {
-      probe = step_index % 2 ? current_ + 1 : current_ - 1;
-    }
-    return std::clamp(probe, limits_.min, limits_.max);
+  // Early steps probe every third step, to get a second cost point (and the plain-decoding cost)
+  // quickly; later ones follow the backed-off schedule. A probe tries a neighbour of the current
+  // choice, so the cost line and the acceptance of the next position stay measured.
+  const bool early = steps_ < 8;
+  if (steps_ == 0 || (early ? steps_ % 3 != 0 : steps_ < next_probe_)) return current_;
+  int64_t probe;
+  if (current_ == 0) {
+    probe = 1;  // the cheapest step that measures acceptance
+  } else if (verify_ms_[0] < 0 && limits_.min == 0) {
+    probe = 0;  // plain decoding's cost is the baseline speculation must beat
+  } else {
+    probe = (steps_ / std::max<int64_t>(interval_, 3)) % 2 ? current_ + 1 : current_ - 1;
   }
-  return current_;
+  probe = std::clamp(probe, limits_.min, limits_.max);
+  if (early) return probe;
+  probing_ = true;
+  chosen_before_probe_ = current_;
+  if (probe == current_) {  // no neighbour to try: count it as a probe that changed nothing
+    return current_;
+  }
+  return probe;
 }
 
 }  // namespace specrun

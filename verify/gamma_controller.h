@@ -52,16 +52,21 @@ std::unique_ptr<GammaController> make_gamma_controller(ControllerKind kind,
 // step did not reach drift toward the deepest one it measured, so estimates from another regime go
 // stale gracefully. Expected tokens per step E(g) = 1 + sum_{k=1..g} prod_{j<=k} alpha_j; the
 // controller picks the g maximising E(g) / (g * t_draft + t_verify(g)), switching only when the
-// gain beats the current choice by the hysteresis margin. Every `probe_interval` steps it tries a
+// gain beats the current choice by the hysteresis margin. Every `probe_interval` steps (backing off
+// while probes change nothing) it tries a
 // neighbouring gamma (gamma 1 when at 0, the cheapest step that measures acceptance) to keep
 // untried choices measured, so it leaves plain decoding again when speculation starts to pay, at a
 // cost of a few percent when it does not.
 class GoodputController : public GammaController {
  public:
   struct Tuning {
-    double ema = 0.2;               // weight of a new observation in every moving average
-    double hysteresis = 0.05;       // switch only for a predicted gain above 5%
-    int64_t probe_interval = 32;    // steps between probes of a neighbouring gamma
+    double ema = 0.2;             // weight of a new observation in every moving average
+    double hysteresis = 0.05;     // switch only for a predicted gain above 5%
+    int64_t probe_interval = 32;  // steps between probes of a neighbouring gamma, at first
+    // The interval doubles up to this while probes change nothing: a probe from gamma 0 also makes
+    // the draft catch up on every token since its last step, so it must stay rare when
+    // speculation does not pay.
+    int64_t max_probe_interval = 512;
     double prior_acceptance = 0.6;  // alpha_j before position j was ever observed
   };
 
@@ -85,6 +90,10 @@ class GoodputController : public GammaController {
   Tuning tuning_;
   int64_t current_;                      // the gamma chosen for ordinary steps
   int64_t steps_ = 0;                    // observations so far
+  int64_t interval_;                     // steps between probes now
+  int64_t next_probe_ = 0;               // the step of the next probe
+  bool probing_ = false;                 // the last gamma handed out was a probe
+  int64_t chosen_before_probe_ = 0;      // the choice the probe tested against
   std::vector<double> alpha_;            // [max + 1]: alpha_j at index j
   std::vector<bool> alpha_seen_;         // [max + 1]
   double draft_ms_per_token_ = -1;       // EMA; negative until measured

@@ -205,6 +205,7 @@ GenerationResult SpeculativeGenerator::generate(std::span<const int32_t> prompt,
     stats.steps += 1;
     stats.drafted += drafted;
     stats.accepted += accepted;
+    stats.rejections += accepted < drafted ? 1 : 0;
     stats.committed_in_steps += accepted + 1;
     stats.gamma_histogram[drafted] += 1;
     stats.draft_ms += draft_ms;

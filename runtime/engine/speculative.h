@@ -48,6 +48,7 @@ struct SpeculativeStats {
   int64_t steps = 0;                           // target forwards after the prefill
   int64_t drafted = 0;                         // drafts verified
   int64_t accepted = 0;                        // drafts accepted
+  int64_t rejections = 0;                      // steps that rejected a draft (accepted < drafted)
   int64_t committed_in_steps = 0;              // tokens committed by the steps (accepted + 1 each)
   std::map<int64_t, int64_t> gamma_histogram;  // drafts per step -> steps
   double draft_ms = 0.0;                       // time proposing

@@ -49,9 +49,23 @@ void process_logits(const SamplingParams& params, std::span<const float> logits,
     probs[static_cast<size_t>(argmax(logits))] = 1.0f;
     return;
   }
-  // Softmax of logits / temperature in double: the filters compare and accumulate these masses.
   const double inverse_temperature = 1.0 / static_cast<double>(params.temperature);
   const float max_logit = *std::max_element(logits.begin(), logits.end());
+  if (params.top_k == 0 && params.top_p >= 1.0f && params.min_p == 0.0f) {
+    // No filter: a plain softmax, written straight into probs (the common case, once per drafted
+    // and verified token, so no vocabulary-sized scratch is allocated).
+    double total = 0.0;
+    for (size_t i = 0; i < vocab; ++i) {
+      const double weight =
+          std::exp((static_cast<double>(logits[i]) - max_logit) * inverse_temperature);
+      probs[i] = static_cast<float>(weight);
+      total += weight;
+    }
+    const float scale = static_cast<float>(1.0 / total);
+    for (float& p : probs) p *= scale;
+    return;
+  }
+  // Softmax of logits / temperature in double: the filters compare and accumulate these masses.
   std::vector<double> weights(vocab);
   for (size_t i = 0; i < vocab; ++i) {
     weights[i] = std::exp((static_cast<double>(logits[i]) - max_logit) * inverse_temperature);
