@@ -354,9 +354,9 @@ int main(int argc, char** argv) {
         const std::filesystem::path directory = std::filesystem::temp_directory_path() /
                                                 ("specbench-spec-" + std::to_string(::getpid()));
         std::fprintf(stderr, "specbench: generating layer-skip pairs in %s\n", directory.c_str());
-        write_layer_skip_pair(directory / "small", 2048, 128, 344, 4, 4, 2, 1, 0.3f);
+        write_layer_skip_pair(directory / "small", 512, 128, 344, 8, 4, 2, 1, 0.3f);
         write_layer_skip_pair(directory / "large", 8192, 768, 2048, 12, 12, 4, 2, 0.3f);
-        results.push_back(speculative_bench("small target (4 x 128 wide)",
+        results.push_back(speculative_bench("small target (8 x 128 wide)",
                                             (directory / "small" / "target").string(),
                                             (directory / "small" / "draft").string(), backend,
                                             spec_tokens, spec_prompts, spec_temperature));
