@@ -307,6 +307,9 @@ TEST_F(SpeculativeTest, StatsAddUp) {
   EXPECT_DOUBLE_EQ(stats.acceptance_rate(), 1.0);
   EXPECT_GT(stats.mean_accepted_length(), 1.0);
   EXPECT_LE(stats.ttft_ms, stats.total_ms);
+  const GenerationResult again = generator.generate(prompts()[1], {}, &stats);
+  EXPECT_DOUBLE_EQ(again.prefill_ms, stats.ttft_ms);
+  EXPECT_NEAR(again.prefill_ms + again.decode_ms, stats.total_ms, 1e-9);
   const auto latency = stats.inter_token_latency();
   EXPECT_LE(latency.p50, latency.p99);
 }

@@ -146,6 +146,9 @@ GenerationResult SpeculativeGenerator::generate(std::span<const int32_t> prompt,
   auto finish = [&] {
     stats.total_ms = milliseconds(start, Clock::now());
     stats.tokens_generated = static_cast<int64_t>(result.tokens.size());
+    // As the plain loop reports them: up to the first token, and after it.
+    result.prefill_ms = stats.ttft_ms;
+    result.decode_ms = stats.token_ms.empty() ? 0.0 : stats.total_ms - stats.ttft_ms;
     if (stats_out != nullptr) *stats_out = stats;
     return result;
   };
