@@ -290,6 +290,7 @@ TEST_F(ModelTest, ReportsShapeAndLimits) {
   // embed + lm_head + per layer (q, k, v, o, gate, up, down, 2 norms) + final norm
   const int64_t per_layer = 96 * 96 + 2 * 32 * 96 + 96 * 96 + 3 * 200 * 96 + 2 * 96;
   EXPECT_EQ(model->parameter_count(), 2 * 300 * 96 + 3 * per_layer + 96);
+  EXPECT_EQ(model->weight_bytes(), 2u * (2 * 300 * 96 + 3 * per_layer + 96));  // bf16
 }
 
 }  // namespace

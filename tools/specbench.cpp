@@ -391,11 +391,7 @@ int main(int argc, char** argv) {
     const auto model = specrun::Model::load(model_path, backend, model_options);
     const specrun::ModelConfig& config = model->config();
 
-    // Weight bytes a decode step reads: every tensor once (a tied table counted once).
-    uint64_t weight_bytes = 0;
-    for (const auto* info : specrun::open_checkpoint(model_path).tensors.all()) {
-      weight_bytes += info->size_bytes();
-    }
+    const uint64_t weight_bytes = model->weight_bytes();
 
     specrun::Rng rng(7);
     std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));

@@ -6,7 +6,7 @@
 namespace specrun::kernels::cpu {
 
 // out = x @ weight^T + bias. Threads split the output features; every element is one
-// dot_rows reduction, so the result is bitwise independent of rows and thread count.
+// dot_block reduction, so the result is bitwise independent of rows and thread count.
 Status matmul(const MatmulParams& params,
               const float* x,      // [rows, in_features]
               const void* weight,  // [out_features, in_features] weight_dtype

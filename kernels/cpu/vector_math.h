@@ -77,9 +77,9 @@ inline void load_full_lanes(const void* row, int64_t offset, float (&out)[kLanes
 
 // results[r][f] = dot(x[r], weight_rows[f]) for kRows activation rows against kFeatures weight
 // rows: every weight vector loaded once feeds kRows products, every activation vector kFeatures.
-// Each result accumulates its lanes in exactly the order dot_rows uses, so blocking changes no bit.
-// With AVX-512 the block is written with intrinsics (one 16-lane register per accumulator): the
-// compiler's vectorisation of the portable loop keeps the widened weights in memory.
+// Each result accumulates its lanes in one fixed order (the portable path's), so blocking changes
+// no bit. With AVX-512 the block is written with intrinsics (one 16-lane register per accumulator):
+// the compiler's vectorisation of the portable loop keeps the widened weights in memory.
 template <DType kDType, int kRows, int kFeatures>
 inline void dot_block(const float* const (&x)[kRows], const void* const (&weight_rows)[kFeatures],
                       int64_t n, float (&results)[kRows][kFeatures]) {

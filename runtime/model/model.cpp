@@ -76,6 +76,18 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
     throw Error("KV block size must be at most " + std::to_string(kMaxKvTokens) + ", got " +
                 std::to_string(options.kv_block_size));
   }
+  auto count = [&](const WeightView& view) { weight_bytes_ += view.size_bytes; };
+  count(weights_.embedding);
+  for (const LayerWeights& l : weights_.layers) {
+    for (const WeightView* view :
+         {&l.attention_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_bias, &l.k_bias,
+          &l.v_bias, &l.o_bias, &l.mlp_norm, &l.gate_proj, &l.up_proj, &l.down_proj, &l.gate_bias,
+          &l.up_bias, &l.down_bias}) {
+      count(*view);
+    }
+  }
+  count(weights_.final_norm);
+  if (weights_.output.data != weights_.embedding.data) count(weights_.output);
   place_weights();
 
   const std::vector<float> inv_freq = rope_inverse_frequencies(config);

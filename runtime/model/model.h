@@ -68,6 +68,9 @@ class Model {
   int64_t context_limit() const;
   // Parameters, for reports.
   int64_t parameter_count() const { return parameter_count_; }
+  // Bytes of weights one forward reads (each bound tensor once, a tied table once): a decode
+  // step's floor is this over the memory bandwidth.
+  uint64_t weight_bytes() const { return weight_bytes_; }
 
   // Appends each sequence's tokens to the KV cache and computes logits. Batch-invariant: a
   // sequence's logits are bitwise the same whatever else shares the call. On error (unknown
@@ -91,6 +94,7 @@ class Model {
   std::unique_ptr<KvCache> kv_cache_;
   std::unique_ptr<Workspace> workspace_;
   int64_t parameter_count_ = 0;
+  uint64_t weight_bytes_ = 0;
 };
 
 }  // namespace specrun
