@@ -94,17 +94,19 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
       const int64_t b = active[row];
       const DraftRequest& request = requests[static_cast<size_t>(b)];
       const std::span<const float> row_logits = logits.last(static_cast<int64_t>(row));
-      if (draft_p_min_ > 0.0f) {
+      const float p_min = request.draft_p_min >= 0.0f ? request.draft_p_min : draft_p_min_;
+      if (p_min > 0.0f) {
         // The draft model's own confidence: its unprocessed top probability.
         const float top = *std::max_element(row_logits.begin(), row_logits.end());
         double total = 0.0;
         for (const float logit : row_logits) total += std::exp(static_cast<double>(logit - top));
-        if (1.0 / total < draft_p_min_) continue;  // stop this row without drafting
+        if (1.0 / total < p_min) continue;  // stop this row without drafting
       }
       float* q = proposals.probs.data() + (b * proposals.gamma + round) * vocab;
-      process_logits(sampling_, row_logits, std::span<float>(q, static_cast<size_t>(vocab)));
+      const SamplingParams& sampling = request.sampling ? *request.sampling : sampling_;
+      process_logits(sampling, row_logits, std::span<float>(q, static_cast<size_t>(vocab)));
       const int32_t token =
-          sampling_.temperature == 0.0f
+          sampling.temperature == 0.0f
               ? argmax(row_logits)
               : sample_from(std::span<const float>(q, static_cast<size_t>(vocab)), *request.rng);
       proposals.tokens[static_cast<size_t>(b * proposals.gamma + round)] = token;

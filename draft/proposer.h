@@ -18,6 +18,9 @@ struct DraftRequest {
   std::span<const int32_t> committed;  // every committed token, prompt included
   int64_t gamma;                       // drafts wanted; 0 for none
   Rng* rng;                            // the sequence's draft generator
+  // The sequence's own sampling settings; null: the proposer's. Lets one batch mix requests.
+  const SamplingParams* sampling = nullptr;
+  float draft_p_min = -1.0f;  // the sequence's own confidence floor; negative: the proposer's
 };
 
 class Proposer {
@@ -32,7 +35,8 @@ class Proposer {
 };
 
 // Runs a small model gamma steps per sequence on its own KV cache, sampling each draft from the
-// processed distribution q (the same settings as the target's), batched across sequences.
+// processed distribution q (the same settings as the target's for that sequence), batched across
+// sequences.
 // Drafting stops early for a row when the draft model's own top probability (its unprocessed
 // softmax) falls below `draft_p_min`: a draft it does not believe in is rarely accepted.
 class ModelProposer : public Proposer {

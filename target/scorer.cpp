@@ -22,10 +22,13 @@ Scores Scorer::score(std::span<const ScoreRequest> requests) {
   scores.vocab = logits_.vocab_size;
   scores.row_begin = logits_.row_begin;
   scores.probs.resize(logits_.values.size());
-  for (int64_t r = 0; r < logits_.rows(); ++r) {
-    process_logits(sampling_, logits_.row(r),
-                   std::span<float>(scores.probs.data() + r * scores.vocab,
-                                    static_cast<size_t>(scores.vocab)));
+  for (size_t b = 0; b < requests.size(); ++b) {
+    const SamplingParams& sampling = requests[b].sampling ? *requests[b].sampling : sampling_;
+    for (int64_t r = logits_.row_begin[b]; r < logits_.row_begin[b + 1]; ++r) {
+      process_logits(sampling, logits_.row(r),
+                     std::span<float>(scores.probs.data() + r * scores.vocab,
+                                      static_cast<size_t>(scores.vocab)));
+    }
   }
   return scores;
 }

@@ -14,6 +14,8 @@ struct ScoreRequest {
   SequenceId sequence;  // the target's KV sequence; holds every committed token but the last
   int32_t pending;      // the last committed token, not yet fed
   std::span<const int32_t> drafts;  // d_1..d_n
+  // The sequence's own sampling settings; null: the scorer's. Lets one batch mix requests.
+  const SamplingParams* sampling = nullptr;
 };
 
 class Scorer {

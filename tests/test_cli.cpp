@@ -296,13 +296,19 @@ TEST_F(CliTest, BadLogLevel) {
                         {{"--log-level"}, {"'bogus'"}});
 }
 
-TEST_F(CliTest, MissingTarget) {
-  // CLI11 reports it in its own words; failing is what matters.
-  const CommandResult result = run_tool("specrun", "--max-tokens 4");
-  EXPECT_NE(result.exit_code, 0);
-  EXPECT_NE(result.exit_code, -1);
-  EXPECT_EQ(result.stdout_text, "");
-  EXPECT_NE(result.stderr_text.find("--target"), std::string::npos) << result.stderr_text;
+TEST_F(CliTest, DraftWithoutTarget) {
+  expect_one_error_line(
+      run_tool("specrun", "--max-tokens 4 --draft " + quote(good_model().string())),
+      {{"--draft needs --target"}});
+}
+
+TEST_F(CliTest, NoTargetAndNoBundledPair) {
+  const fs::path empty = dir_ / "no-models";
+  fs::create_directories(empty);
+  expect_one_error_line(testing::run_command("SPECRUN_MODELS_DIR=" + quote(empty.string()) + " " +
+                                             quote(testing::tool_path("specrun").string()) +
+                                             " --max-tokens 4 </dev/null"),
+                        {{"no --target"}, {"pycode-target"}, {empty.string()}});
 }
 
 TEST_F(CliTest, GenmodelBadDtype) {
@@ -388,6 +394,30 @@ TEST_F(CliSpeculativeTest, StatsOnStderrAndAsJson) {
     steps += count.get<int64_t>();
   }
   EXPECT_EQ(steps, stats["steps"].get<int64_t>());
+}
+
+TEST_F(CliSpeculativeTest, CompareRerunsOnTheTargetAloneAndReportsTheSpeedup) {
+  const fs::path json_path = dir_ / "stats.json";
+  const CommandResult result = run("--draft " + quote((dir_ / "draft").string()) +
+                                   " --compare --stats-json " + quote(json_path.string()));
+  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_EQ(parse_ids(result.stdout_text).size(), 30u);  // the text is shown once
+  EXPECT_NE(result.stderr_text.find("the target alone on the same request"), std::string::npos)
+      << result.stderr_text;
+  EXPECT_NE(result.stderr_text.find("(same output)"), std::string::npos) << result.stderr_text;
+  const nlohmann::json stats = nlohmann::json::parse(testing::read_file(json_path));
+  EXPECT_GT(stats["baseline_tokens_per_second"].get<double>(), 0.0);
+  EXPECT_NEAR(
+      stats["speedup"].get<double>(),
+      stats["tokens_per_second"].get<double>() / stats["baseline_tokens_per_second"].get<double>(),
+      1e-9);
+  EXPECT_EQ(stats["baseline_same_output"], true);  // greedy: the target's own tokens
+
+  // Without speculation there is nothing to compare.
+  const CommandResult plain = run("--no-draft --compare --stats-json " + quote(json_path.string()));
+  ASSERT_EQ(plain.exit_code, 0) << plain.stderr_text;
+  EXPECT_EQ(plain.stderr_text.find("the target alone"), std::string::npos) << plain.stderr_text;
+  EXPECT_FALSE(nlohmann::json::parse(testing::read_file(json_path)).contains("speedup"));
 }
 
 TEST_F(CliSpeculativeTest, BadSpeculativeInputIsOneLine) {

@@ -2,6 +2,9 @@
 // file is one error naming the file, the line and the key; flags override the file.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+
 #include "kernels/core/check.h"
 #include "runtime/engine/run_config.h"
 #include "tests/test_support.h"
@@ -38,6 +41,9 @@ TEST(RunConfig, DefaultFileDocumentsTheBuiltInDefaults) {
   EXPECT_EQ(loaded.kv_cache_tokens, built_in.kv_cache_tokens);
   EXPECT_EQ(loaded.kv_block_size, built_in.kv_block_size);
   EXPECT_EQ(loaded.device, built_in.device);
+  EXPECT_EQ(loaded.max_batch, built_in.max_batch);
+  EXPECT_EQ(loaded.target, built_in.target);
+  EXPECT_EQ(loaded.draft, built_in.draft);
   EXPECT_EQ(loaded.speculative.method, built_in.speculative.method);
   EXPECT_EQ(loaded.speculative.gamma.initial, built_in.speculative.gamma.initial);
   EXPECT_EQ(loaded.speculative.gamma.min, built_in.speculative.gamma.min);
@@ -133,6 +139,70 @@ TEST(RunConfig, RejectsBadSpeculativeSettings) {
                       {":2:", "[speculative]", "gamma_min <= gamma <= gamma_max"});
   expect_config_error("[speculative]\nlookup_min_ngram = 3\nlookup_max_ngram = 2\n",
                       {"[speculative]", "n-gram"});
+}
+
+TEST(RunConfig, ReadsTheModelTableRelativeToTheFile) {
+  testing::TempDir dir;
+  std::filesystem::create_directories(dir / "configs");
+  testing::write_file(dir / "configs" / "c.toml",
+                      "[model]\ntarget = \"../models/target\"\ndraft = \"/abs/draft\"\n"
+                      "[runtime]\nmax_batch = 8\n");
+  const RunConfig config = load_run_config(dir / "configs" / "c.toml");
+  // Relative to the file's directory, whatever the working directory is.
+  EXPECT_EQ(config.target, (dir / "models" / "target").string());
+  EXPECT_EQ(config.draft, "/abs/draft");
+  EXPECT_EQ(config.max_batch, 8);
+
+  testing::write_file(dir / "none.toml", "[model]\ntarget = \"t\"\ndraft = \"\"\n");
+  const RunConfig no_draft = load_run_config(dir / "none.toml");
+  EXPECT_EQ(no_draft.target, (dir / "t").string());
+  EXPECT_EQ(no_draft.draft, "");  // "" names no draft and stays so
+}
+
+TEST(RunConfig, RejectsBadModelAndBatchKeys) {
+  expect_config_error("[model]\ntarget = 3\n", {":2:", "key 'model.target'", "must be a string"});
+  expect_config_error("[model]\ntarget = \"t\"\ndraft = [\"d\"]\n",
+                      {":3:", "key 'model.draft'", "must be a string"});
+  expect_config_error("[model]\ntokenizer = \"t\"\n",
+                      {":2:", "key 'model.tokenizer'", "is not a known key"});
+  expect_config_error("model = \"t\"\n", {":1:", "'model' must be a table"});
+  expect_config_error("[models]\ntarget = \"t\"\n",
+                      {":1:", "'models' is not a known table", "model, speculative"});
+  expect_config_error("[runtime]\nmax_batch = 0\n",
+                      {":2:", "key 'runtime.max_batch'", "must be in [1, 4096], got 0"});
+  expect_config_error("[runtime]\nmax_batch = \"many\"\n",
+                      {":2:", "key 'runtime.max_batch'", "must be an integer"});
+  expect_config_error("[runtime]\nmax_batch = 5000\n", {"runtime.max_batch", "got 5000"});
+}
+
+TEST(RunConfig, ValidatesSettingsFromElsewhere) {
+  RunConfig config;
+  config.max_batch = 0;
+  testing::expect_error([&] { validate_run_config(config); }, {"max_batch", "got 0"});
+  config = RunConfig{};
+  config.threads = -2;
+  testing::expect_error([&] { validate_run_config(config); }, {"threads", "got -2"});
+}
+
+TEST(RunConfig, CommandLineTakesTheModelFromTheFile) {
+  testing::TempDir dir;
+  fixtures::GeneratorOptions model;
+  model.vocab_size = 64;
+  fixtures::write_random_checkpoint(model, dir / "model");
+  std::filesystem::create_directories(dir / "configs");
+  testing::write_file(dir / "configs" / "c.toml",
+                      "[model]\ntarget = \"../model\"\n[sampling]\nmax_tokens = 3\n");
+  const std::string command = testing::tool_path("specrun").string() + " --config " +
+                              (dir / "configs" / "c.toml").string() +
+                              " --prompt-ids 1,2 --ignore-eos --quiet";
+  // From another working directory: the path is the file's, not the caller's.
+  const testing::CommandResult ran = testing::run_command("cd / && " + command);
+  ASSERT_EQ(ran.exit_code, 0) << ran.stderr_text;
+  EXPECT_EQ(std::count(ran.stdout_text.begin(), ran.stdout_text.end(), ' '), 2) << ran.stdout_text;
+  const testing::CommandResult missing =
+      testing::run_command(command + " --target " + (dir / "absent").string());
+  EXPECT_NE(missing.exit_code, 0);  // the flag wins over the file
+  EXPECT_NE(missing.stderr_text.find("absent"), std::string::npos) << missing.stderr_text;
 }
 
 TEST(RunConfig, ReportsSyntaxErrorsWithTheirLine) {

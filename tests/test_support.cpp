@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -42,6 +43,34 @@ std::string read_file(const std::filesystem::path& path) {
 std::unique_ptr<kernels::cpu::CpuBackend> make_cpu_backend(int threads) {
   return std::make_unique<kernels::cpu::CpuBackend>(
       std::make_shared<kernels::cpu::ThreadPool>(threads));
+}
+
+void write_layer_skip_pair(const std::filesystem::path& directory) {
+  fixtures::GeneratorOptions options;
+  options.shallow_layers = 1;
+  options.deep_layer_scale = 0.3f;
+  fixtures::write_random_checkpoint(options, directory / "target");
+  fixtures::write_truncated_checkpoint(directory / "target", 1, directory / "draft");
+}
+
+std::string byte_tokenizer_json() {
+  std::string vocab = R"("<unk>": 0, "<s>": 1, "</s>": 2)";
+  for (int byte = 0; byte + 3 < 256; ++byte) {
+    char name[16];
+    std::snprintf(name, sizeof(name), "<0x%02X>", byte);
+    vocab += ", \"" + std::string(name) + "\": " + std::to_string(byte + 3);
+  }
+  return R"({"version": "1.0", "added_tokens": [)"
+         R"({"id": 1, "content": "<s>", "special": true, "normalized": false},)"
+         R"({"id": 2, "content": "</s>", "special": true, "normalized": false}],)"
+         R"("normalizer": null, "pre_tokenizer": null,)"
+         R"("post_processor": {"type": "TemplateProcessing",)"
+         R"("single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},)"
+         R"({"Sequence": {"id": "A", "type_id": 0}}], "pair": [],)"
+         R"("special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},)"
+         R"("decoder": {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]},)"
+         R"("model": {"type": "BPE", "vocab": {)" +
+         vocab + R"(}, "merges": [], "unk_token": "<unk>", "byte_fallback": true}})";
 }
 
 CommandResult run_command(const std::string& command_line) {

@@ -58,6 +58,17 @@ std::vector<double> reference_logits(const std::filesystem::path& model_dir,
                                      std::span<const int32_t> tokens, bool interleaved_rope,
                                      const std::filesystem::path& out);
 
+// A layer-skip pair of small untied models: `directory`/target, whose second layer changes the
+// logits little, and `directory`/draft, its first layer alone, so drafts are accepted often but
+// not always.
+void write_layer_skip_pair(const std::filesystem::path& directory);
+
+// A byte-level tokenizer.json for the generated models' 256-token vocabulary: <unk> 0, <s> 1
+// (BOS, added by encode), </s> 2 (EOS), then one byte-fallback token per byte value for ids
+// 3..255 (bytes 0x00..0xFC); bytes 0xFD..0xFF have no token. Any text encodes (as bytes), and
+// random ids decode to broken UTF-8 often, which streaming must hold back or repair.
+std::string byte_tokenizer_json();
+
 // Asserts that `body` throws specrun::Error with a one-line message holding every fragment.
 void expect_error(const std::function<void()>& body, std::initializer_list<std::string> fragments);
 

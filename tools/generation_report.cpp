@@ -5,47 +5,67 @@
 #include "kernels/core/check.h"
 
 namespace specrun::tools {
+namespace {
 
-nlohmann::json stats_to_json(const SpeculativeStats& stats, const RunDescription& run) {
-  const SpeculativeStats::Latency latency = stats.inter_token_latency();
-  nlohmann::json histogram = nlohmann::json::object();
-  for (const auto& [gamma, steps] : stats.gamma_histogram) histogram[std::to_string(gamma)] = steps;
-  return {{"tokens_generated", stats.tokens_generated},
-          {"ttft_ms", stats.ttft_ms},
-          {"itl_ms_mean", latency.mean},
-          {"itl_ms_p50", latency.p50},
-          {"itl_ms_p99", latency.p99},
-          {"tokens_per_second", stats.tokens_per_second()},
-          {"acceptance_rate", stats.acceptance_rate()},
-          {"mean_accepted_length", stats.mean_accepted_length()},
-          {"gamma_histogram", histogram},
-          {"draft_ms", stats.draft_ms},
-          {"target_ms", stats.target_ms},
-          {"prompt_tokens", run.prompt_tokens},
-          {"stop_reason", stop_reason_name(run.stop_reason)},
-          {"steps", stats.steps},
-          {"drafted", stats.drafted},
-          {"accepted", stats.accepted},
-          {"rejections", stats.rejections},
-          {"total_ms", stats.total_ms},
-          {"method", method_name(run.method)},
-          {"controller", controller_name(run.controller)},
-          {"backend", run.backend},
-          {"threads", run.threads}};
+double speedup(const RequestStats& stats, const Baseline& baseline) {
+  return baseline.tokens_per_second > 0 ? stats.tokens_per_second / baseline.tokens_per_second
+                                        : 0.0;
 }
 
-void print_stats(std::FILE* stream, const SpeculativeStats& stats, const RunDescription& run) {
-  const SpeculativeStats::Latency latency = stats.inter_token_latency();
+void print_baseline(std::FILE* stream, const RequestStats& stats, const RunDescription& run) {
+  if (!run.baseline) return;
+  std::fprintf(stream,
+               "specrun: the target alone on the same request: %.1f tokens/s; speedup %.2fx%s\n",
+               run.baseline->tokens_per_second, speedup(stats, *run.baseline),
+               run.baseline->same_output ? " (same output)" : " (different output)");
+}
+
+}  // namespace
+
+nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& run) {
+  nlohmann::json histogram = nlohmann::json::object();
+  for (const auto& [gamma, steps] : stats.gamma_histogram) histogram[std::to_string(gamma)] = steps;
+  nlohmann::json json = {{"tokens_generated", stats.tokens_generated},
+                         {"ttft_ms", stats.ttft_ms},
+                         {"itl_ms_mean", stats.itl_ms_mean},
+                         {"itl_ms_p50", stats.itl_ms_p50},
+                         {"itl_ms_p99", stats.itl_ms_p99},
+                         {"tokens_per_second", stats.tokens_per_second},
+                         {"acceptance_rate", stats.acceptance_rate},
+                         {"mean_accepted_length", stats.mean_accepted_length},
+                         {"gamma_histogram", histogram},
+                         {"draft_ms", stats.draft_ms},
+                         {"target_ms", stats.target_ms},
+                         {"prompt_tokens", stats.prompt_tokens},
+                         {"stop_reason", stop_reason_name(run.stop_reason)},
+                         {"steps", stats.steps},
+                         {"drafted", stats.drafted},
+                         {"accepted", stats.accepted},
+                         {"rejections", stats.rejections},
+                         {"total_ms", stats.total_ms},
+                         {"method", method_name(run.method)},
+                         {"controller", controller_name(run.controller)},
+                         {"backend", run.backend},
+                         {"threads", run.threads}};
+  if (run.baseline) {
+    json["baseline_tokens_per_second"] = run.baseline->tokens_per_second;
+    json["speedup"] = speedup(stats, *run.baseline);
+    json["baseline_same_output"] = run.baseline->same_output;
+  }
+  return json;
+}
+
+void print_stats(std::FILE* stream, const RequestStats& stats, const RunDescription& run) {
   std::fprintf(stream,
                "specrun: %lld prompt tokens, %lld generated (stop: %s) in %.1f ms on %s with %d "
                "threads: %.1f tokens/s\n",
-               static_cast<long long>(run.prompt_tokens),
+               static_cast<long long>(stats.prompt_tokens),
                static_cast<long long>(stats.tokens_generated), stop_reason_name(run.stop_reason),
-               stats.total_ms, run.backend.c_str(), run.threads, stats.tokens_per_second());
+               stats.total_ms, run.backend.c_str(), run.threads, stats.tokens_per_second);
   std::fprintf(stream,
                "specrun: time to first token %.1f ms; inter-token latency mean %.2f ms, p50 "
                "%.2f ms, p99 %.2f ms\n",
-               stats.ttft_ms, latency.mean, latency.p50, latency.p99);
+               stats.ttft_ms, stats.itl_ms_mean, stats.itl_ms_p50, stats.itl_ms_p99);
   std::string histogram;
   for (const auto& [gamma, steps] : stats.gamma_histogram) {
     histogram +=
@@ -59,16 +79,16 @@ void print_stats(std::FILE* stream, const SpeculativeStats& stats, const RunDesc
   std::fprintf(stream,
                "specrun: speculative (%s, %s controller): acceptance %.3f, %.2f tokens per "
                "target step over %lld steps; gamma histogram (drafts:steps) %s\n",
-               method_name(run.method), controller_name(run.controller), stats.acceptance_rate(),
-               stats.mean_accepted_length(), static_cast<long long>(stats.steps),
-               histogram.c_str());
+               method_name(run.method), controller_name(run.controller), stats.acceptance_rate,
+               stats.mean_accepted_length, static_cast<long long>(stats.steps), histogram.c_str());
   const double busy = stats.draft_ms + stats.target_ms;
   std::fprintf(stream, "specrun: time split: draft %.1f ms (%.0f%%), target %.1f ms (%.0f%%)\n",
                stats.draft_ms, busy > 0 ? 100.0 * stats.draft_ms / busy : 0.0, stats.target_ms,
                busy > 0 ? 100.0 * stats.target_ms / busy : 0.0);
+  print_baseline(stream, stats, run);
 }
 
-void write_stats_json(const std::filesystem::path& path, const SpeculativeStats& stats,
+void write_stats_json(const std::filesystem::path& path, const RequestStats& stats,
                       const RunDescription& run) {
   std::ofstream stream(path, std::ios::trunc);
   stream << stats_to_json(stats, run).dump(2) << "\n";

@@ -4,34 +4,44 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/engine/generate.h"
 #include "runtime/engine/speculative.h"
+#include "specrun/specrun.hpp"
 
 namespace specrun::tools {
+
+// The same request run again on the target alone (`specrun --compare`).
+struct Baseline {
+  double tokens_per_second = 0.0;  // the target alone, prefill included as in the speculative run
+  bool same_output = false;        // whether it produced the speculative run's tokens
+};
 
 struct RunDescription {
   std::string backend;                                   // "cpu"
   int threads = 0;                                       // CPU threads
   SpeculativeMethod method = SpeculativeMethod::kNone;   // who proposed
   ControllerKind controller = ControllerKind::kGoodput;  // how gamma adapted
-  int64_t prompt_tokens = 0;                             // tokens prefilled
   StopReason stop_reason = StopReason::kMaxTokens;       // why generation ended
+  std::optional<Baseline> baseline;                      // the target-alone rerun, if any
 };
 
 // Keys: tokens_generated, ttft_ms, itl_ms_mean, itl_ms_p50, itl_ms_p99, tokens_per_second,
 // acceptance_rate, mean_accepted_length, gamma_histogram ({"gamma": steps}), draft_ms, target_ms,
 // and for context prompt_tokens, stop_reason, steps, drafted, accepted, method, controller,
-// backend, threads.
-nlohmann::json stats_to_json(const SpeculativeStats& stats, const RunDescription& run);
+// backend, threads; with a baseline also baseline_tokens_per_second, speedup and
+// baseline_same_output.
+nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& run);
 
 // Human-readable lines, each prefixed "specrun: ".
-void print_stats(std::FILE* stream, const SpeculativeStats& stats, const RunDescription& run);
+void print_stats(std::FILE* stream, const RequestStats& stats, const RunDescription& run);
 
 // Writes stats_to_json to `path`; throws Error naming the path when it cannot.
-void write_stats_json(const std::filesystem::path& path, const SpeculativeStats& stats,
+void write_stats_json(const std::filesystem::path& path, const RequestStats& stats,
                       const RunDescription& run);
 
 }  // namespace specrun::tools

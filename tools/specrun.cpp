@@ -1,6 +1,7 @@
-// specrun: generate from a checkpoint, speculatively when a draft is given. Generated text (or
-// token ids, for a checkpoint without tokenizer.json) goes to stdout as it is produced; logs and
-// the closing stats go to stderr.
+// specrun: generate from a checkpoint, speculatively when a draft is given, as the first user of
+// the public API (specrun/specrun.hpp): one engine, one request, its stream printed as it comes.
+// Generated text (or token ids, for a checkpoint without tokenizer.json) goes to stdout as it is
+// produced; logs and the closing stats go to stderr.
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,12 +17,11 @@
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
-#include "kernels/cpu/cpu_backend.h"
-#include "runtime/engine/pairing.h"
+#include "runtime/api/engine_config.h"
 #include "runtime/engine/run_config.h"
 #include "runtime/engine/speculative.h"
-#include "runtime/model/model.h"
-#include "runtime/text/tokenizer.h"
+#include "specrun/specrun.hpp"
+#include "tools/bundled_pair.h"
 #include "tools/cli_support.h"
 #include "tools/generation_report.h"
 #include "tools/text_commands.h"
@@ -36,6 +36,7 @@ struct Options {
   std::optional<std::string> prompt_ids;  // "1,2,3"; given but empty is an error
   std::optional<int64_t> gamma;           // --gamma N: the first (and with fixed, every) gamma
   bool no_draft = false;                  // plain decoding even with a draft
+  bool compare = false;                   // rerun on the target alone and report the speedup
   std::string stats_json;                 // --stats-json FILE
   std::string rope_style = "auto";        // auto, rotate-half, interleaved
   std::string log_level = "warn";         // spdlog level
@@ -46,11 +47,39 @@ struct Options {
   std::function<void(specrun::RunConfig&)> apply_flags;
 };
 
-// The settings of this run: defaults, then the config file, then the flags.
+// Without a target (flag or [model] target): the bundled pair (models/pycode-*), announced in
+// one line on stderr.
+void with_bundled_pair(specrun::RunConfig& config) {
+  if (!config.target.empty()) return;
+  if (!config.draft.empty()) throw specrun::Error("--draft needs --target");
+  const std::optional<specrun::tools::BundledPair> pair = specrun::tools::find_bundled_pair();
+  if (!pair) {
+    std::string searched;
+    for (const auto& folder : specrun::tools::bundled_model_folders()) {
+      searched += (searched.empty() ? "" : ", ") + folder.string();
+    }
+    throw specrun::Error(
+        "no --target given and the bundled pair (pycode-target, pycode-draft) "
+        "is not in " +
+        searched);
+  }
+  config.target = pair->target.string();
+  config.draft = pair->draft.string();
+  std::fprintf(stderr,
+               "specrun: no --target; using the bundled pair trained on Python's standard "
+               "library: target %s, draft %s\n",
+               config.target.c_str(), config.draft.c_str());
+}
+
+// The settings of this run: defaults, then the config file, then the flags; the models from the
+// flags, then the file's [model] table, then the bundled pair.
 specrun::RunConfig resolve_config(const Options& options) {
   specrun::RunConfig config;
   if (!options.config_path.empty()) config = specrun::load_run_config(options.config_path);
   options.apply_flags(config);
+  if (!options.target.empty()) config.target = options.target;
+  if (!options.draft.empty()) config.draft = options.draft;
+  with_bundled_pair(config);
   if (options.ignore_eos) config.generation.stop_at_eos = false;
   specrun::SpeculativeOptions& speculative = config.speculative;
   if (options.gamma) {
@@ -60,10 +89,13 @@ specrun::RunConfig resolve_config(const Options& options) {
     speculative.gamma.min = std::min(speculative.gamma.min, *options.gamma);
   }
   if (options.no_draft) speculative.method = specrun::SpeculativeMethod::kNone;
-  if (speculative.method == specrun::SpeculativeMethod::kDraftModel && options.draft.empty()) {
+  if (speculative.method == specrun::SpeculativeMethod::kDraftModel && config.draft.empty()) {
     spdlog::info("no --draft: plain decoding");
     speculative.method = specrun::SpeculativeMethod::kNone;
   }
+  // The draft is loaded (and checked against the target) only when it proposes.
+  if (speculative.method != specrun::SpeculativeMethod::kDraftModel) config.draft.clear();
+  config.max_batch = 1;  // one request at a time
   specrun::validate_run_config(config);
   return config;
 }
@@ -76,37 +108,42 @@ std::string read_stdin() {
   return text;
 }
 
+// Why generation ended, in the report's terms; a failed request is the run's error.
+specrun::StopReason stop_reason(const specrun::Result& result) {
+  switch (result.reason) {
+    case specrun::FinishReason::kEndOfSequence:
+      return specrun::StopReason::kEndOfSequence;
+    case specrun::FinishReason::kMaxTokens:
+      return specrun::StopReason::kMaxTokens;
+    case specrun::FinishReason::kContextLimit:
+      return specrun::StopReason::kContextLimit;
+    case specrun::FinishReason::kFailed:
+      throw specrun::Error(result.error);
+    case specrun::FinishReason::kCancelled:
+    case specrun::FinishReason::kShutdown:
+      break;
+  }
+  return specrun::StopReason::kStopped;
+}
+
 int run(const Options& options) {
-  if (options.target.empty()) throw specrun::Error("--target is required");
-  const specrun::RunConfig config = resolve_config(options);
   // Every argument is checked before the (possibly large) models are loaded.
+  const specrun::RunConfig config = resolve_config(options);
   if (options.prompt && options.prompt_ids) {
     throw specrun::Error("--prompt and --prompt-ids exclude each other");
   }
-  std::vector<int32_t> prompt;
+  specrun::Request request;
   if (options.prompt_ids) {
-    prompt = specrun::tools::parse_token_ids(*options.prompt_ids, "--prompt-ids");
+    request.prompt_ids = specrun::tools::parse_token_ids(*options.prompt_ids, "--prompt-ids");
   }
   if (!options.stats_json.empty() && !std::ofstream(options.stats_json, std::ios::app)) {
     throw specrun::Error("--stats-json: cannot write " + options.stats_json);
   }
-  specrun::ModelOptions model_options;
-  model_options.kv_cache_tokens = config.kv_cache_tokens;
-  model_options.kv_block_size = config.kv_block_size;
-  model_options.rope_style = specrun::tools::parse_rope_style(options.rope_style);
-
-  auto pool = std::make_shared<specrun::kernels::cpu::ThreadPool>(config.threads);
-  specrun::kernels::cpu::CpuBackend backend(pool);
-  const auto target = specrun::Model::load(options.target, backend, model_options);
-  std::unique_ptr<specrun::Model> draft;
-  if (config.speculative.method == specrun::SpeculativeMethod::kDraftModel) {
-    draft = specrun::Model::load(options.draft, backend, model_options);
-    specrun::check_pairing(*target, *draft);
-  }
-  std::unique_ptr<specrun::text::Tokenizer> tokenizer;
-  if (target->paths().tokenizer) {
-    tokenizer = specrun::text::Tokenizer::load(*target->paths().tokenizer);
-  }
+  specrun::tools::parse_rope_style(options.rope_style);
+  specrun::EngineConfig engine_config = specrun::to_engine_config(config);
+  engine_config.rope_style = options.rope_style;
+  const auto engine = specrun::Engine::create(engine_config);
+  const specrun::EngineInfo& info = engine->info();
 
   // The prompt: ids as given, or text from --prompt or stdin through the tokenizer (with its
   // BOS); with neither, the BOS token alone.
@@ -114,58 +151,54 @@ int run(const Options& options) {
     std::optional<std::string> text = options.prompt;
     if (!text && !::isatty(STDIN_FILENO)) text = read_stdin();
     if (text && !text->empty()) {
-      if (!tokenizer) {
-        throw specrun::Error(target->paths().directory.string() +
+      if (!info.has_tokenizer) {
+        throw specrun::Error(info.target +
                              " has no tokenizer.json: give the prompt as --prompt-ids");
       }
-      prompt = tokenizer->encode(*text, /*add_special_tokens=*/true);
-    }
-    if (prompt.empty()) {
-      if (target->config().bos_token_ids.empty()) {
+      request.prompt = *text;
+    } else {
+      if (info.bos_token_id < 0) {
         throw specrun::Error("no prompt was given and the model declares no bos_token_id");
       }
-      prompt = {target->config().bos_token_ids.front()};
-    }
-  }
-  for (const int32_t id : prompt) {
-    if (id < 0 || id >= target->config().vocab_size) {
-      throw specrun::Error("prompt token id " + std::to_string(id) +
-                           " is outside the model's vocabulary [0, " +
-                           std::to_string(target->config().vocab_size) + ")");
+      request.prompt_ids = {info.bos_token_id};
     }
   }
 
-  // Stream text as soon as it forms whole characters; ids when there is no tokenizer.
-  std::optional<specrun::text::StreamingDecoder> stream;
-  if (tokenizer) stream.emplace(*tokenizer, /*skip_special_tokens=*/true);
+  // Text as soon as it forms whole characters (the engine's events carry only those); token ids
+  // when there is no tokenizer. The callback runs on the engine's thread while this one waits.
   bool first = true;
-  const auto emit = [&](int32_t token) {
-    if (stream) {
-      const std::string piece = stream->step(token);
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
+  const auto print = [&](const specrun::Event& event) {
+    if (info.has_tokenizer) {
+      std::fwrite(event.text.data(), 1, event.text.size(), stdout);
     } else {
-      std::printf(first ? "%d" : " %d", token);
+      for (const int32_t token : event.tokens) {
+        std::printf(first ? "%d" : " %d", token);
+        first = false;
+      }
     }
     std::fflush(stdout);
-    first = false;
-    return true;
   };
-  specrun::SpeculativeGenerator generator(*target, draft.get(), config.generation,
-                                          config.speculative);
-  specrun::SpeculativeStats stats;
-  const specrun::GenerationResult result = generator.generate(prompt, emit, &stats);
-  if (stream) {
-    const std::string rest = stream->flush();
-    std::fwrite(rest.data(), 1, rest.size(), stdout);
-  }
+  const specrun::Result result = engine->submit(request, print).wait();
   std::printf("\n");
   std::fflush(stdout);
 
-  const specrun::tools::RunDescription run{
-      std::string(backend.name()),   pool->num_threads(),  config.speculative.method,
-      config.speculative.controller, result.prompt_tokens, result.stop_reason};
-  if (!options.quiet) specrun::tools::print_stats(stderr, stats, run);
-  if (!options.stats_json.empty()) specrun::tools::write_stats_json(options.stats_json, stats, run);
+  specrun::tools::RunDescription run{
+      info.device,         info.threads, config.speculative.method, config.speculative.controller,
+      stop_reason(result), std::nullopt};
+  if (options.compare && config.speculative.method != specrun::SpeculativeMethod::kNone) {
+    // The same request (prompt, sampling settings and seed) on the target alone, not shown.
+    specrun::Request plain = request;
+    plain.speculation = engine_config.speculation;
+    plain.speculation->method = specrun::SpeculationMethod::kNone;
+    const specrun::Result baseline = engine->submit(plain).wait();
+    stop_reason(baseline);  // throws if it failed
+    run.baseline = specrun::tools::Baseline{baseline.stats.tokens_per_second,
+                                            baseline.tokens == result.tokens};
+  }
+  if (!options.quiet) specrun::tools::print_stats(stderr, result.stats, run);
+  if (!options.stats_json.empty()) {
+    specrun::tools::write_stats_json(options.stats_json, result.stats, run);
+  }
   return 0;
 }
 
@@ -178,7 +211,7 @@ int main(int argc, char** argv) {
   app.add_option("--target", options.target,
                  "Target checkpoint: a directory with config.json and *.safetensors, or a "
                  ".safetensors / .safetensors.index.json file with config.json beside it "
-                 "(required unless a subcommand runs)");
+                 "(default: the bundled pair, models/pycode-target with models/pycode-draft)");
   app.add_option("--draft", options.draft,
                  "Draft checkpoint for speculative decoding (same forms as --target); it must "
                  "share the target's tokenizer");
@@ -193,6 +226,9 @@ int main(int argc, char** argv) {
                  "Drafts per step to start with (every step with --controller fixed)");
   app.add_flag("--no-draft", options.no_draft,
                "Run the target alone (plain decoding), for comparison");
+  app.add_flag("--compare", options.compare,
+               "After the speculative run, run the same request on the target alone (not "
+               "shown) and report its speed and the speedup");
   CLI::Option* method = app.add_option(
       "--method", f.speculative.method,
       "Who proposes: draft (the --draft model), prompt_lookup (n-grams of the text so far), "

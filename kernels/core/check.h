@@ -16,14 +16,9 @@
 #include <string>
 
 #include "kernels/core/status.h"
+#include "specrun/error.hpp"
 
 namespace specrun {
-
-// Every error specrun raises. The message is one line, complete enough to act on.
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
-};
 
 namespace detail {
 

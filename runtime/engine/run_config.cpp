@@ -10,7 +10,8 @@
 namespace specrun {
 namespace {
 
-constexpr int64_t kMaxGamma = 64;  // as validate_speculative allows
+constexpr int64_t kMaxGamma = 64;    // as validate_speculative allows
+constexpr int64_t kMaxBatch = 4096;  // far past what one step can batch usefully on any device
 
 // Reads the keys of one table, each into a typed field, with errors that name file, line and key.
 class TableReader {
@@ -73,6 +74,18 @@ class TableReader {
     fail(*node, key, "must be one of " + choices + ", got '" + value + "'");
   }
 
+  // A path, relative ones resolved against the directory of the file that names them (a config
+  // beside its models keeps working from any working directory); "" stays "" (none).
+  void path(const std::string& key, std::string* field) {
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return;
+    if (!node->is_string()) fail(*node, key, "must be a string");
+    const std::filesystem::path value(node->as_string()->get());
+    *field = value.empty() || value.is_absolute()
+                 ? value.string()
+                 : (path_.parent_path() / value).lexically_normal().string();
+  }
+
   // Every key must be one this reader knows.
   void reject_unknown(std::initializer_list<const char*> known) const {
     for (const auto& [key, node] : table_) {
@@ -102,10 +115,10 @@ RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& de
   RunConfig config = defaults;
   for (const auto& [key, node] : document) {
     const std::string name(key.str());
-    if (name != "speculative" && name != "sampling" && name != "runtime") {
+    if (name != "model" && name != "speculative" && name != "sampling" && name != "runtime") {
       std::ostringstream message;
       message << path.string() << ":" << node.source().begin.line << ": '" << name
-              << "' is not a known table (speculative, sampling, runtime)";
+              << "' is not a known table (model, speculative, sampling, runtime)";
       throw Error(message.str());
     }
     if (!node.is_table()) {
@@ -114,6 +127,12 @@ RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& de
               << "' must be a table";
       throw Error(message.str());
     }
+  }
+  if (const toml::table* model = document["model"].as_table()) {
+    TableReader reader(path, *model, "model");
+    reader.reject_unknown({"target", "draft"});
+    reader.path("target", &config.target);
+    reader.path("draft", &config.draft);
   }
   if (const toml::table* speculative = document["speculative"].as_table()) {
     TableReader reader(path, *speculative, "speculative");
@@ -159,12 +178,13 @@ RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& de
   }
   if (const toml::table* runtime = document["runtime"].as_table()) {
     TableReader reader(path, *runtime, "runtime");
-    reader.reject_unknown({"device", "threads", "kv_cache_tokens", "kv_block_size"});
+    reader.reject_unknown({"device", "threads", "kv_cache_tokens", "kv_block_size", "max_batch"});
     reader.string("device", &config.device, {"cpu"});
     reader.integer("threads", &config.threads, 0, 4096);
     reader.integer("kv_cache_tokens", &config.kv_cache_tokens, 0,
                    std::numeric_limits<int32_t>::max());
     reader.integer("kv_block_size", &config.kv_block_size, 1, 4096);
+    reader.integer("max_batch", &config.max_batch, 1, kMaxBatch);
   }
   return config;
 }
@@ -175,13 +195,18 @@ void validate_run_config(const RunConfig& config) {
   if (config.generation.max_tokens < 0) {
     throw Error("max_tokens must be >= 0, got " + std::to_string(config.generation.max_tokens));
   }
-  if (config.threads < 0)
-    throw Error("threads must be >= 0, got " + std::to_string(config.threads));
+  if (config.threads < 0 || config.threads > 4096) {
+    throw Error("threads must be in [0, 4096], got " + std::to_string(config.threads));
+  }
   if (config.kv_cache_tokens < 0) {
     throw Error("kv_cache_tokens must be >= 0, got " + std::to_string(config.kv_cache_tokens));
   }
   if (config.kv_block_size < 1) {
     throw Error("kv_block_size must be >= 1, got " + std::to_string(config.kv_block_size));
+  }
+  if (config.max_batch < 1 || config.max_batch > kMaxBatch) {
+    throw Error("max_batch must be in [1, " + std::to_string(kMaxBatch) + "], got " +
+                std::to_string(config.max_batch));
   }
   if (config.device != "cpu") {
     throw Error("device '" + config.device + "' is not available (cpu)");

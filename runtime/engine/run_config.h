@@ -12,6 +12,9 @@
 namespace specrun {
 
 struct RunConfig {
+  std::string target;  // [model] target: checkpoint; a relative path is resolved against the
+                       // file's directory; "" when not given
+  std::string draft;   // [model] draft: draft checkpoint, resolved the same way; "" for none
   SpeculativeOptions speculative;  // [speculative]: method, gamma, gamma_min, gamma_max,
                                    // controller, draft_p_min, lookup_min_ngram, lookup_max_ngram
   GenerationOptions generation;    // [sampling]: temperature, top_k, top_p, min_p, seed, max_tokens
@@ -19,6 +22,7 @@ struct RunConfig {
   int64_t kv_cache_tokens = 0;     // [runtime] kv_cache_tokens: capacity, 0 for the model's context
   int64_t kv_block_size = 16;      // [runtime] kv_block_size: tokens per KV-cache block
   std::string device = "cpu";      // [runtime] device: where the model runs ("cpu")
+  int64_t max_batch = 64;          // [runtime] max_batch: sequences decoded together, at most
 };
 
 // Reads `path` over `defaults`: keys absent from the file keep their default. An unknown table or

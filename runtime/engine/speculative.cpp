@@ -93,9 +93,6 @@ class SequenceScope {
   SequenceId sequence_;
 };
 
-// The seed of the draft's generator: independent of the verifier's stream.
-constexpr uint64_t kDraftSeedSalt = 0x5bd1e9955bd1e995ull;
-
 }  // namespace
 
 SpeculativeGenerator::SpeculativeGenerator(Model& target, Model* draft,

@@ -69,6 +69,10 @@ struct SpeculativeStats {
   Latency inter_token_latency() const;
 };
 
+// A request's draft generator is seeded with its seed xor this, so that it is independent of the
+// verifier's stream (seeded with the seed itself).
+inline constexpr uint64_t kDraftSeedSalt = 0x5bd1e9955bd1e995ull;
+
 class SpeculativeGenerator {
  public:
   // `draft` is required for kDraftModel and ignored otherwise. `verifier` replaces the default

@@ -1,0 +1,671 @@
+// The C ABI (specrun/specrun.h) over specrun::Engine. Each entry point runs its body inside one
+// guard that turns every exception into a status and the calling thread's last-error message, so
+// nothing thrown ever unwinds into C. What the library hands out is allocated with malloc and
+// released by the matching free function, so a caller in any language can own it.
+#include "specrun/specrun.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "specrun/specrun.hpp"
+
+struct specrun_engine {
+  std::unique_ptr<specrun::Engine> engine;  // the C++ engine this handle owns
+  std::atomic<bool> shut_down{false};       // specrun_engine_shutdown ran: submit says SHUT_DOWN
+};
+
+struct specrun_request {
+  specrun::RequestHandle handle;  // shares the request's state; outlives the engine if need be
+};
+
+namespace {
+
+// The message specrun_last_error() returns: per thread, so concurrent callers never see each
+// other's errors. The one piece of file-level mutable state, and the point of the C ABI's error
+// reporting.
+thread_local std::string last_error;
+
+// A caller's mistake the C layer itself detects (a NULL pointer, an enum value out of range).
+class InvalidArgument : public std::exception {
+ public:
+  explicit InvalidArgument(std::string message) : message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+// An engine that was shut down refused a call.
+class ShutDown : public std::exception {
+ public:
+  const char* what() const noexcept override { return "the engine was shut down"; }
+};
+
+// A status other than OK from inside a body (timeouts and the end of a stream).
+class StatusError : public std::exception {
+ public:
+  StatusError(specrun_status status, std::string message)
+      : status_(status), message_(std::move(message)) {}
+  specrun_status status() const { return status_; }
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  specrun_status status_;
+  std::string message_;
+};
+
+specrun_status fail(specrun_status status, const char* function, const char* message) noexcept {
+  try {
+    last_error = std::string(function) + ": " + message;
+  } catch (...) {
+    // No memory for the message: keep the previous one rather than throw into C.
+  }
+  return status;
+}
+
+// Runs `body`; every exception becomes a status and the last error, prefixed with `function`.
+template <typename Body>
+specrun_status guarded(const char* function, Body&& body) noexcept {
+  try {
+    body();
+    return SPECRUN_OK;
+  } catch (const InvalidArgument& error) {
+    return fail(SPECRUN_ERROR_INVALID_ARGUMENT, function, error.what());
+  } catch (const ShutDown& error) {
+    return fail(SPECRUN_ERROR_SHUT_DOWN, function, error.what());
+  } catch (const StatusError& error) {
+    return fail(error.status(), function, error.what());
+  } catch (const specrun::Error& error) {
+    return fail(SPECRUN_ERROR_FAILED, function, error.what());
+  } catch (const std::bad_alloc&) {
+    return fail(SPECRUN_ERROR_OUT_OF_MEMORY, function, "out of memory");
+  } catch (const std::exception& error) {
+    return fail(SPECRUN_ERROR_INTERNAL, function, error.what());
+  } catch (...) {
+    return fail(SPECRUN_ERROR_INTERNAL, function, "an unknown exception");
+  }
+}
+
+// The integer a caller stored in an enum-typed field or argument. C may store any int there, but
+// C++ may not even load a value outside the enumerators' range as the enum type, so the bytes are
+// read as the underlying integer and checked as such.
+template <typename Enum>
+int64_t enum_value(const Enum& stored) {
+  std::make_signed_t<std::underlying_type_t<Enum>> value;  // C stores a signed int
+  static_assert(sizeof(value) == sizeof(stored));
+  std::memcpy(&value, &stored, sizeof(value));
+  return static_cast<int64_t>(value);
+}
+
+// `pointer` itself, or InvalidArgument naming it when it is NULL.
+template <typename Pointer>
+Pointer& require(Pointer& pointer, const char* name) {
+  if (pointer == nullptr) throw InvalidArgument(std::string(name) + " is NULL");
+  return pointer;
+}
+
+// ---- settings ---------------------------------------------------------------------------------
+
+specrun_sampling to_c(const specrun::SamplingSettings& settings) {
+  specrun_sampling sampling;
+  sampling.temperature = settings.temperature;
+  sampling.top_k = settings.top_k;
+  sampling.top_p = settings.top_p;
+  sampling.min_p = settings.min_p;
+  sampling.seed = settings.seed;
+  sampling.max_tokens = settings.max_tokens;
+  sampling.stop_at_eos = settings.stop_at_eos ? 1 : 0;
+  return sampling;
+}
+
+specrun::SamplingSettings from_c(const specrun_sampling& sampling) {
+  specrun::SamplingSettings settings;
+  settings.temperature = sampling.temperature;
+  settings.top_k = sampling.top_k;
+  settings.top_p = sampling.top_p;
+  settings.min_p = sampling.min_p;
+  settings.seed = sampling.seed;
+  settings.max_tokens = sampling.max_tokens;
+  settings.stop_at_eos = sampling.stop_at_eos != 0;
+  return settings;
+}
+
+specrun_speculation to_c(const specrun::SpeculationSettings& settings) {
+  specrun_speculation speculation;
+  speculation.method = static_cast<specrun_method>(settings.method);
+  speculation.controller = static_cast<specrun_controller>(settings.controller);
+  speculation.gamma = settings.gamma;
+  speculation.gamma_min = settings.gamma_min;
+  speculation.gamma_max = settings.gamma_max;
+  speculation.draft_p_min = settings.draft_p_min;
+  speculation.lookup_min_ngram = settings.lookup_min_ngram;
+  speculation.lookup_max_ngram = settings.lookup_max_ngram;
+  return speculation;
+}
+
+specrun::SpeculationSettings from_c(const specrun_speculation& speculation, const char* name) {
+  specrun::SpeculationSettings settings;
+  const int64_t method = enum_value(speculation.method);
+  switch (method) {
+    case SPECRUN_METHOD_DRAFT:
+      settings.method = specrun::SpeculationMethod::kDraftModel;
+      break;
+    case SPECRUN_METHOD_PROMPT_LOOKUP:
+      settings.method = specrun::SpeculationMethod::kPromptLookup;
+      break;
+    case SPECRUN_METHOD_NONE:
+      settings.method = specrun::SpeculationMethod::kNone;
+      break;
+    default:
+      throw InvalidArgument(std::string(name) + ".method " + std::to_string(method) +
+                            " is not a specrun_method");
+  }
+  const int64_t controller = enum_value(speculation.controller);
+  switch (controller) {
+    case SPECRUN_CONTROLLER_GOODPUT:
+      settings.controller = specrun::GammaControl::kGoodput;
+      break;
+    case SPECRUN_CONTROLLER_HEURISTIC:
+      settings.controller = specrun::GammaControl::kHeuristic;
+      break;
+    case SPECRUN_CONTROLLER_FIXED:
+      settings.controller = specrun::GammaControl::kFixed;
+      break;
+    default:
+      throw InvalidArgument(std::string(name) + ".controller " + std::to_string(controller) +
+                            " is not a specrun_controller");
+  }
+  settings.gamma = speculation.gamma;
+  settings.gamma_min = speculation.gamma_min;
+  settings.gamma_max = speculation.gamma_max;
+  settings.draft_p_min = speculation.draft_p_min;
+  settings.lookup_min_ngram = speculation.lookup_min_ngram;
+  settings.lookup_max_ngram = speculation.lookup_max_ngram;
+  return settings;
+}
+
+// The C enums number their values as the C++ ones do, so values convert by cast.
+static_assert(static_cast<int>(specrun::SpeculationMethod::kNone) == SPECRUN_METHOD_NONE &&
+              static_cast<int>(specrun::SpeculationMethod::kPromptLookup) ==
+                  SPECRUN_METHOD_PROMPT_LOOKUP);
+static_assert(static_cast<int>(specrun::GammaControl::kFixed) == SPECRUN_CONTROLLER_FIXED &&
+              static_cast<int>(specrun::GammaControl::kHeuristic) == SPECRUN_CONTROLLER_HEURISTIC);
+static_assert(static_cast<int>(specrun::FinishReason::kEndOfSequence) ==
+                  SPECRUN_FINISH_END_OF_SEQUENCE &&
+              static_cast<int>(specrun::FinishReason::kMaxTokens) == SPECRUN_FINISH_MAX_TOKENS &&
+              static_cast<int>(specrun::FinishReason::kContextLimit) ==
+                  SPECRUN_FINISH_CONTEXT_LIMIT &&
+              static_cast<int>(specrun::FinishReason::kCancelled) == SPECRUN_FINISH_CANCELLED &&
+              static_cast<int>(specrun::FinishReason::kShutdown) == SPECRUN_FINISH_SHUTDOWN &&
+              static_cast<int>(specrun::FinishReason::kFailed) == SPECRUN_FINISH_FAILED);
+
+specrun_finish_reason to_c(specrun::FinishReason reason) {
+  return static_cast<specrun_finish_reason>(reason);
+}
+
+// ---- what the library allocates ---------------------------------------------------------------
+
+template <typename T>
+T* allocate_array(size_t count) {
+  if (count == 0) return nullptr;
+  void* memory = std::calloc(count, sizeof(T));
+  if (memory == nullptr) throw std::bad_alloc();
+  return static_cast<T*>(memory);
+}
+
+char* copy_string(const std::string& text) {
+  char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+  if (copy == nullptr) throw std::bad_alloc();
+  std::memcpy(copy, text.data(), text.size());
+  copy[text.size()] = '\0';
+  return copy;
+}
+
+int32_t* copy_tokens(const std::vector<int32_t>& tokens) {
+  int32_t* copy = allocate_array<int32_t>(tokens.size());
+  if (!tokens.empty()) std::memcpy(copy, tokens.data(), tokens.size() * sizeof(int32_t));
+  return copy;
+}
+
+void free_event(specrun_event* event) noexcept {
+  if (event == nullptr) return;
+  std::free(const_cast<int32_t*>(event->tokens));
+  std::free(const_cast<char*>(event->text));
+  std::free(const_cast<char*>(event->error));
+  std::free(event);
+}
+
+void free_result(specrun_result* result) noexcept {
+  if (result == nullptr) return;
+  std::free(result->tokens);
+  std::free(result->text);
+  std::free(result->error);
+  std::free(result);
+}
+
+// An event that borrows the C++ event's storage, for a callback.
+specrun_event borrowed(const specrun::Event& event) {
+  specrun_event view;
+  view.request = event.request;
+  view.tokens = event.tokens.data();
+  view.token_count = event.tokens.size();
+  view.text = event.text.c_str();
+  view.text_length = event.text.size();
+  view.finished = event.finished ? 1 : 0;
+  view.reason = to_c(event.reason);
+  view.error = event.error.c_str();
+  return view;
+}
+
+// An event of its own (for specrun_request_next), freed with free_event.
+specrun_event* owned(const specrun::Event& event) {
+  auto* copy = static_cast<specrun_event*>(std::calloc(1, sizeof(specrun_event)));
+  if (copy == nullptr) throw std::bad_alloc();
+  try {
+    *copy = borrowed(event);
+    copy->tokens = nullptr;
+    copy->text = nullptr;
+    copy->error = nullptr;
+    copy->tokens = copy_tokens(event.tokens);
+    copy->text = copy_string(event.text);
+    copy->error = copy_string(event.error);
+  } catch (...) {
+    free_event(copy);
+    throw;
+  }
+  return copy;
+}
+
+specrun_request_stats to_c(const specrun::RequestStats& stats) {
+  specrun_request_stats c{};
+  c.prompt_tokens = stats.prompt_tokens;
+  c.tokens_generated = stats.tokens_generated;
+  c.queue_ms = stats.queue_ms;
+  c.ttft_ms = stats.ttft_ms;
+  c.itl_ms_mean = stats.itl_ms_mean;
+  c.itl_ms_p50 = stats.itl_ms_p50;
+  c.itl_ms_p99 = stats.itl_ms_p99;
+  c.tokens_per_second = stats.tokens_per_second;
+  c.total_ms = stats.total_ms;
+  c.steps = stats.steps;
+  c.drafted = stats.drafted;
+  c.accepted = stats.accepted;
+  c.rejections = stats.rejections;
+  c.acceptance_rate = stats.acceptance_rate;
+  c.mean_accepted_length = stats.mean_accepted_length;
+  // Gamma never exceeds SPECRUN_MAX_GAMMA (validate_speculative's bound).
+  for (const auto& [gamma, steps] : stats.gamma_histogram) {
+    if (gamma >= 0 && gamma <= SPECRUN_MAX_GAMMA) c.gamma_histogram[gamma] = steps;
+  }
+  c.draft_ms = stats.draft_ms;
+  c.target_ms = stats.target_ms;
+  return c;
+}
+
+specrun_result* owned(const specrun::Result& result) {
+  auto* copy = static_cast<specrun_result*>(std::calloc(1, sizeof(specrun_result)));
+  if (copy == nullptr) throw std::bad_alloc();
+  try {
+    copy->request = result.request;
+    copy->token_count = result.tokens.size();
+    copy->tokens = copy_tokens(result.tokens);
+    copy->text_length = result.text.size();
+    copy->text = copy_string(result.text);
+    copy->reason = to_c(result.reason);
+    copy->error = copy_string(result.error);
+    copy->stats = to_c(result.stats);
+  } catch (...) {
+    free_result(copy);
+    throw;
+  }
+  return copy;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* specrun_last_error(void) {
+  return last_error.c_str();
+}
+
+const char* specrun_status_name(specrun_status status) {
+  switch (enum_value(status)) {
+    case SPECRUN_OK:
+      return "ok";
+    case SPECRUN_ERROR_INVALID_ARGUMENT:
+      return "invalid_argument";
+    case SPECRUN_ERROR_FAILED:
+      return "failed";
+    case SPECRUN_ERROR_SHUT_DOWN:
+      return "shut_down";
+    case SPECRUN_ERROR_TIMEOUT:
+      return "timeout";
+    case SPECRUN_ERROR_END_OF_STREAM:
+      return "end_of_stream";
+    case SPECRUN_ERROR_OUT_OF_MEMORY:
+      return "out_of_memory";
+    case SPECRUN_ERROR_INTERNAL:
+      return "internal";
+  }
+  return "unknown";
+}
+
+const char* specrun_version(void) {
+  return SPECRUN_VERSION_STRING;
+}
+
+const char* specrun_finish_reason_name(specrun_finish_reason reason) {
+  const int64_t value = enum_value(reason);
+  switch (value) {
+    case SPECRUN_FINISH_END_OF_SEQUENCE:
+    case SPECRUN_FINISH_MAX_TOKENS:
+    case SPECRUN_FINISH_CONTEXT_LIMIT:
+    case SPECRUN_FINISH_CANCELLED:
+    case SPECRUN_FINISH_SHUTDOWN:
+    case SPECRUN_FINISH_FAILED:
+      return specrun::to_string(static_cast<specrun::FinishReason>(value));
+  }
+  return "unknown";
+}
+
+specrun_status specrun_sampling_init(specrun_sampling* sampling) {
+  return guarded("specrun_sampling_init",
+                 [&] { *require(sampling, "sampling") = to_c(specrun::SamplingSettings{}); });
+}
+
+specrun_status specrun_speculation_init(specrun_speculation* speculation) {
+  return guarded("specrun_speculation_init", [&] {
+    *require(speculation, "speculation") = to_c(specrun::SpeculationSettings{});
+  });
+}
+
+specrun_status specrun_engine_config_init(specrun_engine_config* config) {
+  return guarded("specrun_engine_config_init", [&] {
+    require(config, "config");
+    const specrun::EngineConfig defaults;
+    config->target = nullptr;
+    config->draft = nullptr;
+    config->device = nullptr;
+    config->threads = defaults.threads;
+    config->kv_cache_tokens = defaults.kv_cache_tokens;
+    config->kv_block_size = defaults.kv_block_size;
+    config->max_batch = defaults.max_batch;
+    config->rope_style = nullptr;
+    config->sampling = to_c(defaults.sampling);
+    config->speculation = to_c(defaults.speculation);
+  });
+}
+
+specrun_status specrun_engine_create(const specrun_engine_config* config, specrun_engine** engine) {
+  return guarded("specrun_engine_create", [&] {
+    require(config, "config");
+    require(engine, "engine");
+    *engine = nullptr;
+    require(config->target, "config->target");
+    specrun::EngineConfig settings;
+    settings.target = config->target;
+    if (config->draft != nullptr) settings.draft = config->draft;
+    if (config->device != nullptr && config->device[0] != '\0') settings.device = config->device;
+    settings.threads = config->threads;
+    settings.kv_cache_tokens = config->kv_cache_tokens;
+    settings.kv_block_size = config->kv_block_size;
+    settings.max_batch = config->max_batch;
+    if (config->rope_style != nullptr && config->rope_style[0] != '\0') {
+      settings.rope_style = config->rope_style;
+    }
+    settings.sampling = from_c(config->sampling);
+    settings.speculation = from_c(config->speculation, "config->speculation");
+    auto handle = std::make_unique<specrun_engine>();
+    handle->engine = specrun::Engine::create(settings);
+    *engine = handle.release();
+  });
+}
+
+specrun_status specrun_engine_create_from_toml(const char* path, specrun_engine** engine) {
+  return guarded("specrun_engine_create_from_toml", [&] {
+    require(path, "path");
+    require(engine, "engine");
+    *engine = nullptr;
+    auto handle = std::make_unique<specrun_engine>();
+    handle->engine = specrun::Engine::create(specrun::EngineConfig::from_toml(path));
+    *engine = handle.release();
+  });
+}
+
+specrun_status specrun_engine_shutdown(specrun_engine* engine) {
+  return guarded("specrun_engine_shutdown", [&] {
+    require(engine, "engine");
+    engine->shut_down = true;
+    engine->engine->shutdown();
+  });
+}
+
+void specrun_engine_destroy(specrun_engine* engine) {
+  // Shutting down joins the scheduler; it has no failure to report, and nothing may escape.
+  guarded("specrun_engine_destroy", [&] {
+    if (engine == nullptr) return;
+    engine->shut_down = true;
+    engine->engine->shutdown();
+  });
+  delete engine;
+}
+
+specrun_status specrun_request_params_init(specrun_request_params* params) {
+  return guarded("specrun_request_params_init", [&] {
+    require(params, "params");
+    params->prompt = nullptr;
+    params->prompt_ids = nullptr;
+    params->prompt_id_count = 0;
+    params->sampling = nullptr;
+    params->speculation = nullptr;
+    params->on_event = nullptr;
+    params->user_data = nullptr;
+  });
+}
+
+specrun_status specrun_submit(specrun_engine* engine, const specrun_request_params* params,
+                              specrun_request** request) {
+  return guarded("specrun_submit", [&] {
+    require(engine, "engine");
+    require(params, "params");
+    require(request, "request");
+    *request = nullptr;
+    if (params->prompt_ids == nullptr && params->prompt_id_count > 0) {
+      throw InvalidArgument("params->prompt_ids is NULL with prompt_id_count " +
+                            std::to_string(params->prompt_id_count));
+    }
+    if (engine->shut_down) throw ShutDown();
+    specrun::Request settings;
+    if (params->prompt != nullptr) settings.prompt = params->prompt;
+    if (params->prompt_ids != nullptr) {
+      settings.prompt_ids.assign(params->prompt_ids, params->prompt_ids + params->prompt_id_count);
+    }
+    if (params->sampling != nullptr) settings.sampling = from_c(*params->sampling);
+    if (params->speculation != nullptr) {
+      settings.speculation = from_c(*params->speculation, "params->speculation");
+    }
+    specrun::StreamCallback callback;
+    if (params->on_event != nullptr) {
+      callback = [on_event = params->on_event,
+                  user_data = params->user_data](const specrun::Event& event) {
+        const specrun_event view = borrowed(event);
+        on_event(&view, user_data);
+      };
+    }
+    auto handle = std::make_unique<specrun_request>();
+    try {
+      handle->handle = engine->engine->submit(settings, std::move(callback));
+    } catch (const specrun::Error&) {
+      if (engine->shut_down) throw ShutDown();  // shut down while this call ran
+      throw;
+    }
+    *request = handle.release();
+  });
+}
+
+specrun_status specrun_request_next(specrun_request* request, int64_t timeout_ms,
+                                    specrun_event** event) {
+  return guarded("specrun_request_next", [&] {
+    require(request, "request");
+    require(event, "event");
+    *event = nullptr;
+    specrun::RequestHandle& handle = request->handle;
+    std::optional<specrun::Event> next;
+    if (timeout_ms < 0) {
+      // Without limit: a day at a time, so no deadline arithmetic can overflow.
+      while (!(next = handle.next(std::chrono::hours(24))) && !handle.finished()) {
+      }
+    } else {
+      next = handle.next(std::chrono::milliseconds(timeout_ms));
+    }
+    // The request may have finished between the wait and now: once finished nothing more is
+    // queued, so one more look tells a late final event from the end of the stream.
+    if (!next && handle.finished()) next = handle.next(std::chrono::milliseconds(0));
+    if (!next) {
+      if (handle.finished()) {
+        throw StatusError(SPECRUN_ERROR_END_OF_STREAM,
+                          "request " + std::to_string(handle.id()) + " has no more events");
+      }
+      throw StatusError(SPECRUN_ERROR_TIMEOUT, "no event within " + std::to_string(timeout_ms) +
+                                                   " ms for request " +
+                                                   std::to_string(handle.id()));
+    }
+    *event = owned(*next);
+  });
+}
+
+void specrun_event_free(specrun_event* event) {
+  free_event(event);
+}
+
+specrun_status specrun_request_wait(specrun_request* request, specrun_result** result) {
+  return guarded("specrun_request_wait", [&] {
+    require(request, "request");
+    require(result, "result");
+    *result = nullptr;
+    *result = owned(request->handle.wait());
+  });
+}
+
+void specrun_result_free(specrun_result* result) {
+  free_result(result);
+}
+
+specrun_status specrun_request_id(const specrun_request* request, uint64_t* id) {
+  return guarded("specrun_request_id", [&] {
+    require(request, "request");
+    *require(id, "id") = request->handle.id();
+  });
+}
+
+specrun_status specrun_request_finished(const specrun_request* request, int* finished) {
+  return guarded("specrun_request_finished", [&] {
+    require(request, "request");
+    *require(finished, "finished") = request->handle.finished() ? 1 : 0;
+  });
+}
+
+specrun_status specrun_request_cancel(specrun_request* request) {
+  return guarded("specrun_request_cancel", [&] { require(request, "request")->handle.cancel(); });
+}
+
+void specrun_request_free(specrun_request* request) {
+  delete request;
+}
+
+specrun_status specrun_engine_cancel(specrun_engine* engine, uint64_t request, int* cancelled) {
+  return guarded("specrun_engine_cancel", [&] {
+    const bool stopped = require(engine, "engine")->engine->cancel(request);
+    if (cancelled != nullptr) *cancelled = stopped ? 1 : 0;
+  });
+}
+
+specrun_status specrun_engine_stats_get(const specrun_engine* engine, specrun_engine_stats* stats) {
+  return guarded("specrun_engine_stats_get", [&] {
+    require(engine, "engine");
+    require(stats, "stats");
+    const specrun::EngineStats s = engine->engine->stats();
+    stats->submitted = s.submitted;
+    stats->finished = s.finished;
+    stats->running = s.running;
+    stats->waiting = s.waiting;
+    stats->tokens_generated = s.tokens_generated;
+    stats->steps = s.steps;
+    stats->mean_batch = s.mean_batch;
+    stats->drafted = s.drafted;
+    stats->accepted = s.accepted;
+    stats->acceptance_rate = s.acceptance_rate;
+    stats->draft_ms = s.draft_ms;
+    stats->target_ms = s.target_ms;
+    stats->uptime_ms = s.uptime_ms;
+    stats->tokens_per_second = s.tokens_per_second;
+    stats->kv_tokens_capacity = s.kv_tokens_capacity;
+    stats->kv_tokens_free = s.kv_tokens_free;
+  });
+}
+
+specrun_status specrun_engine_info_get(const specrun_engine* engine, specrun_engine_info* info) {
+  return guarded("specrun_engine_info_get", [&] {
+    require(engine, "engine");
+    require(info, "info");
+    const specrun::EngineInfo& i = engine->engine->info();
+    info->target = i.target.c_str();
+    info->draft = i.draft.c_str();
+    info->target_parameters = i.target_parameters;
+    info->draft_parameters = i.draft_parameters;
+    info->vocab_size = i.vocab_size;
+    info->bos_token_id = i.bos_token_id;
+    info->context_limit = i.context_limit;
+    info->has_tokenizer = i.has_tokenizer ? 1 : 0;
+    info->device = i.device.c_str();
+    info->threads = i.threads;
+  });
+}
+
+specrun_status specrun_tokenize(const specrun_engine* engine, const char* text,
+                                int add_special_tokens, int32_t** tokens, size_t* count) {
+  return guarded("specrun_tokenize", [&] {
+    require(engine, "engine");
+    require(text, "text");
+    require(tokens, "tokens");
+    require(count, "count");
+    *tokens = nullptr;
+    *count = 0;
+    const std::vector<int32_t> ids = engine->engine->tokenize(text, add_special_tokens != 0);
+    *tokens = copy_tokens(ids);
+    *count = ids.size();
+  });
+}
+
+specrun_status specrun_detokenize(const specrun_engine* engine, const int32_t* tokens, size_t count,
+                                  char** text) {
+  return guarded("specrun_detokenize", [&] {
+    require(engine, "engine");
+    require(text, "text");
+    *text = nullptr;
+    if (tokens == nullptr && count > 0) {
+      throw InvalidArgument("tokens is NULL with count " + std::to_string(count));
+    }
+    const std::vector<int32_t> ids(tokens, tokens + count);
+    *text = copy_string(engine->engine->detokenize(ids));
+  });
+}
+
+void specrun_tokens_free(int32_t* tokens) {
+  std::free(tokens);
+}
+
+void specrun_string_free(char* text) {
+  std::free(text);
+}
+
+}  // extern "C"

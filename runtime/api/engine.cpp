@@ -1,0 +1,577 @@
+// specrun::Engine (specrun/specrun.hpp) over the batch engine: loads the models on a CPU backend,
+// turns public settings into the engine's, text into token ids and token ids back into whole
+// characters, and keeps each request's shared state (event queue, result, stats) for its handles.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <limits>
+#include <mutex>
+#include <utility>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "runtime/api/engine_config.h"
+#include "runtime/engine/batch_engine.h"
+#include "runtime/engine/pairing.h"
+#include "runtime/engine/run_config.h"
+#include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
+#include "specrun/specrun.hpp"
+
+namespace specrun {
+
+using Clock = std::chrono::steady_clock;
+
+namespace detail {
+
+// What one engine owns, shared with the handles of its requests only weakly (a handle may outlive
+// its engine; cancel() then does nothing). Members are destroyed in reverse order: the batch
+// engine (which joins the scheduler) before the models it runs on.
+struct EngineCore {
+  EngineConfig config;                 // as created: the defaults of requests that give no settings
+  EngineInfo info;                     // what info() returns
+  Clock::time_point started;           // create(), for uptime
+  std::atomic<bool> shut_down{false};  // shutdown() was called: submit() refuses at once
+  std::shared_ptr<kernels::cpu::ThreadPool> pool;     // shared by both models' backend
+  std::unique_ptr<kernels::cpu::CpuBackend> backend;  // the models run here
+  std::unique_ptr<Model> target;                      // the model whose distribution is output
+  std::unique_ptr<Model> draft;                       // null without a draft
+  std::unique_ptr<text::Tokenizer> tokenizer;         // null without the target's tokenizer.json
+  std::unique_ptr<BatchEngine> batch;                 // the scheduler over both models
+};
+
+// What a RequestHandle shares with the update callback running on the scheduler thread. The
+// fields above `mutex` are written before the request is queued or only by the scheduler
+// thread (updates of one request arrive in order, never concurrently); the fields below it are
+// read by the handle's threads and guarded by it.
+struct RequestState {
+  Clock::time_point submitted;                    // times in RequestStats count from here
+  std::weak_ptr<EngineCore> engine;               // cancel() through it while the engine lives
+  StreamCallback on_event;                        // empty: events are queued for next()
+  int64_t prompt_tokens = 0;                      // prefilled tokens, for the stats
+  std::optional<text::StreamingDecoder> decoder;  // with a tokenizer: ids to whole characters
+  std::vector<double> token_ms;                   // each token's arrival, ms after `submitted`
+  std::string callback_error;                     // what on_event threw; "" while it has not thrown
+
+  std::mutex mutex;                 // guards everything below
+  std::condition_variable changed;  // an event was queued or the request finished
+  uint64_t id = 0;                  // the batch engine's id for the request
+  std::deque<Event> events;         // pull interface: delivered, not yet taken by next()
+  bool finished = false;            // the last update arrived and `result` is complete
+  Result result;                    // tokens and text so far; reason and stats once finished
+};
+
+}  // namespace detail
+
+namespace {
+
+double ms_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+SpeculativeMethod to_internal(SpeculationMethod method) {
+  switch (method) {
+    case SpeculationMethod::kDraftModel:
+      return SpeculativeMethod::kDraftModel;
+    case SpeculationMethod::kPromptLookup:
+      return SpeculativeMethod::kPromptLookup;
+    case SpeculationMethod::kNone:
+      return SpeculativeMethod::kNone;
+  }
+  throw Error("speculation method " + std::to_string(static_cast<int>(method)) +
+              " is not one of kDraftModel, kPromptLookup, kNone");
+}
+
+ControllerKind to_internal(GammaControl controller) {
+  switch (controller) {
+    case GammaControl::kGoodput:
+      return ControllerKind::kGoodput;
+    case GammaControl::kHeuristic:
+      return ControllerKind::kHeuristic;
+    case GammaControl::kFixed:
+      return ControllerKind::kFixed;
+  }
+  throw Error("gamma controller " + std::to_string(static_cast<int>(controller)) +
+              " is not one of kGoodput, kHeuristic, kFixed");
+}
+
+SpeculationMethod to_public(SpeculativeMethod method) {
+  switch (method) {
+    case SpeculativeMethod::kDraftModel:
+      return SpeculationMethod::kDraftModel;
+    case SpeculativeMethod::kPromptLookup:
+      return SpeculationMethod::kPromptLookup;
+    case SpeculativeMethod::kNone:
+      break;
+  }
+  return SpeculationMethod::kNone;
+}
+
+GammaControl to_public(ControllerKind controller) {
+  switch (controller) {
+    case ControllerKind::kGoodput:
+      return GammaControl::kGoodput;
+    case ControllerKind::kHeuristic:
+      return GammaControl::kHeuristic;
+    case ControllerKind::kFixed:
+      break;
+  }
+  return GammaControl::kFixed;
+}
+
+FinishReason to_public(FinishStatus status) {
+  switch (status) {
+    case FinishStatus::kEndOfSequence:
+      return FinishReason::kEndOfSequence;
+    case FinishStatus::kMaxTokens:
+      return FinishReason::kMaxTokens;
+    case FinishStatus::kContextLimit:
+      return FinishReason::kContextLimit;
+    case FinishStatus::kCancelled:
+      return FinishReason::kCancelled;
+    case FinishStatus::kShutdown:
+      return FinishReason::kShutdown;
+    case FinishStatus::kFailed:
+      break;
+  }
+  return FinishReason::kFailed;
+}
+
+// The engine's settings for public ones, validated; `context` ("request", "EngineConfig") starts
+// the message of the Error naming a bad value.
+GenerationOptions to_internal(const SamplingSettings& sampling, const std::string& context) {
+  GenerationOptions options;
+  options.sampling.temperature = sampling.temperature;
+  options.sampling.top_k = sampling.top_k;
+  options.sampling.top_p = sampling.top_p;
+  options.sampling.min_p = sampling.min_p;
+  options.sampling.seed = sampling.seed;
+  options.max_tokens = sampling.max_tokens;
+  options.stop_at_eos = sampling.stop_at_eos;
+  try {
+    validate_sampling(options.sampling);
+    if (options.max_tokens < 0) {
+      throw Error("max_tokens must be >= 0, got " + std::to_string(options.max_tokens));
+    }
+  } catch (const Error& error) {
+    throw Error(context + ": " + error.what());
+  }
+  return options;
+}
+
+SpeculativeOptions to_internal(const SpeculationSettings& speculation, const std::string& context) {
+  SpeculativeOptions options;
+  try {
+    options.method = to_internal(speculation.method);
+    options.controller = to_internal(speculation.controller);
+    options.gamma = {speculation.gamma, speculation.gamma_min, speculation.gamma_max};
+    options.draft_p_min = speculation.draft_p_min;
+    options.lookup_min_ngram = speculation.lookup_min_ngram;
+    options.lookup_max_ngram = speculation.lookup_max_ngram;
+    validate_speculative(options);
+  } catch (const Error& error) {
+    throw Error(context + ": " + error.what());
+  }
+  return options;
+}
+
+std::optional<kernels::RopeStyle> parse_rope_style(const std::string& style) {
+  if (style == "auto") return std::nullopt;
+  if (style == "rotate-half") return kernels::RopeStyle::kRotateHalf;
+  if (style == "interleaved") return kernels::RopeStyle::kInterleaved;
+  throw Error("EngineConfig: rope_style '" + style +
+              "' is not one of auto, rotate-half, interleaved");
+}
+
+void validate_config(const EngineConfig& config) {
+  if (config.target.empty()) throw Error("EngineConfig: target is empty: name a checkpoint");
+  // The bounds the same keys have in a TOML file.
+  RunConfig run;
+  run.device = config.device;
+  run.threads = config.threads;
+  run.kv_cache_tokens = config.kv_cache_tokens;
+  run.kv_block_size = config.kv_block_size;
+  run.max_batch = config.max_batch;
+  try {
+    validate_run_config(run);
+  } catch (const Error& error) {
+    throw Error(std::string("EngineConfig: ") + error.what());
+  }
+  parse_rope_style(config.rope_style);
+  to_internal(config.sampling, "EngineConfig sampling");
+  to_internal(config.speculation, "EngineConfig speculation");
+}
+
+// The request's prompt as token ids: given ids as they are, text through the tokenizer with its
+// special tokens (BOS). Throws Error when there is no prompt, both forms, or text without a
+// tokenizer.
+std::vector<int32_t> prompt_tokens(const detail::EngineCore& core, const Request& request) {
+  if (!request.prompt.empty() && !request.prompt_ids.empty()) {
+    throw Error("request: give the prompt as text or as prompt_ids, not both");
+  }
+  if (request.prompt_ids.empty() && request.prompt.empty()) {
+    throw Error("request: the prompt is empty: give prompt text or prompt_ids");
+  }
+  if (!request.prompt_ids.empty()) return request.prompt_ids;
+  if (!core.tokenizer) {
+    throw Error("request: " + core.info.target +
+                " has no tokenizer.json: give the prompt as prompt_ids");
+  }
+  std::vector<int32_t> ids = core.tokenizer->encode(request.prompt, /*add_special_tokens=*/true);
+  if (ids.empty()) throw Error("request: the prompt text encodes to no tokens");
+  return ids;
+}
+
+// The final figures of a request: times measured here from submit(), step figures from the batch
+// engine (null when it finished before it ever ran).
+RequestStats request_stats(const detail::RequestState& state, const SpeculativeStats* engine,
+                           double queue_ms, double total_ms, int64_t tokens) {
+  RequestStats stats;
+  stats.prompt_tokens = state.prompt_tokens;
+  stats.tokens_generated = tokens;
+  stats.queue_ms = queue_ms;
+  stats.total_ms = total_ms;
+  stats.ttft_ms = state.token_ms.empty() ? 0.0 : state.token_ms.front();
+  SpeculativeStats arrivals;
+  arrivals.token_ms = state.token_ms;
+  const SpeculativeStats::Latency latency = arrivals.inter_token_latency();
+  stats.itl_ms_mean = latency.mean;
+  stats.itl_ms_p50 = latency.p50;
+  stats.itl_ms_p99 = latency.p99;
+  stats.tokens_per_second = total_ms > 0 ? 1e3 * static_cast<double>(tokens) / total_ms : 0.0;
+  if (engine != nullptr) {
+    stats.steps = engine->steps;
+    stats.drafted = engine->drafted;
+    stats.accepted = engine->accepted;
+    stats.rejections = engine->rejections;
+    stats.acceptance_rate = engine->acceptance_rate();
+    stats.mean_accepted_length = engine->mean_accepted_length();
+    stats.gamma_histogram = engine->gamma_histogram;
+    stats.draft_ms = engine->draft_ms;
+    stats.target_ms = engine->target_ms;
+  }
+  return stats;
+}
+
+// One update of the batch engine for one request, on the scheduler thread: becomes an Event
+// (text decoded to whole characters), goes to the stream callback or the queue, and extends the
+// result. Never throws into the scheduler.
+void deliver(detail::RequestState& state, BatchEngine& batch, const RequestUpdate& update) {
+  const Clock::time_point now = Clock::now();
+  Event event;
+  std::string failure;  // why this request cannot go on, "" when it can
+  try {
+    event.request = update.id;
+    event.tokens.assign(update.tokens.begin(), update.tokens.end());
+    for (size_t i = 0; i < event.tokens.size(); ++i) {
+      state.token_ms.push_back(ms_between(state.submitted, now));
+    }
+    if (state.decoder) {
+      for (const int32_t token : event.tokens) event.text += state.decoder->step(token);
+      if (update.finished) event.text += state.decoder->flush();
+    }
+    event.finished = update.finished;
+    if (update.finished) {
+      event.reason = to_public(update.status);
+      event.error = update.error;
+    }
+  } catch (const std::exception& error) {
+    failure = std::string("delivering the request's tokens failed: ") + error.what();
+  }
+  // The callback runs with no lock held, so it may take its time and cancel requests; a callback
+  // that throws gets no further events and fails its request.
+  if (failure.empty() && state.on_event && state.callback_error.empty()) {
+    try {
+      state.on_event(event);
+    } catch (const std::exception& error) {
+      state.callback_error = std::string("the stream callback threw: ") + error.what();
+    } catch (...) {
+      state.callback_error = "the stream callback threw a non-standard exception";
+    }
+  }
+  if (!state.callback_error.empty() && failure.empty()) failure = state.callback_error;
+  if (!failure.empty() && !update.finished) {
+    batch.cancel(update.id);  // the last update follows, with the failure as its reason
+  }
+
+  std::lock_guard lock(state.mutex);
+  state.id = update.id;
+  Result& result = state.result;
+  result.request = update.id;
+  result.tokens.insert(result.tokens.end(), update.tokens.begin(), update.tokens.end());
+  result.text += event.text;
+  if (update.finished) {
+    result.reason = failure.empty() ? to_public(update.status) : FinishReason::kFailed;
+    result.error = failure.empty() ? update.error : failure;
+    result.stats =
+        request_stats(state, update.stats, update.queue_ms, ms_between(state.submitted, now),
+                      static_cast<int64_t>(result.tokens.size()));
+    state.decoder.reset();  // the tokenizer it reads may go with the engine
+  }
+  if (!state.on_event) {
+    if (update.finished && !failure.empty()) {
+      event.finished = true;
+      event.reason = FinishReason::kFailed;
+      event.error = failure;
+    }
+    if (failure.empty() || update.finished) state.events.push_back(std::move(event));
+  }
+  state.finished = update.finished;
+  state.changed.notify_all();
+}
+
+}  // namespace
+
+const char* to_string(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kEndOfSequence:
+      return "end_of_sequence";
+    case FinishReason::kMaxTokens:
+      return "max_tokens";
+    case FinishReason::kContextLimit:
+      return "context_limit";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kShutdown:
+      return "shutdown";
+    case FinishReason::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+EngineConfig EngineConfig::from_toml(const std::string& path) {
+  return to_engine_config(load_run_config(path));
+}
+
+EngineConfig to_engine_config(const RunConfig& run) {
+  EngineConfig config;
+  config.target = run.target;
+  config.draft = run.draft;
+  config.device = run.device;
+  config.threads = run.threads;
+  config.kv_cache_tokens = run.kv_cache_tokens;
+  config.kv_block_size = run.kv_block_size;
+  config.max_batch = run.max_batch;
+  const SamplingParams& sampling = run.generation.sampling;
+  config.sampling.temperature = sampling.temperature;
+  // Any k past the vocabulary keeps every token, so clamping to int32 changes nothing.
+  config.sampling.top_k = static_cast<int32_t>(std::clamp<int64_t>(
+      sampling.top_k, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
+  config.sampling.top_p = sampling.top_p;
+  config.sampling.min_p = sampling.min_p;
+  config.sampling.seed = sampling.seed;
+  config.sampling.max_tokens = run.generation.max_tokens;
+  config.sampling.stop_at_eos = run.generation.stop_at_eos;
+  const SpeculativeOptions& speculative = run.speculative;
+  config.speculation.method = to_public(speculative.method);
+  config.speculation.controller = to_public(speculative.controller);
+  config.speculation.gamma = speculative.gamma.initial;
+  config.speculation.gamma_min = speculative.gamma.min;
+  config.speculation.gamma_max = speculative.gamma.max;
+  config.speculation.draft_p_min = speculative.draft_p_min;
+  config.speculation.lookup_min_ngram = speculative.lookup_min_ngram;
+  config.speculation.lookup_max_ngram = speculative.lookup_max_ngram;
+  return config;
+}
+
+// ---- RequestHandle ----------------------------------------------------------------------------
+
+RequestHandle::RequestHandle(std::shared_ptr<detail::RequestState> state)
+    : state_(std::move(state)) {}
+
+namespace {
+
+detail::RequestState& checked(const std::shared_ptr<detail::RequestState>& state) {
+  if (!state) throw Error("RequestHandle: empty handle (not returned by Engine::submit)");
+  return *state;
+}
+
+}  // namespace
+
+uint64_t RequestHandle::id() const {
+  if (!state_) return 0;
+  std::lock_guard lock(state_->mutex);
+  return state_->id;
+}
+
+std::optional<Event> RequestHandle::next(std::chrono::milliseconds timeout) {
+  detail::RequestState& state = checked(state_);
+  std::unique_lock lock(state.mutex);
+  // Finished with an empty queue: the last event was taken (or went to a callback).
+  state.changed.wait_for(lock, timeout, [&] { return !state.events.empty() || state.finished; });
+  if (state.events.empty()) return std::nullopt;
+  Event event = std::move(state.events.front());
+  state.events.pop_front();
+  return event;
+}
+
+Result RequestHandle::wait() {
+  detail::RequestState& state = checked(state_);
+  std::unique_lock lock(state.mutex);
+  state.changed.wait(lock, [&] { return state.finished; });
+  return state.result;
+}
+
+bool RequestHandle::finished() const {
+  detail::RequestState& state = checked(state_);
+  std::lock_guard lock(state.mutex);
+  return state.finished;
+}
+
+void RequestHandle::cancel() {
+  detail::RequestState& state = checked(state_);
+  uint64_t id = 0;
+  {
+    std::lock_guard lock(state.mutex);
+    if (state.finished) return;
+    id = state.id;
+  }
+  if (const std::shared_ptr<detail::EngineCore> core = state.engine.lock()) core->batch->cancel(id);
+}
+
+// ---- Engine -----------------------------------------------------------------------------------
+
+class Engine::Impl {
+ public:
+  explicit Impl(std::shared_ptr<detail::EngineCore> engine_core) : core(std::move(engine_core)) {}
+  std::shared_ptr<detail::EngineCore> core;  // shared weakly with the request handles
+};
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  shutdown();
+}
+
+std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
+  validate_config(config);
+  auto core = std::make_shared<detail::EngineCore>();
+  core->config = config;
+  core->started = Clock::now();
+  core->pool = std::make_shared<kernels::cpu::ThreadPool>(config.threads);
+  core->backend = std::make_unique<kernels::cpu::CpuBackend>(core->pool);
+  ModelOptions model_options;
+  model_options.kv_cache_tokens = config.kv_cache_tokens;
+  model_options.kv_block_size = config.kv_block_size;
+  model_options.rope_style = parse_rope_style(config.rope_style);
+  core->target = Model::load(config.target, *core->backend, model_options);
+  if (!config.draft.empty()) {
+    core->draft = Model::load(config.draft, *core->backend, model_options);
+    check_pairing(*core->target, *core->draft);
+  }
+  if (core->target->paths().tokenizer) {
+    core->tokenizer = text::Tokenizer::load(*core->target->paths().tokenizer);
+  }
+
+  EngineInfo& info = core->info;
+  info.target = core->target->paths().directory.string();
+  info.target_parameters = core->target->parameter_count();
+  if (core->draft) {
+    info.draft = core->draft->paths().directory.string();
+    info.draft_parameters = core->draft->parameter_count();
+  }
+  info.vocab_size = core->target->config().vocab_size;
+  const std::vector<int32_t>& bos = core->target->config().bos_token_ids;
+  info.bos_token_id = bos.empty() ? -1 : bos.front();
+  info.context_limit = core->target->context_limit();
+  info.has_tokenizer = core->tokenizer != nullptr;
+  info.device = std::string(core->backend->name());
+  info.threads = core->pool->num_threads();
+
+  BatchEngineOptions batch_options;
+  batch_options.max_batch = config.max_batch;
+  core->batch = std::make_unique<BatchEngine>(*core->target, core->draft.get(), batch_options);
+  return std::unique_ptr<Engine>(new Engine(std::make_unique<Impl>(std::move(core))));
+}
+
+RequestHandle Engine::submit(const Request& request, StreamCallback on_event) {
+  detail::EngineCore& core = *impl_->core;
+  if (core.shut_down) throw Error("submit: the engine was shut down");
+  EngineRequest internal;
+  internal.generation = to_internal(request.sampling.value_or(core.config.sampling), "request");
+  internal.speculative =
+      to_internal(request.speculation.value_or(core.config.speculation), "request");
+  internal.prompt = prompt_tokens(core, request);
+  try {
+    validate_request(*core.target, internal.prompt, internal.generation.max_tokens);
+  } catch (const Error& error) {
+    throw Error(std::string("request: ") + error.what());
+  }
+
+  auto state = std::make_shared<detail::RequestState>();
+  state->engine = impl_->core;
+  state->on_event = std::move(on_event);
+  state->prompt_tokens = static_cast<int64_t>(internal.prompt.size());
+  if (core.tokenizer) state->decoder.emplace(*core.tokenizer, /*skip_special_tokens=*/true);
+  BatchEngine& batch = *core.batch;
+  state->submitted = Clock::now();
+  // The callback holds the state (not the engine): the batch engine owns the callback, and a
+  // handle may outlive both.
+  const RequestId id = batch.submit(
+      std::move(internal),
+      [state, &batch](const RequestUpdate& update) { deliver(*state, batch, update); });
+  {
+    std::lock_guard lock(state->mutex);
+    state->id = id;
+    state->result.request = id;
+  }
+  return RequestHandle(state);
+}
+
+bool Engine::cancel(uint64_t request) {
+  return impl_->core->batch->cancel(request);
+}
+
+EngineStats Engine::stats() const {
+  const detail::EngineCore& core = *impl_->core;
+  const BatchEngineStats batch = core.batch->stats();
+  EngineStats stats;
+  stats.submitted = batch.submitted;
+  stats.finished = batch.finished;
+  stats.running = batch.running;
+  stats.waiting = batch.waiting;
+  stats.tokens_generated = batch.tokens_generated;
+  stats.steps = batch.steps;
+  stats.mean_batch =
+      batch.steps > 0 ? static_cast<double>(batch.sequence_steps) / static_cast<double>(batch.steps)
+                      : 0.0;
+  stats.drafted = batch.drafted;
+  stats.accepted = batch.accepted;
+  stats.acceptance_rate =
+      batch.drafted > 0 ? static_cast<double>(batch.accepted) / static_cast<double>(batch.drafted)
+                        : 0.0;
+  stats.draft_ms = batch.draft_ms;
+  stats.target_ms = batch.target_ms;
+  stats.uptime_ms = ms_between(core.started, Clock::now());
+  stats.tokens_per_second =
+      stats.uptime_ms > 0 ? 1e3 * static_cast<double>(batch.tokens_generated) / stats.uptime_ms
+                          : 0.0;
+  stats.kv_tokens_capacity = batch.kv_tokens_capacity;
+  stats.kv_tokens_free = batch.kv_tokens_free;
+  return stats;
+}
+
+const EngineInfo& Engine::info() const {
+  return impl_->core->info;
+}
+
+void Engine::shutdown() {
+  detail::EngineCore& core = *impl_->core;
+  core.shut_down = true;
+  core.batch->shutdown();
+}
+
+std::vector<int32_t> Engine::tokenize(const std::string& text, bool add_special_tokens) const {
+  const detail::EngineCore& core = *impl_->core;
+  if (!core.tokenizer) throw Error("tokenize: " + core.info.target + " has no tokenizer.json");
+  return core.tokenizer->encode(text, add_special_tokens);
+}
+
+std::string Engine::detokenize(const std::vector<int32_t>& tokens) const {
+  const detail::EngineCore& core = *impl_->core;
+  if (!core.tokenizer) throw Error("detokenize: " + core.info.target + " has no tokenizer.json");
+  return core.tokenizer->decode(tokens, /*skip_special_tokens=*/true);
+}
+
+}  // namespace specrun

@@ -1,0 +1,239 @@
+// specrun's public C++ API: an engine that holds a target model (and optionally a draft model),
+// runs many requests at once with continuous batching under speculative decoding, and streams
+// their tokens and text back. Thread-safe: any thread may submit, cancel, read stats or shut down.
+//
+//   auto engine = specrun::Engine::create({.target = "models/pycode-target",
+//                                          .draft = "models/pycode-draft"});
+//   specrun::Request request;
+//   request.prompt = "def fib(n):\n";
+//   specrun::Result result = engine->submit(request).wait();
+//
+// The C ABI over this API is specrun.h.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "specrun/error.hpp"
+
+namespace specrun {
+
+// Who proposes the drafts.
+enum class SpeculationMethod {
+  kDraftModel,    // the engine's draft model (plain decoding when the engine has none)
+  kPromptLookup,  // n-grams of the prompt and the text so far
+  kNone,          // plain decoding
+};
+
+// How the number of drafts per step (gamma) adapts.
+enum class GammaControl {
+  kGoodput,    // measured acceptance and step costs, for the whole batch
+  kHeuristic,  // +2 after a step that accepted every draft, -1 otherwise
+  kFixed,      // always `gamma`
+};
+
+struct SamplingSettings {
+  float temperature = 1.0f;  // 0 is greedy
+  int32_t top_k = 0;         // keep the k most probable tokens; 0 disables
+  float top_p = 1.0f;        // keep the fewest tokens whose probability reaches p; 1 disables
+  float min_p = 0.0f;        // drop tokens below min_p times the top probability; 0 disables
+  uint64_t seed = 0;         // the request's own random stream
+  int64_t max_tokens = 256;  // new tokens at most
+  bool stop_at_eos = true;   // end at the model's end-of-sequence tokens (not emitted)
+};
+
+struct SpeculationSettings {
+  SpeculationMethod method = SpeculationMethod::kDraftModel;  // who proposes
+  GammaControl controller = GammaControl::kGoodput;           // how gamma adapts
+  int64_t gamma = 4;             // drafts per step at first (and always, with kFixed)
+  int64_t gamma_min = 0;         // never fewer (0 allows plain decoding)
+  int64_t gamma_max = 8;         // never more (at most 64)
+  float draft_p_min = 0.0f;      // stop drafting when the draft's top probability falls below this
+  int64_t lookup_min_ngram = 1;  // prompt lookup: shortest suffix matched
+  int64_t lookup_max_ngram = 3;  // prompt lookup: longest suffix matched
+};
+
+// Every field has a default member initializer, so designated initializers may name any subset
+// without -Wmissing-field-initializers warnings.
+struct EngineConfig {
+  std::string target{};               // checkpoint: a directory, .safetensors or index file
+  std::string draft{};                // draft checkpoint sharing the target's tokenizer; "" none
+  std::string device = "cpu";         // where the models run
+  int threads = 0;                    // CPU threads; 0 uses every core
+  int64_t kv_cache_tokens = 0;        // KV capacity per model; 0: the context, at most 8192
+  int64_t kv_block_size = 16;         // tokens per KV-cache block
+  int64_t max_batch = 64;             // sequences decoded together in one step, at most
+  std::string rope_style = "auto";    // RoPE pairing: "auto" (rotate-half, as Hugging Face
+                                      // checkpoints), "rotate-half" or "interleaved" (Meta/GGUF)
+  SamplingSettings sampling{};        // defaults of requests that give none
+  SpeculationSettings speculation{};  // defaults of requests that give none
+
+  // Reads a TOML file (configs/default.toml documents every key): [model] target and draft
+  // (relative paths are relative to the file), [sampling], [speculative], [runtime]. Throws
+  // Error naming the file, line and key of anything unknown, mistyped or out of range.
+  static EngineConfig from_toml(const std::string& path);
+};
+
+struct Request {
+  std::string prompt{};                              // text; BOS is added as the tokenizer says
+  std::vector<int32_t> prompt_ids{};                 // or token ids (then `prompt` must be empty)
+  std::optional<SamplingSettings> sampling{};        // default: the engine's
+  std::optional<SpeculationSettings> speculation{};  // default: the engine's
+};
+
+enum class FinishReason {
+  kEndOfSequence,  // the model produced an end-of-sequence token
+  kMaxTokens,      // max_tokens were produced
+  kContextLimit,   // the sequence filled the model's context
+  kCancelled,      // cancel() was called
+  kShutdown,       // the engine shut down first
+  kFailed,         // an error stopped it (Result::error says which)
+};
+const char* to_string(FinishReason reason);
+
+// The figures of one request, as the CLI reports them. Times are from submit().
+struct RequestStats {
+  int64_t prompt_tokens = 0;          // tokens prefilled
+  int64_t tokens_generated = 0;       // tokens emitted (end-of-sequence excluded)
+  double queue_ms = 0.0;              // waiting for room in the batch or the KV cache
+  double ttft_ms = 0.0;               // time to the first token
+  double itl_ms_mean = 0.0;           // inter-token latency: mean
+  double itl_ms_p50 = 0.0;            // median
+  double itl_ms_p99 = 0.0;            // 99th percentile
+  double tokens_per_second = 0.0;     // tokens_generated over the time from submit to the end
+  double total_ms = 0.0;              // from submit to the end
+  int64_t steps = 0;                  // engine steps the request took part in
+  int64_t drafted = 0;                // drafts verified
+  int64_t accepted = 0;               // drafts accepted
+  int64_t rejections = 0;             // steps that rejected a draft (accepted < drafted)
+  double acceptance_rate = 0.0;       // accepted / drafted
+  double mean_accepted_length = 0.0;  // tokens committed per step
+  std::map<int64_t, int64_t> gamma_histogram;  // drafts in a step -> steps
+  double draft_ms = 0.0;   // time in the steps' drafting (shared with the batch)
+  double target_ms = 0.0;  // time in the steps' target passes (shared with the batch)
+};
+
+// One delivery on a request's stream.
+struct Event {
+  uint64_t request = 0;         // the request's id
+  std::vector<int32_t> tokens;  // tokens committed since the last event (may be empty)
+  std::string text;             // their text, whole characters only ("" without a tokenizer)
+  bool finished = false;        // the last event of the request
+  FinishReason reason = FinishReason::kMaxTokens;  // why it finished (when finished)
+  std::string error;                               // what failed (reason kFailed)
+};
+
+struct Result {
+  uint64_t request = 0;                            // the request's id
+  std::vector<int32_t> tokens;                     // every generated token
+  std::string text;                                // their text ("" without a tokenizer)
+  FinishReason reason = FinishReason::kMaxTokens;  // why it finished
+  std::string error;                               // what failed (reason kFailed)
+  RequestStats stats;                              // its figures
+};
+
+// Called on the engine's thread for every event of the request, in order; keep it short. It may
+// call cancel() (of any request) but not submit(), wait() or shutdown(), which would deadlock. If
+// it throws, its request stops: no more events, and the Result says kFailed with the exception's
+// message.
+using StreamCallback = std::function<void(const Event&)>;
+
+namespace detail {
+struct RequestState;
+}
+
+// A submitted request. Copies share the request; it stays valid after the engine is gone.
+class RequestHandle {
+ public:
+  RequestHandle() = default;
+  explicit RequestHandle(std::shared_ptr<detail::RequestState> state);
+
+  uint64_t id() const;
+  // The pull interface (requests submitted without a callback): the next event, waiting up to
+  // `timeout`; nullopt when none came in time or the last one was already taken (at once for a
+  // request submitted with a callback, whose events go to the callback only).
+  std::optional<Event> next(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365));
+  // Blocks until the request finishes; its tokens, text, reason and stats.
+  Result wait();
+  bool finished() const;
+  // Asks the engine to stop the request at its next step; it finishes with kCancelled and its KV
+  // blocks are freed. No effect once it finished.
+  void cancel();
+
+ private:
+  std::shared_ptr<detail::RequestState> state_;
+};
+
+// Engine-wide figures since the engine started.
+struct EngineStats {
+  int64_t submitted = 0;           // requests accepted by submit()
+  int64_t finished = 0;            // requests that finished, for any reason
+  int64_t running = 0;             // in the batch now
+  int64_t waiting = 0;             // queued for room now
+  int64_t tokens_generated = 0;    // over every request
+  int64_t steps = 0;               // batched steps run
+  double mean_batch = 0.0;         // sequences per step, on average
+  int64_t drafted = 0;             // drafts verified
+  int64_t accepted = 0;            // drafts accepted
+  double acceptance_rate = 0.0;    // accepted / drafted
+  double draft_ms = 0.0;           // time drafting
+  double target_ms = 0.0;          // time in target passes (prefill, verification)
+  double uptime_ms = 0.0;          // since create()
+  double tokens_per_second = 0.0;  // tokens_generated over uptime
+  int64_t kv_tokens_capacity = 0;  // the target's KV cache, in tokens
+  int64_t kv_tokens_free = 0;      // free now
+};
+
+// What the engine runs on.
+struct EngineInfo {
+  std::string target;             // resolved checkpoint directory
+  std::string draft;              // "" without a draft
+  int64_t target_parameters = 0;  // parameters of the target
+  int64_t draft_parameters = 0;   // of the draft; 0 without one
+  int64_t vocab_size = 0;         // rows of the target's embedding: token ids are below this
+  int32_t bos_token_id = -1;      // the model's (first) beginning-of-sequence id; -1 when none
+  int64_t context_limit = 0;      // positions one sequence may hold
+  bool has_tokenizer = false;     // text in and out (else token ids only)
+  std::string device;             // "cpu"
+  int threads = 0;                // CPU threads
+};
+
+class Engine {
+ public:
+  // Loads the models (the draft must pair with the target) and starts the scheduler. Throws
+  // Error naming what is wrong with the config or the checkpoints.
+  static std::unique_ptr<Engine> create(const EngineConfig& config);
+  ~Engine();  // shutdown()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues a request. Throws Error for an empty prompt, ids outside the
+  // vocabulary, text without a tokenizer, settings out of range, a request that can never fit
+  // the KV cache, or an engine that was shut down.
+  RequestHandle submit(const Request& request, StreamCallback on_event = {});
+  // Cancels a request by id; false when it is unknown or already finished.
+  bool cancel(uint64_t request);
+  EngineStats stats() const;
+  const EngineInfo& info() const;
+  // Stops taking requests; every queued or running request finishes with kShutdown; returns when
+  // the scheduler has stopped. Idempotent.
+  void shutdown();
+
+  // The target's tokenizer (Error without one). detokenize() skips special tokens, as the streamed
+  // text does.
+  std::vector<int32_t> tokenize(const std::string& text, bool add_special_tokens = true) const;
+  std::string detokenize(const std::vector<int32_t>& tokens) const;
+
+ private:
+  class Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace specrun

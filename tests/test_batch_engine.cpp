@@ -1,0 +1,371 @@
+// The continuous-batching engine on token ids: batched results equal the same requests run alone
+// (greedy against the plain loop, sampled against the same request alone in a fresh engine);
+// requests from many threads are neither lost, duplicated nor mixed; a short KV cache makes
+// requests wait without corrupting running ones; cancellation frees KV blocks; shutdown finishes
+// every request.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "runtime/engine/batch_engine.h"
+#include "tests/test_support.h"
+
+namespace specrun {
+namespace {
+
+// Collects one request's updates and waits for its final one.
+class Collector {
+ public:
+  UpdateCallback callback() {
+    return [this](const RequestUpdate& update) {
+      std::lock_guard lock(mutex_);
+      EXPECT_FALSE(finished_) << "an update after the final one";
+      tokens_.insert(tokens_.end(), update.tokens.begin(), update.tokens.end());
+      updates_ += 1;
+      if (update.finished) {
+        finished_ = true;
+        status_ = update.status;
+        error_ = update.error;
+        if (update.stats != nullptr) stats_ = *update.stats;
+        done_.notify_all();
+      }
+    };
+  }
+  void wait() {
+    std::unique_lock lock(mutex_);
+    ASSERT_TRUE(done_.wait_for(lock, std::chrono::seconds(120), [&] { return finished_; }))
+        << "the request never finished";
+  }
+  std::vector<int32_t> tokens() {
+    std::lock_guard lock(mutex_);
+    return tokens_;
+  }
+  FinishStatus status() {
+    std::lock_guard lock(mutex_);
+    return status_;
+  }
+  std::string error() {
+    std::lock_guard lock(mutex_);
+    return error_;
+  }
+  SpeculativeStats stats() {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+  int64_t updates() {
+    std::lock_guard lock(mutex_);
+    return updates_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  std::vector<int32_t> tokens_;
+  int64_t updates_ = 0;
+  bool finished_ = false;
+  FinishStatus status_ = FinishStatus::kMaxTokens;
+  std::string error_;
+  SpeculativeStats stats_;
+};
+
+class BatchEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // A layer-skip pair: the target's deep layers change little, the draft is its first layer.
+    fixtures::GeneratorOptions options;
+    options.vocab_size = 128;
+    options.hidden_size = 64;
+    options.intermediate_size = 128;
+    options.num_layers = 3;
+    options.num_heads = 4;
+    options.num_kv_heads = 2;
+    options.max_position_embeddings = 512;
+    options.shallow_layers = 1;
+    options.deep_layer_scale = 0.3f;
+    options.eos_token_id = 2;
+    fixtures::write_random_checkpoint(options, dir_ / "target");
+    fixtures::write_truncated_checkpoint(dir_ / "target", 1, dir_ / "draft");
+    target_ = load("target");
+    draft_ = load("draft");
+  }
+
+  std::unique_ptr<Model> load(const std::string& name, int64_t kv_tokens = 4096) {
+    ModelOptions options;
+    options.kv_cache_tokens = kv_tokens;
+    options.kv_block_size = 8;
+    return Model::load(dir_ / name, *backend_, options);
+  }
+
+  static EngineRequest request(std::vector<int32_t> prompt, int64_t max_tokens, float temperature,
+                               SpeculativeMethod method, ControllerKind controller, int64_t gamma,
+                               uint64_t seed = 0) {
+    EngineRequest r;
+    r.prompt = std::move(prompt);
+    r.generation.max_tokens = max_tokens;
+    r.generation.sampling.temperature = temperature;
+    r.generation.sampling.seed = seed;
+    r.generation.stop_at_eos = false;
+    r.speculative.method = method;
+    r.speculative.controller = controller;
+    r.speculative.gamma = {gamma, controller == ControllerKind::kFixed ? gamma : 0, 8};
+    return r;
+  }
+
+  // A mix of prompts, lengths, methods and controllers, all greedy.
+  std::vector<EngineRequest> greedy_mix(int count) {
+    std::vector<EngineRequest> requests;
+    const SpeculativeMethod methods[] = {
+        SpeculativeMethod::kDraftModel, SpeculativeMethod::kPromptLookup, SpeculativeMethod::kNone};
+    const ControllerKind controllers[] = {ControllerKind::kGoodput, ControllerKind::kFixed,
+                                          ControllerKind::kHeuristic};
+    for (int i = 0; i < count; ++i) {
+      std::vector<int32_t> prompt = {1};
+      for (int j = 0; j < 1 + (i * 7) % 23; ++j) prompt.push_back(3 + (i * 31 + j * 17) % 120);
+      requests.push_back(request(prompt, 8 + (i * 13) % 40, 0.0f, methods[i % 3],
+                                 controllers[(i / 3) % 3], 1 + i % 6));
+    }
+    return requests;
+  }
+
+  std::vector<int32_t> alone(const EngineRequest& r) {
+    return generate(*target_, r.prompt, r.generation).tokens;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(2);
+  std::unique_ptr<Model> target_;
+  std::unique_ptr<Model> draft_;
+};
+
+TEST_F(BatchEngineTest, GreedyBatchedResultsEqualEachRequestAlone) {
+  const std::vector<EngineRequest> requests = greedy_mix(30);
+  std::vector<std::vector<int32_t>> expected;
+  for (const EngineRequest& r : requests) expected.push_back(alone(r));
+  BatchEngine engine(*target_, draft_.get(), {.max_batch = 16});
+  std::vector<std::unique_ptr<Collector>> collectors;
+  for (const EngineRequest& r : requests) {
+    collectors.push_back(std::make_unique<Collector>());
+    engine.submit(r, collectors.back()->callback());
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    collectors[i]->wait();
+    EXPECT_EQ(collectors[i]->status(), FinishStatus::kMaxTokens) << i;
+    EXPECT_EQ(collectors[i]->tokens(), expected[i]) << "request " << i;
+    EXPECT_EQ(collectors[i]->stats().tokens_generated, static_cast<int64_t>(expected[i].size()));
+  }
+  const BatchEngineStats stats = engine.stats();
+  EXPECT_EQ(stats.submitted, 30);
+  EXPECT_EQ(stats.finished, 30);
+  EXPECT_GT(stats.sequence_steps, stats.steps);  // some steps ran several sequences
+  EXPECT_GT(stats.drafted, 0);
+}
+
+TEST_F(BatchEngineTest, SampledRequestsAreTheSameAloneAndInABatch) {
+  // Fixed gammas: the random streams are per request, so a request's tokens do not depend on its
+  // batch mates.
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    requests.push_back(
+        request({1, 5 + i, 9, 40 + i}, 24, 0.9f,
+                i % 2 ? SpeculativeMethod::kDraftModel : SpeculativeMethod::kPromptLookup,
+                ControllerKind::kFixed, 1 + i % 4, 100 + i));
+  }
+  std::vector<std::vector<int32_t>> expected;
+  for (const EngineRequest& r : requests) {
+    BatchEngine single(*target_, draft_.get(), {});
+    Collector collector;
+    single.submit(r, collector.callback());
+    collector.wait();
+    expected.push_back(collector.tokens());
+  }
+  BatchEngine engine(*target_, draft_.get(), {});
+  std::vector<std::unique_ptr<Collector>> collectors;
+  for (const EngineRequest& r : requests) {
+    collectors.push_back(std::make_unique<Collector>());
+    engine.submit(r, collectors.back()->callback());
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    collectors[i]->wait();
+    EXPECT_EQ(collectors[i]->tokens(), expected[i]) << "request " << i;
+  }
+  // Different seeds give different samples (the streams really are per request).
+  EXPECT_NE(expected[1], expected[3]);
+}
+
+TEST_F(BatchEngineTest, ManyThreadsSubmittingAtOnce) {
+  const std::vector<EngineRequest> requests = greedy_mix(96);
+  std::vector<std::vector<int32_t>> expected;
+  for (const EngineRequest& r : requests) expected.push_back(alone(r));
+  BatchEngine engine(*target_, draft_.get(), {.max_batch = 24});
+  std::vector<std::unique_ptr<Collector>> collectors(requests.size());
+  for (auto& collector : collectors) collector = std::make_unique<Collector>();
+  std::vector<RequestId> ids(requests.size());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = static_cast<size_t>(t); i < requests.size(); i += 16) {
+        ids[i] = engine.submit(requests[i], collectors[i]->callback());
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  std::set<RequestId> unique(ids.begin(), ids.end());
+  EXPECT_EQ(unique.size(), requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    collectors[i]->wait();
+    EXPECT_EQ(collectors[i]->tokens(), expected[i]) << "request " << i;
+  }
+  EXPECT_EQ(engine.stats().finished, static_cast<int64_t>(requests.size()));
+}
+
+TEST_F(BatchEngineTest, ShortKvCacheMakesRequestsWaitNotFail) {
+  // Room for about two requests at a time (each reserves prompt + max_tokens positions).
+  auto target = load("target", 160);
+  auto draft = load("draft", 160);
+  const std::vector<EngineRequest> requests = greedy_mix(9);
+  std::vector<std::vector<int32_t>> expected;
+  for (const EngineRequest& r : requests) expected.push_back(alone(r));
+  BatchEngine engine(*target, draft.get(), {});
+  std::vector<std::unique_ptr<Collector>> collectors;
+  for (const EngineRequest& r : requests) {
+    collectors.push_back(std::make_unique<Collector>());
+    engine.submit(r, collectors.back()->callback());
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    collectors[i]->wait();
+    EXPECT_EQ(collectors[i]->status(), FinishStatus::kMaxTokens) << i;
+    EXPECT_EQ(collectors[i]->tokens(), expected[i]) << "request " << i;
+  }
+  const BatchEngineStats stats = engine.stats();
+  EXPECT_EQ(stats.kv_tokens_free, stats.kv_tokens_capacity);
+
+  // A prompt that could never fit is refused at once, naming the sizes; a long max_tokens is
+  // not an error: the request ends at the context limit, which counts the cache.
+  EngineRequest huge = request(std::vector<int32_t>(200, 5), 4, 0.0f,
+                               SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
+  testing::expect_error([&] { engine.submit(huge, {}); }, {"200", "160"});
+  EngineRequest greedy =
+      request({1, 2, 3}, 400, 0.0f, SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
+  Collector collector;
+  engine.submit(greedy, collector.callback());
+  collector.wait();
+  EXPECT_EQ(collector.status(), FinishStatus::kContextLimit);
+  EXPECT_EQ(collector.tokens(), generate(*target, greedy.prompt, greedy.generation).tokens);
+}
+
+TEST_F(BatchEngineTest, CancelStopsARequestAndFreesItsBlocks) {
+  BatchEngine engine(*target_, draft_.get(), {});
+  std::atomic<RequestId> id{0};
+  std::atomic<int> seen{0};
+  Collector collector;
+  UpdateCallback inner = collector.callback();
+  EngineRequest r =
+      request({1, 4, 5}, 400, 0.0f, SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
+  // Cancelled from its own callback after a few updates.
+  id = engine.submit(r, [&](const RequestUpdate& update) {
+    inner(update);
+    if (++seen == 3) {
+      EXPECT_TRUE(engine.cancel(id));
+    }
+  });
+  collector.wait();
+  EXPECT_EQ(collector.status(), FinishStatus::kCancelled);
+  EXPECT_LT(collector.tokens().size(), 400u);
+  EXPECT_FALSE(engine.cancel(id));  // already finished
+
+  // Cancelled from another thread while queued or running.
+  Collector other;
+  const RequestId other_id = engine.submit(r, other.callback());
+  std::thread([&] { EXPECT_TRUE(engine.cancel(other_id)); }).join();
+  other.wait();
+  EXPECT_EQ(other.status(), FinishStatus::kCancelled);
+
+  for (int i = 0; i < 100 && engine.stats().kv_tokens_free != engine.stats().kv_tokens_capacity;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(engine.stats().kv_tokens_free, engine.stats().kv_tokens_capacity);
+  EXPECT_EQ(target_->kv_cache().num_sequences(), 0);
+  EXPECT_EQ(draft_->kv_cache().num_sequences(), 0);
+}
+
+TEST_F(BatchEngineTest, ShutdownFinishesEveryRequest) {
+  std::vector<std::unique_ptr<Collector>> collectors;
+  {
+    BatchEngine engine(*target_, draft_.get(), {.max_batch = 4});
+    for (const EngineRequest& r : greedy_mix(20)) {
+      EngineRequest longer = r;
+      longer.generation.max_tokens = 300;
+      collectors.push_back(std::make_unique<Collector>());
+      engine.submit(longer, collectors.back()->callback());
+    }
+    engine.shutdown();
+    testing::expect_error([&] { engine.submit(greedy_mix(1)[0], {}); }, {"shut down"});
+    engine.shutdown();  // idempotent
+  }
+  int shut_down = 0;
+  for (auto& collector : collectors) {
+    collector->wait();
+    const FinishStatus status = collector->status();
+    EXPECT_TRUE(status == FinishStatus::kShutdown || status == FinishStatus::kMaxTokens);
+    shut_down += status == FinishStatus::kShutdown;
+  }
+  EXPECT_GT(shut_down, 0);
+  EXPECT_EQ(target_->kv_cache().num_sequences(), 0);
+}
+
+TEST_F(BatchEngineTest, BadRequestsAreRefusedAtSubmit) {
+  BatchEngine engine(*target_, draft_.get(), {});
+  EngineRequest good =
+      request({1, 2}, 4, 0.0f, SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
+  EngineRequest empty = good;
+  empty.prompt.clear();
+  testing::expect_error([&] { engine.submit(empty, {}); }, {"empty"});
+  EngineRequest outside = good;
+  outside.prompt = {1, 500};
+  testing::expect_error([&] { engine.submit(outside, {}); }, {"500"});
+  EngineRequest bad_gamma = good;
+  bad_gamma.speculative.gamma = {9, 0, 8};
+  testing::expect_error([&] { engine.submit(bad_gamma, {}); }, {"gamma"});
+  EngineRequest bad_top_p = good;
+  bad_top_p.generation.sampling.top_p = 1.5f;
+  testing::expect_error([&] { engine.submit(bad_top_p, {}); }, {"top_p"});
+  EXPECT_EQ(engine.stats().submitted, 0);
+}
+
+TEST_F(BatchEngineTest, EndOfSequenceAndTheContextLimitStopARequest) {
+  BatchEngine engine(*target_, draft_.get(), {});
+  // Context: 512 positions; a prompt of 500 leaves room for 13 tokens.
+  std::vector<int32_t> prompt(500, 7);
+  prompt[0] = 1;
+  EngineRequest r =
+      request(prompt, 100, 0.0f, SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
+  GenerationOptions options = r.generation;
+  const GenerationResult expected = generate(*target_, prompt, options);
+  Collector collector;
+  engine.submit(r, collector.callback());
+  collector.wait();
+  EXPECT_EQ(collector.status(), FinishStatus::kContextLimit);
+  EXPECT_EQ(collector.tokens(), expected.tokens);
+
+  // With EOS honoured, a request ends at the first EOS (not emitted), as the plain loop does.
+  for (const EngineRequest& base : greedy_mix(12)) {
+    EngineRequest stopping = base;
+    stopping.generation.stop_at_eos = true;
+    stopping.generation.max_tokens = 60;
+    const GenerationResult plain = generate(*target_, stopping.prompt, stopping.generation);
+    Collector c;
+    engine.submit(stopping, c.callback());
+    c.wait();
+    EXPECT_EQ(c.tokens(), plain.tokens);
+    EXPECT_EQ(c.status() == FinishStatus::kEndOfSequence,
+              plain.stop_reason == StopReason::kEndOfSequence);
+  }
+}
+
+}  // namespace
+}  // namespace specrun

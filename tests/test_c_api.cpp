@@ -1,0 +1,637 @@
+// The C ABI (specrun/specrun.h): defaults, streaming through a function pointer and pulling with
+// timeouts, results and stats in C structs, cancellation, shutdown, and on every error path a
+// status code and a thread-local message, never an exception or a crash.
+#include "specrun/specrun.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/engine/generate.h"
+#include "runtime/model/model.h"
+#include "specrun/specrun.hpp"
+#include "tests/test_support.h"
+
+namespace specrun {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Asserts a failed call: its status, and a last-error message naming the function and holding
+// every fragment.
+void expect_failure(specrun_status status, specrun_status expected, const char* function,
+                    std::initializer_list<std::string> fragments) {
+  EXPECT_EQ(status, expected) << specrun_status_name(status) << ": " << specrun_last_error();
+  const std::string message = specrun_last_error();
+  EXPECT_EQ(message.rfind(std::string(function) + ": ", 0), 0u) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  for (const std::string& fragment : fragments) {
+    EXPECT_NE(message.find(fragment), std::string::npos) << message << "\nmissing: " << fragment;
+  }
+}
+
+// Stores an int in an enum field as C code may, without forming an out-of-range enum value in
+// C++ (which would be undefined).
+template <typename Enum>
+void store_int(Enum* field, int value) {
+  static_assert(sizeof(Enum) == sizeof(int));
+  std::memcpy(field, &value, sizeof(value));
+}
+
+// What a C callback collects: every event's tokens and text, and the final reason.
+struct Collected {
+  std::vector<int32_t> tokens;                           // every event's tokens, in order
+  std::string text;                                      // every event's text
+  int events = 0;                                        // callbacks received
+  int finished = 0;                                      // events with finished set
+  specrun_finish_reason reason = SPECRUN_FINISH_FAILED;  // the final event's reason
+};
+
+void collect(const specrun_event* event, void* user_data) {
+  auto* collected = static_cast<Collected*>(user_data);
+  collected->tokens.insert(collected->tokens.end(), event->tokens,
+                           event->tokens + event->token_count);
+  collected->text.append(event->text, event->text_length);
+  ++collected->events;
+  if (event->finished) {
+    ++collected->finished;
+    collected->reason = event->reason;
+  }
+}
+
+class CApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::write_layer_skip_pair(dir_.path());
+    target_ = (dir_ / "target").string();
+    draft_ = (dir_ / "draft").string();
+  }
+
+  specrun_engine_config config() const {
+    specrun_engine_config config;
+    EXPECT_EQ(specrun_engine_config_init(&config), SPECRUN_OK);
+    config.target = target_.c_str();
+    config.draft = draft_.c_str();
+    config.threads = 2;
+    config.kv_cache_tokens = 2048;
+    config.sampling.temperature = 0.0f;
+    config.sampling.stop_at_eos = 0;
+    config.sampling.max_tokens = 12;
+    return config;
+  }
+
+  specrun_engine* create() const {
+    const specrun_engine_config settings = config();
+    specrun_engine* engine = nullptr;
+    EXPECT_EQ(specrun_engine_create(&settings, &engine), SPECRUN_OK) << specrun_last_error();
+    return engine;
+  }
+
+  std::vector<int32_t> greedy_alone(const std::vector<int32_t>& prompt, int64_t max_tokens) {
+    auto backend = testing::make_cpu_backend(1);
+    auto model = Model::load(target_, *backend);
+    GenerationOptions options;
+    options.sampling.temperature = 0.0f;
+    options.max_tokens = max_tokens;
+    options.stop_at_eos = false;
+    return generate(*model, prompt, options).tokens;
+  }
+
+  testing::TempDir dir_;
+  std::string target_, draft_;
+};
+
+TEST_F(CApiTest, InitSetsTheCppDefaults) {
+  specrun_engine_config config;
+  std::memset(&config, 0xAB, sizeof(config));
+  ASSERT_EQ(specrun_engine_config_init(&config), SPECRUN_OK);
+  const EngineConfig defaults;
+  EXPECT_EQ(config.target, nullptr);
+  EXPECT_EQ(config.draft, nullptr);
+  EXPECT_EQ(config.device, nullptr);
+  EXPECT_EQ(config.rope_style, nullptr);
+  EXPECT_EQ(config.threads, defaults.threads);
+  EXPECT_EQ(config.kv_cache_tokens, defaults.kv_cache_tokens);
+  EXPECT_EQ(config.kv_block_size, defaults.kv_block_size);
+  EXPECT_EQ(config.max_batch, defaults.max_batch);
+  EXPECT_EQ(config.sampling.temperature, defaults.sampling.temperature);
+  EXPECT_EQ(config.sampling.top_k, defaults.sampling.top_k);
+  EXPECT_EQ(config.sampling.top_p, defaults.sampling.top_p);
+  EXPECT_EQ(config.sampling.min_p, defaults.sampling.min_p);
+  EXPECT_EQ(config.sampling.seed, defaults.sampling.seed);
+  EXPECT_EQ(config.sampling.max_tokens, defaults.sampling.max_tokens);
+  EXPECT_EQ(config.sampling.stop_at_eos, 1);
+  EXPECT_EQ(config.speculation.method, SPECRUN_METHOD_DRAFT);
+  EXPECT_EQ(config.speculation.controller, SPECRUN_CONTROLLER_GOODPUT);
+  EXPECT_EQ(config.speculation.gamma, defaults.speculation.gamma);
+  EXPECT_EQ(config.speculation.gamma_min, defaults.speculation.gamma_min);
+  EXPECT_EQ(config.speculation.gamma_max, defaults.speculation.gamma_max);
+  EXPECT_EQ(config.speculation.draft_p_min, defaults.speculation.draft_p_min);
+  EXPECT_EQ(config.speculation.lookup_min_ngram, defaults.speculation.lookup_min_ngram);
+  EXPECT_EQ(config.speculation.lookup_max_ngram, defaults.speculation.lookup_max_ngram);
+
+  specrun_request_params params;
+  std::memset(&params, 0xAB, sizeof(params));
+  ASSERT_EQ(specrun_request_params_init(&params), SPECRUN_OK);
+  EXPECT_EQ(params.prompt, nullptr);
+  EXPECT_EQ(params.prompt_ids, nullptr);
+  EXPECT_EQ(params.prompt_id_count, 0u);
+  EXPECT_EQ(params.sampling, nullptr);
+  EXPECT_EQ(params.speculation, nullptr);
+  EXPECT_EQ(params.on_event, nullptr);
+  EXPECT_EQ(params.user_data, nullptr);
+  EXPECT_STREQ(specrun_version(), "0.1.0");
+  EXPECT_STREQ(specrun_status_name(SPECRUN_ERROR_SHUT_DOWN), "shut_down");
+  EXPECT_STREQ(specrun_finish_reason_name(SPECRUN_FINISH_CANCELLED), "cancelled");
+}
+
+TEST_F(CApiTest, NullPointersAreRejectedByEveryFunction) {
+  specrun_engine* engine = create();
+  ASSERT_NE(engine, nullptr);
+  specrun_request_params params;
+  specrun_request_params_init(&params);
+  const int32_t ids[] = {1, 2};
+  params.prompt_ids = ids;
+  params.prompt_id_count = 2;
+  specrun_request* request = nullptr;
+  ASSERT_EQ(specrun_submit(engine, &params, &request), SPECRUN_OK) << specrun_last_error();
+  const specrun_engine_config settings = config();
+  specrun_engine* out_engine = nullptr;
+  specrun_event* event = nullptr;
+  specrun_result* result = nullptr;
+  uint64_t id = 0;
+  int flag = 0;
+  specrun_engine_stats stats;
+  specrun_engine_info info;
+  int32_t* tokens = nullptr;
+  size_t count = 0;
+  char* text = nullptr;
+  const specrun_status invalid = SPECRUN_ERROR_INVALID_ARGUMENT;
+
+  expect_failure(specrun_sampling_init(nullptr), invalid, "specrun_sampling_init", {"sampling"});
+  expect_failure(specrun_speculation_init(nullptr), invalid, "specrun_speculation_init",
+                 {"speculation is NULL"});
+  expect_failure(specrun_engine_config_init(nullptr), invalid, "specrun_engine_config_init",
+                 {"config is NULL"});
+  expect_failure(specrun_request_params_init(nullptr), invalid, "specrun_request_params_init",
+                 {"params is NULL"});
+  expect_failure(specrun_engine_create(nullptr, &out_engine), invalid, "specrun_engine_create",
+                 {"config is NULL"});
+  expect_failure(specrun_engine_create(&settings, nullptr), invalid, "specrun_engine_create",
+                 {"engine is NULL"});
+  specrun_engine_config no_target = settings;
+  no_target.target = nullptr;
+  expect_failure(specrun_engine_create(&no_target, &out_engine), invalid, "specrun_engine_create",
+                 {"config->target is NULL"});
+  expect_failure(specrun_engine_create_from_toml(nullptr, &out_engine), invalid,
+                 "specrun_engine_create_from_toml", {"path is NULL"});
+  expect_failure(specrun_engine_create_from_toml("x.toml", nullptr), invalid,
+                 "specrun_engine_create_from_toml", {"engine is NULL"});
+  EXPECT_EQ(out_engine, nullptr);
+  expect_failure(specrun_engine_shutdown(nullptr), invalid, "specrun_engine_shutdown", {"NULL"});
+  expect_failure(specrun_submit(nullptr, &params, &request), invalid, "specrun_submit",
+                 {"engine is NULL"});
+  expect_failure(specrun_submit(engine, nullptr, &request), invalid, "specrun_submit",
+                 {"params is NULL"});
+  expect_failure(specrun_submit(engine, &params, nullptr), invalid, "specrun_submit",
+                 {"request is NULL"});
+  specrun_request_params no_ids = params;
+  no_ids.prompt_ids = nullptr;
+  specrun_request* refused = nullptr;
+  expect_failure(specrun_submit(engine, &no_ids, &refused), invalid, "specrun_submit",
+                 {"prompt_ids is NULL with prompt_id_count 2"});
+  EXPECT_EQ(refused, nullptr);
+  expect_failure(specrun_request_next(nullptr, 0, &event), invalid, "specrun_request_next",
+                 {"request is NULL"});
+  expect_failure(specrun_request_next(request, 0, nullptr), invalid, "specrun_request_next",
+                 {"event is NULL"});
+  expect_failure(specrun_request_wait(nullptr, &result), invalid, "specrun_request_wait",
+                 {"request is NULL"});
+  expect_failure(specrun_request_wait(request, nullptr), invalid, "specrun_request_wait",
+                 {"result is NULL"});
+  expect_failure(specrun_request_id(nullptr, &id), invalid, "specrun_request_id", {"request"});
+  expect_failure(specrun_request_id(request, nullptr), invalid, "specrun_request_id", {"id"});
+  expect_failure(specrun_request_finished(nullptr, &flag), invalid, "specrun_request_finished",
+                 {"request"});
+  expect_failure(specrun_request_finished(request, nullptr), invalid, "specrun_request_finished",
+                 {"finished is NULL"});
+  expect_failure(specrun_request_cancel(nullptr), invalid, "specrun_request_cancel", {"request"});
+  expect_failure(specrun_engine_cancel(nullptr, 1, &flag), invalid, "specrun_engine_cancel",
+                 {"engine"});
+  expect_failure(specrun_engine_stats_get(nullptr, &stats), invalid, "specrun_engine_stats_get",
+                 {"engine"});
+  expect_failure(specrun_engine_stats_get(engine, nullptr), invalid, "specrun_engine_stats_get",
+                 {"stats"});
+  expect_failure(specrun_engine_info_get(nullptr, &info), invalid, "specrun_engine_info_get",
+                 {"engine"});
+  expect_failure(specrun_engine_info_get(engine, nullptr), invalid, "specrun_engine_info_get",
+                 {"info"});
+  expect_failure(specrun_tokenize(nullptr, "a", 1, &tokens, &count), invalid, "specrun_tokenize",
+                 {"engine"});
+  expect_failure(specrun_tokenize(engine, nullptr, 1, &tokens, &count), invalid, "specrun_tokenize",
+                 {"text"});
+  expect_failure(specrun_tokenize(engine, "a", 1, nullptr, &count), invalid, "specrun_tokenize",
+                 {"tokens"});
+  expect_failure(specrun_tokenize(engine, "a", 1, &tokens, nullptr), invalid, "specrun_tokenize",
+                 {"count"});
+  expect_failure(specrun_detokenize(nullptr, ids, 2, &text), invalid, "specrun_detokenize",
+                 {"engine"});
+  expect_failure(specrun_detokenize(engine, nullptr, 2, &text), invalid, "specrun_detokenize",
+                 {"tokens is NULL with count 2"});
+  expect_failure(specrun_detokenize(engine, ids, 2, nullptr), invalid, "specrun_detokenize",
+                 {"text"});
+  // Releasing NULL is nothing.
+  specrun_engine_destroy(nullptr);
+  specrun_request_free(nullptr);
+  specrun_event_free(nullptr);
+  specrun_result_free(nullptr);
+  specrun_tokens_free(nullptr);
+  specrun_string_free(nullptr);
+
+  ASSERT_EQ(specrun_request_wait(request, &result), SPECRUN_OK);
+  specrun_result_free(result);
+  specrun_request_free(request);
+  specrun_engine_destroy(engine);
+}
+
+TEST_F(CApiTest, StreamsThroughTheCallbackAndReturnsTheResult) {
+  specrun_engine* engine = create();
+  ASSERT_NE(engine, nullptr);
+  const std::vector<int32_t> prompt = {1, 17, 200};
+  specrun_request_params params;
+  specrun_request_params_init(&params);
+  params.prompt_ids = prompt.data();
+  params.prompt_id_count = prompt.size();
+  specrun_speculation speculation;
+  specrun_speculation_init(&speculation);
+  speculation.controller = SPECRUN_CONTROLLER_FIXED;
+  speculation.gamma = 3;
+  speculation.gamma_min = 3;
+  params.speculation = &speculation;
+  Collected collected;
+  params.on_event = collect;
+  params.user_data = &collected;
+  specrun_request* request = nullptr;
+  ASSERT_EQ(specrun_submit(engine, &params, &request), SPECRUN_OK) << specrun_last_error();
+
+  specrun_result* result = nullptr;
+  ASSERT_EQ(specrun_request_wait(request, &result), SPECRUN_OK) << specrun_last_error();
+  const std::vector<int32_t> tokens(result->tokens, result->tokens + result->token_count);
+  EXPECT_EQ(tokens, greedy_alone(prompt, 12));
+  EXPECT_EQ(collected.tokens, tokens);
+  EXPECT_EQ(collected.finished, 1);
+  EXPECT_EQ(collected.reason, SPECRUN_FINISH_MAX_TOKENS);
+  EXPECT_EQ(result->reason, SPECRUN_FINISH_MAX_TOKENS);
+  EXPECT_STREQ(result->text, "");  // no tokenizer
+  EXPECT_EQ(result->text_length, 0u);
+  EXPECT_STREQ(result->error, "");
+  uint64_t id = 0;
+  ASSERT_EQ(specrun_request_id(request, &id), SPECRUN_OK);
+  EXPECT_EQ(result->request, id);
+  int finished = 0;
+  ASSERT_EQ(specrun_request_finished(request, &finished), SPECRUN_OK);
+  EXPECT_EQ(finished, 1);
+
+  const specrun_request_stats& stats = result->stats;
+  EXPECT_EQ(stats.prompt_tokens, 3);
+  EXPECT_EQ(stats.tokens_generated, 12);
+  EXPECT_GT(stats.ttft_ms, 0.0);
+  EXPECT_LE(stats.ttft_ms, stats.total_ms);
+  EXPECT_GT(stats.steps, 0);
+  int64_t steps = 0;
+  for (int gamma = 0; gamma <= SPECRUN_MAX_GAMMA; ++gamma) {
+    if (gamma > 3) {
+      EXPECT_EQ(stats.gamma_histogram[gamma], 0);
+    }
+    steps += stats.gamma_histogram[gamma];
+  }
+  EXPECT_EQ(steps, stats.steps);
+  EXPECT_LE(stats.accepted, stats.drafted);
+  specrun_result_free(result);
+
+  // A request with a callback has nothing to pull.
+  specrun_event* event = nullptr;
+  expect_failure(specrun_request_next(request, 0, &event), SPECRUN_ERROR_END_OF_STREAM,
+                 "specrun_request_next", {"no more events"});
+  EXPECT_EQ(event, nullptr);
+  specrun_request_free(request);
+
+  // The engine counts a step after delivering its updates: its figures may lag a moment.
+  specrun_engine_stats engine_stats;
+  for (int i = 0; i < 500; ++i) {
+    ASSERT_EQ(specrun_engine_stats_get(engine, &engine_stats), SPECRUN_OK);
+    if (engine_stats.tokens_generated == 12) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(engine_stats.submitted, 1);
+  EXPECT_EQ(engine_stats.tokens_generated, 12);
+  EXPECT_GT(engine_stats.kv_tokens_capacity, 0);
+  specrun_engine_info info;
+  ASSERT_EQ(specrun_engine_info_get(engine, &info), SPECRUN_OK);
+  EXPECT_EQ(fs::path(info.target), fs::path(target_));
+  EXPECT_EQ(fs::path(info.draft), fs::path(draft_));
+  EXPECT_EQ(info.vocab_size, 256);
+  EXPECT_EQ(info.has_tokenizer, 0);
+  EXPECT_STREQ(info.device, "cpu");
+  EXPECT_EQ(info.threads, 2);
+  specrun_engine_destroy(engine);
+}
+
+// Holds the scheduler thread inside a callback until released, so that no other event can be
+// delivered meanwhile: a pull with a timeout then times out for certain.
+struct Gate {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool entered = false;  // the callback is holding the scheduler
+  bool open = false;     // the callback may return
+};
+
+void hold(const specrun_event* event, void* user_data) {
+  auto* gate = static_cast<Gate*>(user_data);
+  if (event->finished) return;
+  std::unique_lock lock(gate->mutex);
+  gate->entered = true;
+  gate->changed.notify_all();
+  gate->changed.wait(lock, [&] { return gate->open; });
+}
+
+TEST_F(CApiTest, PullsEventsWithTimeoutsUntilTheEnd) {
+  specrun_engine* engine = create();
+  ASSERT_NE(engine, nullptr);
+  const std::vector<int32_t> prompt = {1, 40, 41};
+  specrun_request_params params;
+  specrun_request_params_init(&params);
+  params.prompt_ids = prompt.data();
+  params.prompt_id_count = prompt.size();
+  Gate gate;
+  specrun_request_params holding = params;
+  holding.on_event = hold;
+  holding.user_data = &gate;
+  specrun_request* held = nullptr;
+  ASSERT_EQ(specrun_submit(engine, &holding, &held), SPECRUN_OK) << specrun_last_error();
+  {
+    std::unique_lock lock(gate.mutex);
+    ASSERT_TRUE(
+        gate.changed.wait_for(lock, std::chrono::seconds(10), [&] { return gate.entered; }));
+  }
+  specrun_request* request = nullptr;
+  ASSERT_EQ(specrun_submit(engine, &params, &request), SPECRUN_OK) << specrun_last_error();
+  specrun_event* event = nullptr;
+  expect_failure(specrun_request_next(request, 20, &event), SPECRUN_ERROR_TIMEOUT,
+                 "specrun_request_next", {"no event within 20 ms"});
+  EXPECT_EQ(event, nullptr);
+  {
+    std::lock_guard lock(gate.mutex);
+    gate.open = true;
+  }
+  gate.changed.notify_all();
+
+  std::vector<int32_t> pulled;
+  int finished_events = 0;
+  specrun_finish_reason reason = SPECRUN_FINISH_FAILED;
+  specrun_status status;
+  while ((status = specrun_request_next(request, -1, &event)) == SPECRUN_OK) {
+    pulled.insert(pulled.end(), event->tokens, event->tokens + event->token_count);
+    EXPECT_STREQ(event->text, "");
+    if (event->finished) {
+      ++finished_events;
+      reason = event->reason;
+    }
+    specrun_event_free(event);
+  }
+  EXPECT_EQ(status, SPECRUN_ERROR_END_OF_STREAM) << specrun_last_error();
+  EXPECT_EQ(finished_events, 1);
+  EXPECT_EQ(reason, SPECRUN_FINISH_MAX_TOKENS);
+  EXPECT_EQ(pulled, greedy_alone(prompt, 12));
+  specrun_result* result = nullptr;
+  ASSERT_EQ(specrun_request_wait(request, &result), SPECRUN_OK);
+  EXPECT_EQ(std::vector<int32_t>(result->tokens, result->tokens + result->token_count), pulled);
+  specrun_result_free(result);
+  ASSERT_EQ(specrun_request_wait(held, &result), SPECRUN_OK);  // waiting twice is fine
+  specrun_result_free(result);
+  specrun_request_free(held);
+  specrun_request_free(request);
+  specrun_engine_destroy(engine);
+}
+
+void cancel_self(const specrun_event* event, void* user_data) {
+  auto* engine = static_cast<specrun_engine*>(user_data);
+  if (!event->finished && event->token_count > 0)
+    specrun_engine_cancel(engine, event->request, nullptr);
+}
+
+TEST_F(CApiTest, CancelsByHandleAndById) {
+  specrun_engine* engine = create();
+  ASSERT_NE(engine, nullptr);
+  const int32_t prompt[] = {1, 5, 9};
+  specrun_sampling sampling;
+  specrun_sampling_init(&sampling);
+  sampling.temperature = 0.0f;
+  sampling.max_tokens = 500;
+  sampling.stop_at_eos = 0;
+  specrun_request_params params;
+  specrun_request_params_init(&params);
+  params.prompt_ids = prompt;
+  params.prompt_id_count = 3;
+  params.sampling = &sampling;
+
+  specrun_request* by_handle = nullptr;
+  ASSERT_EQ(specrun_submit(engine, &params, &by_handle), SPECRUN_OK);
+  specrun_event* event = nullptr;
+  ASSERT_EQ(specrun_request_next(by_handle, 120000, &event), SPECRUN_OK) << specrun_last_error();
+  specrun_event_free(event);
+  ASSERT_EQ(specrun_request_cancel(by_handle), SPECRUN_OK);
+
+  params.on_event = cancel_self;
+  params.user_data = engine;
+  specrun_request* by_id = nullptr;
+  ASSERT_EQ(specrun_submit(engine, &params, &by_id), SPECRUN_OK);
+
+  for (specrun_request* request : {by_handle, by_id}) {
+    specrun_result* result = nullptr;
+    ASSERT_EQ(specrun_request_wait(request, &result), SPECRUN_OK);
+    EXPECT_EQ(result->reason, SPECRUN_FINISH_CANCELLED);
+    EXPECT_LT(result->token_count, 500u);
+    uint64_t id = 0;
+    specrun_request_id(request, &id);
+    int cancelled = 1;
+    ASSERT_EQ(specrun_engine_cancel(engine, id, &cancelled), SPECRUN_OK);
+    EXPECT_EQ(cancelled, 0);                                 // finished already
+    EXPECT_EQ(specrun_request_cancel(request), SPECRUN_OK);  // no effect, no error
+    specrun_result_free(result);
+    specrun_request_free(request);
+  }
+  specrun_engine_destroy(engine);
+}
+
+TEST_F(CApiTest, RefusedRequestsAndConfigsReturnTheirCodeAndMessage) {
+  specrun_engine_config settings = config();
+  const std::string missing = (dir_ / "missing").string();
+  settings.target = missing.c_str();
+  specrun_engine* engine = nullptr;
+  expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_FAILED,
+                 "specrun_engine_create", {missing});
+  EXPECT_EQ(engine, nullptr);
+  settings = config();
+  store_int(&settings.speculation.method, 9);
+  expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_INVALID_ARGUMENT,
+                 "specrun_engine_create", {"config->speculation.method 9"});
+  settings = config();
+  settings.max_batch = 0;
+  expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_FAILED,
+                 "specrun_engine_create", {"max_batch", "got 0"});
+  settings = config();
+  settings.device = "tpu";
+  expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_FAILED,
+                 "specrun_engine_create", {"device 'tpu'"});
+  testing::write_file(dir_ / "bad.toml", "[runtime]\nmax_batch = -4\n");
+  expect_failure(specrun_engine_create_from_toml((dir_ / "bad.toml").string().c_str(), &engine),
+                 SPECRUN_ERROR_FAILED, "specrun_engine_create_from_toml",
+                 {"bad.toml:2:", "runtime.max_batch", "got -4"});
+  EXPECT_EQ(engine, nullptr);
+
+  engine = create();
+  ASSERT_NE(engine, nullptr);
+  specrun_request_params params;
+  specrun_request_params_init(&params);
+  specrun_request* request = nullptr;
+  expect_failure(specrun_submit(engine, &params, &request), SPECRUN_ERROR_FAILED, "specrun_submit",
+                 {"prompt is empty"});
+  params.prompt = "hello";
+  expect_failure(specrun_submit(engine, &params, &request), SPECRUN_ERROR_FAILED, "specrun_submit",
+                 {"no tokenizer.json"});
+  const int32_t out_of_vocab[] = {1, 256};
+  params.prompt = nullptr;
+  params.prompt_ids = out_of_vocab;
+  params.prompt_id_count = 2;
+  expect_failure(specrun_submit(engine, &params, &request), SPECRUN_ERROR_FAILED, "specrun_submit",
+                 {"256", "outside the vocabulary"});
+  const int32_t ids[] = {1, 2};
+  params.prompt_ids = ids;
+  specrun_sampling sampling;
+  specrun_sampling_init(&sampling);
+  sampling.top_p = 0.0f;
+  params.sampling = &sampling;
+  expect_failure(specrun_submit(engine, &params, &request), SPECRUN_ERROR_FAILED, "specrun_submit",
+                 {"top_p"});
+  params.sampling = nullptr;
+  specrun_speculation speculation;
+  specrun_speculation_init(&speculation);
+  store_int(&speculation.controller, -1);
+  params.speculation = &speculation;
+  expect_failure(specrun_submit(engine, &params, &request), SPECRUN_ERROR_INVALID_ARGUMENT,
+                 "specrun_submit", {"params->speculation.controller -1"});
+  EXPECT_EQ(request, nullptr);
+  int32_t* tokens = nullptr;
+  size_t count = 7;
+  expect_failure(specrun_tokenize(engine, "hello", 1, &tokens, &count), SPECRUN_ERROR_FAILED,
+                 "specrun_tokenize", {"no tokenizer.json"});
+  EXPECT_EQ(tokens, nullptr);
+  EXPECT_EQ(count, 0u);
+  specrun_engine_destroy(engine);
+}
+
+TEST_F(CApiTest, ShutdownFinishesRequestsAndRefusesNewOnes) {
+  specrun_engine* engine = create();
+  ASSERT_NE(engine, nullptr);
+  specrun_sampling sampling;
+  specrun_sampling_init(&sampling);
+  sampling.max_tokens = 400;
+  sampling.stop_at_eos = 0;
+  const int32_t ids[] = {1, 2, 3};
+  specrun_request_params params;
+  specrun_request_params_init(&params);
+  params.prompt_ids = ids;
+  params.prompt_id_count = 3;
+  params.sampling = &sampling;
+  specrun_request* running = nullptr;
+  ASSERT_EQ(specrun_submit(engine, &params, &running), SPECRUN_OK);
+  specrun_event* event = nullptr;
+  ASSERT_EQ(specrun_request_next(running, 120000, &event), SPECRUN_OK);
+  specrun_event_free(event);
+  ASSERT_EQ(specrun_engine_shutdown(engine), SPECRUN_OK);
+  ASSERT_EQ(specrun_engine_shutdown(engine), SPECRUN_OK);  // idempotent
+  specrun_request* late = nullptr;
+  expect_failure(specrun_submit(engine, &params, &late), SPECRUN_ERROR_SHUT_DOWN, "specrun_submit",
+                 {"shut down"});
+  EXPECT_EQ(late, nullptr);
+  specrun_engine_destroy(engine);
+  // The handle outlives the engine.
+  specrun_result* result = nullptr;
+  ASSERT_EQ(specrun_request_wait(running, &result), SPECRUN_OK);
+  EXPECT_EQ(result->reason, SPECRUN_FINISH_SHUTDOWN);
+  EXPECT_STREQ(specrun_finish_reason_name(result->reason), "shutdown");
+  specrun_result_free(result);
+  EXPECT_EQ(specrun_request_cancel(running), SPECRUN_OK);
+  specrun_request_free(running);
+}
+
+TEST_F(CApiTest, TheLastErrorBelongsToTheCallingThread) {
+  EXPECT_EQ(specrun_engine_shutdown(nullptr), SPECRUN_ERROR_INVALID_ARGUMENT);
+  const std::string mine = specrun_last_error();
+  std::string theirs_before, theirs_after;
+  std::thread other([&] {
+    theirs_before = specrun_last_error();
+    specrun_request_cancel(nullptr);
+    theirs_after = specrun_last_error();
+  });
+  other.join();
+  EXPECT_EQ(theirs_before, "");
+  EXPECT_NE(theirs_after.find("specrun_request_cancel"), std::string::npos);
+  EXPECT_EQ(specrun_last_error(), mine);
+  // A successful call leaves the message of the last failure.
+  specrun_sampling sampling;
+  EXPECT_EQ(specrun_sampling_init(&sampling), SPECRUN_OK);
+  EXPECT_EQ(specrun_last_error(), mine);
+}
+
+TEST_F(CApiTest, TextThroughTheTokenizerAndFromToml) {
+  for (const char* model : {"target", "draft"}) {
+    testing::write_file(dir_ / model / "tokenizer.json", testing::byte_tokenizer_json());
+  }
+  testing::write_file(dir_ / "engine.toml",
+                      "[model]\ntarget = \"target\"\ndraft = \"draft\"\n"
+                      "[sampling]\nmax_tokens = 16\nseed = 3\n[runtime]\nthreads = 1\n");
+  specrun_engine* engine = nullptr;
+  ASSERT_EQ(specrun_engine_create_from_toml((dir_ / "engine.toml").string().c_str(), &engine),
+            SPECRUN_OK)
+      << specrun_last_error();
+  int32_t* tokens = nullptr;
+  size_t count = 0;
+  ASSERT_EQ(specrun_tokenize(engine, "hi", 1, &tokens, &count), SPECRUN_OK);
+  EXPECT_EQ(std::vector<int32_t>(tokens, tokens + count),
+            (std::vector<int32_t>{1, 'h' + 3, 'i' + 3}));
+  char* text = nullptr;
+  ASSERT_EQ(specrun_detokenize(engine, tokens, count, &text), SPECRUN_OK);
+  EXPECT_STREQ(text, "hi");
+  specrun_string_free(text);
+  specrun_tokens_free(tokens);
+
+  specrun_request_params params;
+  specrun_request_params_init(&params);
+  params.prompt = "Once upon a time";
+  Collected collected;
+  params.on_event = collect;
+  params.user_data = &collected;
+  specrun_request* request = nullptr;
+  ASSERT_EQ(specrun_submit(engine, &params, &request), SPECRUN_OK) << specrun_last_error();
+  specrun_result* result = nullptr;
+  ASSERT_EQ(specrun_request_wait(request, &result), SPECRUN_OK);
+  EXPECT_EQ(collected.text, std::string(result->text, result->text_length));
+  EXPECT_EQ(std::strlen(result->text), result->text_length);
+  EXPECT_EQ(collected.tokens,
+            std::vector<int32_t>(result->tokens, result->tokens + result->token_count));
+  EXPECT_EQ(result->stats.prompt_tokens, 17);  // BOS and 16 bytes
+  specrun_result_free(result);
+  specrun_request_free(request);
+  specrun_engine_destroy(engine);
+}
+
+}  // namespace
+}  // namespace specrun

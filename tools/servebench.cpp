@@ -1,0 +1,219 @@
+// servebench: serving throughput and per-request latency of the embedded engine (the public C++
+// API) at several concurrencies, with speculation off and on, on the same requests in the same
+// run. A closed loop: `concurrency` client threads each submit a request, wait for it, and submit
+// the next, until the level's requests are done. Requests are greedy with a fixed length, so both
+// modes produce the same tokens and only the time differs.
+//
+//   servebench [--target T --draft D] [--concurrency 1,4,16,64] [--max-tokens 64]
+//
+// Without --target it runs the bundled pair (models/pycode-*) on its sample prompts.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "specrun/specrun.hpp"
+#include "tools/bundled_pair.h"
+#include "tools/cli_support.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double milliseconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double, std::milli>(to - from).count();
+}
+
+double percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t rank = static_cast<size_t>(q * static_cast<double>(values.size() - 1) + 0.5);
+  return values[std::min(rank, values.size() - 1)];
+}
+
+double mean(const std::vector<double>& values) {
+  double total = 0;
+  for (const double value : values) total += value;
+  return values.empty() ? 0.0 : total / static_cast<double>(values.size());
+}
+
+struct Options {
+  std::string target;                             // checkpoint; "" for the bundled pair
+  std::string draft;                              // draft checkpoint
+  std::vector<int> concurrency = {1, 4, 16, 64};  // client threads per level
+  int64_t requests = 0;                           // per level; 0: max(16, 2 * concurrency)
+  int64_t max_tokens = 64;                        // tokens per request (EOS ignored)
+  int threads = 0;                                // CPU threads of the engine
+  int64_t kv_cache_tokens = 0;                    // 0: room for the largest level at once
+  std::string json;                               // also write the figures here
+};
+
+struct Level {
+  int concurrency = 0;
+  bool speculative = false;
+  int64_t requests = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+  std::vector<double> latency_ms;  // per request, submit to finish
+  std::vector<double> ttft_ms;     // per request
+  double acceptance = 0;
+  double mean_batch = 0;
+};
+
+Level run_level(const Options& options, const std::vector<std::string>& prompts, int concurrency,
+                bool speculative) {
+  specrun::EngineConfig config;
+  config.target = options.target;
+  config.draft = options.draft;
+  config.threads = options.threads;
+  config.max_batch = 64;
+  config.kv_cache_tokens = options.kv_cache_tokens;
+  config.sampling.temperature = 0.0f;
+  config.sampling.max_tokens = options.max_tokens;
+  config.sampling.stop_at_eos = false;
+  config.speculation.method =
+      speculative ? specrun::SpeculationMethod::kDraftModel : specrun::SpeculationMethod::kNone;
+  const auto engine = specrun::Engine::create(config);
+
+  // Warm-up: page the weights in and let the controller measure a first step.
+  specrun::Request warm;
+  warm.prompt = prompts.front();
+  engine->submit(warm).wait();
+
+  Level level;
+  level.concurrency = concurrency;
+  level.speculative = speculative;
+  level.requests = options.requests > 0 ? options.requests : std::max(16, 2 * concurrency);
+  std::atomic<int64_t> next{0};
+  std::mutex mutex;
+  const specrun::EngineStats before = engine->stats();
+  const auto start = Clock::now();
+  std::vector<std::thread> clients;
+  for (int c = 0; c < concurrency; ++c) {
+    clients.emplace_back([&] {
+      for (int64_t i = next++; i < level.requests; i = next++) {
+        specrun::Request request;
+        request.prompt = prompts[static_cast<size_t>(i) % prompts.size()];
+        const specrun::Result result = engine->submit(request).wait();
+        std::lock_guard lock(mutex);
+        level.tokens += static_cast<int64_t>(result.tokens.size());
+        level.latency_ms.push_back(result.stats.total_ms);
+        level.ttft_ms.push_back(result.stats.ttft_ms);
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  level.seconds = milliseconds(start, Clock::now()) / 1e3;
+  const specrun::EngineStats after = engine->stats();
+  const int64_t drafted = after.drafted - before.drafted;
+  level.acceptance =
+      drafted > 0 ? static_cast<double>(after.accepted - before.accepted) / double(drafted) : 0.0;
+  const int64_t steps = after.steps - before.steps;
+  level.mean_batch =
+      steps > 0
+          ? (after.mean_batch * double(after.steps) - before.mean_batch * double(before.steps)) /
+                double(steps)
+          : 0.0;
+  return level;
+}
+
+std::vector<std::string> sample_prompts(const std::filesystem::path& samples) {
+  std::vector<std::string> prompts;
+  std::ifstream stream(samples);
+  if (stream) {
+    const nlohmann::json json = nlohmann::json::parse(stream);
+    for (const auto& prompt : json.at("prompts")) prompts.push_back(prompt.at("text"));
+  }
+  if (prompts.empty()) prompts.push_back("def main():\n");
+  return prompts;
+}
+
+int run(Options options) {
+  std::filesystem::path samples;
+  if (options.target.empty()) {
+    const auto pair = specrun::tools::find_bundled_pair();
+    if (!pair) throw specrun::Error("no --target given and the bundled pair was not found");
+    options.target = pair->target.string();
+    options.draft = pair->draft.string();
+    samples = pair->target.parent_path() / "samples.json";
+  }
+  if (options.draft.empty()) throw specrun::Error("--draft is required with --target");
+  const std::vector<std::string> prompts = sample_prompts(samples);
+  if (options.kv_cache_tokens == 0) {
+    // Every client of the largest level in flight at once, prompts of a few hundred tokens.
+    const int most = *std::max_element(options.concurrency.begin(), options.concurrency.end());
+    options.kv_cache_tokens =
+        std::min<int64_t>(65536, static_cast<int64_t>(most) * (512 + options.max_tokens + 16));
+  }
+
+  std::printf("servebench: %s with draft %s, greedy, %lld tokens per request\n",
+              options.target.c_str(), options.draft.c_str(),
+              static_cast<long long>(options.max_tokens));
+  std::printf(
+      "| clients | speculation | requests | tokens/s | speedup | latency mean ms | "
+      "p50 | p99 | TTFT mean ms | acceptance | mean batch |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  nlohmann::json report = nlohmann::json::array();
+  for (const int concurrency : options.concurrency) {
+    double plain_rate = 0;
+    for (const bool speculative : {false, true}) {
+      const Level level = run_level(options, prompts, concurrency, speculative);
+      const double rate = double(level.tokens) / level.seconds;
+      if (!speculative) plain_rate = rate;
+      std::printf(
+          "| %d | %s | %lld | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %s | %.1f |\n", concurrency,
+          speculative ? "on" : "off", static_cast<long long>(level.requests), rate,
+          speculative ? (std::to_string(rate / plain_rate).substr(0, 4) + "x").c_str() : "1.00x",
+          mean(level.latency_ms), percentile(level.latency_ms, 0.5),
+          percentile(level.latency_ms, 0.99), mean(level.ttft_ms),
+          speculative ? std::to_string(level.acceptance).substr(0, 5).c_str() : "-",
+          level.mean_batch);
+      std::fflush(stdout);
+      report.push_back({{"concurrency", concurrency},
+                        {"speculative", speculative},
+                        {"requests", level.requests},
+                        {"tokens", level.tokens},
+                        {"seconds", level.seconds},
+                        {"tokens_per_second", rate},
+                        {"latency_ms_mean", mean(level.latency_ms)},
+                        {"latency_ms_p50", percentile(level.latency_ms, 0.5)},
+                        {"latency_ms_p99", percentile(level.latency_ms, 0.99)},
+                        {"ttft_ms_mean", mean(level.ttft_ms)},
+                        {"acceptance_rate", level.acceptance},
+                        {"mean_batch", level.mean_batch}});
+    }
+  }
+  if (!options.json.empty()) std::ofstream(options.json) << report.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  CLI::App app{
+      "servebench: throughput and latency of the embedded engine by concurrency, with "
+      "speculation off and on"};
+  app.add_option("--target", options.target, "Target checkpoint (default: the bundled pair)");
+  app.add_option("--draft", options.draft, "Draft checkpoint");
+  app.add_option("--concurrency", options.concurrency, "Client counts to measure")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--requests", options.requests,
+                 "Requests per level (default: max(16, 2 x clients))");
+  app.add_option("--max-tokens", options.max_tokens, "Tokens per request")->capture_default_str();
+  app.add_option("--threads", options.threads, "CPU threads; 0 uses every core");
+  app.add_option("--kv-cache-tokens", options.kv_cache_tokens,
+                 "KV capacity per model (default: room for the largest level at once)");
+  app.add_option("--json", options.json, "Also write the figures as JSON to this file");
+  CLI11_PARSE(app, argc, argv);
+  return specrun::tools::run_reporting_errors("servebench", "warn", [&] { return run(options); });
+}
