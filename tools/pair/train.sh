@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Trains the bundled draft/target pair from scratch and installs it under models/:
 #   tools/pair/train.sh [WORK_DIR]
-# About 75 minutes on two CPU cores. Installs its Debian packages when run as root.
+# About an hour on two otherwise idle CPU cores. Installs its Debian packages when run as root.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(realpath -m "${1:-$root/build/pair}")
@@ -13,6 +13,10 @@ mkdir -p "$work"
 "$python" "$root/tools/pair/train.py" tokenizer --work "$work"
 "$python" "$root/tools/pair/train.py" model --work "$work" --role draft
 "$python" "$root/tools/pair/train.py" model --work "$work" --role target
+# A second stage at half the peak learning rate: the target needs more tokens than the draft
+# to end clearly better.
+"$python" "$root/tools/pair/train.py" model --work "$work" --role target --resume --steps 260 \
+  --learning-rate 1e-3 --seed 4321
 "$python" "$root/tools/pair/train.py" evaluate --work "$work"
 for role in draft target; do
   rm -rf "$root/models/pycode-$role"
