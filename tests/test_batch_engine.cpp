@@ -229,6 +229,11 @@ TEST_F(BatchEngineTest, ShortKvCacheMakesRequestsWaitNotFail) {
   const std::vector<EngineRequest> requests = greedy_mix(9);
   std::vector<std::vector<int32_t>> expected;
   for (const EngineRequest& r : requests) expected.push_back(alone(r));
+  // Expectations come first: the engine's models are its own while it runs.
+  const EngineRequest greedy =
+      request({1, 2, 3}, 400, 0.0f, SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
+  const std::vector<int32_t> expected_greedy =
+      generate(*target, greedy.prompt, greedy.generation).tokens;
   BatchEngine engine(*target, draft.get(), {});
   std::vector<std::unique_ptr<Collector>> collectors;
   for (const EngineRequest& r : requests) {
@@ -248,13 +253,11 @@ TEST_F(BatchEngineTest, ShortKvCacheMakesRequestsWaitNotFail) {
   EngineRequest huge = request(std::vector<int32_t>(200, 5), 4, 0.0f,
                                SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
   testing::expect_error([&] { engine.submit(huge, {}); }, {"200", "160"});
-  EngineRequest greedy =
-      request({1, 2, 3}, 400, 0.0f, SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
   Collector collector;
   engine.submit(greedy, collector.callback());
   collector.wait();
   EXPECT_EQ(collector.status(), FinishStatus::kContextLimit);
-  EXPECT_EQ(collector.tokens(), generate(*target, greedy.prompt, greedy.generation).tokens);
+  EXPECT_EQ(collector.tokens(), expected_greedy);
 }
 
 TEST_F(BatchEngineTest, CancelStopsARequestAndFreesItsBlocks) {
@@ -338,32 +341,35 @@ TEST_F(BatchEngineTest, BadRequestsAreRefusedAtSubmit) {
 }
 
 TEST_F(BatchEngineTest, EndOfSequenceAndTheContextLimitStopARequest) {
-  BatchEngine engine(*target_, draft_.get(), {});
   // Context: 512 positions; a prompt of 500 leaves room for 13 tokens.
   std::vector<int32_t> prompt(500, 7);
   prompt[0] = 1;
-  EngineRequest r =
+  const EngineRequest r =
       request(prompt, 100, 0.0f, SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
-  GenerationOptions options = r.generation;
-  const GenerationResult expected = generate(*target_, prompt, options);
+  const GenerationResult expected = generate(*target_, prompt, r.generation);
+  // With EOS honoured, a request ends at the first EOS (not emitted), as the plain loop does.
+  std::vector<EngineRequest> stopping = greedy_mix(12);
+  std::vector<GenerationResult> plain;
+  for (EngineRequest& item : stopping) {
+    item.generation.stop_at_eos = true;
+    item.generation.max_tokens = 60;
+    plain.push_back(generate(*target_, item.prompt, item.generation));
+  }
+
+  // The expectations come first: the engine's models are its own while it runs.
+  BatchEngine engine(*target_, draft_.get(), {});
   Collector collector;
   engine.submit(r, collector.callback());
   collector.wait();
   EXPECT_EQ(collector.status(), FinishStatus::kContextLimit);
   EXPECT_EQ(collector.tokens(), expected.tokens);
-
-  // With EOS honoured, a request ends at the first EOS (not emitted), as the plain loop does.
-  for (const EngineRequest& base : greedy_mix(12)) {
-    EngineRequest stopping = base;
-    stopping.generation.stop_at_eos = true;
-    stopping.generation.max_tokens = 60;
-    const GenerationResult plain = generate(*target_, stopping.prompt, stopping.generation);
+  for (size_t i = 0; i < stopping.size(); ++i) {
     Collector c;
-    engine.submit(stopping, c.callback());
+    engine.submit(stopping[i], c.callback());
     c.wait();
-    EXPECT_EQ(c.tokens(), plain.tokens);
+    EXPECT_EQ(c.tokens(), plain[i].tokens);
     EXPECT_EQ(c.status() == FinishStatus::kEndOfSequence,
-              plain.stop_reason == StopReason::kEndOfSequence);
+              plain[i].stop_reason == StopReason::kEndOfSequence);
   }
 }
 
