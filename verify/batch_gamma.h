@@ -98,7 +98,7 @@ class BatchGoodputController {
   int64_t interval_;
   int64_t next_probe_;
   bool probing_ = false;
-  int64_t regime_batch_ = 0;  // batch size when the cost points were started
+  int64_t regime_batch_ = 0;                // batch size when the cost points were started
   std::map<int64_t, Point> verify_points_;  // T -> ms
   std::map<int64_t, Point> draft_points_;   // rows per draft round -> ms per round
   Line verify_line_;

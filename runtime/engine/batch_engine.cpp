@@ -541,14 +541,7 @@ void BatchEngine::State::step() {
     drafted_total += drafted;
     accepted_total += accepted;
     SpeculativeStats& stats = sequence.stats;
-    stats.steps += 1;
-    stats.drafted += drafted;
-    stats.accepted += accepted;
-    stats.rejections += accepted < drafted ? 1 : 0;
-    stats.committed_in_steps += accepted + 1;
-    stats.gamma_histogram[drafted] += 1;
-    stats.draft_ms += draft_ms;
-    stats.target_ms += verify_ms;
+    stats.record_step(drafted, accepted, draft_ms, verify_ms);
     if (sequence.own_controller) {
       sequence.own_controller->observe({drafted, accepted, draft_ms, verify_ms});
     }

@@ -44,6 +44,18 @@ void validate_speculative(const SpeculativeOptions& options) {
   }
 }
 
+void SpeculativeStats::record_step(int64_t drafted_now, int64_t accepted_now, double step_draft_ms,
+                                   double step_target_ms) {
+  steps += 1;
+  drafted += drafted_now;
+  accepted += accepted_now;
+  rejections += accepted_now < drafted_now ? 1 : 0;
+  committed_in_steps += accepted_now + 1;
+  gamma_histogram[drafted_now] += 1;
+  draft_ms += step_draft_ms;
+  target_ms += step_target_ms;
+}
+
 SpeculativeStats::Latency SpeculativeStats::inter_token_latency() const {
   Latency latency;
   if (token_ms.size() < 2) return latency;
@@ -202,14 +214,7 @@ GenerationResult SpeculativeGenerator::generate(std::span<const int32_t> prompt,
     const int64_t accepted = verdict.accepted[0];
     const double draft_ms = milliseconds(step_start, draft_done);
     const double verify_ms = milliseconds(draft_done, verify_done);
-    stats.steps += 1;
-    stats.drafted += drafted;
-    stats.accepted += accepted;
-    stats.rejections += accepted < drafted ? 1 : 0;
-    stats.committed_in_steps += accepted + 1;
-    stats.gamma_histogram[drafted] += 1;
-    stats.draft_ms += draft_ms;
-    stats.target_ms += verify_ms;
+    stats.record_step(drafted, accepted, draft_ms, verify_ms);
     if (drafting) controller.observe({drafted, accepted, draft_ms, verify_ms});
 
     // Commit the accepted drafts and the new token, stopping at EOS, the token limit or the

@@ -54,6 +54,9 @@ struct SpeculativeStats {
   double draft_ms = 0.0;                       // time proposing
   double target_ms = 0.0;  // time in the target (prefill, scoring, verification)
 
+  // Adds one step: `drafted` drafts verified, `accepted` of them taken, and its two costs.
+  void record_step(int64_t drafted, int64_t accepted, double step_draft_ms, double step_target_ms);
+
   double acceptance_rate() const { return drafted ? double(accepted) / double(drafted) : 0.0; }
   // Tokens committed per target step: accepted drafts plus the recovered or bonus token.
   double mean_accepted_length() const {
