@@ -119,8 +119,8 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
   return proposals;
 }
 
-PromptLookupProposer::PromptLookupProposer(int64_t min_ngram, int64_t max_ngram)
-    : min_ngram_(min_ngram), max_ngram_(max_ngram) {
+PromptLookupProposer::PromptLookupProposer(int64_t min_ngram, int64_t max_ngram, bool pad_to_gamma)
+    : min_ngram_(min_ngram), max_ngram_(max_ngram), pad_to_gamma_(pad_to_gamma) {
   if (min_ngram < 1 || max_ngram < min_ngram) {
     throw Error("prompt lookup n-gram sizes must satisfy 1 <= min <= max, got " +
                 std::to_string(min_ngram) + " and " + std::to_string(max_ngram));
@@ -159,6 +159,13 @@ Proposals PromptLookupProposer::propose(std::span<const DraftRequest> requests) 
       }
       proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(count);
       break;
+    }
+    if (pad_to_gamma_ && length > 0) {
+      int32_t* row = proposals.tokens.data() + b * proposals.gamma;
+      int32_t& count = proposals.counts[static_cast<size_t>(b)];
+      const int32_t filler = count > 0 ? row[count - 1] : text.back();
+      std::fill(row + count, row + request.gamma, filler);
+      count = static_cast<int32_t>(request.gamma);
     }
   }
   return proposals;

@@ -62,9 +62,13 @@ class ModelProposer : public Proposer {
 // Prompt lookup: finds the latest earlier occurrence of the longest suffix n-gram
 // (max_ngram down to min_ngram) of the committed tokens and proposes what followed it. No model;
 // its q is a point mass on each proposal, which verification handles exactly.
+// With `pad_to_gamma`, every row holds exactly its gamma: what the lookup found, then the last
+// token repeated. The goodput controller's calibration steps use it to have the target score a
+// chosen number of tokens without running the draft model; any point-mass proposal, filler
+// included, keeps verification exact.
 class PromptLookupProposer : public Proposer {
  public:
-  PromptLookupProposer(int64_t min_ngram, int64_t max_ngram);
+  PromptLookupProposer(int64_t min_ngram, int64_t max_ngram, bool pad_to_gamma = false);
 
   void add_sequence(int64_t) override {}
   void remove_sequence(int64_t) override {}
@@ -74,6 +78,7 @@ class PromptLookupProposer : public Proposer {
  private:
   int64_t min_ngram_;
   int64_t max_ngram_;
+  bool pad_to_gamma_;
 };
 
 }  // namespace specrun

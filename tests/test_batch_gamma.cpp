@@ -37,6 +37,7 @@ struct Simulation {
         rows[static_cast<size_t>(b)] = {first_id + b, 8, 0, 4, -1};
       }
       const std::vector<int64_t> gammas = controller.choose(rows);
+      const bool calibration = controller.calibrating();
       std::vector<BatchGoodputController::Outcome> outcomes;
       int64_t tokens = 0, rounds = 0, drafts = 0;
       for (int64_t b = 0; b < batch; ++b) {
@@ -44,12 +45,17 @@ struct Simulation {
         EXPECT_GE(gamma, 0);
         EXPECT_LE(gamma, 8);
         int64_t accepted = 0;
-        while (accepted < gamma && rng.uniform() < alpha) ++accepted;
-        outcomes.push_back({first_id + b, gamma, accepted, true});
+        // Calibration filler is scored but (here) never accepted, and costs no draft round.
+        while (!calibration && accepted < gamma && rng.uniform() < alpha) ++accepted;
+        outcomes.push_back({first_id + b, gamma, accepted, true, calibration});
         tokens += gamma + 1;
+        if (calibration) continue;
         rounds = std::max(rounds, gamma);
         drafts += gamma;
+      }
+      for (int64_t b = 0; b < batch; ++b) {
         if (step >= steps * 3 / 4) {
+          const int64_t gamma = gammas[static_cast<size_t>(b)];
           late_gamma_sum += static_cast<double>(gamma);
           ++late_count;
         }
@@ -115,7 +121,8 @@ TEST(BatchGoodputController, RespectsCapsMinimaAndFixedRows) {
     EXPECT_EQ(gammas[3], 0);
     std::vector<BatchGoodputController::Outcome> outcomes;
     for (size_t i = 0; i < rows.size(); ++i) {
-      outcomes.push_back({rows[i].sequence, gammas[i], gammas[i] / 2, rows[i].fixed < 0});
+      outcomes.push_back({rows[i].sequence, gammas[i], gammas[i] / 2, rows[i].fixed < 0,
+                          controller.calibrating() && rows[i].fixed < 0});
     }
     controller.observe(outcomes, 1.0 + double(gammas[1]), 10.0 + double(gammas[0] + gammas[1]));
   }
@@ -126,10 +133,12 @@ TEST(BatchGoodputController, LearnsEachSequencesOwnAcceptance) {
   for (int step = 0; step < 100; ++step) {
     const std::vector<BatchGoodputController::Row> rows = {{1, 4, 4, 4, -1}, {2, 4, 4, 4, -1}};
     const std::vector<int64_t> gammas = controller.choose(rows);
+    const bool calibration = controller.calibrating();
     // Sequence 1 has every draft accepted, sequence 2 none.
-    controller.observe(std::vector<BatchGoodputController::Outcome>{{1, gammas[0], gammas[0], true},
-                                                                    {2, gammas[1], 0, true}},
-                       2.0, 10.0);
+    controller.observe(
+        std::vector<BatchGoodputController::Outcome>{{1, gammas[0], gammas[0], true, calibration},
+                                                     {2, gammas[1], 0, true, calibration}},
+        2.0, 10.0);
   }
   EXPECT_GT(controller.acceptance(1, 1), 0.95);
   EXPECT_LT(controller.acceptance(2, 1), 0.05);
@@ -139,6 +148,156 @@ TEST(BatchGoodputController, LearnsEachSequencesOwnAcceptance) {
   EXPECT_LT(fresh, 0.8);
   controller.remove_sequence(1);
   EXPECT_NEAR(controller.acceptance(1, 1), fresh, 1e-12);
+}
+
+// ---- one sequence: the speedup found, and the price of falling back ------------------------
+
+// A synthetic single sequence: every draft accepted with probability alpha; a step of gamma g
+// costs g * draft_ms + verify_ms(g), and the draft first reads what it has not seen (the prompt,
+// and every token of plain or calibration steps) at catch_up_ms per token.
+struct OneSequence {
+  double alpha;
+  double draft_ms;
+  double verify_base_ms;
+  double verify_per_token_ms;
+  double catch_up_ms = 0.0;
+
+  double verify_ms(int64_t g) const { return verify_base_ms + verify_per_token_ms * double(g); }
+  double goodput(int64_t g) const {  // expected tokens per ms, steady state
+    double expected = 1.0, reach = 1.0;
+    for (int64_t k = 1; k <= g; ++k) expected += (reach *= alpha);
+    return expected / (double(g) * draft_ms + verify_ms(g));
+  }
+  int64_t best(int64_t max) const {
+    int64_t best = 0;
+    for (int64_t g = 1; g <= max; ++g) {
+      if (goodput(g) > goodput(best)) best = g;
+    }
+    return best;
+  }
+};
+
+struct OneSequenceRun {
+  double tokens_per_ms = 0;  // realised over the measured steps
+  int64_t model_steps = 0;   // steps that ran the draft model
+  int64_t last_gamma = 0;    // the choice of the last step
+};
+
+OneSequenceRun run_one(BatchGoodputController& controller, const OneSequence& system, int64_t steps,
+                       Rng& rng, int64_t measured_from, int64_t* lag) {
+  OneSequenceRun run;
+  double tokens = 0, time = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    const BatchGoodputController::Row row[] = {{0, 8, 0, 4, -1}};
+    const int64_t g = controller.choose(row)[0];
+    const bool calibration = controller.calibrating();
+    const bool model = g > 0 && !calibration;
+    int64_t accepted = 0;
+    while (model && accepted < g && rng.uniform() < system.alpha) ++accepted;
+    const int64_t catch_up = model ? *lag : 0;
+    const double draft =
+        model ? double(g) * system.draft_ms + double(catch_up) * system.catch_up_ms : 0.0;
+    const double verify = system.verify_ms(g);
+    const BatchGoodputController::Outcome outcome[] = {
+        {0, g, accepted, true, calibration, catch_up}};
+    controller.observe(outcome, draft, verify);
+    // After drafting, the draft lacks the bonus token (and its last draft when all were taken).
+    *lag = model ? (accepted == g ? 2 : 1) : *lag + accepted + 1;
+    run.model_steps += model ? 1 : 0;
+    run.last_gamma = g;
+    if (s >= measured_from) {
+      tokens += double(accepted + 1);
+      time += draft + verify;
+    }
+  }
+  run.tokens_per_ms = tokens / time;
+  return run;
+}
+
+TEST(BatchGoodputController, FindsTheBestGammaForOneSequence) {
+  // Memory-bound target: verifying more tokens costs little.
+  const OneSequence system{0.8, 1.0, 20.0, 0.5, 0.3};
+  const int64_t best = system.best(8);
+  ASSERT_GE(best, 4);
+  BatchGoodputController controller(8);
+  Rng rng(11);
+  int64_t lag = 100;  // the prompt
+  const OneSequenceRun run = run_one(controller, system, 600, rng, 200, &lag);
+  // Near the top of a flat curve (the hysteresis keeps a choice within 5% of the best, by its
+  // estimates), and
+  // within a few percent of the best fixed gamma, probes included.
+  EXPECT_GT(system.goodput(run.last_gamma), 0.93 * system.goodput(best)) << run.last_gamma;
+  EXPECT_GT(run.tokens_per_ms, 0.95 * system.goodput(best)) << "best gamma " << best;
+}
+
+TEST(BatchGoodputController, FallingBackCostsAtMostAFewPercent) {
+  // Compute-bound target: verifying g + 1 tokens costs g + 1 decode steps. Even at the prior
+  // acceptance speculation cannot pay, which the first two steps measure without the draft.
+  const OneSequence system{0.6, 3.0, 10.0, 10.0, 1.0};
+  ASSERT_EQ(system.best(8), 0);
+  BatchGoodputController controller(8);
+  Rng rng(12);
+  int64_t lag = 100;
+  // Counted from the first step: calibration and probes included.
+  const OneSequenceRun run = run_one(controller, system, 600, rng, 0, &lag);
+  EXPECT_EQ(run.last_gamma, 0);
+  EXPECT_EQ(run.model_steps, 0) << "the draft (and its catch-up) never had to run";
+  EXPECT_GT(run.tokens_per_ms, 0.98 * system.goodput(0));
+  EXPECT_GE(controller.calibration_steps(), 1);
+}
+
+TEST(BatchGoodputController, PoorAcceptanceOnACheapTargetFallsBackToo) {
+  // Verification is cheap, so the draft is tried; its acceptance is poor, so plain decoding wins
+  // and the probes that keep trying it back off. Each probe's draft first reads every token since
+  // its last step, so probing costs catch_up_ms / (plain step) of the time whatever the interval:
+  // 1% here (a draft reading a token costs a hundredth of a target decode step).
+  const OneSequence system{0.05, 3.0, 20.0, 0.5, 0.2};
+  ASSERT_EQ(system.best(8), 0);
+  BatchGoodputController controller(8);
+  Rng rng(14);
+  int64_t lag = 100;
+  const OneSequenceRun run = run_one(controller, system, 1000, rng, 0, &lag);
+  EXPECT_EQ(run.last_gamma, 0);
+  EXPECT_LT(run.model_steps, 15);
+  EXPECT_GT(run.tokens_per_ms, 0.97 * system.goodput(0));
+}
+
+TEST(BatchGoodputController, ComesBackWhenSpeculationStartsToPay) {
+  BatchGoodputController controller(8);
+  Rng rng(13);
+  int64_t lag = 100;
+  EXPECT_EQ(
+      run_one(controller, OneSequence{0.3, 3.0, 10.0, 10.0, 1.0}, 300, rng, 0, &lag).model_steps,
+      0);
+  const OneSequence good{0.85, 0.5, 20.0, 0.2, 0.1};
+  const OneSequenceRun run = run_one(controller, good, 800, rng, 400, &lag);
+  EXPECT_GE(run.last_gamma, good.best(8) - 1);
+  EXPECT_GT(run.tokens_per_ms, 0.9 * good.goodput(good.best(8)));
+}
+
+TEST(BatchGoodputController, CatchUpIsNotADraftCost) {
+  BatchGoodputController controller(8);
+  const BatchGoodputController::Row row[] = {{0, 4, 4, 4, -1}};  // gamma_min 4: always drafts
+  for (int step = 0; step < 6; ++step) {
+    controller.choose(row);
+    const bool calibration = controller.calibrating();
+    // Steady rounds cost 1 ms each; a step that first read 300 tokens took 100 ms more.
+    const int64_t catch_up = step == 4 ? 300 : 1;
+    const BatchGoodputController::Outcome outcome[] = {{0, 4, 2, true, calibration, catch_up}};
+    controller.observe(outcome, calibration ? 0.0 : 4.0 + (catch_up > 1 ? 100.0 : 0.0), 10.0);
+  }
+  EXPECT_NEAR(controller.predicted_draft_round_ms(1), 1.0, 1e-9);
+}
+
+TEST(BatchGoodputController, EstimatesAcceptancePerPosition) {
+  BatchGoodputController controller(3);
+  // Position 1 always accepted, position 2 never.
+  for (int i = 0; i < 100; ++i) {
+    const BatchGoodputController::Outcome outcome[] = {{0, 3, 1, true}};
+    controller.observe(outcome, 3.0, 10.0);
+  }
+  EXPECT_NEAR(controller.acceptance(0, 1), 1.0, 1e-6);
+  EXPECT_NEAR(controller.acceptance(0, 2), 0.0, 1e-6);
 }
 
 }  // namespace

@@ -528,5 +528,32 @@ TEST_F(PairingTest, TokenizersMustAgree) {
                         {"only the target has a tokenizer.json"});
 }
 
+TEST(PromptLookupProposer, ProposesWhatFollowedTheLatestMatch) {
+  PromptLookupProposer lookup(1, 3);
+  // "5 6 7" occurs earlier followed by 8 9; the suffix "6 7" matches there.
+  const std::vector<int32_t> text = {1, 5, 6, 7, 8, 9, 2, 6, 7};
+  const DraftRequest requests[] = {{0, text, 4, nullptr}, {1, text, 0, nullptr}};
+  const Proposals proposals = lookup.propose(requests);
+  ASSERT_EQ(proposals.batch, 2);
+  EXPECT_TRUE(proposals.point_masses());
+  const std::span<const int32_t> row = proposals.row_tokens(0);
+  EXPECT_EQ(std::vector<int32_t>(row.begin(), row.end()), (std::vector<int32_t>{8, 9, 2, 6}));
+  EXPECT_TRUE(proposals.row_tokens(1).empty());
+}
+
+TEST(PromptLookupProposer, PadsToGammaForCalibration) {
+  const std::vector<int32_t> repeats = {3, 4, 3};   // "3" matches, followed by 4 3
+  const std::vector<int32_t> no_match = {1, 2, 3};  // nothing recurs
+  const DraftRequest requests[] = {{0, repeats, 5, nullptr}, {1, no_match, 3, nullptr}};
+  const Proposals plain = PromptLookupProposer(1, 3).propose(requests);
+  EXPECT_EQ(plain.row_tokens(0).size(), 2u);
+  EXPECT_TRUE(plain.row_tokens(1).empty());
+  const Proposals padded = PromptLookupProposer(1, 3, true).propose(requests);
+  const std::span<const int32_t> first = padded.row_tokens(0), second = padded.row_tokens(1);
+  EXPECT_EQ(std::vector<int32_t>(first.begin(), first.end()),
+            (std::vector<int32_t>{4, 3, 3, 3, 3}));
+  EXPECT_EQ(std::vector<int32_t>(second.begin(), second.end()), (std::vector<int32_t>{3, 3, 3}));
+}
+
 }  // namespace
 }  // namespace specrun

@@ -11,6 +11,7 @@ namespace {
 
 constexpr double kNotSeen = -1.0;
 constexpr double kMinimumMs = 1e-6;  // keeps a fitted cost positive
+constexpr double kDeepDrift = 0.25;  // an unobserved position moves at this fraction of the ema
 
 }  // namespace
 
@@ -55,6 +56,7 @@ BatchGoodputController::Line BatchGoodputController::fit(
   Line line;
   if (n == 0) return line;
   line.known = true;
+  line.distinct = static_cast<int64_t>(n);
   const double variance = sxx - sx * sx / n;
   if (n < 2 || variance <= 0) {
     line.intercept = sy / n;
@@ -111,7 +113,67 @@ double BatchGoodputController::step_ms(std::span<const int64_t> gammas) const {
   return ms;
 }
 
+double BatchGoodputController::goodput(std::span<const Row> rows, std::span<const int64_t> gammas,
+                                       bool optimistic) const {
+  double tokens = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    double expected = 1.0, run = 1.0;
+    for (int64_t j = 1; j <= gammas[i]; ++j) {
+      double a = alpha(rows[i].sequence, j);
+      if (optimistic) a = std::max(a, tuning_.prior_acceptance);
+      run *= a;
+      expected += run;
+    }
+    tokens += expected;
+  }
+  return tokens / step_ms(gammas);
+}
+
+std::vector<int64_t> BatchGoodputController::best_gammas(std::span<const Row> rows,
+                                                         std::span<const size_t> chosen,
+                                                         std::vector<int64_t> start,
+                                                         bool optimistic) const {
+  // Greedy: add the draft (one row's, or one more for every row at once) that raises expected
+  // tokens per millisecond the most, until none does.
+  std::vector<int64_t> best = std::move(start);
+  double best_goodput = goodput(rows, best, optimistic);
+  for (;;) {
+    std::vector<int64_t> candidate_best;
+    double candidate_goodput = best_goodput;
+    std::vector<int64_t> candidate = best;
+    for (const size_t i : chosen) {
+      if (best[i] >= rows[i].cap) continue;
+      candidate[i] += 1;
+      const double value = goodput(rows, candidate, optimistic);
+      if (value > candidate_goodput) {
+        candidate_goodput = value;
+        candidate_best = candidate;
+      }
+      candidate[i] -= 1;
+    }
+    bool any = false;
+    for (const size_t i : chosen) {
+      if (best[i] < rows[i].cap) {
+        candidate[i] += 1;
+        any = true;
+      }
+    }
+    if (any) {
+      const double value = goodput(rows, candidate, optimistic);
+      if (value > candidate_goodput) {
+        candidate_goodput = value;
+        candidate_best = candidate;
+      }
+    }
+    if (candidate_best.empty()) break;
+    best = std::move(candidate_best);
+    best_goodput = candidate_goodput;
+  }
+  return best;
+}
+
 std::vector<int64_t> BatchGoodputController::choose(std::span<const Row> rows) {
+  calibrating_ = false;
   const size_t n = rows.size();
   std::vector<int64_t> gammas(n);
   std::vector<size_t> chosen;  // rows this controller decides
@@ -146,79 +208,59 @@ std::vector<int64_t> BatchGoodputController::choose(std::span<const Row> rows) {
     draft_line_ = Line{};
     interval_ = tuning_.probe_interval;
     next_probe_ = steps_ + interval_;
+    next_calibration_ = steps_;
     probing_ = false;
   }
+  // A calibration step for the chosen rows: `depth` free drafts each, within their caps.
+  auto calibrate = [&](auto depth) {
+    bool any = false;
+    for (const size_t i : chosen) {
+      gammas[i] = std::min(std::max(depth(i), rows[i].min), rows[i].cap);
+      any = any || gammas[i] > 0;
+    }
+    calibrating_ = any;
+    calibration_steps_ += any ? 1 : 0;
+    // Rows held at their minima may score the plain step's T again; then the line stays flat
+    // until the next attempt rather than calibrating every step.
+    if (any) next_calibration_ = steps_ + interval_;
+    return gammas;
+  };
   if (!verify_line_.known) {
-    for (const size_t i : chosen) gammas[i] = previous_or(i, rows[i].initial);
-    return keep_choice();
+    // The first step of a regime decodes plainly (at the rows' minima): the cost of T = rows.
+    // The previous choice is kept for after calibration.
+    return gammas;
+  }
+  if (verify_line_.distinct < 2 && steps_ >= next_calibration_) {
+    // The second scores gamma + 1 tokens per row with free proposals, for the line's slope.
+    return calibrate([](size_t) { return kCalibrationDepth; });
   }
   if (steps_ >= next_probe_ && !probing_) {
     // One step a draft deeper for every row: measures the next position's acceptance and the
-    // cost of a larger step.
+    // cost of a larger step. From plain decoding, when even optimistic acceptance would not make
+    // speculation pay at the measured costs, only the cost is worth measuring, and for free.
     probing_ = true;
     last_choice_.clear();
+    std::vector<int64_t> before = gammas;
+    bool plain = true;
     for (const size_t i : chosen) {
-      const int64_t before = previous_or(i, rows[i].initial);
-      last_choice_[rows[i].sequence] = before;
-      gammas[i] = std::min(before + 1, rows[i].cap);
+      before[i] = previous_or(i, 0);
+      last_choice_[rows[i].sequence] = before[i];
+      plain = plain && before[i] == std::min(rows[i].min, rows[i].cap);
     }
+    if (plain && best_gammas(rows, chosen, before, true) == before) {
+      return calibrate([&](size_t i) { return before[i] + 1; });
+    }
+    for (const size_t i : chosen) gammas[i] = std::min(before[i] + 1, rows[i].cap);
     return gammas;  // the probe is not remembered as the choice
   }
 
-  // Greedy: add the draft (one row's, or one more for every row at the lowest depth) that raises
-  // expected tokens per millisecond the most, until none does.
-  auto expected = [&](size_t i, int64_t gamma) {
-    double total = 1.0, run = 1.0;
-    for (int64_t j = 1; j <= gamma; ++j) {
-      run *= alpha(rows[i].sequence, j);
-      total += run;
-    }
-    return total;
-  };
-  auto goodput = [&](const std::vector<int64_t>& g) {
-    double tokens = 0;
-    for (size_t i = 0; i < n; ++i) tokens += expected(i, g[i]);
-    return tokens / step_ms(g);
-  };
-  std::vector<int64_t> best = gammas;
-  double best_goodput = goodput(best);
-  for (;;) {
-    std::vector<int64_t> candidate_best;
-    double candidate_goodput = best_goodput;
-    std::vector<int64_t> candidate = best;
-    for (const size_t i : chosen) {
-      if (best[i] >= rows[i].cap) continue;
-      candidate[i] += 1;
-      const double value = goodput(candidate);
-      if (value > candidate_goodput) {
-        candidate_goodput = value;
-        candidate_best = candidate;
-      }
-      candidate[i] -= 1;
-    }
-    bool any = false;
-    for (const size_t i : chosen) {
-      if (best[i] < rows[i].cap) {
-        candidate[i] += 1;
-        any = true;
-      }
-    }
-    if (any) {
-      const double value = goodput(candidate);
-      if (value > candidate_goodput) {
-        candidate_goodput = value;
-        candidate_best = candidate;
-      }
-    }
-    if (candidate_best.empty()) break;
-    best = std::move(candidate_best);
-    best_goodput = candidate_goodput;
-  }
-
+  std::vector<int64_t> best = best_gammas(rows, chosen, gammas, false);
   // Hysteresis against the previous choice (as far as this step's caps allow it).
   std::vector<int64_t> previous = gammas;
   for (const size_t i : chosen) previous[i] = previous_or(i, best[i]);
-  if (goodput(previous) * (1 + tuning_.hysteresis) >= best_goodput) best = previous;
+  if (goodput(rows, previous, false) * (1 + tuning_.hysteresis) >= goodput(rows, best, false)) {
+    best = previous;
+  }
 
   if (probing_) {
     // The first choice after a probe: did the probe teach anything?
@@ -240,14 +282,16 @@ void BatchGoodputController::observe(std::span<const Outcome> outcomes, double d
                                      double verify_ms) {
   steps_ += 1;
   int64_t tokens = 0, rounds = 0, drafts = 0;
+  bool steady = true;  // no drafting row read a backlog first
   for (const Outcome& outcome : outcomes) {
     SPECRUN_CHECK(outcome.accepted >= 0 && outcome.accepted <= outcome.drafted &&
                   outcome.drafted <= gamma_limit_)
         << "outcome " << outcome.accepted << " of " << outcome.drafted;
     tokens += outcome.drafted + 1;
+    if (outcome.drafted == 0 || outcome.calibration) continue;
     rounds = std::max(rounds, outcome.drafted);
     drafts += outcome.drafted;
-    if (outcome.drafted == 0) continue;
+    steady = steady && outcome.catch_up <= kSteadyCatchUp;
     std::vector<double>& own = alpha_[outcome.sequence];
     if (own.empty()) own.assign(static_cast<size_t>(gamma_limit_) + 1, kNotSeen);
     // Positions 1..accepted were accepted; accepted + 1 (if drafted) was rejected.
@@ -262,10 +306,18 @@ void BatchGoodputController::observe(std::span<const Outcome> outcomes, double d
                                    : (1 - tuning_.ema) * tuning_.prior_acceptance + tuning_.ema * x;
       pooled_seen_[index] = true;
     }
+    // Positions past the one reached go unobserved for as long as gamma stays short, and only
+    // probes reach them; a few unlucky probes would pin gamma down. So they drift slowly toward
+    // the deepest estimate just measured.
+    const double deepest = own[static_cast<size_t>(reached)];
+    for (int64_t j = reached + 1; j <= gamma_limit_; ++j) {
+      double& mine = own[static_cast<size_t>(j)];
+      if (mine != kNotSeen) mine += kDeepDrift * tuning_.ema * (deepest - mine);
+    }
   }
   update_point(verify_points_, tokens, verify_ms);
   verify_line_ = fit(verify_points_);
-  if (rounds > 0) {
+  if (rounds > 0 && steady) {
     const int64_t rows_per_round =
         std::max<int64_t>(1, (drafts + rounds / 2) / rounds);  // nearest whole row count
     update_point(draft_points_, rows_per_round, draft_ms / static_cast<double>(rounds));

@@ -17,6 +17,18 @@
 // gamma + 1 for every sequence, so untried costs and acceptance at deeper positions stay measured
 // and gamma rises again when load drops. When the batch size halves or doubles, the cost points
 // are dropped and probing starts over, since costs from the old load would mislead the fit.
+//
+// Falling back must cost little where speculation cannot pay, and the draft model is what costs:
+// its first proposal for a sequence (and any after a run of plain steps) reads every committed
+// token it has not seen. So the verify line is measured before the draft runs: a new regime's
+// first step decodes plainly (T = rows), its second is a calibration step that scores
+// kCalibrationDepth + 1 tokens per row whose proposals cost nothing (prompt lookup padded with
+// filler; any point-mass proposal keeps verification exact). The draft runs only when the line says
+// it could pay with optimistic acceptance (each alpha at least the prior) and the draft cost known
+// so far (zero before it was measured). While every row decodes plainly and that optimistic choice
+// is still plain decoding, probes are calibration steps too: they refresh the verify line, which is
+// what would have to change for speculation to pay, without the draft's catch-up. A step whose
+// draft read more than the usual lag before drafting is not a draft-cost point.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +70,12 @@ class BatchGoodputController {
     int64_t drafted = 0;   // drafts verified
     int64_t accepted = 0;  // drafts accepted, <= drafted
     bool chosen = true;    // whether this controller chose its gamma (else: counted as load only)
+    // The row's proposals were a calibration step's free filler: they count as scored tokens,
+    // not as draft rounds or acceptance.
+    bool calibration = false;
+    // Committed tokens the draft read before its first draft of the step (normally 1 or 2; more
+    // after plain steps). Catch-up is not part of a draft round's steady cost.
+    int64_t catch_up = 0;
   };
 
   explicit BatchGoodputController(int64_t gamma_limit, const Tuning& tuning);
@@ -66,6 +84,9 @@ class BatchGoodputController {
 
   // Gammas for the rows, in order, each within [min, cap] (or its fixed value).
   std::vector<int64_t> choose(std::span<const Row> rows);
+  // Whether the last choose() asked for a calibration step: the rows it chose (not the fixed
+  // ones) with a positive gamma get free point-mass proposals instead of the draft model's.
+  bool calibrating() const { return calibrating_; }
   // The step's outcome: every row, the time proposing and the time scoring and verifying.
   void observe(std::span<const Outcome> outcomes, double draft_ms, double verify_ms);
   // Forget a finished sequence.
@@ -76,6 +97,12 @@ class BatchGoodputController {
   double predicted_verify_ms(int64_t tokens) const;             // NaN until measured
   double predicted_draft_round_ms(int64_t rows) const;          // NaN until measured
   int64_t probe_interval() const { return interval_; }
+  int64_t calibration_steps() const { return calibration_steps_; }  // so far, for tests
+  // Largest draft catch-up that still counts as a steady draft round.
+  static constexpr int64_t kSteadyCatchUp = 2;
+  // Free drafts per row in a regime's calibration step: T = 3 * rows against the plain step's
+  // T = rows is a slope that timing noise does not swamp, for little wasted compute.
+  static constexpr int64_t kCalibrationDepth = 2;
 
  private:
   struct Point {
@@ -86,11 +113,17 @@ class BatchGoodputController {
     double intercept = 0.0;
     double slope = 0.0;
     bool known = false;
+    int64_t distinct = 0;  // distinct x values behind the fit; a slope needs two
   };
   Line fit(const std::map<int64_t, Point>& points) const;
   void update_point(std::map<int64_t, Point>& points, int64_t x, double ms);
   double step_ms(std::span<const int64_t> gammas) const;
   double alpha(int64_t sequence, int64_t position) const;
+  // The goodput-maximising gammas for the chosen rows, starting from `start`; with `optimistic`
+  // every alpha counts as at least the prior.
+  std::vector<int64_t> best_gammas(std::span<const Row> rows, std::span<const size_t> chosen,
+                                   std::vector<int64_t> start, bool optimistic) const;
+  double goodput(std::span<const Row> rows, std::span<const int64_t> gammas, bool optimistic) const;
 
   int64_t gamma_limit_;
   Tuning tuning_;
@@ -98,6 +131,9 @@ class BatchGoodputController {
   int64_t interval_;
   int64_t next_probe_;
   bool probing_ = false;
+  bool calibrating_ = false;
+  int64_t next_calibration_ = 0;  // no calibration step before this step
+  int64_t calibration_steps_ = 0;
   int64_t regime_batch_ = 0;                // batch size when the cost points were started
   std::map<int64_t, Point> verify_points_;  // T -> ms
   std::map<int64_t, Point> draft_points_;   // rows per draft round -> ms per round

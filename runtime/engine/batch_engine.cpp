@@ -404,6 +404,13 @@ void BatchEngine::State::step() {
     }
   }
   const std::vector<int64_t> gammas = goodput.choose(rows);
+  // A calibration step gives the controller's rows free filler instead of the draft model's work.
+  std::vector<bool> calibration(static_cast<size_t>(batch), false);
+  if (goodput.calibrating()) {
+    for (int64_t b = 0; b < batch; ++b) {
+      calibration[static_cast<size_t>(b)] = rows[static_cast<size_t>(b)].fixed < 0;
+    }
+  }
 
   // 2. Proposals: the draft model for its rows in one batched call, prompt lookup per row; then
   // one [batch, gamma] set, with q materialised for lookup rows when the batch mixes them.
@@ -411,18 +418,23 @@ void BatchEngine::State::step() {
   std::vector<DraftRequest> model_requests;
   std::vector<int64_t> model_rows;
   std::vector<std::pair<int64_t, Proposals>> lookup_proposals;
+  std::vector<int64_t> catch_up(static_cast<size_t>(batch), 0);
   for (int64_t b = 0; b < batch; ++b) {
     Sequence& sequence = *running[static_cast<size_t>(b)];
     const int64_t gamma = gammas[static_cast<size_t>(b)];
     if (gamma == 0) continue;
-    if (sequence.drafts_with_model) {
+    if (sequence.drafts_with_model && !calibration[static_cast<size_t>(b)]) {
       model_requests.push_back({static_cast<int64_t>(sequence.id), sequence.committed, gamma,
                                 &sequence.draft_rng, &sequence.request.generation.sampling,
                                 sequence.request.speculative.draft_p_min});
       model_rows.push_back(b);
+      catch_up[static_cast<size_t>(b)] =
+          static_cast<int64_t>(sequence.committed.size()) -
+          draft_proposer->cached_length(static_cast<int64_t>(sequence.id));
     } else {
       PromptLookupProposer lookup(sequence.request.speculative.lookup_min_ngram,
-                                  sequence.request.speculative.lookup_max_ngram);
+                                  sequence.request.speculative.lookup_max_ngram,
+                                  calibration[static_cast<size_t>(b)]);
       const DraftRequest request[] = {{static_cast<int64_t>(sequence.id), sequence.committed, gamma,
                                        &sequence.draft_rng, nullptr, -1.0f}};
       lookup_proposals.emplace_back(b, lookup.propose(request));
@@ -536,8 +548,12 @@ void BatchEngine::State::step() {
     Sequence& sequence = *running[static_cast<size_t>(b)];
     const int64_t drafted = proposals.counts[static_cast<size_t>(b)];
     const int64_t accepted = verdict.accepted[static_cast<size_t>(b)];
-    outcomes[static_cast<size_t>(b)] = {static_cast<int64_t>(sequence.id), drafted, accepted,
-                                        rows[static_cast<size_t>(b)].fixed < 0};
+    outcomes[static_cast<size_t>(b)] = {static_cast<int64_t>(sequence.id),
+                                        drafted,
+                                        accepted,
+                                        rows[static_cast<size_t>(b)].fixed < 0,
+                                        calibration[static_cast<size_t>(b)],
+                                        catch_up[static_cast<size_t>(b)]};
     drafted_total += drafted;
     accepted_total += accepted;
     SpeculativeStats& stats = sequence.stats;

@@ -133,7 +133,11 @@ SpeculativeGenerator::SpeculativeGenerator(Model& target, Model* draft,
     default_verifier_ = std::make_unique<RejectionSampler>();
   }
   verifier_ = verifier != nullptr ? verifier : default_verifier_.get();
-  controller_ = make_gamma_controller(speculative.controller, speculative.gamma);
+  if (speculative.controller == ControllerKind::kGoodput) {
+    goodput_ = std::make_unique<BatchGoodputController>(speculative.gamma.max);
+  } else {
+    controller_ = make_gamma_controller(speculative.controller, speculative.gamma);
+  }
 }
 
 SpeculativeGenerator::~SpeculativeGenerator() = default;
@@ -166,7 +170,6 @@ GenerationResult SpeculativeGenerator::generate(std::span<const int32_t> prompt,
   SequenceScope scope(target_, proposer_.get());
   const SequenceId target_sequence = scope.target_sequence();
   Scorer scorer(target_, generation_.sampling);
-  GammaController& controller = *controller_;
   Rng verify_rng(generation_.sampling.seed);
   Rng draft_rng(generation_.sampling.seed ^ kDraftSeedSalt);
 
@@ -189,16 +192,38 @@ GenerationResult SpeculativeGenerator::generate(std::span<const int32_t> prompt,
     }
     // Limits: a step emits up to gamma + 1 tokens; the target feeds gamma + 1 positions from
     // n - 1; the draft feeds through d_{gamma - 1}, position n + gamma - 2.
-    int64_t gamma = drafting ? controller.next_gamma() : 0;
-    gamma = std::min({gamma, remaining - 1, target_limit - n, draft_limit - n + 1});
-    gamma = std::max<int64_t>(gamma, 0);
+    const int64_t cap = std::max<int64_t>(0, std::min({speculative_.gamma.max, remaining - 1,
+                                                       target_limit - n, draft_limit - n + 1}));
+    int64_t gamma = 0;
+    bool calibration = false;  // free filler proposals, to measure the target's cost
+    if (drafting && goodput_) {
+      const BatchGoodputController::Row row[] = {{SequenceScope::kEngineSequence, cap,
+                                                  std::min(speculative_.gamma.min, cap),
+                                                  speculative_.gamma.initial, -1}};
+      gamma = goodput_->choose(row)[0];
+      calibration = goodput_->calibrating() && gamma > 0;
+    } else if (drafting) {
+      gamma = std::clamp<int64_t>(controller_->next_gamma(), 0, cap);
+    }
 
     const auto step_start = Clock::now();
     Proposals proposals;
+    int64_t catch_up = 0;  // committed tokens the draft reads before drafting
     if (gamma > 0) {
       const DraftRequest request[] = {
           {SequenceScope::kEngineSequence, committed, gamma, &draft_rng}};
-      proposals = proposer_->propose(request);
+      if (calibration) {
+        proposals =
+            PromptLookupProposer(speculative_.lookup_min_ngram, speculative_.lookup_max_ngram, true)
+                .propose(request);
+      } else {
+        if (speculative_.method == SpeculativeMethod::kDraftModel) {
+          catch_up =
+              n -
+              static_cast<ModelProposer&>(*proposer_).cached_length(SequenceScope::kEngineSequence);
+        }
+        proposals = proposer_->propose(request);
+      }
     } else {
       proposals.batch = 1;
       proposals.counts = {0};
@@ -215,7 +240,13 @@ GenerationResult SpeculativeGenerator::generate(std::span<const int32_t> prompt,
     const double draft_ms = milliseconds(step_start, draft_done);
     const double verify_ms = milliseconds(draft_done, verify_done);
     stats.record_step(drafted, accepted, draft_ms, verify_ms);
-    if (drafting) controller.observe({drafted, accepted, draft_ms, verify_ms});
+    if (goodput_ && drafting) {
+      const BatchGoodputController::Outcome outcome[] = {
+          {SequenceScope::kEngineSequence, drafted, accepted, true, calibration, catch_up}};
+      goodput_->observe(outcome, draft_ms, verify_ms);
+    } else if (drafting) {
+      controller_->observe({drafted, accepted, draft_ms, verify_ms});
+    }
 
     // Commit the accepted drafts and the new token, stopping at EOS, the token limit or the
     // callback's word.

@@ -12,6 +12,7 @@
 #include "draft/proposer.h"
 #include "runtime/engine/generate.h"
 #include "runtime/model/model.h"
+#include "verify/batch_gamma.h"
 #include "verify/gamma_controller.h"
 #include "verify/verifier.h"
 
@@ -96,8 +97,10 @@ class SpeculativeGenerator {
   GenerationOptions generation_;
   SpeculativeOptions speculative_;
   std::unique_ptr<Proposer> proposer_;
-  // Persists across generate() calls: acceptance and costs are properties of the model pair and
-  // the machine, learnt once rather than per request.
+  // Persist across generate() calls: acceptance and costs are properties of the model pair and
+  // the machine, learnt once rather than per request. One of them: the goodput controller (for a
+  // batch of one) or a per-sequence one.
+  std::unique_ptr<BatchGoodputController> goodput_;
   std::unique_ptr<GammaController> controller_;
   std::unique_ptr<Verifier> default_verifier_;
   const Verifier* verifier_;
