@@ -77,6 +77,16 @@ struct AttentionParams {
   int64_t sliding_window;      // attend to at most this many latest positions; 0: no limit
 };
 
+// out[i] = low + (high - low) * uniform_at(seed, i) (kernels/core/uniform_hash.h), rounded to
+// the dtype: synthetic weights, bit for bit the same on every backend.
+struct FillParams {
+  int64_t count;  // elements to write
+  DType dtype;    // storage dtype of out
+  uint64_t seed;  // the stream; element i depends on (seed, i) alone
+  float low;      // range, finite, low <= high (equal: a constant)
+  float high;
+};
+
 struct SwigluParams {
   int64_t rows;  // tokens
   int64_t dim;   // intermediate width
@@ -151,6 +161,9 @@ class Backend {
                         const float* gate,  // [rows, dim]
                         const float* up,    // [rows, dim]
                         float* out) = 0;    // [rows, dim]
+
+  virtual Status fill_uniform(const FillParams& params,
+                              void* out) = 0;  // [count] dtype
 
   // accumulator += addend, elementwise (the residual connection).
   virtual Status add(int64_t count,

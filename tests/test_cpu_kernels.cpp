@@ -13,9 +13,11 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/core/uniform_hash.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/fill.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -422,6 +424,34 @@ TEST_P(CpuKernels, SwigluAndAddMatchReference) {
   std::vector<float> accumulator = up;
   ASSERT_TRUE(add(rows * dim, gate.data(), accumulator.data(), pool_).is_ok());
   for (int64_t i = 0; i < rows * dim; ++i) ASSERT_EQ(accumulator[i], up[i] + gate[i]);
+}
+
+TEST_P(CpuKernels, FillIsTheHashRoundedToTheDtype) {
+  const int64_t count = 100003;  // not a multiple of any chunk
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    std::vector<uint8_t> out(static_cast<size_t>(count) * dtype_size(dtype));
+    ASSERT_TRUE(fill_uniform({count, dtype, 77, -0.5f, 0.25f}, out.data(), pool_).is_ok());
+    double sum = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const float expected = -0.5f + 0.75f * uniform_at(77, static_cast<uint64_t>(i));
+      const float stored = load_as_f32(out.data(), dtype, static_cast<size_t>(i));
+      const float rounded = dtype == DType::kF32    ? expected
+                            : dtype == DType::kBF16 ? bf16_to_f32(f32_to_bf16(expected))
+                                                    : f16_to_f32(f32_to_f16(expected));
+      ASSERT_EQ(stored, rounded) << i;
+      ASSERT_GE(stored, -0.5f);
+      ASSERT_LE(stored, 0.25f);
+      sum += stored;
+    }
+    EXPECT_NEAR(sum / double(count), -0.125, 0.005);  // a uniform's mean
+  }
+  std::vector<float> constant(10);
+  ASSERT_TRUE(fill_uniform({10, DType::kF32, 1, 1.0f, 1.0f}, constant.data(), pool_).is_ok());
+  for (const float value : constant) EXPECT_EQ(value, 1.0f);
+  EXPECT_EQ(fill_uniform({10, DType::kF32, 1, 1.0f, 0.0f}, constant.data(), pool_).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(fill_uniform({-1, DType::kF32, 1, 0.0f, 1.0f}, constant.data(), pool_).code(),
+            StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, CpuKernels, ::testing::Values(1, 2, 4),

@@ -8,6 +8,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/fill.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -85,6 +86,10 @@ Status CpuBackend::swiglu(const SwigluParams& params, const float* gate, const f
 
 Status CpuBackend::add(int64_t count, const float* addend, float* accumulator) {
   return cpu::add(count, addend, accumulator, *pool_);
+}
+
+Status CpuBackend::fill_uniform(const FillParams& params, void* out) {
+  return cpu::fill_uniform(params, out, *pool_);
 }
 
 }  // namespace specrun::kernels::cpu

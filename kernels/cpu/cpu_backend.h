@@ -40,6 +40,7 @@ class CpuBackend final : public Backend {
   Status swiglu(const SwigluParams& params, const float* gate, const float* up,
                 float* out) override;
   Status add(int64_t count, const float* addend, float* accumulator) override;
+  Status fill_uniform(const FillParams& params, void* out) override;
 
  private:
   std::shared_ptr<ThreadPool> pool_;

@@ -1,0 +1,36 @@
+#include "kernels/cpu/fill.h"
+
+#include <cmath>
+
+#include "kernels/core/uniform_hash.h"
+
+namespace specrun::kernels::cpu {
+
+Status fill_uniform(const FillParams& params, void* out, ThreadPool& pool) {
+  if (params.count < 0) return Status::invalid_argument("fill: negative count");
+  if (!std::isfinite(params.low) || !std::isfinite(params.high) || params.high < params.low) {
+    return Status::invalid_argument("fill: the range must be finite with low <= high");
+  }
+  const float width = params.high - params.low;
+  // Big chunks: each element is a few integer operations, so splitting finely only adds overhead.
+  pool.parallel_for(params.count, 1 << 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      // Compiled without contraction, so this is the CUDA kernel's mul-then-add exactly.
+      const float value = params.low + width * uniform_at(params.seed, static_cast<uint64_t>(i));
+      switch (params.dtype) {
+        case DType::kF32:
+          static_cast<float*>(out)[i] = value;
+          break;
+        case DType::kF16:
+          static_cast<uint16_t*>(out)[i] = f32_to_f16(value);
+          break;
+        case DType::kBF16:
+          static_cast<uint16_t*>(out)[i] = f32_to_bf16(value);
+          break;
+      }
+    }
+  });
+  return Status::ok();
+}
+
+}  // namespace specrun::kernels::cpu

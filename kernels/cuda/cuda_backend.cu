@@ -1,0 +1,376 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/fill.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
+
+namespace specrun::kernels::cuda {
+namespace {
+
+// Scratch grows in steps of this, so that slowly growing batches do not reallocate every call.
+constexpr size_t kScratchGranule = size_t{2} << 20;
+
+// Makes `device` current for the scope, restoring the caller's device after: a process may drive
+// several devices from one thread.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) : device_(device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != device_) error_ = cudaSetDevice(device_);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  Status status() const {
+    return error_ == cudaSuccess ? Status::ok() : cuda_error_status(error_, "cudaSetDevice");
+  }
+
+ private:
+  int device_;
+  int previous_ = -1;
+  cudaError_t error_ = cudaSuccess;
+};
+
+// An empty kernel: asking for its attributes tells whether this build has code the device can run.
+__global__ void probe_kernel() {}
+
+Status cublas_error(cublasStatus_t status, const char* what) {
+  return Status::error(StatusCode::kDeviceError,
+                       std::string(what) + ": " + cublasGetStatusString(status));
+}
+
+// The failure a kernel recorded, in the words the CPU backend uses for it.
+Status status_from_record(const DeviceErrorRecord& record) {
+  switch (static_cast<DeviceCheck>(record.check)) {
+    case DeviceCheck::kTokenId:
+      return Status::out_of_range("token id " + std::to_string(record.value) +
+                                  " is outside the vocabulary [0, " + std::to_string(record.bound) +
+                                  ")");
+    case DeviceCheck::kSlot:
+      return Status::out_of_range("kv_write: slot " + std::to_string(record.value) +
+                                  " outside the cache of " + std::to_string(record.bound));
+    case DeviceCheck::kQueryStart:
+      return Status::invalid_argument("attention: query_start does not cover the tokens");
+    case DeviceCheck::kContextLength:
+      return Status::invalid_argument("attention: sequence " + std::to_string(record.index) +
+                                      " has an impossible context length");
+    case DeviceCheck::kNone:
+      break;
+  }
+  return Status::error(StatusCode::kDeviceError,
+                       "unknown device check " + std::to_string(record.check));
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device_index)
+    : device_(device_index), name_("cuda:" + std::to_string(device_index)) {}
+
+Status CudaBackend::create(int device_index, std::unique_ptr<CudaBackend>* out) {
+  out->reset();
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver ||
+      (error == cudaSuccess && count == 0)) {
+    cudaGetLastError();
+    return Status::error(
+        StatusCode::kDeviceError,
+        "no CUDA device is visible (" +
+            std::string(error == cudaSuccess ? "none found" : cudaGetErrorString(error)) + ")");
+  }
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_error_status(error, "cudaGetDeviceCount");
+  }
+  if (device_index < 0 || device_index >= count) {
+    return Status::invalid_argument("CUDA device " + std::to_string(device_index) +
+                                    " does not exist (" + std::to_string(count) + " visible)");
+  }
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(device_index));
+  if (Status status = backend->initialise(); !status.is_ok()) return status;
+  *out = std::move(backend);
+  return Status::ok();
+}
+
+Status CudaBackend::initialise() {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  cudaDeviceProp properties{};
+  cudaError_t error = cudaGetDeviceProperties(&properties, device_);
+  if (error != cudaSuccess) return cuda_error_status(error, "cudaGetDeviceProperties");
+  multiprocessor_count_ = std::max(properties.multiProcessorCount, 1);
+
+  cudaFuncAttributes attributes{};
+  error = cudaFuncGetAttributes(&attributes, probe_kernel);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return Status::unsupported(name_ + " (" + properties.name + ", compute capability " +
+                               std::to_string(properties.major) + "." +
+                               std::to_string(properties.minor) +
+                               ") cannot run this build's kernels: " + cudaGetErrorString(error) +
+                               "; rebuild with its architecture in SPECRUN_CUDA_ARCHITECTURES");
+  }
+
+  error = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+  if (error != cudaSuccess) {
+    stream_ = nullptr;
+    return cuda_error_status(error, "cudaStreamCreateWithFlags");
+  }
+  cublasHandle_t handle = nullptr;
+  const cublasStatus_t cublas_status = cublasCreate(&handle);
+  if (cublas_status != CUBLAS_STATUS_SUCCESS) return cublas_error(cublas_status, "cublasCreate");
+  cublas_ = handle;
+  const cublasStatus_t bound = cublasSetStream(cublas_, stream_);
+  if (bound != CUBLAS_STATUS_SUCCESS) return cublas_error(bound, "cublasSetStream");
+
+  void* record = nullptr;
+  error = cudaMalloc(&record, sizeof(DeviceErrorRecord));
+  if (error != cudaSuccess) return cuda_error_status(error, "allocating the error record");
+  device_errors_ = static_cast<DeviceErrorRecord*>(record);
+  void* host_record = nullptr;
+  error = cudaMallocHost(&host_record, sizeof(DeviceErrorRecord));
+  if (error != cudaSuccess) return cuda_error_status(error, "allocating the host error record");
+  host_errors_ = static_cast<DeviceErrorRecord*>(host_record);
+  *host_errors_ = DeviceErrorRecord{};
+  error = cudaMemsetAsync(device_errors_, 0, sizeof(DeviceErrorRecord), stream_);
+  if (error != cudaSuccess) return cuda_error_status(error, "clearing the error record");
+  error = cudaStreamSynchronize(stream_);
+  if (error != cudaSuccess) return cuda_error_status(error, ("initialising " + name_).c_str());
+  return Status::ok();
+}
+
+CudaBackend::~CudaBackend() {
+  DeviceScope scope(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (scratch_ != nullptr) cudaFree(scratch_);
+  if (device_errors_ != nullptr) cudaFree(device_errors_);
+  if (host_errors_ != nullptr) cudaFreeHost(host_errors_);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  cudaGetLastError();  // leave no error of ours behind for the caller's next call
+}
+
+void* CudaBackend::allocate(size_t bytes) {
+  DeviceScope scope(device_);
+  if (!scope.status().is_ok()) return nullptr;
+  void* pointer = nullptr;
+  // At least one byte: a zero-byte request still gets a distinct, freeable allocation.
+  if (cudaMalloc(&pointer, std::max<size_t>(bytes, 1)) != cudaSuccess) {
+    cudaGetLastError();  // an allocation failure is not sticky; clear it
+    return nullptr;
+  }
+  return pointer;
+}
+
+void CudaBackend::deallocate(void* pointer) noexcept {
+  if (pointer == nullptr) return;
+  DeviceScope scope(device_);
+  cudaStreamSynchronize(stream_);
+  cudaFree(pointer);
+  cudaGetLastError();
+}
+
+Status CudaBackend::copy_to_device(void* device_dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return Status::ok();
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  cudaError_t error = cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_);
+  if (error != cudaSuccess) return cuda_error_status(error, "copy_to_device");
+  // From pageable memory the call returns once the source is staged, so the caller may reuse it
+  // at once. Pinned (or otherwise registered) memory is read by the DMA engine later: wait for it,
+  // so that the contract is the same for every kind of host memory.
+  cudaPointerAttributes attributes{};
+  const bool pageable = cudaPointerGetAttributes(&attributes, host_src) == cudaSuccess &&
+                        attributes.type == cudaMemoryTypeUnregistered;
+  if (pageable) return Status::ok();
+  cudaGetLastError();  // a failed cudaPointerGetAttributes only means "wait"
+  error = cudaStreamSynchronize(stream_);
+  return error == cudaSuccess ? Status::ok() : cuda_error_status(error, "copy_to_device");
+}
+
+Status CudaBackend::copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  if (bytes != 0) {
+    const cudaError_t error =
+        cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream_);
+    if (error != cudaSuccess) return cuda_error_status(error, "copy_to_host");
+  }
+  return wait_and_take_device_error("copy_to_host");
+}
+
+Status CudaBackend::copy_on_device(void* device_dst, const void* device_src, size_t bytes) {
+  if (bytes == 0 || device_dst == device_src) return Status::ok();
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  const auto* dst = static_cast<const char*>(device_dst);
+  const auto* src = static_cast<const char*>(device_src);
+  const bool overlap = dst < src + bytes && src < dst + bytes;
+  cudaError_t error = cudaSuccess;
+  if (overlap) {
+    // cudaMemcpy leaves overlapping copies undefined: go through scratch, in stream order.
+    if (Status status = ensure_scratch(bytes); !status.is_ok()) return status;
+    error = cudaMemcpyAsync(scratch_, device_src, bytes, cudaMemcpyDeviceToDevice, stream_);
+    if (error == cudaSuccess) {
+      error = cudaMemcpyAsync(device_dst, scratch_, bytes, cudaMemcpyDeviceToDevice, stream_);
+    }
+  } else {
+    error = cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, stream_);
+  }
+  return error == cudaSuccess ? Status::ok() : cuda_error_status(error, "copy_on_device");
+}
+
+Status CudaBackend::synchronize() {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return wait_and_take_device_error("synchronize");
+}
+
+Status CudaBackend::ensure_scratch(size_t bytes) {
+  if (bytes <= scratch_bytes_) return Status::ok();
+  // Ops already enqueued may still use the old buffer.
+  cudaError_t error = cudaStreamSynchronize(stream_);
+  if (error != cudaSuccess) return cuda_error_status(error, "growing scratch");
+  if (scratch_ != nullptr) cudaFree(scratch_);
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  const size_t rounded = (bytes + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
+  error = cudaMalloc(&scratch_, rounded);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    scratch_ = nullptr;
+    return Status::error(StatusCode::kOutOfMemory, "cannot allocate " + std::to_string(rounded) +
+                                                       " bytes of scratch on " + name_);
+  }
+  scratch_bytes_ = rounded;
+  return Status::ok();
+}
+
+Status CudaBackend::wait_and_take_device_error(const char* what) {
+  cudaError_t error = cudaMemcpyAsync(host_errors_, device_errors_, sizeof(DeviceErrorRecord),
+                                      cudaMemcpyDeviceToHost, stream_);
+  if (error != cudaSuccess) return cuda_error_status(error, what);
+  error = cudaStreamSynchronize(stream_);
+  if (error != cudaSuccess) return cuda_error_status(error, what);
+  if (host_errors_->check == static_cast<int>(DeviceCheck::kNone)) return Status::ok();
+  const DeviceErrorRecord record = *host_errors_;
+  *host_errors_ = DeviceErrorRecord{};
+  error = cudaMemsetAsync(device_errors_, 0, sizeof(DeviceErrorRecord), stream_);
+  if (error != cudaSuccess) return cuda_error_status(error, what);
+  return status_from_record(record);
+}
+
+Status CudaBackend::after_checked_op(Status launched, const char* what) {
+  if (!launched.is_ok() || !eager_checks_) return launched;
+  return wait_and_take_device_error(what);
+}
+
+Status CudaBackend::embedding(const EmbeddingParams& params, const int32_t* token_ids,
+                              const void* table, float* out) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return after_checked_op(launch_embedding(params, token_ids, table, out, device_errors_, stream_),
+                          "embedding");
+}
+
+Status CudaBackend::rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
+                            float* out) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return launch_rmsnorm(params, x, weight, out, stream_);
+}
+
+Status CudaBackend::matmul(const MatmulParams& params, const float* x, const void* weight,
+                           const void* bias, float* out) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  if (Status status = ensure_scratch(matmul_scratch_bytes(params, batch_invariant_));
+      !status.is_ok()) {
+    return status;
+  }
+  const MatmulContext context{cublas_, scratch_, scratch_bytes_, batch_invariant_};
+  return launch_matmul(params, x, weight, bias, out, context, stream_);
+}
+
+Status CudaBackend::rope(const RopeParams& params, const int32_t* positions, const float* inv_freq,
+                         float* q, float* k) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return launch_rope(params, positions, inv_freq, q, k, stream_);
+}
+
+Status CudaBackend::rope_and_kv_write(const RopeParams& params, int64_t num_slots,
+                                      const int32_t* positions, const float* inv_freq,
+                                      const int32_t* slots, float* q, float* k, const float* v,
+                                      float* k_cache, float* v_cache) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return after_checked_op(
+      launch_rope_and_kv_write({params, num_slots}, positions, inv_freq, slots, q, k, v, k_cache,
+                               v_cache, device_errors_, stream_),
+      "rope_and_kv_write");
+}
+
+Status CudaBackend::kv_write(const KvWriteParams& params, const float* k, const float* v,
+                             const int32_t* slots, float* k_cache, float* v_cache) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return after_checked_op(
+      launch_kv_write(params, k, v, slots, k_cache, v_cache, device_errors_, stream_), "kv_write");
+}
+
+Status CudaBackend::attention(const AttentionParams& params, const float* q, const float* k_cache,
+                              const float* v_cache, const int32_t* query_start,
+                              const int32_t* context_lengths, const int32_t* block_tables,
+                              float* out) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  if (Status status = ensure_scratch(attention_scratch_bytes(params, multiprocessor_count_));
+      !status.is_ok()) {
+    return status;
+  }
+  const AttentionWorkspace workspace{static_cast<float*>(scratch_), scratch_bytes_,
+                                     multiprocessor_count_, device_errors_};
+  return after_checked_op(launch_attention(params, q, k_cache, v_cache, query_start,
+                                           context_lengths, block_tables, out, workspace, stream_),
+                          "attention");
+}
+
+Status CudaBackend::swiglu(const SwigluParams& params, const float* gate, const float* up,
+                           float* out) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return launch_swiglu(params, gate, up, out, stream_);
+}
+
+Status CudaBackend::add(int64_t count, const float* addend, float* accumulator) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return launch_add(count, addend, accumulator, stream_);
+}
+
+Status CudaBackend::fill_uniform(const FillParams& params, void* out) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return launch_fill_uniform(params.count, params.dtype, params.seed, params.low, params.high, out,
+                             stream_);
+}
+
+}  // namespace specrun::kernels::cuda

@@ -1,0 +1,132 @@
+// The CUDA backend: the op interface (kernels/backend.h) on one device and one stream. Plain C++
+// can include this header: it names the CUDA types it holds only by forward declaration.
+//
+// Ordering: every op, and every copy, is enqueued on the backend's own non-blocking stream, in
+// call order; allocate() and deallocate() synchronise as needed so that no enqueued op can touch
+// freed memory.
+//
+// Checks: each op makes the CPU backend's shape checks on the host, before launching, and returns
+// the same StatusCode for the same bad shape. The checks the CPU backend makes by reading index
+// data (token ids, KV slots, attention metadata) need data that lives in device memory here; the
+// kernels make them and skip the invalid items, and the backend reports the first failure (same
+// StatusCode as the CPU) from its next synchronize() or copy_to_host(), the points where the host
+// waits for the device anyway. With set_eager_checks(true) the op itself waits and returns that
+// failure, exactly as the CPU backend would (at the cost of a stream synchronisation per op).
+// Where the CPU backend accepts a shape that these kernels do not implement (attention with
+// head_dim above 256, rope with head_dim above 12288), the op returns kUnsupported.
+//
+// Batch invariance: every op computes an output element with the same instructions in the same
+// order however many rows share the call, except matmul over more than 16 rows, which uses cuBLAS
+// on activations rounded to the weight dtype. set_batch_invariant(true) runs every matmul through
+// the row-tiled skinny kernel instead (slower prefill, bitwise batch invariant).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "kernels/backend.h"
+
+struct CUstream_st;    // cudaStream_t is CUstream_st*
+struct cublasContext;  // cublasHandle_t is cublasContext*
+
+namespace specrun::kernels::cuda {
+
+struct DeviceErrorRecord;
+
+class CudaBackend final : public Backend {
+ public:
+  // A backend on CUDA device `device_index`: kDeviceError when no device is visible or the device
+  // cannot be initialised, kInvalidArgument for an index outside the visible devices, kUnsupported
+  // when the device cannot run the compiled kernels (another architecture).
+  static Status create(int device_index, std::unique_ptr<CudaBackend>* out);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view name() const override { return name_; }  // "cuda:N"
+  bool uses_host_memory() const override { return false; }
+  int device_index() const { return device_; }
+  // The stream every op runs on (a cudaStream_t), for callers that order their own work with it.
+  CUstream_st* stream() const { return stream_; }
+
+  // Matmul through the skinny kernel for every row count (see above). Off by default.
+  void set_batch_invariant(bool enabled) { batch_invariant_ = enabled; }
+  bool batch_invariant() const { return batch_invariant_; }
+  // Ops that check index data wait for the device and return the failure themselves.
+  void set_eager_checks(bool enabled) { eager_checks_ = enabled; }
+  bool eager_checks() const { return eager_checks_; }
+
+  // cudaMalloc; null when it fails. bytes == 0 still returns a distinct allocation.
+  void* allocate(size_t bytes) override;
+  // Waits for the stream first: enqueued ops may still use the memory.
+  void deallocate(void* pointer) noexcept override;
+  // Asynchronous; the source may be reused as soon as this returns (it waits for the copy only
+  // when the source is pinned memory).
+  Status copy_to_device(void* device_dst, const void* host_src, size_t bytes) override;
+  // Complete when it returns; reports a pending index-check failure.
+  Status copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
+  // Overlapping ranges are allowed (memmove semantics, as on the CPU).
+  Status copy_on_device(void* device_dst, const void* device_src, size_t bytes) override;
+  // cudaStreamSynchronize; reports a pending index-check failure.
+  Status synchronize() override;
+
+  Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
+                   float* out) override;
+  Status rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
+                 float* out) override;
+  Status matmul(const MatmulParams& params, const float* x, const void* weight, const void* bias,
+                float* out) override;
+  Status rope(const RopeParams& params, const int32_t* positions, const float* inv_freq, float* q,
+              float* k) override;
+  Status kv_write(const KvWriteParams& params, const float* k, const float* v, const int32_t* slots,
+                  float* k_cache, float* v_cache) override;
+  Status attention(const AttentionParams& params, const float* q, const float* k_cache,
+                   const float* v_cache, const int32_t* query_start, const int32_t* context_lengths,
+                   const int32_t* block_tables, float* out) override;
+  Status swiglu(const SwigluParams& params, const float* gate, const float* up,
+                float* out) override;
+  Status add(int64_t count, const float* addend, float* accumulator) override;
+  Status fill_uniform(const FillParams& params, void* out) override;
+
+  // rope, then kv_write, fused into one kernel (kernels/cuda/rope.h): bitwise the same results as
+  // the two calls, with one pass over k and v. Not part of the op interface yet; the runtime can
+  // adopt it where it knows it runs on CUDA.
+  Status rope_and_kv_write(const RopeParams& params,
+                           int64_t num_slots,         // capacity of the cache in tokens
+                           const int32_t* positions,  // [num_tokens]
+                           const float* inv_freq,     // [head_dim / 2]
+                           const int32_t* slots,      // [num_tokens]
+                           float* q,                  // [num_tokens, num_heads, head_dim]
+                           float* k,                  // [num_tokens, num_kv_heads, head_dim]
+                           const float* v,            // [num_tokens, num_kv_heads, head_dim]
+                           float* k_cache,            // [num_slots, num_kv_heads, head_dim]
+                           float* v_cache);           // [num_slots, num_kv_heads, head_dim]
+
+ private:
+  explicit CudaBackend(int device_index);
+  Status initialise();
+  // Grows the scratch buffer to at least `bytes` (waiting for the stream before freeing the old).
+  Status ensure_scratch(size_t bytes);
+  // Enqueues a read of the device error record, waits for the stream, and turns a recorded
+  // failure into a Status (clearing the record).
+  Status wait_and_take_device_error(const char* what);
+  // After an op that checks index data: in eager mode, wait and report.
+  Status after_checked_op(Status launched, const char* what);
+
+  int device_;
+  std::string name_;
+  CUstream_st* stream_ = nullptr;
+  cublasContext* cublas_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  DeviceErrorRecord* device_errors_ = nullptr;  // device memory
+  DeviceErrorRecord* host_errors_ = nullptr;    // pinned host copy
+  int multiprocessor_count_ = 1;
+  bool batch_invariant_ = false;
+  bool eager_checks_ = false;
+};
+
+}  // namespace specrun::kernels::cuda

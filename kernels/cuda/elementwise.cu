@@ -1,0 +1,97 @@
+#include "kernels/cuda/elementwise.h"
+
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+
+namespace specrun::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Enough blocks to fill any current GPU several times over; the loops stride past it.
+constexpr int64_t kMaxBlocks = 65536;
+
+__device__ __forceinline__ float silu_times(float g, float u) {
+  // The CPU reference's expression: g / (1 + exp(-g)) * u.
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+// gate, up and out are not restrict: out may alias gate.
+template <bool kVector>
+__global__ void __launch_bounds__(kThreads) swiglu_kernel(const float* gate,  // [count]
+                                                          const float* up,    // [count]
+                                                          float* out,         // [count]
+                                                          int64_t count) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if constexpr (kVector) {
+    for (int64_t v = first; v < count / 4; v += stride) {
+      const float4 g = reinterpret_cast<const float4*>(gate)[v];
+      const float4 u = reinterpret_cast<const float4*>(up)[v];
+      reinterpret_cast<float4*>(out)[v] = make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y),
+                                                      silu_times(g.z, u.z), silu_times(g.w, u.w));
+    }
+  } else {
+    for (int64_t i = first; i < count; i += stride) out[i] = silu_times(gate[i], up[i]);
+  }
+}
+
+template <bool kVector>
+__global__ void __launch_bounds__(kThreads) add_kernel(const float* addend,  // [count]
+                                                       float* accumulator,   // [count]
+                                                       int64_t count) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if constexpr (kVector) {
+    for (int64_t v = first; v < count / 4; v += stride) {
+      const float4 a = reinterpret_cast<const float4*>(addend)[v];
+      float4 value = reinterpret_cast<float4*>(accumulator)[v];
+      value.x = __fadd_rn(value.x, a.x);
+      value.y = __fadd_rn(value.y, a.y);
+      value.z = __fadd_rn(value.z, a.z);
+      value.w = __fadd_rn(value.w, a.w);
+      reinterpret_cast<float4*>(accumulator)[v] = value;
+    }
+  } else {
+    for (int64_t i = first; i < count; i += stride) {
+      accumulator[i] = __fadd_rn(accumulator[i], addend[i]);
+    }
+  }
+}
+
+// Blocks for `items` work items, one per thread.
+unsigned blocks_for(int64_t items) {
+  return static_cast<unsigned>(
+      std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, kMaxBlocks));
+}
+
+}  // namespace
+
+Status launch_swiglu(const SwigluParams& params, const float* gate, const float* up, float* out,
+                     cudaStream_t stream) {
+  if (params.rows < 0 || params.dim <= 0) return Status::invalid_argument("swiglu: bad shape");
+  const int64_t count = params.rows * params.dim;
+  if (count == 0) return Status::ok();
+  const bool vector =
+      count % 4 == 0 && is_aligned(gate, 16) && is_aligned(up, 16) && is_aligned(out, 16);
+  if (vector) {
+    swiglu_kernel<true><<<blocks_for(count / 4), kThreads, 0, stream>>>(gate, up, out, count);
+  } else {
+    swiglu_kernel<false><<<blocks_for(count), kThreads, 0, stream>>>(gate, up, out, count);
+  }
+  return launch_status("swiglu kernel");
+}
+
+Status launch_add(int64_t count, const float* addend, float* accumulator, cudaStream_t stream) {
+  if (count < 0) return Status::invalid_argument("add: negative count");
+  if (count == 0) return Status::ok();
+  const bool vector = count % 4 == 0 && is_aligned(addend, 16) && is_aligned(accumulator, 16);
+  if (vector) {
+    add_kernel<true><<<blocks_for(count / 4), kThreads, 0, stream>>>(addend, accumulator, count);
+  } else {
+    add_kernel<false><<<blocks_for(count), kThreads, 0, stream>>>(addend, accumulator, count);
+  }
+  return launch_status("add kernel");
+}
+
+}  // namespace specrun::kernels::cuda

@@ -1,0 +1,62 @@
+// The linear layer on the device: out = x @ weight^T + bias, with activations in f32 and the
+// weight in its stored dtype.
+//
+// Two paths:
+// - Skinny (rows <= kSkinnyMaxRows: decode and speculative verification). The weight is read from
+//   memory exactly once for all rows. A block (128 threads) owns 4 consecutive output features;
+//   its four warps split the reduction: element chunk c (16 bytes of weight: 8 halves or 4 floats)
+//   belongs to warp (c / 32) % 4, lane c % 32, and each lane walks its chunks in increasing order,
+//   loading the chunk of all 4 features with 16-byte loads and multiplying each by every row's x
+//   (read through L1: x is small and shared by every block; each x vector a lane loads serves 4
+//   features). Every (row, feature) keeps its own f32 accumulator. Grid: (out_features / 4,
+//   row tiles of 16).
+// - GEMM (rows > kSkinnyMaxRows: prefill). cuBLAS on tensor cores: x is rounded to the weight's
+//   dtype (bf16 or f16) in the backend's scratch buffer, multiplied with f32 accumulation and f32
+//   output; f32 weights use a plain f32 GEMM (no TF32). The bias, if any, is added by a small
+//   kernel afterwards. The rounding of x makes this path differ from the CPU reference by up to
+//   2^-9 (bf16) or 2^-11 (f16) of sum_k |x_k w_k| per element.
+//
+// Batch invariance. In the skinny path an output element (r, f) is the sum of the products
+// x[r, k] * w[f, k] accumulated with fused multiply-adds in one fixed order that depends only on
+// in_features: per lane in chunk order, then a fixed butterfly across the lanes, then the four warp
+// sums in warp order, then the bias. The row count only selects how many accumulators a thread
+// keeps (a template parameter), never the order, so row r's output is bitwise the same whether it
+// is computed alone or among up to 16 rows. The GEMM path is not batch invariant (cuBLAS picks its
+// tiling by shape, and x is rounded); with MatmulContext::batch_invariant the skinny kernel runs
+// for every row count instead, over tiles of 16 rows (the weight is then read once per tile).
+// The 16-byte path needs in_features % 8 == 0 and 16-byte aligned x and weight; otherwise a scalar
+// path with the same structure (one element per chunk) runs. The choice depends only on the shape
+// and the alignment of the buffers, not on the row count.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "kernels/backend.h"
+
+namespace specrun::kernels::cuda {
+
+inline constexpr int64_t kSkinnyMaxRows = 16;
+
+// What the backend owns and lends to the GEMM path.
+struct MatmulContext {
+  cublasHandle_t cublas;  // bound to the launch stream
+  void* scratch;          // device scratch, at least matmul_scratch_bytes(params)
+  size_t scratch_bytes;   // its size
+  bool batch_invariant;   // skinny kernel for every row count
+};
+
+// Scratch the launch needs: x rounded to the weight dtype when the GEMM path runs on half weights;
+// zero otherwise.
+size_t matmul_scratch_bytes(const MatmulParams& params, bool batch_invariant);
+
+Status launch_matmul(const MatmulParams& params,
+                     const float* x,      // [rows, in_features]
+                     const void* weight,  // [out_features, in_features] weight_dtype
+                     const void* bias,    // [out_features] bias_dtype, or null
+                     float* out,          // [rows, out_features]; must not alias x
+                     const MatmulContext& context, cudaStream_t stream);
+
+}  // namespace specrun::kernels::cuda

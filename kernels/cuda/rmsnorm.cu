@@ -1,0 +1,127 @@
+#include "kernels/cuda/rmsnorm.h"
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+
+namespace specrun::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarpSize;
+
+// Four consecutive weights widened to f32; `source` is aligned to four elements.
+template <DType kDType>
+__device__ __forceinline__ float4 load_four(const void* weight, int64_t first) {
+  if constexpr (kDType == DType::kF32) {
+    return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(weight) + first));
+  } else {
+    const uint2 bits =
+        __ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(weight) + first));
+    return make_float4(Stored<kDType>::widen(static_cast<uint16_t>(bits.x & 0xffffu)),
+                       Stored<kDType>::widen(static_cast<uint16_t>(bits.x >> 16)),
+                       Stored<kDType>::widen(static_cast<uint16_t>(bits.y & 0xffffu)),
+                       Stored<kDType>::widen(static_cast<uint16_t>(bits.y >> 16)));
+  }
+}
+
+// x and out are not restrict: they may be the same buffer. Every element is read (both passes)
+// and written by the same thread, and the barrier inside the reduction separates the passes.
+template <DType kDType, bool kVector>
+__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const float* x,      // [rows, dim]
+                                                           const void* weight,  // [dim]
+                                                           float* out,          // [rows, dim]
+                                                           int64_t dim, float eps) {
+  __shared__ float warp_sums[kWarps];
+  __shared__ float inverse_rms_shared;
+  const int64_t row = blockIdx.x;
+  const float* source = x + row * dim;   // [dim]
+  float* destination = out + row * dim;  // [dim]
+
+  float sum = 0.0f;
+  if constexpr (kVector) {
+    for (int64_t v = threadIdx.x; v < dim / 4; v += kThreads) {
+      const float4 value = reinterpret_cast<const float4*>(source)[v];
+      sum = __fmaf_rn(value.x, value.x, sum);
+      sum = __fmaf_rn(value.y, value.y, sum);
+      sum = __fmaf_rn(value.z, value.z, sum);
+      sum = __fmaf_rn(value.w, value.w, sum);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < dim; c += kThreads) {
+      sum = __fmaf_rn(source[c], source[c], sum);
+    }
+  }
+  sum = warp_sum(sum);
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (lane == 0) warp_sums[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = warp_sums[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) total = __fadd_rn(total, warp_sums[w]);
+    const float mean_square = __fdiv_rn(total, static_cast<float>(dim));
+    inverse_rms_shared = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_square, eps)));
+  }
+  __syncthreads();
+  const float inverse_rms = inverse_rms_shared;
+
+  // (x * inverse_rms) * weight, the CPU reference's order of the two products.
+  if constexpr (kVector) {
+    for (int64_t v = threadIdx.x; v < dim / 4; v += kThreads) {
+      const float4 value = reinterpret_cast<const float4*>(source)[v];
+      const float4 gain = load_four<kDType>(weight, 4 * v);
+      reinterpret_cast<float4*>(destination)[v] =
+          make_float4(__fmul_rn(__fmul_rn(value.x, inverse_rms), gain.x),
+                      __fmul_rn(__fmul_rn(value.y, inverse_rms), gain.y),
+                      __fmul_rn(__fmul_rn(value.z, inverse_rms), gain.z),
+                      __fmul_rn(__fmul_rn(value.w, inverse_rms), gain.w));
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < dim; c += kThreads) {
+      const float gain = load_element_f32(weight, kDType, c);
+      destination[c] = __fmul_rn(__fmul_rn(source[c], inverse_rms), gain);
+    }
+  }
+}
+
+template <DType kDType>
+void launch_typed(const RmsNormParams& params, const float* x, const void* weight, float* out,
+                  cudaStream_t stream) {
+  const bool vector = params.dim % 4 == 0 && is_aligned(x, 16) && is_aligned(out, 16) &&
+                      is_aligned(weight, 4 * dtype_size(kDType));
+  const dim3 grid(static_cast<unsigned>(params.rows));
+  if (vector) {
+    rmsnorm_kernel<kDType, true>
+        <<<grid, kThreads, 0, stream>>>(x, weight, out, params.dim, params.eps);
+  } else {
+    rmsnorm_kernel<kDType, false>
+        <<<grid, kThreads, 0, stream>>>(x, weight, out, params.dim, params.eps);
+  }
+}
+
+}  // namespace
+
+Status launch_rmsnorm(const RmsNormParams& params, const float* x, const void* weight, float* out,
+                      cudaStream_t stream) {
+  if (params.rows < 0 || params.dim <= 0 || !(params.eps >= 0.0f)) {
+    return Status::invalid_argument("rmsnorm: bad shape or eps");
+  }
+  if (params.rows == 0) return Status::ok();
+  if (params.rows > INT32_MAX) return Status::unsupported("rmsnorm: more than 2^31 - 1 rows");
+  switch (params.weight_dtype) {
+    case DType::kF32:
+      launch_typed<DType::kF32>(params, x, weight, out, stream);
+      break;
+    case DType::kF16:
+      launch_typed<DType::kF16>(params, x, weight, out, stream);
+      break;
+    case DType::kBF16:
+      launch_typed<DType::kBF16>(params, x, weight, out, stream);
+      break;
+  }
+  return launch_status("rmsnorm kernel");
+}
+
+}  // namespace specrun::kernels::cuda

@@ -1,0 +1,225 @@
+#include "kernels/cuda/rope.h"
+
+#include <cstdint>
+
+namespace specrun::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+struct RopeArgs {
+  const int32_t* positions;  // [num_tokens]
+  const float* inv_freq;     // [half]
+  float* q;                  // [num_tokens, num_heads, head_dim]
+  float* k;                  // [num_tokens, num_kv_heads, head_dim]
+  int64_t num_heads;
+  int64_t num_kv_heads;
+  int64_t head_dim;
+  bool interleaved;
+  // Fused cache write; k_cache is null for plain rope.
+  const float* v;        // [num_tokens, num_kv_heads, head_dim]
+  const int32_t* slots;  // [num_tokens]
+  float* k_cache;        // [num_slots, num_kv_heads, head_dim]
+  float* v_cache;        // [num_slots, num_kv_heads, head_dim]
+  int64_t num_slots;
+  DeviceErrorRecord* errors;
+};
+
+// Rotates channel pair `i` of one head in place; returns the two rotated values through
+// first/second for a fused cache write.
+__device__ __forceinline__ void rotate_pair(float* head, int64_t i, int64_t half, bool interleaved,
+                                            float cosine, float sine, int64_t* first_index,
+                                            int64_t* second_index, float* first, float* second) {
+  const int64_t a = interleaved ? 2 * i : i;
+  const int64_t b = interleaved ? 2 * i + 1 : i + half;
+  const float x1 = head[a];
+  const float x2 = head[b];
+  *first = __fsub_rn(__fmul_rn(x1, cosine), __fmul_rn(x2, sine));
+  *second = __fadd_rn(__fmul_rn(x2, cosine), __fmul_rn(x1, sine));
+  head[a] = *first;
+  head[b] = *second;
+  *first_index = a;
+  *second_index = b;
+}
+
+// blockIdx.x: token. Dynamic shared memory: [2, half] floats, the token's cos and sin.
+__global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs args) {
+  extern __shared__ float angles[];  // [2, half]
+  const int64_t token = blockIdx.x;
+  const int64_t half = args.head_dim / 2;
+  float* cosines = angles;
+  float* sines = angles + half;
+  const double position = static_cast<double>(args.positions[token]);
+  for (int64_t i = threadIdx.x; i < half; i += kThreads) {
+    double s, c;
+    sincos(position * static_cast<double>(args.inv_freq[i]), &s, &c);
+    cosines[i] = static_cast<float>(c);
+    sines[i] = static_cast<float>(s);
+  }
+  __syncthreads();
+
+  // Work item e = head * half + i: consecutive threads take consecutive pairs of one head, so the
+  // rotate-half loads of a warp are contiguous and the interleaved ones nearly so.
+  float* q_row = args.q + token * args.num_heads * args.head_dim;  // [num_heads, head_dim]
+  for (int64_t e = threadIdx.x; e < args.num_heads * half; e += kThreads) {
+    const int64_t head = e / half;
+    const int64_t i = e % half;
+    int64_t a, b;
+    float first, second;
+    rotate_pair(q_row + head * args.head_dim, i, half, args.interleaved, cosines[i], sines[i], &a,
+                &b, &first, &second);
+  }
+
+  const int64_t kv_row = args.num_kv_heads * args.head_dim;
+  float* k_row = args.k + token * kv_row;  // [num_kv_heads, head_dim]
+  bool store = false;
+  int64_t slot = 0;
+  if (args.k_cache != nullptr) {
+    slot = args.slots[token];
+    store = slot >= 0 && slot < args.num_slots;
+    if (!store && threadIdx.x == 0) {
+      report_device_error(args.errors, DeviceCheck::kSlot, token, slot, args.num_slots);
+    }
+  }
+  float* k_target = store ? args.k_cache + slot * kv_row : nullptr;  // [num_kv_heads, head_dim]
+  for (int64_t e = threadIdx.x; e < args.num_kv_heads * half; e += kThreads) {
+    const int64_t head = e / half;
+    const int64_t i = e % half;
+    int64_t a, b;
+    float first, second;
+    rotate_pair(k_row + head * args.head_dim, i, half, args.interleaved, cosines[i], sines[i], &a,
+                &b, &first, &second);
+    if (store) {
+      k_target[head * args.head_dim + a] = first;
+      k_target[head * args.head_dim + b] = second;
+    }
+  }
+  if (store) {
+    const float* v_row = args.v + token * kv_row;  // [num_kv_heads, head_dim]
+    float* v_target = args.v_cache + slot * kv_row;
+    for (int64_t c = threadIdx.x; c < kv_row; c += kThreads) v_target[c] = v_row[c];
+  }
+}
+
+// blockIdx.x: token. Copies one k row and one v row ([num_kv_heads * head_dim] floats each).
+template <bool kVector>
+__global__ void __launch_bounds__(kThreads)
+    kv_write_kernel(const float* k,        // [num_tokens, row]
+                    const float* v,        // [num_tokens, row]
+                    const int32_t* slots,  // [num_tokens]
+                    float* k_cache,        // [num_slots, row]
+                    float* v_cache,        // [num_slots, row]
+                    int64_t row, int64_t num_slots, DeviceErrorRecord* errors) {
+  const int64_t token = blockIdx.x;
+  const int64_t slot = slots[token];
+  if (slot < 0 || slot >= num_slots) {
+    if (threadIdx.x == 0) report_device_error(errors, DeviceCheck::kSlot, token, slot, num_slots);
+    return;
+  }
+  if constexpr (kVector) {
+    const float4* k_source = reinterpret_cast<const float4*>(k + token * row);
+    const float4* v_source = reinterpret_cast<const float4*>(v + token * row);
+    float4* k_target = reinterpret_cast<float4*>(k_cache + slot * row);
+    float4* v_target = reinterpret_cast<float4*>(v_cache + slot * row);
+    for (int64_t i = threadIdx.x; i < row / 4; i += kThreads) {
+      k_target[i] = k_source[i];
+      v_target[i] = v_source[i];
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < row; i += kThreads) {
+      k_cache[slot * row + i] = k[token * row + i];
+      v_cache[slot * row + i] = v[token * row + i];
+    }
+  }
+}
+
+Status check_rope_shape(const RopeParams& params) {
+  if (params.num_tokens < 0 || params.head_dim <= 0 || params.head_dim % 2 != 0 ||
+      params.num_heads <= 0 || params.num_kv_heads <= 0) {
+    return Status::invalid_argument("rope: bad shape (head_dim must be even)");
+  }
+  if (params.num_tokens > INT32_MAX) return Status::unsupported("rope: more than 2^31 - 1 tokens");
+  // The angles of one token live in shared memory.
+  if (params.head_dim * static_cast<int64_t>(sizeof(float)) > 48 * 1024) {
+    return Status::unsupported("rope: head_dim above 12288");
+  }
+  return Status::ok();
+}
+
+Status launch_rope_kernel(const RopeArgs& args, int64_t num_tokens, cudaStream_t stream) {
+  const size_t shared_bytes = static_cast<size_t>(args.head_dim) * sizeof(float);  // 2 * half
+  rope_kernel<<<static_cast<unsigned>(num_tokens), kThreads, shared_bytes, stream>>>(args);
+  return launch_status("rope kernel");
+}
+
+}  // namespace
+
+Status launch_rope(const RopeParams& params, const int32_t* positions, const float* inv_freq,
+                   float* q, float* k, cudaStream_t stream) {
+  if (Status status = check_rope_shape(params); !status.is_ok()) return status;
+  if (params.num_tokens == 0) return Status::ok();
+  const RopeArgs args{positions,
+                      inv_freq,
+                      q,
+                      k,
+                      params.num_heads,
+                      params.num_kv_heads,
+                      params.head_dim,
+                      params.style == RopeStyle::kInterleaved,
+                      nullptr,
+                      nullptr,
+                      nullptr,
+                      nullptr,
+                      0,
+                      nullptr};
+  return launch_rope_kernel(args, params.num_tokens, stream);
+}
+
+Status launch_kv_write(const KvWriteParams& params, const float* k, const float* v,
+                       const int32_t* slots, float* k_cache, float* v_cache,
+                       DeviceErrorRecord* errors, cudaStream_t stream) {
+  if (params.num_tokens < 0 || params.num_kv_heads <= 0 || params.head_dim <= 0) {
+    return Status::invalid_argument("kv_write: bad shape");
+  }
+  if (params.num_tokens == 0) return Status::ok();
+  if (params.num_tokens > INT32_MAX) {
+    return Status::unsupported("kv_write: more than 2^31 - 1 tokens");
+  }
+  const int64_t row = params.num_kv_heads * params.head_dim;
+  const bool vector = row % 4 == 0 && is_aligned(k, 16) && is_aligned(v, 16) &&
+                      is_aligned(k_cache, 16) && is_aligned(v_cache, 16);
+  const dim3 grid(static_cast<unsigned>(params.num_tokens));
+  if (vector) {
+    kv_write_kernel<true><<<grid, kThreads, 0, stream>>>(k, v, slots, k_cache, v_cache, row,
+                                                         params.num_slots, errors);
+  } else {
+    kv_write_kernel<false><<<grid, kThreads, 0, stream>>>(k, v, slots, k_cache, v_cache, row,
+                                                          params.num_slots, errors);
+  }
+  return launch_status("kv_write kernel");
+}
+
+Status launch_rope_and_kv_write(const RopeKvWriteParams& params, const int32_t* positions,
+                                const float* inv_freq, const int32_t* slots, float* q, float* k,
+                                const float* v, float* k_cache, float* v_cache,
+                                DeviceErrorRecord* errors, cudaStream_t stream) {
+  if (Status status = check_rope_shape(params.rope); !status.is_ok()) return status;
+  if (params.rope.num_tokens == 0) return Status::ok();
+  const RopeArgs args{positions,
+                      inv_freq,
+                      q,
+                      k,
+                      params.rope.num_heads,
+                      params.rope.num_kv_heads,
+                      params.rope.head_dim,
+                      params.rope.style == RopeStyle::kInterleaved,
+                      v,
+                      slots,
+                      k_cache,
+                      v_cache,
+                      params.num_slots,
+                      errors};
+  return launch_rope_kernel(args, params.rope.num_tokens, stream);
+}
+
+}  // namespace specrun::kernels::cuda

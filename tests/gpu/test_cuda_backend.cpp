@@ -1,0 +1,889 @@
+// The CUDA backend against the CPU backend: every op on fresh random inputs for every weight dtype
+// and several shapes, the same StatusCode for the same bad input, batch invariance, and a whole
+// model. Every test skips without a CUDA device.
+//
+// Tolerances: |gpu - ref| <= bound, per element, with u = 2^-24 (f32 unit roundoff). Both backends
+// accumulate in f32 in different orders, so each bound is twice the classical bound of one
+// implementation against the exact value:
+// - embedding, kv_write, add, copies: exact (no arithmetic, or one rounded add in both).
+// - rmsnorm: the mean square is a length-dim sum: 2 (dim + 8) u |ref|.
+// - rope: cos and sin may differ by an ulp between libm and CUDA's double sincos before rounding
+//   to f32; with |x| <= 1 that is within 1e-6 absolute.
+// - matmul, skinny path (rows <= 16) and f32 weights: 2 (in + 2) u sum_k |x_k w_k| (+ |bias|).
+//   GEMM path (rows > 16) on bf16/f16 weights: x is rounded to the weight dtype first, adding
+//   2^-9 (bf16) or 2^-11 (f16) of sum_k |x_k w_k|; that term dominates, and is why this path's
+//   tolerance is looser.
+// - attention: scores carry head_dim roundings into exp and the weighted sum carries the context
+//   length (values in [-1, 1]): 8 (head_dim + context + 16) u, as in the CPU suite, doubled.
+// - swiglu: exp within 2 ulp (CUDA) and 1 ulp (libm), then a quotient and a product: 16 u |ref|.
+// - whole model: from the per-op bounds through two layers; 1e-3 of the largest logit with f32
+//   activations everywhere (batch-invariant mode), 3e-2 when prefill GEMMs round activations to
+//   bf16/f16. The argmax must agree wherever the CPU's top-2 margin exceeds twice the tolerance.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <ostream>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/device.h"
+#include "runtime/base/device_buffer.h"
+#include "runtime/model/model.h"
+#include "runtime/sampling/rng.h"
+#include "tests/test_support.h"
+
+namespace specrun {
+// Test names and failure messages print a dtype by its safetensors name.
+static void PrintTo(DType dtype, std::ostream* out) {
+  *out << dtype_name(dtype);
+}
+}  // namespace specrun
+
+namespace specrun::kernels::cuda {
+namespace {
+
+constexpr double kUnitRoundoff = 0x1.0p-24;
+constexpr DType kAllDtypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+
+std::vector<float> random_floats(size_t count, uint64_t seed, float scale = 1.0f) {
+  Rng rng(seed);
+  std::vector<float> values(count);
+  for (float& v : values) v = scale * static_cast<float>(2.0 * rng.uniform() - 1.0);
+  return values;
+}
+
+// f32 values stored in `dtype`: the bytes, and the values as stored (rounded).
+struct StoredTensor {
+  std::vector<uint16_t> halves;  // F16/BF16 storage
+  std::vector<float> floats;     // F32 storage, or the widened halves
+  const void* data(DType dtype) const {
+    return dtype == DType::kF32 ? static_cast<const void*>(floats.data())
+                                : static_cast<const void*>(halves.data());
+  }
+  size_t bytes(DType dtype) const { return floats.size() * dtype_size(dtype); }
+};
+
+StoredTensor store(const std::vector<float>& values, DType dtype) {
+  StoredTensor tensor;
+  tensor.floats = values;
+  if (dtype != DType::kF32) {
+    for (float& v : tensor.floats) {
+      const uint16_t bits = dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+      tensor.halves.push_back(bits);
+      v = dtype == DType::kBF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
+    }
+  }
+  return tensor;
+}
+
+// Device copies of host data, and back.
+DeviceBuffer upload_bytes(Backend& backend, const void* data, size_t bytes) {
+  DeviceBuffer buffer(backend, std::max<size_t>(bytes, 1), "test buffer");
+  const Status status = backend.copy_to_device(buffer.data(), data, bytes);
+  EXPECT_TRUE(status.is_ok()) << status.to_string();
+  return buffer;
+}
+
+template <typename T>
+DeviceBuffer upload(Backend& backend, const std::vector<T>& values) {
+  return upload_bytes(backend, values.data(), values.size() * sizeof(T));
+}
+
+// An output buffer filled with NaN, so that an element the kernel never writes cannot pass.
+DeviceBuffer poisoned(Backend& backend, size_t count) {
+  return upload(backend, std::vector<float>(count, std::numeric_limits<float>::quiet_NaN()));
+}
+
+template <typename T = float>
+std::vector<T> download(Backend& backend, const DeviceBuffer& buffer, size_t count) {
+  std::vector<T> values(count);
+  const Status status = backend.copy_to_host(values.data(), buffer.data(), count * sizeof(T));
+  EXPECT_TRUE(status.is_ok()) << status.to_string();
+  return values;
+}
+
+// |gpu[i] - ref[i]| <= bound[i] for every i; NaN never passes. Reports the worst element.
+::testing::AssertionResult within(std::span<const float> gpu, std::span<const float> ref,
+                                  const std::vector<double>& bound) {
+  if (gpu.size() != ref.size() || bound.size() != ref.size()) {
+    return ::testing::AssertionFailure() << "size mismatch: " << gpu.size() << " vs " << ref.size();
+  }
+  size_t failures = 0;
+  size_t worst = 0;
+  double worst_excess = -1.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double difference = std::abs(static_cast<double>(gpu[i]) - ref[i]);
+    const bool ok = difference <= bound[i];  // false for NaN
+    if (!ok) {
+      ++failures;
+      const double excess = std::isnan(difference) ? INFINITY : difference - bound[i];
+      if (excess > worst_excess) {
+        worst_excess = excess;
+        worst = i;
+      }
+    }
+  }
+  if (failures == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << failures << " of " << ref.size() << " elements out of tolerance; worst at " << worst
+         << ": gpu " << gpu[worst] << " ref " << ref[worst] << " bound " << bound[worst];
+}
+
+::testing::AssertionResult all_close(std::span<const float> gpu, std::span<const float> ref,
+                                     double atol, double rtol) {
+  std::vector<double> bound(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) bound[i] = atol + rtol * std::abs(ref[i]);
+  return within(gpu, ref, bound);
+}
+
+bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<DeviceInfo> devices;
+    const Status listed = list_devices(&devices);
+    if (!listed.is_ok() || devices.empty()) {
+      GTEST_SKIP() << "no CUDA device" << (listed.is_ok() ? "" : ": " + listed.to_string());
+    }
+    const Status created = CudaBackend::create(0, &gpu_);
+    ASSERT_TRUE(created.is_ok()) << created.to_string();
+    cpu_ = testing::make_cpu_backend(2);
+  }
+
+  std::unique_ptr<CudaBackend> gpu_;
+  std::unique_ptr<cpu::CpuBackend> cpu_;
+};
+
+// ---- Backend basics ----------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, NameMemoryAndCopies) {
+  EXPECT_EQ(gpu_->name(), "cuda:0");
+  EXPECT_FALSE(gpu_->uses_host_memory());
+  EXPECT_NE(gpu_->stream(), nullptr);
+  void* empty = gpu_->allocate(0);
+  EXPECT_NE(empty, nullptr);
+  gpu_->deallocate(empty);
+
+  // Round trip, and memmove semantics for overlapping device copies (as on the CPU).
+  const std::vector<float> values = random_floats(1000, 1);
+  DeviceBuffer buffer = upload(*gpu_, values);
+  EXPECT_EQ(download(*gpu_, buffer, values.size()), values);
+  auto* base = buffer.as<float>();
+  ASSERT_TRUE(gpu_->copy_on_device(base + 10, base, 500 * sizeof(float)).is_ok());
+  std::vector<float> expected = values;
+  std::memmove(expected.data() + 10, expected.data(), 500 * sizeof(float));
+  EXPECT_EQ(download(*gpu_, buffer, values.size()), expected);
+  ASSERT_TRUE(gpu_->copy_on_device(base, base + 7, 300 * sizeof(float)).is_ok());
+  std::memmove(expected.data(), expected.data() + 7, 300 * sizeof(float));
+  EXPECT_EQ(download(*gpu_, buffer, values.size()), expected);
+  EXPECT_TRUE(gpu_->synchronize().is_ok());
+}
+
+TEST_F(CudaBackendTest, CreateRejectsADeviceThatDoesNotExist) {
+  std::unique_ptr<CudaBackend> backend;
+  EXPECT_EQ(CudaBackend::create(-1, &backend).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CudaBackend::create(1 << 20, &backend).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(backend == nullptr);
+}
+
+// ---- Embedding
+// -----------------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, EmbeddingMatchesCpuExactly) {
+  // dim 19: the scalar path; dim 128: 16-byte loads.
+  for (const int64_t dim : {19, 128}) {
+    const int64_t vocab = 301;
+    const std::vector<int32_t> tokens = {0, 300, 5, 5, 17, 299, 1, 42};
+    for (const DType dtype : kAllDtypes) {
+      const StoredTensor table = store(random_floats(vocab * dim, 2), dtype);
+      const EmbeddingParams params{static_cast<int64_t>(tokens.size()), vocab, dim, dtype};
+      std::vector<float> ref(tokens.size() * dim);
+      ASSERT_TRUE(cpu_->embedding(params, tokens.data(), table.data(dtype), ref.data()).is_ok());
+      DeviceBuffer ids = upload(*gpu_, tokens);
+      DeviceBuffer device_table = upload_bytes(*gpu_, table.data(dtype), table.bytes(dtype));
+      DeviceBuffer out = poisoned(*gpu_, ref.size());
+      ASSERT_TRUE(
+          gpu_->embedding(params, ids.as<int32_t>(), device_table.data(), out.as<float>()).is_ok());
+      EXPECT_TRUE(bitwise_equal(download(*gpu_, out, ref.size()), ref))
+          << "dim " << dim << " dtype " << dtype_name(dtype);
+    }
+  }
+}
+
+// ---- RMSNorm
+// -------------------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, RmsNormMatchesCpu) {
+  const float eps = 1e-5f;
+  for (const int64_t rows : {1, 2, 5, 16, 17, 64}) {
+    for (const int64_t dim : {67, 128, 4096}) {
+      const std::vector<float> x = random_floats(rows * dim, 3 + rows + dim, 3.0f);
+      for (const DType dtype : kAllDtypes) {
+        const StoredTensor weight = store(random_floats(dim, 4 + dim), dtype);
+        const RmsNormParams params{rows, dim, eps, dtype};
+        std::vector<float> ref(x.size());
+        ASSERT_TRUE(cpu_->rmsnorm(params, x.data(), weight.data(dtype), ref.data()).is_ok());
+        DeviceBuffer device_x = upload(*gpu_, x);
+        DeviceBuffer device_weight = upload_bytes(*gpu_, weight.data(dtype), weight.bytes(dtype));
+        DeviceBuffer out = poisoned(*gpu_, x.size());
+        ASSERT_TRUE(
+            gpu_->rmsnorm(params, device_x.as<float>(), device_weight.data(), out.as<float>())
+                .is_ok());
+        const double rtol = 2.0 * (dim + 8) * kUnitRoundoff;
+        EXPECT_TRUE(all_close(download(*gpu_, out, x.size()), ref, 1e-30, rtol))
+            << rows << "x" << dim << " " << dtype_name(dtype);
+        // In place (out aliases x): the same bits as out of place.
+        ASSERT_TRUE(
+            gpu_->rmsnorm(params, device_x.as<float>(), device_weight.data(), device_x.as<float>())
+                .is_ok());
+        EXPECT_TRUE(
+            bitwise_equal(download(*gpu_, device_x, x.size()), download(*gpu_, out, x.size())))
+            << "in place, " << rows << "x" << dim << " " << dtype_name(dtype);
+      }
+    }
+  }
+}
+
+// ---- Matmul
+// --------------------------------------------------------------------------------------
+
+// Per-element bounds: (rounding_of_x + 2 (in + 2) u) * (sum_k |x_k w_k| + |bias|).
+std::vector<double> matmul_bounds(const std::vector<float>& x, const std::vector<float>& weight,
+                                  const std::vector<float>* bias, int64_t rows, int64_t in,
+                                  int64_t out_features, double x_rounding) {
+  std::vector<double> bound(static_cast<size_t>(rows * out_features));
+  const double relative = x_rounding + 2.0 * static_cast<double>(in + 2) * kUnitRoundoff;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t f = 0; f < out_features; ++f) {
+      double magnitude = bias ? std::abs((*bias)[f]) : 0.0;
+      for (int64_t i = 0; i < in; ++i) {
+        magnitude += std::abs(static_cast<double>(x[r * in + i]) * weight[f * in + i]);
+      }
+      // The absolute term covers f16 subnormals of x (absolute error <= 2^-25).
+      bound[r * out_features + f] = relative * magnitude + 1e-30 + 0x1.0p-25 * in;
+    }
+  }
+  return bound;
+}
+
+TEST_F(CudaBackendTest, MatmulMatchesCpuForEveryDtypeAndShape) {
+  // (in, out): in % 8 != 0 takes the scalar skinny path; the others the 16-byte one.
+  const int64_t sizes[][2] = {{37, 21}, {128, 96}, {1024, 300}};
+  for (const int64_t rows : {1, 2, 5, 16, 17, 64}) {
+    for (const auto& size : sizes) {
+      const int64_t in = size[0], out_features = size[1];
+      const std::vector<float> x = random_floats(rows * in, 5 + rows * 7 + in);
+      for (const DType dtype : kAllDtypes) {
+        const StoredTensor weight = store(random_floats(out_features * in, 6 + in), dtype);
+        const StoredTensor bias = store(random_floats(out_features, 7 + out_features), dtype);
+        for (const bool with_bias : {false, true}) {
+          const MatmulParams params{rows, in, out_features, dtype, dtype};
+          std::vector<float> ref(rows * out_features);
+          ASSERT_TRUE(cpu_->matmul(params, x.data(), weight.data(dtype),
+                                   with_bias ? bias.data(dtype) : nullptr, ref.data())
+                          .is_ok());
+          DeviceBuffer device_x = upload(*gpu_, x);
+          DeviceBuffer device_weight = upload_bytes(*gpu_, weight.data(dtype), weight.bytes(dtype));
+          DeviceBuffer device_bias = upload_bytes(*gpu_, bias.data(dtype), bias.bytes(dtype));
+          DeviceBuffer out = poisoned(*gpu_, ref.size());
+          ASSERT_TRUE(gpu_->matmul(params, device_x.as<float>(), device_weight.data(),
+                                   with_bias ? device_bias.data() : nullptr, out.as<float>())
+                          .is_ok());
+          // Rows above 16 go through the GEMM, which rounds x to a half dtype.
+          double x_rounding = 0.0;
+          if (rows > 16 && dtype == DType::kBF16) x_rounding = 0x1.0p-9;
+          if (rows > 16 && dtype == DType::kF16) x_rounding = 0x1.0p-11;
+          const std::vector<double> bound =
+              matmul_bounds(x, weight.floats, with_bias ? &bias.floats : nullptr, rows, in,
+                            out_features, x_rounding);
+          EXPECT_TRUE(within(download(*gpu_, out, ref.size()), ref, bound))
+              << rows << "x" << in << "x" << out_features << " " << dtype_name(dtype)
+              << (with_bias ? " with bias" : "");
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, SkinnyMatmulIsBatchInvariantBitwise) {
+  // Row r alone, in a batch of 16, and in every other batch size up to 16 (and, in batch-invariant
+  // mode, in a batch of 40): the same bits.
+  for (const int64_t in : {37, 1024}) {
+    for (const DType dtype : kAllDtypes) {
+      const int64_t rows = 16, out_features = 75;
+      const std::vector<float> x = random_floats(40 * in, 8 + in);
+      const StoredTensor weight = store(random_floats(out_features * in, 9), dtype);
+      const StoredTensor bias = store(random_floats(out_features, 10), dtype);
+      DeviceBuffer device_weight = upload_bytes(*gpu_, weight.data(dtype), weight.bytes(dtype));
+      DeviceBuffer device_bias = upload_bytes(*gpu_, bias.data(dtype), bias.bytes(dtype));
+      auto run = [&](int64_t first, int64_t count) {
+        // A fresh, separately allocated x for the slice: alignment as in a real call.
+        const std::vector<float> slice(x.begin() + first * in, x.begin() + (first + count) * in);
+        DeviceBuffer device_x = upload(*gpu_, slice);
+        DeviceBuffer out = poisoned(*gpu_, count * out_features);
+        const Status status =
+            gpu_->matmul({count, in, out_features, dtype, dtype}, device_x.as<float>(),
+                         device_weight.data(), device_bias.data(), out.as<float>());
+        EXPECT_TRUE(status.is_ok()) << status.to_string();
+        return download(*gpu_, out, count * out_features);
+      };
+      const std::vector<float> all = run(0, rows);
+      for (int64_t batch = 1; batch <= rows; ++batch) {
+        for (int64_t first = 0; first + batch <= rows; first += batch) {
+          const std::vector<float> part = run(first, batch);
+          ASSERT_TRUE(bitwise_equal(part, std::span<const float>(all).subspan(
+                                              first * out_features, batch * out_features)))
+              << "rows " << first << ".." << first + batch << " in " << in << " "
+              << dtype_name(dtype);
+        }
+      }
+      gpu_->set_batch_invariant(true);
+      const std::vector<float> forty = run(0, 40);
+      gpu_->set_batch_invariant(false);
+      ASSERT_TRUE(bitwise_equal(std::span<const float>(forty).subspan(0, rows * out_features), all))
+          << "batch-invariant mode, in " << in << " " << dtype_name(dtype);
+      for (int64_t r = 16; r < 40; r += 7) {
+        ASSERT_TRUE(bitwise_equal(
+            run(r, 1), std::span<const float>(forty).subspan(r * out_features, out_features)))
+            << "batch-invariant mode row " << r;
+      }
+    }
+  }
+}
+
+// ---- RoPE and the KV-cache write
+// -----------------------------------------------------------------
+
+TEST_F(CudaBackendTest, RopeMatchesCpuInBothStyles) {
+  for (const int64_t head_dim : {64, 128}) {
+    std::vector<float> inv_freq(head_dim / 2);
+    for (int64_t i = 0; i < head_dim / 2; ++i) {
+      inv_freq[i] = static_cast<float>(1.0 / std::pow(500000.0, 2.0 * i / head_dim));
+    }
+    const int64_t head_counts[][2] = {{4, 1}, {8, 8}, {8, 2}};
+    for (const auto& heads : head_counts) {
+      for (const int64_t tokens : {1, 5, 17}) {
+        std::vector<int32_t> positions(tokens);
+        for (int64_t t = 0; t < tokens; ++t) positions[t] = static_cast<int32_t>(t * 7919 % 131072);
+        positions[0] = tokens > 1 ? 0 : 100000;
+        for (const RopeStyle style : {RopeStyle::kRotateHalf, RopeStyle::kInterleaved}) {
+          const RopeParams params{tokens, heads[0], heads[1], head_dim, style};
+          std::vector<float> q = random_floats(tokens * heads[0] * head_dim, 11 + tokens);
+          std::vector<float> k = random_floats(tokens * heads[1] * head_dim, 12 + tokens);
+          DeviceBuffer device_q = upload(*gpu_, q);
+          DeviceBuffer device_k = upload(*gpu_, k);
+          DeviceBuffer device_positions = upload(*gpu_, positions);
+          DeviceBuffer device_inv_freq = upload(*gpu_, inv_freq);
+          ASSERT_TRUE(
+              cpu_->rope(params, positions.data(), inv_freq.data(), q.data(), k.data()).is_ok());
+          ASSERT_TRUE(gpu_->rope(params, device_positions.as<int32_t>(),
+                                 device_inv_freq.as<float>(), device_q.as<float>(),
+                                 device_k.as<float>())
+                          .is_ok());
+          EXPECT_TRUE(all_close(download(*gpu_, device_q, q.size()), q, 1e-6, 0.0))
+              << "q, head_dim " << head_dim << " tokens " << tokens;
+          EXPECT_TRUE(all_close(download(*gpu_, device_k, k.size()), k, 1e-6, 0.0))
+              << "k, head_dim " << head_dim << " tokens " << tokens;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, KvWriteStoresRowsAtSlots) {
+  for (const int64_t head_dim : {6, 64}) {  // 6: rows not a multiple of 4 floats
+    const int64_t kv_heads = 2, tokens = 5, slots_in_cache = 40;
+    const int64_t row = kv_heads * head_dim;
+    const std::vector<float> k = random_floats(tokens * row, 13);
+    const std::vector<float> v = random_floats(tokens * row, 14);
+    const std::vector<int32_t> slots = {39, 0, 17, 5, 18};
+    std::vector<float> k_cache = random_floats(slots_in_cache * row, 15);
+    std::vector<float> v_cache = random_floats(slots_in_cache * row, 16);
+    DeviceBuffer device_k = upload(*gpu_, k), device_v = upload(*gpu_, v);
+    DeviceBuffer device_slots = upload(*gpu_, slots);
+    DeviceBuffer device_k_cache = upload(*gpu_, k_cache), device_v_cache = upload(*gpu_, v_cache);
+    const KvWriteParams params{tokens, kv_heads, head_dim, slots_in_cache};
+    ASSERT_TRUE(
+        cpu_->kv_write(params, k.data(), v.data(), slots.data(), k_cache.data(), v_cache.data())
+            .is_ok());
+    ASSERT_TRUE(gpu_->kv_write(params, device_k.as<float>(), device_v.as<float>(),
+                               device_slots.as<int32_t>(), device_k_cache.as<float>(),
+                               device_v_cache.as<float>())
+                    .is_ok());
+    EXPECT_TRUE(bitwise_equal(download(*gpu_, device_k_cache, k_cache.size()), k_cache));
+    EXPECT_TRUE(bitwise_equal(download(*gpu_, device_v_cache, v_cache.size()), v_cache));
+  }
+}
+
+TEST_F(CudaBackendTest, FusedRopeAndKvWriteEqualsTheTwoOpsBitwise) {
+  const int64_t tokens = 7, heads = 8, kv_heads = 2, head_dim = 128, slots_in_cache = 64;
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / head_dim));
+  }
+  const std::vector<int32_t> positions = {3, 4, 5, 6, 7, 100, 4000};
+  const std::vector<int32_t> slots = {63, 1, 2, 30, 31, 32, 0};
+  const std::vector<float> q = random_floats(tokens * heads * head_dim, 17);
+  const std::vector<float> k = random_floats(tokens * kv_heads * head_dim, 18);
+  const std::vector<float> v = random_floats(tokens * kv_heads * head_dim, 19);
+  const std::vector<float> cache = random_floats(slots_in_cache * kv_heads * head_dim, 20);
+  for (const RopeStyle style : {RopeStyle::kRotateHalf, RopeStyle::kInterleaved}) {
+    const RopeParams params{tokens, heads, kv_heads, head_dim, style};
+    DeviceBuffer positions_d = upload(*gpu_, positions), inv_freq_d = upload(*gpu_, inv_freq);
+    DeviceBuffer slots_d = upload(*gpu_, slots), v_d = upload(*gpu_, v);
+    DeviceBuffer q1 = upload(*gpu_, q), k1 = upload(*gpu_, k);
+    DeviceBuffer kc1 = upload(*gpu_, cache), vc1 = upload(*gpu_, cache);
+    ASSERT_TRUE(gpu_->rope(params, positions_d.as<int32_t>(), inv_freq_d.as<float>(),
+                           q1.as<float>(), k1.as<float>())
+                    .is_ok());
+    ASSERT_TRUE(gpu_->kv_write({tokens, kv_heads, head_dim, slots_in_cache}, k1.as<float>(),
+                               v_d.as<float>(), slots_d.as<int32_t>(), kc1.as<float>(),
+                               vc1.as<float>())
+                    .is_ok());
+    DeviceBuffer q2 = upload(*gpu_, q), k2 = upload(*gpu_, k);
+    DeviceBuffer kc2 = upload(*gpu_, cache), vc2 = upload(*gpu_, cache);
+    ASSERT_TRUE(gpu_->rope_and_kv_write(params, slots_in_cache, positions_d.as<int32_t>(),
+                                        inv_freq_d.as<float>(), slots_d.as<int32_t>(),
+                                        q2.as<float>(), k2.as<float>(), v_d.as<float>(),
+                                        kc2.as<float>(), vc2.as<float>())
+                    .is_ok());
+    EXPECT_TRUE(bitwise_equal(download(*gpu_, q1, q.size()), download(*gpu_, q2, q.size())));
+    EXPECT_TRUE(bitwise_equal(download(*gpu_, k1, k.size()), download(*gpu_, k2, k.size())));
+    EXPECT_TRUE(
+        bitwise_equal(download(*gpu_, kc1, cache.size()), download(*gpu_, kc2, cache.size())));
+    EXPECT_TRUE(
+        bitwise_equal(download(*gpu_, vc1, cache.size()), download(*gpu_, vc2, cache.size())));
+  }
+}
+
+// ---- Attention
+// -----------------------------------------------------------------------------------
+
+struct AttentionCase {
+  int64_t heads;
+  int64_t kv_heads;
+  int64_t head_dim;
+  int64_t block_size;
+  std::vector<int64_t> new_tokens;  // per sequence
+  std::vector<int64_t> context;     // per sequence, including the new tokens
+  int64_t window = 0;
+};
+
+// A paged cache with scattered blocks (and unused ones), as the CPU suite builds it.
+struct PagedInputs {
+  AttentionParams params{};
+  std::vector<float> q, k_cache, v_cache;
+  std::vector<int32_t> query_start, lengths, tables;
+  int64_t max_context = 0;
+};
+
+PagedInputs make_paged_inputs(const AttentionCase& c, uint64_t seed) {
+  PagedInputs in;
+  const int64_t seqs = static_cast<int64_t>(c.context.size());
+  int64_t max_blocks = 0, total_blocks = 3;  // 3 blocks nobody owns
+  for (const int64_t length : c.context) {
+    max_blocks = std::max(max_blocks, (length + c.block_size - 1) / c.block_size);
+    total_blocks += (length + c.block_size - 1) / c.block_size;
+    in.max_context = std::max(in.max_context, length);
+  }
+  std::vector<int32_t> free_blocks(total_blocks);
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  Rng rng(seed);
+  for (size_t i = free_blocks.size() - 1; i > 0; --i) {
+    std::swap(free_blocks[i], free_blocks[rng.next() % (i + 1)]);
+  }
+  const int64_t row = c.kv_heads * c.head_dim;
+  in.k_cache = random_floats(total_blocks * c.block_size * row, seed + 1);
+  in.v_cache = random_floats(total_blocks * c.block_size * row, seed + 2);
+  in.tables.assign(std::max<int64_t>(seqs * max_blocks, 1), 0);
+  in.query_start = {0};
+  size_t next_free = 0;
+  for (int64_t s = 0; s < seqs; ++s) {
+    for (int64_t b = 0; b < (c.context[s] + c.block_size - 1) / c.block_size; ++b) {
+      in.tables[s * max_blocks + b] = free_blocks[next_free++];
+    }
+    in.query_start.push_back(in.query_start.back() + static_cast<int32_t>(c.new_tokens[s]));
+    in.lengths.push_back(static_cast<int32_t>(c.context[s]));
+  }
+  const int64_t tokens = in.query_start.back();
+  in.q = random_floats(tokens * c.heads * c.head_dim, seed + 3);
+  in.params = {
+      seqs,       tokens,       c.heads,    c.kv_heads,
+      c.head_dim, c.block_size, max_blocks, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+      c.window};
+  return in;
+}
+
+std::vector<float> gpu_attention(CudaBackend& gpu, const PagedInputs& in) {
+  DeviceBuffer q = upload(gpu, in.q), k = upload(gpu, in.k_cache), v = upload(gpu, in.v_cache);
+  DeviceBuffer query_start = upload(gpu, in.query_start), lengths = upload(gpu, in.lengths);
+  DeviceBuffer tables = upload(gpu, in.tables);
+  const size_t count =
+      static_cast<size_t>(in.params.num_tokens * in.params.num_heads * in.params.head_dim);
+  DeviceBuffer out = poisoned(gpu, count);
+  const Status status = gpu.attention(in.params, q.as<float>(), k.as<float>(), v.as<float>(),
+                                      query_start.as<int32_t>(), lengths.as<int32_t>(),
+                                      tables.as<int32_t>(), out.as<float>());
+  EXPECT_TRUE(status.is_ok()) << status.to_string();
+  const Status synced = gpu.synchronize();
+  EXPECT_TRUE(synced.is_ok()) << synced.to_string();
+  return download(gpu, out, count);
+}
+
+std::vector<float> cpu_attention(cpu::CpuBackend& cpu, const PagedInputs& in) {
+  std::vector<float> out(
+      static_cast<size_t>(in.params.num_tokens * in.params.num_heads * in.params.head_dim));
+  const Status status =
+      cpu.attention(in.params, in.q.data(), in.k_cache.data(), in.v_cache.data(),
+                    in.query_start.data(), in.lengths.data(), in.tables.data(), out.data());
+  EXPECT_TRUE(status.is_ok()) << status.to_string();
+  return out;
+}
+
+TEST_F(CudaBackendTest, PagedAttentionMatchesCpu) {
+  const std::vector<AttentionCase> cases = {
+      // GQA 1, head_dim 64; a long context: few blocks, so the per-split schedule.
+      {4, 4, 64, 16, {1, 5, 3}, {9, 1100, 300}},
+      // GQA 4, head_dim 128.
+      {8, 2, 128, 16, {1, 4, 6}, {1100, 20, 600}},
+      // Sliding windows, inside one split and across split boundaries.
+      {8, 2, 128, 16, {1, 4, 6}, {1100, 20, 600}, 100},
+      {8, 2, 64, 16, {2, 7}, {900, 530}, 300},
+      // An odd block size, and a sequence without new tokens.
+      {4, 4, 64, 7, {2, 1, 0}, {700, 13, 50}},
+      // Prefill-shaped: many rows of one sequence, causal among themselves.
+      {8, 2, 128, 16, {40}, {40}},
+      {8, 2, 128, 16, {70, 3}, {600, 3}, 64},
+      // head_dim 10, not a multiple of 4 (scalar gathers); 40 (two channels per lane); 256 (the
+      // largest, beyond 48 KiB of shared memory).
+      {3, 1, 10, 4, {3, 1}, {9, 600}},
+      {4, 2, 40, 16, {2, 1}, {33, 400}},
+      {4, 2, 256, 16, {2, 1}, {70, 800}},
+  };
+  uint64_t seed = 100;
+  for (const AttentionCase& c : cases) {
+    const PagedInputs in = make_paged_inputs(c, seed += 10);
+    const std::vector<float> ref = cpu_attention(*cpu_, in);
+    const std::vector<float> got = gpu_attention(*gpu_, in);
+    const double atol = 8.0 * static_cast<double>(c.head_dim + in.max_context + 16) * kUnitRoundoff;
+    EXPECT_TRUE(all_close(got, ref, atol, 0.0))
+        << "heads " << c.heads << "/" << c.kv_heads << " head_dim " << c.head_dim << " block "
+        << c.block_size << " window " << c.window;
+  }
+}
+
+TEST_F(CudaBackendTest, AttentionIsBatchInvariantBitwise) {
+  // Sequence A (context 1100, verification-shaped: 5 new tokens) alone runs the per-split
+  // schedule; among 140 short sequences the grid is large and each block merges its splits in
+  // registers. Both, and A's rows fed one at a time (decode), give the same bits.
+  const int64_t heads = 8, kv_heads = 2, head_dim = 128, block_size = 16, fillers = 140;
+  AttentionCase all{heads, kv_heads, head_dim, block_size, {5}, {1100}};
+  for (int64_t i = 0; i < fillers; ++i) {
+    all.new_tokens.push_back(1);
+    all.context.push_back(30 + i % 17);
+  }
+  const PagedInputs batch = make_paged_inputs(all, 7);
+  const size_t a_values = static_cast<size_t>(5 * heads * head_dim);
+  const std::vector<float> in_batch = gpu_attention(*gpu_, batch);
+
+  auto only_a = [&](int64_t new_tokens, int64_t context, int64_t first_row) {
+    PagedInputs a = batch;
+    a.params.num_seqs = 1;
+    a.params.num_tokens = new_tokens;
+    a.query_start = {0, static_cast<int32_t>(new_tokens)};
+    a.lengths = {static_cast<int32_t>(context)};
+    a.tables.resize(static_cast<size_t>(batch.params.max_blocks_per_seq));  // A's row
+    a.q.assign(batch.q.begin() + first_row * heads * head_dim,
+               batch.q.begin() + (first_row + new_tokens) * heads * head_dim);
+    return gpu_attention(*gpu_, a);
+  };
+  const std::vector<float> alone = only_a(5, 1100, 0);
+  EXPECT_TRUE(bitwise_equal(alone, std::span<const float>(in_batch).subspan(0, a_values)));
+  for (int64_t i = 0; i < 5; ++i) {
+    const std::vector<float> decode = only_a(1, 1096 + i, i);
+    EXPECT_TRUE(bitwise_equal(
+        decode, std::span<const float>(alone).subspan(i * heads * head_dim, heads * head_dim)))
+        << "row " << i;
+  }
+  // And the batch against the CPU.
+  const double atol = 8.0 * static_cast<double>(head_dim + 1100 + 16) * kUnitRoundoff;
+  EXPECT_TRUE(all_close(in_batch, cpu_attention(*cpu_, batch), atol, 0.0));
+}
+
+// ---- SwiGLU and the residual add
+// ------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, SwigluAndAddMatchCpu) {
+  for (const int64_t rows : {1, 5, 17}) {
+    for (const int64_t dim : {7, 256}) {
+      const std::vector<float> gate = random_floats(rows * dim, 21 + rows, 6.0f);
+      const std::vector<float> up = random_floats(rows * dim, 22 + dim, 2.0f);
+      std::vector<float> ref(gate.size());
+      ASSERT_TRUE(cpu_->swiglu({rows, dim}, gate.data(), up.data(), ref.data()).is_ok());
+      DeviceBuffer gate_d = upload(*gpu_, gate), up_d = upload(*gpu_, up);
+      DeviceBuffer out = poisoned(*gpu_, gate.size());
+      ASSERT_TRUE(
+          gpu_->swiglu({rows, dim}, gate_d.as<float>(), up_d.as<float>(), out.as<float>()).is_ok());
+      EXPECT_TRUE(all_close(download(*gpu_, out, ref.size()), ref, 1e-30, 16 * kUnitRoundoff));
+      // out aliasing gate.
+      ASSERT_TRUE(
+          gpu_->swiglu({rows, dim}, gate_d.as<float>(), up_d.as<float>(), gate_d.as<float>())
+              .is_ok());
+      EXPECT_TRUE(
+          bitwise_equal(download(*gpu_, gate_d, ref.size()), download(*gpu_, out, ref.size())));
+
+      std::vector<float> accumulator = random_floats(rows * dim, 23);
+      const std::vector<float> addend = random_floats(rows * dim, 24);
+      DeviceBuffer accumulator_d = upload(*gpu_, accumulator), addend_d = upload(*gpu_, addend);
+      ASSERT_TRUE(cpu_->add(rows * dim, addend.data(), accumulator.data()).is_ok());
+      ASSERT_TRUE(gpu_->add(rows * dim, addend_d.as<float>(), accumulator_d.as<float>()).is_ok());
+      EXPECT_TRUE(bitwise_equal(download(*gpu_, accumulator_d, accumulator.size()), accumulator));
+    }
+  }
+}
+
+// ---- Bad input: the CPU backend's StatusCode
+// ------------------------------------------------------
+
+TEST_F(CudaBackendTest, BadShapesGiveTheCpuStatusCodes) {
+  // Valid buffers everywhere: only the parameters are wrong.
+  const std::vector<float> host(4096, 0.5f);
+  const std::vector<int32_t> host_ints(64, 0);
+  DeviceBuffer floats = upload(*gpu_, host), ints = upload(*gpu_, host_ints);
+  const float* f = floats.as<float>();
+  float* mutable_f = floats.as<float>();
+  const int32_t* i32 = ints.as<int32_t>();
+  std::vector<float> cpu_scratch(host);
+  float* c = cpu_scratch.data();
+  const int32_t* ci = host_ints.data();
+
+  auto same = [&](const Status& cpu_status, const Status& gpu_status, const char* what) {
+    EXPECT_NE(cpu_status.code(), StatusCode::kOk) << what;
+    EXPECT_EQ(gpu_status.code(), cpu_status.code())
+        << what << ": cpu " << cpu_status.to_string() << ", gpu " << gpu_status.to_string();
+  };
+  for (const EmbeddingParams& p :
+       {EmbeddingParams{-1, 4, 4, DType::kF32}, EmbeddingParams{1, 4, 0, DType::kF32},
+        EmbeddingParams{1, 0, 4, DType::kBF16}}) {
+    same(cpu_->embedding(p, ci, c, c), gpu_->embedding(p, i32, f, mutable_f), "embedding");
+  }
+  for (const RmsNormParams& p :
+       {RmsNormParams{-1, 4, 1e-5f, DType::kF32}, RmsNormParams{1, 0, 1e-5f, DType::kF32},
+        RmsNormParams{1, 4, -1.0f, DType::kF16},
+        RmsNormParams{1, 4, std::numeric_limits<float>::quiet_NaN(), DType::kF32}}) {
+    same(cpu_->rmsnorm(p, c, c, c), gpu_->rmsnorm(p, f, f, mutable_f), "rmsnorm");
+  }
+  for (const MatmulParams& p : {MatmulParams{-1, 4, 4, DType::kF32, DType::kF32},
+                                MatmulParams{1, 0, 4, DType::kBF16, DType::kF32},
+                                MatmulParams{20, 4, 0, DType::kF16, DType::kF32}}) {
+    same(cpu_->matmul(p, c, c, nullptr, c), gpu_->matmul(p, f, f, nullptr, mutable_f), "matmul");
+  }
+  for (const RopeParams& p : {RopeParams{1, 1, 1, 3, RopeStyle::kRotateHalf},
+                              RopeParams{-1, 1, 1, 4, RopeStyle::kRotateHalf},
+                              RopeParams{1, 0, 1, 4, RopeStyle::kInterleaved},
+                              RopeParams{1, 1, 0, 4, RopeStyle::kInterleaved},
+                              RopeParams{1, 1, 1, 0, RopeStyle::kRotateHalf}}) {
+    same(cpu_->rope(p, ci, c, c, c), gpu_->rope(p, i32, f, mutable_f, mutable_f), "rope");
+    EXPECT_EQ(
+        gpu_->rope_and_kv_write(p, 8, i32, f, i32, mutable_f, mutable_f, f, mutable_f, mutable_f)
+            .code(),
+        StatusCode::kInvalidArgument);
+  }
+  for (const KvWriteParams& p :
+       {KvWriteParams{-1, 1, 4, 8}, KvWriteParams{1, 0, 4, 8}, KvWriteParams{1, 1, 0, 8}}) {
+    same(cpu_->kv_write(p, c, c, ci, c, c), gpu_->kv_write(p, f, f, i32, mutable_f, mutable_f),
+         "kv_write");
+  }
+  for (const AttentionParams& p : {AttentionParams{-1, 1, 1, 1, 4, 4, 1, 0.5f, 0},
+                                   AttentionParams{1, -1, 1, 1, 4, 4, 1, 0.5f, 0},
+                                   AttentionParams{1, 1, 1, 1, 0, 4, 1, 0.5f, 0},
+                                   AttentionParams{1, 1, 3, 2, 4, 4, 1, 0.5f, 0},
+                                   AttentionParams{1, 1, 2, 0, 4, 4, 1, 0.5f, 0},
+                                   AttentionParams{1, 1, 1, 1, 4, 0, 1, 0.5f, 0},
+                                   AttentionParams{1, 1, 1, 1, 4, 4, 1, 0.5f, -1}}) {
+    same(cpu_->attention(p, c, c, c, ci, ci, ci, c),
+         gpu_->attention(p, f, f, f, i32, i32, i32, mutable_f), "attention");
+  }
+  same(cpu_->swiglu({-1, 4}, c, c, c), gpu_->swiglu({-1, 4}, f, f, mutable_f), "swiglu");
+  same(cpu_->swiglu({1, 0}, c, c, c), gpu_->swiglu({1, 0}, f, f, mutable_f), "swiglu");
+  same(cpu_->add(-1, c, c), gpu_->add(-1, f, mutable_f), "add");
+  EXPECT_TRUE(gpu_->synchronize().is_ok());
+}
+
+// Index data the kernels check: the CPU's code, from the op itself in eager mode and from the
+// next synchronize() otherwise; the check clears once reported.
+TEST_F(CudaBackendTest, BadIndexDataGivesTheCpuStatusCodes) {
+  for (const bool eager : {true, false}) {
+    gpu_->set_eager_checks(eager);
+    auto expect_code = [&](const Status& op_status, StatusCode expected, const char* what) {
+      if (eager) {
+        EXPECT_EQ(op_status.code(), expected) << what << ": " << op_status.to_string();
+      } else {
+        EXPECT_TRUE(op_status.is_ok()) << what << ": " << op_status.to_string();
+        EXPECT_EQ(gpu_->synchronize().code(), expected) << what;
+      }
+      EXPECT_TRUE(gpu_->synchronize().is_ok()) << what << ": the failure is reported once";
+    };
+
+    // Embedding: an id past the vocabulary, and a negative one.
+    const std::vector<float> table(4 * 3, 1.0f);
+    DeviceBuffer table_d = upload(*gpu_, table);
+    DeviceBuffer out = poisoned(*gpu_, 3);
+    std::vector<float> cpu_out(3);
+    for (const int32_t id : {4, -1}) {
+      const std::vector<int32_t> ids = {id};
+      DeviceBuffer ids_d = upload(*gpu_, ids);
+      const EmbeddingParams p{1, 4, 3, DType::kF32};
+      const StatusCode expected =
+          cpu_->embedding(p, ids.data(), table.data(), cpu_out.data()).code();
+      EXPECT_EQ(expected, StatusCode::kOutOfRange);
+      expect_code(gpu_->embedding(p, ids_d.as<int32_t>(), table_d.data(), out.as<float>()),
+                  expected, "embedding");
+    }
+
+    // kv_write: a slot outside the cache.
+    {
+      const std::vector<float> rows(2 * 4, 1.0f);
+      std::vector<float> cache(8 * 4, 0.0f);
+      const std::vector<int32_t> slots = {3, 8};
+      DeviceBuffer rows_d = upload(*gpu_, rows), cache_d = upload(*gpu_, cache);
+      DeviceBuffer slots_d = upload(*gpu_, slots);
+      const KvWriteParams p{2, 1, 4, 8};
+      const StatusCode expected =
+          cpu_->kv_write(p, rows.data(), rows.data(), slots.data(), cache.data(), cache.data())
+              .code();
+      EXPECT_EQ(expected, StatusCode::kOutOfRange);
+      expect_code(gpu_->kv_write(p, rows_d.as<float>(), rows_d.as<float>(), slots_d.as<int32_t>(),
+                                 cache_d.as<float>(), cache_d.as<float>()),
+                  expected, "kv_write");
+      const std::vector<int32_t> positions = {0, 1};
+      const std::vector<float> inv_freq = {1.0f, 0.5f};
+      DeviceBuffer positions_d = upload(*gpu_, positions), inv_freq_d = upload(*gpu_, inv_freq);
+      DeviceBuffer q_d = upload(*gpu_, rows), k_d = upload(*gpu_, rows);
+      expect_code(
+          gpu_->rope_and_kv_write({2, 1, 1, 4, RopeStyle::kRotateHalf}, 8,
+                                  positions_d.as<int32_t>(), inv_freq_d.as<float>(),
+                                  slots_d.as<int32_t>(), q_d.as<float>(), k_d.as<float>(),
+                                  rows_d.as<float>(), cache_d.as<float>(), cache_d.as<float>()),
+          StatusCode::kOutOfRange, "rope_and_kv_write");
+    }
+
+    // Attention metadata: query_start not covering the tokens, fewer cached positions than new
+    // tokens, and a context longer than the block table.
+    struct BadMetadata {
+      std::vector<int32_t> query_start;
+      std::vector<int32_t> lengths;
+      const char* what;
+    };
+    const std::vector<BadMetadata> bad = {
+        {{0, 1, 3}, {4, 4}, "query_start past num_tokens"},
+        {{1, 2, 2}, {4, 4}, "query_start[0] != 0"},
+        {{0, 2, 2}, {1, 4}, "context shorter than the new tokens"},
+        {{0, 1, 2}, {4, 9}, "context longer than the block table"},
+    };
+    for (const BadMetadata& b : bad) {
+      const AttentionParams p{2, 2, 2, 1, 4, 4, 2, 0.5f, 0};  // block table of 8 positions
+      const std::vector<float> q(2 * 2 * 4, 0.25f), cache(4 * 4 * 4, 0.5f);
+      const std::vector<int32_t> tables = {0, 1, 2, 3};
+      std::vector<float> cpu_result(2 * 2 * 4);
+      const StatusCode expected =
+          cpu_->attention(p, q.data(), cache.data(), cache.data(), b.query_start.data(),
+                          b.lengths.data(), tables.data(), cpu_result.data())
+              .code();
+      EXPECT_EQ(expected, StatusCode::kInvalidArgument) << b.what;
+      DeviceBuffer q_d = upload(*gpu_, q), cache_d = upload(*gpu_, cache);
+      DeviceBuffer query_start_d = upload(*gpu_, b.query_start);
+      DeviceBuffer lengths_d = upload(*gpu_, b.lengths), tables_d = upload(*gpu_, tables);
+      DeviceBuffer result = poisoned(*gpu_, 2 * 2 * 4);
+      expect_code(gpu_->attention(p, q_d.as<float>(), cache_d.as<float>(), cache_d.as<float>(),
+                                  query_start_d.as<int32_t>(), lengths_d.as<int32_t>(),
+                                  tables_d.as<int32_t>(), result.as<float>()),
+                  expected, b.what);
+    }
+  }
+  gpu_->set_eager_checks(false);
+}
+
+// ---- The whole model
+// ------------------------------------------------------------------------------
+
+class CudaModelTest : public CudaBackendTest, public ::testing::WithParamInterface<DType> {};
+
+TEST_P(CudaModelTest, LogitsMatchTheCpuModelForPrefillAndDecode) {
+  const DType dtype = GetParam();
+  testing::TempDir dir;
+  fixtures::GeneratorOptions options;
+  options.vocab_size = 300;
+  options.hidden_size = 256;
+  options.intermediate_size = 384;
+  options.num_layers = 2;
+  options.num_heads = 4;  // head_dim 64
+  options.num_kv_heads = 2;
+  options.dtype = dtype;
+  options.seed = 5;
+  fixtures::write_random_checkpoint(options, dir.path());
+  ModelOptions model_options;
+  model_options.kv_cache_tokens = 256;
+  model_options.kv_block_size = 16;
+
+  for (const bool batch_invariant : {false, true}) {
+    gpu_->set_batch_invariant(batch_invariant);
+    auto cpu_model = Model::load(dir.path(), *cpu_, model_options);
+    auto gpu_model = Model::load(dir.path(), *gpu_, model_options);
+    const SequenceId cpu_sequence = cpu_model->kv_cache().add_sequence();
+    const SequenceId gpu_sequence = gpu_model->kv_cache().add_sequence();
+
+    // A 20-token prefill (above 16 rows: the GEMM path unless batch invariant), then decode steps
+    // on the CPU's greedy tokens.
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 20; ++i) tokens.push_back((7 + 37 * i) % 300);
+    for (int step = 0; step < 4; ++step) {
+      Logits cpu_logits, gpu_logits;
+      const SequenceInput cpu_input[] = {{cpu_sequence, tokens, true}};
+      const SequenceInput gpu_input[] = {{gpu_sequence, tokens, true}};
+      cpu_model->forward(cpu_input, &cpu_logits);
+      gpu_model->forward(gpu_input, &gpu_logits);
+      ASSERT_EQ(gpu_logits.values.size(), cpu_logits.values.size());
+      float scale = 0.0f;
+      for (const float value : cpu_logits.values) scale = std::max(scale, std::abs(value));
+      // The decode steps read keys and values the rounded prefill wrote: the same tolerance.
+      const bool rounded_prefill = !batch_invariant && dtype != DType::kF32;
+      const double atol = (rounded_prefill ? 3e-2 : 1e-3) * scale;
+      EXPECT_TRUE(all_close(gpu_logits.values, cpu_logits.values, atol, 0.0))
+          << dtype_name(dtype) << " step " << step << (batch_invariant ? " batch invariant" : "");
+      for (int64_t r = 0; r < cpu_logits.rows(); ++r) {
+        const std::span<const float> cpu_row = cpu_logits.row(r);
+        const std::span<const float> gpu_row = gpu_logits.row(r);
+        std::vector<float> sorted(cpu_row.begin(), cpu_row.end());
+        std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+        if (sorted[0] - sorted[1] <= 2.0 * atol) continue;
+        EXPECT_EQ(std::max_element(gpu_row.begin(), gpu_row.end()) - gpu_row.begin(),
+                  std::max_element(cpu_row.begin(), cpu_row.end()) - cpu_row.begin())
+            << "row " << r << " step " << step;
+      }
+      const std::span<const float> last = cpu_logits.last(0);
+      tokens = {static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin())};
+    }
+  }
+  gpu_->set_batch_invariant(false);
+}
+
+INSTANTIATE_TEST_SUITE_P(WeightDtypes, CudaModelTest,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         [](const ::testing::TestParamInfo<DType>& tested) {
+                           return std::string(dtype_name(tested.param));
+                         });
+
+}  // namespace
+}  // namespace specrun::kernels::cuda

@@ -1,0 +1,939 @@
+// The CUDA logits processing, sampling and verification kernels (kernels/cuda/sampling.h,
+// kernels/cuda/verify.h) against the CPU reference (runtime/sampling/sampler.h,
+// verify/verifier.h). Every test skips without a device.
+//
+// Tolerance for the processed distributions: |gpu - ref| <= atol + rtol * |ref| with
+// rtol = 3 * 2^-23 and atol = 3 * 2^-149. Both sides compute every weight in double; the device's
+// exp is within 1 ulp of the host's and its sums run in another order, which moves the double
+// results by about vocab * 2^-53 relative, far below f32 resolution. What reaches the output is the
+// rounding to f32: on the filtered path one rounding of the quotient (at most 1 ulp apart), on the
+// unfiltered path the CPU's f32 weight times the f32 reciprocal of the total, where each of the two
+// roundings and the product can land one ulp apart: 3 ulps, and an f32 ulp is at most 2^-23 of the
+// value (2^-149 absolute among subnormals). Which tokens are kept is exact: ties rank by id on both
+// sides, and the top-p cut is redone in the CPU's order whenever the parallel sums are within
+// rounding of it.
+//
+// Sampled tokens: the device accumulates the CDF in a different (fixed) order than the CPU, so its
+// token equals the CPU's unless uniform * total lies within about vocab * 2^-52 of a boundary of
+// the CDF. The tests compute the CPU's CDF and excuse a mismatch only when the target lies within
+// 1e-9 of the total of a boundary (the chance of that for a random uniform is about vocab * 1e-9,
+// and the tests count such cases to show they stay rare).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/verify.h"
+#include "runtime/sampling/rng.h"
+#include "runtime/sampling/sampler.h"
+#include "specrun/error.hpp"
+#include "tests/verify_testing.h"
+#include "verify/types.h"
+#include "verify/verifier.h"
+
+namespace specrun::kernels::cuda {
+namespace {
+
+constexpr double kRtol = 3.0 * 0x1.0p-23;
+constexpr double kAtol = 3.0 * 0x1.0p-149;
+constexpr double kBoundary = 1e-9;  // relative distance of a sampling target from a CDF boundary
+
+bool has_device() {
+  std::vector<DeviceInfo> devices;
+  return list_devices(&devices).is_ok() && !devices.empty();
+}
+
+void check_cuda(cudaError_t error, const std::string& what) {
+  if (error != cudaSuccess) throw std::runtime_error(what + ": " + cudaGetErrorString(error));
+}
+
+void check_ok(const Status& status, const std::string& what) {
+  if (!status.is_ok()) throw std::runtime_error(what + ": " + status.to_string());
+}
+
+// Device memory for `count` elements of T, freed on destruction.
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t count) : count_(count) {
+    void* data = nullptr;
+    check_cuda(cudaMalloc(&data, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc");
+    data_ = static_cast<T*>(data);
+  }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
+    if (!host.empty()) {
+      check_cuda(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+                 "upload");
+    }
+  }
+  ~DeviceArray() { cudaFree(data_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* get() const { return data_; }
+  // Fills every byte with 0xff first, so that an element a kernel forgets to write shows up (as
+  // -1 for integers, NaN for floats).
+  void poison() { check_cuda(cudaMemset(data_, 0xff, count_ * sizeof(T)), "cudaMemset"); }
+  std::vector<T> download() const {
+    std::vector<T> host(count_);
+    if (count_ > 0) {
+      check_cuda(cudaMemcpy(host.data(), data_, count_ * sizeof(T), cudaMemcpyDeviceToHost),
+                 "download");
+    }
+    return host;
+  }
+
+ private:
+  size_t count_;
+  T* data_ = nullptr;
+};
+
+class Stream {
+ public:
+  Stream() { check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream"); }
+  ~Stream() { cudaStreamDestroy(stream_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+  void synchronize() const { check_cuda(cudaStreamSynchronize(stream_), "synchronize"); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+RowSampling row_sampling(const SamplingParams& params) {
+  return RowSampling{params.temperature, static_cast<int32_t>(params.top_k), params.top_p,
+                     params.min_p};
+}
+
+// Temperature 0 (greedy), below and above 1; top-k off, 1, small, large; top-p off, mild, strong;
+// min-p off and on: every combination.
+std::vector<SamplingParams> settings_grid() {
+  std::vector<SamplingParams> grid;
+  for (const float temperature : {0.0f, 0.7f, 1.3f}) {
+    for (const int64_t top_k : {0, 1, 5, 50}) {
+      for (const float top_p : {1.0f, 0.9f, 0.5f}) {
+        for (const float min_p : {0.0f, 0.05f}) {
+          SamplingParams params;
+          params.temperature = temperature;
+          params.top_k = top_k;
+          params.top_p = top_p;
+          params.min_p = min_p;
+          grid.push_back(params);
+        }
+      }
+    }
+  }
+  return grid;
+}
+
+enum class LogitKind {
+  kSpread,  // distinct values in [-8, 8)
+  kTies,    // multiples of 1/2 in [-3, 3], both signs of zero, 10% -infinity
+  kWide,    // values in [-2000, 2000): most weights underflow to 0; 5% -infinity
+};
+
+std::vector<float> make_logits(LogitKind kind, int64_t vocab, Rng& rng) {
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  for (float& logit : logits) {
+    const double u = rng.uniform();
+    switch (kind) {
+      case LogitKind::kSpread:
+        logit = static_cast<float>((u - 0.5) * 16.0);
+        break;
+      case LogitKind::kTies: {
+        const double v = rng.uniform();
+        if (v < 0.1) {
+          logit = -INFINITY;
+        } else {
+          logit = static_cast<float>(std::floor(u * 13.0) - 6.0) * 0.5f;
+          if (logit == 0.0f && v < 0.55) logit = -0.0f;
+        }
+        break;
+      }
+      case LogitKind::kWide:
+        logit = rng.uniform() < 0.05 ? -INFINITY : static_cast<float>((u - 0.5) * 4000.0);
+        break;
+    }
+  }
+  // At least one token stays allowed.
+  logits[static_cast<size_t>(vocab / 2)] = kind == LogitKind::kTies ? 3.0f : 1.0f;
+  return logits;
+}
+
+bool close_enough(float gpu, float ref) {
+  return std::fabs(static_cast<double>(gpu) - static_cast<double>(ref)) <=
+         kAtol + kRtol * std::fabs(static_cast<double>(ref));
+}
+
+// The device's processed distributions for `logits` ([rows, vocab]) under per-row `settings`.
+std::vector<float> device_process_logits(const std::vector<float>& logits,
+                                         const std::vector<RowSampling>& settings, int64_t vocab,
+                                         std::vector<int32_t>* statuses) {
+  const auto rows = static_cast<int64_t>(settings.size());
+  const ProcessLogitsParams params{rows, vocab};
+  size_t workspace_bytes = 0;
+  check_ok(process_logits_workspace_bytes(params, &workspace_bytes), "workspace size");
+  Stream stream;
+  DeviceArray<float> device_logits(logits);
+  DeviceArray<RowSampling> device_settings(settings);
+  DeviceArray<unsigned char> workspace(workspace_bytes);
+  DeviceArray<float> probs(logits.size());
+  DeviceArray<int32_t> row_status(settings.size());
+  probs.poison();
+  row_status.poison();
+  check_ok(
+      launch_process_logits(params, device_logits.get(), device_settings.get(), workspace.get(),
+                            workspace_bytes, probs.get(), row_status.get(), stream.get()),
+      "process_logits");
+  stream.synchronize();
+  *statuses = row_status.download();
+  return probs.download();
+}
+
+void compare_process_logits(int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<SamplingParams> params;
+  std::vector<float> logits;
+  for (const LogitKind kind : {LogitKind::kSpread, LogitKind::kTies, LogitKind::kWide}) {
+    for (const SamplingParams& setting : settings_grid()) {
+      params.push_back(setting);
+      const std::vector<float> row = make_logits(kind, vocab, rng);
+      logits.insert(logits.end(), row.begin(), row.end());
+    }
+  }
+  std::vector<RowSampling> settings;
+  for (const SamplingParams& p : params) settings.push_back(row_sampling(p));
+  std::vector<int32_t> statuses;
+  const std::vector<float> gpu = device_process_logits(logits, settings, vocab, &statuses);
+
+  std::vector<float> ref(static_cast<size_t>(vocab));
+  int64_t mismatches = 0;
+  std::string first_mismatches;
+  for (size_t r = 0; r < params.size(); ++r) {
+    ASSERT_EQ(statuses[r], static_cast<int32_t>(RowStatus::kOk)) << "row " << r;
+    const std::span<const float> row_logits(logits.data() + r * static_cast<size_t>(vocab),
+                                            static_cast<size_t>(vocab));
+    process_logits(params[r], row_logits, ref);
+    for (int64_t i = 0; i < vocab; ++i) {
+      const float g = gpu[r * static_cast<size_t>(vocab) + static_cast<size_t>(i)];
+      const float e = ref[static_cast<size_t>(i)];
+      if (close_enough(g, e)) continue;
+      if (++mismatches <= 8) {
+        first_mismatches +=
+            "\n  row " + std::to_string(r) + " (t " + std::to_string(params[r].temperature) +
+            " k " + std::to_string(params[r].top_k) + " p " + std::to_string(params[r].top_p) +
+            " min_p " + std::to_string(params[r].min_p) + ") token " + std::to_string(i) +
+            ": gpu " + std::to_string(g) + " cpu " + std::to_string(e);
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << first_mismatches;
+}
+
+TEST(CudaProcessLogits, MatchesCpuVocab17) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  compare_process_logits(17, 1);
+}
+
+TEST(CudaProcessLogits, MatchesCpuVocab1000) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  compare_process_logits(1000, 2);
+}
+
+TEST(CudaProcessLogits, MatchesCpuVocab32000) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  compare_process_logits(32000, 3);
+}
+
+TEST(CudaProcessLogits, MatchesCpuVocab128256) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  compare_process_logits(128256, 4);
+}
+
+TEST(CudaProcessLogits, TopPCutsExactlyAtTies) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  // Four tokens tied at the top and the rest far below: top_p 0.5 reaches the target exactly
+  // after two of them (2 == 0.5 * 4 up to the tail), the case where summation order decides.
+  const int64_t vocab = 4096;
+  std::vector<float> logits(static_cast<size_t>(vocab), -INFINITY);
+  for (const int64_t token : {7, 100, 2000, 4095}) logits[static_cast<size_t>(token)] = 2.0f;
+  std::vector<SamplingParams> params(4);
+  params[0].top_p = 0.5f;
+  params[1].top_p = 0.5f;
+  params[1].temperature = 0.7f;
+  params[2].top_p = 0.75f;
+  params[2].top_k = 3;
+  params[3].top_p = 0.25f;
+  std::vector<float> all_logits;
+  std::vector<RowSampling> settings;
+  for (const SamplingParams& p : params) {
+    all_logits.insert(all_logits.end(), logits.begin(), logits.end());
+    settings.push_back(row_sampling(p));
+  }
+  std::vector<int32_t> statuses;
+  const std::vector<float> gpu = device_process_logits(all_logits, settings, vocab, &statuses);
+  std::vector<float> ref(static_cast<size_t>(vocab));
+  for (size_t r = 0; r < params.size(); ++r) {
+    EXPECT_EQ(statuses[r], static_cast<int32_t>(RowStatus::kOk));
+    process_logits(params[r], logits, ref);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(close_enough(gpu[r * ref.size() + i], ref[i]))
+          << "row " << r << " token " << i << ": gpu " << gpu[r * ref.size() + i] << " cpu "
+          << ref[i];
+    }
+  }
+}
+
+TEST(CudaProcessLogits, MarksRowsTheCpuRejects) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  const int64_t vocab = 300;
+  Rng rng(5);
+  const std::vector<float> good = make_logits(LogitKind::kSpread, vocab, rng);
+  struct Case {
+    std::vector<float> logits;
+    SamplingParams params;
+    RowStatus expected;
+  };
+  std::vector<Case> cases;
+  const auto with = [&](size_t index, float value) {
+    std::vector<float> row = good;
+    row[index] = value;
+    return row;
+  };
+  SamplingParams plain;
+  cases.push_back({with(0, NAN), plain, RowStatus::kCorruptLogits});
+  cases.push_back({with(123, INFINITY), plain, RowStatus::kCorruptLogits});
+  cases.push_back(
+      {std::vector<float>(static_cast<size_t>(vocab), -INFINITY), plain, RowStatus::kAllBanned});
+  SamplingParams negative_temperature;
+  negative_temperature.temperature = -1.0f;
+  cases.push_back({good, negative_temperature, RowStatus::kBadSettings});
+  SamplingParams zero_top_p;
+  zero_top_p.top_p = 0.0f;
+  cases.push_back({good, zero_top_p, RowStatus::kBadSettings});
+  SamplingParams large_min_p;
+  large_min_p.min_p = 2.0f;
+  cases.push_back({good, large_min_p, RowStatus::kBadSettings});
+  SamplingParams negative_top_k;
+  negative_top_k.top_k = -1;
+  cases.push_back({good, negative_top_k, RowStatus::kBadSettings});
+  // A valid row among them is unaffected by its neighbours.
+  std::vector<float> one_allowed(static_cast<size_t>(vocab), -INFINITY);
+  one_allowed[42] = -3.0f;
+  SamplingParams filtered;
+  filtered.top_k = 5;
+  filtered.top_p = 0.9f;
+  cases.push_back({one_allowed, filtered, RowStatus::kOk});
+
+  std::vector<float> logits;
+  std::vector<RowSampling> settings;
+  for (const Case& c : cases) {
+    logits.insert(logits.end(), c.logits.begin(), c.logits.end());
+    settings.push_back(row_sampling(c.params));
+  }
+  std::vector<int32_t> statuses;
+  const std::vector<float> gpu = device_process_logits(logits, settings, vocab, &statuses);
+  for (size_t r = 0; r < cases.size(); ++r) {
+    EXPECT_EQ(statuses[r], static_cast<int32_t>(cases[r].expected)) << "row " << r;
+    std::vector<float> expected(static_cast<size_t>(vocab), 0.0f);
+    if (cases[r].expected == RowStatus::kOk) {
+      process_logits(cases[r].params, cases[r].logits, expected);
+    } else if (cases[r].expected != RowStatus::kBadSettings) {
+      EXPECT_THROW(process_logits(cases[r].params, cases[r].logits, expected), Error);
+      std::fill(expected.begin(), expected.end(), 0.0f);
+    }
+    for (size_t i = 0; i < expected.size(); ++i) {
+      ASSERT_EQ(gpu[r * expected.size() + i], expected[i]) << "row " << r << " token " << i;
+    }
+  }
+}
+
+TEST(CudaProcessLogits, RejectsBadShapesAndSmallWorkspaces) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  size_t bytes = 0;
+  EXPECT_EQ(process_logits_workspace_bytes({2, 0}, &bytes).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(process_logits_workspace_bytes({-1, 10}, &bytes).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(process_logits_workspace_bytes({100000, 100000}, &bytes).code(),
+            StatusCode::kUnsupported);
+  const ProcessLogitsParams params{2, 100};
+  ASSERT_TRUE(process_logits_workspace_bytes(params, &bytes).is_ok());
+  DeviceArray<float> logits(200), probs(200);
+  DeviceArray<RowSampling> settings(2);
+  DeviceArray<unsigned char> workspace(bytes);
+  DeviceArray<int32_t> statuses(2);
+  EXPECT_EQ(launch_process_logits(params, logits.get(), settings.get(), workspace.get(), bytes - 1,
+                                  probs.get(), statuses.get(), nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(launch_process_logits(params, logits.get(), settings.get(), workspace.get() + 4,
+                                  bytes - 4, probs.get(), statuses.get(), nullptr)
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
+// ---- argmax and sampling ------------------------------------------------------------------------
+
+TEST(CudaArgmax, MatchesCpuExactly) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  for (const int64_t vocab : {1, 17, 1000, 128256}) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    Rng rng(static_cast<uint64_t>(vocab));
+    std::vector<std::vector<float>> rows;
+    for (int i = 0; i < 8; ++i) rows.push_back(make_logits(LogitKind::kTies, vocab, rng));
+    for (int i = 0; i < 4; ++i) rows.push_back(make_logits(LogitKind::kSpread, vocab, rng));
+    rows.emplace_back(static_cast<size_t>(vocab), -INFINITY);  // every token banned: 0
+    rows.emplace_back(static_cast<size_t>(vocab), 0.0f);
+    rows.back().front() = -0.0f;  // -0 and +0 tie: the lowest id wins
+    std::vector<float> nan_first = make_logits(LogitKind::kSpread, vocab, rng);
+    nan_first.front() = NAN;  // the CPU never replaces a NaN at index 0
+    rows.push_back(nan_first);
+    std::vector<float> nan_inside = make_logits(LogitKind::kSpread, vocab, rng);
+    nan_inside[static_cast<size_t>(vocab - 1)] = NAN;  // and never picks a later NaN
+    rows.push_back(nan_inside);
+
+    std::vector<float> flat;
+    for (const auto& row : rows) flat.insert(flat.end(), row.begin(), row.end());
+    Stream stream;
+    DeviceArray<float> values(flat);
+    DeviceArray<int32_t> out(rows.size());
+    out.poison();
+    check_ok(launch_argmax({static_cast<int64_t>(rows.size()), vocab}, values.get(), out.get(),
+                           stream.get()),
+             "argmax");
+    stream.synchronize();
+    const std::vector<int32_t> gpu = out.download();
+    for (size_t r = 0; r < rows.size(); ++r) EXPECT_EQ(gpu[r], argmax(rows[r])) << "row " << r;
+  }
+}
+
+// The CPU's CDF at its own rounding: the distance of uniform * total from the nearest partial sum,
+// relative to the total.
+double cdf_margin(std::span<const float> probs, double uniform) {
+  double total = 0.0;
+  for (const float p : probs) total += p;
+  const double target = uniform * total;
+  double cumulative = 0.0;
+  double margin = std::numeric_limits<double>::infinity();
+  for (const float p : probs) {
+    if (p <= 0.0f) continue;
+    cumulative += p;
+    margin = std::min(margin, std::fabs(target - cumulative));
+  }
+  return margin / total;
+}
+
+TEST(CudaSample, MatchesCpuSampleFrom) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  for (const int64_t vocab : {17, 1000, 128256}) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    Rng rng(static_cast<uint64_t>(vocab) + 100);
+    std::vector<std::vector<float>> rows;
+    std::vector<float> processed(static_cast<size_t>(vocab));
+    for (const SamplingParams& params : settings_grid()) {
+      process_logits(params, make_logits(LogitKind::kSpread, vocab, rng), processed);
+      rows.push_back(processed);
+    }
+    for (int i = 0; i < 8; ++i) {
+      // Unnormalised, with zeros.
+      std::vector<float> row(static_cast<size_t>(vocab));
+      for (float& p : row) p = rng.uniform() < 0.3 ? 0.0f : static_cast<float>(rng.uniform() * 5.0);
+      rows.push_back(row);
+    }
+    std::vector<float> with_negatives(static_cast<size_t>(vocab), 1.0f);
+    with_negatives[0] = -0.5f;  // the CPU counts it in the total but never in the CDF
+    rows.push_back(with_negatives);
+
+    std::vector<double> uniforms;
+    std::vector<int32_t> expected;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      Rng row_rng(1000 + r);
+      Rng copy = row_rng;
+      uniforms.push_back(copy.uniform());
+      expected.push_back(sample_from(rows[r], row_rng));  // consumes the same single draw
+    }
+    // A uniform of 0 picks the first positive token, past the negative one.
+    rows.push_back(with_negatives);
+    uniforms.push_back(0.0);
+    expected.push_back(1);
+    // No mass: the CPU throws, the device answers -1.
+    rows.emplace_back(static_cast<size_t>(vocab), 0.0f);
+    uniforms.push_back(0.5);
+    expected.push_back(-1);
+    Rng unused_rng(1);
+    EXPECT_THROW(sample_from(rows.back(), unused_rng), Error);
+
+    std::vector<float> flat;
+    for (const auto& row : rows) flat.insert(flat.end(), row.begin(), row.end());
+    Stream stream;
+    DeviceArray<float> probs(flat);
+    DeviceArray<double> device_uniforms(uniforms);
+    DeviceArray<int32_t> out(rows.size());
+    out.poison();
+    check_ok(launch_sample({static_cast<int64_t>(rows.size()), vocab}, probs.get(),
+                           device_uniforms.get(), out.get(), stream.get()),
+             "sample");
+    stream.synchronize();
+    const std::vector<int32_t> gpu = out.download();
+    int64_t near_boundary = 0;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      if (expected[r] >= 0 && cdf_margin(rows[r], uniforms[r]) < kBoundary) {
+        ++near_boundary;
+        continue;
+      }
+      EXPECT_EQ(gpu[r], expected[r]) << "row " << r << " uniform " << uniforms[r];
+    }
+    EXPECT_LE(near_boundary, 1);
+  }
+}
+
+// ---- verification -------------------------------------------------------------------------------
+
+// One batch in the dense layout of kernels/cuda/verify.h.
+struct VerifyCase {
+  int64_t batch = 0;
+  int64_t gamma = 0;
+  int64_t vocab_p = 0;
+  int64_t vocab_q = 0;
+  bool point_masses = false;
+  std::vector<float> p;         // [batch, gamma + 1, vocab_p]
+  std::vector<float> q;         // [batch, gamma, vocab_q]; empty for point masses
+  std::vector<int32_t> drafts;  // [batch, gamma], -1 past a row's count
+  std::vector<int32_t> counts;  // [batch]
+
+  std::span<const float> p_row(int64_t b, int64_t i) const {
+    return {p.data() + (b * (gamma + 1) + i) * vocab_p, static_cast<size_t>(vocab_p)};
+  }
+};
+
+Proposals proposals_of(const VerifyCase& c) {
+  Proposals proposals;
+  proposals.batch = c.batch;
+  proposals.gamma = c.gamma;
+  proposals.vocab = c.point_masses ? 0 : c.vocab_q;
+  proposals.tokens = c.drafts;
+  proposals.counts = c.counts;
+  proposals.probs = c.q;
+  return proposals;
+}
+
+Scores scores_of(const VerifyCase& c) {
+  Scores scores;
+  scores.vocab = c.vocab_p;
+  scores.row_begin = {0};
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int32_t n = c.counts[static_cast<size_t>(b)];
+    for (int64_t i = 0; i <= n; ++i) {
+      const auto row = c.p_row(b, i);
+      scores.probs.insert(scores.probs.end(), row.begin(), row.end());
+    }
+    scores.row_begin.push_back(scores.row_begin.back() + n + 1);
+  }
+  return scores;
+}
+
+struct CaseOptions {
+  int64_t batch = 16;
+  int64_t gamma = 4;
+  int64_t vocab_p = 1000;
+  int64_t vocab_q = 1000;
+  bool point_masses = false;
+  float noise = 1.0f;  // how far the target's logits stray from the draft's
+  bool same = false;   // p_i = q_{i+1} exactly: every draft is accepted
+  uint64_t seed = 1;
+};
+
+// Distributions processed as the engine would (some with top-k/top-p zeros), a target that
+// agrees with the draft more or less, drafts drawn from q (or, for point masses, mostly from p and
+// sometimes anything, out of range included), counts from 0 to gamma.
+VerifyCase make_case(const CaseOptions& options) {
+  VerifyCase c;
+  c.batch = options.batch;
+  c.gamma = options.gamma;
+  c.vocab_p = options.vocab_p;
+  c.vocab_q = options.vocab_q;
+  c.point_masses = options.point_masses;
+  Rng rng(options.seed);
+  const int64_t wide = std::max(c.vocab_p, c.vocab_q);
+  std::vector<SamplingParams> flavours(4);
+  flavours[1].temperature = 0.8f;
+  flavours[1].top_k = 40;
+  flavours[2].temperature = 1.2f;
+  flavours[2].top_p = 0.9f;
+  flavours[3].min_p = 0.05f;
+  std::vector<float> p_row(static_cast<size_t>(c.vocab_p));
+  std::vector<float> q_row(static_cast<size_t>(c.vocab_q));
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const auto count = static_cast<int32_t>(b % (c.gamma + 1));
+    c.counts.push_back(count);
+    const SamplingParams& flavour = flavours[static_cast<size_t>(b % 4)];
+    for (int64_t i = 0; i <= c.gamma; ++i) {
+      std::vector<float> logits(static_cast<size_t>(wide));
+      for (float& logit : logits) logit = static_cast<float>((rng.uniform() - 0.5) * 8.0);
+      std::vector<float> target_logits(logits.begin(), logits.begin() + c.vocab_p);
+      if (!options.same) {
+        for (float& logit : target_logits) {
+          logit += static_cast<float>((rng.uniform() - 0.5) * options.noise);
+        }
+      }
+      process_logits(flavour, target_logits, p_row);
+      c.p.insert(c.p.end(), p_row.begin(), p_row.end());
+      if (i == c.gamma) break;
+      if (!c.point_masses) {
+        process_logits(flavour, std::span<const float>(logits.data(), q_row.size()), q_row);
+        if (options.same) q_row = p_row;
+        c.q.insert(c.q.end(), q_row.begin(), q_row.end());
+      }
+      int32_t draft = -1;
+      if (i < count) {
+        if (!c.point_masses) {
+          draft = sample_from(q_row, rng);
+        } else if (rng.uniform() < 0.8) {
+          draft = sample_from(p_row, rng);
+        } else {
+          draft = static_cast<int32_t>(rng.uniform() * static_cast<double>(c.vocab_p + 3));
+        }
+      }
+      c.drafts.push_back(draft);
+    }
+  }
+  return c;
+}
+
+// The distribution the final token of row b was drawn from, as the CPU forms it.
+std::vector<float> final_distribution(const VerifyCase& c, int64_t b, int32_t k) {
+  const auto p = c.p_row(b, k);
+  std::vector<float> result(p.begin(), p.end());
+  if (k == c.counts[static_cast<size_t>(b)]) return result;  // the bonus token
+  const int32_t draft = c.drafts[static_cast<size_t>(b * c.gamma + k)];
+  double mass = 0.0;
+  for (int64_t x = 0; x < c.vocab_p; ++x) {
+    float q_x = 0.0f;
+    if (c.point_masses) {
+      q_x = x == draft ? 1.0f : 0.0f;
+    } else if (x < c.vocab_q) {
+      q_x = c.q[static_cast<size_t>((b * c.gamma + k) * c.vocab_q + x)];
+    }
+    result[static_cast<size_t>(x)] = std::max(0.0f, p[static_cast<size_t>(x)] - q_x);
+    mass += result[static_cast<size_t>(x)];
+  }
+  if (mass > 0.0) return result;
+  return std::vector<float>(p.begin(), p.end());
+}
+
+struct DeviceVerdict {
+  std::vector<int32_t> tokens;    // [batch, gamma + 1]
+  std::vector<int32_t> accepted;  // [batch]
+};
+
+DeviceVerdict device_verify(const VerifyCase& c, const std::vector<double>* uniforms) {
+  Stream stream;
+  DeviceArray<float> p(c.p);
+  DeviceArray<float> q(c.q);
+  DeviceArray<int32_t> drafts(c.drafts);
+  DeviceArray<int32_t> counts(c.counts);
+  DeviceArray<int32_t> tokens(static_cast<size_t>(c.batch * (c.gamma + 1)));
+  DeviceArray<int32_t> accepted(static_cast<size_t>(c.batch));
+  tokens.poison();
+  accepted.poison();
+  const VerifyParams params{c.batch, c.gamma, c.vocab_p, c.point_masses ? 0 : c.vocab_q};
+  const int32_t* draft_pointer = c.gamma > 0 ? drafts.get() : nullptr;
+  if (uniforms != nullptr) {
+    DeviceArray<double> device_uniforms(*uniforms);
+    check_ok(launch_rejection_verify(params, p.get(), c.point_masses ? nullptr : q.get(),
+                                     draft_pointer, counts.get(), device_uniforms.get(),
+                                     tokens.get(), accepted.get(), stream.get()),
+             "rejection verify");
+    stream.synchronize();
+  } else {
+    check_ok(launch_greedy_verify(params, p.get(), draft_pointer, counts.get(), tokens.get(),
+                                  accepted.get(), stream.get()),
+             "greedy verify");
+    stream.synchronize();
+  }
+  return DeviceVerdict{tokens.download(), accepted.download()};
+}
+
+// The device rejection sampler against RejectionSampler with the same per-row generators.
+void compare_rejection(const VerifyCase& c, uint64_t seed) {
+  const int64_t width = c.gamma + 1;
+  std::vector<Rng> rngs;
+  std::vector<double> uniforms;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    rngs.emplace_back(seed * 100003 + static_cast<uint64_t>(b));
+    Rng copy = rngs.back();
+    for (int64_t j = 0; j < width; ++j) uniforms.push_back(copy.uniform());
+  }
+  const std::vector<Rng> initial = rngs;
+  const Verdict cpu = RejectionSampler().verify(proposals_of(c), scores_of(c), rngs);
+  const DeviceVerdict gpu = device_verify(c, &uniforms);
+
+  int64_t near_boundary = 0;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const auto row = static_cast<size_t>(b);
+    const int32_t k = cpu.accepted[row];
+    ASSERT_EQ(gpu.accepted[row], k) << "row " << b;
+    // The CPU consumed exactly what verify.h says.
+    Rng advanced = initial[row];
+    const int64_t consumed = rejection_uniforms_consumed(k, c.counts[row]);
+    for (int64_t j = 0; j < consumed; ++j) advanced.uniform();
+    Rng after = rngs[row];
+    EXPECT_EQ(advanced.next(), after.next()) << "row " << b;
+    for (int64_t j = 0; j < width; ++j) {
+      const int32_t expected = cpu.tokens[static_cast<size_t>(b * width + j)];
+      const int32_t got = gpu.tokens[static_cast<size_t>(b * width + j)];
+      if (j == k && got != expected) {
+        const bool rejected = k < c.counts[row];
+        const double u = uniforms[static_cast<size_t>(b * width + (rejected ? k + 1 : k))];
+        if (cdf_margin(final_distribution(c, b, k), u) < kBoundary) {
+          ++near_boundary;
+          continue;
+        }
+      }
+      EXPECT_EQ(got, expected) << "row " << b << " position " << j << " (accepted " << k << ")";
+    }
+  }
+  EXPECT_LE(near_boundary, 1);
+}
+
+TEST(CudaRejectionVerify, MatchesCpuWithDraftDistributions) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  CaseOptions options;
+  options.batch = 40;
+  options.seed = 11;
+  compare_rejection(make_case(options), 1);
+  options.noise = 4.0f;  // mostly rejections
+  options.seed = 12;
+  compare_rejection(make_case(options), 2);
+}
+
+TEST(CudaRejectionVerify, MatchesCpuWithPointMasses) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  CaseOptions options;
+  options.batch = 40;
+  options.point_masses = true;
+  options.seed = 13;
+  compare_rejection(make_case(options), 3);
+}
+
+TEST(CudaRejectionVerify, MatchesCpuWithGammaZero) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  CaseOptions options;
+  options.batch = 12;
+  options.gamma = 0;
+  options.seed = 14;
+  const VerifyCase c = make_case(options);
+  compare_rejection(c, 4);
+  const DeviceVerdict gpu = device_verify(c, nullptr);
+  EXPECT_EQ(gpu.accepted, std::vector<int32_t>(static_cast<size_t>(c.batch), 0));
+}
+
+TEST(CudaRejectionVerify, AcceptsEverythingWhenTheDistributionsAgree) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  CaseOptions options;
+  options.batch = 20;
+  options.same = true;
+  options.seed = 15;
+  const VerifyCase c = make_case(options);
+  compare_rejection(c, 5);
+  std::vector<double> uniforms;
+  Rng rng(6);
+  for (int64_t i = 0; i < c.batch * (c.gamma + 1); ++i) uniforms.push_back(rng.uniform());
+  const DeviceVerdict gpu = device_verify(c, &uniforms);
+  EXPECT_EQ(gpu.accepted, c.counts);
+}
+
+TEST(CudaRejectionVerify, RejectsADraftTheTargetForbids) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  CaseOptions options;
+  options.batch = 20;
+  options.seed = 16;
+  VerifyCase c = make_case(options);
+  for (int64_t b = 0; b < c.batch; ++b) {
+    if (c.counts[static_cast<size_t>(b)] == 0) continue;
+    const int32_t draft = c.drafts[static_cast<size_t>(b * c.gamma)];
+    c.p[static_cast<size_t>(b * (c.gamma + 1) * c.vocab_p + draft)] = 0.0f;  // p_0(d_1) = 0
+  }
+  compare_rejection(c, 6);
+  std::vector<double> uniforms(static_cast<size_t>(c.batch * (c.gamma + 1)), 0.0);
+  const DeviceVerdict gpu = device_verify(c, &uniforms);  // even a uniform of 0 rejects
+  for (int64_t b = 0; b < c.batch; ++b) {
+    EXPECT_EQ(gpu.accepted[static_cast<size_t>(b)], 0) << "row " << b;
+  }
+}
+
+TEST(CudaRejectionVerify, MatchesCpuAcrossVocabularyWidths) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  CaseOptions options;
+  options.batch = 30;
+  options.vocab_q = 1040;  // drafts beyond the target's vocabulary: p = 0 there
+  options.seed = 17;
+  compare_rejection(make_case(options), 7);
+  options.vocab_q = 960;  // q is zero beyond its width
+  options.seed = 18;
+  compare_rejection(make_case(options), 8);
+}
+
+TEST(CudaRejectionVerify, MatchesCpuOnALargeVocabulary) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  CaseOptions options;
+  options.batch = 6;
+  options.gamma = 5;
+  options.vocab_p = 32000;
+  options.vocab_q = 32000;
+  options.seed = 19;
+  compare_rejection(make_case(options), 9);
+}
+
+TEST(CudaVerify, MarksCountsOutsideGamma) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  CaseOptions options;
+  options.batch = 3;
+  options.gamma = 2;
+  options.vocab_p = 50;
+  options.vocab_q = 50;
+  options.seed = 20;
+  VerifyCase c = make_case(options);
+  c.counts[1] = 3;
+  std::vector<double> uniforms(static_cast<size_t>(c.batch * (c.gamma + 1)), 0.5);
+  for (const bool greedy : {false, true}) {
+    const DeviceVerdict gpu = device_verify(c, greedy ? nullptr : &uniforms);
+    EXPECT_EQ(gpu.accepted[1], -1);
+    for (int64_t j = 0; j <= c.gamma; ++j) {
+      EXPECT_EQ(gpu.tokens[static_cast<size_t>(c.gamma + 1 + j)], -1);
+    }
+    EXPECT_GE(gpu.accepted[0], 0);
+    EXPECT_GE(gpu.accepted[2], 0);
+  }
+}
+
+TEST(CudaGreedyVerify, MatchesCpuExactly) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  for (const int64_t vocab : {1000, 128256}) {
+    for (const int64_t gamma : {0, 5}) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + " gamma " + std::to_string(gamma));
+      Rng rng(static_cast<uint64_t>(vocab + gamma));
+      VerifyCase c;
+      c.batch = vocab > 1000 ? 4 : 24;
+      c.gamma = gamma;
+      c.vocab_p = vocab;
+      c.vocab_q = vocab;
+      c.point_masses = true;
+      std::vector<float> p_row(static_cast<size_t>(vocab));
+      SamplingParams params;
+      for (int64_t b = 0; b < c.batch; ++b) {
+        const auto count = static_cast<int32_t>(b % (gamma + 1));
+        c.counts.push_back(count);
+        for (int64_t i = 0; i <= gamma; ++i) {
+          // Tied logits give tied probabilities: the lowest id must win on both sides.
+          process_logits(params, make_logits(LogitKind::kTies, vocab, rng), p_row);
+          c.p.insert(c.p.end(), p_row.begin(), p_row.end());
+          if (i == gamma) break;
+          int32_t draft = -1;
+          if (i < count) {
+            draft = rng.uniform() < 0.75
+                        ? argmax(p_row)
+                        : static_cast<int32_t>(rng.uniform() * static_cast<double>(vocab));
+          }
+          c.drafts.push_back(draft);
+        }
+      }
+      const Verdict cpu = GreedyVerifier().verify(proposals_of(c), scores_of(c), {});
+      const DeviceVerdict gpu = device_verify(c, nullptr);
+      EXPECT_EQ(gpu.accepted, cpu.accepted);
+      EXPECT_EQ(gpu.tokens, cpu.tokens);
+    }
+  }
+}
+
+// ---- distribution -------------------------------------------------------------------------------
+
+TEST(CudaRejectionVerify, EmittedTokensFollowTheTarget) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  // tests/test_verify.cpp's fixed step: vocabulary 4, two drafts. The first emitted token must
+  // follow p_0 exactly, and, when the first draft was accepted, the second must follow p_1.
+  const std::vector<std::vector<float>> q = {{0.50f, 0.30f, 0.15f, 0.05f},
+                                             {0.10f, 0.20f, 0.30f, 0.40f}};
+  const std::vector<std::vector<float>> p = {
+      {0.10f, 0.20f, 0.30f, 0.40f}, {0.25f, 0.25f, 0.25f, 0.25f}, {0.70f, 0.10f, 0.10f, 0.10f}};
+  const int64_t draws = 100000;
+  VerifyCase c;
+  c.batch = draws;
+  c.gamma = 2;
+  c.vocab_p = 4;
+  c.vocab_q = 4;
+  Rng draft_rng(1), verify_rng(2);
+  std::vector<double> uniforms;
+  for (int64_t b = 0; b < draws; ++b) {
+    c.counts.push_back(2);
+    for (const auto& row : p) c.p.insert(c.p.end(), row.begin(), row.end());
+    for (const auto& row : q) {
+      c.q.insert(c.q.end(), row.begin(), row.end());
+      c.drafts.push_back(sample_from(row, draft_rng));
+    }
+    for (int j = 0; j < 3; ++j) uniforms.push_back(verify_rng.uniform());
+  }
+  const DeviceVerdict gpu = device_verify(c, &uniforms);
+  std::map<int64_t, int64_t> first, second;
+  int64_t second_draws = 0;
+  for (int64_t b = 0; b < draws; ++b) {
+    ++first[gpu.tokens[static_cast<size_t>(b * 3)]];
+    if (gpu.accepted[static_cast<size_t>(b)] >= 1) {
+      ++second[gpu.tokens[static_cast<size_t>(b * 3 + 1)]];
+      ++second_draws;
+    }
+  }
+  const auto expected = [](const std::vector<float>& row) {
+    std::map<int64_t, double> out;
+    for (size_t x = 0; x < row.size(); ++x) out[static_cast<int64_t>(x)] = row[x];
+    return out;
+  };
+  const auto first_check = testing::chi_square(first, expected(p[0]), draws);
+  EXPECT_LT(first_check.statistic, first_check.critical()) << "df " << first_check.degrees;
+  const auto second_check = testing::chi_square(second, expected(p[1]), second_draws);
+  EXPECT_LT(second_check.statistic, second_check.critical()) << "df " << second_check.degrees;
+  // The test is sharp: the same counts are far from the draft's distribution.
+  const auto wrong = testing::chi_square(first, expected(q[0]), draws);
+  EXPECT_GT(wrong.statistic, wrong.critical());
+}
+
+TEST(CudaRejectionVerify, PointMassDraftsFollowTheTarget) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  // Prompt lookup proposes token 1 with q a point mass: accept with probability p(1), recover
+  // from p without token 1. The first token must still follow p_0.
+  const std::vector<float> p0 = {0.1f, 0.6f, 0.3f};
+  const std::vector<float> p1 = {0.3f, 0.3f, 0.4f};
+  const int64_t draws = 100000;
+  VerifyCase c;
+  c.batch = draws;
+  c.gamma = 1;
+  c.vocab_p = 3;
+  c.point_masses = true;
+  Rng rng(7);
+  std::vector<double> uniforms;
+  for (int64_t b = 0; b < draws; ++b) {
+    c.counts.push_back(1);
+    c.drafts.push_back(1);
+    c.p.insert(c.p.end(), p0.begin(), p0.end());
+    c.p.insert(c.p.end(), p1.begin(), p1.end());
+    for (int j = 0; j < 2; ++j) uniforms.push_back(rng.uniform());
+  }
+  const DeviceVerdict gpu = device_verify(c, &uniforms);
+  std::map<int64_t, int64_t> counts;
+  for (int64_t b = 0; b < draws; ++b) ++counts[gpu.tokens[static_cast<size_t>(b * 2)]];
+  const auto check = testing::chi_square(counts, {{0, 0.1}, {1, 0.6}, {2, 0.3}}, draws);
+  EXPECT_LT(check.statistic, check.critical()) << "df " << check.degrees;
+}
+
+}  // namespace
+}  // namespace specrun::kernels::cuda
