@@ -505,6 +505,10 @@ TEST_F(ApiTest, BadConfigsAreOneClearError) {
   settings = config();
   settings.device = "tpu";
   testing::expect_error(create(settings), {"device 'tpu'"});
+  // No build or machine has this one: no CUDA backend, no driver, or no such ordinal.
+  settings = config();
+  settings.device = "cuda:99";
+  testing::expect_error(create(settings), {"device 'cuda:99'"});
   settings = config();
   settings.max_batch = 0;
   testing::expect_error(create(settings), {"max_batch", "got 0"});

@@ -116,6 +116,7 @@ TEST_F(CApiTest, InitSetsTheCppDefaults) {
   EXPECT_EQ(config.draft, nullptr);
   EXPECT_EQ(config.device, nullptr);
   EXPECT_EQ(config.rope_style, nullptr);
+  EXPECT_EQ(config.deterministic, 0);
   EXPECT_EQ(config.threads, defaults.threads);
   EXPECT_EQ(config.kv_cache_tokens, defaults.kv_cache_tokens);
   EXPECT_EQ(config.kv_block_size, defaults.kv_block_size);

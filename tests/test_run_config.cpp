@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "kernels/core/check.h"
+#include "runtime/engine/device.h"
 #include "runtime/engine/run_config.h"
 #include "tests/test_support.h"
 
@@ -42,6 +43,7 @@ TEST(RunConfig, DefaultFileDocumentsTheBuiltInDefaults) {
   EXPECT_EQ(loaded.kv_block_size, built_in.kv_block_size);
   EXPECT_EQ(loaded.device, built_in.device);
   EXPECT_EQ(loaded.max_batch, built_in.max_batch);
+  EXPECT_EQ(loaded.deterministic, built_in.deterministic);
   EXPECT_EQ(loaded.target, built_in.target);
   EXPECT_EQ(loaded.draft, built_in.draft);
   EXPECT_EQ(loaded.speculative.method, built_in.speculative.method);
@@ -59,8 +61,10 @@ TEST(RunConfig, ReadsEveryKeyAndKeepsDefaultsForAbsentOnes) {
   testing::write_file(dir / "c.toml",
                       "[sampling]\ntemperature = 0.7\ntop_k = 40\ntop_p = 0.9\nmin_p = 0.05\n"
                       "seed = 12345\nmax_tokens = 99\n[runtime]\nthreads = 3\n"
-                      "kv_cache_tokens = 4096\nkv_block_size = 32\ndevice = \"cpu\"\n");
+                      "kv_cache_tokens = 4096\nkv_block_size = 32\ndevice = \"cpu\"\n"
+                      "deterministic = true\n");
   const RunConfig config = load_run_config(dir / "c.toml");
+  EXPECT_TRUE(config.deterministic);
   EXPECT_FLOAT_EQ(config.generation.sampling.temperature, 0.7f);
   EXPECT_EQ(config.generation.sampling.top_k, 40);
   EXPECT_FLOAT_EQ(config.generation.sampling.top_p, 0.9f);
@@ -107,6 +111,25 @@ TEST(RunConfig, RejectsOutOfRangeValues) {
   expect_config_error("[sampling]\nmax_tokens = -1\n", {"sampling.max_tokens"});
   expect_config_error("[runtime]\nkv_block_size = 0\n", {"runtime.kv_block_size"});
   expect_config_error("[runtime]\ndevice = \"tpu\"\n", {"runtime.device", "'tpu'"});
+  expect_config_error("[runtime]\ndeterministic = 1\n",
+                      {":2:", "runtime.deterministic", "true or false"});
+  expect_config_error("[runtime]\ndevice = \"cuda:x\"\n", {":2:", "runtime.device", "cuda:N"});
+  expect_config_error("[runtime]\ndevice = \"cuda:-1\"\n", {"runtime.device", "'cuda:-1'"});
+}
+
+TEST(RunConfig, NamesCudaDevices) {
+  EXPECT_EQ(parse_device("cpu").kind, DeviceSpec::Kind::kCpu);
+  const DeviceSpec first = parse_device("cuda");
+  EXPECT_EQ(first.kind, DeviceSpec::Kind::kCuda);
+  EXPECT_EQ(first.index, 0);
+  EXPECT_EQ(parse_device("cuda:3").index, 3);
+  for (const char* bad : {"", "gpu", "cuda:", "cuda:1x", "cuda: 1", "CUDA", "cpu:0"}) {
+    testing::expect_error([&] { parse_device(bad); }, {"device '" + std::string(bad) + "'"});
+  }
+  // Whether this build and machine have the device is a question for load time, not parsing.
+  testing::TempDir dir;
+  testing::write_file(dir / "c.toml", "[runtime]\ndevice = \"cuda:1\"\n");
+  EXPECT_EQ(load_run_config(dir / "c.toml", RunConfig{}).device, "cuda:1");
 }
 
 TEST(RunConfig, ReadsTheSpeculativeTable) {

@@ -281,12 +281,17 @@ int main(int argc, char** argv) {
   CLI::Option* kv_tokens =
       app.add_option("--kv-cache-tokens", f.kv_cache_tokens,
                      "KV cache capacity in tokens; 0 uses the model's context, at most 8192");
-  CLI::Option* device = app.add_option("--device", f.device, "Where the model runs: cpu");
+  CLI::Option* device = app.add_option("--device", f.device,
+                                       "Where the models run: cpu, cuda (the first GPU) or cuda:N");
   for (CLI::Option* option :
        {max_tokens, temperature, top_k, top_p, min_p, seed, threads, kv_tokens, device}) {
     option->capture_default_str();
   }
   app.add_flag("--ignore-eos", options.ignore_eos, "Keep generating past end-of-sequence tokens");
+  CLI::Option* deterministic =
+      app.add_flag("--deterministic", f.deterministic,
+                   "Batch-invariant kernels (runtime.deterministic): output independent of what "
+                   "shares a batch, greedy speculative equal to greedy target-only bitwise");
   app.add_option("--rope-style", options.rope_style,
                  "RoPE channel pairing: auto (rotate-half, as Hugging Face checkpoints), "
                  "rotate-half or interleaved (Meta/GGUF weight layout)")
@@ -312,6 +317,7 @@ int main(int argc, char** argv) {
     if (given(threads)) config.threads = f.threads;
     if (given(kv_tokens)) config.kv_cache_tokens = f.kv_cache_tokens;
     if (given(device)) config.device = f.device;
+    if (given(deterministic)) config.deterministic = f.deterministic;
     if (given(method)) config.speculative.method = f.speculative.method;
     if (given(controller)) config.speculative.controller = f.speculative.controller;
   };

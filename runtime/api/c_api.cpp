@@ -400,6 +400,7 @@ specrun_status specrun_engine_config_init(specrun_engine_config* config) {
     config->kv_block_size = defaults.kv_block_size;
     config->max_batch = defaults.max_batch;
     config->rope_style = nullptr;
+    config->deterministic = defaults.deterministic ? 1 : 0;
     config->sampling = to_c(defaults.sampling);
     config->speculation = to_c(defaults.speculation);
   });
@@ -422,6 +423,7 @@ specrun_status specrun_engine_create(const specrun_engine_config* config, specru
     if (config->rope_style != nullptr && config->rope_style[0] != '\0') {
       settings.rope_style = config->rope_style;
     }
+    settings.deterministic = config->deterministic != 0;
     settings.sampling = from_c(config->sampling);
     settings.speculation = from_c(config->speculation, "config->speculation");
     auto handle = std::make_unique<specrun_engine>();

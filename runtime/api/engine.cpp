@@ -1,6 +1,7 @@
-// specrun::Engine (specrun/specrun.hpp) over the batch engine: loads the models on a CPU backend,
-// turns public settings into the engine's, text into token ids and token ids back into whole
-// characters, and keeps each request's shared state (event queue, result, stats) for its handles.
+// specrun::Engine (specrun/specrun.hpp) over the batch engine: loads the models on the configured
+// backend, turns public settings into the engine's, text into token ids and token ids back into
+// whole characters, and keeps each request's shared state (event queue, result, stats) for its
+// handles.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -9,9 +10,10 @@
 #include <mutex>
 #include <utility>
 
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/thread_pool.h"
 #include "runtime/api/engine_config.h"
 #include "runtime/engine/batch_engine.h"
+#include "runtime/engine/device.h"
 #include "runtime/engine/pairing.h"
 #include "runtime/engine/run_config.h"
 #include "runtime/model/model.h"
@@ -32,12 +34,12 @@ struct EngineCore {
   EngineInfo info;                     // what info() returns
   Clock::time_point started;           // create(), for uptime
   std::atomic<bool> shut_down{false};  // shutdown() was called: submit() refuses at once
-  std::shared_ptr<kernels::cpu::ThreadPool> pool;     // shared by both models' backend
-  std::unique_ptr<kernels::cpu::CpuBackend> backend;  // the models run here
-  std::unique_ptr<Model> target;                      // the model whose distribution is output
-  std::unique_ptr<Model> draft;                       // null without a draft
-  std::unique_ptr<text::Tokenizer> tokenizer;         // null without the target's tokenizer.json
-  std::unique_ptr<BatchEngine> batch;                 // the scheduler over both models
+  std::shared_ptr<kernels::cpu::ThreadPool> pool;  // the CPU backend's threads
+  std::unique_ptr<kernels::Backend> backend;       // both models run here
+  std::unique_ptr<Model> target;                   // the model whose distribution is output
+  std::unique_ptr<Model> draft;                    // null without a draft
+  std::unique_ptr<text::Tokenizer> tokenizer;      // null without the target's tokenizer.json
+  std::unique_ptr<BatchEngine> batch;              // the scheduler over both models
 };
 
 // What a RequestHandle shares with the update callback running on the scheduler thread. The
@@ -353,6 +355,7 @@ EngineConfig to_engine_config(const RunConfig& run) {
   config.kv_cache_tokens = run.kv_cache_tokens;
   config.kv_block_size = run.kv_block_size;
   config.max_batch = run.max_batch;
+  config.deterministic = run.deterministic;
   const SamplingParams& sampling = run.generation.sampling;
   config.sampling.temperature = sampling.temperature;
   // Any k past the vocabulary keeps every token, so clamping to int32 changes nothing.
@@ -450,7 +453,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   core->config = config;
   core->started = Clock::now();
   core->pool = std::make_shared<kernels::cpu::ThreadPool>(config.threads);
-  core->backend = std::make_unique<kernels::cpu::CpuBackend>(core->pool);
+  core->backend = make_backend(config.device, core->pool, BackendOptions{config.deterministic});
   ModelOptions model_options;
   model_options.kv_cache_tokens = config.kv_cache_tokens;
   model_options.kv_block_size = config.kv_block_size;

@@ -6,6 +6,7 @@
 #include <toml++/toml.h>
 
 #include "kernels/core/check.h"
+#include "runtime/engine/device.h"
 
 namespace specrun {
 namespace {
@@ -72,6 +73,27 @@ class TableReader {
       choices += (choices.empty() ? "" : ", ") + std::string(option);
     }
     fail(*node, key, "must be one of " + choices + ", got '" + value + "'");
+  }
+
+  void boolean(const std::string& key, bool* field) {
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return;
+    if (!node->is_boolean()) fail(*node, key, "must be true or false");
+    *field = node->as_boolean()->get();
+  }
+
+  // "cpu", "cuda" or "cuda:N" (whether this build and machine have it is checked at load).
+  void device(const std::string& key, std::string* field) {
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return;
+    if (!node->is_string()) fail(*node, key, "must be a string");
+    const std::string value = node->as_string()->get();
+    try {
+      parse_device(value);
+    } catch (const Error&) {
+      fail(*node, key, "must be cpu, cuda or cuda:N, got '" + value + "'");
+    }
+    *field = value;
   }
 
   // A path, relative ones resolved against the directory of the file that names them (a config
@@ -178,13 +200,15 @@ RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& de
   }
   if (const toml::table* runtime = document["runtime"].as_table()) {
     TableReader reader(path, *runtime, "runtime");
-    reader.reject_unknown({"device", "threads", "kv_cache_tokens", "kv_block_size", "max_batch"});
-    reader.string("device", &config.device, {"cpu"});
+    reader.reject_unknown(
+        {"device", "threads", "kv_cache_tokens", "kv_block_size", "max_batch", "deterministic"});
+    reader.device("device", &config.device);
     reader.integer("threads", &config.threads, 0, 4096);
     reader.integer("kv_cache_tokens", &config.kv_cache_tokens, 0,
                    std::numeric_limits<int32_t>::max());
     reader.integer("kv_block_size", &config.kv_block_size, 1, 4096);
     reader.integer("max_batch", &config.max_batch, 1, kMaxBatch);
+    reader.boolean("deterministic", &config.deterministic);
   }
   return config;
 }
@@ -208,9 +232,7 @@ void validate_run_config(const RunConfig& config) {
     throw Error("max_batch must be in [1, " + std::to_string(kMaxBatch) + "], got " +
                 std::to_string(config.max_batch));
   }
-  if (config.device != "cpu") {
-    throw Error("device '" + config.device + "' is not available (cpu)");
-  }
+  parse_device(config.device);
 }
 
 }  // namespace specrun

@@ -21,8 +21,11 @@ struct RunConfig {
   int threads = 0;                 // [runtime] threads: CPU threads, 0 for one per core
   int64_t kv_cache_tokens = 0;     // [runtime] kv_cache_tokens: capacity, 0 for the model's context
   int64_t kv_block_size = 16;      // [runtime] kv_block_size: tokens per KV-cache block
-  std::string device = "cpu";      // [runtime] device: where the model runs ("cpu")
+  std::string device = "cpu";      // [runtime] device: where the model runs: cpu, cuda, cuda:N
   int64_t max_batch = 64;          // [runtime] max_batch: sequences decoded together, at most
+  bool deterministic = false;      // [runtime] deterministic: batch-invariant kernels (CUDA; the
+                                   // CPU backend always is), so greedy speculative output equals
+                                   // greedy target-only output bitwise
 };
 
 // Reads `path` over `defaults`: keys absent from the file keep their default. An unknown table or

@@ -125,12 +125,13 @@ typedef struct specrun_speculation {
 typedef struct specrun_engine_config {
   const char* target;        /* checkpoint: a directory, .safetensors or index file (required) */
   const char* draft;         /* draft checkpoint sharing the target's tokenizer; NULL or "": none */
-  const char* device;        /* where the models run; NULL or "" is "cpu" */
+  const char* device;        /* "cpu", "cuda" or "cuda:N"; NULL or "" is "cpu" */
   int threads;               /* CPU threads; 0 (default) uses every core */
   int64_t kv_cache_tokens;   /* KV capacity per model; 0 (default): the context, at most 8192 */
   int64_t kv_block_size;     /* tokens per KV-cache block; default 16 */
   int64_t max_batch;         /* sequences decoded together in one step, at most; default 64 */
   const char* rope_style;    /* "auto" (NULL, ""), "rotate-half" or "interleaved" (Meta/GGUF) */
+  int deterministic;         /* nonzero: batch-invariant kernels on every backend; default 0 */
   specrun_sampling sampling; /* defaults of requests that give none */
   specrun_speculation speculation; /* defaults of requests that give none */
 } specrun_engine_config;
@@ -284,7 +285,7 @@ typedef struct specrun_engine_info {
   int32_t bos_token_id;      /* the model's (first) beginning-of-sequence id; -1 when none */
   int64_t context_limit;     /* positions one sequence may hold */
   int has_tokenizer;         /* nonzero: text in and out (else token ids only) */
-  const char* device;        /* "cpu" */
+  const char* device;        /* "cpu", "cuda:0" */
   int threads;               /* CPU threads */
 } specrun_engine_info;
 

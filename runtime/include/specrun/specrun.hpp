@@ -64,13 +64,15 @@ struct SpeculationSettings {
 struct EngineConfig {
   std::string target{};               // checkpoint: a directory, .safetensors or index file
   std::string draft{};                // draft checkpoint sharing the target's tokenizer; "" none
-  std::string device = "cpu";         // where the models run
+  std::string device = "cpu";         // where the models run: "cpu", "cuda" or "cuda:N"
   int threads = 0;                    // CPU threads; 0 uses every core
   int64_t kv_cache_tokens = 0;        // KV capacity per model; 0: the context, at most 8192
   int64_t kv_block_size = 16;         // tokens per KV-cache block
   int64_t max_batch = 64;             // sequences decoded together in one step, at most
   std::string rope_style = "auto";    // RoPE pairing: "auto" (rotate-half, as Hugging Face
                                       // checkpoints), "rotate-half" or "interleaved" (Meta/GGUF)
+  bool deterministic = false;         // batch-invariant kernels on every backend (CUDA: slower
+                                      // prefill), so output does not depend on batch mates
   SamplingSettings sampling{};        // defaults of requests that give none
   SpeculationSettings speculation{};  // defaults of requests that give none
 
@@ -200,7 +202,7 @@ struct EngineInfo {
   int32_t bos_token_id = -1;      // the model's (first) beginning-of-sequence id; -1 when none
   int64_t context_limit = 0;      // positions one sequence may hold
   bool has_tokenizer = false;     // text in and out (else token ids only)
-  std::string device;             // "cpu"
+  std::string device;             // "cpu", "cuda:0"
   int threads = 0;                // CPU threads
 };
 

@@ -1,0 +1,39 @@
+// Where the models run: the [runtime] device setting ("cpu", "cuda" or "cuda:N") and the backend
+// it names.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace specrun {
+
+struct DeviceSpec {
+  enum class Kind { kCpu, kCuda };
+  Kind kind = Kind::kCpu;  // which backend
+  int index = 0;           // CUDA ordinal; 0 for the CPU
+};
+
+// Parses "cpu", "cuda" (ordinal 0) or "cuda:N"; throws Error naming the text otherwise.
+DeviceSpec parse_device(const std::string& text);
+
+struct BackendOptions {
+  // Batch-invariant kernels everywhere, so that a sequence's logits are bitwise the same whatever
+  // shares the call (the CPU backend always is; CUDA then runs every matmul through its skinny
+  // kernel instead of cuBLAS, slower for prefill).
+  bool deterministic = false;
+};
+
+// Whether this build has the CUDA backend (nvcc was found when it was configured).
+bool cuda_backend_built();
+
+// The backend for `device`; the CPU backend runs on `pool`. Throws Error naming the device when
+// this build has no CUDA backend, or when the CUDA device cannot be opened (no driver, no such
+// ordinal).
+std::unique_ptr<kernels::Backend> make_backend(const std::string& device,
+                                               std::shared_ptr<kernels::cpu::ThreadPool> pool,
+                                               const BackendOptions& options = {});
+
+}  // namespace specrun
