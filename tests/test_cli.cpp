@@ -311,6 +311,25 @@ TEST_F(CliTest, NoTargetAndNoBundledPair) {
                         {{"no --target"}, {"pycode-target"}, {empty.string()}});
 }
 
+TEST_F(CliTest, SpecbenchMeasuresSyntheticShapes) {
+  const CommandResult result =
+      run_tool("specbench",
+               "--synthetic tiny --synthetic-draft tiny --device cpu --threads 1 "
+               "--context 16 --prompt-tokens 32 --decode-tokens 8 --repeats 1 "
+               "--max-verify-tokens 4");
+  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  for (const char* line : {"device: cpu", "of the floor", "verification / decode step",
+                           "prefill: 32 tokens", "draft tiny", "target alone"}) {
+    EXPECT_NE(result.stdout_text.find(line), std::string::npos) << line << "\n"
+                                                                << result.stdout_text;
+  }
+  expect_one_error_line(run_tool("specbench", "--synthetic llama-9"), {{"'llama-9'"}}, "specbench");
+  expect_one_error_line(run_tool("specbench", "--synthetic tiny --synthetic-draft llama-0"),
+                        {{"'llama-0'"}}, "specbench");
+  expect_one_error_line(run_tool("specbench", "--synthetic tiny --device tpu"), {{"device 'tpu'"}},
+                        "specbench");
+}
+
 TEST_F(CliTest, GenmodelBadDtype) {
   const fs::path out = dir_ / "generated";
   const CommandResult result =

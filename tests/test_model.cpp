@@ -2,11 +2,14 @@
 // backend: batch invariance, rollback, and prefill-then-decode equal to one forward.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "runtime/model/model.h"
+#include "runtime/model/synthetic.h"
 #include "tests/test_support.h"
 
 namespace specrun {
@@ -291,6 +294,58 @@ TEST_F(ModelTest, ReportsShapeAndLimits) {
   const int64_t per_layer = 96 * 96 + 2 * 32 * 96 + 96 * 96 + 3 * 200 * 96 + 2 * 96;
   EXPECT_EQ(model->parameter_count(), 2 * 300 * 96 + 3 * per_layer + 96);
   EXPECT_EQ(model->weight_bytes(), 2u * (2 * 300 * 96 + 3 * per_layer + 96));  // bf16
+}
+
+TEST(SyntheticModel, PublishedShapesAndTheirSizes) {
+  // Parameter counts of the published checkpoints these shapes stand for.
+  const auto parameters = [](const ModelConfig& c) {
+    const int64_t per_layer = 2 * c.hidden_size * c.num_heads * c.head_dim +
+                              2 * c.hidden_size * c.num_kv_heads * c.head_dim +
+                              3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size;
+    return c.num_layers * per_layer + c.hidden_size +
+           (c.tie_word_embeddings ? 1 : 2) * c.vocab_size * c.hidden_size;
+  };
+  EXPECT_EQ(parameters(synthetic_config("llama-3.2-1b")), 1235814400);
+  EXPECT_EQ(parameters(synthetic_config("llama-3.1-8b")), 8030261248);
+  EXPECT_EQ(parameters(synthetic_config("llama-3.1-70b")), 70553706496);
+  testing::expect_error([] { synthetic_config("llama-9"); }, {"'llama-9'", "llama-3.1-8b", "tiny"});
+}
+
+TEST(SyntheticModel, WeightsDependOnTheSeedAloneAndLogitsStayFinite) {
+  auto pool = std::make_shared<kernels::cpu::ThreadPool>(2);
+  kernels::cpu::CpuBackend backend(pool);
+  const ModelConfig config = synthetic_config("tiny");
+  ModelOptions options;
+  options.kv_cache_tokens = 64;
+  auto logits_of = [&](Model& model) {
+    const SequenceId s = model.kv_cache().add_sequence();
+    const std::vector<int32_t> tokens = {1, 17, 4000, 5, 5, 260};
+    Logits logits;
+    const SequenceInput input[] = {{s, tokens, true}};
+    model.forward(input, &logits);
+    model.kv_cache().remove_sequence(s);
+    return logits.values;
+  };
+  const auto first = Model::synthetic(config, "synthetic tiny", 9, backend, options);
+  const auto again = Model::synthetic(config, "synthetic tiny", 9, backend, options);
+  const auto other = Model::synthetic(config, "synthetic tiny", 10, backend, options);
+  EXPECT_EQ(first->paths().directory, "synthetic tiny");
+  const int64_t per_layer = 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512 + 2 * 256;
+  EXPECT_EQ(first->parameter_count(), 2 * per_layer + 256 + 4096 * 256);  // tied
+  EXPECT_EQ(first->weight_bytes(), 2u * static_cast<uint64_t>(first->parameter_count()));
+  const std::vector<float> a = logits_of(*first), b = logits_of(*again), c = logits_of(*other);
+  ASSERT_EQ(a.size(), 6u * 4096u);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  double mean_square = 0;
+  for (const float value : a) {
+    ASSERT_TRUE(std::isfinite(value));
+    mean_square += double(value) * value;
+  }
+  // The weights' scale keeps activations of order one through the layers.
+  mean_square /= double(a.size());
+  EXPECT_GT(mean_square, 1e-2);
+  EXPECT_LT(mean_square, 1e4);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "runtime/model/model.h"
 #include "runtime/sampling/rng.h"
 #include "tools/cli_support.h"
+#include "tools/device_bench.h"
 #include "tools/fixtures/checkpoint_generator.h"
 
 namespace {
@@ -307,7 +308,9 @@ int main(int argc, char** argv) {
   int64_t decode_tokens = 64;
   int repeats = 5;
   std::string json_path;
-  CLI::App app{"specbench: CPU prefill and decode throughput"};
+  CLI::App app{
+      "specbench: prefill and decode throughput, speculative against target-only decoding, and "
+      "(--synthetic) the costs of published shapes on a device"};
   app.add_option("--model", model_path,
                  "Checkpoint to measure (default: a generated ~100M-parameter Llama-shaped model)");
   app.add_option("--threads", threads, "CPU threads; 0 uses every core")->capture_default_str();
@@ -333,7 +336,40 @@ int main(int argc, char** argv) {
   app.add_option("--spec-temperature", spec_temperature,
                  "With --speculative: sampling temperature (0 is greedy)")
       ->capture_default_str();
+  specrun::tools::DeviceBenchOptions device_bench;
+  std::string synthetic;
+  app.add_option("--synthetic", synthetic,
+                 "Measure synthetic models of a published shape (llama-3.2-1b, llama-3.1-8b, "
+                 "llama-3.1-70b) with random weights written on the device: decode against the "
+                 "bandwidth floor, verification of 2..16 tokens, prefill, the draft's step, and "
+                 "speculative against target-only generation");
+  app.add_option("--synthetic-draft", device_bench.draft_shape,
+                 "With --synthetic: the draft's shape; \"\" for none")
+      ->capture_default_str();
+  app.add_option("--device", device_bench.device, "With --synthetic: cpu, cuda or cuda:N")
+      ->capture_default_str();
+  app.add_flag("--deterministic", device_bench.deterministic,
+               "With --synthetic: batch-invariant kernels (runtime.deterministic)");
+  app.add_option("--context", device_bench.context,
+                 "With --synthetic: tokens in the cache before each measured step")
+      ->capture_default_str();
+  app.add_option("--max-verify-tokens", device_bench.max_verify_tokens,
+                 "With --synthetic: verification is measured for 2..this many tokens")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+
+  if (!synthetic.empty()) {
+    return specrun::tools::run_reporting_errors("specbench", "warn", [&] {
+      device_bench.target_shape = synthetic;
+      device_bench.threads = threads;
+      device_bench.repeats = repeats;
+      device_bench.json_path = json_path;
+      // The prefill measured is 2048 tokens unless --prompt-tokens says otherwise.
+      if (app.count("--prompt-tokens") > 0) device_bench.prefill_tokens = prompt_tokens;
+      if (app.count("--decode-tokens") > 0) device_bench.generate_tokens = decode_tokens;
+      return specrun::tools::run_device_bench(device_bench);
+    });
+  }
 
   if (speculative) {
     return specrun::tools::run_reporting_errors("specbench", "warn", [&] {

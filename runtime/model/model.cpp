@@ -9,6 +9,8 @@
 #include <spdlog/spdlog.h>
 
 #include "kernels/core/check.h"
+#include "kernels/core/uniform_hash.h"
+#include "runtime/model/synthetic.h"
 
 namespace specrun {
 
@@ -53,17 +55,36 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& path, kernels::B
   return std::make_unique<Model>(open_checkpoint(path), backend, options);
 }
 
+std::unique_ptr<Model> Model::synthetic(const ModelConfig& config, const std::string& label,
+                                        uint64_t seed, kernels::Backend& backend,
+                                        const ModelOptions& options) {
+  Checkpoint checkpoint;
+  checkpoint.paths.directory = label;
+  checkpoint.config = config;
+  return std::unique_ptr<Model>(new Model(std::move(checkpoint), backend, options, seed));
+}
+
 Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOptions& options)
+    : Model(std::move(checkpoint), backend, options, std::nullopt) {}
+
+Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOptions& options,
+             std::optional<uint64_t> synthetic_seed)
     : checkpoint_(std::move(checkpoint)),
       backend_(backend),
       options_(options),
       workspace_(std::make_unique<Workspace>()) {
   ModelConfig& config = checkpoint_.config;
   if (options.rope_style) config.rope_style = *options.rope_style;
-  weights_ = bind_weights(checkpoint_);
-  for (const TensorInfo* info : checkpoint_.tensors.all()) parameter_count_ += info->num_elements();
-  if (config.tie_word_embeddings && checkpoint_.tensors.find("lm_head.weight") != nullptr) {
-    parameter_count_ -= config.vocab_size * config.hidden_size;
+  if (synthetic_seed) {
+    weights_ = synthetic_layout(config, DType::kBF16);
+  } else {
+    weights_ = bind_weights(checkpoint_);
+    for (const TensorInfo* info : checkpoint_.tensors.all()) {
+      parameter_count_ += info->num_elements();
+    }
+    if (config.tie_word_embeddings && checkpoint_.tensors.find("lm_head.weight") != nullptr) {
+      parameter_count_ -= config.vocab_size * config.hidden_size;
+    }
   }
   if (options.kv_block_size <= 0) {
     throw Error("KV block size must be positive, got " + std::to_string(options.kv_block_size));
@@ -87,8 +108,16 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
     }
   }
   count(weights_.final_norm);
-  if (weights_.output.data != weights_.embedding.data) count(weights_.output);
-  place_weights();
+  // Tied, the output is the embedding's bytes (in a synthetic layout, not laid out at all).
+  const bool tied =
+      weights_.output.shape.empty() ||
+      (weights_.output.data != nullptr && weights_.output.data == weights_.embedding.data);
+  if (!tied) count(weights_.output);
+  if (synthetic_seed) {
+    write_synthetic_weights(*synthetic_seed);
+  } else {
+    place_weights();
+  }
 
   const std::vector<float> inv_freq = rope_inverse_frequencies(config);
   inv_freq_ = DeviceBuffer(backend_, inv_freq.size() * sizeof(float), "RoPE frequencies");
@@ -138,6 +167,42 @@ void Model::place_weights() {
     weights_.output.data = weights_.embedding.data;
   } else {
     place(weights_.output);
+  }
+}
+
+void Model::write_synthetic_weights(uint64_t seed) {
+  uint64_t tensor = 0;  // each tensor draws from its own stream
+  auto write = [&](WeightView& view, float low, float high) {
+    int64_t count = 1;
+    for (const int64_t dimension : view.shape) count *= dimension;
+    DeviceBuffer buffer(backend_, view.size_bytes, "synthetic weights");
+    SPECRUN_CHECK_OK(
+        backend_.fill_uniform({count, view.dtype, kernels::mix64(seed + tensor++), low, high},
+                              buffer.data()),
+        "writing synthetic weights");
+    view.data = buffer.data();
+    weight_buffers_.push_back(std::move(buffer));
+    parameter_count_ += count;
+  };
+  // Uniform on [-b, b] has variance b^2 / 3: b = sqrt(3 / fan_in) keeps each projection's output
+  // variance that of its input. Norm gains are one.
+  auto projection = [&](WeightView& view) {
+    const float bound = std::sqrt(3.0f / static_cast<float>(view.shape[1]));
+    write(view, -bound, bound);
+  };
+  auto gain = [&](WeightView& view) { write(view, 1.0f, 1.0f); };
+  write(weights_.embedding, -std::sqrt(3.0f), std::sqrt(3.0f));
+  for (LayerWeights& l : weights_.layers) {
+    gain(l.attention_norm);
+    for (WeightView* view : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj}) projection(*view);
+    gain(l.mlp_norm);
+    for (WeightView* view : {&l.gate_proj, &l.up_proj, &l.down_proj}) projection(*view);
+  }
+  gain(weights_.final_norm);
+  if (weights_.output) {
+    projection(weights_.output);
+  } else {
+    weights_.output = weights_.embedding;
   }
 }
 

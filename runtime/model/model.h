@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -56,6 +57,13 @@ class Model {
   static std::unique_ptr<Model> load(const std::filesystem::path& path, kernels::Backend& backend,
                                      const ModelOptions& options = {});
   Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOptions& options);
+  // A model of `config`'s shape with synthetic bf16 weights (runtime/model/synthetic.h) written
+  // on the backend from `seed`: the same seed gives the same weights on every backend. `label`
+  // stands for the checkpoint directory in reports. Throws Error when the backend runs out of
+  // memory.
+  static std::unique_ptr<Model> synthetic(const ModelConfig& config, const std::string& label,
+                                          uint64_t seed, kernels::Backend& backend,
+                                          const ModelOptions& options = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -79,7 +87,10 @@ class Model {
 
  private:
   struct Workspace;
+  Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOptions& options,
+        std::optional<uint64_t> synthetic_seed);
   void place_weights();
+  void write_synthetic_weights(uint64_t seed);
   void ensure_workspace(int64_t tokens, int64_t logit_rows, int64_t metadata_ints);
   void run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks);
   void matmul(const float* x, const WeightView& weight, const WeightView& bias, int64_t rows,

@@ -1,0 +1,30 @@
+// specbench --synthetic: the costs that decide speculative decoding, measured on synthetic models
+// of published shapes (runtime/model/synthetic.h) on any backend: decode at batch 1 against the
+// bandwidth floor, verification of 2..16 tokens against one decode step, prefill throughput, the
+// draft's step, and speculative against target-only generation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace specrun::tools {
+
+struct DeviceBenchOptions {
+  std::string device = "cuda";                // "cpu", "cuda" or "cuda:N"
+  int threads = 0;                            // CPU threads (the CPU backend, host work)
+  std::string target_shape = "llama-3.1-8b";  // synthetic target
+  std::string draft_shape = "llama-3.2-1b";   // synthetic draft; "" measures the target alone
+  int64_t context = 512;                      // tokens in the cache before each measured step
+  int64_t prefill_tokens = 2048;              // prompt length of the prefill measurement
+  int64_t max_verify_tokens = 16;             // verification measured for 2..this many tokens
+  int64_t generate_tokens = 128;              // tokens per generation in the end-to-end comparison
+  int repeats = 5;             // measured repetitions (after a warm-up) behind each median
+  bool deterministic = false;  // batch-invariant kernels (runtime.deterministic)
+  std::string json_path;       // also write the results here; "" for none
+};
+
+// Prints the report to stdout; returns the process exit code. Throws Error on bad options or
+// when the device cannot hold the models.
+int run_device_bench(const DeviceBenchOptions& options);
+
+}  // namespace specrun::tools
