@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,7 @@ struct RunSummary {
   double acceptance = 0;            // accepted / drafted
   double per_token_acceptance = 0;  // accepted / (accepted + rejections): Leviathan's alpha
   double mean_accepted_length = 0;
+  double draft_share = 0;  // of the total time, spent proposing
   std::map<int64_t, int64_t> gamma_histogram;
 };
 
@@ -145,12 +147,13 @@ RunSummary run_generation(specrun::Model& target, specrun::Model* draft,
   specrun::SpeculativeGenerator generator(target, draft, generation, speculative);
   RunSummary summary;
   int64_t generated = 0, drafted = 0, accepted = 0, steps = 0, committed = 0, rejections = 0;
-  double total_ms = 0;
+  double total_ms = 0, draft_ms = 0;
   for (size_t p = 0; p < prompts.size(); ++p) {
     specrun::SpeculativeStats stats;
     generator.generate(prompts[p], {}, &stats);
     generated += stats.tokens_generated;
     total_ms += stats.total_ms;
+    draft_ms += stats.draft_ms;
     drafted += stats.drafted;
     accepted += stats.accepted;
     steps += stats.steps;
@@ -160,6 +163,7 @@ RunSummary run_generation(specrun::Model& target, specrun::Model* draft,
       summary.gamma_histogram[gamma] += count;
   }
   summary.tokens_per_second = 1e3 * static_cast<double>(generated) / total_ms;
+  summary.draft_share = draft_ms / total_ms;
   summary.acceptance = drafted ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0;
   summary.per_token_acceptance =
       accepted + rejections
@@ -273,6 +277,29 @@ nlohmann::json speculative_bench(const std::string& label, const std::string& ta
   }
   specrun::SpeculativeOptions goodput;  // the default controller
   report("goodput", 0, goodput);
+
+  // The goodput controller's speedup again, paired: target-only and goodput runs alternate, so
+  // that drift in the machine's speed (a shared VM varies by a third from run to run) hits both;
+  // each goodput run starts a fresh controller, so its calibration and probes are counted.
+  constexpr int kPairs = 7;
+  std::vector<double> ratios, draft_shares;
+  for (int pair = 0; pair < kPairs; ++pair) {
+    const RunSummary alone = run_generation(*target, nullptr, prompts, tokens, temperature, plain);
+    const RunSummary adaptive =
+        run_generation(*target, draft.get(), prompts, tokens, temperature, goodput);
+    ratios.push_back(adaptive.tokens_per_second / alone.tokens_per_second);
+    draft_shares.push_back(adaptive.draft_share);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  std::printf(
+      "goodput / target-only, %d alternating pairs: median %.3fx (range %.3fx to %.3fx); "
+      "proposing took %.1f%% of the goodput runs' time\n",
+      kPairs, ratios[ratios.size() / 2], ratios.front(), ratios.back(),
+      100.0 * std::accumulate(draft_shares.begin(), draft_shares.end(), 0.0) / kPairs);
+  result["goodput_paired_speedup"] = {{"median", ratios[ratios.size() / 2]},
+                                      {"min", ratios.front()},
+                                      {"max", ratios.back()},
+                                      {"pairs", kPairs}};
   return result;
 }
 
