@@ -296,6 +296,108 @@ TEST_F(ModelTest, ReportsShapeAndLimits) {
   EXPECT_EQ(model->weight_bytes(), 2u * (2 * 300 * 96 + 3 * per_layer + 96));  // bf16
 }
 
+// The CPU backend posing as a device: memory it hands out must be written through
+// copy_to_device, as on a GPU, so the model uploads (and converts) its weights.
+class DeviceLikeBackend final : public kernels::Backend {
+ public:
+  explicit DeviceLikeBackend(std::shared_ptr<kernels::cpu::ThreadPool> pool) : cpu_(pool) {}
+  std::string_view name() const override { return "device-like"; }
+  bool uses_host_memory() const override { return false; }
+  void* allocate(size_t bytes) override { return cpu_.allocate(bytes); }
+  void deallocate(void* pointer) noexcept override { cpu_.deallocate(pointer); }
+  Status copy_to_device(void* dst, const void* src, size_t bytes) override {
+    uploaded += bytes;
+    return cpu_.copy_to_device(dst, src, bytes);
+  }
+  Status copy_to_host(void* dst, const void* src, size_t bytes) override {
+    return cpu_.copy_to_host(dst, src, bytes);
+  }
+  Status copy_on_device(void* dst, const void* src, size_t bytes) override {
+    return cpu_.copy_on_device(dst, src, bytes);
+  }
+  Status synchronize() override { return cpu_.synchronize(); }
+  Status embedding(const kernels::EmbeddingParams& p, const int32_t* ids, const void* table,
+                   float* out) override {
+    return cpu_.embedding(p, ids, table, out);
+  }
+  Status rmsnorm(const kernels::RmsNormParams& p, const float* x, const void* w,
+                 float* out) override {
+    return cpu_.rmsnorm(p, x, w, out);
+  }
+  Status matmul(const kernels::MatmulParams& p, const float* x, const void* w, const void* bias,
+                float* out) override {
+    return cpu_.matmul(p, x, w, bias, out);
+  }
+  Status rope(const kernels::RopeParams& p, const int32_t* positions, const float* inv_freq,
+              float* q, float* k) override {
+    return cpu_.rope(p, positions, inv_freq, q, k);
+  }
+  Status kv_write(const kernels::KvWriteParams& p, const float* k, const float* v,
+                  const int32_t* slots, float* k_cache, float* v_cache) override {
+    return cpu_.kv_write(p, k, v, slots, k_cache, v_cache);
+  }
+  Status attention(const kernels::AttentionParams& p, const float* q, const float* k_cache,
+                   const float* v_cache, const int32_t* query_start, const int32_t* context,
+                   const int32_t* tables, float* out) override {
+    return cpu_.attention(p, q, k_cache, v_cache, query_start, context, tables, out);
+  }
+  Status swiglu(const kernels::SwigluParams& p, const float* gate, const float* up,
+                float* out) override {
+    return cpu_.swiglu(p, gate, up, out);
+  }
+  Status add(int64_t count, const float* addend, float* accumulator) override {
+    return cpu_.add(count, addend, accumulator);
+  }
+  Status fill_uniform(const kernels::FillParams& p, void* out) override {
+    return cpu_.fill_uniform(p, out);
+  }
+  uint64_t uploaded = 0;  // bytes through copy_to_device
+
+ private:
+  kernels::cpu::CpuBackend cpu_;
+};
+
+TEST(DeviceWeights, F32AndF16CheckpointsAreUploadedAsBf16) {
+  auto pool = std::make_shared<kernels::cpu::ThreadPool>(2);
+  kernels::cpu::CpuBackend cpu(pool);
+  std::vector<std::vector<float>> logits;
+  for (const DType dtype : {DType::kBF16, DType::kF32, DType::kF16}) {
+    testing::TempDir dir;
+    GeneratorOptions options;
+    options.vocab_size = 300;
+    options.hidden_size = 64;
+    options.intermediate_size = 128;
+    options.num_layers = 2;
+    options.num_heads = 4;
+    options.num_kv_heads = 2;
+    options.dtype = dtype;
+    fixtures::write_random_checkpoint(options, dir.path());
+    DeviceLikeBackend device(pool);
+    ModelOptions model_options;
+    model_options.kv_cache_tokens = 64;
+    const auto model = Model::load(dir.path(), device, model_options);
+    const auto on_host = Model::load(dir.path(), cpu, model_options);
+    // The device holds bf16: half the bytes of f32, as many as f16, every one of them uploaded.
+    EXPECT_EQ(model->weight_bytes(), 2u * static_cast<uint64_t>(model->parameter_count()));
+    EXPECT_GE(device.uploaded, model->weight_bytes());
+    EXPECT_EQ(on_host->weight_bytes(),
+              dtype_size(dtype) * static_cast<uint64_t>(on_host->parameter_count()));
+    const SequenceId s = model->kv_cache().add_sequence();
+    const std::vector<int32_t> tokens = {1, 7, 42, 299, 3};
+    Logits out;
+    const SequenceInput input[] = {{s, tokens, true}};
+    model->forward(input, &out);
+    logits.push_back(out.values);
+  }
+  // Every checkpoint stores the same draws (rounded to its dtype); f32 rounded to bf16 is the
+  // bf16 checkpoint exactly. f16 rounds first to f16, so it may differ in the last bf16 bit.
+  EXPECT_EQ(logits[1], logits[0]);
+  ASSERT_EQ(logits[2].size(), logits[0].size());
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    ASSERT_NEAR(logits[2][i], logits[0][i], 0.05 + 0.02 * std::fabs(logits[0][i])) << i;
+  }
+}
+
 TEST(SyntheticModel, PublishedShapesAndTheirSizes) {
   // Parameter counts of the published checkpoints these shapes stand for.
   const auto parameters = [](const ModelConfig& c) {

@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -21,6 +23,9 @@ namespace {
 
 // Scratch grows in steps of this, so that slowly growing batches do not reallocate every call.
 constexpr size_t kScratchGranule = size_t{2} << 20;
+// Pageable uploads from this size on go through the pinned staging buffers, of this size each.
+constexpr size_t kStagedCopyMinBytes = size_t{8} << 20;
+constexpr size_t kStagingBytes = size_t{32} << 20;
 
 // Makes `device` current for the scope, restoring the caller's device after: a process may drive
 // several devices from one thread.
@@ -162,6 +167,10 @@ CudaBackend::~CudaBackend() {
   if (scratch_ != nullptr) cudaFree(scratch_);
   if (device_errors_ != nullptr) cudaFree(device_errors_);
   if (host_errors_ != nullptr) cudaFreeHost(host_errors_);
+  for (int i = 0; i < 2; ++i) {
+    if (staging_[i] != nullptr) cudaFreeHost(staging_[i]);
+    if (staging_free_[i] != nullptr) cudaEventDestroy(staging_free_[i]);
+  }
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   cudaGetLastError();  // leave no error of ours behind for the caller's next call
@@ -191,18 +200,61 @@ Status CudaBackend::copy_to_device(void* device_dst, const void* host_src, size_
   if (bytes == 0) return Status::ok();
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
+  cudaPointerAttributes attributes{};
+  const bool pageable = cudaPointerGetAttributes(&attributes, host_src) == cudaSuccess &&
+                        attributes.type == cudaMemoryTypeUnregistered;
+  cudaGetLastError();  // a failed cudaPointerGetAttributes only means "wait" below
+  if (pageable && bytes >= kStagedCopyMinBytes) {
+    if (std::optional<Status> staged = staged_copy_to_device(device_dst, host_src, bytes)) {
+      return *staged;
+    }
+  }
   cudaError_t error = cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_);
   if (error != cudaSuccess) return cuda_error_status(error, "copy_to_device");
   // From pageable memory the call returns once the source is staged, so the caller may reuse it
   // at once. Pinned (or otherwise registered) memory is read by the DMA engine later: wait for it,
   // so that the contract is the same for every kind of host memory.
-  cudaPointerAttributes attributes{};
-  const bool pageable = cudaPointerGetAttributes(&attributes, host_src) == cudaSuccess &&
-                        attributes.type == cudaMemoryTypeUnregistered;
   if (pageable) return Status::ok();
-  cudaGetLastError();  // a failed cudaPointerGetAttributes only means "wait"
   error = cudaStreamSynchronize(stream_);
   return error == cudaSuccess ? Status::ok() : cuda_error_status(error, "copy_to_device");
+}
+
+std::optional<Status> CudaBackend::staged_copy_to_device(void* device_dst, const void* host_src,
+                                                         size_t bytes) {
+  for (int i = 0; i < 2; ++i) {
+    if (staging_[i] == nullptr && cudaMallocHost(&staging_[i], kStagingBytes) != cudaSuccess) {
+      staging_[i] = nullptr;
+      cudaGetLastError();
+      return std::nullopt;  // no pinned memory to spare: the direct copy still works
+    }
+    if (staging_free_[i] == nullptr &&
+        cudaEventCreateWithFlags(&staging_free_[i], cudaEventDisableTiming) != cudaSuccess) {
+      staging_free_[i] = nullptr;
+      cudaGetLastError();
+      return std::nullopt;
+    }
+  }
+  const auto* source = static_cast<const std::byte*>(host_src);
+  auto* destination = static_cast<std::byte*>(device_dst);
+  for (size_t offset = 0, chunk = 0; offset < bytes; offset += kStagingBytes, ++chunk) {
+    const size_t buffer = chunk % 2;
+    const size_t count = std::min(kStagingBytes, bytes - offset);
+    // The copy engine must be done reading this buffer's previous chunk (an event never recorded
+    // counts as done).
+    cudaError_t error = cudaEventSynchronize(staging_free_[buffer]);
+    if (error == cudaSuccess) {
+      std::memcpy(staging_[buffer], source + offset, count);
+      error = cudaMemcpyAsync(destination + offset, staging_[buffer], count, cudaMemcpyHostToDevice,
+                              stream_);
+    }
+    if (error == cudaSuccess) error = cudaEventRecord(staging_free_[buffer], stream_);
+    if (error != cudaSuccess) {
+      return cuda_error_status(error, "copy_to_device (staged)");
+    }
+  }
+  // The source has been read into the staging buffers; each buffer is guarded by its event, so
+  // nothing needs to wait here.
+  return Status::ok();
 }
 
 Status CudaBackend::copy_to_host(void* host_dst, const void* device_src, size_t bytes) {

@@ -24,12 +24,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "kernels/backend.h"
 
 struct CUstream_st;    // cudaStream_t is CUstream_st*
+struct CUevent_st;     // cudaEvent_t is CUevent_st*
 struct cublasContext;  // cublasHandle_t is cublasContext*
 
 namespace specrun::kernels::cuda {
@@ -64,7 +66,9 @@ class CudaBackend final : public Backend {
   // Waits for the stream first: enqueued ops may still use the memory.
   void deallocate(void* pointer) noexcept override;
   // Asynchronous; the source may be reused as soon as this returns (it waits for the copy only
-  // when the source is pinned memory).
+  // when the source is pinned memory). Large copies from pageable memory (weights from a mapped
+  // checkpoint) go through two pinned staging buffers, so that the host fills one while the copy
+  // engine reads the other at pinned speed.
   Status copy_to_device(void* device_dst, const void* host_src, size_t bytes) override;
   // Complete when it returns; reports a pending index-check failure.
   Status copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
@@ -115,6 +119,9 @@ class CudaBackend final : public Backend {
   Status wait_and_take_device_error(const char* what);
   // After an op that checks index data: in eager mode, wait and report.
   Status after_checked_op(Status launched, const char* what);
+  // The staged path of copy_to_device; nullopt (and nothing copied) when the staging buffers
+  // cannot be allocated, for the caller to copy directly.
+  std::optional<Status> staged_copy_to_device(void* device_dst, const void* host_src, size_t bytes);
 
   int device_;
   std::string name_;
@@ -122,8 +129,10 @@ class CudaBackend final : public Backend {
   cublasContext* cublas_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
-  DeviceErrorRecord* device_errors_ = nullptr;  // device memory
-  DeviceErrorRecord* host_errors_ = nullptr;    // pinned host copy
+  DeviceErrorRecord* device_errors_ = nullptr;        // device memory
+  DeviceErrorRecord* host_errors_ = nullptr;          // pinned host copy
+  void* staging_[2] = {nullptr, nullptr};             // pinned host buffers, made on first use
+  CUevent_st* staging_free_[2] = {nullptr, nullptr};  // recorded after each buffer's last read
   int multiprocessor_count_ = 1;
   bool batch_invariant_ = false;
   bool eager_checks_ = false;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstddef>
 #include <set>
 #include <string>
 
@@ -10,6 +11,7 @@
 
 #include "kernels/core/check.h"
 #include "kernels/core/uniform_hash.h"
+#include "runtime/base/progress.h"
 #include "runtime/model/synthetic.h"
 
 namespace specrun {
@@ -97,6 +99,12 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
     throw Error("KV block size must be at most " + std::to_string(kMaxKvTokens) + ", got " +
                 std::to_string(options.kv_block_size));
   }
+  if (synthetic_seed) {
+    write_synthetic_weights(*synthetic_seed);
+  } else {
+    place_weights();
+  }
+  // What a forward reads, as placed (a device holds bf16 copies).
   auto count = [&](const WeightView& view) { weight_bytes_ += view.size_bytes; };
   count(weights_.embedding);
   for (const LayerWeights& l : weights_.layers) {
@@ -108,16 +116,7 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
     }
   }
   count(weights_.final_norm);
-  // Tied, the output is the embedding's bytes (in a synthetic layout, not laid out at all).
-  const bool tied =
-      weights_.output.shape.empty() ||
-      (weights_.output.data != nullptr && weights_.output.data == weights_.embedding.data);
-  if (!tied) count(weights_.output);
-  if (synthetic_seed) {
-    write_synthetic_weights(*synthetic_seed);
-  } else {
-    place_weights();
-  }
+  if (weights_.output.data != weights_.embedding.data) count(weights_.output);  // tied: once
 
   const std::vector<float> inv_freq = rope_inverse_frequencies(config);
   inv_freq_ = DeviceBuffer(backend_, inv_freq.size() * sizeof(float), "RoPE frequencies");
@@ -145,29 +144,52 @@ int64_t Model::context_limit() const {
 
 void Model::place_weights() {
   if (backend_.uses_host_memory()) return;  // used in place from the mapping
-  auto place = [&](WeightView& view) {
-    if (!view) return;
-    DeviceBuffer buffer(backend_, view.size_bytes, "weights");
-    SPECRUN_CHECK_OK(backend_.copy_to_device(buffer.data(), view.data, view.size_bytes),
-                     "uploading weights");
-    view.data = buffer.data();
-    weight_buffers_.push_back(std::move(buffer));
-  };
-  const bool tied = weights_.output.data == weights_.embedding.data;
-  place(weights_.embedding);
+  // A device computes with bf16 weights: f32 and f16 tensors are converted on the way, a chunk at
+  // a time through one host buffer, so the host never holds a second copy of the model.
+  constexpr uint64_t kChunkBytes = uint64_t{64} << 20;
+  std::vector<WeightView*> views = {&weights_.embedding};
   for (LayerWeights& l : weights_.layers) {
     for (WeightView* view : {&l.attention_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj,
                              &l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias, &l.mlp_norm, &l.gate_proj,
                              &l.up_proj, &l.down_proj, &l.gate_bias, &l.up_bias, &l.down_bias}) {
-      place(*view);
+      views.push_back(view);
     }
   }
-  place(weights_.final_norm);
-  if (tied) {
-    weights_.output.data = weights_.embedding.data;
-  } else {
-    place(weights_.output);
+  views.push_back(&weights_.final_norm);
+  const bool tied = weights_.output.data == weights_.embedding.data;
+  if (!tied) views.push_back(&weights_.output);
+  uint64_t total = 0;
+  for (const WeightView* view : views) total += view->size_bytes;
+  Progress progress("uploading weights to " + std::string(backend_.name()), total);
+  std::vector<uint16_t> converted;
+  for (WeightView* view : views) {
+    if (!*view) continue;
+    const size_t element_size = dtype_size(view->dtype);
+    const uint64_t elements = view->size_bytes / element_size;
+    const bool convert = view->dtype != DType::kBF16;
+    DeviceBuffer buffer(backend_, elements * sizeof(uint16_t), "weights");
+    const uint64_t chunk = kChunkBytes / element_size;  // elements per chunk
+    for (uint64_t first = 0; first < elements; first += chunk) {
+      const uint64_t count = std::min(chunk, elements - first);
+      const void* source = static_cast<const std::byte*>(view->data) + first * element_size;
+      if (convert) {
+        converted.resize(count);
+        for (uint64_t i = 0; i < count; ++i) {
+          converted[i] = f32_to_bf16(load_as_f32(source, view->dtype, i));
+        }
+        source = converted.data();
+      }
+      SPECRUN_CHECK_OK(
+          backend_.copy_to_device(buffer.as<uint16_t>() + first, source, count * sizeof(uint16_t)),
+          "uploading weights");
+      progress.advance(count * element_size);
+    }
+    view->data = buffer.data();
+    view->dtype = DType::kBF16;
+    view->size_bytes = elements * sizeof(uint16_t);
+    weight_buffers_.push_back(std::move(buffer));
   }
+  if (tied) weights_.output = weights_.embedding;
 }
 
 void Model::write_synthetic_weights(uint64_t seed) {

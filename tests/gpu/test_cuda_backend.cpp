@@ -190,6 +190,39 @@ TEST_F(CudaBackendTest, NameMemoryAndCopies) {
   EXPECT_TRUE(gpu_->synchronize().is_ok());
 }
 
+TEST_F(CudaBackendTest, LargeUploadsThroughTheStagingBuffersArriveWhole) {
+  // 100 MiB and a ragged tail: several staging chunks, both buffers reused; the source is
+  // overwritten as soon as each upload returns, which must not reach the device.
+  const size_t count = (size_t{100} << 20) / sizeof(uint32_t) + 12345;
+  std::vector<uint32_t> source(count);
+  for (size_t i = 0; i < count; ++i) source[i] = static_cast<uint32_t>(i * 2654435761u);
+  const std::vector<uint32_t> expected = source;
+  DeviceBuffer first(*gpu_, count * sizeof(uint32_t), "test");
+  DeviceBuffer second(*gpu_, count * sizeof(uint32_t), "test");
+  ASSERT_TRUE(gpu_->copy_to_device(first.data(), source.data(), count * sizeof(uint32_t)).is_ok());
+  std::fill(source.begin(), source.end(), 0u);
+  ASSERT_TRUE(gpu_->copy_to_device(second.data(), source.data(), count * sizeof(uint32_t)).is_ok());
+  std::vector<uint32_t> back(count);
+  ASSERT_TRUE(gpu_->copy_to_host(back.data(), first.data(), count * sizeof(uint32_t)).is_ok());
+  EXPECT_TRUE(back == expected);
+  ASSERT_TRUE(gpu_->copy_to_host(back.data(), second.data(), count * sizeof(uint32_t)).is_ok());
+  EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](uint32_t v) { return v == 0; }));
+}
+
+TEST_F(CudaBackendTest, FillEqualsTheCpuFillBitwise) {
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const int64_t count = 1000003;
+    const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
+    DeviceBuffer on_gpu(*gpu_, bytes, "test");
+    std::vector<uint8_t> on_cpu(bytes), back(bytes);
+    const FillParams params{count, dtype, 1234, -0.75f, 0.5f};
+    ASSERT_TRUE(gpu_->fill_uniform(params, on_gpu.data()).is_ok());
+    ASSERT_TRUE(cpu_->fill_uniform(params, on_cpu.data()).is_ok());
+    ASSERT_TRUE(gpu_->copy_to_host(back.data(), on_gpu.data(), bytes).is_ok());
+    EXPECT_TRUE(back == on_cpu) << dtype_name(dtype);
+  }
+}
+
 TEST_F(CudaBackendTest, CreateRejectsADeviceThatDoesNotExist) {
   std::unique_ptr<CudaBackend> backend;
   EXPECT_EQ(CudaBackend::create(-1, &backend).code(), StatusCode::kInvalidArgument);
