@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "kernels/core/check.h"
 
@@ -16,36 +17,52 @@ ModelProposer::ModelProposer(Model& draft, const SamplingParams& sampling, float
 }
 
 ModelProposer::~ModelProposer() {
-  for (const auto& [id, kv] : sequences_) draft_.kv_cache().remove_sequence(kv);
+  for (const DraftSequence& entry : sequences_) draft_.kv_cache().remove_sequence(entry.kv);
 }
 
 void ModelProposer::add_sequence(int64_t sequence) {
-  sequences_.emplace_back(sequence, draft_.kv_cache().add_sequence());
+  sequences_.push_back({sequence, draft_.kv_cache().add_sequence(), 0});
 }
 
 void ModelProposer::remove_sequence(int64_t sequence) {
   const auto it = std::find_if(sequences_.begin(), sequences_.end(),
-                               [&](const auto& entry) { return entry.first == sequence; });
+                               [&](const DraftSequence& entry) { return entry.id == sequence; });
   if (it == sequences_.end()) return;
-  draft_.kv_cache().remove_sequence(it->second);
+  draft_.kv_cache().remove_sequence(it->kv);
   sequences_.erase(it);
 }
 
-SequenceId ModelProposer::kv_sequence(int64_t sequence) const {
-  for (const auto& [id, kv] : sequences_) {
-    if (id == sequence) return kv;
+const ModelProposer::DraftSequence& ModelProposer::state(int64_t sequence) const {
+  for (const DraftSequence& entry : sequences_) {
+    if (entry.id == sequence) return entry;
   }
   throw Error("draft: no sequence " + std::to_string(sequence));
 }
 
+ModelProposer::DraftSequence& ModelProposer::state(int64_t sequence) {
+  return const_cast<DraftSequence&>(std::as_const(*this).state(sequence));
+}
+
 int64_t ModelProposer::cached_length(int64_t sequence) const {
-  return draft_.kv_cache().length(kv_sequence(sequence));
+  const DraftSequence& entry = state(sequence);
+  return entry.offset + draft_.kv_cache().length(entry.kv);
+}
+
+int64_t ModelProposer::skipped(int64_t sequence) const {
+  return state(sequence).offset;
 }
 
 void ModelProposer::rollback(int64_t sequence, int64_t committed_prefix) {
-  const SequenceId kv = kv_sequence(sequence);
+  DraftSequence& entry = state(sequence);
   KvCache& cache = draft_.kv_cache();
-  cache.truncate(kv, std::min(cache.length(kv), committed_prefix));
+  const int64_t keep = committed_prefix - entry.offset;
+  if (keep < 0) {
+    // Back before where a bounded catch-up started: nothing cached is still wanted.
+    cache.truncate(entry.kv, 0);
+    entry.offset = committed_prefix;
+    return;
+  }
+  cache.truncate(entry.kv, std::min(cache.length(entry.kv), keep));
 }
 
 Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
@@ -75,12 +92,26 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
     forward_batch.clear();
     for (const int64_t b : active) {
       const DraftRequest& request = requests[static_cast<size_t>(b)];
-      const SequenceId kv = kv_sequence(request.sequence);
+      DraftSequence& entry = state(request.sequence);
+      const SequenceId kv = entry.kv;
       std::vector<int32_t>& input = inputs[static_cast<size_t>(b)];
       if (round == 0) {
-        const int64_t seen = draft_.kv_cache().length(kv);
-        SPECRUN_CHECK(seen < static_cast<int64_t>(request.committed.size()))
+        KvCache& cache = draft_.kv_cache();
+        const int64_t committed = static_cast<int64_t>(request.committed.size());
+        int64_t seen = entry.offset + cache.length(kv);
+        SPECRUN_CHECK(seen < committed)
             << "the draft has seen every committed token, so it has no logits to draft from";
+        if (request.max_catch_up > 0 && committed - seen > request.max_catch_up) {
+          // The draft's context restarts at the latest max_catch_up tokens.
+          cache.truncate(kv, 0);
+          entry.offset = committed - request.max_catch_up;
+          seen = entry.offset;
+        } else if (request.max_catch_up == 0 && entry.offset > 0) {
+          // Drafting for real again: the whole context, as the draft was meant to see it.
+          cache.truncate(kv, 0);
+          entry.offset = 0;
+          seen = 0;
+        }
         input.assign(request.committed.begin() + seen, request.committed.end());
       } else {
         input.assign(1, proposals.tokens[static_cast<size_t>(b * proposals.gamma + round - 1)]);

@@ -21,6 +21,11 @@ struct DraftRequest {
   // The sequence's own sampling settings; null: the proposer's. Lets one batch mix requests.
   const SamplingParams* sampling = nullptr;
   float draft_p_min = -1.0f;  // the sequence's own confidence floor; negative: the proposer's
+  // Read at most this many unseen committed tokens before drafting, restarting the draft's context
+  // at them (a probe from plain decoding measures acceptance; reading everything it skipped would
+  // cost as much as having drafted all along). 0: read every unseen token, and the whole context
+  // again if an earlier bound cut it.
+  int64_t max_catch_up = 0;
 };
 
 class Proposer {
@@ -48,15 +53,24 @@ class ModelProposer : public Proposer {
   void remove_sequence(int64_t sequence) override;
   Proposals propose(std::span<const DraftRequest> requests) override;
   void rollback(int64_t sequence, int64_t committed_prefix) override;
-  // Positions the draft's cache holds for a sequence (for tests of the rollback).
+  // Committed tokens the draft has accounted for: those its cache holds plus those a bounded
+  // catch-up skipped. The next proposal reads the committed tokens past this.
   int64_t cached_length(int64_t sequence) const;
+  // Committed tokens skipped by a bounded catch-up (0: the draft's context is the whole text).
+  int64_t skipped(int64_t sequence) const;
 
  private:
   Model& draft_;
   SamplingParams sampling_;
   float draft_p_min_;
-  std::vector<std::pair<int64_t, SequenceId>> sequences_;  // engine id -> draft KV sequence
-  SequenceId kv_sequence(int64_t sequence) const;
+  struct DraftSequence {
+    int64_t id;          // the engine's
+    SequenceId kv;       // the draft's KV sequence
+    int64_t offset = 0;  // cache position i holds committed token offset + i
+  };
+  std::vector<DraftSequence> sequences_;
+  DraftSequence& state(int64_t sequence);
+  const DraftSequence& state(int64_t sequence) const;
 };
 
 // Prompt lookup: finds the latest earlier occurrence of the longest suffix n-gram

@@ -221,6 +221,60 @@ TEST_F(SpeculativeTest, ContextLimitInTheMiddleOfADraft) {
   EXPECT_EQ(result.tokens.size(), 18u);  // 20 positions, 3 of them the prompt, +1 never fed
 }
 
+TEST_F(SpeculativeTest, BoundedCatchUpRestartsTheDraftAtTheLatestTokens) {
+  SamplingParams sampling;  // temperature 1: q is a full distribution to compare
+  ModelProposer proposer(*foreign_draft_, sampling, 0.0f);
+  Rng text_rng(3);
+  std::vector<int32_t> text(90);
+  for (int32_t& token : text) token = static_cast<int32_t>(text_rng.next() % 96);
+  const std::span<const int32_t> all(text);
+  // Proposals, and their q, of a fresh sequence given `committed` as its whole text.
+  auto fresh = [&](int64_t id, std::span<const int32_t> committed, int64_t gamma) {
+    proposer.add_sequence(id);
+    Rng rng(5);
+    const DraftRequest request[] = {{id, committed, gamma, &rng}};
+    Proposals proposals = proposer.propose(request);
+    proposer.remove_sequence(id);
+    return proposals;
+  };
+  auto expect_same = [](const Proposals& a, const Proposals& b) {
+    ASSERT_EQ(a.counts[0], b.counts[0]);
+    for (int64_t i = 0; i < a.counts[0]; ++i) {
+      EXPECT_EQ(a.row_tokens(0)[static_cast<size_t>(i)], b.row_tokens(0)[static_cast<size_t>(i)]);
+      const std::span<const float> qa = a.q(0, i), qb = b.q(0, i);
+      EXPECT_TRUE(std::equal(qa.begin(), qa.end(), qb.begin())) << "draft " << i;
+    }
+  };
+
+  proposer.add_sequence(0);
+  Rng rng(5);
+  const DraftRequest first[] = {{0, all.first(10), 1, &rng}};
+  proposer.propose(first);
+  EXPECT_EQ(proposer.cached_length(0), 10);
+  // 70 tokens unseen, at most 16 read: the draft's context is the latest 16, as if they were its
+  // whole text.
+  Rng probe_rng(5);
+  const DraftRequest probe[] = {{0, all.first(80), 3, &probe_rng, nullptr, -1.0f, 16}};
+  expect_same(proposer.propose(probe), fresh(1, all.subspan(64, 16), 3));
+  EXPECT_EQ(proposer.skipped(0), 64);
+  EXPECT_EQ(proposer.cached_length(0), 80 + 2);  // the window, then d1 and d2
+  proposer.rollback(0, 81);
+  EXPECT_EQ(proposer.cached_length(0), 81);
+  // Drafting for real again (no bound): the whole text is read anew.
+  Rng real_rng(5);
+  const DraftRequest real[] = {{0, all.first(85), 2, &real_rng}};
+  expect_same(proposer.propose(real), fresh(2, all.first(85), 2));
+  EXPECT_EQ(proposer.skipped(0), 0);
+  EXPECT_EQ(proposer.cached_length(0), 85 + 1);
+  // A rollback before a bounded read's start forgets the cache; the next read starts there.
+  const DraftRequest bounded[] = {{0, all.first(90), 1, &real_rng, nullptr, -1.0f, 3}};
+  proposer.propose(bounded);
+  EXPECT_EQ(proposer.skipped(0), 87);
+  proposer.rollback(0, 60);
+  EXPECT_EQ(proposer.cached_length(0), 60);
+  EXPECT_EQ(proposer.skipped(0), 60);
+}
+
 TEST_F(SpeculativeTest, ProposerCachesRollBackToTheCommittedPrefix) {
   // One step by hand with each outcome: every draft accepted (the draft never fed its last
   // draft), and the first draft rejected.

@@ -60,10 +60,13 @@ sanitize() {
   : >"$logs/sanitizer.txt"
   for test in "${gpu_tests[@]}"; do
     echo "=== compute-sanitizer memcheck $test" >>"$logs/sanitizer.txt"
-    compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check full \
-      "$build/tests/$test" --gtest_brief=1 >>"$logs/sanitizer.txt" 2>&1 || status=1
+    # memcheck slows kernels by one or two orders of magnitude: a bound keeps one slow binary
+    # from taking the whole session (a timeout shows as exit 124 in the log).
+    timeout "${SANITIZER_TIMEOUT:-240}" compute-sanitizer --tool memcheck --error-exitcode 3 \
+      --leak-check full "$build/tests/$test" --gtest_brief=1 >>"$logs/sanitizer.txt" 2>&1 ||
+      { echo "exit $?" >>"$logs/sanitizer.txt"; status=1; }
   done
-  grep -E "^=== |ERROR SUMMARY|PASSED|FAILED" "$logs/sanitizer.txt" | tail -n 20
+  grep -E "^=== |ERROR SUMMARY|PASSED|FAILED|^exit " "$logs/sanitizer.txt" | tail -n 24
   return $status
 }
 

@@ -174,6 +174,7 @@ std::vector<int64_t> BatchGoodputController::best_gammas(std::span<const Row> ro
 
 std::vector<int64_t> BatchGoodputController::choose(std::span<const Row> rows) {
   calibrating_ = false;
+  model_probe_ = false;
   const size_t n = rows.size();
   std::vector<int64_t> gammas(n);
   std::vector<size_t> chosen;  // rows this controller decides
@@ -251,6 +252,7 @@ std::vector<int64_t> BatchGoodputController::choose(std::span<const Row> rows) {
       return calibrate([&](size_t i) { return before[i] + 1; });
     }
     for (const size_t i : chosen) gammas[i] = std::min(before[i] + 1, rows[i].cap);
+    model_probe_ = true;
     return gammas;  // the probe is not remembered as the choice
   }
 

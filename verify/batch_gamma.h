@@ -27,8 +27,9 @@
 // it could pay with optimistic acceptance (each alpha at least the prior) and the draft cost known
 // so far (zero before it was measured). While every row decodes plainly and that optimistic choice
 // is still plain decoding, probes are calibration steps too: they refresh the verify line, which is
-// what would have to change for speculation to pay, without the draft's catch-up. A step whose
-// draft read more than the usual lag before drafting is not a draft-cost point.
+// what would have to change for speculation to pay, without the draft's catch-up. A probe that
+// does run the draft lets it read only the latest kProbeCatchUp of the tokens it skipped. A step
+// whose draft read more than the usual lag before drafting is not a draft-cost point.
 #pragma once
 
 #include <cstdint>
@@ -87,6 +88,10 @@ class BatchGoodputController {
   // Whether the last choose() asked for a calibration step: the rows it chose (not the fixed
   // ones) with a positive gamma get free point-mass proposals instead of the draft model's.
   bool calibrating() const { return calibrating_; }
+  // Whether the last choose() was a probe with the draft model: its rows' drafts then read at most
+  // kProbeCatchUp of the tokens they skipped (DraftRequest::max_catch_up), since reading them all
+  // would cost as much as drafting all along, and a probe only measures acceptance.
+  bool probing() const { return model_probe_; }
   // The step's outcome: every row, the time proposing and the time scoring and verifying.
   void observe(std::span<const Outcome> outcomes, double draft_ms, double verify_ms);
   // Forget a finished sequence.
@@ -103,6 +108,7 @@ class BatchGoodputController {
   // Free drafts per row in a regime's calibration step: T = 3 * rows against the plain step's
   // T = rows is a slope that timing noise does not swamp, for little wasted compute.
   static constexpr int64_t kCalibrationDepth = 2;
+  static constexpr int64_t kProbeCatchUp = 64;
 
  private:
   struct Point {
@@ -132,6 +138,7 @@ class BatchGoodputController {
   int64_t next_probe_;
   bool probing_ = false;
   bool calibrating_ = false;
+  bool model_probe_ = false;
   int64_t next_calibration_ = 0;  // no calibration step before this step
   int64_t calibration_steps_ = 0;
   int64_t regime_batch_ = 0;                // batch size when the cost points were started

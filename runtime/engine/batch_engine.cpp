@@ -424,9 +424,11 @@ void BatchEngine::State::step() {
     const int64_t gamma = gammas[static_cast<size_t>(b)];
     if (gamma == 0) continue;
     if (sequence.drafts_with_model && !calibration[static_cast<size_t>(b)]) {
+      const bool probed = goodput.probing() && rows[static_cast<size_t>(b)].fixed < 0;
       model_requests.push_back({static_cast<int64_t>(sequence.id), sequence.committed, gamma,
                                 &sequence.draft_rng, &sequence.request.generation.sampling,
-                                sequence.request.speculative.draft_p_min});
+                                sequence.request.speculative.draft_p_min,
+                                probed ? BatchGoodputController::kProbeCatchUp : 0});
       model_rows.push_back(b);
       catch_up[static_cast<size_t>(b)] =
           static_cast<int64_t>(sequence.committed.size()) -

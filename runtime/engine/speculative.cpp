@@ -210,8 +210,10 @@ GenerationResult SpeculativeGenerator::generate(std::span<const int32_t> prompt,
     Proposals proposals;
     int64_t catch_up = 0;  // committed tokens the draft reads before drafting
     if (gamma > 0) {
-      const DraftRequest request[] = {
-          {SequenceScope::kEngineSequence, committed, gamma, &draft_rng}};
+      const bool probed = goodput_ && goodput_->probing();
+      const DraftRequest request[] = {{SequenceScope::kEngineSequence, committed, gamma, &draft_rng,
+                                       nullptr, -1.0f,
+                                       probed ? BatchGoodputController::kProbeCatchUp : 0}};
       if (calibration) {
         proposals =
             PromptLookupProposer(speculative_.lookup_min_ngram, speculative_.lookup_max_ngram, true)
