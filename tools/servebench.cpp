@@ -66,6 +66,8 @@ struct Level {
   std::vector<double> ttft_ms;     // per request
   double acceptance = 0;
   double mean_batch = 0;
+  double drafts_per_step = 0;  // drafts verified per batched step, over the whole batch
+  double draft_share = 0;      // of the wall time, spent drafting
 };
 
 Level run_level(const Options& options, const std::vector<std::string>& prompts, int concurrency,
@@ -117,6 +119,8 @@ Level run_level(const Options& options, const std::vector<std::string>& prompts,
   level.acceptance =
       drafted > 0 ? static_cast<double>(after.accepted - before.accepted) / double(drafted) : 0.0;
   const int64_t steps = after.steps - before.steps;
+  level.drafts_per_step = steps > 0 ? double(drafted) / double(steps) : 0.0;
+  level.draft_share = (after.draft_ms - before.draft_ms) / (level.seconds * 1e3);
   level.mean_batch =
       steps > 0
           ? (after.mean_batch * double(after.steps) - before.mean_batch * double(before.steps)) /
@@ -159,8 +163,8 @@ int run(Options options) {
               static_cast<long long>(options.max_tokens));
   std::printf(
       "| clients | speculation | requests | tokens/s | speedup | latency mean ms | "
-      "p50 | p99 | TTFT mean ms | acceptance | mean batch |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "p50 | p99 | TTFT mean ms | acceptance | drafts/step | drafting | mean batch |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   nlohmann::json report = nlohmann::json::array();
   for (const int concurrency : options.concurrency) {
     double plain_rate = 0;
@@ -169,12 +173,15 @@ int run(Options options) {
       const double rate = double(level.tokens) / level.seconds;
       if (!speculative) plain_rate = rate;
       std::printf(
-          "| %d | %s | %lld | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %s | %.1f |\n", concurrency,
-          speculative ? "on" : "off", static_cast<long long>(level.requests), rate,
+          "| %d | %s | %lld | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %s | %s | %s | %.1f |\n",
+          concurrency, speculative ? "on" : "off", static_cast<long long>(level.requests), rate,
           speculative ? (std::to_string(rate / plain_rate).substr(0, 4) + "x").c_str() : "1.00x",
           mean(level.latency_ms), percentile(level.latency_ms, 0.5),
           percentile(level.latency_ms, 0.99), mean(level.ttft_ms),
           speculative ? std::to_string(level.acceptance).substr(0, 5).c_str() : "-",
+          speculative ? std::to_string(level.drafts_per_step).substr(0, 4).c_str() : "-",
+          speculative ? (std::to_string(100.0 * level.draft_share).substr(0, 4) + "%").c_str()
+                      : "-",
           level.mean_batch);
       std::fflush(stdout);
       report.push_back({{"concurrency", concurrency},
@@ -188,6 +195,8 @@ int run(Options options) {
                         {"latency_ms_p99", percentile(level.latency_ms, 0.99)},
                         {"ttft_ms_mean", mean(level.ttft_ms)},
                         {"acceptance_rate", level.acceptance},
+                        {"drafts_per_step", level.drafts_per_step},
+                        {"draft_share", level.draft_share},
                         {"mean_batch", level.mean_batch}});
     }
   }
