@@ -120,7 +120,7 @@ double BatchGoodputController::goodput(std::span<const Row> rows, std::span<cons
     double expected = 1.0, run = 1.0;
     for (int64_t j = 1; j <= gammas[i]; ++j) {
       double a = alpha(rows[i].sequence, j);
-      if (optimistic) a = std::max(a, tuning_.prior_acceptance);
+      if (optimistic) a = std::max(a, tuning_.optimistic_acceptance);
       run *= a;
       expected += run;
     }

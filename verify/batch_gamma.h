@@ -24,12 +24,13 @@
 // first step decodes plainly (T = rows), its second is a calibration step that scores
 // kCalibrationDepth + 1 tokens per row whose proposals cost nothing (prompt lookup padded with
 // filler; any point-mass proposal keeps verification exact). The draft runs only when the line says
-// it could pay with optimistic acceptance (each alpha at least the prior) and the draft cost known
-// so far (zero before it was measured). While every row decodes plainly and that optimistic choice
-// is still plain decoding, probes are calibration steps too: they refresh the verify line, which is
-// what would have to change for speculation to pay, without the draft's catch-up. A probe that
-// does run the draft lets it read only the latest kProbeCatchUp of the tokens it skipped. A step
-// whose draft read more than the usual lag before drafting is not a draft-cost point.
+// it could pay with optimistic acceptance (each alpha at least optimistic_acceptance) and the draft
+// cost known so far (zero before it was measured). While every row decodes plainly and that
+// optimistic choice is still plain decoding, probes are calibration steps too: they refresh the
+// verify line, which is what would have to change for speculation to pay, without the draft's
+// catch-up. A probe that does run the draft lets it read only the latest kProbeCatchUp of the
+// tokens it skipped. A step whose draft read more than the usual lag before drafting is not a
+// draft-cost point.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,10 @@ class BatchGoodputController {
         512;                        // the interval doubles up to this while probes change nothing
     int64_t cost_window = 256;      // steps after which an unrefreshed cost point is dropped
     double prior_acceptance = 0.6;  // alpha before anything was observed
+    // The acceptance the probe gate assumes: from plain decoding, probes run the draft unless even
+    // this acceptance (at the measured costs) would not make speculation pay. High, because a few
+    // unlucky draws must not shut the draft out for good.
+    double optimistic_acceptance = 0.9;
   };
 
   // One running sequence's part of a step.
@@ -126,7 +131,7 @@ class BatchGoodputController {
   double step_ms(std::span<const int64_t> gammas) const;
   double alpha(int64_t sequence, int64_t position) const;
   // The goodput-maximising gammas for the chosen rows, starting from `start`; with `optimistic`
-  // every alpha counts as at least the prior.
+  // every alpha counts as at least optimistic_acceptance.
   std::vector<int64_t> best_gammas(std::span<const Row> rows, std::span<const size_t> chosen,
                                    std::vector<int64_t> start, bool optimistic) const;
   double goodput(std::span<const Row> rows, std::span<const int64_t> gammas, bool optimistic) const;
