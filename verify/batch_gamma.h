@@ -113,7 +113,7 @@ class BatchGoodputController {
   // Free drafts per row in a regime's calibration step: T = 3 * rows against the plain step's
   // T = rows is a slope that timing noise does not swamp, for little wasted compute.
   static constexpr int64_t kCalibrationDepth = 2;
-  static constexpr int64_t kProbeCatchUp = 64;
+  static constexpr int64_t kProbeCatchUp = 32;
 
  private:
   struct Point {
