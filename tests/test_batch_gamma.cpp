@@ -294,6 +294,26 @@ TEST(BatchGoodputController, CatchUpIsNotADraftCost) {
   EXPECT_NEAR(controller.predicted_draft_round_ms(1), 1.0, 1e-9);
 }
 
+TEST(BatchGoodputController, APreemptedStepDoesNotFlattenTheVerifyLine) {
+  // Compute-bound: T tokens cost T ms. Plain steps, then one plain step that took 60 ms (the OS
+  // preempted it): the line must stay steep enough that drafting still does not pay.
+  BatchGoodputController controller(8);
+  const BatchGoodputController::Row row[] = {{0, 8, 0, 4, -1}};
+  for (int step = 0; step < 200; ++step) {
+    const int64_t gamma = controller.choose(row)[0];
+    const bool calibration = controller.calibrating();
+    int64_t accepted = 0;
+    if (!calibration) accepted = gamma / 2;  // acceptance about 0.5
+    const BatchGoodputController::Outcome outcome[] = {{0, gamma, accepted, true, calibration}};
+    const double verify = step == 100 ? 60.0 : double(gamma + 1);
+    controller.observe(outcome, calibration ? 0.0 : 0.3 * double(gamma), verify);
+    if (step > 100) {
+      EXPECT_GT(controller.predicted_verify_ms(2) - controller.predicted_verify_ms(1), 0.5)
+          << "step " << step;
+    }
+  }
+}
+
 TEST(BatchGoodputController, EstimatesAcceptancePerPosition) {
   BatchGoodputController controller(3);
   // Position 1 always accepted, position 2 never.

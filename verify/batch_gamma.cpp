@@ -11,7 +11,9 @@ namespace {
 
 constexpr double kNotSeen = -1.0;
 constexpr double kMinimumMs = 1e-6;  // keeps a fitted cost positive
-constexpr double kDeepDrift = 0.25;  // an unobserved position moves at this fraction of the ema
+constexpr double kDeepDrift = 0.25;
+constexpr double kOutlierFactor = 2.0;  // a cost sample counts as at most this times the average //
+                                        // an unobserved position moves at this fraction of the ema
 
 }  // namespace
 
@@ -76,7 +78,10 @@ void BatchGoodputController::update_point(std::map<int64_t, Point>& points, int6
   if (!inserted) {
     // A point not refreshed within the window starts over rather than blending a stale regime.
     const bool stale = steps_ - it->second.updated > tuning_.cost_window;
-    it->second.ms = stale ? ms : (1 - tuning_.ema) * it->second.ms + tuning_.ema * ms;
+    // A step the OS preempted can take ten times its cost; one such sample would otherwise move
+    // the average (and the line's slope, which decides everything) for dozens of steps.
+    const double sample = std::min(ms, kOutlierFactor * it->second.ms);
+    it->second.ms = stale ? ms : (1 - tuning_.ema) * it->second.ms + tuning_.ema * sample;
     it->second.updated = steps_;
   }
   // Drop what aged out, so the maps stay small.
