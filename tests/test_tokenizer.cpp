@@ -453,6 +453,26 @@ TEST(StreamingDecoder, NeverSplitsACharacterAndAddsUpToDecode) {
   }
 }
 
+TEST(StreamingDecoder, ARunOfBytesThatTurnsInvalidSplitsNoCharacter) {
+  const testing::TempDir dir;
+  testing::write_file(dir / "tokenizer.json", testing::byte_tokenizer_json());
+  const auto tokenizer = Tokenizer::load(dir / "tokenizer.json");
+  const auto byte = [](int value) { return static_cast<int32_t>(value + 3); };  // <0xNN>
+  // EF A5 9B is U+F95B, shown once complete; CF then starts a character that 0x50 does not
+  // continue, which makes the whole run of byte tokens invalid for decode().
+  text::StreamingDecoder stream(*tokenizer, true);
+  std::string streamed;
+  for (const int value : {0x61, 0xEF, 0xA5, 0x9B, 0xCF, 0x50, 0x62}) {
+    const std::string piece = stream.step(byte(value));
+    EXPECT_TRUE(text::is_valid_utf8(piece)) << "after byte " << value;
+    streamed += piece;
+  }
+  streamed += stream.flush();
+  EXPECT_TRUE(text::is_valid_utf8(streamed));
+  EXPECT_EQ(streamed.substr(0, 4), "a\xEF\xA5\x9B");            // what was shown stays
+  EXPECT_NE(streamed.find("\xEF\xBF\xBD"), std::string::npos);  // CF was replaced
+}
+
 // ---- The subcommands ---------------------------------------------------------------------------
 
 class TextCommandsTest : public ::testing::Test {

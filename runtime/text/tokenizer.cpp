@@ -448,9 +448,18 @@ std::string StreamingDecoder::step(int32_t id) {
   ids_.push_back(id);
   std::string text = tokenizer_.decode_checked(ids_, skip_special_tokens_, incomplete);
   if (text.size() <= prefix_.size() || incomplete) return "";
-  size_t common = 0;
-  while (common < prefix_.size() && text[common] == prefix_[common]) ++common;
-  std::string fresh = text.substr(common);
+  std::string fresh;
+  if (text.compare(0, prefix_.size(), prefix_) == 0) {
+    fresh = text.substr(prefix_.size());
+  } else {
+    // The context decodes differently with the new ids: a run of byte-fallback tokens that was
+    // valid UTF-8 is not any more, and the rule replaces every byte of an invalid run, the
+    // shown ones too. What was shown stays shown; the ids not yet shown are decoded on their own,
+    // so that no piece starts inside a character.
+    const std::span<const int32_t> unshown = std::span<const int32_t>(ids_).subspan(prefix_index_);
+    bool unshown_incomplete = false;
+    fresh = tokenizer_.decode_checked(unshown, skip_special_tokens_, unshown_incomplete);
+  }
   const size_t new_prefix_index = ids_.size() - prefix_index_;
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
   prefix_ = tokenizer_.decode_checked(ids_, skip_special_tokens_, incomplete);

@@ -105,7 +105,10 @@ class Tokenizer {
 
 // Turns generated ids into text as they arrive: each step returns the text that became final,
 // never part of a UTF-8 character, and the pieces add up to decode() of all the ids (the
-// SentencePiece leading-space rule and byte-fallback tokens included).
+// SentencePiece leading-space rule and byte-fallback tokens included), with one exception: when a
+// run of byte-fallback tokens that was valid UTF-8 (and was shown) turns invalid with later
+// bytes, decode() replaces every byte of the run, while the stream keeps what it showed and
+// replaces only the later bytes.
 class StreamingDecoder {
  public:
   explicit StreamingDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = true);
