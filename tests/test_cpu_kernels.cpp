@@ -22,41 +22,16 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "runtime/sampling/rng.h"
+#include "tests/test_support.h"
 
 namespace specrun::kernels::cpu {
 namespace {
 
 constexpr double kUnitRoundoff = 0x1.0p-24;
 
-std::vector<float> random_floats(size_t count, uint64_t seed, float scale = 1.0f) {
-  Rng rng(seed);
-  std::vector<float> values(count);
-  for (float& v : values) v = scale * static_cast<float>(2.0 * rng.uniform() - 1.0);
-  return values;
-}
-
-// Stores f32 values in `dtype`, returning the bytes and the values as stored (rounded).
-struct StoredTensor {
-  std::vector<uint16_t> halves;  // F16/BF16 storage
-  std::vector<float> floats;     // F32 storage, or the widened halves
-  const void* data(DType dtype) const {
-    return dtype == DType::kF32 ? static_cast<const void*>(floats.data())
-                                : static_cast<const void*>(halves.data());
-  }
-};
-
-StoredTensor store(const std::vector<float>& values, DType dtype) {
-  StoredTensor tensor;
-  tensor.floats = values;
-  if (dtype != DType::kF32) {
-    for (float& v : tensor.floats) {
-      const uint16_t bits = dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
-      tensor.halves.push_back(bits);
-      v = dtype == DType::kBF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
-    }
-  }
-  return tensor;
-}
+using testing::random_floats;
+using testing::store;
+using testing::StoredTensor;
 
 class CpuKernels : public ::testing::TestWithParam<int> {
  protected:

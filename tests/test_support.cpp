@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "kernels/core/check.h"
+#include "runtime/sampling/rng.h"
 
 namespace specrun::testing {
 
@@ -139,6 +140,26 @@ void expect_error(const std::function<void()>& body, std::initializer_list<std::
     return;
   }
   ADD_FAILURE() << "no error thrown";
+}
+
+std::vector<float> random_floats(size_t count, uint64_t seed, float scale) {
+  Rng rng(seed);
+  std::vector<float> values(count);
+  for (float& v : values) v = scale * static_cast<float>(2.0 * rng.uniform() - 1.0);
+  return values;
+}
+
+StoredTensor store(const std::vector<float>& values, DType dtype) {
+  StoredTensor tensor;
+  tensor.floats = values;
+  if (dtype != DType::kF32) {
+    for (float& v : tensor.floats) {
+      const uint16_t bits = dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+      tensor.halves.push_back(bits);
+      v = dtype == DType::kBF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
+    }
+  }
+  return tensor;
 }
 
 }  // namespace specrun::testing

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/core/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tools/fixtures/checkpoint_generator.h"
 
@@ -71,5 +72,21 @@ std::string byte_tokenizer_json();
 
 // Asserts that `body` throws specrun::Error with a one-line message holding every fragment.
 void expect_error(const std::function<void()>& body, std::initializer_list<std::string> fragments);
+
+// `count` floats uniform in [-scale, scale), the same for the same seed.
+std::vector<float> random_floats(size_t count, uint64_t seed, float scale = 1.0f);
+
+// f32 values stored in `dtype`: the bytes, and the values as stored (rounded), so that a
+// reference can compute with exactly what a kernel reads.
+struct StoredTensor {
+  std::vector<uint16_t> halves;  // F16/BF16 storage
+  std::vector<float> floats;     // F32 storage, or the widened halves
+  const void* data(DType dtype) const {
+    return dtype == DType::kF32 ? static_cast<const void*>(floats.data())
+                                : static_cast<const void*>(halves.data());
+  }
+  size_t bytes(DType dtype) const { return floats.size() * dtype_size(dtype); }
+};
+StoredTensor store(const std::vector<float>& values, DType dtype);
 
 }  // namespace specrun::testing

@@ -54,36 +54,9 @@ namespace {
 constexpr double kUnitRoundoff = 0x1.0p-24;
 constexpr DType kAllDtypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
-std::vector<float> random_floats(size_t count, uint64_t seed, float scale = 1.0f) {
-  Rng rng(seed);
-  std::vector<float> values(count);
-  for (float& v : values) v = scale * static_cast<float>(2.0 * rng.uniform() - 1.0);
-  return values;
-}
-
-// f32 values stored in `dtype`: the bytes, and the values as stored (rounded).
-struct StoredTensor {
-  std::vector<uint16_t> halves;  // F16/BF16 storage
-  std::vector<float> floats;     // F32 storage, or the widened halves
-  const void* data(DType dtype) const {
-    return dtype == DType::kF32 ? static_cast<const void*>(floats.data())
-                                : static_cast<const void*>(halves.data());
-  }
-  size_t bytes(DType dtype) const { return floats.size() * dtype_size(dtype); }
-};
-
-StoredTensor store(const std::vector<float>& values, DType dtype) {
-  StoredTensor tensor;
-  tensor.floats = values;
-  if (dtype != DType::kF32) {
-    for (float& v : tensor.floats) {
-      const uint16_t bits = dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
-      tensor.halves.push_back(bits);
-      v = dtype == DType::kBF16 ? bf16_to_f32(bits) : f16_to_f32(bits);
-    }
-  }
-  return tensor;
-}
+using testing::random_floats;
+using testing::store;
+using testing::StoredTensor;
 
 // Device copies of host data, and back.
 DeviceBuffer upload_bytes(Backend& backend, const void* data, size_t bytes) {
