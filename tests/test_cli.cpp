@@ -328,6 +328,11 @@ TEST_F(CliTest, SpecbenchMeasuresSyntheticShapes) {
                         {{"'llama-0'"}}, "specbench");
   expect_one_error_line(run_tool("specbench", "--synthetic tiny --device tpu"), {{"device 'tpu'"}},
                         "specbench");
+  expect_one_error_line(run_tool("specbench", "--synthetic tiny --device cpu --context 0"),
+                        {{"--context", "positive"}}, "specbench");
+  expect_one_error_line(
+      run_tool("specbench", "--synthetic tiny --device cpu --max-verify-tokens 1"),
+      {{"--max-verify-tokens", "at least 2"}}, "specbench");
 }
 
 TEST_F(CliTest, GenmodelBadDtype) {
