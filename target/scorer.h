@@ -6,7 +6,7 @@
 
 #include "runtime/model/model.h"
 #include "runtime/sampling/sampler.h"
-#include "verify/types.h"
+#include "runtime/sampling/speculative_step.h"
 
 namespace specrun {
 

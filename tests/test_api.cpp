@@ -12,7 +12,6 @@
 #include <set>
 #include <thread>
 
-#include "runtime/engine/generate.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
 #include "specrun/specrun.hpp"
@@ -41,17 +40,6 @@ bool valid_utf8(const std::string& text) {
     i += length;
   }
   return true;
-}
-
-FinishReason reason_of(StopReason reason) {
-  switch (reason) {
-    case StopReason::kEndOfSequence:
-      return FinishReason::kEndOfSequence;
-    case StopReason::kContextLimit:
-      return FinishReason::kContextLimit;
-    default:
-      return FinishReason::kMaxTokens;
-  }
 }
 
 SamplingSettings greedy(int64_t max_tokens, bool stop_at_eos = false) {
@@ -109,12 +97,10 @@ class ApiTest : public ::testing::Test {
   std::pair<std::vector<int32_t>, FinishReason> greedy_alone(const std::vector<int32_t>& prompt,
                                                              const SamplingSettings& sampling) {
     if (!reference_) reference_ = Model::load(dir_ / "target", *backend_);
-    GenerationOptions options;
-    options.sampling.temperature = 0.0f;
-    options.max_tokens = sampling.max_tokens;
-    options.stop_at_eos = sampling.stop_at_eos;
-    const GenerationResult result = generate(*reference_, prompt, options);
-    return {result.tokens, reason_of(result.stop_reason)};
+    SamplingSettings reference = sampling;
+    reference.temperature = 0.0f;
+    const testing::ReferenceRun result = testing::reference_decode(*reference_, prompt, reference);
+    return {result.tokens, result.reason};
   }
 
   // Polls the engine's figures until `done` holds (at most 5 s): the batch engine counts a step
@@ -523,10 +509,10 @@ TEST_F(ApiTest, BadConfigsAreOneClearError) {
   testing::expect_error(create(settings), {"rope_style 'sideways'"});
   settings = config();
   settings.sampling.top_p = 2.0f;
-  testing::expect_error(create(settings), {"EngineConfig sampling", "top_p"});
+  testing::expect_error(create(settings), {"EngineConfig: sampling", "top_p"});
   settings = config();
   settings.speculation.gamma_min = 5;
-  testing::expect_error(create(settings), {"EngineConfig speculation", "gamma_min 5"});
+  testing::expect_error(create(settings), {"EngineConfig: speculation", "gamma_min 5"});
   // A draft that does not pair with the target.
   fixtures::GeneratorOptions other;
   other.vocab_size = 100;

@@ -1,5 +1,5 @@
 // The continuous-batching engine on token ids: batched results equal the same requests run alone
-// (greedy against the plain loop, sampled against the same request alone in a fresh engine);
+// (greedy against the reference decode, sampled against the same request alone in a fresh engine);
 // requests from many threads are neither lost, duplicated nor mixed; a short KV cache makes
 // requests wait without corrupting running ones; cancellation frees KV blocks; shutdown finishes
 // every request.
@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -28,7 +29,7 @@ class Collector {
       updates_ += 1;
       if (update.finished) {
         finished_ = true;
-        status_ = update.status;
+        status_ = update.reason;
         error_ = update.error;
         if (update.stats != nullptr) stats_ = *update.stats;
         done_.notify_all();
@@ -44,7 +45,7 @@ class Collector {
     std::lock_guard lock(mutex_);
     return tokens_;
   }
-  FinishStatus status() {
+  FinishReason status() {
     std::lock_guard lock(mutex_);
     return status_;
   }
@@ -52,7 +53,7 @@ class Collector {
     std::lock_guard lock(mutex_);
     return error_;
   }
-  SpeculativeStats stats() {
+  SequenceStats stats() {
     std::lock_guard lock(mutex_);
     return stats_;
   }
@@ -67,9 +68,9 @@ class Collector {
   std::vector<int32_t> tokens_;
   int64_t updates_ = 0;
   bool finished_ = false;
-  FinishStatus status_ = FinishStatus::kMaxTokens;
+  FinishReason status_ = FinishReason::kMaxTokens;
   std::string error_;
-  SpeculativeStats stats_;
+  SequenceStats stats_;
 };
 
 class BatchEngineTest : public ::testing::Test {
@@ -101,27 +102,25 @@ class BatchEngineTest : public ::testing::Test {
   }
 
   static EngineRequest request(std::vector<int32_t> prompt, int64_t max_tokens, float temperature,
-                               SpeculativeMethod method, ControllerKind controller, int64_t gamma,
+                               SpeculationMethod method, GammaControl controller, int64_t gamma,
                                uint64_t seed = 0) {
     EngineRequest r;
     r.prompt = std::move(prompt);
-    r.generation.max_tokens = max_tokens;
-    r.generation.sampling.temperature = temperature;
-    r.generation.sampling.seed = seed;
-    r.generation.stop_at_eos = false;
-    r.speculative.method = method;
-    r.speculative.controller = controller;
-    r.speculative.gamma = {gamma, controller == ControllerKind::kFixed ? gamma : 0, 8};
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.temperature = temperature;
+    r.sampling.seed = seed;
+    r.sampling.stop_at_eos = false;
+    r.speculation = testing::speculation(method, controller, gamma);
     return r;
   }
 
   // A mix of prompts, lengths, methods and controllers, all greedy.
   std::vector<EngineRequest> greedy_mix(int count) {
     std::vector<EngineRequest> requests;
-    const SpeculativeMethod methods[] = {
-        SpeculativeMethod::kDraftModel, SpeculativeMethod::kPromptLookup, SpeculativeMethod::kNone};
-    const ControllerKind controllers[] = {ControllerKind::kGoodput, ControllerKind::kFixed,
-                                          ControllerKind::kHeuristic};
+    const SpeculationMethod methods[] = {
+        SpeculationMethod::kDraftModel, SpeculationMethod::kPromptLookup, SpeculationMethod::kNone};
+    const GammaControl controllers[] = {GammaControl::kGoodput, GammaControl::kFixed,
+                                        GammaControl::kHeuristic};
     for (int i = 0; i < count; ++i) {
       std::vector<int32_t> prompt = {1};
       for (int j = 0; j < 1 + (i * 7) % 23; ++j) prompt.push_back(3 + (i * 31 + j * 17) % 120);
@@ -132,7 +131,7 @@ class BatchEngineTest : public ::testing::Test {
   }
 
   std::vector<int32_t> alone(const EngineRequest& r) {
-    return generate(*target_, r.prompt, r.generation).tokens;
+    return testing::reference_decode(*target_, r.prompt, r.sampling).tokens;
   }
 
   testing::TempDir dir_;
@@ -153,7 +152,7 @@ TEST_F(BatchEngineTest, GreedyBatchedResultsEqualEachRequestAlone) {
   }
   for (size_t i = 0; i < requests.size(); ++i) {
     collectors[i]->wait();
-    EXPECT_EQ(collectors[i]->status(), FinishStatus::kMaxTokens) << i;
+    EXPECT_EQ(collectors[i]->status(), FinishReason::kMaxTokens) << i;
     EXPECT_EQ(collectors[i]->tokens(), expected[i]) << "request " << i;
     EXPECT_EQ(collectors[i]->stats().tokens_generated, static_cast<int64_t>(expected[i].size()));
   }
@@ -171,8 +170,8 @@ TEST_F(BatchEngineTest, SampledRequestsAreTheSameAloneAndInABatch) {
   for (int i = 0; i < 8; ++i) {
     requests.push_back(
         request({1, 5 + i, 9, 40 + i}, 24, 0.9f,
-                i % 2 ? SpeculativeMethod::kDraftModel : SpeculativeMethod::kPromptLookup,
-                ControllerKind::kFixed, 1 + i % 4, 100 + i));
+                i % 2 ? SpeculationMethod::kDraftModel : SpeculationMethod::kPromptLookup,
+                GammaControl::kFixed, 1 + i % 4, 100 + i));
   }
   std::vector<std::vector<int32_t>> expected;
   for (const EngineRequest& r : requests) {
@@ -231,9 +230,9 @@ TEST_F(BatchEngineTest, ShortKvCacheMakesRequestsWaitNotFail) {
   for (const EngineRequest& r : requests) expected.push_back(alone(r));
   // Expectations come first: the engine's models are its own while it runs.
   const EngineRequest greedy =
-      request({1, 2, 3}, 400, 0.0f, SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
+      request({1, 2, 3}, 400, 0.0f, SpeculationMethod::kDraftModel, GammaControl::kGoodput, 4);
   const std::vector<int32_t> expected_greedy =
-      generate(*target, greedy.prompt, greedy.generation).tokens;
+      testing::reference_decode(*target, greedy.prompt, greedy.sampling).tokens;
   BatchEngine engine(*target, draft.get(), {});
   std::vector<std::unique_ptr<Collector>> collectors;
   for (const EngineRequest& r : requests) {
@@ -242,7 +241,7 @@ TEST_F(BatchEngineTest, ShortKvCacheMakesRequestsWaitNotFail) {
   }
   for (size_t i = 0; i < requests.size(); ++i) {
     collectors[i]->wait();
-    EXPECT_EQ(collectors[i]->status(), FinishStatus::kMaxTokens) << i;
+    EXPECT_EQ(collectors[i]->status(), FinishReason::kMaxTokens) << i;
     EXPECT_EQ(collectors[i]->tokens(), expected[i]) << "request " << i;
   }
   const BatchEngineStats stats = engine.stats();
@@ -251,12 +250,12 @@ TEST_F(BatchEngineTest, ShortKvCacheMakesRequestsWaitNotFail) {
   // A prompt that could never fit is refused at once, naming the sizes; a long max_tokens is
   // not an error: the request ends at the context limit, which counts the cache.
   EngineRequest huge = request(std::vector<int32_t>(200, 5), 4, 0.0f,
-                               SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
+                               SpeculationMethod::kDraftModel, GammaControl::kGoodput, 4);
   testing::expect_error([&] { engine.submit(huge, {}); }, {"200", "160"});
   Collector collector;
   engine.submit(greedy, collector.callback());
   collector.wait();
-  EXPECT_EQ(collector.status(), FinishStatus::kContextLimit);
+  EXPECT_EQ(collector.status(), FinishReason::kContextLimit);
   EXPECT_EQ(collector.tokens(), expected_greedy);
 }
 
@@ -267,7 +266,7 @@ TEST_F(BatchEngineTest, CancelStopsARequestAndFreesItsBlocks) {
   Collector collector;
   UpdateCallback inner = collector.callback();
   EngineRequest r =
-      request({1, 4, 5}, 400, 0.0f, SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
+      request({1, 4, 5}, 400, 0.0f, SpeculationMethod::kDraftModel, GammaControl::kGoodput, 4);
   // Cancelled from its own callback after a few updates.
   id = engine.submit(r, [&](const RequestUpdate& update) {
     inner(update);
@@ -276,7 +275,7 @@ TEST_F(BatchEngineTest, CancelStopsARequestAndFreesItsBlocks) {
     }
   });
   collector.wait();
-  EXPECT_EQ(collector.status(), FinishStatus::kCancelled);
+  EXPECT_EQ(collector.status(), FinishReason::kCancelled);
   EXPECT_LT(collector.tokens().size(), 400u);
   EXPECT_FALSE(engine.cancel(id));  // already finished
 
@@ -285,7 +284,7 @@ TEST_F(BatchEngineTest, CancelStopsARequestAndFreesItsBlocks) {
   const RequestId other_id = engine.submit(r, other.callback());
   std::thread([&] { EXPECT_TRUE(engine.cancel(other_id)); }).join();
   other.wait();
-  EXPECT_EQ(other.status(), FinishStatus::kCancelled);
+  EXPECT_EQ(other.status(), FinishReason::kCancelled);
 
   for (int i = 0; i < 100 && engine.stats().kv_tokens_free != engine.stats().kv_tokens_capacity;
        ++i) {
@@ -302,7 +301,7 @@ TEST_F(BatchEngineTest, ShutdownFinishesEveryRequest) {
     BatchEngine engine(*target_, draft_.get(), {.max_batch = 4});
     for (const EngineRequest& r : greedy_mix(20)) {
       EngineRequest longer = r;
-      longer.generation.max_tokens = 300;
+      longer.sampling.max_tokens = 300;
       collectors.push_back(std::make_unique<Collector>());
       engine.submit(longer, collectors.back()->callback());
     }
@@ -313,9 +312,9 @@ TEST_F(BatchEngineTest, ShutdownFinishesEveryRequest) {
   int shut_down = 0;
   for (auto& collector : collectors) {
     collector->wait();
-    const FinishStatus status = collector->status();
-    EXPECT_TRUE(status == FinishStatus::kShutdown || status == FinishStatus::kMaxTokens);
-    shut_down += status == FinishStatus::kShutdown;
+    const FinishReason status = collector->status();
+    EXPECT_TRUE(status == FinishReason::kShutdown || status == FinishReason::kMaxTokens);
+    shut_down += status == FinishReason::kShutdown;
   }
   EXPECT_GT(shut_down, 0);
   EXPECT_EQ(target_->kv_cache().num_sequences(), 0);
@@ -324,7 +323,7 @@ TEST_F(BatchEngineTest, ShutdownFinishesEveryRequest) {
 TEST_F(BatchEngineTest, BadRequestsAreRefusedAtSubmit) {
   BatchEngine engine(*target_, draft_.get(), {});
   EngineRequest good =
-      request({1, 2}, 4, 0.0f, SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
+      request({1, 2}, 4, 0.0f, SpeculationMethod::kDraftModel, GammaControl::kGoodput, 4);
   EngineRequest empty = good;
   empty.prompt.clear();
   testing::expect_error([&] { engine.submit(empty, {}); }, {"empty"});
@@ -332,10 +331,11 @@ TEST_F(BatchEngineTest, BadRequestsAreRefusedAtSubmit) {
   outside.prompt = {1, 500};
   testing::expect_error([&] { engine.submit(outside, {}); }, {"500"});
   EngineRequest bad_gamma = good;
-  bad_gamma.speculative.gamma = {9, 0, 8};
+  bad_gamma.speculation.gamma = 9;
+  bad_gamma.speculation.gamma_max = 8;
   testing::expect_error([&] { engine.submit(bad_gamma, {}); }, {"gamma"});
   EngineRequest bad_top_p = good;
-  bad_top_p.generation.sampling.top_p = 1.5f;
+  bad_top_p.sampling.top_p = 1.5f;
   testing::expect_error([&] { engine.submit(bad_top_p, {}); }, {"top_p"});
   EXPECT_EQ(engine.stats().submitted, 0);
 }
@@ -345,15 +345,15 @@ TEST_F(BatchEngineTest, EndOfSequenceAndTheContextLimitStopARequest) {
   std::vector<int32_t> prompt(500, 7);
   prompt[0] = 1;
   const EngineRequest r =
-      request(prompt, 100, 0.0f, SpeculativeMethod::kDraftModel, ControllerKind::kGoodput, 4);
-  const GenerationResult expected = generate(*target_, prompt, r.generation);
+      request(prompt, 100, 0.0f, SpeculationMethod::kDraftModel, GammaControl::kGoodput, 4);
+  const testing::ReferenceRun expected = testing::reference_decode(*target_, prompt, r.sampling);
   // With EOS honoured, a request ends at the first EOS (not emitted), as the plain loop does.
   std::vector<EngineRequest> stopping = greedy_mix(12);
-  std::vector<GenerationResult> plain;
+  std::vector<testing::ReferenceRun> plain;
   for (EngineRequest& item : stopping) {
-    item.generation.stop_at_eos = true;
-    item.generation.max_tokens = 60;
-    plain.push_back(generate(*target_, item.prompt, item.generation));
+    item.sampling.stop_at_eos = true;
+    item.sampling.max_tokens = 60;
+    plain.push_back(testing::reference_decode(*target_, item.prompt, item.sampling));
   }
 
   // The expectations come first: the engine's models are its own while it runs.
@@ -361,15 +361,72 @@ TEST_F(BatchEngineTest, EndOfSequenceAndTheContextLimitStopARequest) {
   Collector collector;
   engine.submit(r, collector.callback());
   collector.wait();
-  EXPECT_EQ(collector.status(), FinishStatus::kContextLimit);
+  EXPECT_EQ(collector.status(), FinishReason::kContextLimit);
   EXPECT_EQ(collector.tokens(), expected.tokens);
+  EXPECT_EQ(expected.reason, FinishReason::kContextLimit);
   for (size_t i = 0; i < stopping.size(); ++i) {
     Collector c;
     engine.submit(stopping[i], c.callback());
     c.wait();
     EXPECT_EQ(c.tokens(), plain[i].tokens);
-    EXPECT_EQ(c.status() == FinishStatus::kEndOfSequence,
-              plain[i].stop_reason == StopReason::kEndOfSequence);
+    EXPECT_EQ(c.status(), plain[i].reason);
+  }
+}
+
+TEST_F(BatchEngineTest, GammaIsTheFirstDraftingStepsDepthUnderEveryController) {
+  // The target drafting for itself accepts every draft, so nothing but the controller and the
+  // budget limits what a step drafts. Under fixed and heuristic the first step drafts; under
+  // goodput with gamma_min 1 the first step must draft too, and it drafts gamma.
+  auto self = load("target");
+  for (const GammaControl controller :
+       {GammaControl::kFixed, GammaControl::kHeuristic, GammaControl::kGoodput}) {
+    for (const int64_t gamma : {3, 6}) {
+      BatchEngine engine(*target_, self.get(), {});
+      EngineRequest r =
+          request({1, 5, 9}, 40, 0.0f, SpeculationMethod::kDraftModel, controller, gamma);
+      r.speculation.gamma_min = 1;
+      std::vector<int64_t> drafted;  // per step, from the stats of each update
+      int64_t seen = 0;
+      std::mutex mutex;
+      std::condition_variable done;
+      bool finished = false;
+      engine.submit(r, [&](const RequestUpdate& update) {
+        std::lock_guard lock(mutex);
+        drafted.push_back(update.stats->drafted - seen);
+        seen = update.stats->drafted;
+        finished = update.finished;
+        if (finished) done.notify_all();
+      });
+      std::unique_lock lock(mutex);
+      done.wait(lock, [&] { return finished; });
+      ASSERT_FALSE(drafted.empty());
+      EXPECT_EQ(drafted.front(), gamma) << to_string(controller) << ", gamma " << gamma;
+    }
+  }
+}
+
+TEST_F(BatchEngineTest, AHugeMaxTokensNeitherOverflowsNorStarvesOthers) {
+  // prompt + max_tokens must not overflow the reservation: such a request reserves at most the
+  // context limit, and the normal requests beside it all run.
+  BatchEngine engine(*target_, draft_.get(), {});
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 4; ++i) {
+    EngineRequest huge =
+        request({1, 3}, 0, 0.0f, SpeculationMethod::kDraftModel, GammaControl::kGoodput, 4);
+    huge.sampling.max_tokens = std::numeric_limits<int64_t>::max();
+    huge.sampling.stop_at_eos = true;
+    requests.push_back(huge);
+  }
+  for (int i = 0; i < 8; ++i) {
+    requests.push_back(
+        request({1, 4, 5}, 6, 0.0f, SpeculationMethod::kDraftModel, GammaControl::kGoodput, 4));
+  }
+  const std::vector<Completion> completions = engine.run(std::move(requests));
+  for (size_t i = 0; i < completions.size(); ++i) {
+    EXPECT_NE(completions[i].reason, FinishReason::kFailed) << i << ": " << completions[i].error;
+    if (i >= 4) {
+      EXPECT_EQ(completions[i].tokens.size(), 6u);
+    }
   }
 }
 

@@ -11,9 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/engine/generate.h"
 #include "runtime/engine/pairing.h"
-#include "runtime/engine/speculative.h"
+#include "runtime/engine/settings.h"
 #include "runtime/text/tokenizer.h"
 #include "tests/test_support.h"
 
@@ -125,24 +124,21 @@ TEST_F(BundledPairTest, TargetPredictsHeldOutCodeBetterThanTheDraft) {
 }
 
 TEST_F(BundledPairTest, GreedySpeculativeOutputIsTheTargetsOwn) {
-  GenerationOptions options;
-  options.sampling.temperature = 0.0f;
-  options.max_tokens = 48;
+  SamplingSettings sampling = testing::greedy(48);
+  sampling.stop_at_eos = true;
   int64_t drafted = 0, accepted = 0;
   for (const nlohmann::json& prompt : samples_->at("prompts")) {
     const std::vector<int32_t> ids = prompt_ids(prompt);
-    const std::vector<int32_t> expected = generate(*target_, ids, options).tokens;
-    for (const ControllerKind controller : {ControllerKind::kFixed, ControllerKind::kGoodput}) {
+    const std::vector<int32_t> expected = testing::reference_decode(*target_, ids, sampling).tokens;
+    for (const GammaControl controller : {GammaControl::kFixed, GammaControl::kGoodput}) {
       for (const int64_t gamma : {2, 5}) {
-        SpeculativeOptions speculative;
-        speculative.controller = controller;
-        speculative.gamma = {gamma, controller == ControllerKind::kFixed ? gamma : 0, 8};
-        SpeculativeGenerator generator(*target_, draft_, options, speculative);
-        SpeculativeStats stats;
-        EXPECT_EQ(generator.generate(ids, {}, &stats).tokens, expected)
-            << prompt.at("source") << " " << controller_name(controller) << " gamma " << gamma;
-        drafted += stats.drafted;
-        accepted += stats.accepted;
+        const Completion result = testing::decode(
+            *target_, draft_, ids, sampling,
+            testing::speculation(SpeculationMethod::kDraftModel, controller, gamma));
+        EXPECT_EQ(result.tokens, expected)
+            << prompt.at("source") << " " << to_string(controller) << " gamma " << gamma;
+        drafted += result.stats.drafted;
+        accepted += result.stats.accepted;
       }
     }
   }

@@ -13,7 +13,6 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/engine/generate.h"
 #include "runtime/model/model.h"
 #include "specrun/specrun.hpp"
 #include "tests/test_support.h"
@@ -96,11 +95,7 @@ class CApiTest : public ::testing::Test {
   std::vector<int32_t> greedy_alone(const std::vector<int32_t>& prompt, int64_t max_tokens) {
     auto backend = testing::make_cpu_backend(1);
     auto model = Model::load(target_, *backend);
-    GenerationOptions options;
-    options.sampling.temperature = 0.0f;
-    options.max_tokens = max_tokens;
-    options.stop_at_eos = false;
-    return generate(*model, prompt, options).tokens;
+    return testing::reference_decode(*model, prompt, testing::greedy(max_tokens)).tokens;
   }
 
   testing::TempDir dir_;

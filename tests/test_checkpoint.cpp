@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "runtime/model/model.h"
 #include "runtime/model/weights.h"
 #include "tests/test_support.h"

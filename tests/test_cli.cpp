@@ -288,7 +288,7 @@ TEST_F(CliTest, MissingSettingsFile) {
 
 TEST_F(CliTest, BadRopeStyle) {
   expect_one_error_line(specrun(good_model(), "--max-tokens 4 --rope-style bogus"),
-                        {{"--rope-style"}, {"'bogus'"}});
+                        {{"--rope-style", "rope_style"}, {"'bogus'"}});
 }
 
 TEST_F(CliTest, BadLogLevel) {

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "tests/test_support.h"
 
 namespace specrun {

@@ -3,8 +3,8 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/core/check.h"
 #include "kernels/core/dtype.h"
+#include "runtime/base/check.h"
 #include "runtime/sampling/rng.h"
 
 namespace specrun {

@@ -7,7 +7,6 @@
 
 #include <sstream>
 
-#include "runtime/engine/generate.h"
 #include "runtime/model/model.h"
 #include "tests/test_support.h"
 
@@ -68,11 +67,10 @@ class PackageTest : public ::testing::Test {
   std::vector<int32_t> greedy_alone(int64_t max_tokens) const {
     auto backend = testing::make_cpu_backend(1);
     auto model = Model::load(dir_ / "target", *backend);
-    GenerationOptions options;
-    options.sampling.temperature = 0.0f;
-    options.max_tokens = max_tokens;
+    SamplingSettings sampling = testing::greedy(max_tokens);
+    sampling.stop_at_eos = true;
     const std::vector<int32_t> prompt = {1, 17, 200};
-    return generate(*model, prompt, options).tokens;
+    return testing::reference_decode(*model, prompt, sampling).tokens;
   }
 
   static testing::TempDir* prefix_dir_;  // the installation, shared by the suite's tests

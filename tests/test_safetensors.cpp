@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/core/check.h"
 #include "kernels/core/dtype.h"
+#include "runtime/base/check.h"
 #include "tests/test_support.h"
 
 namespace specrun {

@@ -6,7 +6,7 @@
 #include <set>
 #include <vector>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "runtime/sampling/sampler.h"
 
 namespace specrun {

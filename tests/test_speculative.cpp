@@ -1,23 +1,34 @@
-// Speculative decoding end to end on the CPU backend: greedy output equal to greedy target-only
-// output token for token, the output distribution equal to the target's (by exact enumeration),
-// the rollback edge cases, and the pairing check.
+// Speculative decoding end to end on the CPU backend, through the engine's step (the one decode
+// loop users run): greedy output equal to greedy target-only output token for token, the output
+// distribution equal to the target's (by exact enumeration), the rollback edge cases, and the
+// pairing check.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
+#include "draft/proposer.h"
 #include "runtime/engine/pairing.h"
-#include "runtime/engine/speculative.h"
+#include "runtime/engine/settings.h"
 #include "target/scorer.h"
 #include "tests/test_support.h"
 #include "tests/verify_testing.h"
+#include "verify/verifier.h"
 
 namespace specrun {
 namespace {
 
 using fixtures::GeneratorOptions;
+using testing::decode;
+using testing::greedy;
+using testing::reference_decode;
+using testing::speculation;
 
 GeneratorOptions small_model(uint64_t seed, int64_t layers = 2) {
   GeneratorOptions options;
@@ -31,6 +42,9 @@ GeneratorOptions small_model(uint64_t seed, int64_t layers = 2) {
   options.max_position_embeddings = 256;
   return options;
 }
+
+constexpr GammaControl kControls[] = {GammaControl::kFixed, GammaControl::kHeuristic,
+                                      GammaControl::kGoodput};
 
 class SpeculativeTest : public ::testing::Test {
  protected:
@@ -49,14 +63,6 @@ class SpeculativeTest : public ::testing::Test {
     return Model::load(dir_ / name, *backend_, options);
   }
 
-  static GenerationOptions greedy(int64_t max_tokens) {
-    GenerationOptions options;
-    options.sampling.temperature = 0.0f;
-    options.max_tokens = max_tokens;
-    options.stop_at_eos = false;
-    return options;
-  }
-
   testing::TempDir dir_;
   std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(2);
   std::unique_ptr<Model> target_, self_draft_, foreign_draft_;
@@ -69,34 +75,29 @@ std::vector<std::vector<int32_t>> prompts() {
 TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyForEveryGammaControllerAndProposer) {
   struct Proposer {
     const char* name;
-    SpeculativeMethod method;
+    SpeculationMethod method;
     Model* draft;
   };
   const Proposer proposers[] = {
-      {"self draft", SpeculativeMethod::kDraftModel, self_draft_.get()},
-      {"foreign draft", SpeculativeMethod::kDraftModel, foreign_draft_.get()},
-      {"prompt lookup", SpeculativeMethod::kPromptLookup, nullptr}};
+      {"self draft", SpeculationMethod::kDraftModel, self_draft_.get()},
+      {"foreign draft", SpeculationMethod::kDraftModel, foreign_draft_.get()},
+      {"prompt lookup", SpeculationMethod::kPromptLookup, nullptr}};
   int64_t total_accepted = 0;
   for (const auto& prompt : prompts()) {
-    const std::vector<int32_t> expected = generate(*target_, prompt, greedy(40)).tokens;
+    const std::vector<int32_t> expected = reference_decode(*target_, prompt, greedy(40)).tokens;
     for (const Proposer& proposer : proposers) {
-      for (const ControllerKind controller :
-           {ControllerKind::kFixed, ControllerKind::kHeuristic, ControllerKind::kGoodput}) {
+      for (const GammaControl controller : kControls) {
         for (int64_t gamma = 1; gamma <= 8; ++gamma) {
-          SpeculativeOptions options;
-          options.method = proposer.method;
-          options.controller = controller;
-          options.gamma = {gamma, controller == ControllerKind::kFixed ? gamma : 0, 8};
-          SpeculativeGenerator generator(*target_, proposer.draft, greedy(40), options);
-          SpeculativeStats stats;
-          const GenerationResult result = generator.generate(prompt, {}, &stats);
+          const Completion result = decode(*target_, proposer.draft, prompt, greedy(40),
+                                           speculation(proposer.method, controller, gamma));
           ASSERT_EQ(result.tokens, expected)
-              << proposer.name << ", " << controller_name(controller) << ", gamma " << gamma
+              << proposer.name << ", " << to_string(controller) << ", gamma " << gamma
               << ", prompt of " << prompt.size();
-          EXPECT_EQ(stats.tokens_generated, 40);
-          total_accepted += stats.accepted;
-          if (proposer.draft == self_draft_.get() && controller == ControllerKind::kFixed) {
-            EXPECT_EQ(stats.accepted, stats.drafted) << "a model must accept its own greedy drafts";
+          EXPECT_EQ(result.stats.tokens_generated, 40);
+          total_accepted += result.stats.accepted;
+          if (proposer.draft == self_draft_.get() && controller == GammaControl::kFixed) {
+            EXPECT_EQ(result.stats.accepted, result.stats.drafted)
+                << "a model must accept its own greedy drafts";
           }
         }
       }
@@ -121,19 +122,15 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyWithAPartlyAgreeingLayerSkipDraft)
   check_pairing(*target, *draft);
   int64_t drafted = 0, accepted = 0;
   for (const auto& prompt : prompts()) {
-    const std::vector<int32_t> expected = generate(*target, prompt, greedy(48)).tokens;
-    for (const ControllerKind controller :
-         {ControllerKind::kFixed, ControllerKind::kHeuristic, ControllerKind::kGoodput}) {
+    const std::vector<int32_t> expected = reference_decode(*target, prompt, greedy(48)).tokens;
+    for (const GammaControl controller : kControls) {
       for (const int64_t gamma : {1, 2, 4, 7}) {
-        SpeculativeOptions options;
-        options.controller = controller;
-        options.gamma = {gamma, controller == ControllerKind::kFixed ? gamma : 0, 8};
-        SpeculativeGenerator generator(*target, draft.get(), greedy(48), options);
-        SpeculativeStats stats;
-        ASSERT_EQ(generator.generate(prompt, {}, &stats).tokens, expected)
-            << controller_name(controller) << ", gamma " << gamma;
-        drafted += stats.drafted;
-        accepted += stats.accepted;
+        const Completion result =
+            decode(*target, draft.get(), prompt, greedy(48),
+                   speculation(SpeculationMethod::kDraftModel, controller, gamma));
+        ASSERT_EQ(result.tokens, expected) << to_string(controller) << ", gamma " << gamma;
+        drafted += result.stats.drafted;
+        accepted += result.stats.accepted;
       }
     }
   }
@@ -144,26 +141,33 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyWithAPartlyAgreeingLayerSkipDraft)
 }
 
 TEST_F(SpeculativeTest, MethodNoneIsPlainDecodingEvenWhenSampling) {
-  // Same seed, same single uniform per token: the speculative loop at gamma 0 reproduces the plain
-  // loop exactly, sampled tokens included.
-  GenerationOptions options;
-  options.max_tokens = 30;
-  options.stop_at_eos = false;
-  options.sampling.temperature = 0.9f;
-  options.sampling.top_p = 0.9f;
-  options.sampling.seed = 77;
+  // Same seed, same single uniform per token: the step with no drafts reproduces the reference's
+  // plain sampling exactly, sampled tokens included.
+  SamplingSettings sampling;
+  sampling.max_tokens = 30;
+  sampling.stop_at_eos = false;
+  sampling.temperature = 0.9f;
+  sampling.top_p = 0.9f;
+  sampling.seed = 77;
   const std::vector<int32_t> prompt = {1, 2, 3};
-  SpeculativeOptions none;
-  none.method = SpeculativeMethod::kNone;
-  SpeculativeGenerator generator(*target_, nullptr, options, none);
-  EXPECT_EQ(generator.generate(prompt).tokens, generate(*target_, prompt, options).tokens);
+  SpeculationSettings none;
+  none.method = SpeculationMethod::kNone;
+  EXPECT_EQ(decode(*target_, nullptr, prompt, sampling, none).tokens,
+            reference_decode(*target_, prompt, sampling).tokens);
+}
+
+TEST_F(SpeculativeTest, WithoutADraftModelTheDraftMethodDecodesPlainly) {
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  const Completion result = decode(*target_, nullptr, prompt, greedy(12));
+  EXPECT_EQ(result.tokens, reference_decode(*target_, prompt, greedy(12)).tokens);
+  EXPECT_EQ(result.stats.drafted, 0);
 }
 
 TEST_F(SpeculativeTest, StopsAtEosInsideAnAcceptedRun) {
   // With the target drafting for itself every draft is accepted, so an EOS lands in the middle of
   // an accepted run; output stops before it exactly as plain decoding does.
   const std::vector<int32_t> prompt = {1, 5, 9};
-  const std::vector<int32_t> free_run = generate(*target_, prompt, greedy(12)).tokens;
+  const std::vector<int32_t> free_run = reference_decode(*target_, prompt, greedy(12)).tokens;
   size_t index = 5;
   while (std::find(free_run.begin(), free_run.begin() + index, free_run[index]) !=
          free_run.begin() + index) {
@@ -177,31 +181,28 @@ TEST_F(SpeculativeTest, StopsAtEosInsideAnAcceptedRun) {
   fixtures::write_random_checkpoint(with_eos, dir_ / "target");
   target_ = load("target");
   self_draft_ = load("target");
-  GenerationOptions options = greedy(12);
-  options.stop_at_eos = true;
-  SpeculativeOptions speculative;
-  speculative.controller = ControllerKind::kFixed;
-  speculative.gamma = {8, 8, 8};
-  SpeculativeGenerator generator(*target_, self_draft_.get(), options, speculative);
-  const GenerationResult result = generator.generate(prompt);
-  EXPECT_EQ(result.stop_reason, StopReason::kEndOfSequence);
+  SamplingSettings sampling = greedy(12);
+  sampling.stop_at_eos = true;
+  const Completion result =
+      decode(*target_, self_draft_.get(), prompt, sampling,
+             speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, 8));
+  EXPECT_EQ(result.reason, FinishReason::kEndOfSequence);
   EXPECT_EQ(result.tokens, std::vector<int32_t>(free_run.begin(), free_run.begin() + index));
-  EXPECT_EQ(result.tokens, generate(*target_, prompt, options).tokens);
+  const testing::ReferenceRun plain = reference_decode(*target_, prompt, sampling);
+  EXPECT_EQ(result.tokens, plain.tokens);
+  EXPECT_EQ(plain.reason, FinishReason::kEndOfSequence);
 }
 
 TEST_F(SpeculativeTest, TokenLimitInTheMiddleOfADraft) {
   const std::vector<int32_t> prompt = {1, 5};
   for (const int64_t limit : {1, 2, 5, 7}) {
-    SpeculativeOptions speculative;
-    speculative.controller = ControllerKind::kFixed;
-    speculative.gamma = {8, 8, 8};
-    SpeculativeGenerator generator(*target_, self_draft_.get(), greedy(limit), speculative);
-    SpeculativeStats stats;
-    const GenerationResult result = generator.generate(prompt, {}, &stats);
-    EXPECT_EQ(result.stop_reason, StopReason::kMaxTokens);
-    EXPECT_EQ(result.tokens, generate(*target_, prompt, greedy(limit)).tokens);
+    const Completion result =
+        decode(*target_, self_draft_.get(), prompt, greedy(limit),
+               speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, 8));
+    EXPECT_EQ(result.reason, FinishReason::kMaxTokens);
+    EXPECT_EQ(result.tokens, reference_decode(*target_, prompt, greedy(limit)).tokens);
     // Never drafts more than the budget can use.
-    EXPECT_LE(stats.drafted, limit - 1) << "limit " << limit;
+    EXPECT_LE(result.stats.drafted, limit - 1) << "limit " << limit;
   }
 }
 
@@ -210,17 +211,15 @@ TEST_F(SpeculativeTest, ContextLimitInTheMiddleOfADraft) {
   auto small_target = load("target", 20);
   auto small_draft = load("target", 18);
   const std::vector<int32_t> prompt = {1, 5, 9};
-  SpeculativeOptions speculative;
-  speculative.controller = ControllerKind::kFixed;
-  speculative.gamma = {8, 8, 8};
-  SpeculativeGenerator generator(*small_target, small_draft.get(), greedy(100), speculative);
-  const GenerationResult result = generator.generate(prompt);
-  EXPECT_EQ(result.stop_reason, StopReason::kContextLimit);
-  const GenerationResult plain = generate(*small_target, prompt, greedy(100));
+  const Completion result =
+      decode(*small_target, small_draft.get(), prompt, greedy(100),
+             speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, 8));
+  EXPECT_EQ(result.reason, FinishReason::kContextLimit);
+  const testing::ReferenceRun plain = reference_decode(*small_target, prompt, greedy(100));
+  EXPECT_EQ(plain.reason, FinishReason::kContextLimit);
   EXPECT_EQ(result.tokens, plain.tokens);
   EXPECT_EQ(result.tokens.size(), 18u);  // 20 positions, 3 of them the prompt, +1 never fed
 }
-
 TEST_F(SpeculativeTest, BoundedCatchUpRestartsTheDraftAtTheLatestTokens) {
   SamplingParams sampling;  // temperature 1: q is a full distribution to compare
   ModelProposer proposer(*foreign_draft_, sampling, 0.0f);
@@ -279,8 +278,9 @@ TEST_F(SpeculativeTest, ProposerCachesRollBackToTheCommittedPrefix) {
   // One step by hand with each outcome: every draft accepted (the draft never fed its last
   // draft), and the first draft rejected.
   for (Model* draft : {self_draft_.get(), foreign_draft_.get()}) {
-    GenerationOptions options = greedy(1);
-    ModelProposer proposer(*draft, options.sampling, 0.0f);
+    SamplingParams greedy_params;
+    greedy_params.temperature = 0.0f;
+    ModelProposer proposer(*draft, greedy_params, 0.0f);
     proposer.add_sequence(0);
     const std::vector<int32_t> committed = {1, 5, 9, 13, 17};
     Rng rng(1);
@@ -296,7 +296,7 @@ TEST_F(SpeculativeTest, ProposerCachesRollBackToTheCommittedPrefix) {
     const SequenceInput prefill[] = {
         {sequence, std::span<const int32_t>(committed).first(4), false}};
     target_->forward(prefill, &unused);
-    Scorer scorer(*target_, options.sampling);
+    Scorer scorer(*target_, greedy_params);
     const ScoreRequest score_request[] = {{sequence, committed.back(), proposals.row_tokens(0)}};
     const Scores scores = scorer.score(score_request);
     EXPECT_EQ(target_->kv_cache().length(sequence), 5 + gamma);
@@ -314,7 +314,7 @@ TEST_F(SpeculativeTest, ProposerCachesRollBackToTheCommittedPrefix) {
     for (const int32_t token : verdict.row(0)) next.push_back(token);
     const DraftRequest again[] = {{0, next, 2, &rng}};
     const Proposals second = proposer.propose(again);
-    ModelProposer fresh(*draft, options.sampling, 0.0f);
+    ModelProposer fresh(*draft, greedy_params, 0.0f);
     fresh.add_sequence(7);
     const DraftRequest fresh_request[] = {{7, next, 2, &rng}};
     EXPECT_EQ(second.tokens, fresh.propose(fresh_request).tokens);
@@ -325,27 +325,37 @@ TEST_F(SpeculativeTest, ProposerCachesRollBackToTheCommittedPrefix) {
 TEST_F(SpeculativeTest, DraftConfidenceFloorStopsDraftingEarly) {
   // A floor of 1 can never be met by a softmax over 96 tokens with random weights: no drafts, and
   // the output is still exact.
-  SpeculativeOptions speculative;
-  speculative.controller = ControllerKind::kFixed;
-  speculative.gamma = {4, 4, 4};
-  speculative.draft_p_min = 1.0f;
-  SpeculativeGenerator generator(*target_, self_draft_.get(), greedy(10), speculative);
-  SpeculativeStats stats;
+  SpeculationSettings settings =
+      speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, 4);
+  settings.draft_p_min = 1.0f;
   const std::vector<int32_t> prompt = {1, 2};
-  EXPECT_EQ(generator.generate(prompt, {}, &stats).tokens,
-            generate(*target_, prompt, greedy(10)).tokens);
-  EXPECT_EQ(stats.drafted, 0);
-  EXPECT_EQ(stats.gamma_histogram.at(0), stats.steps);
+  const Completion result = decode(*target_, self_draft_.get(), prompt, greedy(10), settings);
+  EXPECT_EQ(result.tokens, reference_decode(*target_, prompt, greedy(10)).tokens);
+  EXPECT_EQ(result.stats.drafted, 0);
+  EXPECT_EQ(result.stats.gamma_histogram.at(0), result.stats.steps);
 }
 
 TEST_F(SpeculativeTest, StatsAddUp) {
-  SpeculativeOptions speculative;
-  speculative.controller = ControllerKind::kHeuristic;
-  SpeculativeGenerator generator(*target_, self_draft_.get(), greedy(50), speculative);
-  SpeculativeStats stats;
+  BatchEngine engine(*target_, self_draft_.get(), {});
+  EngineRequest request;
+  request.prompt = prompts()[1];
+  request.sampling = greedy(50);
+  request.speculation = speculation(SpeculationMethod::kDraftModel, GammaControl::kHeuristic, 4);
+  std::mutex mutex;
+  std::condition_variable finished;
   int64_t streamed = 0;
-  generator.generate(
-      prompts()[1], [&](int32_t) { return ++streamed > 0; }, &stats);
+  std::optional<SequenceStats> final_stats;
+  engine.submit(request, [&](const RequestUpdate& update) {
+    std::lock_guard lock(mutex);
+    streamed += static_cast<int64_t>(update.tokens.size());
+    if (update.finished) {
+      final_stats = *update.stats;
+      finished.notify_all();
+    }
+  });
+  std::unique_lock lock(mutex);
+  finished.wait(lock, [&] { return final_stats.has_value(); });
+  const SequenceStats& stats = *final_stats;
   EXPECT_EQ(stats.tokens_generated, 50);
   EXPECT_EQ(streamed, 50);
   EXPECT_EQ(static_cast<int64_t>(stats.token_ms.size()), 50);
@@ -361,27 +371,34 @@ TEST_F(SpeculativeTest, StatsAddUp) {
   EXPECT_DOUBLE_EQ(stats.acceptance_rate(), 1.0);
   EXPECT_GT(stats.mean_accepted_length(), 1.0);
   EXPECT_LE(stats.ttft_ms, stats.total_ms);
-  const GenerationResult again = generator.generate(prompts()[1], {}, &stats);
-  EXPECT_DOUBLE_EQ(again.prefill_ms, stats.ttft_ms);
-  EXPECT_NEAR(again.prefill_ms + again.decode_ms, stats.total_ms, 1e-9);
-  const auto latency = stats.inter_token_latency();
+  lock.unlock();
+  const SequenceStats again = engine.run(request).stats;
+  // The first token's arrival is the time to first token; arrivals never go back and end within
+  // the total.
+  EXPECT_DOUBLE_EQ(again.ttft_ms, again.token_ms.front());
+  EXPECT_TRUE(std::is_sorted(again.token_ms.begin(), again.token_ms.end()));
+  EXPECT_LE(again.token_ms.back(), again.total_ms);
+  const auto latency = again.inter_token_latency();
   EXPECT_LE(latency.p50, latency.p99);
 }
 
 TEST_F(SpeculativeTest, RejectsBadSettings) {
-  SpeculativeOptions options;
-  EXPECT_THROW(SpeculativeGenerator(*target_, nullptr, greedy(4), options), Error);  // no draft
-  options.gamma = {9, 0, 8};
-  EXPECT_THROW(SpeculativeGenerator(*target_, self_draft_.get(), greedy(4), options), Error);
-  options.gamma = {4, 0, 8};
-  options.draft_p_min = 2.0f;
-  EXPECT_THROW(SpeculativeGenerator(*target_, self_draft_.get(), greedy(4), options), Error);
-  options = {};
-  SpeculativeGenerator generator(*target_, self_draft_.get(), greedy(4), options);
-  const std::vector<int32_t> bad = {1, 96};
-  EXPECT_THROW(generator.generate(bad), Error);
-  EXPECT_THROW(generator.generate(std::vector<int32_t>{}), Error);
-  EXPECT_THROW(parse_method("medusa"), Error);
+  BatchEngine engine(*target_, self_draft_.get(), {});
+  EngineRequest request;
+  request.prompt = {1, 2};
+  request.sampling = greedy(4);
+  request.speculation.gamma = 9;  // above gamma_max 8
+  testing::expect_error([&] { engine.submit(request, {}); }, {"gamma_max 8", "gamma 9"});
+  request.speculation = {};
+  request.speculation.draft_p_min = 2.0f;
+  testing::expect_error([&] { engine.submit(request, {}); }, {"draft_p_min"});
+  request.speculation = {};
+  request.prompt = {1, 96};
+  testing::expect_error([&] { engine.submit(request, {}); }, {"96", "vocabulary"});
+  request.prompt = {};
+  testing::expect_error([&] { engine.submit(request, {}); }, {"prompt is empty"});
+  EXPECT_FALSE(parse_speculation_method("medusa"));
+  EXPECT_FALSE(parse_gamma_control("oracle"));
 }
 
 // ---- losslessness by distribution --------------------------------------------------------------
@@ -441,28 +458,43 @@ class LosslessnessTest : public ::testing::Test {
     GeneratorOptions draft = target;
     draft.seed = 4;
     fixtures::write_random_checkpoint(draft, dir_ / "draft");
-    target_ = Model::load(dir_ / "target", *backend_);
-    draft_ = Model::load(dir_ / "draft", *backend_);
+    // Room for a full batch of 64 sequences in both caches.
+    ModelOptions options;
+    options.kv_cache_tokens = 4096;
+    target_ = Model::load(dir_ / "target", *backend_, options);
+    draft_ = Model::load(dir_ / "draft", *backend_, options);
   }
 
-  // Speculative samples of the first three tokens, one seed per sample.
-  testing::ChiSquare check(const SamplingParams& sampling, const Verifier* verifier,
+  // Speculative samples of the first three tokens, one seed per request, through the engine's
+  // step: the requests run in batches of up to 64, each row verified with its own generator, so
+  // the check covers batched verification as users run it.
+  testing::ChiSquare check(const SamplingSettings& sampling, const Verifier* verifier,
                            int64_t gamma) {
     const std::vector<int32_t> prompt = {1, 4};
-    const std::map<int64_t, double> exact = enumerate_target(*target_, prompt, sampling, kVocab);
+    const std::map<int64_t, double> exact =
+        enumerate_target(*target_, prompt, sampling_params(sampling), kVocab);
     std::map<int64_t, int64_t> counts;
-    GenerationOptions options;
-    options.max_tokens = 3;
-    options.stop_at_eos = false;
-    options.sampling = sampling;
-    SpeculativeOptions speculative;
-    speculative.controller = ControllerKind::kFixed;
-    speculative.gamma = {gamma, gamma, gamma};
-    for (int64_t i = 0; i < kSamples; ++i) {
-      options.sampling.seed = static_cast<uint64_t>(i) * 7919 + 17;
-      SpeculativeGenerator generator(*target_, draft_.get(), options, speculative, verifier);
-      const std::vector<int32_t> tokens = generator.generate(prompt).tokens;
-      ++counts[(tokens[0] * kVocab + tokens[1]) * kVocab + tokens[2]];
+    BatchEngine engine(*target_, draft_.get(), {.max_batch = 64, .verifier = verifier});
+    constexpr int64_t kChunk = 4096;  // requests in flight at once, to bound memory
+    for (int64_t first = 0; first < kSamples; first += kChunk) {
+      std::vector<EngineRequest> requests;
+      for (int64_t i = first; i < std::min(kSamples, first + kChunk); ++i) {
+        EngineRequest request;
+        request.prompt = prompt;
+        request.sampling = sampling;
+        request.sampling.max_tokens = 3;
+        request.sampling.stop_at_eos = false;
+        request.sampling.seed = static_cast<uint64_t>(i) * 7919 + 17;
+        request.speculation =
+            testing::speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, gamma);
+        requests.push_back(std::move(request));
+      }
+      for (const Completion& completion : engine.run(std::move(requests))) {
+        const std::vector<int32_t>& tokens = completion.tokens;
+        EXPECT_EQ(tokens.size(), 3u) << completion.error;
+        if (tokens.size() != 3) continue;
+        ++counts[(tokens[0] * kVocab + tokens[1]) * kVocab + tokens[2]];
+      }
     }
     return testing::chi_square(counts, exact, kSamples);
   }
@@ -473,13 +505,13 @@ class LosslessnessTest : public ::testing::Test {
 };
 
 TEST_F(LosslessnessTest, MatchesTheTargetAtTemperatureOne) {
-  SamplingParams sampling;
+  SamplingSettings sampling;
   const auto result = check(sampling, nullptr, 2);
   EXPECT_LT(result.statistic, result.critical()) << "df " << result.degrees;
 }
 
 TEST_F(LosslessnessTest, MatchesTheTargetWithTemperatureTopKAndTopP) {
-  SamplingParams sampling;
+  SamplingSettings sampling;
   sampling.temperature = 0.6f;
   sampling.top_k = 4;
   sampling.top_p = 0.9f;
@@ -488,7 +520,7 @@ TEST_F(LosslessnessTest, MatchesTheTargetWithTemperatureTopKAndTopP) {
 }
 
 TEST_F(LosslessnessTest, MatchesTheTargetWithHighTemperatureAndMinP) {
-  SamplingParams sampling;
+  SamplingSettings sampling;
   sampling.temperature = 1.5f;
   sampling.min_p = 0.1f;
   const auto result = check(sampling, nullptr, 1);
@@ -496,7 +528,7 @@ TEST_F(LosslessnessTest, MatchesTheTargetWithHighTemperatureAndMinP) {
 }
 
 TEST_F(LosslessnessTest, BrokenVerifiersFailTheSameCheck) {
-  SamplingParams sampling;
+  SamplingSettings sampling;
   sampling.temperature = 0.6f;
   const testing::ResidualWithoutSubtractionVerifier residual;
   const auto wrong_residual = check(sampling, &residual, 2);

@@ -18,9 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine/generate.h"
 #include "runtime/engine/pairing.h"
-#include "runtime/engine/speculative.h"
+#include "runtime/engine/settings.h"
 #include "runtime/model/model.h"
 #include "tests/test_support.h"
 #include "tools/fixtures/checkpoint_generator.h"
@@ -120,11 +119,10 @@ class Stories260kTest : public ::testing::Test {
   }
 
   std::vector<int32_t> greedy(Model& model) {
-    GenerationOptions options;
-    options.sampling.temperature = 0.0f;
-    options.max_tokens = kGreedyTokens;
+    SamplingSettings sampling = testing::greedy(kGreedyTokens);
+    sampling.stop_at_eos = true;
     const std::vector<int32_t> prompt = {1};  // BOS
-    return generate(model, prompt, options).tokens;
+    return testing::reference_decode(model, prompt, sampling).tokens;
   }
 
   // Compares one prefill of `tokens` (all logits) against the reference.
@@ -221,24 +219,21 @@ TEST_F(Stories260kTest, SpeculativeWithDraftsCutFromItEqualsTargetGreedy) {
   for (const auto& [draft_name, minimum_acceptance] : drafts) {
     auto draft = Model::load(dir_ / draft_name, *backend_);
     check_pairing(*target, *draft);
-    GenerationOptions options;
-    options.sampling.temperature = 0.0f;
-    options.max_tokens = 120;
+    SamplingSettings sampling = testing::greedy(120);
+    sampling.stop_at_eos = true;
     const std::vector<int32_t> prompt = {1};
-    const std::vector<int32_t> expected = generate(*target, prompt, options).tokens;
+    const std::vector<int32_t> expected =
+        testing::reference_decode(*target, prompt, sampling).tokens;
     int64_t drafted = 0, accepted = 0;
-    for (const ControllerKind controller :
-         {ControllerKind::kFixed, ControllerKind::kHeuristic, ControllerKind::kGoodput}) {
+    for (const GammaControl controller :
+         {GammaControl::kFixed, GammaControl::kHeuristic, GammaControl::kGoodput}) {
       for (const int64_t gamma : {1, 3, 6}) {
-        SpeculativeOptions speculative;
-        speculative.controller = controller;
-        speculative.gamma = {gamma, controller == ControllerKind::kFixed ? gamma : 0, 8};
-        SpeculativeGenerator generator(*target, draft.get(), options, speculative);
-        SpeculativeStats stats;
-        EXPECT_EQ(generator.generate(prompt, {}, &stats).tokens, expected)
-            << controller_name(controller) << " gamma " << gamma;
-        drafted += stats.drafted;
-        accepted += stats.accepted;
+        const Completion result = testing::decode(
+            *target, draft.get(), prompt, sampling,
+            testing::speculation(SpeculationMethod::kDraftModel, controller, gamma));
+        EXPECT_EQ(result.tokens, expected) << to_string(controller) << " gamma " << gamma;
+        drafted += result.stats.drafted;
+        accepted += result.stats.accepted;
       }
     }
     const double acceptance = static_cast<double>(accepted) / static_cast<double>(drafted);

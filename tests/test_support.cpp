@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,8 +13,10 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
+#include "runtime/engine/settings.h"
 #include "runtime/sampling/rng.h"
+#include "runtime/sampling/sampler.h"
 
 namespace specrun::testing {
 
@@ -122,6 +125,63 @@ std::vector<double> reference_logits(const std::filesystem::path& model_dir,
   std::vector<double> values(bytes.size() / sizeof(double));
   std::memcpy(values.data(), bytes.data(), values.size() * sizeof(double));
   return values;
+}
+
+ReferenceRun reference_decode(Model& model, std::span<const int32_t> prompt,
+                              const SamplingSettings& sampling) {
+  Sampler sampler(sampling_params(sampling));
+  const std::vector<int32_t>& eos = model.config().eos_token_ids;
+  const SequenceId sequence = model.kv_cache().add_sequence();
+  ReferenceRun run;
+  std::vector<int32_t> fed(prompt.begin(), prompt.end());
+  Logits logits;
+  while (static_cast<int64_t>(run.tokens.size()) < sampling.max_tokens) {
+    if (model.kv_cache().length(sequence) + static_cast<int64_t>(fed.size()) >
+        model.context_limit()) {
+      run.reason = FinishReason::kContextLimit;
+      break;
+    }
+    const SequenceInput input[] = {{sequence, fed, false}};
+    model.forward(input, &logits);
+    const int32_t token = sampler.sample(logits.last(0));
+    if (sampling.stop_at_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
+      run.reason = FinishReason::kEndOfSequence;
+      break;
+    }
+    run.tokens.push_back(token);
+    fed = {token};
+  }
+  model.kv_cache().remove_sequence(sequence);
+  return run;
+}
+
+SamplingSettings greedy(int64_t max_tokens) {
+  SamplingSettings sampling;
+  sampling.temperature = 0.0f;
+  sampling.max_tokens = max_tokens;
+  sampling.stop_at_eos = false;
+  return sampling;
+}
+
+Completion decode(Model& target, Model* draft, std::vector<int32_t> prompt,
+                  const SamplingSettings& sampling, const SpeculationSettings& speculation,
+                  const BatchEngineOptions& options) {
+  BatchEngine engine(target, draft, options);
+  EngineRequest request;
+  request.prompt = std::move(prompt);
+  request.sampling = sampling;
+  request.speculation = speculation;
+  return engine.run(std::move(request));
+}
+
+SpeculationSettings speculation(SpeculationMethod method, GammaControl controller, int64_t gamma) {
+  SpeculationSettings settings;
+  settings.method = method;
+  settings.controller = controller;
+  settings.gamma = gamma;
+  settings.gamma_min = controller == GammaControl::kFixed ? gamma : 0;
+  settings.gamma_max = std::max<int64_t>(8, gamma);
+  return settings;
 }
 
 void expect_error(const std::function<void()>& body, std::initializer_list<std::string> fragments) {

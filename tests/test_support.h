@@ -13,6 +13,9 @@
 
 #include "kernels/core/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "runtime/engine/batch_engine.h"
+#include "runtime/model/model.h"
+#include "specrun/specrun.hpp"
 #include "tools/fixtures/checkpoint_generator.h"
 
 namespace specrun::testing {
@@ -69,6 +72,29 @@ void write_layer_skip_pair(const std::filesystem::path& directory);
 // 3..255 (bytes 0x00..0xFC); bytes 0xFD..0xFF have no token. Any text encodes (as bytes), and
 // random ids decode to broken UTF-8 often, which streaming must hold back or repair.
 std::string byte_tokenizer_json();
+
+// The reference the engine's plain decoding is checked against: the simplest loop over
+// Model::forward and the Sampler (one uniform per token, from the seed), on a fresh sequence of
+// the model's cache, independent of the engine's step. Stops at EOS (when asked), max_tokens, or
+// a full context.
+struct ReferenceRun {
+  std::vector<int32_t> tokens;                     // generated, EOS excluded
+  FinishReason reason = FinishReason::kMaxTokens;  // why it stopped
+};
+ReferenceRun reference_decode(Model& model, std::span<const int32_t> prompt,
+                              const SamplingSettings& sampling);
+
+// Greedy settings for `max_tokens` tokens that do not stop at EOS.
+SamplingSettings greedy(int64_t max_tokens);
+
+// One request through a fresh engine on these models (which nothing else may use meanwhile).
+Completion decode(Model& target, Model* draft, std::vector<int32_t> prompt,
+                  const SamplingSettings& sampling, const SpeculationSettings& speculation = {},
+                  const BatchEngineOptions& options = {});
+
+// Speculation settings: `method` with `controller` starting at `gamma`, within [gamma_min, 8]
+// (gamma_min = gamma for the fixed controller, 0 otherwise).
+SpeculationSettings speculation(SpeculationMethod method, GammaControl controller, int64_t gamma);
 
 // Asserts that `body` throws specrun::Error with a one-line message holding every fragment.
 void expect_error(const std::function<void()>& body, std::initializer_list<std::string> fragments);

@@ -5,10 +5,9 @@
 #include <map>
 #include <numeric>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "runtime/sampling/sampler.h"
 #include "tests/verify_testing.h"
-#include "verify/gamma_controller.h"
 #include "verify/verifier.h"
 
 namespace specrun {
@@ -182,29 +181,6 @@ TEST(Verifier, RejectsScoresThatDoNotMatchTheProposals) {
   Rng rng(1);
   EXPECT_THROW(GreedyVerifier().verify(proposals, scores, {}), Error);
   EXPECT_THROW(RejectionSampler().verify(proposals, scores, std::span<Rng>(&rng, 1)), Error);
-}
-
-// ---- gamma controllers ---------------------------------------------------------------------
-
-TEST(GammaController, FixedAndHeuristic) {
-  auto fixed = make_gamma_controller(ControllerKind::kFixed, {3, 0, 8});
-  for (int i = 0; i < 5; ++i) {
-    EXPECT_EQ(fixed->next_gamma(), 3);
-    fixed->observe({3, i % 4, 1.0, 1.0});
-  }
-  auto heuristic = make_gamma_controller(ControllerKind::kHeuristic, {4, 1, 7});
-  EXPECT_EQ(heuristic->next_gamma(), 4);
-  heuristic->observe({4, 4, 1, 1});  // all accepted: +2
-  EXPECT_EQ(heuristic->next_gamma(), 6);
-  heuristic->observe({6, 6, 1, 1});  // clamped at 7
-  EXPECT_EQ(heuristic->next_gamma(), 7);
-  heuristic->observe({7, 2, 1, 1});  // -1
-  EXPECT_EQ(heuristic->next_gamma(), 6);
-  for (int i = 0; i < 10; ++i) heuristic->observe({6, 0, 1, 1});
-  EXPECT_EQ(heuristic->next_gamma(), 1);  // clamped at gamma_min
-  EXPECT_THROW(make_gamma_controller(ControllerKind::kGoodput, {9, 0, 8}), Error);
-  EXPECT_THROW(make_gamma_controller(ControllerKind::kFixed, {1, 2, 8}), Error);
-  EXPECT_THROW(parse_controller("adaptive"), Error);
 }
 
 }  // namespace

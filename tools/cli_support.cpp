@@ -7,7 +7,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 
 namespace specrun::tools {
 
@@ -29,13 +29,6 @@ std::vector<int32_t> parse_token_ids(const std::string& text, const std::string&
     start = comma + 1;
   }
   return ids;
-}
-
-std::optional<kernels::RopeStyle> parse_rope_style(const std::string& text) {
-  if (text == "auto") return std::nullopt;
-  if (text == "rotate-half") return kernels::RopeStyle::kRotateHalf;
-  if (text == "interleaved") return kernels::RopeStyle::kInterleaved;
-  throw Error("--rope-style: '" + text + "' is not one of auto, rotate-half, interleaved");
 }
 
 int run_reporting_errors(const char* program, const std::string& log_level,

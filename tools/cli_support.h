@@ -3,19 +3,13 @@
 
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <string>
 #include <vector>
-
-#include "kernels/backend.h"
 
 namespace specrun::tools {
 
 // "1,2,3" -> {1, 2, 3}; throws Error naming `flag` on anything that is not a token id.
 std::vector<int32_t> parse_token_ids(const std::string& text, const std::string& flag);
-
-// "auto" -> nullopt; "rotate-half", "interleaved"; throws Error otherwise.
-std::optional<kernels::RopeStyle> parse_rope_style(const std::string& text);
 
 // Sends logs to stderr at `log_level`, runs `body`, and turns any exception into one line on
 // stderr ("<program>: error: ...") and exit code 1.

@@ -11,10 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "runtime/base/device_buffer.h"
+#include "runtime/engine/batch_engine.h"
 #include "runtime/engine/device.h"
-#include "runtime/engine/speculative.h"
 #include "runtime/model/model.h"
 #include "runtime/model/synthetic.h"
 #include "runtime/sampling/rng.h"
@@ -238,22 +238,22 @@ int run_device_bench(const DeviceBenchOptions& options) {
     // per-step costs with the speedup Leviathan et al.'s formula gives them at real acceptances.
     const std::vector<int32_t> prompt =
         random_tokens(options.context, target_config.vocab_size, rng);
-    GenerationOptions generation;
-    generation.sampling.temperature = 0.0f;
-    generation.max_tokens = options.generate_tokens;
-    generation.stop_at_eos = false;
-    auto generate = [&](SpeculativeMethod method, int64_t gamma) {
-      SpeculativeOptions speculative;
-      speculative.method = method;
-      speculative.controller = ControllerKind::kFixed;
-      speculative.gamma = {gamma, 0, std::max<int64_t>(gamma, 1)};
-      SpeculativeGenerator generator(*target, draft.get(), generation, speculative);
-      SpeculativeStats stats;
-      generator.generate(prompt, {}, &stats);  // warm-up
-      generator.generate(prompt, {}, &stats);
-      return stats;
+    auto generate = [&](SpeculationMethod method, int64_t gamma) {
+      EngineRequest request;
+      request.prompt = prompt;
+      request.sampling.temperature = 0.0f;
+      request.sampling.max_tokens = options.generate_tokens;
+      request.sampling.stop_at_eos = false;
+      request.speculation.method = method;
+      request.speculation.controller = GammaControl::kFixed;
+      request.speculation.gamma = gamma;
+      request.speculation.gamma_min = 0;
+      request.speculation.gamma_max = std::max<int64_t>(gamma, 1);
+      BatchEngine engine(*target, draft.get(), {.max_batch = 1});
+      engine.run(request);  // warm-up
+      return engine.run(request).stats;
     };
-    const SpeculativeStats alone = generate(SpeculativeMethod::kNone, 0);
+    const SequenceStats alone = generate(SpeculationMethod::kNone, 0);
     const double alone_tps = 1e3 * static_cast<double>(alone.tokens_generated) / alone.total_ms;
     std::printf(
         "generation, %lld greedy tokens after a %lld-token prompt: target alone %.1f tokens/s\n",
@@ -265,7 +265,7 @@ int run_device_bench(const DeviceBenchOptions& options) {
     nlohmann::json runs = nlohmann::json::array();
     for (const int64_t gamma : {2, 4, 6}) {
       if (gamma + 1 > options.max_verify_tokens) break;
-      const SpeculativeStats stats = generate(SpeculativeMethod::kDraftModel, gamma);
+      const SequenceStats stats = generate(SpeculationMethod::kDraftModel, gamma);
       const double tps = 1e3 * static_cast<double>(stats.tokens_generated) / stats.total_ms;
       const double steps = static_cast<double>(std::max<int64_t>(stats.steps, 1));
       const double v = verify_ratio[static_cast<size_t>(gamma + 1)];

@@ -2,7 +2,7 @@
 
 #include <fstream>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 
 namespace specrun::tools {
 namespace {
@@ -37,14 +37,14 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
                          {"draft_ms", stats.draft_ms},
                          {"target_ms", stats.target_ms},
                          {"prompt_tokens", stats.prompt_tokens},
-                         {"stop_reason", stop_reason_name(run.stop_reason)},
+                         {"finish_reason", to_string(run.reason)},
                          {"steps", stats.steps},
                          {"drafted", stats.drafted},
                          {"accepted", stats.accepted},
                          {"rejections", stats.rejections},
                          {"total_ms", stats.total_ms},
-                         {"method", method_name(run.method)},
-                         {"controller", controller_name(run.controller)},
+                         {"method", to_string(run.method)},
+                         {"controller", to_string(run.controller)},
                          {"backend", run.backend},
                          {"threads", run.threads}};
   if (run.baseline) {
@@ -56,12 +56,13 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
 }
 
 void print_stats(std::FILE* stream, const RequestStats& stats, const RunDescription& run) {
-  std::fprintf(stream,
-               "specrun: %lld prompt tokens, %lld generated (stop: %s) in %.1f ms on %s with %d "
-               "threads: %.1f tokens/s\n",
-               static_cast<long long>(stats.prompt_tokens),
-               static_cast<long long>(stats.tokens_generated), stop_reason_name(run.stop_reason),
-               stats.total_ms, run.backend.c_str(), run.threads, stats.tokens_per_second);
+  std::fprintf(
+      stream,
+      "specrun: %lld prompt tokens, %lld generated (finished: %s) in %.1f ms on %s with %d "
+      "threads: %.1f tokens/s\n",
+      static_cast<long long>(stats.prompt_tokens), static_cast<long long>(stats.tokens_generated),
+      to_string(run.reason), stats.total_ms, run.backend.c_str(), run.threads,
+      stats.tokens_per_second);
   std::fprintf(stream,
                "specrun: time to first token %.1f ms; inter-token latency mean %.2f ms, p50 "
                "%.2f ms, p99 %.2f ms\n",
@@ -71,7 +72,7 @@ void print_stats(std::FILE* stream, const RequestStats& stats, const RunDescript
     histogram +=
         (histogram.empty() ? "" : " ") + std::to_string(gamma) + ":" + std::to_string(steps);
   }
-  if (run.method == SpeculativeMethod::kNone) {
+  if (run.method == SpeculationMethod::kNone) {
     std::fprintf(stream, "specrun: plain decoding, %lld target steps, target %.1f ms\n",
                  static_cast<long long>(stats.steps), stats.target_ms);
     return;
@@ -79,7 +80,7 @@ void print_stats(std::FILE* stream, const RequestStats& stats, const RunDescript
   std::fprintf(stream,
                "specrun: speculative (%s, %s controller): acceptance %.3f, %.2f tokens per "
                "target step over %lld steps; gamma histogram (drafts:steps) %s\n",
-               method_name(run.method), controller_name(run.controller), stats.acceptance_rate,
+               to_string(run.method), to_string(run.controller), stats.acceptance_rate,
                stats.mean_accepted_length, static_cast<long long>(stats.steps), histogram.c_str());
   const double busy = stats.draft_ms + stats.target_ms;
   std::fprintf(stream, "specrun: time split: draft %.1f ms (%.0f%%), target %.1f ms (%.0f%%)\n",

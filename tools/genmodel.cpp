@@ -4,7 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "tools/cli_support.h"
 #include "tools/fixtures/checkpoint_generator.h"
 

@@ -19,8 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "runtime/engine/batch_engine.h"
 #include "runtime/engine/pairing.h"
-#include "runtime/engine/speculative.h"
 #include "runtime/model/model.h"
 #include "runtime/sampling/rng.h"
 #include "tools/cli_support.h"
@@ -137,20 +137,23 @@ struct RunSummary {
   std::map<int64_t, int64_t> gamma_histogram;
 };
 
+// The prompts one after another through one engine (so an adaptive controller learns across
+// them, as a server's does), each alone in its batch.
 RunSummary run_generation(specrun::Model& target, specrun::Model* draft,
                           const std::vector<std::vector<int32_t>>& prompts, int64_t tokens,
-                          float temperature, const specrun::SpeculativeOptions& speculative) {
-  specrun::GenerationOptions generation;
-  generation.sampling.temperature = temperature;
-  generation.max_tokens = tokens;
-  generation.stop_at_eos = false;
-  specrun::SpeculativeGenerator generator(target, draft, generation, speculative);
+                          float temperature, const specrun::SpeculationSettings& speculation) {
+  specrun::BatchEngine engine(target, draft, {.max_batch = 1});
   RunSummary summary;
   int64_t generated = 0, drafted = 0, accepted = 0, steps = 0, committed = 0, rejections = 0;
   double total_ms = 0, draft_ms = 0;
   for (size_t p = 0; p < prompts.size(); ++p) {
-    specrun::SpeculativeStats stats;
-    generator.generate(prompts[p], {}, &stats);
+    specrun::EngineRequest request;
+    request.prompt = prompts[p];
+    request.sampling.temperature = temperature;
+    request.sampling.max_tokens = tokens;
+    request.sampling.stop_at_eos = false;
+    request.speculation = speculation;
+    const specrun::SequenceStats stats = engine.run(std::move(request)).stats;
     generated += stats.tokens_generated;
     total_ms += stats.total_ms;
     draft_ms += stats.draft_ms;
@@ -223,8 +226,8 @@ nlohmann::json speculative_bench(const std::string& label, const std::string& ta
     }
     prompts.push_back(prompt);
   }
-  specrun::SpeculativeOptions plain;
-  plain.method = specrun::SpeculativeMethod::kNone;
+  specrun::SpeculationSettings plain;
+  plain.method = specrun::SpeculationMethod::kNone;
   const RunSummary baseline = run_generation(*target, nullptr, prompts, tokens, temperature, plain);
   std::printf("target only: %.1f tokens/s (temperature %.2f, %lld prompts x %lld tokens)\n",
               baseline.tokens_per_second, temperature, static_cast<long long>(prompt_count),
@@ -240,9 +243,9 @@ nlohmann::json speculative_bench(const std::string& label, const std::string& ta
   std::printf("%-10s %8s %8s %10s %10s %10s  %s\n", "controller", "gamma", "alpha", "tokens/s",
               "speedup", "predicted", "gamma histogram (drafts:steps)");
   auto report = [&](const std::string& controller, int64_t gamma,
-                    const specrun::SpeculativeOptions& speculative) {
+                    const specrun::SpeculationSettings& speculation) {
     const RunSummary run =
-        run_generation(*target, draft.get(), prompts, tokens, temperature, speculative);
+        run_generation(*target, draft.get(), prompts, tokens, temperature, speculation);
     const double speedup = run.tokens_per_second / baseline.tokens_per_second;
     // Leviathan et al.: E(gamma) = (1 - alpha^(gamma + 1)) / (1 - alpha) tokens per step, each
     // step costing gamma draft steps and one verification of gamma + 1 tokens; alpha is the
@@ -270,12 +273,13 @@ nlohmann::json speculative_bench(const std::string& label, const std::string& ta
           std::isnan(predicted) ? nlohmann::json() : nlohmann::json(predicted)}});
   };
   for (const int64_t gamma : {1, 2, 3, 4, 6, 8}) {
-    specrun::SpeculativeOptions fixed;
-    fixed.controller = specrun::ControllerKind::kFixed;
-    fixed.gamma = {gamma, gamma, 8};
+    specrun::SpeculationSettings fixed;
+    fixed.controller = specrun::GammaControl::kFixed;
+    fixed.gamma = fixed.gamma_min = gamma;
+    fixed.gamma_max = 8;
     report("fixed", gamma, fixed);
   }
-  specrun::SpeculativeOptions goodput;  // the default controller
+  specrun::SpeculationSettings goodput;  // the default controller
   report("goodput", 0, goodput);
 
   // The goodput controller's speedup again, paired: target-only and goodput runs alternate, so

@@ -17,9 +17,6 @@
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
-#include "runtime/api/engine_config.h"
-#include "runtime/engine/run_config.h"
-#include "runtime/engine/speculative.h"
 #include "specrun/specrun.hpp"
 #include "tools/bundled_pair.h"
 #include "tools/cli_support.h"
@@ -34,7 +31,7 @@ struct Options {
   std::string config_path;                // TOML settings, overridden by flags
   std::optional<std::string> prompt;      // --prompt TEXT
   std::optional<std::string> prompt_ids;  // "1,2,3"; given but empty is an error
-  std::optional<int64_t> gamma;           // --gamma N: the first (and with fixed, every) gamma
+  std::optional<int64_t> gamma;           // --gamma N: the first drafting step's depth
   bool no_draft = false;                  // plain decoding even with a draft
   bool compare = false;                   // rerun on the target alone and report the speedup
   std::string stats_json;                 // --stats-json FILE
@@ -42,14 +39,14 @@ struct Options {
   std::string log_level = "warn";         // spdlog level
   bool ignore_eos = false;                // generate past EOS
   bool quiet = false;                     // no stats on stderr
-  specrun::RunConfig flags;               // values of the settings given as flags
+  specrun::EngineConfig flags;            // values of the settings given as flags
   // Copies the settings given on the command line over a config.
-  std::function<void(specrun::RunConfig&)> apply_flags;
+  std::function<void(specrun::EngineConfig&)> apply_flags;
 };
 
 // Without a target (flag or [model] target): the bundled pair (models/pycode-*), announced in
 // one line on stderr.
-void with_bundled_pair(specrun::RunConfig& config) {
+void with_bundled_pair(specrun::EngineConfig& config) {
   if (!config.target.empty()) return;
   if (!config.draft.empty()) throw specrun::Error("--draft needs --target");
   const std::optional<specrun::tools::BundledPair> pair = specrun::tools::find_bundled_pair();
@@ -73,30 +70,30 @@ void with_bundled_pair(specrun::RunConfig& config) {
 
 // The settings of this run: defaults, then the config file, then the flags; the models from the
 // flags, then the file's [model] table, then the bundled pair.
-specrun::RunConfig resolve_config(const Options& options) {
-  specrun::RunConfig config;
-  if (!options.config_path.empty()) config = specrun::load_run_config(options.config_path);
+specrun::EngineConfig resolve_config(const Options& options) {
+  specrun::EngineConfig config;
+  if (!options.config_path.empty()) config = specrun::EngineConfig::from_toml(options.config_path);
   options.apply_flags(config);
   if (!options.target.empty()) config.target = options.target;
   if (!options.draft.empty()) config.draft = options.draft;
   with_bundled_pair(config);
-  if (options.ignore_eos) config.generation.stop_at_eos = false;
-  specrun::SpeculativeOptions& speculative = config.speculative;
+  if (options.ignore_eos) config.sampling.stop_at_eos = false;
+  specrun::SpeculationSettings& speculation = config.speculation;
   if (options.gamma) {
     // --gamma moves the range with it when it falls outside.
-    speculative.gamma.initial = *options.gamma;
-    speculative.gamma.max = std::max(speculative.gamma.max, *options.gamma);
-    speculative.gamma.min = std::min(speculative.gamma.min, *options.gamma);
+    speculation.gamma = *options.gamma;
+    speculation.gamma_max = std::max(speculation.gamma_max, *options.gamma);
+    speculation.gamma_min = std::min(speculation.gamma_min, *options.gamma);
   }
-  if (options.no_draft) speculative.method = specrun::SpeculativeMethod::kNone;
-  if (speculative.method == specrun::SpeculativeMethod::kDraftModel && config.draft.empty()) {
+  if (options.no_draft) speculation.method = specrun::SpeculationMethod::kNone;
+  if (speculation.method == specrun::SpeculationMethod::kDraftModel && config.draft.empty()) {
     spdlog::info("no --draft: plain decoding");
-    speculative.method = specrun::SpeculativeMethod::kNone;
+    speculation.method = specrun::SpeculationMethod::kNone;
   }
   // The draft is loaded (and checked against the target) only when it proposes.
-  if (speculative.method != specrun::SpeculativeMethod::kDraftModel) config.draft.clear();
+  if (speculation.method != specrun::SpeculationMethod::kDraftModel) config.draft.clear();
   config.max_batch = 1;  // one request at a time
-  specrun::validate_run_config(config);
+  config.rope_style = options.rope_style;
   return config;
 }
 
@@ -108,27 +105,16 @@ std::string read_stdin() {
   return text;
 }
 
-// Why generation ended, in the report's terms; a failed request is the run's error.
-specrun::StopReason stop_reason(const specrun::Result& result) {
-  switch (result.reason) {
-    case specrun::FinishReason::kEndOfSequence:
-      return specrun::StopReason::kEndOfSequence;
-    case specrun::FinishReason::kMaxTokens:
-      return specrun::StopReason::kMaxTokens;
-    case specrun::FinishReason::kContextLimit:
-      return specrun::StopReason::kContextLimit;
-    case specrun::FinishReason::kFailed:
-      throw specrun::Error(result.error);
-    case specrun::FinishReason::kCancelled:
-    case specrun::FinishReason::kShutdown:
-      break;
-  }
-  return specrun::StopReason::kStopped;
+// Why generation ended; a failed request is the run's error.
+specrun::FinishReason finish_reason(const specrun::Result& result) {
+  if (result.reason == specrun::FinishReason::kFailed) throw specrun::Error(result.error);
+  return result.reason;
 }
 
 int run(const Options& options) {
-  // Every argument is checked before the (possibly large) models are loaded.
-  const specrun::RunConfig config = resolve_config(options);
+  // Every argument is checked before the (possibly large) models are loaded (create() checks the
+  // settings first).
+  const specrun::EngineConfig engine_config = resolve_config(options);
   if (options.prompt && options.prompt_ids) {
     throw specrun::Error("--prompt and --prompt-ids exclude each other");
   }
@@ -139,9 +125,6 @@ int run(const Options& options) {
   if (!options.stats_json.empty() && !std::ofstream(options.stats_json, std::ios::app)) {
     throw specrun::Error("--stats-json: cannot write " + options.stats_json);
   }
-  specrun::tools::parse_rope_style(options.rope_style);
-  specrun::EngineConfig engine_config = specrun::to_engine_config(config);
-  engine_config.rope_style = options.rope_style;
   const auto engine = specrun::Engine::create(engine_config);
   const specrun::EngineInfo& info = engine->info();
 
@@ -187,24 +170,27 @@ int run(const Options& options) {
     return plain;
   };
   const bool compare =
-      options.compare && config.speculative.method != specrun::SpeculativeMethod::kNone;
+      options.compare && engine_config.speculation.method != specrun::SpeculationMethod::kNone;
   if (compare) {
     specrun::Request warm_up = on_target_alone(request);
     warm_up.sampling = engine_config.sampling;
     warm_up.sampling->max_tokens = std::min<int64_t>(warm_up.sampling->max_tokens, 16);
-    stop_reason(engine->submit(warm_up).wait());  // throws if it failed
+    finish_reason(engine->submit(warm_up).wait());  // throws if it failed
   }
   const specrun::Result result = engine->submit(request, print).wait();
   std::printf("\n");
   std::fflush(stdout);
 
-  specrun::tools::RunDescription run{
-      info.device,         info.threads, config.speculative.method, config.speculative.controller,
-      stop_reason(result), std::nullopt};
+  specrun::tools::RunDescription run{info.device,
+                                     info.threads,
+                                     engine_config.speculation.method,
+                                     engine_config.speculation.controller,
+                                     finish_reason(result),
+                                     std::nullopt};
   if (compare) {
     // The same request (prompt, sampling settings and seed) on the target alone, not shown.
     const specrun::Result baseline = engine->submit(on_target_alone(request)).wait();
-    stop_reason(baseline);  // throws if it failed
+    finish_reason(baseline);  // throws if it failed
     run.baseline = specrun::tools::Baseline{baseline.stats.tokens_per_second,
                                             baseline.tokens == result.tokens};
   }
@@ -215,11 +201,19 @@ int run(const Options& options) {
   return 0;
 }
 
+// A choice's name (as the settings spell it) for each value, for the flag that takes it.
+template <typename Enum>
+std::map<std::string, Enum> named(std::initializer_list<Enum> values) {
+  std::map<std::string, Enum> names;
+  for (const Enum value : values) names.emplace(specrun::to_string(value), value);
+  return names;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Options options;
-  specrun::RunConfig& f = options.flags;
+  specrun::EngineConfig& f = options.flags;
   CLI::App app{"specrun: generate from a Llama-family checkpoint (speculative decoding runtime)"};
   app.add_option("--target", options.target,
                  "Target checkpoint: a directory with config.json and *.safetensors, or a "
@@ -236,7 +230,9 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-ids", options.prompt_ids,
                  "Prompt as comma-separated token ids, e.g. 1,450,4996 (for debugging)");
   app.add_option("--gamma", options.gamma,
-                 "Drafts per step to start with (every step with --controller fixed)");
+                 "Drafts in the first drafting step: every step with --controller fixed, the "
+                 "starting point with heuristic and goodput (goodput may decode plainly first "
+                 "while it measures the target's costs); --gamma-max is raised to it if lower");
   app.add_flag("--no-draft", options.no_draft,
                "Run the target alone (plain decoding), for comparison");
   app.add_flag("--compare", options.compare,
@@ -244,47 +240,50 @@ int main(int argc, char** argv) {
                "shown) and report its speed and the speedup; a short untimed run on the target "
                "alone goes first, so that neither pays for paging the weights in");
   CLI::Option* method = app.add_option(
-      "--method", f.speculative.method,
+      "--method", f.speculation.method,
       "Who proposes: draft (the --draft model), prompt_lookup (n-grams of the text so far), "
       "none");
   method->transform(CLI::CheckedTransformer(
-      std::map<std::string, specrun::SpeculativeMethod>{
-          {"draft", specrun::SpeculativeMethod::kDraftModel},
-          {"prompt_lookup", specrun::SpeculativeMethod::kPromptLookup},
-          {"none", specrun::SpeculativeMethod::kNone}},
+      named({specrun::SpeculationMethod::kDraftModel, specrun::SpeculationMethod::kPromptLookup,
+             specrun::SpeculationMethod::kNone}),
       CLI::ignore_case));
-  CLI::Option* controller =
-      app.add_option("--controller", f.speculative.controller,
-                     "How gamma adapts: goodput (measured tokens per second), heuristic, fixed");
+  CLI::Option* controller = app.add_option(
+      "--controller", f.speculation.controller,
+      "How gamma adapts: goodput (measured tokens per second), heuristic (+2 after a fully "
+      "accepted step, -1 otherwise), fixed");
   controller->transform(CLI::CheckedTransformer(
-      std::map<std::string, specrun::ControllerKind>{
-          {"goodput", specrun::ControllerKind::kGoodput},
-          {"heuristic", specrun::ControllerKind::kHeuristic},
-          {"fixed", specrun::ControllerKind::kFixed}},
+      named({specrun::GammaControl::kGoodput, specrun::GammaControl::kHeuristic,
+             specrun::GammaControl::kFixed}),
       CLI::ignore_case));
   app.add_option("--stats-json", options.stats_json,
                  "Also write the run's stats as JSON to this file");
+  CLI::Option* gamma_min =
+      app.add_option("--gamma-min", f.speculation.gamma_min,
+                     "Fewest drafts per step (0 lets the controller fall back to plain decoding)");
+  CLI::Option* gamma_max =
+      app.add_option("--gamma-max", f.speculation.gamma_max,
+                     "Most drafts per step, at most " + std::to_string(specrun::kMaxGamma));
   CLI::Option* max_tokens =
-      app.add_option("--max-tokens", f.generation.max_tokens, "Most new tokens to generate");
-  CLI::Option* temperature = app.add_option("--temperature", f.generation.sampling.temperature,
-                                            "Sampling temperature; 0 is greedy");
-  CLI::Option* top_k = app.add_option("--top-k", f.generation.sampling.top_k,
-                                      "Keep the k most probable tokens; 0 disables");
+      app.add_option("--max-tokens", f.sampling.max_tokens, "Most new tokens to generate");
+  CLI::Option* temperature =
+      app.add_option("--temperature", f.sampling.temperature, "Sampling temperature; 0 is greedy");
+  CLI::Option* top_k =
+      app.add_option("--top-k", f.sampling.top_k, "Keep the k most probable tokens; 0 disables");
   CLI::Option* top_p = app.add_option(
-      "--top-p", f.generation.sampling.top_p,
+      "--top-p", f.sampling.top_p,
       "Keep the fewest most probable tokens whose probability reaches p; 1 disables");
   CLI::Option* min_p =
-      app.add_option("--min-p", f.generation.sampling.min_p,
+      app.add_option("--min-p", f.sampling.min_p,
                      "Drop tokens less probable than min-p times the most probable; 0 disables");
-  CLI::Option* seed = app.add_option("--seed", f.generation.sampling.seed, "Seed of the sampler");
+  CLI::Option* seed = app.add_option("--seed", f.sampling.seed, "Seed of the sampler");
   CLI::Option* threads = app.add_option("--threads", f.threads, "CPU threads; 0 uses every core");
   CLI::Option* kv_tokens =
       app.add_option("--kv-cache-tokens", f.kv_cache_tokens,
                      "KV cache capacity in tokens; 0 uses the model's context, at most 8192");
   CLI::Option* device = app.add_option("--device", f.device,
                                        "Where the models run: cpu, cuda (the first GPU) or cuda:N");
-  for (CLI::Option* option :
-       {max_tokens, temperature, top_k, top_p, min_p, seed, threads, kv_tokens, device}) {
+  for (CLI::Option* option : {gamma_min, gamma_max, max_tokens, temperature, top_k, top_p, min_p,
+                              seed, threads, kv_tokens, device}) {
     option->capture_default_str();
   }
   app.add_flag("--ignore-eos", options.ignore_eos, "Keep generating past end-of-sequence tokens");
@@ -306,20 +305,21 @@ int main(int argc, char** argv) {
 
   // Settings given as flags win over the config file.
   auto given = [](const CLI::Option* option) { return option->count() > 0; };
-  options.apply_flags = [&](specrun::RunConfig& config) {
-    if (given(max_tokens)) config.generation.max_tokens = f.generation.max_tokens;
-    if (given(temperature))
-      config.generation.sampling.temperature = f.generation.sampling.temperature;
-    if (given(top_k)) config.generation.sampling.top_k = f.generation.sampling.top_k;
-    if (given(top_p)) config.generation.sampling.top_p = f.generation.sampling.top_p;
-    if (given(min_p)) config.generation.sampling.min_p = f.generation.sampling.min_p;
-    if (given(seed)) config.generation.sampling.seed = f.generation.sampling.seed;
+  options.apply_flags = [&](specrun::EngineConfig& config) {
+    if (given(gamma_min)) config.speculation.gamma_min = f.speculation.gamma_min;
+    if (given(gamma_max)) config.speculation.gamma_max = f.speculation.gamma_max;
+    if (given(max_tokens)) config.sampling.max_tokens = f.sampling.max_tokens;
+    if (given(temperature)) config.sampling.temperature = f.sampling.temperature;
+    if (given(top_k)) config.sampling.top_k = f.sampling.top_k;
+    if (given(top_p)) config.sampling.top_p = f.sampling.top_p;
+    if (given(min_p)) config.sampling.min_p = f.sampling.min_p;
+    if (given(seed)) config.sampling.seed = f.sampling.seed;
     if (given(threads)) config.threads = f.threads;
     if (given(kv_tokens)) config.kv_cache_tokens = f.kv_cache_tokens;
     if (given(device)) config.device = f.device;
     if (given(deterministic)) config.deterministic = f.deterministic;
-    if (given(method)) config.speculative.method = f.speculative.method;
-    if (given(controller)) config.speculative.controller = f.speculative.controller;
+    if (given(method)) config.speculation.method = f.speculation.method;
+    if (given(controller)) config.speculation.controller = f.speculation.controller;
   };
   return specrun::tools::run_reporting_errors("specrun", options.log_level,
                                               [&] { return run(options); });

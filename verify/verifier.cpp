@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "runtime/sampling/sampler.h"
 
 namespace specrun {

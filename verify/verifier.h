@@ -6,7 +6,7 @@
 #include <span>
 
 #include "runtime/sampling/rng.h"
-#include "verify/types.h"
+#include "runtime/sampling/speculative_step.h"
 
 namespace specrun {
 

@@ -26,15 +26,3 @@ std::string Status::to_string() const {
 }
 
 }  // namespace specrun
-
-#include "kernels/core/check.h"
-
-namespace specrun::detail {
-
-void throw_status(const Status& status, const char* what, const char* file, int line) {
-  std::ostringstream message;
-  message << what << ": " << status.to_string() << " (" << file << ":" << line << ")";
-  throw Error(message.str());
-}
-
-}  // namespace specrun::detail

@@ -1,5 +1,5 @@
 // Status: what every kernel launcher returns. Kernels never throw; the runtime turns a failed
-// status into an exception that says what was being done (see check.h).
+// status into an exception that says what was being done (runtime/base/check.h).
 #pragma once
 
 #include <string>

@@ -301,7 +301,8 @@ specrun_request_stats to_c(const specrun::RequestStats& stats) {
   c.rejections = stats.rejections;
   c.acceptance_rate = stats.acceptance_rate;
   c.mean_accepted_length = stats.mean_accepted_length;
-  // Gamma never exceeds SPECRUN_MAX_GAMMA (validate_speculative's bound).
+  // Gamma never exceeds SPECRUN_MAX_GAMMA, the C spelling of specrun::kMaxGamma.
+  static_assert(SPECRUN_MAX_GAMMA == specrun::kMaxGamma);
   for (const auto& [gamma, steps] : stats.gamma_histogram) {
     if (gamma >= 0 && gamma <= SPECRUN_MAX_GAMMA) c.gamma_histogram[gamma] = steps;
   }

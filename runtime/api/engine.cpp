@@ -11,11 +11,11 @@
 #include <utility>
 
 #include "kernels/cpu/thread_pool.h"
-#include "runtime/api/engine_config.h"
+#include "runtime/api/config.h"
 #include "runtime/engine/batch_engine.h"
 #include "runtime/engine/device.h"
 #include "runtime/engine/pairing.h"
-#include "runtime/engine/run_config.h"
+#include "runtime/engine/settings.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
 #include "specrun/specrun.hpp"
@@ -71,137 +71,16 @@ double ms_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
-SpeculativeMethod to_internal(SpeculationMethod method) {
-  switch (method) {
-    case SpeculationMethod::kDraftModel:
-      return SpeculativeMethod::kDraftModel;
-    case SpeculationMethod::kPromptLookup:
-      return SpeculativeMethod::kPromptLookup;
-    case SpeculationMethod::kNone:
-      return SpeculativeMethod::kNone;
-  }
-  throw Error("speculation method " + std::to_string(static_cast<int>(method)) +
-              " is not one of kDraftModel, kPromptLookup, kNone");
-}
-
-ControllerKind to_internal(GammaControl controller) {
-  switch (controller) {
-    case GammaControl::kGoodput:
-      return ControllerKind::kGoodput;
-    case GammaControl::kHeuristic:
-      return ControllerKind::kHeuristic;
-    case GammaControl::kFixed:
-      return ControllerKind::kFixed;
-  }
-  throw Error("gamma controller " + std::to_string(static_cast<int>(controller)) +
-              " is not one of kGoodput, kHeuristic, kFixed");
-}
-
-SpeculationMethod to_public(SpeculativeMethod method) {
-  switch (method) {
-    case SpeculativeMethod::kDraftModel:
-      return SpeculationMethod::kDraftModel;
-    case SpeculativeMethod::kPromptLookup:
-      return SpeculationMethod::kPromptLookup;
-    case SpeculativeMethod::kNone:
-      break;
-  }
-  return SpeculationMethod::kNone;
-}
-
-GammaControl to_public(ControllerKind controller) {
-  switch (controller) {
-    case ControllerKind::kGoodput:
-      return GammaControl::kGoodput;
-    case ControllerKind::kHeuristic:
-      return GammaControl::kHeuristic;
-    case ControllerKind::kFixed:
-      break;
-  }
-  return GammaControl::kFixed;
-}
-
-FinishReason to_public(FinishStatus status) {
-  switch (status) {
-    case FinishStatus::kEndOfSequence:
-      return FinishReason::kEndOfSequence;
-    case FinishStatus::kMaxTokens:
-      return FinishReason::kMaxTokens;
-    case FinishStatus::kContextLimit:
-      return FinishReason::kContextLimit;
-    case FinishStatus::kCancelled:
-      return FinishReason::kCancelled;
-    case FinishStatus::kShutdown:
-      return FinishReason::kShutdown;
-    case FinishStatus::kFailed:
-      break;
-  }
-  return FinishReason::kFailed;
-}
-
-// The engine's settings for public ones, validated; `context` ("request", "EngineConfig") starts
+// Settings checked where they came from: `context` ("request", "EngineConfig sampling") starts
 // the message of the Error naming a bad value.
-GenerationOptions to_internal(const SamplingSettings& sampling, const std::string& context) {
-  GenerationOptions options;
-  options.sampling.temperature = sampling.temperature;
-  options.sampling.top_k = sampling.top_k;
-  options.sampling.top_p = sampling.top_p;
-  options.sampling.min_p = sampling.min_p;
-  options.sampling.seed = sampling.seed;
-  options.max_tokens = sampling.max_tokens;
-  options.stop_at_eos = sampling.stop_at_eos;
+template <typename Settings>
+const Settings& checked(const Settings& settings, const std::string& context) {
   try {
-    validate_sampling(options.sampling);
-    if (options.max_tokens < 0) {
-      throw Error("max_tokens must be >= 0, got " + std::to_string(options.max_tokens));
-    }
+    validate(settings);
   } catch (const Error& error) {
     throw Error(context + ": " + error.what());
   }
-  return options;
-}
-
-SpeculativeOptions to_internal(const SpeculationSettings& speculation, const std::string& context) {
-  SpeculativeOptions options;
-  try {
-    options.method = to_internal(speculation.method);
-    options.controller = to_internal(speculation.controller);
-    options.gamma = {speculation.gamma, speculation.gamma_min, speculation.gamma_max};
-    options.draft_p_min = speculation.draft_p_min;
-    options.lookup_min_ngram = speculation.lookup_min_ngram;
-    options.lookup_max_ngram = speculation.lookup_max_ngram;
-    validate_speculative(options);
-  } catch (const Error& error) {
-    throw Error(context + ": " + error.what());
-  }
-  return options;
-}
-
-std::optional<kernels::RopeStyle> parse_rope_style(const std::string& style) {
-  if (style == "auto") return std::nullopt;
-  if (style == "rotate-half") return kernels::RopeStyle::kRotateHalf;
-  if (style == "interleaved") return kernels::RopeStyle::kInterleaved;
-  throw Error("EngineConfig: rope_style '" + style +
-              "' is not one of auto, rotate-half, interleaved");
-}
-
-void validate_config(const EngineConfig& config) {
-  if (config.target.empty()) throw Error("EngineConfig: target is empty: name a checkpoint");
-  // The bounds the same keys have in a TOML file.
-  RunConfig run;
-  run.device = config.device;
-  run.threads = config.threads;
-  run.kv_cache_tokens = config.kv_cache_tokens;
-  run.kv_block_size = config.kv_block_size;
-  run.max_batch = config.max_batch;
-  try {
-    validate_run_config(run);
-  } catch (const Error& error) {
-    throw Error(std::string("EngineConfig: ") + error.what());
-  }
-  parse_rope_style(config.rope_style);
-  to_internal(config.sampling, "EngineConfig sampling");
-  to_internal(config.speculation, "EngineConfig speculation");
+  return settings;
 }
 
 // The request's prompt as token ids: given ids as they are, text through the tokenizer with its
@@ -226,7 +105,7 @@ std::vector<int32_t> prompt_tokens(const detail::EngineCore& core, const Request
 
 // The final figures of a request: times measured here from submit(), step figures from the batch
 // engine (null when it finished before it ever ran).
-RequestStats request_stats(const detail::RequestState& state, const SpeculativeStats* engine,
+RequestStats request_stats(const detail::RequestState& state, const SequenceStats* engine,
                            double queue_ms, double total_ms, int64_t tokens) {
   RequestStats stats;
   stats.prompt_tokens = state.prompt_tokens;
@@ -234,9 +113,9 @@ RequestStats request_stats(const detail::RequestState& state, const SpeculativeS
   stats.queue_ms = queue_ms;
   stats.total_ms = total_ms;
   stats.ttft_ms = state.token_ms.empty() ? 0.0 : state.token_ms.front();
-  SpeculativeStats arrivals;
+  SequenceStats arrivals;
   arrivals.token_ms = state.token_ms;
-  const SpeculativeStats::Latency latency = arrivals.inter_token_latency();
+  const SequenceStats::Latency latency = arrivals.inter_token_latency();
   stats.itl_ms_mean = latency.mean;
   stats.itl_ms_p50 = latency.p50;
   stats.itl_ms_p99 = latency.p99;
@@ -274,7 +153,7 @@ void deliver(detail::RequestState& state, BatchEngine& batch, const RequestUpdat
     }
     event.finished = update.finished;
     if (update.finished) {
-      event.reason = to_public(update.status);
+      event.reason = update.reason;
       event.error = update.error;
     }
   } catch (const std::exception& error) {
@@ -303,7 +182,7 @@ void deliver(detail::RequestState& state, BatchEngine& batch, const RequestUpdat
   result.tokens.insert(result.tokens.end(), update.tokens.begin(), update.tokens.end());
   result.text += event.text;
   if (update.finished) {
-    result.reason = failure.empty() ? to_public(update.status) : FinishReason::kFailed;
+    result.reason = failure.empty() ? update.reason : FinishReason::kFailed;
     result.error = failure.empty() ? update.error : failure;
     result.stats =
         request_stats(state, update.stats, update.queue_ms, ms_between(state.submitted, now),
@@ -323,60 +202,6 @@ void deliver(detail::RequestState& state, BatchEngine& batch, const RequestUpdat
 }
 
 }  // namespace
-
-const char* to_string(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kEndOfSequence:
-      return "end_of_sequence";
-    case FinishReason::kMaxTokens:
-      return "max_tokens";
-    case FinishReason::kContextLimit:
-      return "context_limit";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kShutdown:
-      return "shutdown";
-    case FinishReason::kFailed:
-      return "failed";
-  }
-  return "unknown";
-}
-
-EngineConfig EngineConfig::from_toml(const std::string& path) {
-  return to_engine_config(load_run_config(path));
-}
-
-EngineConfig to_engine_config(const RunConfig& run) {
-  EngineConfig config;
-  config.target = run.target;
-  config.draft = run.draft;
-  config.device = run.device;
-  config.threads = run.threads;
-  config.kv_cache_tokens = run.kv_cache_tokens;
-  config.kv_block_size = run.kv_block_size;
-  config.max_batch = run.max_batch;
-  config.deterministic = run.deterministic;
-  const SamplingParams& sampling = run.generation.sampling;
-  config.sampling.temperature = sampling.temperature;
-  // Any k past the vocabulary keeps every token, so clamping to int32 changes nothing.
-  config.sampling.top_k = static_cast<int32_t>(std::clamp<int64_t>(
-      sampling.top_k, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
-  config.sampling.top_p = sampling.top_p;
-  config.sampling.min_p = sampling.min_p;
-  config.sampling.seed = sampling.seed;
-  config.sampling.max_tokens = run.generation.max_tokens;
-  config.sampling.stop_at_eos = run.generation.stop_at_eos;
-  const SpeculativeOptions& speculative = run.speculative;
-  config.speculation.method = to_public(speculative.method);
-  config.speculation.controller = to_public(speculative.controller);
-  config.speculation.gamma = speculative.gamma.initial;
-  config.speculation.gamma_min = speculative.gamma.min;
-  config.speculation.gamma_max = speculative.gamma.max;
-  config.speculation.draft_p_min = speculative.draft_p_min;
-  config.speculation.lookup_min_ngram = speculative.lookup_min_ngram;
-  config.speculation.lookup_max_ngram = speculative.lookup_max_ngram;
-  return config;
-}
 
 // ---- RequestHandle ----------------------------------------------------------------------------
 
@@ -448,7 +273,7 @@ Engine::~Engine() {
 }
 
 std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
-  validate_config(config);
+  checked(config, "EngineConfig");
   auto core = std::make_shared<detail::EngineCore>();
   core->config = config;
   core->started = Clock::now();
@@ -492,12 +317,11 @@ RequestHandle Engine::submit(const Request& request, StreamCallback on_event) {
   detail::EngineCore& core = *impl_->core;
   if (core.shut_down) throw Error("submit: the engine was shut down");
   EngineRequest internal;
-  internal.generation = to_internal(request.sampling.value_or(core.config.sampling), "request");
-  internal.speculative =
-      to_internal(request.speculation.value_or(core.config.speculation), "request");
+  internal.sampling = checked(request.sampling.value_or(core.config.sampling), "request");
+  internal.speculation = checked(request.speculation.value_or(core.config.speculation), "request");
   internal.prompt = prompt_tokens(core, request);
   try {
-    validate_request(*core.target, internal.prompt, internal.generation.max_tokens);
+    validate_prompt(*core.target, internal.prompt);
   } catch (const Error& error) {
     throw Error(std::string("request: ") + error.what());
   }

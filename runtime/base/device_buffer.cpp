@@ -1,6 +1,6 @@
 #include "runtime/base/device_buffer.h"
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 
 namespace specrun {
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 
 namespace specrun {
 

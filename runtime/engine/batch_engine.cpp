@@ -4,37 +4,20 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 
 #include "draft/proposer.h"
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
+#include "runtime/engine/settings.h"
 #include "target/scorer.h"
-#include "verify/batch_gamma.h"
+#include "verify/gamma_policy.h"
 #include "verify/verifier.h"
 
 namespace specrun {
-
-const char* finish_status_name(FinishStatus status) {
-  switch (status) {
-    case FinishStatus::kEndOfSequence:
-      return "end_of_sequence";
-    case FinishStatus::kMaxTokens:
-      return "max_tokens";
-    case FinishStatus::kContextLimit:
-      return "context_limit";
-    case FinishStatus::kCancelled:
-      return "cancelled";
-    case FinishStatus::kShutdown:
-      return "shutdown";
-    case FinishStatus::kFailed:
-      return "failed";
-  }
-  return "?";
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -43,8 +26,9 @@ double milliseconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
-// The most drafts any request may ask for (validate_speculative's bound).
-constexpr int64_t kGammaLimit = 64;
+// A request's draft generator is seeded with its seed xor this, so that it is independent of the
+// verifier's stream (seeded with the seed itself).
+constexpr uint64_t kDraftSeedSalt = 0x5bd1e9955bd1e995ull;
 
 }  // namespace
 
@@ -52,6 +36,7 @@ constexpr int64_t kGammaLimit = 64;
 struct Sequence {
   RequestId id = 0;                    // the engine's id, also the proposer's sequence id
   EngineRequest request;               // as submitted (validated)
+  SamplingParams sampling;             // what the sampler, proposers and scorer read of it
   UpdateCallback on_update;            // where its updates go
   Clock::time_point submitted;         // submit() time: every stat is measured from it
   double queue_ms = 0.0;               // submit to admission
@@ -63,8 +48,21 @@ struct Sequence {
   int64_t reserved_draft_blocks = 0;   // the same in the draft's cache
   Rng verify_rng{0};                   // the verifier's stream (the request's seed)
   Rng draft_rng{0};                    // the drafts' stream
-  std::unique_ptr<GammaController> own_controller;  // fixed or heuristic; null for goodput
-  SpeculativeStats stats;                           // its figures so far
+  SequenceStats stats;                 // its figures so far
+};
+
+// What one step carries from phase to phase; rows are the running sequences, in order.
+struct StepWork {
+  std::vector<DraftPlan> plans;                         // [batch]
+  std::vector<int64_t> catch_up;                        // [batch] tokens the draft read first
+  Proposals proposals;                                  // [batch, gamma]
+  Verdict verdict;                                      // [batch, gamma + 1]
+  std::vector<std::optional<FinishReason>> stops;       // [batch] why a row ends with this step
+  std::vector<size_t> first_new;                        // [batch] where its new tokens begin
+  std::map<GammaControl, std::vector<size_t>> rows_of;  // the rows each policy planned
+  double draft_ms = 0.0;                                // proposing
+  double verify_ms = 0.0;                               // scoring and verifying
+  std::string failure;                                  // why the step failed, "" if it did not
 };
 
 struct BatchEngine::State {
@@ -72,8 +70,7 @@ struct BatchEngine::State {
       : target(target_model),
         draft(draft_model),
         options(engine_options),
-        scorer(target_model, SamplingParams{}),
-        goodput(kGammaLimit) {}
+        scorer(target_model, SamplingParams{}) {}
 
   Model& target;
   Model* draft;
@@ -82,7 +79,9 @@ struct BatchEngine::State {
   Scorer scorer;                                  // each row brings its own sampling settings
   GreedyVerifier greedy_verifier;
   RejectionSampler rejection_sampler;
-  BatchGoodputController goodput;  // the gammas of every goodput-controlled sequence
+  // The gamma policies in use, made on first use; they persist across requests, since acceptance
+  // and costs are properties of the model pair and the machine.
+  std::map<GammaControl, std::unique_ptr<GammaPolicy>> policies;
 
   // Guarded by `mutex`.
   mutable std::mutex mutex;
@@ -103,12 +102,21 @@ struct BatchEngine::State {
   std::once_flag shut_down;
 
   void run();
+  // The phases of a step.
   void admit(std::vector<std::unique_ptr<Sequence>> admitted);
   void step();
-  void finish(std::unique_ptr<Sequence> sequence, FinishStatus status, const std::string& error,
+  void retire_full_contexts();
+  void plan(StepWork& work);
+  void propose(StepWork& work);
+  void score_and_verify(StepWork& work);
+  void commit(StepWork& work);
+  void deliver(StepWork& work);
+
+  void finish(std::unique_ptr<Sequence> sequence, FinishReason reason, const std::string& error,
               std::span<const int32_t> last_tokens = {});
   void publish_kv();
   int64_t cap(const Sequence& sequence) const;
+  GammaPolicy& policy(GammaControl kind);
 };
 
 BatchEngine::BatchEngine(Model& target, Model* draft, const BatchEngineOptions& options)
@@ -142,17 +150,19 @@ void BatchEngine::shutdown() {
 
 RequestId BatchEngine::submit(EngineRequest request, UpdateCallback on_update) {
   State& s = *state_;
-  validate_request(s.target, request.prompt, request.generation.max_tokens);
-  validate_sampling(request.generation.sampling);
-  validate_speculative(request.speculative);
+  validate_prompt(s.target, request.prompt);
+  validate(request.sampling);
+  validate(request.speculation);
 
   auto sequence = std::make_unique<Sequence>();
   sequence->drafts_with_model =
-      request.speculative.method == SpeculativeMethod::kDraftModel && s.draft != nullptr;
+      request.speculation.method == SpeculationMethod::kDraftModel && s.draft != nullptr;
   // Reserve the worst case: the target never holds more than prompt + max_tokens - 1 positions
   // (a step's drafts are capped by the tokens still to come) nor more than its context limit,
   // which counts the cache; the draft holds fewer. So a valid prompt always fits an empty cache.
-  const int64_t worst = static_cast<int64_t>(request.prompt.size()) + request.generation.max_tokens;
+  // (max_tokens is clamped first: prompt + max_tokens must not overflow.)
+  const int64_t prompt = static_cast<int64_t>(request.prompt.size());
+  const int64_t worst = prompt + std::min(request.sampling.max_tokens, s.target.context_limit());
   sequence->reserved_target_blocks =
       s.target.kv_cache().blocks_for(std::min(worst, s.target.context_limit()));
   SPECRUN_CHECK(sequence->reserved_target_blocks <= s.target.kv_cache().layout().num_blocks);
@@ -170,13 +180,9 @@ RequestId BatchEngine::submit(EngineRequest request, UpdateCallback on_update) {
   }
   sequence->submitted = Clock::now();
   sequence->committed = request.prompt;
-  sequence->verify_rng = Rng(request.generation.sampling.seed);
-  sequence->draft_rng = Rng(request.generation.sampling.seed ^ kDraftSeedSalt);
-  if (request.speculative.controller != ControllerKind::kGoodput) {
-    sequence->own_controller =
-        make_gamma_controller(request.speculative.controller, request.speculative.gamma);
-  }
-  sequence->stats.tokens_generated = 0;
+  sequence->sampling = sampling_params(request.sampling);
+  sequence->verify_rng = Rng(request.sampling.seed);
+  sequence->draft_rng = Rng(request.sampling.seed ^ kDraftSeedSalt);
   sequence->request = std::move(request);
   sequence->on_update = std::move(on_update);
 
@@ -193,6 +199,45 @@ RequestId BatchEngine::submit(EngineRequest request, UpdateCallback on_update) {
   }
   s.wake.notify_all();
   return id;
+}
+
+std::vector<Completion> BatchEngine::run(std::vector<EngineRequest> requests) {
+  std::vector<Completion> completions(requests.size());
+  std::mutex mutex;
+  std::condition_variable done;
+  size_t finished = 0;
+  std::vector<RequestId> submitted;
+  try {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      submitted.push_back(submit(std::move(requests[i]), [&, i](const RequestUpdate& update) {
+        Completion& completion = completions[i];
+        completion.tokens.insert(completion.tokens.end(), update.tokens.begin(),
+                                 update.tokens.end());
+        if (!update.finished) return;
+        completion.reason = update.reason;
+        completion.error = update.error;
+        if (update.stats != nullptr) completion.stats = *update.stats;
+        std::lock_guard lock(mutex);
+        finished += 1;
+        done.notify_all();
+      }));
+    }
+  } catch (...) {
+    // The callbacks of those already queued write into this frame: they must end first.
+    for (const RequestId id : submitted) cancel(id);
+    std::unique_lock lock(mutex);
+    done.wait(lock, [&] { return finished == submitted.size(); });
+    throw;
+  }
+  std::unique_lock lock(mutex);
+  done.wait(lock, [&] { return finished == requests.size(); });
+  return completions;
+}
+
+Completion BatchEngine::run(EngineRequest request) {
+  std::vector<EngineRequest> one;
+  one.push_back(std::move(request));
+  return std::move(run(std::move(one)).front());
 }
 
 bool BatchEngine::cancel(RequestId id) {
@@ -219,7 +264,13 @@ void BatchEngine::State::publish_kv() {
   counters.waiting = static_cast<int64_t>(queue.size());
 }
 
-void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishStatus status,
+GammaPolicy& BatchEngine::State::policy(GammaControl kind) {
+  std::unique_ptr<GammaPolicy>& slot = policies[kind];
+  if (!slot) slot = make_gamma_policy(kind, kMaxGamma);
+  return *slot;
+}
+
+void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishReason reason,
                                 const std::string& error, std::span<const int32_t> last_tokens) {
   if (sequence->target_kv >= 0) {
     target.kv_cache().remove_sequence(sequence->target_kv);
@@ -227,9 +278,9 @@ void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishStatus
     reserved_draft_blocks -= sequence->reserved_draft_blocks;
     if (sequence->drafts_with_model)
       draft_proposer->remove_sequence(static_cast<int64_t>(sequence->id));
-    goodput.remove_sequence(static_cast<int64_t>(sequence->id));
+    for (auto& [kind, policy] : policies) policy->forget(static_cast<int64_t>(sequence->id));
   }
-  SpeculativeStats& stats = sequence->stats;
+  SequenceStats& stats = sequence->stats;
   stats.total_ms = milliseconds(sequence->submitted, Clock::now());
   stats.tokens_generated = sequence->generated;
   {
@@ -244,7 +295,7 @@ void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishStatus
     update.id = sequence->id;
     update.tokens = last_tokens;
     update.finished = true;
-    update.status = status;
+    update.reason = reason;
     update.error = error;
     update.stats = &stats;
     update.queue_ms = sequence->queue_ms;
@@ -255,12 +306,12 @@ void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishStatus
 // The most drafts the sequence may verify this step: its gamma_max, the tokens still to come
 // (a step commits up to gamma + 1), and room in both models' contexts.
 int64_t BatchEngine::State::cap(const Sequence& sequence) const {
-  const SpeculativeOptions& speculative = sequence.request.speculative;
-  const bool lookup = speculative.method == SpeculativeMethod::kPromptLookup;
+  const SpeculationSettings& speculation = sequence.request.speculation;
+  const bool lookup = speculation.method == SpeculationMethod::kPromptLookup;
   if (!sequence.drafts_with_model && !lookup) return 0;
   const int64_t n = static_cast<int64_t>(sequence.committed.size());
-  const int64_t remaining = sequence.request.generation.max_tokens - sequence.generated;
-  int64_t gamma = std::min({speculative.gamma.max, remaining - 1, target.context_limit() - n});
+  const int64_t remaining = sequence.request.sampling.max_tokens - sequence.generated;
+  int64_t gamma = std::min({speculation.gamma_max, remaining - 1, target.context_limit() - n});
   if (sequence.drafts_with_model) gamma = std::min(gamma, draft->context_limit() - n + 1);
   return std::max<int64_t>(gamma, 0);
 }
@@ -310,18 +361,18 @@ void BatchEngine::State::run() {
       }
       counters.waiting = static_cast<int64_t>(queue.size());
     }
-    const FinishStatus cancel_status = stop ? FinishStatus::kShutdown : FinishStatus::kCancelled;
-    for (auto& sequence : cancelled_queued) finish(std::move(sequence), cancel_status, "");
+    const FinishReason cancel_reason = stop ? FinishReason::kShutdown : FinishReason::kCancelled;
+    for (auto& sequence : cancelled_queued) finish(std::move(sequence), cancel_reason, "");
     for (const RequestId id : cancelled_running) {
       const auto it = std::find_if(running.begin(), running.end(),
                                    [&](const auto& sequence) { return sequence->id == id; });
       if (it == running.end()) continue;  // finished meanwhile
       std::unique_ptr<Sequence> sequence = std::move(*it);
       running.erase(it);
-      finish(std::move(sequence), FinishStatus::kCancelled, "");
+      finish(std::move(sequence), FinishReason::kCancelled, "");
     }
     if (stop) {
-      for (auto& sequence : running) finish(std::move(sequence), FinishStatus::kShutdown, "");
+      for (auto& sequence : running) finish(std::move(sequence), FinishReason::kShutdown, "");
       running.clear();
       publish_kv();
       return;
@@ -332,22 +383,29 @@ void BatchEngine::State::run() {
   }
 }
 
-// Starts admitted sequences: one batched target prefill of every prompt but its last token
-// (which is fed with the first step's drafts). The draft catches up in its first proposal.
+// Admit and prefill: one batched target prefill of every prompt but its last token (which is fed
+// with the first step's drafts). The draft catches up in its first proposal. A request for no
+// tokens at all finishes here.
 void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) {
   const auto start = Clock::now();
+  std::vector<std::unique_ptr<Sequence>> starting;
   std::vector<SequenceInput> prefill;
   for (auto& sequence : admitted) {
     sequence->queue_ms = milliseconds(sequence->submitted, start);
     sequence->target_kv = target.kv_cache().add_sequence();
     if (sequence->drafts_with_model)
       draft_proposer->add_sequence(static_cast<int64_t>(sequence->id));
+    if (sequence->request.sampling.max_tokens == 0) {
+      finish(std::move(sequence), FinishReason::kMaxTokens, "");
+      continue;
+    }
     if (sequence->committed.size() > 1) {
       prefill.push_back(
           {sequence->target_kv,
            std::span<const int32_t>(sequence->committed).first(sequence->committed.size() - 1),
            false});
     }
+    starting.push_back(std::move(sequence));
   }
   try {
     if (!prefill.empty()) {
@@ -355,8 +413,8 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
       target.forward(prefill, &unused);
     }
   } catch (const std::exception& error) {
-    for (auto& sequence : admitted) {
-      finish(std::move(sequence), FinishStatus::kFailed,
+    for (auto& sequence : starting) {
+      finish(std::move(sequence), FinishReason::kFailed,
              std::string("prefill failed: ") + error.what());
     }
     return;
@@ -366,95 +424,116 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
     std::lock_guard lock(mutex);
     counters.target_ms += prefill_ms;
   }
-  for (auto& sequence : admitted) {
+  for (auto& sequence : starting) {
     sequence->stats.target_ms += prefill_ms;
     running.push_back(std::move(sequence));
   }
 }
 
 void BatchEngine::State::step() {
+  retire_full_contexts();
+  if (running.empty()) return;
+  StepWork work;
+  plan(work);
+  propose(work);
+  if (work.failure.empty()) score_and_verify(work);
+  if (!work.failure.empty()) {
+    // Forwards leave the caches as they were on error; the batch cannot go on, so every running
+    // request ends with the reason rather than the engine stopping.
+    for (auto& sequence : running) finish(std::move(sequence), FinishReason::kFailed, work.failure);
+    running.clear();
+    return;
+  }
+  commit(work);
+  deliver(work);
+}
+
+// Sequences whose context is full stop before the step (they could not feed a token).
+void BatchEngine::State::retire_full_contexts() {
   const int64_t target_limit = target.context_limit();
-  // Sequences whose context is full stop before the step (they could not feed a token).
   for (size_t i = 0; i < running.size();) {
     if (static_cast<int64_t>(running[i]->committed.size()) > target_limit) {
       std::unique_ptr<Sequence> sequence = std::move(running[i]);
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
-      finish(std::move(sequence), FinishStatus::kContextLimit, "");
+      finish(std::move(sequence), FinishReason::kContextLimit, "");
     } else {
       ++i;
     }
   }
-  if (running.empty()) return;
+}
+
+// Plan: each policy in use plans the rows that chose it.
+void BatchEngine::State::plan(StepWork& work) {
+  const size_t batch = running.size();
+  work.plans.assign(batch, DraftPlan{});
+  for (size_t b = 0; b < batch; ++b) {
+    work.rows_of[running[b]->request.speculation.controller].push_back(b);
+  }
+  for (const auto& [kind, members] : work.rows_of) {
+    std::vector<GammaRow> rows;
+    rows.reserve(members.size());
+    for (const size_t b : members) {
+      const Sequence& sequence = *running[b];
+      const SpeculationSettings& speculation = sequence.request.speculation;
+      const int64_t limit = cap(sequence);
+      rows.push_back({static_cast<int64_t>(sequence.id), limit,
+                      std::min(speculation.gamma_min, limit), speculation.gamma_max,
+                      speculation.gamma});
+    }
+    std::vector<DraftPlan> plans(rows.size());
+    policy(kind).plan(rows, plans);
+    for (size_t i = 0; i < members.size(); ++i) {
+      SPECRUN_CHECK(plans[i].gamma >= 0 && plans[i].gamma <= rows[i].cap)
+          << to_string(kind) << " planned " << plans[i].gamma << " drafts, cap " << rows[i].cap;
+      work.plans[members[i]] = plans[i];
+    }
+  }
+}
+
+// Propose: the draft model for its rows in one batched call, prompt lookup (or a calibration
+// step's filler) per row; then one [batch, gamma] set, with q materialised for point-mass rows
+// when the batch mixes them with the draft model's.
+void BatchEngine::State::propose(StepWork& work) {
+  const auto start = Clock::now();
   const int64_t batch = static_cast<int64_t>(running.size());
-
-  // 1. Gammas: goodput-controlled rows are chosen together; the others bring their own.
-  std::vector<BatchGoodputController::Row> rows(static_cast<size_t>(batch));
-  for (int64_t b = 0; b < batch; ++b) {
-    const Sequence& sequence = *running[static_cast<size_t>(b)];
-    const int64_t limit = cap(sequence);
-    BatchGoodputController::Row& row = rows[static_cast<size_t>(b)];
-    row.sequence = static_cast<int64_t>(sequence.id);
-    row.cap = limit;
-    row.min = std::min(sequence.request.speculative.gamma.min, limit);
-    row.initial = sequence.request.speculative.gamma.initial;
-    if (limit == 0) {
-      row.fixed = 0;
-    } else if (sequence.own_controller) {
-      row.fixed = std::clamp<int64_t>(sequence.own_controller->next_gamma(), 0, limit);
-    }
-  }
-  const std::vector<int64_t> gammas = goodput.choose(rows);
-  // A calibration step gives the controller's rows free filler instead of the draft model's work.
-  std::vector<bool> calibration(static_cast<size_t>(batch), false);
-  if (goodput.calibrating()) {
-    for (int64_t b = 0; b < batch; ++b) {
-      calibration[static_cast<size_t>(b)] = rows[static_cast<size_t>(b)].fixed < 0;
-    }
-  }
-
-  // 2. Proposals: the draft model for its rows in one batched call, prompt lookup per row; then
-  // one [batch, gamma] set, with q materialised for lookup rows when the batch mixes them.
-  const auto step_start = Clock::now();
   std::vector<DraftRequest> model_requests;
   std::vector<int64_t> model_rows;
-  std::vector<std::pair<int64_t, Proposals>> lookup_proposals;
-  std::vector<int64_t> catch_up(static_cast<size_t>(batch), 0);
+  std::vector<std::pair<int64_t, Proposals>> point_mass;
+  work.catch_up.assign(static_cast<size_t>(batch), 0);
   for (int64_t b = 0; b < batch; ++b) {
     Sequence& sequence = *running[static_cast<size_t>(b)];
-    const int64_t gamma = gammas[static_cast<size_t>(b)];
-    if (gamma == 0) continue;
-    if (sequence.drafts_with_model && !calibration[static_cast<size_t>(b)]) {
-      const bool probed = goodput.probing() && rows[static_cast<size_t>(b)].fixed < 0;
-      model_requests.push_back({static_cast<int64_t>(sequence.id), sequence.committed, gamma,
-                                &sequence.draft_rng, &sequence.request.generation.sampling,
-                                sequence.request.speculative.draft_p_min,
-                                probed ? BatchGoodputController::kProbeCatchUp : 0});
+    const DraftPlan& plan = work.plans[static_cast<size_t>(b)];
+    if (plan.gamma == 0) continue;
+    const SpeculationSettings& speculation = sequence.request.speculation;
+    if (sequence.drafts_with_model && !plan.filler) {
+      model_requests.push_back({static_cast<int64_t>(sequence.id), sequence.committed, plan.gamma,
+                                &sequence.draft_rng, &sequence.sampling, speculation.draft_p_min,
+                                plan.max_catch_up});
       model_rows.push_back(b);
-      catch_up[static_cast<size_t>(b)] =
+      work.catch_up[static_cast<size_t>(b)] =
           static_cast<int64_t>(sequence.committed.size()) -
           draft_proposer->cached_length(static_cast<int64_t>(sequence.id));
     } else {
-      PromptLookupProposer lookup(sequence.request.speculative.lookup_min_ngram,
-                                  sequence.request.speculative.lookup_max_ngram,
-                                  calibration[static_cast<size_t>(b)]);
-      const DraftRequest request[] = {{static_cast<int64_t>(sequence.id), sequence.committed, gamma,
-                                       &sequence.draft_rng, nullptr, -1.0f}};
-      lookup_proposals.emplace_back(b, lookup.propose(request));
+      PromptLookupProposer lookup(speculation.lookup_min_ngram, speculation.lookup_max_ngram,
+                                  /*pad_to_gamma=*/plan.filler);
+      const DraftRequest request[] = {{static_cast<int64_t>(sequence.id), sequence.committed,
+                                       plan.gamma, &sequence.draft_rng, nullptr, -1.0f}};
+      point_mass.emplace_back(b, lookup.propose(request));
     }
   }
   Proposals from_model;
-  std::string failure;
   try {
     if (!model_requests.empty()) from_model = draft_proposer->propose(model_requests);
   } catch (const std::exception& error) {
-    failure = std::string("drafting failed: ") + error.what();
+    work.failure = std::string("drafting failed: ") + error.what();
+    return;
   }
-  Proposals proposals;
+  Proposals& proposals = work.proposals;
   proposals.batch = batch;
-  for (const int64_t gamma : gammas) proposals.gamma = std::max(proposals.gamma, gamma);
+  for (const DraftPlan& plan : work.plans) proposals.gamma = std::max(proposals.gamma, plan.gamma);
   proposals.tokens.assign(static_cast<size_t>(batch * proposals.gamma), -1);
   proposals.counts.assign(static_cast<size_t>(batch), 0);
-  const bool materialise = !model_rows.empty() && failure.empty();
+  const bool materialise = !model_rows.empty();
   if (materialise) {
     proposals.vocab = std::max(from_model.vocab, target.config().vocab_size);
     proposals.probs.assign(static_cast<size_t>(batch * proposals.gamma * proposals.vocab), 0.0f);
@@ -475,101 +554,92 @@ void BatchEngine::State::step() {
       }
     }
   };
-  if (failure.empty()) {
-    for (size_t r = 0; r < model_rows.size(); ++r) {
-      place(model_rows[r], from_model, static_cast<int64_t>(r));
-    }
+  for (size_t r = 0; r < model_rows.size(); ++r) {
+    place(model_rows[r], from_model, static_cast<int64_t>(r));
   }
-  for (const auto& [b, source] : lookup_proposals) place(b, source, 0);
-  const auto draft_done = Clock::now();
+  for (const auto& [b, source] : point_mass) place(b, source, 0);
+  work.draft_ms = milliseconds(start, Clock::now());
+}
 
-  // 3. One target forward scores every row; 4. each row is verified by its own rule.
+// Score and verify: one target forward scores every row; each row is verified by its own
+// request's rule (greedy at temperature 0, rejection sampling otherwise) with its own generator.
+void BatchEngine::State::score_and_verify(StepWork& work) {
+  const auto start = Clock::now();
+  const int64_t batch = static_cast<int64_t>(running.size());
   std::vector<ScoreRequest> score_requests;
   score_requests.reserve(static_cast<size_t>(batch));
+  std::vector<Rng> rngs;
+  rngs.reserve(static_cast<size_t>(batch));
+  bool any_greedy = false, any_sampled = false;
   for (int64_t b = 0; b < batch; ++b) {
     const Sequence& sequence = *running[static_cast<size_t>(b)];
     score_requests.push_back({sequence.target_kv, sequence.committed.back(),
-                              proposals.row_tokens(b), &sequence.request.generation.sampling});
+                              work.proposals.row_tokens(b), &sequence.sampling});
+    rngs.push_back(sequence.verify_rng);
+    const bool greedy = sequence.sampling.temperature == 0.0f;
+    any_greedy |= greedy;
+    any_sampled |= !greedy;
   }
-  Verdict verdict;
-  if (failure.empty()) {
-    try {
-      const Scores scores = scorer.score(score_requests);
-      std::vector<Rng> rngs;
-      rngs.reserve(static_cast<size_t>(batch));
-      bool any_greedy = false, any_sampled = false;
-      for (const auto& sequence : running) {
-        rngs.push_back(sequence->verify_rng);
-        const bool greedy = sequence->request.generation.sampling.temperature == 0.0f;
-        any_greedy |= greedy;
-        any_sampled |= !greedy;
-      }
-      if (any_sampled) verdict = rejection_sampler.verify(proposals, scores, rngs);
+  try {
+    const Scores scores = scorer.score(score_requests);
+    Verdict& verdict = work.verdict;
+    if (options.verifier != nullptr) {
+      verdict = options.verifier->verify(work.proposals, scores, rngs);
+    } else {
+      if (any_sampled) verdict = rejection_sampler.verify(work.proposals, scores, rngs);
       if (any_greedy) {
-        const Verdict greedy = greedy_verifier.verify(proposals, scores, rngs);
+        const Verdict greedy = greedy_verifier.verify(work.proposals, scores, rngs);
         if (!any_sampled) {
           verdict = greedy;
         } else {
           for (int64_t b = 0; b < batch; ++b) {
-            if (running[static_cast<size_t>(b)]->request.generation.sampling.temperature != 0) {
-              continue;
-            }
+            if (running[static_cast<size_t>(b)]->sampling.temperature != 0.0f) continue;
             std::copy_n(greedy.tokens.begin() + b * greedy.width, greedy.width,
                         verdict.tokens.begin() + b * verdict.width);
             verdict.accepted[static_cast<size_t>(b)] = greedy.accepted[static_cast<size_t>(b)];
           }
         }
       }
-      for (int64_t b = 0; b < batch; ++b) {
-        running[static_cast<size_t>(b)]->verify_rng = rngs[static_cast<size_t>(b)];
-      }
-    } catch (const std::exception& error) {
-      failure = std::string("verification failed: ") + error.what();
     }
-  }
-  if (!failure.empty()) {
-    // Forwards leave the caches as they were on error; the batch cannot go on, so every running
-    // request ends with the reason rather than the engine stopping.
-    for (auto& sequence : running) finish(std::move(sequence), FinishStatus::kFailed, failure);
-    running.clear();
+  } catch (const std::exception& error) {
+    work.failure = std::string("verification failed: ") + error.what();
     return;
   }
-  const auto verify_done = Clock::now();
-  const double draft_ms = milliseconds(step_start, draft_done);
-  const double verify_ms = milliseconds(draft_done, verify_done);
+  for (int64_t b = 0; b < batch; ++b) {
+    running[static_cast<size_t>(b)]->verify_rng = rngs[static_cast<size_t>(b)];
+  }
+  work.verify_ms = milliseconds(start, Clock::now());
+}
 
-  // 5. Commit and roll back; count the step; then report (finishing what stopped), so that a
-  // client reading the engine's stats after an update sees the step in them.
-  std::vector<BatchGoodputController::Outcome> outcomes(static_cast<size_t>(batch));
-  std::vector<size_t> first_new(static_cast<size_t>(batch));  // where the step's tokens begin
-  std::vector<std::optional<FinishStatus>> stops(static_cast<size_t>(batch));
+// Commit and roll back: each row's accepted drafts and new token are committed (stopping at EOS or
+// the token limit), both caches keep the committed tokens but the new pending one, the policies
+// see the outcome, and the step is counted, so that a client reading the engine's stats after an
+// update sees the step in them.
+void BatchEngine::State::commit(StepWork& work) {
+  const size_t batch = running.size();
+  std::vector<DraftOutcome> outcomes(batch);
+  work.stops.assign(batch, std::nullopt);
+  work.first_new.assign(batch, 0);
   int64_t emitted_total = 0, drafted_total = 0, accepted_total = 0, continuing = 0;
   const std::vector<int32_t>& eos = target.config().eos_token_ids;
   const auto now = Clock::now();
-  for (int64_t b = 0; b < batch; ++b) {
-    Sequence& sequence = *running[static_cast<size_t>(b)];
-    const int64_t drafted = proposals.counts[static_cast<size_t>(b)];
-    const int64_t accepted = verdict.accepted[static_cast<size_t>(b)];
-    outcomes[static_cast<size_t>(b)] = {static_cast<int64_t>(sequence.id),
-                                        drafted,
-                                        accepted,
-                                        rows[static_cast<size_t>(b)].fixed < 0,
-                                        calibration[static_cast<size_t>(b)],
-                                        catch_up[static_cast<size_t>(b)]};
+  for (size_t b = 0; b < batch; ++b) {
+    Sequence& sequence = *running[b];
+    const int64_t drafted = work.proposals.counts[b];
+    const int64_t accepted = work.verdict.accepted[b];
+    outcomes[b] = {static_cast<int64_t>(sequence.id), drafted, accepted, work.plans[b].filler,
+                   work.catch_up[b]};
     drafted_total += drafted;
     accepted_total += accepted;
-    SpeculativeStats& stats = sequence.stats;
-    stats.record_step(drafted, accepted, draft_ms, verify_ms);
-    if (sequence.own_controller) {
-      sequence.own_controller->observe({drafted, accepted, draft_ms, verify_ms});
-    }
+    SequenceStats& stats = sequence.stats;
+    stats.record_step(drafted, accepted, work.draft_ms, work.verify_ms);
 
-    const GenerationOptions& generation = sequence.request.generation;
-    std::optional<FinishStatus>& stop = stops[static_cast<size_t>(b)];
-    first_new[static_cast<size_t>(b)] = sequence.committed.size();
-    for (const int32_t token : verdict.row(b)) {
-      if (generation.stop_at_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
-        stop = FinishStatus::kEndOfSequence;
+    const SamplingSettings& sampling = sequence.request.sampling;
+    std::optional<FinishReason>& stop = work.stops[b];
+    work.first_new[b] = sequence.committed.size();
+    for (const int32_t token : work.verdict.row(static_cast<int64_t>(b))) {
+      if (sampling.stop_at_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
+        stop = FinishReason::kEndOfSequence;
         break;
       }
       sequence.committed.push_back(token);
@@ -577,44 +647,45 @@ void BatchEngine::State::step() {
       stats.tokens_generated = sequence.generated;
       stats.token_ms.push_back(milliseconds(sequence.submitted, now));
       if (stats.token_ms.size() == 1) stats.ttft_ms = stats.token_ms.front();
-      if (sequence.generated >= generation.max_tokens) {
-        stop = FinishStatus::kMaxTokens;
+      if (sequence.generated >= sampling.max_tokens) {
+        stop = FinishReason::kMaxTokens;
         break;
       }
     }
-    emitted_total +=
-        static_cast<int64_t>(sequence.committed.size() - first_new[static_cast<size_t>(b)]);
+    emitted_total += static_cast<int64_t>(sequence.committed.size() - work.first_new[b]);
     if (stop) continue;
     continuing += 1;
-    // Both caches keep the committed tokens but the new pending one.
     const int64_t keep = static_cast<int64_t>(sequence.committed.size()) - 1;
     target.kv_cache().truncate(sequence.target_kv, keep);
     if (sequence.drafts_with_model) {
       draft_proposer->rollback(static_cast<int64_t>(sequence.id), keep);
     }
   }
-  goodput.observe(outcomes, draft_ms, verify_ms);
-  {
-    const KvCache& cache = target.kv_cache();
-    std::lock_guard lock(mutex);
-    counters.steps += 1;
-    counters.sequence_steps += batch;
-    counters.tokens_generated += emitted_total;
-    counters.drafted += drafted_total;
-    counters.accepted += accepted_total;
-    counters.draft_ms += draft_ms;
-    counters.target_ms += verify_ms;
-    counters.running = continuing;
-    counters.kv_tokens_free = cache.free_blocks() * cache.layout().block_size;
+  for (const auto& [kind, members] : work.rows_of) {
+    policy(kind).observe(outcomes, work.draft_ms, work.verify_ms);
   }
+  const KvCache& cache = target.kv_cache();
+  std::lock_guard lock(mutex);
+  counters.steps += 1;
+  counters.sequence_steps += static_cast<int64_t>(batch);
+  counters.tokens_generated += emitted_total;
+  counters.drafted += drafted_total;
+  counters.accepted += accepted_total;
+  counters.draft_ms += work.draft_ms;
+  counters.target_ms += work.verify_ms;
+  counters.running = continuing;
+  counters.kv_tokens_free = cache.free_blocks() * cache.layout().block_size;
+}
 
+// Deliver: each request gets the step's tokens; those that stopped finish with them.
+void BatchEngine::State::deliver(StepWork& work) {
   std::vector<std::unique_ptr<Sequence>> still_running;
-  still_running.reserve(static_cast<size_t>(continuing));
-  for (int64_t b = 0; b < batch; ++b) {
-    std::unique_ptr<Sequence>& sequence = running[static_cast<size_t>(b)];
+  still_running.reserve(running.size());
+  for (size_t b = 0; b < running.size(); ++b) {
+    std::unique_ptr<Sequence>& sequence = running[b];
     const std::span<const int32_t> new_tokens =
-        std::span<const int32_t>(sequence->committed).subspan(first_new[static_cast<size_t>(b)]);
-    if (const std::optional<FinishStatus> stop = stops[static_cast<size_t>(b)]) {
+        std::span<const int32_t>(sequence->committed).subspan(work.first_new[b]);
+    if (const std::optional<FinishReason> stop = work.stops[b]) {
       // The final update carries this step's tokens.
       const std::vector<int32_t> last(new_tokens.begin(), new_tokens.end());
       finish(std::move(sequence), *stop, "", last);

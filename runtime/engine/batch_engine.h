@@ -1,10 +1,13 @@
-// Continuous batching under speculative decoding, on token ids. A scheduler thread admits queued
-// requests between steps while the batch and the KV caches have room, and runs one step for every
-// running sequence at once: the draft proposes for all of them in one batched pass per draft
-// position, the target scores all of them in one batched forward, each row is verified by its own
-// request's rule (greedy or rejection sampling), and both caches roll back per sequence. Each
-// sequence keeps its own gamma; the goodput controller chooses them for the whole batch from the
-// measured acceptance of each sequence and the measured cost of the batch's steps, so gamma falls
+// The decode loop: continuous batching under speculative decoding, on token ids. It is the only
+// one: plain decoding is a step with no drafts, one request is a batch of one, and the API, the
+// CLI, the C ABI, the benchmarks and the tests all run it.
+//
+// A scheduler thread admits queued requests between steps while the batch and the KV caches have
+// room, and runs one step for every running sequence at once, in phases: plan (each sequence's
+// gamma policy says how many drafts), propose (the draft model for all its rows in one batched
+// pass per draft position; prompt lookup per row), score (one batched target forward), verify
+// (each row by its own request's rule: greedy or rejection sampling), commit and roll back both
+// caches per sequence, deliver. The policies see every step's outcome and costs, so gamma falls
 // as the batch grows and speculation stops paying, and rises again as load drops.
 //
 // KV room is reserved at admission for a request's worst case (prompt + max_tokens, or the
@@ -14,35 +17,25 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "runtime/engine/generate.h"
-#include "runtime/engine/speculative.h"
+#include "runtime/engine/stats.h"
 #include "runtime/model/model.h"
+#include "specrun/specrun.hpp"
 
 namespace specrun {
 
+class Verifier;
+
 using RequestId = uint64_t;
 
-enum class FinishStatus {
-  kEndOfSequence,  // the model produced an EOS token
-  kMaxTokens,      // max_tokens were produced
-  kContextLimit,   // the sequence filled the model's context
-  kCancelled,      // cancel() was called
-  kShutdown,       // the engine shut down first
-  kFailed,         // an error stopped it (RequestUpdate::error)
-};
-
-const char* finish_status_name(FinishStatus status);
-
 struct EngineRequest {
-  std::vector<int32_t> prompt;     // token ids (BOS included when wanted); not empty
-  GenerationOptions generation;    // sampling, max_tokens, stop_at_eos
-  SpeculativeOptions speculative;  // method, controller, gamma limits, draft_p_min, lookup
+  std::vector<int32_t> prompt;      // token ids (BOS included when wanted); not empty
+  SamplingSettings sampling;        // sampling, max_tokens, stop_at_eos
+  SpeculationSettings speculation;  // method, controller, gamma limits, draft_p_min, lookup
 };
 
 // What one step did for one request, delivered on the scheduler thread.
@@ -50,10 +43,10 @@ struct RequestUpdate {
   RequestId id = 0;
   std::span<const int32_t> tokens;                 // tokens committed by this step (may be empty)
   bool finished = false;                           // the request's last update
-  FinishStatus status = FinishStatus::kMaxTokens;  // when finished
-  std::string error;                               // when status is kFailed
-  const SpeculativeStats* stats = nullptr;  // the request's figures so far (final when finished)
-  double queue_ms = 0.0;                    // from submit to admission
+  FinishReason reason = FinishReason::kMaxTokens;  // when finished
+  std::string error;                               // when reason is kFailed
+  const SequenceStats* stats = nullptr;  // the request's figures so far (final when finished)
+  double queue_ms = 0.0;                 // from submit to admission
 };
 
 // Called for every update of a request, in order, on the scheduler thread, with no engine lock
@@ -63,6 +56,10 @@ using UpdateCallback = std::function<void(const RequestUpdate&)>;
 
 struct BatchEngineOptions {
   int64_t max_batch = 64;  // running sequences at most
+  // Replaces the verifiers (greedy and rejection sampling) of every row when set: tests pass
+  // deliberately broken ones to show that the distribution checks catch them. Must outlive the
+  // engine.
+  const Verifier* verifier = nullptr;
 };
 
 struct BatchEngineStats {
@@ -81,6 +78,14 @@ struct BatchEngineStats {
   int64_t kv_tokens_free = 0;      // free target KV positions now
 };
 
+// A request run to its end (BatchEngine::run).
+struct Completion {
+  std::vector<int32_t> tokens;                     // every generated token
+  FinishReason reason = FinishReason::kMaxTokens;  // why it finished
+  std::string error;                               // when reason is kFailed
+  SequenceStats stats;                             // its figures
+};
+
 class BatchEngine {
  public:
   // `draft` may be null (requests asking for the draft method then decode plainly). Both models
@@ -92,10 +97,15 @@ class BatchEngine {
   BatchEngine& operator=(const BatchEngine&) = delete;
 
   // Validates (Error for an empty prompt, ids outside either model's vocabulary, a prompt past
-  // the context limit, bad sampling or speculative settings, or an engine that was shut down) and
+  // the context limit, bad sampling or speculation settings, or an engine that was shut down) and
   // queues the request.
   RequestId submit(EngineRequest request, UpdateCallback on_update);
-  // Stops a queued or running request at the next step boundary (status kCancelled) and frees
+  // Submits every request, waits until all have finished, and returns their completions in
+  // order: the synchronous use of the loop (benchmarks, tests). The requests are decoded together
+  // as any concurrent ones would be.
+  std::vector<Completion> run(std::vector<EngineRequest> requests);
+  Completion run(EngineRequest request);
+  // Stops a queued or running request at the next step boundary (reason kCancelled) and frees
   // its KV blocks; false when the id is unknown or already finished.
   bool cancel(RequestId id);
   // Stops taking requests; every queued and running request finishes with kShutdown; joins the

@@ -2,8 +2,8 @@
 
 #include <charconv>
 
-#include "kernels/core/check.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "runtime/base/check.h"
 #if SPECRUN_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif

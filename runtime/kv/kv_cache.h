@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 
 namespace specrun {
 

@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 
 namespace specrun {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "runtime/base/mapped_file.h"
 
 namespace specrun {

@@ -9,8 +9,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "kernels/core/check.h"
 #include "kernels/core/uniform_hash.h"
+#include "runtime/base/check.h"
 #include "runtime/base/progress.h"
 #include "runtime/model/synthetic.h"
 

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 
 namespace specrun {
 namespace {

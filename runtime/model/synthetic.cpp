@@ -1,6 +1,6 @@
 #include "runtime/model/synthetic.h"
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 
 namespace specrun {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 
 namespace specrun {
 namespace {

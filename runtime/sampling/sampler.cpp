@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 
 namespace specrun {
 

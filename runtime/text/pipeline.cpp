@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "runtime/text/regex.h"
 #include "runtime/text/unicode.h"
 

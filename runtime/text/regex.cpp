@@ -3,7 +3,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "runtime/text/unicode.h"
 
 namespace specrun::text {

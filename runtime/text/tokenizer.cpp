@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "runtime/text/bpe.h"
 #include "runtime/text/pipeline.h"
 #include "runtime/text/unicode.h"

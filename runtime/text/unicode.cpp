@@ -5,7 +5,7 @@
 
 #include <utf8proc.h>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 
 namespace specrun::text {
 namespace {

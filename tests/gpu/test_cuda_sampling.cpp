@@ -36,9 +36,9 @@
 #include "kernels/cuda/verify.h"
 #include "runtime/sampling/rng.h"
 #include "runtime/sampling/sampler.h"
+#include "runtime/sampling/speculative_step.h"
 #include "specrun/error.hpp"
 #include "tests/verify_testing.h"
-#include "verify/types.h"
 #include "verify/verifier.h"
 
 namespace specrun::kernels::cuda {

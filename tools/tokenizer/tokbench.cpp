@@ -11,7 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "runtime/text/tokenizer.h"
 
 namespace {

@@ -108,14 +108,18 @@ typedef struct specrun_sampling {
   int stop_at_eos;    /* nonzero (default): end at the model's end-of-sequence tokens */
 } specrun_sampling;
 
+/* The most drafts any step may verify (gamma_max's bound). */
+#define SPECRUN_MAX_GAMMA 64
+
 /* How drafts are proposed. specrun_speculation_init sets the defaults. */
 typedef struct specrun_speculation {
   specrun_method method;         /* who proposes; default SPECRUN_METHOD_DRAFT */
   specrun_controller controller; /* how gamma adapts; default SPECRUN_CONTROLLER_GOODPUT */
-  int64_t gamma;                 /* drafts per step at first (always, when fixed); default 4 */
-  int64_t gamma_min;             /* never fewer (0, the default, allows plain decoding) */
-  int64_t gamma_max;             /* never more, at most 64; default 8 */
-  float draft_p_min;        /* stop drafting below this draft top probability; default 0 (never) */
+  int64_t gamma;     /* drafts in the first drafting step (every step, when fixed; 0 with goodput
+                        leaves that depth to the controller); default 4 */
+  int64_t gamma_min; /* never fewer (0, the default, allows plain decoding) */
+  int64_t gamma_max; /* never more, at most SPECRUN_MAX_GAMMA; default 8 */
+  float draft_p_min; /* stop drafting below this draft top probability; default 0 (never) */
   int64_t lookup_min_ngram; /* prompt lookup: shortest suffix matched; default 1 */
   int64_t lookup_max_ngram; /* prompt lookup: longest suffix matched; default 3 */
 } specrun_speculation;
@@ -201,7 +205,6 @@ specrun_status specrun_request_next(specrun_request* request, int64_t timeout_ms
 void specrun_event_free(specrun_event* event);
 
 /* A request's figures (as specrun::RequestStats). Times are from submit, in milliseconds. */
-#define SPECRUN_MAX_GAMMA 64
 typedef struct specrun_request_stats {
   int64_t prompt_tokens;       /* tokens prefilled */
   int64_t tokens_generated;    /* tokens emitted (end-of-sequence excluded) */

@@ -30,13 +30,20 @@ enum class SpeculationMethod {
   kPromptLookup,  // n-grams of the prompt and the text so far
   kNone,          // plain decoding
 };
+const char* to_string(SpeculationMethod method);  // "draft", "prompt_lookup", "none"
 
-// How the number of drafts per step (gamma) adapts.
+// How the number of drafts per step (gamma) adapts. Under each, `gamma` is the depth of a
+// request's first drafting step.
 enum class GammaControl {
-  kGoodput,    // measured acceptance and step costs, for the whole batch
+  kGoodput,  // from measured acceptance and step costs, for the whole batch; may decode plainly
+             // (and calibrate its cost model) before the first drafting step
   kHeuristic,  // +2 after a step that accepted every draft, -1 otherwise
   kFixed,      // always `gamma`
 };
+const char* to_string(GammaControl control);  // "goodput", "heuristic", "fixed"
+
+// The most drafts any step may verify (gamma_max's bound).
+inline constexpr int64_t kMaxGamma = 64;
 
 struct SamplingSettings {
   float temperature = 1.0f;  // 0 is greedy
@@ -51,9 +58,10 @@ struct SamplingSettings {
 struct SpeculationSettings {
   SpeculationMethod method = SpeculationMethod::kDraftModel;  // who proposes
   GammaControl controller = GammaControl::kGoodput;           // how gamma adapts
-  int64_t gamma = 4;             // drafts per step at first (and always, with kFixed)
+  int64_t gamma = 4;             // drafts in the first drafting step (every step, with kFixed);
+                                 // with kGoodput, 0 leaves that depth to the controller
   int64_t gamma_min = 0;         // never fewer (0 allows plain decoding)
-  int64_t gamma_max = 8;         // never more (at most 64)
+  int64_t gamma_max = 8;         // never more (at most kMaxGamma)
   float draft_p_min = 0.0f;      // stop drafting when the draft's top probability falls below this
   int64_t lookup_min_ngram = 1;  // prompt lookup: shortest suffix matched
   int64_t lookup_max_ngram = 3;  // prompt lookup: longest suffix matched
@@ -97,7 +105,7 @@ enum class FinishReason {
   kShutdown,       // the engine shut down first
   kFailed,         // an error stopped it (Result::error says which)
 };
-const char* to_string(FinishReason reason);
+const char* to_string(FinishReason reason);  // "end_of_sequence", "max_tokens", ...
 
 // The figures of one request, as the CLI reports them. Times are from submit().
 struct RequestStats {

@@ -1,5 +1,5 @@
-// The plain data the speculative roles exchange through the engine: what the draft proposes, what
-// the target scores, what the verifier decides.
+// The plain data one speculative step passes between its roles, through the engine: what the
+// draft proposes (Proposals), what the target scores (Scores), what the verifier decides (Verdict).
 #pragma once
 
 #include <cstdint>

@@ -1,17 +1,131 @@
-// The batch goodput controller against synthetic step costs and acceptance: it finds long drafts
-// where verification is nearly free, falls to plain decoding when a large batch makes the target
-// compute-bound, rises again when the load drops, and keeps each sequence's gamma within its
-// limits.
+// The gamma policies. Each one's reading of the user's gamma (the depth of a sequence's first
+// drafting step) and its rules; then the goodput policy against synthetic step costs and
+// acceptance: it finds long drafts where verification is nearly free, falls to plain decoding when
+// a large batch makes the target compute-bound, rises again when the load drops, and keeps each
+// sequence's gamma within its limits.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <numeric>
 
+#include "runtime/engine/settings.h"
 #include "runtime/sampling/rng.h"
-#include "verify/batch_gamma.h"
+#include "tests/test_support.h"
+#include "verify/gamma_policy.h"
+#include "verify/goodput_policy.h"
 
 namespace specrun {
 namespace {
+
+// The plans for `rows`.
+std::vector<DraftPlan> plan(GammaPolicy& policy, std::span<const GammaRow> rows) {
+  std::vector<DraftPlan> plans(rows.size());
+  policy.plan(rows, plans);
+  return plans;
+}
+
+TEST(FixedPolicy, DraftsGammaEveryStepWithinTheCap) {
+  const auto policy = make_gamma_policy(GammaControl::kFixed, 8);
+  for (const int64_t gamma : {1, 3, 6}) {
+    const GammaRow rows[] = {{1, 8, gamma, gamma, gamma}, {2, 2, 2, gamma, gamma}};
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<DraftPlan> plans = plan(*policy, rows);
+      EXPECT_EQ(plans[0].gamma, gamma);
+      EXPECT_EQ(plans[1].gamma, std::min<int64_t>(gamma, 2));  // the cap wins
+      EXPECT_FALSE(plans[0].filler);
+      const DraftOutcome outcomes[] = {{1, gamma, 0}, {2, plans[1].gamma, 0}};
+      policy->observe(outcomes, 1.0, 1.0);
+    }
+  }
+}
+
+TEST(HeuristicPolicy, StartsAtGammaThenAddsTwoOrTakesOne) {
+  for (const int64_t first : {2, 5}) {
+    const auto policy = make_gamma_policy(GammaControl::kHeuristic, 8);
+    const GammaRow row[] = {{7, 8, 1, 8, first}};
+    EXPECT_EQ(plan(*policy, row)[0].gamma, first);
+    const DraftOutcome all[] = {{7, first, first}};
+    policy->observe(all, 1.0, 1.0);
+    EXPECT_EQ(plan(*policy, row)[0].gamma, std::min<int64_t>(first + 2, 8));
+    const int64_t second = std::min<int64_t>(first + 2, 8);
+    const DraftOutcome rejected[] = {{7, second, 0}};
+    policy->observe(rejected, 1.0, 1.0);
+    EXPECT_EQ(plan(*policy, row)[0].gamma, second - 1);
+    // Clamped to [gamma_min, gamma_max].
+    for (int i = 0; i < 10; ++i) {
+      const int64_t gamma = plan(*policy, row)[0].gamma;
+      const DraftOutcome none[] = {{7, gamma, 0}};
+      policy->observe(none, 1.0, 1.0);
+    }
+    EXPECT_EQ(plan(*policy, row)[0].gamma, 1);
+    // A step cut short by the budget that accepted all it drafted says nothing.
+    const DraftOutcome cut[] = {{7, 0, 0}};
+    const GammaRow capped[] = {{7, 0, 0, 8, first}};
+    plan(*policy, capped);
+    policy->observe(cut, 1.0, 1.0);
+    EXPECT_EQ(plan(*policy, row)[0].gamma, 1);
+    // A finished sequence is forgotten: the same id starts again at its gamma.
+    policy->forget(7);
+    EXPECT_EQ(plan(*policy, row)[0].gamma, first);
+  }
+}
+
+TEST(HeuristicPolicy, FollowsItsRuleWithinTheLimits) {
+  const auto heuristic = make_gamma_policy(GammaControl::kHeuristic, 8);
+  const GammaRow row[] = {{1, 8, 1, 7, 4}};  // gamma 4 within [1, 7]
+  auto step = [&](int64_t accepted) {
+    const int64_t gamma = plan(*heuristic, row)[0].gamma;
+    const DraftOutcome outcome[] = {{1, gamma, std::min(accepted, gamma)}};
+    heuristic->observe(outcome, 1.0, 1.0);
+    return plan(*heuristic, row)[0].gamma;
+  };
+  EXPECT_EQ(plan(*heuristic, row)[0].gamma, 4);
+  EXPECT_EQ(step(4), 6);  // all accepted: +2
+  EXPECT_EQ(step(6), 7);  // clamped at gamma_max 7
+  EXPECT_EQ(step(2), 6);  // -1
+  for (int i = 0; i < 10; ++i) step(0);
+  EXPECT_EQ(plan(*heuristic, row)[0].gamma, 1);  // clamped at gamma_min
+}
+
+TEST(GammaSettings, AreCheckedAndNamed) {
+  SpeculationSettings settings;
+  settings.gamma = 9;  // above gamma_max 8
+  testing::expect_error([&] { validate(settings); }, {"gamma_min <= gamma <= gamma_max"});
+  settings.gamma = 1;
+  settings.gamma_min = 2;
+  testing::expect_error([&] { validate(settings); }, {"gamma_min 2", "gamma 1"});
+  EXPECT_FALSE(parse_gamma_control("adaptive"));
+  for (const GammaControl control : gamma_controls()) {
+    EXPECT_EQ(parse_gamma_control(to_string(control)), control);
+  }
+}
+
+TEST(GoodputPolicy, FirstDraftingStepDraftsGamma) {
+  // A memory-bound target, where speculation pays: whatever the policy does before (a plain step,
+  // a calibration step with filler), the first step that runs the proposer for a sequence drafts
+  // that sequence's gamma.
+  for (const int64_t first : {2, 5, 7}) {
+    GoodputPolicy policy(8);
+    int64_t drafted_first = -1;
+    for (int step = 0; step < 20 && drafted_first < 0; ++step) {
+      const GammaRow row[] = {{3, 8, 0, 8, first}};
+      const DraftPlan p = plan(policy, row)[0];
+      if (p.gamma > 0 && !p.filler) drafted_first = p.gamma;
+      const DraftOutcome outcome[] = {{3, p.gamma, p.filler ? 0 : p.gamma, p.filler}};
+      policy.observe(outcome, p.filler ? 0.0 : 0.5 * double(p.gamma),
+                     20.0 + 0.2 * double(p.gamma + 1));
+    }
+    EXPECT_EQ(drafted_first, first) << "gamma " << first;
+  }
+}
+
+TEST(GoodputPolicy, GammaMinAboveZeroDraftsGammaFromTheFirstStep) {
+  GoodputPolicy policy(8);
+  const GammaRow row[] = {{1, 8, 1, 8, 6}};
+  const DraftPlan p = plan(policy, row)[0];
+  EXPECT_EQ(p.gamma, 6);
+  EXPECT_FALSE(p.filler);
+}
 
 // A synthetic machine: a step's verify cost is a + b * T for T tokens scored; each draft round
 // costs c + e * rows.
@@ -23,7 +137,7 @@ struct Costs {
 };
 
 struct Simulation {
-  BatchGoodputController controller{8};
+  GoodputPolicy controller{8};
   Rng rng{11};
 
   // Runs `steps` steps for `batch` sequences (ids first_id..) with acceptance `alpha` each;
@@ -32,22 +146,22 @@ struct Simulation {
     double late_gamma_sum = 0;
     int64_t late_count = 0;
     for (int64_t step = 0; step < steps; ++step) {
-      std::vector<BatchGoodputController::Row> rows(static_cast<size_t>(batch));
+      std::vector<GammaRow> rows(static_cast<size_t>(batch));
       for (int64_t b = 0; b < batch; ++b) {
-        rows[static_cast<size_t>(b)] = {first_id + b, 8, 0, 4, -1};
+        rows[static_cast<size_t>(b)] = {first_id + b, 8, 0, 8, 4};
       }
-      const std::vector<int64_t> gammas = controller.choose(rows);
-      const bool calibration = controller.calibrating();
-      std::vector<BatchGoodputController::Outcome> outcomes;
+      const std::vector<DraftPlan> plans = plan(controller, rows);
+      std::vector<DraftOutcome> outcomes;
       int64_t tokens = 0, rounds = 0, drafts = 0;
       for (int64_t b = 0; b < batch; ++b) {
-        const int64_t gamma = gammas[static_cast<size_t>(b)];
+        const int64_t gamma = plans[static_cast<size_t>(b)].gamma;
+        const bool calibration = plans[static_cast<size_t>(b)].filler;
         EXPECT_GE(gamma, 0);
         EXPECT_LE(gamma, 8);
         int64_t accepted = 0;
         // Calibration filler is scored but (here) never accepted, and costs no draft round.
         while (!calibration && accepted < gamma && rng.uniform() < alpha) ++accepted;
-        outcomes.push_back({first_id + b, gamma, accepted, true, calibration});
+        outcomes.push_back({first_id + b, gamma, accepted, calibration});
         tokens += gamma + 1;
         if (calibration) continue;
         rounds = std::max(rounds, gamma);
@@ -55,7 +169,7 @@ struct Simulation {
       }
       for (int64_t b = 0; b < batch; ++b) {
         if (step >= steps * 3 / 4) {
-          const int64_t gamma = gammas[static_cast<size_t>(b)];
+          const int64_t gamma = plans[static_cast<size_t>(b)].gamma;
           late_gamma_sum += static_cast<double>(gamma);
           ++late_count;
         }
@@ -74,7 +188,7 @@ constexpr Costs kMemoryBound{20.0, 0.2, 1.0, 0.05};
 // The same target with a big batch: every scored token costs real compute.
 constexpr Costs kComputeBound{20.0, 6.0, 1.0, 0.05};
 
-TEST(BatchGoodputController, DraftsDeepWhenVerificationIsNearlyFree) {
+TEST(GoodputPolicy, DraftsDeepWhenVerificationIsNearlyFree) {
   Simulation simulation;
   // Goodput E(g) / (g c + a + b (g + 1)) peaks at g = 8 (25% above g = 4, the initial gamma).
   const double gamma = simulation.run(400, 1, 0.9, kMemoryBound);
@@ -82,14 +196,14 @@ TEST(BatchGoodputController, DraftsDeepWhenVerificationIsNearlyFree) {
   EXPECT_NEAR(simulation.controller.acceptance(0, 1), 0.9, 0.15);
 }
 
-TEST(BatchGoodputController, FallsToPlainDecodingWhenTheBatchIsComputeBound) {
+TEST(GoodputPolicy, FallsToPlainDecodingWhenTheBatchIsComputeBound) {
   Simulation simulation;
   const double gamma = simulation.run(600, 32, 0.6, kComputeBound, 100);
   // Probes (rarer and rarer) are the only drafting left.
   EXPECT_LT(gamma, 0.2);
 }
 
-TEST(BatchGoodputController, RisesAgainWhenLoadDrops) {
+TEST(GoodputPolicy, RisesAgainWhenLoadDrops) {
   Simulation simulation;
   EXPECT_LT(simulation.run(600, 32, 0.8, kComputeBound, 100), 0.2);
   // The big batch leaves; one sequence on a memory-bound target remains, where g = 5..8 are
@@ -97,47 +211,48 @@ TEST(BatchGoodputController, RisesAgainWhenLoadDrops) {
   EXPECT_GE(simulation.run(400, 1, 0.8, kMemoryBound, 1000), 4.0);
 }
 
-TEST(BatchGoodputController, ShortDraftsForPoorAcceptance) {
+TEST(GoodputPolicy, ShortDraftsForPoorAcceptance) {
   Simulation good, poor;
   const double good_gamma = good.run(400, 4, 0.9, kMemoryBound);
   const double poor_gamma = poor.run(400, 4, 0.2, kMemoryBound);
   EXPECT_GT(good_gamma, poor_gamma + 2.0);
 }
 
-TEST(BatchGoodputController, RespectsCapsMinimaAndFixedRows) {
-  BatchGoodputController controller(8);
+TEST(GoodputPolicy, RespectsCapsAndMinimaBesideAnotherPolicysRows) {
+  GoodputPolicy controller(8);
   for (int step = 0; step < 200; ++step) {
-    const std::vector<BatchGoodputController::Row> rows = {
-        {1, 2, 0, 4, -1},  // capped at 2
-        {2, 8, 3, 4, -1},  // at least 3
-        {3, 8, 0, 4, 5},   // fixed by its own controller
-        {4, 0, 0, 4, -1},  // no room to draft
+    const std::vector<GammaRow> rows = {
+        {1, 2, 0, 8, 4},  // capped at 2
+        {2, 8, 3, 8, 4},  // at least 3
+        {4, 0, 0, 8, 4},  // no room to draft
     };
-    const std::vector<int64_t> gammas = controller.choose(rows);
-    ASSERT_EQ(gammas.size(), 4u);
-    EXPECT_LE(gammas[0], 2);
-    EXPECT_GE(gammas[1], 3);
-    EXPECT_EQ(gammas[2], 5);
-    EXPECT_EQ(gammas[3], 0);
-    std::vector<BatchGoodputController::Outcome> outcomes;
+    const std::vector<DraftPlan> plans = plan(controller, rows);
+    ASSERT_EQ(plans.size(), 3u);
+    EXPECT_LE(plans[0].gamma, 2);
+    EXPECT_GE(plans[1].gamma, 3);
+    EXPECT_EQ(plans[2].gamma, 0);
+    std::vector<DraftOutcome> outcomes;
     for (size_t i = 0; i < rows.size(); ++i) {
-      outcomes.push_back({rows[i].sequence, gammas[i], gammas[i] / 2, rows[i].fixed < 0,
-                          controller.calibrating() && rows[i].fixed < 0});
+      outcomes.push_back({rows[i].sequence, plans[i].gamma, plans[i].gamma / 2, plans[i].filler});
     }
-    controller.observe(outcomes, 1.0 + double(gammas[1]), 10.0 + double(gammas[0] + gammas[1]));
+    // Sequence 3 drafts 5 under another policy: load on the step, not this policy's acceptance.
+    outcomes.push_back({3, 5, 0});
+    controller.observe(outcomes, 1.0 + double(plans[1].gamma),
+                       10.0 + double(plans[0].gamma + plans[1].gamma));
   }
+  EXPECT_NEAR(controller.acceptance(3, 1), controller.acceptance(99, 1), 1e-12)
+      << "another policy's row taught this one nothing of its own";
 }
 
-TEST(BatchGoodputController, LearnsEachSequencesOwnAcceptance) {
-  BatchGoodputController controller(8);
+TEST(GoodputPolicy, LearnsEachSequencesOwnAcceptance) {
+  GoodputPolicy controller(8);
   for (int step = 0; step < 100; ++step) {
-    const std::vector<BatchGoodputController::Row> rows = {{1, 4, 4, 4, -1}, {2, 4, 4, 4, -1}};
-    const std::vector<int64_t> gammas = controller.choose(rows);
-    const bool calibration = controller.calibrating();
+    const std::vector<GammaRow> rows = {{1, 4, 4, 4, 4}, {2, 4, 4, 4, 4}};
+    const std::vector<DraftPlan> plans = plan(controller, rows);
     // Sequence 1 has every draft accepted, sequence 2 none.
     controller.observe(
-        std::vector<BatchGoodputController::Outcome>{{1, gammas[0], gammas[0], true, calibration},
-                                                     {2, gammas[1], 0, true, calibration}},
+        std::vector<DraftOutcome>{{1, plans[0].gamma, plans[0].gamma, plans[0].filler},
+                                  {2, plans[1].gamma, 0, plans[1].filler}},
         2.0, 10.0);
   }
   EXPECT_GT(controller.acceptance(1, 1), 0.95);
@@ -146,7 +261,7 @@ TEST(BatchGoodputController, LearnsEachSequencesOwnAcceptance) {
   const double fresh = controller.acceptance(3, 1);
   EXPECT_GT(fresh, 0.2);
   EXPECT_LT(fresh, 0.8);
-  controller.remove_sequence(1);
+  controller.forget(1);
   EXPECT_NEAR(controller.acceptance(1, 1), fresh, 1e-12);
 }
 
@@ -183,28 +298,26 @@ struct OneSequenceRun {
   int64_t last_gamma = 0;    // the choice of the last step
 };
 
-OneSequenceRun run_one(BatchGoodputController& controller, const OneSequence& system, int64_t steps,
+OneSequenceRun run_one(GoodputPolicy& controller, const OneSequence& system, int64_t steps,
                        Rng& rng, int64_t measured_from, int64_t* lag) {
   OneSequenceRun run;
   double tokens = 0, time = 0;
   for (int64_t s = 0; s < steps; ++s) {
-    const BatchGoodputController::Row row[] = {{0, 8, 0, 4, -1}};
-    const int64_t g = controller.choose(row)[0];
-    const bool calibration = controller.calibrating();
+    const GammaRow row[] = {{0, 8, 0, 8, 4}};
+    const DraftPlan p = plan(controller, row)[0];
+    const int64_t g = p.gamma;
+    const bool calibration = p.filler;
     const bool model = g > 0 && !calibration;
     int64_t accepted = 0;
     while (model && accepted < g && rng.uniform() < system.alpha) ++accepted;
     // A probe's draft reads only the latest kProbeCatchUp of the tokens it skipped.
-    EXPECT_TRUE(!controller.probing() || model) << "a probe with the draft drafts";
-    const int64_t catch_up = !model ? 0
-                             : controller.probing()
-                                 ? std::min(*lag, BatchGoodputController::kProbeCatchUp)
-                                 : *lag;
+    const bool probing = p.max_catch_up > 0;
+    EXPECT_TRUE(!probing || model) << "a probe with the draft drafts";
+    const int64_t catch_up = !model ? 0 : probing ? std::min(*lag, p.max_catch_up) : *lag;
     const double draft =
         model ? double(g) * system.draft_ms + double(catch_up) * system.catch_up_ms : 0.0;
     const double verify = system.verify_ms(g);
-    const BatchGoodputController::Outcome outcome[] = {
-        {0, g, accepted, true, calibration, catch_up}};
+    const DraftOutcome outcome[] = {{0, g, accepted, calibration, catch_up}};
     controller.observe(outcome, draft, verify);
     // After drafting, the draft lacks the bonus token (and its last draft when all were taken).
     *lag = model ? (accepted == g ? 2 : 1) : *lag + accepted + 1;
@@ -219,12 +332,12 @@ OneSequenceRun run_one(BatchGoodputController& controller, const OneSequence& sy
   return run;
 }
 
-TEST(BatchGoodputController, FindsTheBestGammaForOneSequence) {
+TEST(GoodputPolicy, FindsTheBestGammaForOneSequence) {
   // Memory-bound target: verifying more tokens costs little.
   const OneSequence system{0.8, 1.0, 20.0, 0.5, 0.3};
   const int64_t best = system.best(8);
   ASSERT_GE(best, 4);
-  BatchGoodputController controller(8);
+  GoodputPolicy controller(8);
   Rng rng(11);
   int64_t lag = 100;  // the prompt
   const OneSequenceRun run = run_one(controller, system, 600, rng, 200, &lag);
@@ -235,12 +348,12 @@ TEST(BatchGoodputController, FindsTheBestGammaForOneSequence) {
   EXPECT_GT(run.tokens_per_ms, 0.95 * system.goodput(best)) << "best gamma " << best;
 }
 
-TEST(BatchGoodputController, FallingBackCostsAtMostAFewPercent) {
+TEST(GoodputPolicy, FallingBackCostsAtMostAFewPercent) {
   // Compute-bound target: verifying g + 1 tokens costs g + 1 decode steps. Even at the prior
   // acceptance speculation cannot pay, which the first two steps measure without the draft.
   const OneSequence system{0.6, 3.0, 10.0, 10.0, 1.0};
   ASSERT_EQ(system.best(8), 0);
-  BatchGoodputController controller(8);
+  GoodputPolicy controller(8);
   Rng rng(12);
   int64_t lag = 100;
   // Counted from the first step: calibration and probes included.
@@ -251,14 +364,14 @@ TEST(BatchGoodputController, FallingBackCostsAtMostAFewPercent) {
   EXPECT_GE(controller.calibration_steps(), 1);
 }
 
-TEST(BatchGoodputController, PoorAcceptanceOnACheapTargetFallsBackToo) {
+TEST(GoodputPolicy, PoorAcceptanceOnACheapTargetFallsBackToo) {
   // Verification is cheap, so the draft is tried; its acceptance is poor, so plain decoding wins
   // and the probes that keep trying it back off. Were a probe's draft to read every token since
   // its last step, probing would cost catch_up_ms / (plain step) of the time whatever the
   // interval, 5% here; the bounded catch-up makes it a few probes' worth.
   const OneSequence system{0.05, 3.0, 20.0, 0.5, 1.0};
   ASSERT_EQ(system.best(8), 0);
-  BatchGoodputController controller(8);
+  GoodputPolicy controller(8);
   Rng rng(14);
   int64_t lag = 100;
   const OneSequenceRun run = run_one(controller, system, 1000, rng, 0, &lag);
@@ -267,8 +380,8 @@ TEST(BatchGoodputController, PoorAcceptanceOnACheapTargetFallsBackToo) {
   EXPECT_GT(run.tokens_per_ms, 0.97 * system.goodput(0));
 }
 
-TEST(BatchGoodputController, ComesBackWhenSpeculationStartsToPay) {
-  BatchGoodputController controller(8);
+TEST(GoodputPolicy, ComesBackWhenSpeculationStartsToPay) {
+  GoodputPolicy controller(8);
   Rng rng(13);
   int64_t lag = 100;
   EXPECT_EQ(
@@ -280,45 +393,47 @@ TEST(BatchGoodputController, ComesBackWhenSpeculationStartsToPay) {
   EXPECT_GT(run.tokens_per_ms, 0.9 * good.goodput(good.best(8)));
 }
 
-TEST(BatchGoodputController, CatchUpIsNotADraftCost) {
-  BatchGoodputController controller(8);
-  const BatchGoodputController::Row row[] = {{0, 4, 4, 4, -1}};  // gamma_min 4: always drafts
+TEST(GoodputPolicy, CatchUpIsNotADraftCost) {
+  GoodputPolicy controller(8);
+  const GammaRow row[] = {{0, 4, 4, 4, 4}};  // gamma_min 4: always drafts
   for (int step = 0; step < 6; ++step) {
-    controller.choose(row);
-    const bool calibration = controller.calibrating();
+    const bool calibration = plan(controller, row)[0].filler;
     // Steady rounds cost 1 ms each; a step that first read 300 tokens took 100 ms more.
     const int64_t catch_up = step == 4 ? 300 : 1;
-    const BatchGoodputController::Outcome outcome[] = {{0, 4, 2, true, calibration, catch_up}};
+    const DraftOutcome outcome[] = {{0, 4, 2, calibration, catch_up}};
     controller.observe(outcome, calibration ? 0.0 : 4.0 + (catch_up > 1 ? 100.0 : 0.0), 10.0);
   }
-  EXPECT_NEAR(controller.predicted_draft_round_ms(1), 1.0, 1e-9);
+  EXPECT_NEAR(controller.costs().draft_round_ms(1), 1.0, 1e-9);
 }
 
-TEST(BatchGoodputController, APreemptedStepDoesNotFlattenTheVerifyLine) {
+TEST(GoodputPolicy, APreemptedStepDoesNotFlattenTheVerifyLine) {
   // Compute-bound: T tokens cost T ms. Plain steps, then one plain step that took 60 ms (the OS
   // preempted it): the line must stay steep enough that drafting still does not pay.
-  BatchGoodputController controller(8);
-  const BatchGoodputController::Row row[] = {{0, 8, 0, 4, -1}};
+  GoodputPolicy controller(8);
+  const GammaRow row[] = {{0, 8, 0, 8, 4}};
   for (int step = 0; step < 200; ++step) {
-    const int64_t gamma = controller.choose(row)[0];
-    const bool calibration = controller.calibrating();
+    const DraftPlan p = plan(controller, row)[0];
+    const int64_t gamma = p.gamma;
+    const bool calibration = p.filler;
     int64_t accepted = 0;
     if (!calibration) accepted = gamma / 2;  // acceptance about 0.5
-    const BatchGoodputController::Outcome outcome[] = {{0, gamma, accepted, true, calibration}};
+    const DraftOutcome outcome[] = {{0, gamma, accepted, calibration}};
     const double verify = step == 100 ? 60.0 : double(gamma + 1);
     controller.observe(outcome, calibration ? 0.0 : 0.3 * double(gamma), verify);
     if (step > 100) {
-      EXPECT_GT(controller.predicted_verify_ms(2) - controller.predicted_verify_ms(1), 0.5)
+      EXPECT_GT(controller.costs().verify_ms(2) - controller.costs().verify_ms(1), 0.5)
           << "step " << step;
     }
   }
 }
 
-TEST(BatchGoodputController, EstimatesAcceptancePerPosition) {
-  BatchGoodputController controller(3);
+TEST(GoodputPolicy, EstimatesAcceptancePerPosition) {
+  GoodputPolicy controller(3);
   // Position 1 always accepted, position 2 never.
   for (int i = 0; i < 100; ++i) {
-    const BatchGoodputController::Outcome outcome[] = {{0, 3, 1, true}};
+    const GammaRow row[] = {{0, 3, 3, 3, 3}};
+    plan(controller, row);
+    const DraftOutcome outcome[] = {{0, 3, 1}};
     controller.observe(outcome, 3.0, 10.0);
   }
   EXPECT_NEAR(controller.acceptance(0, 1), 1.0, 1e-6);

@@ -1,13 +1,15 @@
-// TOML run settings: configs/default.toml is complete and matches the built-in defaults; every bad
-// file is one error naming the file, the line and the key; flags override the file.
+// TOML settings, read straight into EngineConfig: configs/default.toml is complete and matches the
+// built-in defaults; every bad file is one error naming the file, the line and the key; flags
+// override the file.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
 
-#include "kernels/core/check.h"
+#include "runtime/api/config.h"
+#include "runtime/base/check.h"
 #include "runtime/engine/device.h"
-#include "runtime/engine/run_config.h"
+#include "specrun/specrun.hpp"
 #include "tests/test_support.h"
 
 namespace specrun {
@@ -18,7 +20,7 @@ void expect_config_error(const std::string& toml, const std::vector<std::string>
   const auto path = dir / "bad.toml";
   testing::write_file(path, toml);
   try {
-    load_run_config(path);
+    EngineConfig::from_toml(path.string());
     ADD_FAILURE() << "accepted:\n" << toml;
   } catch (const Error& error) {
     const std::string message = error.what();
@@ -29,15 +31,16 @@ void expect_config_error(const std::string& toml, const std::vector<std::string>
   }
 }
 
-TEST(RunConfig, DefaultFileDocumentsTheBuiltInDefaults) {
-  const RunConfig built_in;
-  const RunConfig loaded = load_run_config(testing::source_path("configs/default.toml"));
-  EXPECT_EQ(loaded.generation.sampling.temperature, built_in.generation.sampling.temperature);
-  EXPECT_EQ(loaded.generation.sampling.top_k, built_in.generation.sampling.top_k);
-  EXPECT_EQ(loaded.generation.sampling.top_p, built_in.generation.sampling.top_p);
-  EXPECT_EQ(loaded.generation.sampling.min_p, built_in.generation.sampling.min_p);
-  EXPECT_EQ(loaded.generation.sampling.seed, built_in.generation.sampling.seed);
-  EXPECT_EQ(loaded.generation.max_tokens, built_in.generation.max_tokens);
+TEST(EngineConfigFile, DefaultFileDocumentsTheBuiltInDefaults) {
+  const EngineConfig built_in;
+  const EngineConfig loaded =
+      EngineConfig::from_toml((testing::source_path("configs/default.toml")).string());
+  EXPECT_EQ(loaded.sampling.temperature, built_in.sampling.temperature);
+  EXPECT_EQ(loaded.sampling.top_k, built_in.sampling.top_k);
+  EXPECT_EQ(loaded.sampling.top_p, built_in.sampling.top_p);
+  EXPECT_EQ(loaded.sampling.min_p, built_in.sampling.min_p);
+  EXPECT_EQ(loaded.sampling.seed, built_in.sampling.seed);
+  EXPECT_EQ(loaded.sampling.max_tokens, built_in.sampling.max_tokens);
   EXPECT_EQ(loaded.threads, built_in.threads);
   EXPECT_EQ(loaded.kv_cache_tokens, built_in.kv_cache_tokens);
   EXPECT_EQ(loaded.kv_block_size, built_in.kv_block_size);
@@ -46,44 +49,43 @@ TEST(RunConfig, DefaultFileDocumentsTheBuiltInDefaults) {
   EXPECT_EQ(loaded.deterministic, built_in.deterministic);
   EXPECT_EQ(loaded.target, built_in.target);
   EXPECT_EQ(loaded.draft, built_in.draft);
-  EXPECT_EQ(loaded.speculative.method, built_in.speculative.method);
-  EXPECT_EQ(loaded.speculative.gamma.initial, built_in.speculative.gamma.initial);
-  EXPECT_EQ(loaded.speculative.gamma.min, built_in.speculative.gamma.min);
-  EXPECT_EQ(loaded.speculative.gamma.max, built_in.speculative.gamma.max);
-  EXPECT_EQ(loaded.speculative.controller, built_in.speculative.controller);
-  EXPECT_EQ(loaded.speculative.draft_p_min, built_in.speculative.draft_p_min);
-  EXPECT_EQ(loaded.speculative.lookup_min_ngram, built_in.speculative.lookup_min_ngram);
-  EXPECT_EQ(loaded.speculative.lookup_max_ngram, built_in.speculative.lookup_max_ngram);
+  EXPECT_EQ(loaded.speculation.method, built_in.speculation.method);
+  EXPECT_EQ(loaded.speculation.gamma, built_in.speculation.gamma);
+  EXPECT_EQ(loaded.speculation.gamma_min, built_in.speculation.gamma_min);
+  EXPECT_EQ(loaded.speculation.gamma_max, built_in.speculation.gamma_max);
+  EXPECT_EQ(loaded.speculation.controller, built_in.speculation.controller);
+  EXPECT_EQ(loaded.speculation.draft_p_min, built_in.speculation.draft_p_min);
+  EXPECT_EQ(loaded.speculation.lookup_min_ngram, built_in.speculation.lookup_min_ngram);
+  EXPECT_EQ(loaded.speculation.lookup_max_ngram, built_in.speculation.lookup_max_ngram);
 }
 
-TEST(RunConfig, ReadsEveryKeyAndKeepsDefaultsForAbsentOnes) {
+TEST(EngineConfigFile, ReadsEveryKeyAndKeepsDefaultsForAbsentOnes) {
   testing::TempDir dir;
   testing::write_file(dir / "c.toml",
                       "[sampling]\ntemperature = 0.7\ntop_k = 40\ntop_p = 0.9\nmin_p = 0.05\n"
                       "seed = 12345\nmax_tokens = 99\n[runtime]\nthreads = 3\n"
                       "kv_cache_tokens = 4096\nkv_block_size = 32\ndevice = \"cpu\"\n"
                       "deterministic = true\n");
-  const RunConfig config = load_run_config(dir / "c.toml");
+  const EngineConfig config = EngineConfig::from_toml((dir / "c.toml").string());
   EXPECT_TRUE(config.deterministic);
-  EXPECT_FLOAT_EQ(config.generation.sampling.temperature, 0.7f);
-  EXPECT_EQ(config.generation.sampling.top_k, 40);
-  EXPECT_FLOAT_EQ(config.generation.sampling.top_p, 0.9f);
-  EXPECT_FLOAT_EQ(config.generation.sampling.min_p, 0.05f);
-  EXPECT_EQ(config.generation.sampling.seed, 12345u);
-  EXPECT_EQ(config.generation.max_tokens, 99);
+  EXPECT_FLOAT_EQ(config.sampling.temperature, 0.7f);
+  EXPECT_EQ(config.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(config.sampling.top_p, 0.9f);
+  EXPECT_FLOAT_EQ(config.sampling.min_p, 0.05f);
+  EXPECT_EQ(config.sampling.seed, 12345u);
+  EXPECT_EQ(config.sampling.max_tokens, 99);
   EXPECT_EQ(config.threads, 3);
   EXPECT_EQ(config.kv_cache_tokens, 4096);
   EXPECT_EQ(config.kv_block_size, 32);
 
   testing::write_file(dir / "partial.toml", "[sampling]\ntemperature = 1\n");
-  RunConfig defaults;
-  defaults.threads = 7;
-  const RunConfig partial = load_run_config(dir / "partial.toml", defaults);
-  EXPECT_EQ(partial.generation.sampling.temperature, 1.0f);  // an integer where a float is fine
-  EXPECT_EQ(partial.threads, 7);
+  const EngineConfig partial = EngineConfig::from_toml((dir / "partial.toml").string());
+  EXPECT_EQ(partial.sampling.temperature, 1.0f);  // an integer where a float is fine
+  EXPECT_EQ(partial.threads, EngineConfig{}.threads);
+  EXPECT_EQ(partial.sampling.max_tokens, EngineConfig{}.sampling.max_tokens);
 }
 
-TEST(RunConfig, RejectsUnknownTablesAndKeysWithTheirLine) {
+TEST(EngineConfigFile, RejectsUnknownTablesAndKeysWithTheirLine) {
   expect_config_error("[sampling]\ntemperature = 1.0\n\n[speculatve]\ngamma = 4\n",
                       {":4:", "'speculatve' is not a known table"});
   expect_config_error("[sampling]\ntemperature = 1.0\ntopp = 0.9\n",
@@ -92,7 +94,7 @@ TEST(RunConfig, RejectsUnknownTablesAndKeysWithTheirLine) {
   expect_config_error("sampling = 3\n", {":1:", "'sampling' must be a table"});
 }
 
-TEST(RunConfig, RejectsWrongTypes) {
+TEST(EngineConfigFile, RejectsWrongTypes) {
   expect_config_error("[sampling]\ntemperature = \"hot\"\n",
                       {":2:", "sampling.temperature", "must be a number"});
   expect_config_error("[sampling]\ntop_k = 2.5\n", {":2:", "sampling.top_k", "must be an integer"});
@@ -100,7 +102,7 @@ TEST(RunConfig, RejectsWrongTypes) {
   expect_config_error("[runtime]\ndevice = 1\n", {":2:", "runtime.device", "must be a string"});
 }
 
-TEST(RunConfig, RejectsOutOfRangeValues) {
+TEST(EngineConfigFile, RejectsOutOfRangeValues) {
   expect_config_error("[sampling]\ntemperature = -1\n", {":2:", "sampling.temperature", ">= 0"});
   expect_config_error("[sampling]\ntemperature = inf\n", {":2:", "sampling.temperature"});
   expect_config_error("[sampling]\ntop_p = 0\n", {":2:", "sampling.top_p", "(0, 1]"});
@@ -117,7 +119,7 @@ TEST(RunConfig, RejectsOutOfRangeValues) {
   expect_config_error("[runtime]\ndevice = \"cuda:-1\"\n", {"runtime.device", "'cuda:-1'"});
 }
 
-TEST(RunConfig, NamesCudaDevices) {
+TEST(EngineConfigFile, NamesCudaDevices) {
   EXPECT_EQ(parse_device("cpu").kind, DeviceSpec::Kind::kCpu);
   const DeviceSpec first = parse_device("cuda");
   EXPECT_EQ(first.kind, DeviceSpec::Kind::kCuda);
@@ -129,27 +131,27 @@ TEST(RunConfig, NamesCudaDevices) {
   // Whether this build and machine have the device is a question for load time, not parsing.
   testing::TempDir dir;
   testing::write_file(dir / "c.toml", "[runtime]\ndevice = \"cuda:1\"\n");
-  EXPECT_EQ(load_run_config(dir / "c.toml", RunConfig{}).device, "cuda:1");
+  EXPECT_EQ(EngineConfig::from_toml((dir / "c.toml").string()).device, "cuda:1");
 }
 
-TEST(RunConfig, ReadsTheSpeculativeTable) {
+TEST(EngineConfigFile, ReadsTheSpeculativeTable) {
   testing::TempDir dir;
   testing::write_file(dir / "c.toml",
                       "[speculative]\nmethod = \"prompt_lookup\"\ngamma = 3\ngamma_min = 1\n"
                       "gamma_max = 6\ncontroller = \"heuristic\"\ndraft_p_min = 0.25\n"
                       "lookup_min_ngram = 2\nlookup_max_ngram = 4\n");
-  const RunConfig config = load_run_config(dir / "c.toml");
-  EXPECT_EQ(config.speculative.method, SpeculativeMethod::kPromptLookup);
-  EXPECT_EQ(config.speculative.gamma.initial, 3);
-  EXPECT_EQ(config.speculative.gamma.min, 1);
-  EXPECT_EQ(config.speculative.gamma.max, 6);
-  EXPECT_EQ(config.speculative.controller, ControllerKind::kHeuristic);
-  EXPECT_FLOAT_EQ(config.speculative.draft_p_min, 0.25f);
-  EXPECT_EQ(config.speculative.lookup_min_ngram, 2);
-  EXPECT_EQ(config.speculative.lookup_max_ngram, 4);
+  const EngineConfig config = EngineConfig::from_toml((dir / "c.toml").string());
+  EXPECT_EQ(config.speculation.method, SpeculationMethod::kPromptLookup);
+  EXPECT_EQ(config.speculation.gamma, 3);
+  EXPECT_EQ(config.speculation.gamma_min, 1);
+  EXPECT_EQ(config.speculation.gamma_max, 6);
+  EXPECT_EQ(config.speculation.controller, GammaControl::kHeuristic);
+  EXPECT_FLOAT_EQ(config.speculation.draft_p_min, 0.25f);
+  EXPECT_EQ(config.speculation.lookup_min_ngram, 2);
+  EXPECT_EQ(config.speculation.lookup_max_ngram, 4);
 }
 
-TEST(RunConfig, RejectsBadSpeculativeSettings) {
+TEST(EngineConfigFile, RejectsBadSpeculativeSettings) {
   expect_config_error("[speculative]\nmethod = \"medusa\"\n",
                       {":2:", "speculative.method", "'medusa'"});
   expect_config_error("[speculative]\ncontroller = \"pid\"\n", {":2:", "speculative.controller"});
@@ -164,25 +166,25 @@ TEST(RunConfig, RejectsBadSpeculativeSettings) {
                       {"[speculative]", "n-gram"});
 }
 
-TEST(RunConfig, ReadsTheModelTableRelativeToTheFile) {
+TEST(EngineConfigFile, ReadsTheModelTableRelativeToTheFile) {
   testing::TempDir dir;
   std::filesystem::create_directories(dir / "configs");
   testing::write_file(dir / "configs" / "c.toml",
                       "[model]\ntarget = \"../models/target\"\ndraft = \"/abs/draft\"\n"
                       "[runtime]\nmax_batch = 8\n");
-  const RunConfig config = load_run_config(dir / "configs" / "c.toml");
+  const EngineConfig config = EngineConfig::from_toml((dir / "configs" / "c.toml").string());
   // Relative to the file's directory, whatever the working directory is.
   EXPECT_EQ(config.target, (dir / "models" / "target").string());
   EXPECT_EQ(config.draft, "/abs/draft");
   EXPECT_EQ(config.max_batch, 8);
 
   testing::write_file(dir / "none.toml", "[model]\ntarget = \"t\"\ndraft = \"\"\n");
-  const RunConfig no_draft = load_run_config(dir / "none.toml");
+  const EngineConfig no_draft = EngineConfig::from_toml((dir / "none.toml").string());
   EXPECT_EQ(no_draft.target, (dir / "t").string());
   EXPECT_EQ(no_draft.draft, "");  // "" names no draft and stays so
 }
 
-TEST(RunConfig, RejectsBadModelAndBatchKeys) {
+TEST(EngineConfigFile, RejectsBadModelAndBatchKeys) {
   expect_config_error("[model]\ntarget = 3\n", {":2:", "key 'model.target'", "must be a string"});
   expect_config_error("[model]\ntarget = \"t\"\ndraft = [\"d\"]\n",
                       {":3:", "key 'model.draft'", "must be a string"});
@@ -198,16 +200,23 @@ TEST(RunConfig, RejectsBadModelAndBatchKeys) {
   expect_config_error("[runtime]\nmax_batch = 5000\n", {"runtime.max_batch", "got 5000"});
 }
 
-TEST(RunConfig, ValidatesSettingsFromElsewhere) {
-  RunConfig config;
+TEST(EngineConfigFile, ValidatesSettingsFromElsewhere) {
+  EngineConfig config;
+  config.target = "t";
   config.max_batch = 0;
-  testing::expect_error([&] { validate_run_config(config); }, {"max_batch", "got 0"});
-  config = RunConfig{};
+  testing::expect_error([&] { validate(config); }, {"max_batch", "got 0"});
+  config.max_batch = 1;
   config.threads = -2;
-  testing::expect_error([&] { validate_run_config(config); }, {"threads", "got -2"});
+  testing::expect_error([&] { validate(config); }, {"threads", "got -2"});
+  config.threads = 0;
+  config.speculation.gamma_max = kMaxGamma + 1;
+  testing::expect_error([&] { validate(config); }, {"gamma_max", "at most 64"});
+  config.speculation.gamma_max = 8;
+  config.rope_style = "sideways";
+  testing::expect_error([&] { validate(config); }, {"rope_style", "sideways"});
 }
 
-TEST(RunConfig, CommandLineTakesTheModelFromTheFile) {
+TEST(EngineConfigFile, CommandLineTakesTheModelFromTheFile) {
   testing::TempDir dir;
   fixtures::GeneratorOptions model;
   model.vocab_size = 64;
@@ -228,16 +237,16 @@ TEST(RunConfig, CommandLineTakesTheModelFromTheFile) {
   EXPECT_NE(missing.stderr_text.find("absent"), std::string::npos) << missing.stderr_text;
 }
 
-TEST(RunConfig, ReportsSyntaxErrorsWithTheirLine) {
+TEST(EngineConfigFile, ReportsSyntaxErrorsWithTheirLine) {
   expect_config_error("[sampling]\ntemperature = = 1\n", {":2:"});
   expect_config_error("[sampling\n", {":1:"});
 }
 
-TEST(RunConfig, MissingFileIsAnErrorNamingIt) {
-  EXPECT_THROW(load_run_config("/nonexistent/specrun.toml"), Error);
+TEST(EngineConfigFile, MissingFileIsAnErrorNamingIt) {
+  EXPECT_THROW(EngineConfig::from_toml("/nonexistent/specrun.toml"), Error);
 }
 
-TEST(RunConfig, FlagsOverrideTheFile) {
+TEST(EngineConfigFile, FlagsOverrideTheFile) {
   testing::TempDir dir;
   fixtures::GeneratorOptions model;
   model.vocab_size = 64;

@@ -1,18 +1,21 @@
-#include "runtime/engine/run_config.h"
+// EngineConfig from a TOML file (configs/default.toml documents every key), and the checks every
+// EngineConfig passes before anything loads.
+#include "runtime/api/config.h"
 
 #include <limits>
 #include <sstream>
 
 #include <toml++/toml.h>
 
-#include "kernels/core/check.h"
+#include "runtime/base/check.h"
 #include "runtime/engine/device.h"
+#include "runtime/engine/settings.h"
 
 namespace specrun {
 namespace {
 
-constexpr int64_t kMaxGamma = 64;    // as validate_speculative allows
-constexpr int64_t kMaxBatch = 4096;  // far past what one step can batch usefully on any device
+constexpr int64_t kMaxBatch = 4096;    // far past what one step can batch usefully on any device
+constexpr int64_t kMaxThreads = 4096;  // CPU threads
 
 // Reads the keys of one table, each into a typed field, with errors that name file, line and key.
 class TableReader {
@@ -58,19 +61,20 @@ class TableReader {
     *field = static_cast<float>(value);
   }
 
-  void string(const std::string& key, std::string* field,
-              std::initializer_list<const char*> allowed) {
+  // One of the names `parse` knows (settings.h), into an enum field.
+  template <typename Enum, typename Parse>
+  void choice(const std::string& key, Enum* field, Parse parse, std::span<const Enum> allowed) {
     const toml::node* node = table_.get(key);
     if (node == nullptr) return;
     if (!node->is_string()) fail(*node, key, "must be a string");
     const std::string value = node->as_string()->get();
+    if (const std::optional<Enum> parsed = parse(value)) {
+      *field = *parsed;
+      return;
+    }
     std::string choices;
-    for (const char* option : allowed) {
-      if (value == option) {
-        *field = value;
-        return;
-      }
-      choices += (choices.empty() ? "" : ", ") + std::string(option);
+    for (const Enum option : allowed) {
+      choices += (choices.empty() ? "" : ", ") + std::string(to_string(option));
     }
     fail(*node, key, "must be one of " + choices + ", got '" + value + "'");
   }
@@ -125,7 +129,8 @@ class TableReader {
 
 }  // namespace
 
-RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& defaults) {
+EngineConfig EngineConfig::from_toml(const std::string& file) {
+  const std::filesystem::path path(file);
   toml::table document;
   try {
     document = toml::parse_file(path.string());
@@ -134,7 +139,7 @@ RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& de
     message << path.string() << ":" << error.source().begin.line << ": " << error.description();
     throw Error(message.str());
   }
-  RunConfig config = defaults;
+  EngineConfig config;
   for (const auto& [key, node] : document) {
     const std::string name(key.str());
     if (name != "model" && name != "speculative" && name != "sampling" && name != "runtime") {
@@ -160,22 +165,18 @@ RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& de
     TableReader reader(path, *speculative, "speculative");
     reader.reject_unknown({"method", "gamma", "gamma_min", "gamma_max", "controller", "draft_p_min",
                            "lookup_min_ngram", "lookup_max_ngram"});
-    SpeculativeOptions& s = config.speculative;
-    std::string method = method_name(s.method);
-    reader.string("method", &method, {"draft", "prompt_lookup", "none"});
-    s.method = parse_method(method);
-    reader.integer("gamma", &s.gamma.initial, 0, kMaxGamma);
-    reader.integer("gamma_min", &s.gamma.min, 0, kMaxGamma);
-    reader.integer("gamma_max", &s.gamma.max, 0, kMaxGamma);
-    std::string controller = controller_name(s.controller);
-    reader.string("controller", &controller, {"fixed", "heuristic", "goodput"});
-    s.controller = parse_controller(controller);
+    SpeculationSettings& s = config.speculation;
+    reader.choice("method", &s.method, parse_speculation_method, speculation_methods());
+    reader.integer("gamma", &s.gamma, 0, kMaxGamma);
+    reader.integer("gamma_min", &s.gamma_min, 0, kMaxGamma);
+    reader.integer("gamma_max", &s.gamma_max, 0, kMaxGamma);
+    reader.choice("controller", &s.controller, parse_gamma_control, gamma_controls());
     reader.number("draft_p_min", &s.draft_p_min, 0.0, 1.0, false, "in [0, 1]");
     reader.integer("lookup_min_ngram", &s.lookup_min_ngram, 1, 64);
     reader.integer("lookup_max_ngram", &s.lookup_max_ngram, 1, 64);
     // Relations between keys: named by the first key of the table, whose line locates it.
     try {
-      validate_speculative(s);
+      validate(s);
     } catch (const Error& error) {
       std::ostringstream message;
       message << path.string() << ":" << speculative->source().begin.line << ": [speculative] "
@@ -186,7 +187,7 @@ RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& de
   if (const toml::table* sampling = document["sampling"].as_table()) {
     TableReader reader(path, *sampling, "sampling");
     reader.reject_unknown({"temperature", "top_k", "top_p", "min_p", "seed", "max_tokens"});
-    SamplingParams& s = config.generation.sampling;
+    SamplingSettings& s = config.sampling;
     reader.number("temperature", &s.temperature, 0.0, std::numeric_limits<float>::max(), false,
                   "finite and >= 0");
     reader.integer("top_k", &s.top_k, 0, std::numeric_limits<int32_t>::max());
@@ -195,15 +196,14 @@ RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& de
     int64_t seed = static_cast<int64_t>(s.seed);
     reader.integer("seed", &seed, 0, std::numeric_limits<int64_t>::max());
     s.seed = static_cast<uint64_t>(seed);
-    reader.integer("max_tokens", &config.generation.max_tokens, 0,
-                   std::numeric_limits<int32_t>::max());
+    reader.integer("max_tokens", &s.max_tokens, 0, std::numeric_limits<int32_t>::max());
   }
   if (const toml::table* runtime = document["runtime"].as_table()) {
     TableReader reader(path, *runtime, "runtime");
     reader.reject_unknown(
         {"device", "threads", "kv_cache_tokens", "kv_block_size", "max_batch", "deterministic"});
     reader.device("device", &config.device);
-    reader.integer("threads", &config.threads, 0, 4096);
+    reader.integer("threads", &config.threads, 0, kMaxThreads);
     reader.integer("kv_cache_tokens", &config.kv_cache_tokens, 0,
                    std::numeric_limits<int32_t>::max());
     reader.integer("kv_block_size", &config.kv_block_size, 1, 4096);
@@ -213,14 +213,28 @@ RunConfig load_run_config(const std::filesystem::path& path, const RunConfig& de
   return config;
 }
 
-void validate_run_config(const RunConfig& config) {
-  validate_speculative(config.speculative);
-  validate_sampling(config.generation.sampling);
-  if (config.generation.max_tokens < 0) {
-    throw Error("max_tokens must be >= 0, got " + std::to_string(config.generation.max_tokens));
+std::optional<kernels::RopeStyle> parse_rope_style(const std::string& style) {
+  if (style == "auto") return std::nullopt;
+  if (style == "rotate-half") return kernels::RopeStyle::kRotateHalf;
+  if (style == "interleaved") return kernels::RopeStyle::kInterleaved;
+  throw Error("rope_style '" + style + "' is not one of auto, rotate-half, interleaved");
+}
+
+void validate(const EngineConfig& config) {
+  if (config.target.empty()) throw Error("target is empty: name a checkpoint");
+  try {
+    validate(config.speculation);
+  } catch (const Error& error) {
+    throw Error(std::string("speculation: ") + error.what());
   }
-  if (config.threads < 0 || config.threads > 4096) {
-    throw Error("threads must be in [0, 4096], got " + std::to_string(config.threads));
+  try {
+    validate(config.sampling);
+  } catch (const Error& error) {
+    throw Error(std::string("sampling: ") + error.what());
+  }
+  if (config.threads < 0 || config.threads > kMaxThreads) {
+    throw Error("threads must be in [0, " + std::to_string(kMaxThreads) + "], got " +
+                std::to_string(config.threads));
   }
   if (config.kv_cache_tokens < 0) {
     throw Error("kv_cache_tokens must be >= 0, got " + std::to_string(config.kv_cache_tokens));
@@ -233,6 +247,7 @@ void validate_run_config(const RunConfig& config) {
                 std::to_string(config.max_batch));
   }
   parse_device(config.device);
+  parse_rope_style(config.rope_style);
 }
 
 }  // namespace specrun

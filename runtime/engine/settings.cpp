@@ -1,0 +1,141 @@
+#include "runtime/engine/settings.h"
+
+#include <cmath>
+
+#include "runtime/base/check.h"
+
+namespace specrun {
+namespace {
+
+constexpr SpeculationMethod kMethods[] = {
+    SpeculationMethod::kDraftModel, SpeculationMethod::kPromptLookup, SpeculationMethod::kNone};
+constexpr GammaControl kControls[] = {GammaControl::kGoodput, GammaControl::kHeuristic,
+                                      GammaControl::kFixed};
+
+}  // namespace
+
+const char* to_string(SpeculationMethod method) {
+  switch (method) {
+    case SpeculationMethod::kDraftModel:
+      return "draft";
+    case SpeculationMethod::kPromptLookup:
+      return "prompt_lookup";
+    case SpeculationMethod::kNone:
+      return "none";
+  }
+  return "unknown";
+}
+
+const char* to_string(GammaControl control) {
+  switch (control) {
+    case GammaControl::kGoodput:
+      return "goodput";
+    case GammaControl::kHeuristic:
+      return "heuristic";
+    case GammaControl::kFixed:
+      return "fixed";
+  }
+  return "unknown";
+}
+
+const char* to_string(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kEndOfSequence:
+      return "end_of_sequence";
+    case FinishReason::kMaxTokens:
+      return "max_tokens";
+    case FinishReason::kContextLimit:
+      return "context_limit";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kShutdown:
+      return "shutdown";
+    case FinishReason::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+std::optional<SpeculationMethod> parse_speculation_method(std::string_view name) {
+  for (const SpeculationMethod method : kMethods) {
+    if (name == to_string(method)) return method;
+  }
+  return std::nullopt;
+}
+
+std::optional<GammaControl> parse_gamma_control(std::string_view name) {
+  for (const GammaControl control : kControls) {
+    if (name == to_string(control)) return control;
+  }
+  return std::nullopt;
+}
+
+std::span<const SpeculationMethod> speculation_methods() {
+  return kMethods;
+}
+
+std::span<const GammaControl> gamma_controls() {
+  return kControls;
+}
+
+void validate(const SamplingSettings& sampling) {
+  validate_sampling(sampling_params(sampling));
+  if (sampling.max_tokens < 0) {
+    throw Error("max_tokens must be >= 0, got " + std::to_string(sampling.max_tokens));
+  }
+}
+
+void validate(const SpeculationSettings& s) {
+  if (!parse_speculation_method(to_string(s.method))) {
+    throw Error("speculation method " + std::to_string(static_cast<int>(s.method)) +
+                " is not one of draft, prompt_lookup, none");
+  }
+  if (!parse_gamma_control(to_string(s.controller))) {
+    throw Error("gamma controller " + std::to_string(static_cast<int>(s.controller)) +
+                " is not one of goodput, heuristic, fixed");
+  }
+  if (s.gamma_min < 0 || s.gamma_max < s.gamma_min || s.gamma < s.gamma_min ||
+      s.gamma > s.gamma_max) {
+    throw Error("gamma settings must satisfy 0 <= gamma_min <= gamma <= gamma_max, got gamma_min " +
+                std::to_string(s.gamma_min) + ", gamma " + std::to_string(s.gamma) +
+                ", gamma_max " + std::to_string(s.gamma_max));
+  }
+  if (s.gamma_max > kMaxGamma) {
+    throw Error("gamma_max must be at most " + std::to_string(kMaxGamma) + ", got " +
+                std::to_string(s.gamma_max));
+  }
+  if (!(s.draft_p_min >= 0.0f && s.draft_p_min <= 1.0f)) {
+    throw Error("draft_p_min must be in [0, 1], got " + std::to_string(s.draft_p_min));
+  }
+  if (s.lookup_min_ngram < 1 || s.lookup_max_ngram < s.lookup_min_ngram) {
+    throw Error("prompt lookup n-gram sizes must satisfy 1 <= lookup_min_ngram <= " +
+                std::string("lookup_max_ngram, got ") + std::to_string(s.lookup_min_ngram) +
+                " and " + std::to_string(s.lookup_max_ngram));
+  }
+}
+
+void validate_prompt(const Model& model, std::span<const int32_t> prompt) {
+  if (prompt.empty()) throw Error("the prompt is empty: give at least one token");
+  for (const int32_t token : prompt) {
+    if (token < 0 || token >= model.config().vocab_size) {
+      throw Error("prompt token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                  std::to_string(model.config().vocab_size) + ")");
+    }
+  }
+  if (static_cast<int64_t>(prompt.size()) > model.context_limit()) {
+    throw Error("the prompt has " + std::to_string(prompt.size()) +
+                " tokens, more than the context limit of " + std::to_string(model.context_limit()));
+  }
+}
+
+SamplingParams sampling_params(const SamplingSettings& sampling) {
+  SamplingParams params;
+  params.temperature = sampling.temperature;
+  params.top_k = sampling.top_k;
+  params.top_p = sampling.top_p;
+  params.min_p = sampling.min_p;
+  params.seed = sampling.seed;
+  return params;
+}
+
+}  // namespace specrun

@@ -1,0 +1,64 @@
+// The measured cost of a speculative step, as the goodput policy predicts it: a step costs
+// t_draft + t_verify. The target scores T = sum(gamma_i + 1) tokens in one forward,
+// t_verify(T) = a + b * T; the draft runs one batched forward per draft position, each costing
+// c + e * rows (rows = sequences still drafting at that depth). Both lines are fitted by least
+// squares to moving averages of the measured costs, kept per T and per row count, that age out
+// after `window` steps (costs change with load); a single measured point is flat.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+
+namespace specrun {
+
+class StepCostModel {
+ public:
+  struct Tuning {
+    double ema = 0.2;      // weight of a new sample in a point's moving average
+    int64_t window = 256;  // steps after which an unrefreshed point is dropped
+    double outlier = 2.0;  // a sample counts as at most this times its point's average
+  };
+
+  explicit StepCostModel(const Tuning& tuning) : tuning_(tuning) {}
+
+  // One step at `step` (a running count): `tokens` scored at `verify_ms`; and, when the draft ran
+  // steadily (no backlog read first), `rounds` draft rounds for `drafts` drafts at `draft_ms`.
+  void observe(int64_t step, int64_t tokens, double verify_ms, int64_t rounds, int64_t drafts,
+               bool steady, double draft_ms);
+  // Forgets every point (the load changed).
+  void reset();
+
+  bool verify_known() const { return verify_line_.known; }
+  // Distinct token counts behind the verify line: its slope needs two.
+  int64_t verify_points() const { return verify_line_.distinct; }
+  bool draft_known() const { return draft_line_.known; }
+  double verify_ms(int64_t tokens) const;     // NaN until measured
+  double draft_round_ms(int64_t rows) const;  // NaN until measured
+  // The predicted cost of a step with these gammas (verify line only until the draft line is
+  // measured).
+  double step_ms(std::span<const int64_t> gammas) const;
+
+ private:
+  struct Point {
+    double ms = 0.0;      // moving average
+    int64_t updated = 0;  // the step that last measured it
+  };
+  struct Line {
+    double intercept = 0.0;
+    double slope = 0.0;
+    bool known = false;
+    int64_t distinct = 0;  // distinct x values behind the fit
+  };
+  Line fit(const std::map<int64_t, Point>& points) const;
+  void update(std::map<int64_t, Point>& points, int64_t x, double ms);
+
+  Tuning tuning_;
+  int64_t step_ = 0;                        // the latest step observed
+  std::map<int64_t, Point> verify_points_;  // T -> ms
+  std::map<int64_t, Point> draft_points_;   // rows per draft round -> ms per round
+  Line verify_line_;
+  Line draft_line_;
+};
+
+}  // namespace specrun
