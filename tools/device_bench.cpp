@@ -238,7 +238,7 @@ int run_device_bench(const DeviceBenchOptions& options) {
     // per-step costs with the speedup Leviathan et al.'s formula gives them at real acceptances.
     const std::vector<int32_t> prompt =
         random_tokens(options.context, target_config.vocab_size, rng);
-    auto generate = [&](SpeculationMethod method, int64_t gamma) {
+    auto decode_with = [&](SpeculationMethod method, int64_t gamma) {
       EngineRequest request;
       request.prompt = prompt;
       request.sampling.temperature = 0.0f;
@@ -253,7 +253,7 @@ int run_device_bench(const DeviceBenchOptions& options) {
       engine.run(request);  // warm-up
       return engine.run(request).stats;
     };
-    const SequenceStats alone = generate(SpeculationMethod::kNone, 0);
+    const SequenceStats alone = decode_with(SpeculationMethod::kNone, 0);
     const double alone_tps = 1e3 * static_cast<double>(alone.tokens_generated) / alone.total_ms;
     std::printf(
         "generation, %lld greedy tokens after a %lld-token prompt: target alone %.1f tokens/s\n",
@@ -265,7 +265,7 @@ int run_device_bench(const DeviceBenchOptions& options) {
     nlohmann::json runs = nlohmann::json::array();
     for (const int64_t gamma : {2, 4, 6}) {
       if (gamma + 1 > options.max_verify_tokens) break;
-      const SequenceStats stats = generate(SpeculationMethod::kDraftModel, gamma);
+      const SequenceStats stats = decode_with(SpeculationMethod::kDraftModel, gamma);
       const double tps = 1e3 * static_cast<double>(stats.tokens_generated) / stats.total_ms;
       const double steps = static_cast<double>(std::max<int64_t>(stats.steps, 1));
       const double v = verify_ratio[static_cast<size_t>(gamma + 1)];

@@ -70,7 +70,6 @@ class GoodputPolicy : public GammaPolicy {
   // The model behind the choice, for tests and reports.
   double acceptance(int64_t sequence, int64_t position) const;  // alpha, position from 1
   const StepCostModel& costs() const { return costs_; }
-  int64_t probe_interval() const { return interval_; }
   int64_t calibration_steps() const { return calibration_steps_; }  // so far
 
   // Largest draft catch-up that still counts as a steady draft round.

@@ -108,6 +108,8 @@ struct BatchEngine::State {
   void retire_full_contexts();
   void plan(StepWork& work);
   void propose(StepWork& work);
+  void assemble(StepWork& work, const Proposals& from_model, std::span<const int64_t> model_rows,
+                std::span<const std::pair<int64_t, Proposals>> point_mass);
   void score_and_verify(StepWork& work);
   void commit(StepWork& work);
   void deliver(StepWork& work);
@@ -491,8 +493,7 @@ void BatchEngine::State::plan(StepWork& work) {
 }
 
 // Propose: the draft model for its rows in one batched call, prompt lookup (or a calibration
-// step's filler) per row; then one [batch, gamma] set, with q materialised for point-mass rows
-// when the batch mixes them with the draft model's.
+// step's filler) per row.
 void BatchEngine::State::propose(StepWork& work) {
   const auto start = Clock::now();
   const int64_t batch = static_cast<int64_t>(running.size());
@@ -528,6 +529,16 @@ void BatchEngine::State::propose(StepWork& work) {
     work.failure = std::string("drafting failed: ") + error.what();
     return;
   }
+  assemble(work, from_model, model_rows, point_mass);
+  work.draft_ms = milliseconds(start, Clock::now());
+}
+
+// The step's one [batch, gamma] set of proposals from the draft model's rows and the point-mass
+// rows, with q materialised for point-mass rows when the batch mixes them with the model's.
+void BatchEngine::State::assemble(StepWork& work, const Proposals& from_model,
+                                  std::span<const int64_t> model_rows,
+                                  std::span<const std::pair<int64_t, Proposals>> point_mass) {
+  const int64_t batch = static_cast<int64_t>(running.size());
   Proposals& proposals = work.proposals;
   proposals.batch = batch;
   for (const DraftPlan& plan : work.plans) proposals.gamma = std::max(proposals.gamma, plan.gamma);
@@ -558,7 +569,6 @@ void BatchEngine::State::propose(StepWork& work) {
     place(model_rows[r], from_model, static_cast<int64_t>(r));
   }
   for (const auto& [b, source] : point_mass) place(b, source, 0);
-  work.draft_ms = milliseconds(start, Clock::now());
 }
 
 // Score and verify: one target forward scores every row; each row is verified by its own

@@ -30,9 +30,6 @@ struct SequenceStats {
   double mean_accepted_length() const {
     return steps ? double(committed_in_steps) / double(steps) : 0.0;
   }
-  double tokens_per_second() const {
-    return total_ms > 0 ? 1e3 * double(tokens_generated) / total_ms : 0.0;
-  }
   // Inter-token latency over consecutive arrivals: {mean, p50, p99}; zeros below two tokens.
   struct Latency {
     double mean = 0, p50 = 0, p99 = 0;
