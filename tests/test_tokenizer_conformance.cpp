@@ -1,10 +1,10 @@
 // The tokenizer against the reference (Hugging Face tokenizers, Rust) on real tokenizer.json files:
 // every line of tests/data/tokenizer/corpus.txt must encode to the reference's ids, with and
-// without special tokens, and every id sequence must decode to the reference's text, for the
-// llama3, llama2 and qwen3 families. The golden files come from tools/tokenizer/gen_golden.py; the
-// tokenizer.json files from ../shared/tokenizers/<family>/ (the tests skip when it is absent). When
-// the project's venv has the reference package (tools/setup-python.sh tokenizers), a live
-// comparison on freshly generated random text runs as well.
+// without special tokens, and every id sequence must decode to the reference's text, for seven
+// model families. The golden files come from tools/tokenizer/gen_golden.py; the tokenizer.json
+// files from ../shared/tokenizers/<family>/ (the tests skip when it is absent). When the project's
+// venv has the reference package (tools/setup-python.sh tokenizers), a live comparison on freshly
+// generated random text runs as well.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -234,7 +234,9 @@ TEST_P(Conformance, LiveRandomText) {
   EXPECT_EQ(mismatches, 0u) << "of " << count << " samples";
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, Conformance, ::testing::Values("llama3", "llama2", "qwen3"),
+INSTANTIATE_TEST_SUITE_P(Families, Conformance,
+                         ::testing::Values("llama3", "llama2", "qwen3", "llama3_1", "gemma3",
+                                           "deepseek_v3", "gptoss"),
                          [](const auto& param_info) { return param_info.param; });
 
 }  // namespace

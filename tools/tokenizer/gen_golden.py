@@ -25,7 +25,7 @@ import sys
 
 from tokenizers import Tokenizer, __version__ as tokenizers_version
 
-FAMILIES = ["llama3", "llama2", "qwen3"]
+FAMILIES = ["llama3", "llama2", "qwen3", "llama3_1", "gemma3", "deepseek_v3", "gptoss"]
 BLOCK_LINES = 6
 BLOCK_SOURCE_LINES = 132  # the prose, code and whitespace groups
 PROBES = 240
