@@ -7,7 +7,6 @@
 // generated random text runs as well.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -211,7 +210,7 @@ TEST_P(Conformance, LiveRandomText) {
                  << " cannot import tokenizers (run bash tools/setup-python.sh tokenizers)";
   }
   const testing::CommandResult result = testing::run_command(
-      "'" + python + "' '" + testing::source_path("tools/tokenizer/live_sample.py").string() +
+      "'" + python + "' -B '" + testing::source_path("tools/tokenizer/live_sample.py").string() +
       "' '" + tokenizer_json(GetParam()).string() + "' 400 " + std::to_string(GetParam().size()));
   ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
   std::istringstream samples(result.stdout_text);
