@@ -25,8 +25,11 @@ python3 tools/tokenizer/make_bench_corpus.py "$corpus" 3
 pin=()
 if command -v taskset >/dev/null; then pin=(taskset -c 0); fi
 export RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
-echo "input: $(wc -c <"$corpus") bytes, $(wc -l <"$corpus") lines; CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; one thread;" \
-  "reference: tokenizers $("$python" -c 'import tokenizers; print(tokenizers.__version__)') (Python $("$python" -c 'import platform; print(platform.python_version())'))"
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
+reference=$("$python" -c 'import platform, tokenizers
+print(f"tokenizers {tokenizers.__version__} (Python {platform.python_version()})")')
+echo "input: $(wc -c <"$corpus") bytes, $(wc -l <"$corpus") lines; CPU: $cpu, $(nproc) cores;" \
+  "one thread; reference: $reference"
 echo
 echo "| tokenizer | shape | reference MB/s | specrun MB/s | specrun / reference |"
 echo "|---|---|---|---|---|"
