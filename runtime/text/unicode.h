@@ -1,7 +1,8 @@
 // UTF-8 and Unicode helpers for the tokenizer: code point iteration, lossy repair of invalid
-// UTF-8 (the same replacement rule as Rust's String::from_utf8_lossy and Node's Buffer.toString),
-// the character classes the Hugging Face components test (Rust's char::is_whitespace,
-// is_numeric, is_punctuation, regex \w) and normalization forms through utf8proc.
+// UTF-8 (the same replacement rule as Rust's String::from_utf8_lossy and Python's
+// bytes.decode(errors="replace")), the character classes the Hugging Face components test (Rust's
+// char::is_whitespace, is_numeric, is_punctuation, regex \w) and normalization forms through
+// utf8proc.
 #pragma once
 
 #include <cstddef>
