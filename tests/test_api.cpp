@@ -327,6 +327,19 @@ TEST_F(ApiTest, TextStreamsInWholeCharactersAndAddsUpToTheResult) {
   EXPECT_GT(held_back, 0);
 }
 
+TEST_F(ApiTest, AHugeTimeoutWaitsRatherThanTimingOut) {
+  // now() + milliseconds::max() overflows the clock; the wait must still be a wait (the C ABI's
+  // specrun_request_next with INT64_MAX comes here too).
+  const auto engine = Engine::create(config());
+  Request request;
+  request.prompt_ids = {1, 5, 9};
+  request.sampling = greedy(8);
+  RequestHandle handle = engine->submit(request);
+  const std::optional<Event> first = handle.next(std::chrono::milliseconds::max());
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(handle.wait().tokens.size(), 8u);
+}
+
 TEST_F(ApiTest, CancelFromTheCallbackAndFromAnotherThread) {
   const auto engine = Engine::create(config());
   Request request;

@@ -1,6 +1,8 @@
 // TOML settings, read straight into EngineConfig: configs/default.toml is complete and matches the
 // built-in defaults; every bad file is one error naming the file, the line and the key; flags
 // override the file.
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -243,7 +245,20 @@ TEST(EngineConfigFile, ReportsSyntaxErrorsWithTheirLine) {
 }
 
 TEST(EngineConfigFile, MissingFileIsAnErrorNamingIt) {
-  EXPECT_THROW(EngineConfig::from_toml("/nonexistent/specrun.toml"), Error);
+  testing::expect_error([] { EngineConfig::from_toml("/nonexistent/specrun.toml"); },
+                        {"/nonexistent/specrun.toml", "no such"});
+}
+
+TEST(EngineConfigFile, OnlyARegularFileIsRead) {
+  // A directory or a device would read as an empty file; a FIFO would block forever.
+  testing::TempDir dir;
+  testing::expect_error([&] { EngineConfig::from_toml(dir.path().string()); },
+                        {dir.path().string(), "not a regular file"});
+  testing::expect_error([] { EngineConfig::from_toml("/dev/null"); }, {"not a regular file"});
+  const std::filesystem::path fifo = dir / "fifo.toml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  testing::expect_error([&] { EngineConfig::from_toml(fifo.string()); },
+                        {"fifo.toml", "not a regular file"});
 }
 
 TEST(EngineConfigFile, FlagsOverrideTheFile) {

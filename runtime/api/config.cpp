@@ -131,6 +131,12 @@ class TableReader {
 
 EngineConfig EngineConfig::from_toml(const std::string& file) {
   const std::filesystem::path path(file);
+  // A FIFO would block the read and a directory or device would read as an empty file.
+  std::error_code status;
+  if (!std::filesystem::exists(path, status)) throw Error(file + ": no such settings file");
+  if (!std::filesystem::is_regular_file(path, status)) {
+    throw Error(file + ": not a regular file (settings are read from a plain TOML file)");
+  }
   toml::table document;
   try {
     document = toml::parse_file(path.string());

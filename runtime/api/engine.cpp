@@ -227,7 +227,14 @@ std::optional<Event> RequestHandle::next(std::chrono::milliseconds timeout) {
   detail::RequestState& state = checked(state_);
   std::unique_lock lock(state.mutex);
   // Finished with an empty queue: the last event was taken (or went to a callback).
-  state.changed.wait_for(lock, timeout, [&] { return !state.events.empty() || state.finished; });
+  const auto ready = [&] { return !state.events.empty() || state.finished; };
+  // now() + timeout overflows the clock for a huge timeout (milliseconds::max()), and an
+  // overflowed deadline is already past; a wait that long is a wait without one.
+  if (timeout >= std::chrono::hours(24 * 365 * 100)) {
+    state.changed.wait(lock, ready);
+  } else {
+    state.changed.wait_for(lock, timeout, ready);
+  }
   if (state.events.empty()) return std::nullopt;
   Event event = std::move(state.events.front());
   state.events.pop_front();
