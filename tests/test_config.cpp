@@ -360,6 +360,33 @@ TEST(ConfigTest, RopeScalingDefaultAndLinear) {
   EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 4.0);
 }
 
+TEST(ConfigTest, RopeParametersAsTransformers5WritesThem) {
+  // save_pretrained in transformers 5 moves rope_theta and rope_scaling into rope_parameters.
+  json document = json::parse(kLlama31_8B);
+  const json scaling = document["rope_scaling"];
+  document.erase("rope_scaling");
+  document.erase("rope_theta");
+  document["rope_parameters"] = scaling;
+  document["rope_parameters"]["rope_theta"] = 500000.0;
+  const ModelConfig c = parse_model_config(document, kSource);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(rope_inverse_frequencies(c),
+            rope_inverse_frequencies(parse_model_config(json::parse(kLlama31_8B), kSource)));
+
+  document["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  const ModelConfig plain = parse_model_config(document, kSource);
+  EXPECT_DOUBLE_EQ(plain.rope_theta, 1e6);
+  EXPECT_EQ(plain.rope_scaling.type, RopeScalingType::kNone);
+
+  document["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  expect_config_error(document, {"'rope_parameters'", "yarn", "not supported"});
+  document["rope_parameters"] = 10000.0;
+  expect_config_error(document, {"'rope_parameters'", "must be an object"});
+}
+
 TEST(ConfigTest, LoadFromFile) {
   TempDir dir;
   const std::filesystem::path path = dir / "config.json";

@@ -107,6 +107,14 @@ std::string reference_python() {
   return SPECRUN_PYTHON;
 }
 
+std::string venv_python() {
+  const char* venv = std::getenv("SPECRUN_VENV");
+  const std::filesystem::path python =
+      (venv != nullptr && *venv != '\0' ? std::filesystem::path(venv) : source_path(".venv")) /
+      "bin" / "python";
+  return ::access(python.c_str(), X_OK) == 0 ? python.string() : std::string();
+}
+
 std::vector<double> reference_logits(const std::filesystem::path& model_dir,
                                      std::span<const int32_t> tokens, bool interleaved_rope,
                                      const std::filesystem::path& out) {

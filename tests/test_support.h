@@ -55,6 +55,9 @@ std::filesystem::path source_path(const std::string& relative);
 std::filesystem::path shared_path(const std::string& relative);  // ../shared/RELATIVE
 // The Python with NumPy found at configure time; empty when none.
 std::string reference_python();
+// The project's virtual environment's Python (tools/setup-python.sh: $SPECRUN_VENV, else .venv in
+// the source tree), where the pinned reference packages are installed; empty when there is none.
+std::string venv_python();
 
 // Runs the NumPy reference (tests/reference/llama_ref.py) on one sequence and returns its logits
 // [tokens, vocab] in float64, written through the file `out`. Fails the test on a script error.

@@ -32,7 +32,17 @@ if [[ -z ${CUDACXX:-} ]]; then
   CUDACXX=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   export CUDACXX
 fi
-gpu_tests=(test_cuda_device test_cuda_backend test_cuda_sampling test_cuda_engine)
+gpu_tests=(test_cuda_device test_cuda_backend test_cuda_sampling test_cuda_engine
+  test_cuda_hf_conformance)
+# The Hugging Face references (tests/reference/hf_reference.py) need torch, which a machine
+# without PyPI lacks: made elsewhere (any ctest run of test_hf_conformance writes them to
+# build/hf_reference; take that folder along), they are used from here when present.
+hf_reference=${SPECRUN_HF_REFERENCE_DIR:-$PWD/build/hf_reference}
+if grep -qx ok "$hf_reference/status.txt" 2>/dev/null; then
+  export SPECRUN_HF_REFERENCE_DIR=$hf_reference
+else
+  unset SPECRUN_HF_REFERENCE_DIR
+fi
 
 build_all() {
   nvidia-smi >"$logs/build.txt" 2>&1 || echo "nvidia-smi failed" >>"$logs/build.txt"
@@ -50,6 +60,14 @@ run_tests() {
   local status=0
   ctest --test-dir "$build" -L gpu --output-on-failure -j 4 >"$logs/gpu-tests.txt" 2>&1 || status=1
   tail -n 5 "$logs/gpu-tests.txt"
+  # ctest points this suite at the build's own references, which need torch here: run it on the
+  # ones brought along.
+  if [[ -n ${SPECRUN_HF_REFERENCE_DIR:-} ]]; then
+    "$build/tests/test_cuda_hf_conformance" >"$logs/gpu-hf-conformance.txt" 2>&1 || status=1
+    grep -E "^\[ hf cuda \]|PASSED|FAILED" "$logs/gpu-hf-conformance.txt" | tail -n 24
+  else
+    echo "no Hugging Face references at $hf_reference: test_cuda_hf_conformance skipped"
+  fi
   ctest --test-dir "$build" -LE gpu -j "$(nproc)" >"$logs/cpu-tests.txt" 2>&1 || status=1
   tail -n 3 "$logs/cpu-tests.txt"
   return $status

@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
 bash tools/build.sh
 build_dir=${SPECRUN_BUILD_DIR:-build}
-# The tokenizer conformance reference (PyPI, into .venv); without the registry its tests skip.
-bash tools/setup-python.sh tokenizers
+# The Python references, pinned, from PyPI into .venv: Hugging Face tokenizers, and transformers
+# with torch on the CPU. Without the registry the tests that need them skip with one line.
+bash tools/setup-python.sh tokenizers transformers
 # SPECRUN_CTEST_ARGS narrows the run (CI's ThreadSanitizer pass leaves out some labels).
 # shellcheck disable=SC2086
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" ${SPECRUN_CTEST_ARGS:-}

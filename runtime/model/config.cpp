@@ -112,11 +112,12 @@ Architecture parse_architecture(const json& document, const std::string& source,
   throw Error(source + ": model_type '" + type + "' is not supported (llama, mistral, qwen2)");
 }
 
+// `object_key` names the object in errors: rope_scaling, or rope_parameters (transformers 5).
 RopeScaling parse_rope_scaling(const KeyReader& keys, const json* value,
-                               const std::string& source) {
+                               const std::string& object_key, const std::string& source) {
   RopeScaling scaling;
   if (value == nullptr) return scaling;
-  if (!value->is_object()) keys.fail("rope_scaling", "must be an object or null");
+  if (!value->is_object()) keys.fail(object_key, "must be an object or null");
   // Newer configs say rope_type, older ones type.
   const json* type = nullptr;
   for (const char* key : {"rope_type", "type"}) {
@@ -126,9 +127,9 @@ RopeScaling parse_rope_scaling(const KeyReader& keys, const json* value,
       break;
     }
   }
-  if (type == nullptr || !type->is_string()) keys.fail("rope_scaling", "has no rope_type");
+  if (type == nullptr || !type->is_string()) keys.fail(object_key, "has no rope_type");
   const std::string name = type->get<std::string>();
-  const KeyReader inner(*value, source + ": rope_scaling");
+  const KeyReader inner(*value, source + ": " + object_key);
   if (name == "default") return scaling;
   if (name == "linear") {
     scaling.type = RopeScalingType::kLinear;
@@ -152,7 +153,7 @@ RopeScaling parse_rope_scaling(const KeyReader& keys, const json* value,
     }
     return scaling;
   }
-  keys.fail("rope_scaling",
+  keys.fail(object_key,
             "has rope_type '" + name + "', which is not supported (default, linear, llama3)");
 }
 
@@ -187,7 +188,17 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
 
   config.rms_norm_eps = keys.positive_number("rms_norm_eps", 1e-6);
   config.rope_theta = keys.positive_number("rope_theta", 10000.0);
-  config.rope_scaling = parse_rope_scaling(keys, keys.find("rope_scaling"), source);
+  if (const json* parameters = keys.find("rope_parameters")) {
+    // transformers 5 writes theta and the scaling together, as rope_parameters, and no
+    // rope_theta or rope_scaling at the top level.
+    if (!parameters->is_object()) keys.fail("rope_parameters", "must be an object or null");
+    config.rope_theta = KeyReader(*parameters, source + ": rope_parameters")
+                            .positive_number("rope_theta", config.rope_theta);
+    config.rope_scaling = parse_rope_scaling(keys, parameters, "rope_parameters", source);
+  } else {
+    config.rope_scaling =
+        parse_rope_scaling(keys, keys.find("rope_scaling"), "rope_scaling", source);
+  }
   const int64_t default_context = config.architecture == Architecture::kLlama     ? 2048
                                   : config.architecture == Architecture::kMistral ? 131072
                                                                                   : 32768;

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Hugging Face transformers as the reference for specrun's logits, float32 on the CPU.
+
+Three commands:
+
+  hf_reference.py build --case NAME --model DIR
+      Writes a small random model of one of the CASES below with save_pretrained: config.json
+      as transformers writes it and model.safetensors in the case's dtype.
+
+  hf_reference.py run --model DIR [--gguf-file FILE] --prompts FILE --out PREFIX
+      Loads DIR with AutoModelForCausalLM.from_pretrained(DIR, dtype=float32) (with gguf_file when
+      given: a GGUF model, dequantized to float32 by transformers), and for each prompt (one line
+      of comma-separated token ids in FILE) decodes --new-tokens tokens greedily through the
+      model's KV cache.
+
+      Writes PREFIX.json, {"vocab_size", "torch", "transformers", "prompts": [{"tokens",
+      "continuation", "row_offset"}]}, and PREFIX.bin, little-endian float32 logits: for each
+      prompt, len(tokens) + len(continuation) rows of vocab_size, row i being the logits after
+      token i of tokens + continuation. Row len(tokens) - 1 + j chose continuation[j].
+
+  hf_reference.py cases --out DIR [--case NAME ...]
+      For each case (default: all), writes the model to DIR/NAME and its reference, on prompts
+      drawn here, to DIR/NAME.json and DIR/NAME.bin, in one start-up of torch; then DIR/status.txt
+      says "ok". Without torch or transformers it writes the reason to DIR/status.txt instead and
+      exits 0, so that the tests reading DIR skip with that line.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+try:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+    IMPORT_ERROR = None
+except ImportError as error:
+    IMPORT_ERROR = (f"Hugging Face transformers is not installed ({error}); "
+                    "tools/setup-python.sh transformers installs it")
+
+# Small models of the families specrun loads, each in bf16 and in f32. Positions reach the longest
+# prompt plus the continuation (under 128), far below max_position_embeddings.
+_COMMON = dict(bos_token_id=1, eos_token_id=2, max_position_embeddings=1024, rms_norm_eps=1e-5,
+               hidden_act="silu")
+_FAMILIES = {
+    # Grouped-query attention (6 query heads on 2 KV heads), untied output projection, 3 layers.
+    "llama_gqa": ("Llama", dict(
+        vocab_size=384, hidden_size=96, intermediate_size=256, num_hidden_layers=3,
+        num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=False)),
+    # The embedding is the output projection.
+    "llama_tied": ("Llama", dict(
+        vocab_size=320, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=True)),
+    # Llama 3.1's band-wise RoPE scaling with a 32-position original context: with head_dim 32 and
+    # theta 500000, pair 0 keeps its frequency, pair 1 is interpolated and pairs 2-15 are slowed
+    # eightfold, turning far enough over ~100 positions to matter.
+    "llama3_rope_scaling": ("Llama", dict(
+        vocab_size=300, hidden_size=128, intermediate_size=320, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                             low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_position_embeddings=32))),
+    # A window of 8 positions, shorter than every prompt.
+    "mistral_sliding_window": ("Mistral", dict(
+        vocab_size=288, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=8,
+        tie_word_embeddings=False)),
+    # Bias on q, k and v (Qwen2 always has it), theta 1e6.
+    "qwen2_qkv_bias": ("Qwen2", dict(
+        vocab_size=352, hidden_size=128, intermediate_size=288, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False,
+        use_sliding_window=False, rope_parameters=dict(rope_type="default",
+                                                       rope_theta=1000000.0))),
+}
+_DTYPES = ("bf16", "f32")
+CASES = [f"{family}_{dtype}" for family in _FAMILIES for dtype in _DTYPES]
+# Prompt lengths: all longer than the sliding window, the longest plus the continuation still far
+# inside every model's context.
+_PROMPT_LENGTHS = (9, 16, 27, 45)
+
+
+def _initialize(model, config, seed):
+    """Weights of a trained model's scale, not transformers' init (normal, std 0.02), whose
+    logits are nearly flat (every top-2 margin tiny, greedy decoding then meaningless).
+
+    Projections: normal with std 1/sqrt(fan_in), so each keeps its input's scale and attention
+    scores are of order one (attention is neither uniform nor one-hot). Norm gains 1 +- 0.1,
+    biases std 0.3 (large enough that dropping them changes the logits). The output projection
+    has std 3/sqrt(hidden): logits have a spread of ~3 and a peaked top, as trained models do.
+    A tied embedding is the output projection, so it takes that scale too.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    hidden = config.hidden_size
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                values = 1.0 + 0.1 * torch.randn(parameter.shape, generator=generator)
+            elif name.endswith(".bias"):
+                values = 0.3 * torch.randn(parameter.shape, generator=generator)
+            elif name == "lm_head.weight" or (name == "model.embed_tokens.weight" and
+                                              config.tie_word_embeddings):
+                values = 3.0 / math.sqrt(hidden) * torch.randn(parameter.shape, generator=generator)
+            elif name == "model.embed_tokens.weight":
+                values = torch.randn(parameter.shape, generator=generator)
+            else:
+                values = torch.randn(parameter.shape, generator=generator) / math.sqrt(
+                    parameter.shape[1])
+            parameter.copy_(values.to(parameter.dtype))
+
+
+def build(case, model_dir):
+    if case not in CASES:
+        raise SystemExit(f"unknown case {case!r}; cases: {', '.join(CASES)}")
+    family, dtype_name = case.rsplit("_", 1)
+    prefix, options = _FAMILIES[family]
+    config = getattr(transformers, prefix + "Config")(**_COMMON, **options)
+    model = getattr(transformers, prefix + "ForCausalLM")(config).eval()
+    _initialize(model, config, seed=CASES.index(case) + 1)
+    model.to(torch.bfloat16 if dtype_name == "bf16" else torch.float32)
+    model.save_pretrained(model_dir)
+    return config
+
+
+def _read_prompts(path):
+    prompts = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                prompts.append([int(t) for t in line.split(",")])
+    if not prompts:
+        raise SystemExit(f"{path}: no prompts")
+    return prompts
+
+
+def run(model_dir, gguf_file, prompts, new_tokens, out_prefix):
+    with torch.no_grad():
+        _run(model_dir, gguf_file, prompts, new_tokens, out_prefix)
+
+
+def _run(model_dir, gguf_file, prompts, new_tokens, out_prefix):
+    kwargs = {}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+        # GGUF files may say "no padding token" as id 2^32 - 1, which transformers takes for an
+        # id and refuses; padding plays no part here.
+        config = transformers.AutoConfig.from_pretrained(model_dir, gguf_file=gguf_file)
+        if config.pad_token_id is not None and not 0 <= config.pad_token_id < config.vocab_size:
+            config.pad_token_id = None
+        kwargs["config"] = config
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kwargs).eval()
+    # bf16 checkpoints are widened to float32 at load, exactly: every weight must be float32 now.
+    wrong = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
+    if wrong:
+        raise SystemExit(f"{model_dir}: parameters not in float32 after loading: {wrong[:3]}")
+    vocab = model.config.vocab_size
+    rows, manifest = [], []
+    offset = 0
+    for tokens in prompts:
+        if any(t < 0 or t >= vocab for t in tokens):
+            raise SystemExit(f"token id out of range [0, {vocab})")
+        # Prefill: the logits at every prompt position, then greedy steps through the cache.
+        output = model(torch.tensor([tokens]), use_cache=True)
+        logits = [output.logits[0]]
+        cache = output.past_key_values
+        continuation = []
+        for _ in range(new_tokens):
+            token = int(torch.argmax(logits[-1][-1]))
+            continuation.append(token)
+            output = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+            cache = output.past_key_values
+            logits.append(output.logits[0])
+        block = torch.cat(logits, dim=0)
+        assert block.shape == (len(tokens) + new_tokens, vocab)
+        rows.append(block)
+        manifest.append({"tokens": tokens, "continuation": continuation, "row_offset": offset})
+        offset += block.shape[0]
+    torch.cat(rows, dim=0).to(torch.float32).numpy().astype("<f4").tofile(out_prefix + ".bin")
+    with open(out_prefix + ".json", "w") as f:
+        json.dump({"vocab_size": vocab, "torch": torch.__version__,
+                   "transformers": transformers.__version__, "prompts": manifest}, f)
+
+
+def cases(out_dir, names):
+    os.makedirs(out_dir, exist_ok=True)
+    status = os.path.join(out_dir, "status.txt")
+    if os.path.exists(status):
+        os.remove(status)
+    if IMPORT_ERROR is not None:
+        with open(status, "w") as f:
+            f.write(IMPORT_ERROR + "\n")
+        print(IMPORT_ERROR)
+        return
+    for name in names or CASES:
+        model_dir = os.path.join(out_dir, name)
+        config = build(name, model_dir)
+        generator = torch.Generator().manual_seed(1000 + CASES.index(name))
+        prompts = [torch.randint(0, config.vocab_size, (length,), generator=generator).tolist()
+                   for length in _PROMPT_LENGTHS]
+        run(model_dir, None, prompts, 64, os.path.join(out_dir, name))
+    with open(status, "w") as f:
+        f.write("ok\n")
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    build_parser = commands.add_parser("build", help="write a random model of one case")
+    build_parser.add_argument("--case", required=True, choices=CASES)
+    build_parser.add_argument("--model", required=True, help="directory to write")
+    run_parser = commands.add_parser("run", help="logits and greedy continuations")
+    run_parser.add_argument("--model", required=True, help="model directory")
+    run_parser.add_argument("--gguf-file", help="a GGUF file in the model directory")
+    run_parser.add_argument("--prompts", required=True, help="one prompt per line: ids, commas")
+    run_parser.add_argument("--new-tokens", type=int, default=64)
+    run_parser.add_argument("--out", required=True, help="writes OUT.json and OUT.bin")
+    cases_parser = commands.add_parser("cases", help="every case's model and reference")
+    cases_parser.add_argument("--out", required=True, help="directory to write")
+    cases_parser.add_argument("--case", action="append", choices=CASES, help="default: all")
+    args = parser.parse_args(argv)
+
+    if IMPORT_ERROR is None:
+        transformers.utils.logging.disable_progress_bar()
+        # One thread: the reference's numbers must not depend on the machine's core count, and
+        # the models are too small to gain from more.
+        torch.set_num_threads(1)
+    elif args.command != "cases":
+        raise SystemExit(IMPORT_ERROR)
+    if args.command == "cases":
+        cases(args.out, args.case)
+    elif args.command == "build":
+        build(args.case, args.model)
+    else:
+        run(args.model, args.gguf_file, _read_prompts(args.prompts), args.new_tokens, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
