@@ -29,11 +29,11 @@ fs::path tokenizer_json(const std::string& family) {
   return testing::shared_path("tokenizers/" + family + "/tokenizer.json");
 }
 
-// The venv's Python (SPECRUN_TOKENIZERS_PYTHON at configure time) when it can import the
-// reference; empty otherwise.
+// The project venv's Python (testing::venv_python) when it can import the reference; empty
+// otherwise.
 std::string reference_python() {
-  const std::string python = SPECRUN_TOKENIZERS_PYTHON;
-  if (python.empty() || !fs::exists(python)) return "";
+  const std::string python = testing::venv_python();
+  if (python.empty()) return "";
   if (testing::run_command("'" + python + "' -c 'import tokenizers'").exit_code != 0) return "";
   return python;
 }
@@ -206,8 +206,8 @@ TEST_P(Conformance, StreamingMatchesDecode) {
 TEST_P(Conformance, LiveRandomText) {
   const std::string python = reference_python();
   if (python.empty()) {
-    GTEST_SKIP() << "no reference: " << SPECRUN_TOKENIZERS_PYTHON
-                 << " cannot import tokenizers (run bash tools/setup-python.sh tokenizers)";
+    GTEST_SKIP() << "no reference: the project venv cannot import tokenizers (run bash "
+                    "tools/setup-python.sh tokenizers)";
   }
   const testing::CommandResult result = testing::run_command(
       "'" + python + "' -B '" + testing::source_path("tools/tokenizer/live_sample.py").string() +

@@ -32,9 +32,11 @@ for group in "$@"; do
   stamp="$venv/.installed-$group"
   if [[ -f "$stamp" ]] && cmp -s "$stamp" "$requirements"; then continue; fi
   # A line "# options: ..." in the requirements file adds pip options (e.g. --no-deps).
-  options=$(sed -n 's/^# options: *\(--[a-z-]*\).*/\1/p' "$requirements")
+  options=$(sed -n 's/^# options: *\(\(--[a-z-]* *\)*\).*/\1/p' "$requirements")
+  # No pip cache: the torch wheels would keep gigabytes in ~/.cache for nothing.
   # shellcheck disable=SC2086
-  if timeout 1800 "$venv/bin/python" -m pip install -q --disable-pip-version-check $options \
+  if timeout 1800 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+      $options \
       -r "$requirements" >"$venv/pip-$group.log" 2>&1; then
     cp "$requirements" "$stamp"
   else
