@@ -9,13 +9,25 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/core/check.h"
+#include "runtime/model/checkpoint.h"
 #include "runtime/text/tokenizer.h"
 #include "tools/cli_support.h"
 
 namespace specrun::tools {
+namespace {
+
+// A tokenizer.json (or its folder), or the tokenizer a .gguf file's metadata holds.
+std::unique_ptr<text::Tokenizer> open_tokenizer(const std::string& path) {
+  if (path.ends_with(".gguf")) {
+    return text::Tokenizer::from_json(read_tokenizer_document(path), path);
+  }
+  return text::Tokenizer::load(path);
+}
+
+}  // namespace
 
 int run_tokenize(const std::string& tokenizer_path, bool add_special) {
-  const auto tokenizer = text::Tokenizer::load(tokenizer_path);
+  const auto tokenizer = open_tokenizer(tokenizer_path);
   std::string line;
   std::string out;
   while (std::getline(std::cin, line)) {
@@ -33,7 +45,7 @@ int run_tokenize(const std::string& tokenizer_path, bool add_special) {
 }
 
 int run_detokenize(const std::string& tokenizer_path, bool skip_special, bool json) {
-  const auto tokenizer = text::Tokenizer::load(tokenizer_path);
+  const auto tokenizer = open_tokenizer(tokenizer_path);
   std::string line;
   size_t number = 0;
   while (std::getline(std::cin, line)) {
