@@ -166,6 +166,27 @@ TEST_F(StoriesGgufTest, TokenizerAndPairingMatchTheConvertedModel) {
   EXPECT_GT(stats.accepted, stats.drafted / 2);
 }
 
+// From the command line, a .gguf file is a --target or a --draft like any checkpoint, and a
+// --tokenizer for specrun tokenize.
+TEST_F(StoriesGgufTest, CommandLineTakesTheFile) {
+  const std::string specrun = "'" + testing::tool_path("specrun").string() + "'";
+  const std::string gguf = "'" + stories_gguf().string() + "'";
+  auto result =
+      testing::run_command(specrun + " --target " + gguf + " --draft '" + (dir_ / "hf").string() +
+                           "' --prompt 'Once upon a time' --max-tokens 24 "
+                           "--temperature 0");
+  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_TRUE(result.stdout_text.starts_with(", there was a little girl named Lily"))
+      << result.stdout_text;
+  result = testing::run_command("echo 'Once upon a time' | " + specrun + " tokenize --tokenizer " +
+                                gguf + " --add-special");
+  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  const auto json_ids =
+      testing::run_command("echo 'Once upon a time' | " + specrun + " tokenize --tokenizer '" +
+                           (dir_ / "hf" / "tokenizer.json").string() + "' --add-special");
+  EXPECT_EQ(result.stdout_text, json_ids.stdout_text);
+}
+
 // Llama 3's tokenizer as llama.cpp stores it (tokens, token types, merges, pre 'llama-bpe')
 // tokenizes the conformance corpus as its tokenizer.json does.
 TEST(GgufSharedTokenizer, Llama3FromMetadataEqualsItsTokenizerJson) {
