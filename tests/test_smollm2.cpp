@@ -106,6 +106,46 @@ TEST_F(SmolLm2Test, TokenizerRoundTrips) {
   EXPECT_GT(checked, 250);
 }
 
+// The tokenizer specrun builds from the metadata against Hugging Face `tokenizers` running the
+// same metadata assembled independently (tools/python/gguf_tokenize.py, gguf-py reading it), on
+// the conformance corpus, with and without special tokens.
+TEST_F(SmolLm2Test, TokenizerMatchesHuggingFaceTokenizers) {
+  const fs::path python = testing::source_path(".venv/bin/python");
+  if (testing::run_command("'" + python.string() + "' -c 'import gguf, tokenizers' 2>&1")
+          .exit_code != 0) {
+    GTEST_SKIP() << "no gguf-py and tokenizers in .venv (tools/setup-python.sh gguf tokenizers)";
+  }
+  const fs::path corpus = testing::source_path("tests/data/tokenizer/corpus.txt");
+  std::vector<std::string> lines;
+  {
+    std::istringstream stream(testing::read_file(corpus));
+    for (std::string line; std::getline(stream, line);) lines.push_back(line);
+  }
+  for (const bool special : {false, true}) {
+    const auto result = testing::run_command(
+        "'" + python.string() + "' '" +
+        testing::source_path("tools/python/gguf_tokenize.py").string() + "' '" + path_->string() +
+        "'" + (special ? " --add-special" : "") + " < '" + corpus.string() + "'");
+    ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+    std::istringstream reference(result.stdout_text);
+    size_t index = 0;
+    int64_t equal = 0;
+    for (std::string expected; std::getline(reference, expected); ++index) {
+      ASSERT_LT(index, lines.size());
+      std::string ours = "[";
+      for (const int32_t id : tokenizer_->encode(lines[index], special)) {
+        ours += (ours.size() > 1 ? "," : "") + std::to_string(id);
+      }
+      ours += "]";
+      EXPECT_EQ(ours, expected) << "line " << index + 1 << ": " << lines[index];
+      equal += ours == expected;
+    }
+    EXPECT_EQ(index, lines.size());
+    std::cout << "[ SmolLM2 ] tokenizer equal to Hugging Face tokenizers on " << equal << " of "
+              << lines.size() << " lines" << (special ? " (special tokens added)" : "") << "\n";
+  }
+}
+
 TEST_F(SmolLm2Test, AnswersAQuestionGreedily) {
   const std::string prompt =
       "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
