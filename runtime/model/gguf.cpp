@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels/core/check.h"
+#include "runtime/model/tensor_checks.h"
 
 namespace specrun {
 namespace {
@@ -41,10 +42,6 @@ std::string supported_type_names() {
     names += (names.empty() ? "" : ", ") + std::string(info.name);
   }
   return names;
-}
-
-std::string range_to_string(uint64_t begin, uint64_t end) {
-  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
 }
 
 // Reads the header region of the mapping with a cursor, every read bounded by the file size, and
@@ -293,22 +290,19 @@ GgufFile::GgufFile(const std::filesystem::path& path) : file_(path) {
       cursor.fail(what + ": " + std::to_string(dims) + " dimensions (1 to " +
                   std::to_string(kMaxGgufDimensions) + " allowed)");
     }
-    uint64_t elements = 1;
-    bool overflow = false;
+    std::vector<uint64_t> extents;
     for (uint32_t d = 0; d < dims; ++d) {
-      const uint64_t extent = cursor.read<uint64_t>(what + " dimensions");
-      overflow = overflow || extent > static_cast<uint64_t>(INT64_MAX) ||
-                 __builtin_mul_overflow(elements, extent, &elements);
-      info.ne.push_back(static_cast<int64_t>(extent));
+      extents.push_back(cursor.read<uint64_t>(what + " dimensions"));
+      info.ne.push_back(static_cast<int64_t>(extents.back()));
     }
     std::string ne_text = "ne [";
-    for (size_t d = 0; d < info.ne.size(); ++d) {
-      ne_text += (d ? ", " : "") + std::to_string(static_cast<uint64_t>(info.ne[d]));
+    for (size_t d = 0; d < extents.size(); ++d) {
+      ne_text += (d ? ", " : "") + std::to_string(extents[d]);
     }
     ne_text += "]";
-    if (overflow || elements > static_cast<uint64_t>(INT64_MAX)) {
-      cursor.fail(what + ": " + ne_text + " overflows");
-    }
+    const std::optional<uint64_t> count = checked_byte_count(extents);
+    if (!count) cursor.fail(what + ": " + ne_text + " overflows");
+    const uint64_t elements = *count;
     info.type = cursor.read<uint32_t>(what + " type");
     const GgmlTypeInfo* type = ggml_type_info(info.type);
     if (type == nullptr) cursor.fail(what + ": unknown ggml type " + std::to_string(info.type));
@@ -344,29 +338,21 @@ GgufFile::GgufFile(const std::filesystem::path& path) : file_(path) {
   for (GgufTensorInfo& info : tensors_) {
     if (info.offset > data_size || info.size_bytes > data_size - info.offset) {
       cursor.fail("tensor '" + info.name + "': bytes " +
-                  range_to_string(info.offset, info.offset + info.size_bytes) +
+                  byte_range_to_string(info.offset, info.offset + info.size_bytes) +
                   " of the data section run past its end (" + std::to_string(data_size) +
                   " bytes; the file may be truncated)");
     }
     info.data = file_.data() + data_start + info.offset;
   }
-  std::vector<const GgufTensorInfo*> by_offset;
-  for (const GgufTensorInfo& info : tensors_) by_offset.push_back(&info);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
-  const GgufTensorInfo* furthest = nullptr;
-  for (const GgufTensorInfo* current : by_offset) {
-    if (current->size_bytes == 0) continue;
-    if (furthest != nullptr && current->offset < furthest->offset + furthest->size_bytes) {
-      cursor.fail("tensor '" + current->name + "': bytes " +
-                  range_to_string(current->offset, current->offset + current->size_bytes) +
-                  " overlap tensor '" + furthest->name + "' " +
-                  range_to_string(furthest->offset, furthest->offset + furthest->size_bytes));
-    }
-    if (furthest == nullptr ||
-        current->offset + current->size_bytes > furthest->offset + furthest->size_bytes) {
-      furthest = current;
-    }
+  std::vector<TensorByteRange> ranges;
+  for (const GgufTensorInfo& info : tensors_) {
+    ranges.push_back({&info.name, info.offset, info.offset + info.size_bytes});
+  }
+  if (const auto overlap = find_overlap(std::move(ranges))) {
+    const auto& [current, earlier] = *overlap;
+    cursor.fail("tensor '" + *current.name + "': bytes " +
+                byte_range_to_string(current.begin, current.end) + " overlap tensor '" +
+                *earlier.name + "' " + byte_range_to_string(earlier.begin, earlier.end));
   }
 }
 
