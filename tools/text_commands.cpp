@@ -74,13 +74,17 @@ int run_detokenize(const std::string& tokenizer_path, bool skip_special, bool js
 TextCommands::TextCommands(CLI::App& app) {
   tokenize_ = app.add_subcommand(
       "tokenize", "Print the token ids of each stdin line as a JSON array, one line per line");
-  tokenize_->add_option("--tokenizer", tokenizer_path_, "tokenizer.json or its directory")
+  tokenize_
+      ->add_option("--tokenizer", tokenizer_path_,
+                   "tokenizer.json or its directory, or a .gguf file")
       ->required();
   tokenize_->add_flag("--add-special", add_special_,
                       "Add the special tokens the tokenizer's template declares (BOS etc.)");
   detokenize_ = app.add_subcommand(
       "detokenize", "Print the text of each stdin line's JSON array of token ids, one line each");
-  detokenize_->add_option("--tokenizer", tokenizer_path_, "tokenizer.json or its directory")
+  detokenize_
+      ->add_option("--tokenizer", tokenizer_path_,
+                   "tokenizer.json or its directory, or a .gguf file")
       ->required();
   detokenize_->add_flag("--skip-special", skip_special_, "Leave out special tokens");
   detokenize_->add_flag("--json", json_, "Print each text as a JSON string");
