@@ -723,6 +723,12 @@ TEST_F(GgufModelTest, ResolvesAFileOrAFolderHoldingOne) {
   EXPECT_NO_THROW(Model::load(dir_ / "folder", *backend_));
 }
 
+TEST_F(GgufModelTest, ALayerSkipDraftIsNotCutFromAGgufFile) {
+  const fs::path path = convert();
+  expect_error([&] { fixtures::write_truncated_checkpoint(path, 1, dir_ / "draft"); },
+               {path.string(), "is a GGUF file"});
+}
+
 // ---- the tokenizer ---------------------------------------------------------------------------
 
 std::unique_ptr<text::Tokenizer> tokenizer_of(const fs::path& path) {
