@@ -4,8 +4,8 @@
 #include <cmath>
 #include <fstream>
 
-#include "kernels/core/check.h"
 #include "runtime/model/checkpoint.h"
+#include "specrun/error.hpp"
 
 namespace specrun::testing {
 
@@ -181,7 +181,9 @@ void write_gguf_from_checkpoint(const std::filesystem::path& checkpoint_dir,
     writer.kv_u32("tokenizer.ggml.eos_token_id", 2);
   }
   for (const TensorInfo* info : checkpoint.tensors.all()) {
-    SPECRUN_CHECK(info->dtype == DType::kF32) << info->name << " must be F32 to convert";
+    if (info->dtype != DType::kF32) {
+      throw Error("write_gguf_from_checkpoint: " + info->name + " must be F32 to convert");
+    }
     if (options.tied && info->name == "lm_head.weight") continue;
     std::vector<float> values(static_cast<const float*>(info->data),
                               static_cast<const float*>(info->data) + info->num_elements());

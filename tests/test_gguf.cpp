@@ -16,10 +16,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/core/check.h"
 #include "runtime/model/checkpoint.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
+#include "specrun/error.hpp"
 #include "tests/gguf_writer.h"
 #include "tests/test_support.h"
 #include "tools/fixtures/checkpoint_generator.h"

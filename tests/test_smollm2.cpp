@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine/generate.h"
 #include "runtime/model/checkpoint.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
@@ -23,6 +22,35 @@ namespace specrun {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Greedy decoding straight over Model::forward (argmax, lowest id on ties), independent of the
+// engine's loop: what a checkpoint computes, nothing else. Stops after `max_tokens` or, when
+// `stop_at_eos`, at one of the model's EOS ids (not included).
+struct GreedyRun {
+  std::vector<int32_t> tokens;  // generated
+  bool stopped_at_eos = false;  // ended by an EOS id
+};
+GreedyRun greedy_decode(Model& model, std::vector<int32_t> feed, int64_t max_tokens,
+                        bool stop_at_eos) {
+  GreedyRun run;
+  const SequenceId sequence = model.kv_cache().add_sequence();
+  const std::vector<int32_t>& eos = model.config().eos_token_ids;
+  while (static_cast<int64_t>(run.tokens.size()) < max_tokens) {
+    const SequenceInput input{sequence, feed, /*all_logits=*/false};
+    Logits logits;
+    model.forward(std::span<const SequenceInput>(&input, 1), &logits);
+    const std::span<const float> row = logits.last(0);
+    const auto best = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    if (stop_at_eos && std::find(eos.begin(), eos.end(), best) != eos.end()) {
+      run.stopped_at_eos = true;
+      break;
+    }
+    run.tokens.push_back(best);
+    feed = {best};
+  }
+  model.kv_cache().remove_sequence(sequence);
+  return run;
+}
 
 class SmolLm2Test : public ::testing::Test {
  protected:
@@ -149,17 +177,16 @@ TEST_F(SmolLm2Test, TokenizerMatchesHuggingFaceTokenizers) {
 TEST_F(SmolLm2Test, AnswersAQuestionGreedily) {
   const std::string prompt =
       "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
-  GenerationOptions options;
-  options.sampling.temperature = 0.0f;
-  options.max_tokens = 32;
   const std::vector<int32_t> ids = tokenizer_->encode(prompt, true);
-  const GenerationResult result = generate(*model_, ids, options);
-  const std::string answer = tokenizer_->decode(result.tokens, true);
-  std::cout << "[ SmolLM2 ] \"" << answer << "\" (" << result.tokens.size() << " tokens, stop "
-            << stop_reason_name(result.stop_reason) << "; prefill " << result.prefill_ms
-            << " ms, decode " << result.decode_ms << " ms)\n";
+  const auto start = std::chrono::steady_clock::now();
+  const GreedyRun run = greedy_decode(*model_, ids, 32, true);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const std::string answer = tokenizer_->decode(run.tokens, true);
+  std::cout << "[ SmolLM2 ] \"" << answer << "\" (" << run.tokens.size() << " tokens"
+            << (run.stopped_at_eos ? ", then <|im_end|>" : "") << ", " << ms << " ms)\n";
   EXPECT_NE(answer.find("Paris"), std::string::npos) << answer;
-  EXPECT_EQ(result.stop_reason, StopReason::kEndOfSequence);
+  EXPECT_TRUE(run.stopped_at_eos);
 }
 
 }  // namespace

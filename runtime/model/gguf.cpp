@@ -5,8 +5,8 @@
 #include <bit>
 #include <cstring>
 
-#include "kernels/core/check.h"
 #include "runtime/model/tensor_checks.h"
+#include "specrun/error.hpp"
 
 namespace specrun {
 namespace {
@@ -536,11 +536,48 @@ void dequantize_q6_k(const uint8_t* block, float* out) {
   }
 }
 
+void dequantize_f32(const uint8_t* block, float* out) {
+  std::memcpy(out, block, 4);
+}
+void dequantize_f16(const uint8_t* block, float* out) {
+  *out = load_f16(block);
+}
+void dequantize_bf16(const uint8_t* block, float* out) {
+  *out = bf16_to_f32(load_u16(block));
+}
+
+using BlockDequantizer = void (*)(const uint8_t* block, float* out);
+
+// One block of `type` to f32; nullptr for a type not supported (kGgmlTypes' `supported`).
+BlockDequantizer block_dequantizer(uint32_t type) {
+  switch (type) {
+    case kGgmlF32:
+      return dequantize_f32;
+    case kGgmlF16:
+      return dequantize_f16;
+    case kGgmlBF16:
+      return dequantize_bf16;
+    case kGgmlQ4_0:
+      return dequantize_q4_0;
+    case kGgmlQ4_1:
+      return dequantize_q4_1;
+    case kGgmlQ8_0:
+      return dequantize_q8_0;
+    case kGgmlQ4_K:
+      return dequantize_q4_k;
+    case kGgmlQ6_K:
+      return dequantize_q6_k;
+    default:
+      return nullptr;
+  }
+}
+
 }  // namespace
 
 void dequantize(uint32_t type, const void* blocks, int64_t count, float* out) {
   const GgmlTypeInfo* info = ggml_type_info(type);
-  if (info == nullptr || !info->supported) {
+  const BlockDequantizer dequantize_block = block_dequantizer(type);
+  if (info == nullptr || dequantize_block == nullptr) {
     throw Error("dequantize: ggml type " + (info ? std::string(info->name) : std::to_string(type)) +
                 " is not supported (" + supported_type_names() + ")");
   }
@@ -552,36 +589,7 @@ void dequantize(uint32_t type, const void* blocks, int64_t count, float* out) {
   const auto* bytes = static_cast<const uint8_t*>(blocks);
   const int64_t num_blocks = count / info->block_elements;
   for (int64_t b = 0; b < num_blocks; ++b) {
-    const uint8_t* block = bytes + b * info->block_bytes;
-    float* y = out + b * info->block_elements;
-    switch (type) {
-      case kGgmlF32:
-        std::memcpy(y, block, 4);
-        break;
-      case kGgmlF16:
-        *y = load_f16(block);
-        break;
-      case kGgmlBF16:
-        *y = bf16_to_f32(load_u16(block));
-        break;
-      case kGgmlQ4_0:
-        dequantize_q4_0(block, y);
-        break;
-      case kGgmlQ4_1:
-        dequantize_q4_1(block, y);
-        break;
-      case kGgmlQ8_0:
-        dequantize_q8_0(block, y);
-        break;
-      case kGgmlQ4_K:
-        dequantize_q4_k(block, y);
-        break;
-      case kGgmlQ6_K:
-        dequantize_q6_k(block, y);
-        break;
-      default:
-        SPECRUN_CHECK(false) << "dequantize: type " << type << " marked supported";
-    }
+    dequantize_block(bytes + b * info->block_bytes, out + b * info->block_elements);
   }
 }
 

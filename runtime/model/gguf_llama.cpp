@@ -8,10 +8,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/core/check.h"
 #include "runtime/model/gguf.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/text/unicode.h"
+#include "specrun/error.hpp"
 
 namespace specrun {
 namespace {
