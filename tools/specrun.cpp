@@ -215,10 +215,11 @@ int main(int argc, char** argv) {
   Options options;
   specrun::EngineConfig& f = options.flags;
   CLI::App app{"specrun: generate from a Llama-family checkpoint (speculative decoding runtime)"};
-  app.add_option("--target", options.target,
-                 "Target checkpoint: a directory with config.json and *.safetensors, or a "
-                 ".safetensors / .safetensors.index.json file with config.json beside it "
-                 "(default: the bundled pair, models/pycode-target with models/pycode-draft)");
+  app.add_option(
+      "--target", options.target,
+      "Target checkpoint: a directory with config.json and *.safetensors, a "
+      ".safetensors / .safetensors.index.json file with config.json beside it, or a "
+      ".gguf file (default: the bundled pair, models/pycode-target with models/pycode-draft)");
   app.add_option("--draft", options.draft,
                  "Draft checkpoint for speculative decoding (same forms as --target); it must "
                  "share the target's tokenizer");
@@ -292,8 +293,8 @@ int main(int argc, char** argv) {
                    "Batch-invariant kernels (runtime.deterministic): output independent of what "
                    "shares a batch, greedy speculative equal to greedy target-only bitwise");
   app.add_option("--rope-style", options.rope_style,
-                 "RoPE channel pairing: auto (rotate-half, as Hugging Face checkpoints), "
-                 "rotate-half or interleaved (Meta/GGUF weight layout)")
+                 "RoPE channel pairing: auto (the checkpoint's: rotate-half for Hugging Face, "
+                 "interleaved for GGUF), rotate-half or interleaved (Meta's weight layout)")
       ->capture_default_str();
   app.add_option("--log-level", options.log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();

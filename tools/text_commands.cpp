@@ -9,13 +9,25 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/base/check.h"
+#include "runtime/model/checkpoint.h"
 #include "runtime/text/tokenizer.h"
 #include "tools/cli_support.h"
 
 namespace specrun::tools {
+namespace {
+
+// A tokenizer.json (or its folder), or the tokenizer a .gguf file's metadata holds.
+std::unique_ptr<text::Tokenizer> open_tokenizer(const std::string& path) {
+  if (path.ends_with(".gguf")) {
+    return text::Tokenizer::from_json(read_tokenizer_document(path), path);
+  }
+  return text::Tokenizer::load(path);
+}
+
+}  // namespace
 
 int run_tokenize(const std::string& tokenizer_path, bool add_special) {
-  const auto tokenizer = text::Tokenizer::load(tokenizer_path);
+  const auto tokenizer = open_tokenizer(tokenizer_path);
   std::string line;
   std::string out;
   while (std::getline(std::cin, line)) {
@@ -33,7 +45,7 @@ int run_tokenize(const std::string& tokenizer_path, bool add_special) {
 }
 
 int run_detokenize(const std::string& tokenizer_path, bool skip_special, bool json) {
-  const auto tokenizer = text::Tokenizer::load(tokenizer_path);
+  const auto tokenizer = open_tokenizer(tokenizer_path);
   std::string line;
   size_t number = 0;
   while (std::getline(std::cin, line)) {
@@ -62,13 +74,17 @@ int run_detokenize(const std::string& tokenizer_path, bool skip_special, bool js
 TextCommands::TextCommands(CLI::App& app) {
   tokenize_ = app.add_subcommand(
       "tokenize", "Print the token ids of each stdin line as a JSON array, one line per line");
-  tokenize_->add_option("--tokenizer", tokenizer_path_, "tokenizer.json or its directory")
+  tokenize_
+      ->add_option("--tokenizer", tokenizer_path_,
+                   "tokenizer.json or its directory, or a .gguf file")
       ->required();
   tokenize_->add_flag("--add-special", add_special_,
                       "Add the special tokens the tokenizer's template declares (BOS etc.)");
   detokenize_ = app.add_subcommand(
       "detokenize", "Print the text of each stdin line's JSON array of token ids, one line each");
-  detokenize_->add_option("--tokenizer", tokenizer_path_, "tokenizer.json or its directory")
+  detokenize_
+      ->add_option("--tokenizer", tokenizer_path_,
+                   "tokenizer.json or its directory, or a .gguf file")
       ->required();
   detokenize_->add_flag("--skip-special", skip_special_, "Leave out special tokens");
   detokenize_->add_flag("--json", json_, "Print each text as a JSON string");

@@ -295,9 +295,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
     core->draft = Model::load(config.draft, *core->backend, model_options);
     check_pairing(*core->target, *core->draft);
   }
-  if (core->target->paths().tokenizer) {
-    core->tokenizer = text::Tokenizer::load(*core->target->paths().tokenizer);
-  }
+  core->tokenizer = load_tokenizer(core->target->paths());  // tokenizer.json or GGUF metadata
 
   EngineInfo& info = core->info;
   info.target = core->target->paths().directory.string();

@@ -3,20 +3,16 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/base/check.h"
-#include "runtime/base/mapped_file.h"
+#include "runtime/model/checkpoint.h"
 
 namespace specrun {
 namespace {
 
 using nlohmann::json;
 
+// tokenizer.json, or the document a GGUF file's tokenizer metadata makes: pairs of either format.
 json read_tokenizer(const std::filesystem::path& path) {
-  const MappedFile file(path);
-  try {
-    return json::parse(file.text());
-  } catch (const json::exception& error) {
-    throw Error(path.string() + ": not valid JSON: " + error.what());
-  }
+  return read_tokenizer_document(path);
 }
 
 std::string ids_to_string(const std::vector<int32_t>& ids) {

@@ -2,7 +2,12 @@
 
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/base/check.h"
+#include "runtime/base/mapped_file.h"
+#include "runtime/model/gguf.h"
+#include "runtime/text/tokenizer.h"
 
 namespace specrun {
 namespace {
@@ -32,6 +37,14 @@ CheckpointPaths resolve_checkpoint(const std::filesystem::path& path) {
       for (const auto& entry : fs::directory_iterator(path, error)) {
         if (entry.path().extension() == ".safetensors") candidates.push_back(entry.path());
       }
+      if (candidates.empty()) {
+        // llama.cpp users keep a model as one .gguf file, which may sit alone in a folder.
+        std::vector<fs::path> gguf;
+        for (const auto& entry : fs::directory_iterator(path, error)) {
+          if (entry.path().extension() == ".gguf") gguf.push_back(entry.path());
+        }
+        if (gguf.size() == 1) return resolve_checkpoint(gguf.front());
+      }
       if (candidates.size() != 1) {
         throw Error(path.string() + ": no model.safetensors or " + kIndexName +
                     (candidates.empty() ? " and no other .safetensors file"
@@ -41,6 +54,13 @@ CheckpointPaths resolve_checkpoint(const std::filesystem::path& path) {
     }
   } else if (fs::is_regular_file(path, error)) {
     const std::string name = path.filename().string();
+    if (ends_with(name, ".gguf")) {
+      paths.format = CheckpointFormat::kGguf;
+      paths.directory = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+      paths.config = path;
+      paths.weights = path;
+      return paths;  // the tokenizer is known once the metadata is read
+    }
     if (ends_with(name, ".safetensors")) {
       paths.weights = path;
     } else if (ends_with(name, ".safetensors.index.json")) {
@@ -48,8 +68,8 @@ CheckpointPaths resolve_checkpoint(const std::filesystem::path& path) {
       paths.sharded = true;
     } else {
       throw Error(path.string() +
-                  ": expected a checkpoint directory, a .safetensors file or a "
-                  ".safetensors.index.json file");
+                  ": expected a checkpoint directory, a .safetensors file, a "
+                  ".safetensors.index.json file or a .gguf file");
     }
     paths.directory = path.parent_path().empty() ? fs::path(".") : path.parent_path();
   } else {
@@ -69,10 +89,40 @@ CheckpointPaths resolve_checkpoint(const std::filesystem::path& path) {
 
 Checkpoint open_checkpoint(const std::filesystem::path& path) {
   CheckpointPaths paths = resolve_checkpoint(path);
+  if (paths.format == CheckpointFormat::kGguf) {
+    TensorStore tensors = TensorStore::open_gguf(paths.weights);
+    ModelConfig config = gguf_model_config(*tensors.gguf());
+    if (tensors.gguf()->find("tokenizer.ggml.model") != nullptr) paths.tokenizer = paths.weights;
+    return Checkpoint{std::move(paths), std::move(config), std::move(tensors)};
+  }
   ModelConfig config = load_model_config(paths.config);
   TensorStore tensors = paths.sharded ? TensorStore::open_index(paths.weights)
                                       : TensorStore::open_file(paths.weights);
   return Checkpoint{std::move(paths), std::move(config), std::move(tensors)};
+}
+
+nlohmann::json read_tokenizer_document(const std::filesystem::path& tokenizer) {
+  if (ends_with(tokenizer.filename().string(), ".gguf")) {
+    const GgufFile file(tokenizer);
+    std::optional<nlohmann::json> document = gguf_tokenizer_json(file);
+    if (!document) throw Error(tokenizer.string() + ": no tokenizer (no tokenizer.ggml.model)");
+    return std::move(*document);
+  }
+  const MappedFile file(tokenizer);
+  try {
+    return nlohmann::json::parse(file.text());
+  } catch (const nlohmann::json::exception& error) {
+    throw Error(tokenizer.string() + ": not valid JSON: " + error.what());
+  }
+}
+
+std::unique_ptr<text::Tokenizer> load_tokenizer(const CheckpointPaths& paths) {
+  if (!paths.tokenizer) return nullptr;
+  if (paths.format == CheckpointFormat::kGguf) {
+    return text::Tokenizer::from_json(read_tokenizer_document(*paths.tokenizer),
+                                      paths.tokenizer->string());
+  }
+  return text::Tokenizer::load(*paths.tokenizer);
 }
 
 }  // namespace specrun

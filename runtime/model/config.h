@@ -54,6 +54,7 @@ struct ModelConfig {
   int64_t sliding_window = 0;              // attend to this many latest positions; 0: all
   std::vector<int32_t> bos_token_ids;      // beginning-of-sequence ids (may be empty)
   std::vector<int32_t> eos_token_ids;      // any of these ends generation (may be empty)
+  std::string chat_template;  // the Jinja chat template a GGUF file carries; empty when none
 };
 
 // Parses a config.json document; `source` names it in errors. Unknown keys are ignored; a missing

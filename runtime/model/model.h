@@ -22,7 +22,8 @@ namespace specrun {
 struct ModelOptions {
   int64_t kv_cache_tokens = 0;  // cache capacity in tokens; 0: the model's context, at most 8192
   int64_t kv_block_size = 16;   // tokens per KV-cache block
-  std::optional<kernels::RopeStyle> rope_style;  // overrides the checkpoint's (rotate-half) layout
+  // Overrides the checkpoint's pairing (rotate-half for Hugging Face, interleaved for GGUF).
+  std::optional<kernels::RopeStyle> rope_style;
 };
 
 // One sequence's part of a forward batch.

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/base/check.h"
+#include "runtime/model/tensor_checks.h"
 
 namespace specrun {
 namespace {
@@ -32,10 +33,6 @@ uint64_t read_le64(const std::byte* bytes) {
   uint64_t value = 0;
   for (int i = 7; i >= 0; --i) value = (value << 8) | static_cast<uint8_t>(bytes[i]);
   return value;
-}
-
-std::string range_to_string(uint64_t begin, uint64_t end) {
-  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
 }
 
 // Parses the header JSON, rejecting duplicate tensor names (a JSON parser would silently keep one).
@@ -95,21 +92,18 @@ TensorInfo parse_entry(const std::filesystem::path& path, const std::string& nam
     fail_tensor(path, name, "missing or non-array 'shape'");
   }
   TensorInfo info{name, *dtype, {}, 0, 0, nullptr, path};
-  uint64_t elements = 1;
-  bool overflow = false;
+  std::vector<uint64_t> extents;
   for (const json& dimension : *shape_field) {
     if (!dimension.is_number_unsigned()) {
       fail_tensor(path, name,
                   "shape has an entry that is not a non-negative integer: " + dimension.dump());
     }
-    const uint64_t extent = dimension.get<uint64_t>();
-    if (extent > static_cast<uint64_t>(INT64_MAX)) overflow = true;
-    overflow = overflow || __builtin_mul_overflow(elements, extent, &elements);
-    info.shape.push_back(static_cast<int64_t>(extent));
+    extents.push_back(dimension.get<uint64_t>());
+    info.shape.push_back(static_cast<int64_t>(extents.back()));
   }
-  uint64_t expected_bytes = 0;
-  overflow = overflow || __builtin_mul_overflow(elements, dtype_size(*dtype), &expected_bytes);
-  if (overflow) fail_tensor(path, name, "shape " + shape_field->dump() + " overflows");
+  const std::optional<uint64_t> byte_count = checked_byte_count(extents, dtype_size(*dtype));
+  if (!byte_count) fail_tensor(path, name, "shape " + shape_field->dump() + " overflows");
+  const uint64_t expected_bytes = *byte_count;
 
   const auto offsets_field = entry.find("data_offsets");
   if (offsets_field == entry.end() || !offsets_field->is_array() || offsets_field->size() != 2 ||
@@ -180,21 +174,13 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
     tensors_.push_back(parse_entry(path, name, entry, data_size));
   }
 
-  // Ranges must not overlap: check neighbours in begin order.
-  std::vector<const TensorInfo*> by_offset;
-  for (const TensorInfo& info : tensors_) by_offset.push_back(&info);
-  std::sort(by_offset.begin(), by_offset.end(), [](const TensorInfo* a, const TensorInfo* b) {
-    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
-  });
-  const TensorInfo* furthest = nullptr;  // the non-empty tensor reaching furthest so far
-  for (const TensorInfo* current : by_offset) {
-    if (current->size_bytes() == 0) continue;
-    if (furthest != nullptr && current->begin < furthest->end) {
-      fail_tensor(path, current->name,
-                  "bytes " + range_to_string(current->begin, current->end) + " overlap tensor '" +
-                      furthest->name + "' " + range_to_string(furthest->begin, furthest->end));
-    }
-    if (furthest == nullptr || current->end > furthest->end) furthest = current;
+  std::vector<TensorByteRange> ranges;
+  for (const TensorInfo& info : tensors_) ranges.push_back({&info.name, info.begin, info.end});
+  if (const auto overlap = find_overlap(std::move(ranges))) {
+    const auto& [current, earlier] = *overlap;
+    fail_tensor(path, *current.name,
+                "bytes " + byte_range_to_string(current.begin, current.end) + " overlap tensor '" +
+                    *earlier.name + "' " + byte_range_to_string(earlier.begin, earlier.end));
   }
 
   std::sort(tensors_.begin(), tensors_.end(),

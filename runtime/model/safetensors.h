@@ -22,6 +22,8 @@
 
 namespace specrun {
 
+class GgufFile;
+
 // The largest header accepted, as in the reference implementation: a header beyond this is taken
 // as a corrupt or hostile file rather than allocated.
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
@@ -36,7 +38,9 @@ struct TensorInfo {
   std::filesystem::path file;  // the file holding it
 
   int64_t num_elements() const;
-  uint64_t size_bytes() const { return end - begin; }
+  // Bytes at `data`: end - begin, but for a GGUF tensor dequantised to bf16 at load, whose begin
+  // and end still delimit its quantized bytes in the file.
+  uint64_t size_bytes() const { return static_cast<uint64_t>(num_elements()) * dtype_size(dtype); }
 };
 
 // "[4096, 4096]"
@@ -60,7 +64,8 @@ class SafetensorsFile {
   std::vector<std::unique_ptr<std::byte[]>> aligned_copies_;
 };
 
-// Every tensor of a checkpoint: one file, or the shards named by an index.
+// Every tensor of a checkpoint: one safetensors file, the shards named by an index, or one GGUF
+// file.
 class TensorStore {
  public:
   // A single .safetensors file.
@@ -68,14 +73,25 @@ class TensorStore {
   // model.safetensors.index.json: every shard it names is opened, every tensor it lists must be in
   // its shard and every tensor of a shard must be listed.
   static TensorStore open_index(const std::filesystem::path& index_path);
+  // A GGUF file (runtime/model/gguf.h), every header check passed: tensors under their Hugging
+  // Face names (gguf_to_hf_tensor_name; a name outside the architecture is kept, for the binder to
+  // refuse), with row-major shapes. F32, F16 and BF16 tensors stay in the mapping; quantized ones
+  // are dequantised to bf16, one tensor at a time. A type that cannot be dequantised is an Error
+  // naming the tensor.
+  static TensorStore open_gguf(const std::filesystem::path& path);
 
   const TensorInfo* find(std::string_view name) const;
   // Every tensor, sorted by name.
   std::vector<const TensorInfo*> all() const;
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
+  // The GGUF file behind the store; nullptr for safetensors.
+  const GgufFile* gguf() const { return gguf_.get(); }
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::shared_ptr<const GgufFile> gguf_;
+  std::vector<TensorInfo> gguf_tensors_;                 // a GGUF file's tensors, sized once
+  std::vector<std::unique_ptr<std::byte[]>> converted_;  // dequantised or realigned bytes
   std::map<std::string, const TensorInfo*, std::less<>> by_name_;
 };
 

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/base/check.h"
+#include "runtime/model/gguf.h"
 
 namespace specrun {
 namespace {
@@ -25,8 +26,8 @@ class Binder {
                      const std::string& meaning) {
     const TensorInfo* info = checkpoint_.tensors.find(name);
     if (info == nullptr) {
-      throw Error(source() + ": missing tensor '" + name + "' " + shape_to_string(shape) + " (" +
-                  meaning + ")");
+      throw Error(source() + ": missing tensor '" + shown(name) + "' " + shape_to_string(shape) +
+                  " (" + meaning + ")");
     }
     return take(*info, shape, meaning);
   }
@@ -45,7 +46,7 @@ class Binder {
         spdlog::debug("{}: ignoring redundant tensor '{}'", info->file.string(), info->name);
         continue;
       }
-      throw Error(info->file.string() + ": unexpected tensor '" + info->name + "' " +
+      throw Error(info->file.string() + ": unexpected tensor '" + shown(info->name) + "' " +
                   shape_to_string(info->shape) + ", not part of " + what);
     }
   }
@@ -55,11 +56,16 @@ class Binder {
 
  private:
   std::string source() const { return checkpoint_.paths.weights.string(); }
+  // A tensor as its file names it: GGUF files have their own names (blk.N.attn_q.weight).
+  std::string shown(const std::string& name) const {
+    return checkpoint_.paths.format == CheckpointFormat::kGguf ? hf_to_gguf_tensor_name(name)
+                                                               : name;
+  }
 
   WeightView take(const TensorInfo& info, const std::vector<int64_t>& shape,
                   const std::string& meaning) {
     if (info.shape != shape) {
-      throw Error(info.file.string() + ": tensor '" + info.name + "' has shape " +
+      throw Error(info.file.string() + ": tensor '" + shown(info.name) + "' has shape " +
                   shape_to_string(info.shape) + ", expected " + shape_to_string(shape) + " (" +
                   meaning + ")");
     }

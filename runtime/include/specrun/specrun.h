@@ -127,7 +127,7 @@ typedef struct specrun_speculation {
 /* An engine's settings, as specrun::EngineConfig. specrun_engine_config_init sets the defaults;
  * strings are read (and copied) by specrun_engine_create only. */
 typedef struct specrun_engine_config {
-  const char* target;        /* checkpoint: a directory, .safetensors or index file (required) */
+  const char* target;        /* checkpoint: directory, .safetensors, index or .gguf (required) */
   const char* draft;         /* draft checkpoint sharing the target's tokenizer; NULL or "": none */
   const char* device;        /* "cpu", "cuda" or "cuda:N"; NULL or "" is "cpu" */
   int threads;               /* CPU threads; 0 (default) uses every core */

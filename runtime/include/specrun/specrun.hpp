@@ -70,7 +70,7 @@ struct SpeculationSettings {
 // Every field has a default member initializer, so designated initializers may name any subset
 // without -Wmissing-field-initializers warnings.
 struct EngineConfig {
-  std::string target{};               // checkpoint: a directory, .safetensors or index file
+  std::string target{};               // checkpoint: a directory, .safetensors, index or .gguf file
   std::string draft{};                // draft checkpoint sharing the target's tokenizer; "" none
   std::string device = "cpu";         // where the models run: "cpu", "cuda" or "cuda:N"
   int threads = 0;                    // CPU threads; 0 uses every core

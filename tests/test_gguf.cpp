@@ -1,0 +1,860 @@
+// GGUF checkpoints: the reader's checks (each malformed file is one Error naming the file and the
+// key or tensor, never a crash or a huge allocation), the llama architecture's config and tensor
+// binding, the dequantisers against hand-computed blocks and against gguf-py, the tokenizer built
+// from metadata, and a GGUF model computing the same logits as the safetensors checkpoint it was
+// written from.
+#include "runtime/model/gguf.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/model/checkpoint.h"
+#include "runtime/model/model.h"
+#include "runtime/text/tokenizer.h"
+#include "specrun/error.hpp"
+#include "tests/gguf_writer.h"
+#include "tests/test_support.h"
+#include "tools/fixtures/checkpoint_generator.h"
+
+namespace specrun {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::expect_error;
+using testing::GgufWriter;
+using testing::TempDir;
+
+std::string f32s(std::initializer_list<float> values) {
+  std::string bytes;
+  for (const float value : values) bytes += GgufWriter::le(value);
+  return bytes;
+}
+
+// A small valid file: a few keys and two f32 tensors.
+GgufWriter small_file() {
+  GgufWriter writer;
+  writer.kv_string("general.architecture", "llama");
+  writer.kv_u32("llama.block_count", 1);
+  writer.kv_strings("tokenizer.ggml.tokens", {"a", "b"});
+  writer.tensor("a.weight", kGgmlF32, {4}, f32s({1, 2, 3, 4}));
+  writer.tensor("b.weight", kGgmlF32, {2, 2}, f32s({5, 6, 7, 8}));
+  return writer;
+}
+
+class GgufTest : public ::testing::Test {
+ protected:
+  fs::path write(const GgufWriter& writer, const std::string& name = "model.gguf") {
+    writer.write(dir_ / name);
+    return dir_ / name;
+  }
+  void expect_file_error(const GgufWriter& writer, std::initializer_list<std::string> fragments) {
+    const fs::path path = write(writer);
+    std::vector<std::string> all(fragments);
+    all.push_back(path.string());
+    expect_error([&] { GgufFile file(path); }, {});
+    try {
+      GgufFile file(path);
+    } catch (const Error& error) {
+      for (const std::string& fragment : all) {
+        EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos)
+            << "message lacks '" << fragment << "': " << error.what();
+      }
+    }
+  }
+
+  TempDir dir_;
+};
+
+// ---- the reader -------------------------------------------------------------------------------
+
+TEST_F(GgufTest, ReadsEveryMetadataTypeAndTheTensors) {
+  GgufWriter writer;
+  writer.kv_raw("u8", GgufType::kUint8, GgufWriter::le<uint8_t>(200));
+  writer.kv_raw("i8", GgufType::kInt8, GgufWriter::le<int8_t>(-100));
+  writer.kv_raw("u16", GgufType::kUint16, GgufWriter::le<uint16_t>(60000));
+  writer.kv_raw("i16", GgufType::kInt16, GgufWriter::le<int16_t>(-30000));
+  writer.kv_u32("u32", 4000000000u);
+  writer.kv_i32("i32", -2000000000);
+  writer.kv_f32("f32", 0.25f);
+  writer.kv_bool("bool", true);
+  writer.kv_string("string", "h\xc3\xa9llo");
+  writer.kv_u64("u64", uint64_t{1} << 40);
+  writer.kv_u64("big", UINT64_MAX);
+  writer.kv_raw("i64", GgufType::kInt64, GgufWriter::le<int64_t>(-(int64_t{1} << 40)));
+  writer.kv_raw("f64", GgufType::kFloat64, GgufWriter::le<double>(-1.5));
+  writer.kv_strings("strings", {"x", "", "yz"});
+  writer.kv_f32s("floats", {1.5f, -2.0f});
+  // An array of two arrays of int32.
+  std::string nested = GgufWriter::le<uint32_t>(9) + GgufWriter::le<uint64_t>(2);
+  for (int i = 0; i < 2; ++i) {
+    nested +=
+        GgufWriter::le<uint32_t>(5) + GgufWriter::le<uint64_t>(1) + GgufWriter::le<int32_t>(i);
+  }
+  writer.kv_raw("nested", GgufType::kArray, nested);
+  writer.kv_u32("general.alignment", 64);
+  writer.alignment = 64;
+  writer.tensor("t", kGgmlF32, {2, 3}, f32s({1, 2, 3, 4, 5, 6}));
+  writer.tensor("q", kGgmlQ8_0, {32}, std::string(34, '\0'));
+
+  const GgufFile file(write(writer));
+  EXPECT_EQ(file.version(), 3u);
+  EXPECT_EQ(file.alignment(), 64u);
+  EXPECT_EQ(file.get_int("u8"), 200);
+  EXPECT_EQ(file.get_int("i8"), -100);
+  EXPECT_EQ(file.get_int("u16"), 60000);
+  EXPECT_EQ(file.get_int("i16"), -30000);
+  EXPECT_EQ(file.get_int("u32"), 4000000000LL);
+  EXPECT_EQ(file.get_int("i32"), -2000000000);
+  EXPECT_EQ(file.get_number("f32"), 0.25);
+  EXPECT_EQ(file.get_bool("bool"), true);
+  EXPECT_EQ(file.get_string("string"), "h\xc3\xa9llo");
+  EXPECT_EQ(file.get_int("u64"), int64_t{1} << 40);
+  EXPECT_EQ(file.get_int("i64"), -(int64_t{1} << 40));
+  EXPECT_EQ(file.get_number("f64"), -1.5);
+  const GgufValue* strings = file.get_array("strings", GgufType::kString);
+  ASSERT_NE(strings, nullptr);
+  ASSERT_EQ(strings->array.size(), 3u);
+  EXPECT_EQ(strings->array[2].string, "yz");
+  const GgufValue* floats = file.get_array("floats", GgufType::kFloat32);
+  ASSERT_NE(floats, nullptr);
+  EXPECT_EQ(floats->array[1].number, -2.0);
+  const GgufValue* array = file.find("nested");
+  ASSERT_NE(array, nullptr);
+  ASSERT_EQ(array->array.size(), 2u);
+  EXPECT_EQ(array->array[1].array[0].bits, 1u);
+  EXPECT_EQ(file.get_int("absent"), std::nullopt);
+
+  const GgufTensorInfo* t = file.find_tensor("t");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->shape(), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(t->size_bytes, 24u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t->data) % 64, 0u);
+  EXPECT_EQ(static_cast<const float*>(static_cast<const void*>(t->data))[5], 6.0f);
+  EXPECT_EQ(file.find_tensor("q")->size_bytes, 34u);
+
+  expect_error([&] { file.get_string("u32"); }, {"key 'u32'", "must be a string, got uint32"});
+  expect_error([&] { file.get_int("string"); }, {"key 'string'", "must be an integer"});
+  expect_error([&] { file.get_bool("u8"); }, {"key 'u8'", "must be a bool"});
+  expect_error([&] { file.get_array("floats", GgufType::kString); },
+               {"key 'floats'", "must be an array of strings, got an array of float32"});
+  expect_error([&] { file.require_int("absent"); }, {"key 'absent'", "is required"});
+  expect_error([&] { file.get_int("big"); },
+               {"key 'big' holds 18446744073709551615, out of range"});
+}
+
+TEST_F(GgufTest, TruncatedAnywhereIsOneErrorNamingTheFile) {
+  const std::string bytes = small_file().bytes();
+  const fs::path path = dir_ / "cut.gguf";
+  for (size_t length = 0; length < bytes.size(); ++length) {
+    testing::write_file(path, bytes.substr(0, length));
+    SCOPED_TRACE("length " + std::to_string(length));
+    expect_error([&] { GgufFile file(path); }, {path.string()});
+  }
+  testing::write_file(path, bytes);
+  EXPECT_NO_THROW(GgufFile file(path));
+  // Version 2 has version 3's layout (3 only added big-endian files, refused below).
+  GgufWriter v2 = small_file();
+  v2.version = 2;
+  EXPECT_EQ(GgufFile(write(v2, "v2.gguf")).version(), 2u);
+}
+
+// Random damage to a valid file (bytes overwritten in the header, then the header and the data):
+// each damaged file either reads or is one Error, never a crash, a hang or a huge allocation.
+TEST_F(GgufTest, RandomlyDamagedFilesReadOrFailCleanly) {
+  GgufWriter writer = small_file();
+  writer.kv_f32s("scores", {1.0f, 2.0f, 3.0f});
+  writer.tensor("q.weight", kGgmlQ8_0, {32, 2}, std::string(68, '\x01'));
+  const std::string good = writer.bytes();
+  const fs::path path = dir_ / "damaged.gguf";
+  std::mt19937 random(11);
+  int64_t refused = 0;
+  uint64_t checksum = 0;
+  for (int trial = 0; trial < 1000; ++trial) {
+    std::string bytes = good;
+    const int damage = 1 + static_cast<int>(random() % 4);
+    for (int i = 0; i < damage; ++i) {
+      bytes[random() % bytes.size()] = static_cast<char>(random());
+    }
+    testing::write_file(path, bytes);
+    try {
+      const GgufFile file(path);
+      // What was accepted lies inside the file: touch its first and last bytes (a sanitizer
+      // build would catch a read outside the mapping).
+      for (const GgufTensorInfo& t : file.tensors()) {
+        ASSERT_LE(t.offset + t.size_bytes, bytes.size());
+        if (t.size_bytes > 0)
+          checksum +=
+              static_cast<uint8_t>(t.data[0]) + static_cast<uint8_t>(t.data[t.size_bytes - 1]);
+      }
+    } catch (const Error& error) {
+      ++refused;
+      ASSERT_NE(std::string(error.what()).find(path.string()), std::string::npos) << error.what();
+    }
+  }
+  EXPECT_GT(refused, 200) << "of 1000";
+  EXPECT_GT(checksum, 0u);
+}
+
+TEST_F(GgufTest, BadMagicOrVersionIsRefused) {
+  GgufWriter writer = small_file();
+  writer.magic = 0x4c4c4747;  // "GGLL"
+  expect_file_error(writer, {"not a GGUF file", "'GGLL'"});
+  writer = small_file();
+  writer.version = 1;
+  expect_file_error(writer, {"GGUF version 1 is not supported"});
+  writer.version = 0x03000000;  // a big-endian file
+  expect_file_error(writer, {"GGUF version 50331648 is not supported"});
+}
+
+TEST_F(GgufTest, HugeCountsAndLengthsAreRefusedBeforeAllocating) {
+  GgufWriter writer = small_file();
+  writer.kv_count = uint64_t{1} << 60;
+  expect_file_error(writer, {"metadata count 1152921504606846976 cannot fit"});
+  writer = small_file();
+  writer.tensor_count = uint64_t{1} << 60;
+  expect_file_error(writer, {"tensor count 1152921504606846976 cannot fit"});
+
+  writer = GgufWriter();
+  writer.kv_raw("k", GgufType::kString, GgufWriter::le<uint64_t>(uint64_t{1} << 50));
+  expect_file_error(writer, {"key 'k' value", "exceeds the limit"});
+  writer = GgufWriter();
+  writer.kv_raw("k", GgufType::kString, GgufWriter::le<uint64_t>(1000) + "short");
+  expect_file_error(writer, {"truncated", "key 'k' value needs 1000 bytes"});
+  writer = GgufWriter();
+  writer.kv_raw("k", GgufType::kArray,
+                GgufWriter::le<uint32_t>(8) + GgufWriter::le<uint64_t>(uint64_t{1} << 40));
+  expect_file_error(writer, {"key 'k'", "array of 1099511627776 string values cannot fit"});
+  // Arrays of arrays of ...: bounded nesting, not unbounded recursion.
+  std::string deep;
+  for (int i = 0; i < 100; ++i) deep += GgufWriter::le<uint32_t>(9) + GgufWriter::le<uint64_t>(1);
+  writer = GgufWriter();
+  writer.kv_raw("deep", GgufType::kArray, deep);
+  expect_file_error(writer, {"key 'deep'", "arrays nested deeper than"});
+  writer = GgufWriter();
+  writer.kv_raw("k", static_cast<GgufType>(13), "");
+  expect_file_error(writer, {"key 'k'", "unknown value type 13"});
+  writer = GgufWriter();
+  writer.kv_raw("k", GgufType::kArray, GgufWriter::le<uint32_t>(77) + GgufWriter::le<uint64_t>(0));
+  expect_file_error(writer, {"key 'k'", "unknown array element type 77"});
+  writer = GgufWriter();
+  writer.kv_raw("flag", GgufType::kBool, std::string(1, '\2'));
+  expect_file_error(writer, {"key 'flag'", "bool value 2"});
+}
+
+TEST_F(GgufTest, DuplicateKeysAndTensorsAreRefused) {
+  GgufWriter writer = small_file();
+  writer.kv_u32("llama.block_count", 2);
+  expect_file_error(writer, {"key 'llama.block_count' appears twice"});
+  writer = small_file();
+  writer.tensor("a.weight", kGgmlF32, {1}, f32s({9}));
+  expect_file_error(writer, {"tensor 'a.weight' appears twice"});
+}
+
+TEST_F(GgufTest, TensorInfosAreChecked) {
+  GgufWriter writer;
+  writer.tensor("t", kGgmlF32, {}, "");
+  expect_file_error(writer, {"tensor 't'", "0 dimensions"});
+  writer = GgufWriter();
+  writer.tensor("t", kGgmlF32, {1, 1, 1, 1, 1}, f32s({1}));
+  expect_file_error(writer, {"tensor 't'", "5 dimensions"});
+  writer = GgufWriter();
+  writer.tensor("t", kGgmlF32, {uint64_t{1} << 32, uint64_t{1} << 32}, "");
+  expect_file_error(writer, {"tensor 't'", "ne [4294967296, 4294967296] overflows"});
+  writer = GgufWriter();
+  writer.tensor("t", kGgmlF32, {uint64_t{1} << 62}, "");
+  expect_file_error(writer, {"tensor 't'", "of F32 overflows"});
+  writer = GgufWriter();
+  writer.tensor("t", 99, {4}, f32s({1, 2, 3, 4}));
+  expect_file_error(writer, {"tensor 't'", "unknown ggml type 99"});
+  writer = GgufWriter();
+  writer.tensor("t", 4, {4}, f32s({1, 2, 3, 4}));  // Q4_2, retired
+  expect_file_error(writer, {"tensor 't'", "unknown ggml type 4"});
+  writer = GgufWriter();
+  writer.tensor("t", kGgmlQ8_0, {33, 2}, std::string(68, '\0'));
+  expect_file_error(writer, {"tensor 't'", "Q8_0 stores blocks of 32 elements",
+                             "ne [33, 2] is not a whole number of blocks"});
+  writer = small_file();
+  writer.tensor("c", kGgmlF32, {1}, f32s({1}), 16);
+  expect_file_error(writer, {"tensor 'c'", "offset 16 is not a multiple of the alignment 32"});
+  writer = small_file();
+  writer.tensor("c", kGgmlF32, {4}, f32s({1, 2, 3, 4}), 0);
+  expect_file_error(writer, {"overlap tensor"});
+  writer = small_file();
+  writer.tensor("c", kGgmlF32, {1000}, f32s({1}));
+  expect_file_error(writer, {"tensor 'c'", "run past its end"});
+  writer = small_file();
+  writer.tensor("c", kGgmlF32, {1}, "", uint64_t{1} << 63);
+  expect_file_error(writer, {"tensor 'c'", "run past its end"});
+
+  writer = small_file();
+  writer.kv_u32("general.alignment", 0);
+  expect_file_error(writer, {"key 'general.alignment'", "power of two, got 0"});
+  writer = small_file();
+  writer.kv_u32("general.alignment", 48);
+  expect_file_error(writer, {"key 'general.alignment'", "power of two, got 48"});
+  writer = small_file();
+  writer.kv_u64("general.alignment", 32);
+  expect_file_error(writer, {"key 'general.alignment'", "must be a uint32, got uint64"});
+}
+
+// ---- dequantisation ---------------------------------------------------------------------------
+
+std::string f16_bytes(float value) {
+  return GgufWriter::le<uint16_t>(f32_to_f16(value));
+}
+
+std::vector<float> dequantized(uint32_t type, const std::string& blocks, int64_t count) {
+  std::vector<float> out(static_cast<size_t>(count));
+  dequantize(type, blocks.data(), count, out.data());
+  return out;
+}
+
+TEST(GgufDequantize, PlainTypes) {
+  const std::string f16 = f16_bytes(1.5f) + f16_bytes(-0.25f);
+  EXPECT_EQ(dequantized(kGgmlF16, f16, 2), (std::vector<float>{1.5f, -0.25f}));
+  const std::string bf16 =
+      GgufWriter::le<uint16_t>(f32_to_bf16(3.0f)) + GgufWriter::le<uint16_t>(f32_to_bf16(-8.0f));
+  EXPECT_EQ(dequantized(kGgmlBF16, bf16, 2), (std::vector<float>{3.0f, -8.0f}));
+  EXPECT_EQ(dequantized(kGgmlF32, f32s({7.0f}), 1), (std::vector<float>{7.0f}));
+}
+
+TEST(GgufDequantize, Q8_0) {
+  std::string block = f16_bytes(0.5f);
+  for (int j = 0; j < 32; ++j) block += static_cast<char>(static_cast<int8_t>(j * 8 - 128));
+  const std::vector<float> x = dequantized(kGgmlQ8_0, block, 32);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(x[j], (j * 8 - 128) * 0.5f) << j;
+}
+
+TEST(GgufDequantize, Q4_0AndQ4_1) {
+  std::string qs;
+  for (int j = 0; j < 16; ++j) qs += static_cast<char>(j | ((15 - j) << 4));
+  const std::vector<float> q4_0 = dequantized(kGgmlQ4_0, f16_bytes(2.0f) + qs, 32);
+  const std::vector<float> q4_1 =
+      dequantized(kGgmlQ4_1, f16_bytes(0.5f) + f16_bytes(-1.0f) + qs, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(q4_0[j], (j - 8) * 2.0f) << j;
+    EXPECT_EQ(q4_0[j + 16], (7 - j) * 2.0f) << j;
+    EXPECT_EQ(q4_1[j], j * 0.5f - 1.0f) << j;
+    EXPECT_EQ(q4_1[j + 16], (15 - j) * 0.5f - 1.0f) << j;
+  }
+}
+
+TEST(GgufDequantize, Q4_K) {
+  // Eight sub-blocks of 32 with 6-bit scales and mins; the upper four need their top two bits
+  // from the first eight bytes.
+  const int sc[8] = {1, 2, 3, 4, 17, 18, 19, 20};
+  const int mn[8] = {0, 1, 2, 3, 33, 34, 35, 36};
+  std::string scales(12, '\0');
+  for (int j = 0; j < 4; ++j) {
+    scales[j] = static_cast<char>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    scales[j + 4] = static_cast<char>(mn[j] | ((mn[j + 4] >> 4) << 6));
+    scales[j + 8] = static_cast<char>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+  }
+  std::string qs;
+  for (int g = 0; g < 4; ++g) {
+    for (int l = 0; l < 32; ++l) qs += static_cast<char>((l % 16) | (((l + g) % 16) << 4));
+  }
+  const float d = 1.0f;
+  const float dmin = 0.5f;
+  const std::vector<float> x =
+      dequantized(kGgmlQ4_K, f16_bytes(d) + f16_bytes(dmin) + scales + qs, 256);
+  for (int g = 0; g < 4; ++g) {
+    for (int l = 0; l < 32; ++l) {
+      EXPECT_EQ(x[64 * g + l], d * sc[2 * g] * (l % 16) - dmin * mn[2 * g]) << g << " " << l;
+      EXPECT_EQ(x[64 * g + 32 + l], d * sc[2 * g + 1] * ((l + g) % 16) - dmin * mn[2 * g + 1])
+          << g << " " << l;
+    }
+  }
+}
+
+TEST(GgufDequantize, Q6_K) {
+  // Element e holds the 6-bit value (7e mod 64) - 32 with scale (e / 16) - 8.
+  std::string ql(128, '\0');
+  std::string qh(64, '\0');
+  for (int e = 0; e < 256; ++e) {
+    const int q = (e * 7) % 64;
+    const int half = e / 128;
+    const int quarter = (e % 128) / 32;
+    const int l = e % 32;
+    const int low_index = 64 * half + l + (quarter & 1 ? 32 : 0);
+    ql[low_index] = static_cast<char>(ql[low_index] | ((q & 15) << (quarter >= 2 ? 4 : 0)));
+    qh[32 * half + l] = static_cast<char>(qh[32 * half + l] | ((q >> 4) << (2 * quarter)));
+  }
+  std::string scales;
+  for (int s = 0; s < 16; ++s) scales += static_cast<char>(static_cast<int8_t>(s - 8));
+  const float d = 0.25f;
+  const std::vector<float> x = dequantized(kGgmlQ6_K, ql + qh + scales + f16_bytes(d), 256);
+  for (int e = 0; e < 256; ++e) {
+    EXPECT_EQ(x[e], d * static_cast<float>(e / 16 - 8) * static_cast<float>((e * 7) % 64 - 32))
+        << e;
+  }
+}
+
+TEST(GgufDequantize, UnsupportedTypesAndPartialBlocksAreErrors) {
+  expect_error([] { dequantize(13, nullptr, 256, nullptr); }, {"Q5_K is not supported"});
+  expect_error([] { dequantize(77, nullptr, 1, nullptr); }, {"ggml type 77 is not supported"});
+  expect_error([] { dequantize(kGgmlQ8_0, nullptr, 31, nullptr); },
+               {"31 elements of Q8_0 are not a whole number of 32-element blocks"});
+}
+
+// Random blocks of every quantized type against gguf-py's dequantize (llama.cpp's own Python
+// reader), when the project's virtual environment has it (tools/setup-python.sh gguf).
+TEST(GgufDequantize, MatchesGgufPyOnRandomBlocks) {
+  const fs::path python = testing::source_path(".venv/bin/python");
+  if (!fs::exists(python) ||
+      testing::run_command("'" + python.string() + "' -c 'import gguf' 2>&1").exit_code != 0) {
+    GTEST_SKIP() << "no gguf-py in .venv (tools/setup-python.sh gguf)";
+  }
+  TempDir dir;
+  std::mt19937 random(7);
+  for (const uint32_t type :
+       {kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ4_K, kGgmlQ6_K, kGgmlF16, kGgmlBF16}) {
+    const GgmlTypeInfo& info = *ggml_type_info(type);
+    SCOPED_TRACE(std::string(info.name));
+    const int64_t blocks = 64;
+    std::string bytes(static_cast<size_t>(blocks * info.block_bytes), '\0');
+    for (char& byte : bytes) byte = static_cast<char>(random());
+    // Scales are f16: keep them finite and moderate, as real files have them.
+    std::uniform_real_distribution<float> scale(-0.1f, 0.1f);
+    for (int64_t b = 0; b < blocks; ++b) {
+      char* block = bytes.data() + b * info.block_bytes;
+      auto put = [&](int64_t at) {
+        const std::string half = f16_bytes(scale(random));
+        std::memcpy(block + at, half.data(), 2);
+      };
+      if (type == kGgmlQ8_0 || type == kGgmlQ4_0 || type == kGgmlQ4_1 || type == kGgmlQ4_K) {
+        put(0);
+      }
+      if (type == kGgmlQ4_1 || type == kGgmlQ4_K) put(2);
+      if (type == kGgmlQ6_K) put(208);
+      if (type == kGgmlF16) put(0);
+      if (type == kGgmlBF16) {
+        const uint16_t value = f32_to_bf16(scale(random));
+        std::memcpy(block, &value, 2);
+      }
+    }
+    const int64_t count = blocks * info.block_elements;
+    testing::write_file(dir / "in.bin", bytes);
+    const auto result =
+        testing::run_command("'" + python.string() + "' '" +
+                             testing::source_path("tools/python/gguf_dequantize.py").string() +
+                             "' " + std::string(info.name) + " '" + (dir / "in.bin").string() +
+                             "' '" + (dir / "out.bin").string() + "'");
+    ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+    const std::string reference = testing::read_file(dir / "out.bin");
+    ASSERT_EQ(reference.size(), static_cast<size_t>(count) * sizeof(float));
+    const std::vector<float> ours = dequantized(type, bytes, count);
+    int64_t mismatches = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      float expected;
+      std::memcpy(&expected, reference.data() + i * 4, 4);
+      // Both compute in f32; the order of the two products may differ by an ulp.
+      if (!(std::abs(ours[i] - expected) <= 1e-6f * std::abs(expected) + 1e-12f)) {
+        if (++mismatches < 5) ADD_FAILURE() << i << ": " << ours[i] << " vs " << expected;
+      }
+    }
+    EXPECT_EQ(mismatches, 0);
+  }
+}
+
+// ---- the llama architecture ------------------------------------------------------------------
+
+class GgufModelTest : public GgufTest {
+ protected:
+  void SetUp() override {
+    fixtures::GeneratorOptions options;
+    options.dtype = DType::kF32;
+    options.vocab_size = 256;
+    options.num_layers = 2;
+    options.rope_theta = 5000.0;
+    fixtures::write_random_checkpoint(options, dir_ / "hf");
+  }
+
+  // The GGUF file of the generated checkpoint, then `edit` applied to its tensors and keys by
+  // rewriting: tests damage one thing each.
+  fs::path convert(const testing::GgufModelOptions& options = {}, const std::string& name = "m") {
+    const fs::path path = dir_ / (name + ".gguf");
+    testing::write_gguf_from_checkpoint(dir_ / "hf", path, options);
+    return path;
+  }
+
+  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(2);
+};
+
+TEST_F(GgufModelTest, ConfigComesFromTheMetadata) {
+  const Checkpoint checkpoint = open_checkpoint(convert());
+  const ModelConfig& c = checkpoint.config;
+  const Checkpoint hf = open_checkpoint(dir_ / "hf");
+  EXPECT_EQ(checkpoint.paths.format, CheckpointFormat::kGguf);
+  EXPECT_EQ(c.vocab_size, 256);
+  EXPECT_EQ(c.hidden_size, hf.config.hidden_size);
+  EXPECT_EQ(c.intermediate_size, hf.config.intermediate_size);
+  EXPECT_EQ(c.num_layers, 2);
+  EXPECT_EQ(c.num_heads, hf.config.num_heads);
+  EXPECT_EQ(c.num_kv_heads, hf.config.num_kv_heads);
+  EXPECT_EQ(c.head_dim, hf.config.head_dim);
+  EXPECT_EQ(c.rope_theta, 5000.0);
+  EXPECT_FLOAT_EQ(static_cast<float>(c.rms_norm_eps), static_cast<float>(hf.config.rms_norm_eps));
+  EXPECT_EQ(c.rope_style, kernels::RopeStyle::kInterleaved);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_ids, std::vector<int32_t>{1});
+  EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{2});
+  EXPECT_EQ(checkpoint.paths.tokenizer, dir_ / "m.gguf");
+  EXPECT_EQ(checkpoint.tensors.find("model.layers.1.mlp.down_proj.weight")->shape,
+            (std::vector<int64_t>{hf.config.hidden_size, hf.config.intermediate_size}));
+
+  testing::GgufModelOptions tied;
+  tied.tied = true;
+  tied.tokenizer = false;
+  const Checkpoint tied_checkpoint = open_checkpoint(convert(tied, "tied"));
+  EXPECT_TRUE(tied_checkpoint.config.tie_word_embeddings);
+  EXPECT_FALSE(tied_checkpoint.paths.tokenizer.has_value());
+}
+
+// The same weights in both formats compute the same logits: the GGUF file's permuted q/k rows
+// under interleaved RoPE equal the Hugging Face rows under rotate-half RoPE (up to the order of
+// the sums over a head's channels).
+TEST_F(GgufModelTest, LogitsEqualTheSafetensorsCheckpoint) {
+  auto hf = Model::load(dir_ / "hf", *backend_);
+  const std::vector<int32_t> tokens = {1, 17, 200, 3, 99, 45, 45, 7};
+  auto run = [&](Model& model) {
+    const SequenceInput input{model.kv_cache().add_sequence(), tokens, /*all_logits=*/true};
+    Logits logits;
+    model.forward(std::span<const SequenceInput>(&input, 1), &logits);
+    return logits.values;
+  };
+  const std::vector<float> expected = run(*hf);
+  for (const uint32_t type : {kGgmlF32, kGgmlF16, kGgmlBF16, kGgmlQ8_0}) {
+    SCOPED_TRACE(std::string(ggml_type_info(type)->name));
+    testing::GgufModelOptions options;
+    options.type = type;
+    auto gguf = Model::load(convert(options, "typed"), *backend_);
+    const std::vector<float> got = run(*gguf);
+    ASSERT_EQ(got.size(), expected.size());
+    // F32 only reorders sums (measured 7e-7); the others round the weights: measured F16 1.2e-3,
+    // BF16 1.0e-2, Q8_0 3.3e-2 on logits of order one.
+    const double tolerance = type == kGgmlF32    ? 1e-5
+                             : type == kGgmlF16  ? 5e-3
+                             : type == kGgmlBF16 ? 4e-2
+                                                 : 0.1;
+    double max_error = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      max_error = std::max(max_error, static_cast<double>(std::abs(got[i] - expected[i])));
+    }
+    std::cout << "[ gguf ] " << ggml_type_info(type)->name << ": max |logit difference| "
+              << max_error << "\n";
+    EXPECT_LE(max_error, tolerance);
+  }
+}
+
+TEST_F(GgufModelTest, QuantizedTensorsAreDequantisedToBf16AtLoad) {
+  testing::GgufModelOptions options;
+  options.type = kGgmlQ8_0;
+  const fs::path path = convert(options);
+  const Checkpoint checkpoint = open_checkpoint(path);
+  const GgufFile file(path);
+  const GgufTensorInfo& stored = *file.find_tensor("blk.0.ffn_up.weight");
+  const TensorInfo& loaded = *checkpoint.tensors.find("model.layers.0.mlp.up_proj.weight");
+  ASSERT_EQ(loaded.dtype, DType::kBF16);
+  EXPECT_EQ(loaded.size_bytes(), static_cast<uint64_t>(stored.num_elements()) * 2);
+  std::vector<uint16_t> expected(static_cast<size_t>(stored.num_elements()));
+  dequantize_to_bf16(stored.type, stored.data, stored.num_elements(), expected.data());
+  EXPECT_EQ(std::memcmp(loaded.data, expected.data(), expected.size() * 2), 0);
+  EXPECT_EQ(checkpoint.tensors.find("model.norm.weight")->dtype, DType::kF32);  // kept as stored
+}
+
+// Rewrites a converted model's file with one change to its keys or tensors.
+struct Edit {
+  Edit(std::string drop_key_, std::function<void(GgufWriter&)> add_ = {},
+       std::string drop_tensor_ = {}, std::string reshape_tensor_ = {})
+      : drop_key(std::move(drop_key_)),
+        add(std::move(add_)),
+        drop_tensor(std::move(drop_tensor_)),
+        reshape_tensor(std::move(reshape_tensor_)) {}
+  std::string drop_key;                  // a key left out
+  std::function<void(GgufWriter&)> add;  // keys and tensors added
+  std::string drop_tensor;               // a tensor left out
+  std::string reshape_tensor;            // a tensor written with ne reversed
+};
+
+fs::path rewrite(const fs::path& source, const fs::path& out, const Edit& edit) {
+  const GgufFile file(source);
+  GgufWriter writer;
+  for (const auto& [key, value] : file.metadata()) {
+    if (key == edit.drop_key) continue;
+    // Only the types the converter writes.
+    switch (value.type) {
+      case GgufType::kUint32:
+        writer.kv_u32(key, static_cast<uint32_t>(value.bits));
+        break;
+      case GgufType::kFloat32:
+        writer.kv_f32(key, static_cast<float>(value.number));
+        break;
+      case GgufType::kBool:
+        writer.kv_bool(key, value.bits != 0);
+        break;
+      case GgufType::kString:
+        writer.kv_string(key, value.string);
+        break;
+      case GgufType::kArray: {
+        if (value.element_type == GgufType::kString) {
+          std::vector<std::string> strings;
+          for (const GgufValue& v : value.array) strings.push_back(v.string);
+          writer.kv_strings(key, strings);
+        } else {
+          std::vector<int32_t> ints;
+          for (const GgufValue& v : value.array) ints.push_back(static_cast<int32_t>(v.bits));
+          writer.kv_i32s(key, ints);
+        }
+        break;
+      }
+      default:
+        throw Error("rewrite: unexpected type for " + key);
+    }
+  }
+  if (edit.add) edit.add(writer);
+  for (const GgufTensorInfo& t : file.tensors()) {
+    if (t.name == edit.drop_tensor) continue;
+    std::vector<uint64_t> ne(t.ne.begin(), t.ne.end());
+    if (t.name == edit.reshape_tensor) std::reverse(ne.begin(), ne.end());
+    writer.tensor(t.name, t.type, ne,
+                  std::string(reinterpret_cast<const char*>(t.data), t.size_bytes));
+  }
+  writer.write(out);
+  return out;
+}
+
+TEST_F(GgufModelTest, ArchitectureAndKeysAreChecked) {
+  const fs::path good = convert();
+  auto load_edited = [&](const Edit& edit) {
+    const fs::path path = rewrite(good, dir_ / "edited.gguf", edit);
+    auto model = Model::load(path, *backend_);
+  };
+  expect_error(
+      [&] {
+        load_edited({"general.architecture",
+                     [](GgufWriter& w) { w.kv_string("general.architecture", "gpt2"); }});
+      },
+      {"edited.gguf", "key 'general.architecture' is 'gpt2', which is not supported (llama)"});
+  expect_error([&] { load_edited({"general.architecture"}); },
+               {"edited.gguf", "key 'general.architecture' is required"});
+  expect_error([&] { load_edited({"llama.block_count"}); },
+               {"key 'llama.block_count' is required"});
+  expect_error(
+      [&] {
+        load_edited(
+            {"llama.block_count", [](GgufWriter& w) { w.kv_string("llama.block_count", "two"); }});
+      },
+      {"key 'llama.block_count' must be an integer, got string"});
+  expect_error(
+      [&] {
+        load_edited({"llama.rope.dimension_count",
+                     [](GgufWriter& w) { w.kv_u32("llama.rope.dimension_count", 8); }});
+      },
+      {"key 'llama.rope.dimension_count' is 8", "RoPE over part of a head"});
+  expect_error(
+      [&] {
+        load_edited({"", [](GgufWriter& w) { w.kv_string("llama.rope.scaling.type", "yarn"); }});
+      },
+      {"key 'llama.rope.scaling.type' is 'yarn'"});
+  expect_error(
+      [&] {
+        load_edited({"llama.attention.head_count_kv",
+                     [](GgufWriter& w) { w.kv_u32("llama.attention.head_count_kv", 3); }});
+      },
+      {"key 'llama.attention.head_count_kv' (3) must divide"});
+  expect_error(
+      [&] {
+        load_edited({"tokenizer.ggml.eos_token_id",
+                     [](GgufWriter& w) { w.kv_u32("tokenizer.ggml.eos_token_id", 256); }});
+      },
+      {"key 'tokenizer.ggml.eos_token_id' holds 256, outside the vocabulary of 256"});
+}
+
+TEST_F(GgufModelTest, MissingMisshapedUnexpectedAndUnsupportedTensorsAreErrors) {
+  const fs::path good = convert();
+  auto load_edited = [&](const Edit& edit) {
+    const fs::path path = rewrite(good, dir_ / "edited.gguf", edit);
+    auto model = Model::load(path, *backend_);
+  };
+  expect_error([&] { load_edited(Edit("", {}, "blk.1.ffn_up.weight")); },
+               {"edited.gguf", "missing tensor 'blk.1.ffn_up.weight'"});
+  expect_error([&] { load_edited(Edit("", {}, "", "blk.0.attn_k.weight")); },
+               {"edited.gguf", "tensor 'blk.0.attn_k.weight' has shape"});
+  expect_error(
+      [&] {
+        load_edited(Edit("", [](GgufWriter& w) {
+          w.tensor("blk.0.attn_q_norm.weight", kGgmlF32, {1}, f32s({1}));
+        }));
+      },
+      {"edited.gguf", "unexpected tensor 'blk.0.attn_q_norm.weight'"});
+  expect_error(
+      [&] {
+        load_edited(Edit(
+            "", [](GgufWriter& w) { w.tensor("blk.2.attn_q.weight", kGgmlF32, {1}, f32s({1})); }));
+      },
+      {"unexpected tensor 'blk.2.attn_q.weight'"});
+  expect_error(
+      [&] {
+        load_edited(Edit("", [](GgufWriter& w) {
+          w.tensor("extra.weight", 13, {256}, std::string(176, '\0'));
+        }));
+      },
+      {"edited.gguf", "tensor 'extra.weight' has ggml type Q5_K", "cannot dequantise"});
+  // Nothing was left half-loaded: the good file still loads.
+  EXPECT_NO_THROW(Model::load(good, *backend_));
+}
+
+TEST_F(GgufModelTest, ResolvesAFileOrAFolderHoldingOne) {
+  const fs::path path = convert();
+  fs::create_directories(dir_ / "folder");
+  fs::copy_file(path, dir_ / "folder" / "model.gguf");
+  const CheckpointPaths paths = resolve_checkpoint(dir_ / "folder");
+  EXPECT_EQ(paths.format, CheckpointFormat::kGguf);
+  EXPECT_EQ(paths.weights, dir_ / "folder" / "model.gguf");
+  EXPECT_NO_THROW(Model::load(dir_ / "folder", *backend_));
+}
+
+TEST_F(GgufModelTest, ALayerSkipDraftIsNotCutFromAGgufFile) {
+  const fs::path path = convert();
+  expect_error([&] { fixtures::write_truncated_checkpoint(path, 1, dir_ / "draft"); },
+               {path.string(), "is a GGUF file"});
+}
+
+// ---- the tokenizer ---------------------------------------------------------------------------
+
+std::unique_ptr<text::Tokenizer> tokenizer_of(const fs::path& path) {
+  CheckpointPaths paths;
+  paths.format = CheckpointFormat::kGguf;
+  paths.tokenizer = path;
+  return load_tokenizer(paths);
+}
+
+TEST_F(GgufTest, SentencePieceTokenizerFromScores) {
+  // Merges are ranked by the merged piece's score: "▁ab" (0.5, through "▁" + "ab" or "▁a" + "b",
+  // by the halves' ids), then "ab" (-1), then "▁a" (-2). Control, unknown and byte pieces make no
+  // merges.
+  const std::string s = "\u2581";
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>",  "<0x41>", s,       "a",
+                                     "b",     "ab",  s + "a", s + "ab", "<0x0A>"};
+  GgufWriter writer;
+  writer.kv_string("tokenizer.ggml.model", "llama");
+  writer.kv_strings("tokenizer.ggml.tokens", tokens);
+  writer.kv_f32s("tokenizer.ggml.scores", {0, 0, 0, 0, -5, -6, -7, -1, -2, 0.5, 0});
+  writer.kv_i32s("tokenizer.ggml.token_type", {2, 3, 3, 6, 1, 1, 1, 1, 1, 1, 6});
+  writer.kv_u32("tokenizer.ggml.bos_token_id", 1);
+  writer.kv_u32("tokenizer.ggml.eos_token_id", 2);
+  writer.kv_u32("tokenizer.ggml.unknown_token_id", 0);
+  const fs::path path = write(writer);
+  const GgufFile file(path);
+  const nlohmann::json document = *gguf_tokenizer_json(file);
+  EXPECT_EQ(document["model"]["merges"],
+            nlohmann::json::parse(R"([[")" + s + R"(","ab"],[")" + s + R"(a","b"],["a","b"],[")" +
+                                  s + R"(","a"]])"));
+  const auto tokenizer = tokenizer_of(path);
+  EXPECT_EQ(tokenizer->encode("ab ab", true), (std::vector<int32_t>{1, 9, 9}));
+  EXPECT_EQ(tokenizer->encode("ab A\n", false), (std::vector<int32_t>{9, 4, 3, 10}));
+  EXPECT_EQ(tokenizer->encode("</s>a", false), (std::vector<int32_t>{2, 8}));
+  EXPECT_EQ(tokenizer->decode(std::vector<int32_t>{1, 9, 9, 4, 3, 10}, true), "ab ab A\n");
+  EXPECT_EQ(tokenizer->decode(std::vector<int32_t>{1, 9, 2}, false), "<s> ab</s>");
+}
+
+TEST_F(GgufTest, ByteLevelTokenizerWithItsPreTokenizer) {
+  // Byte-level pieces: "Ġ" is the space, merges as "left right" strings.
+  std::vector<std::string> tokens = {
+      "<|endoftext|>", "<|im_start|>", "h", "i", "\xc4\xa0", "1", "2", "hi", "\xc4\xa0hi"};
+  GgufWriter writer;
+  writer.kv_string("tokenizer.ggml.model", "gpt2");
+  writer.kv_string("tokenizer.ggml.pre", "smollm");
+  writer.kv_strings("tokenizer.ggml.tokens", tokens);
+  writer.kv_i32s("tokenizer.ggml.token_type", {3, 3, 1, 1, 1, 1, 1, 1, 1});
+  writer.kv_strings("tokenizer.ggml.merges", {"h i", "\xc4\xa0 hi"});
+  writer.kv_u32("tokenizer.ggml.bos_token_id", 1);
+  writer.kv_u32("tokenizer.ggml.eos_token_id", 0);
+  writer.kv_bool("tokenizer.ggml.add_bos_token", false);
+  const fs::path path = write(writer);
+  const auto tokenizer = tokenizer_of(path);
+  // Digits one by one (smollm), the special token matched in text, no BOS added.
+  EXPECT_EQ(tokenizer->encode("<|im_start|>hi hi12", true), (std::vector<int32_t>{1, 7, 8, 5, 6}));
+  EXPECT_EQ(tokenizer->decode(std::vector<int32_t>{1, 7, 8, 5, 6, 0}, true), "hi hi12");
+  EXPECT_TRUE(tokenizer->is_special(0));
+
+  GgufWriter with_bos;
+  with_bos.kv_string("tokenizer.ggml.model", "gpt2");
+  with_bos.kv_string("tokenizer.ggml.pre", "llama-bpe");
+  with_bos.kv_strings("tokenizer.ggml.tokens", tokens);
+  with_bos.kv_strings("tokenizer.ggml.merges", {"h i"});
+  with_bos.kv_u32("tokenizer.ggml.bos_token_id", 1);
+  with_bos.kv_bool("tokenizer.ggml.add_bos_token", true);
+  const auto bos_tokenizer = tokenizer_of(write(with_bos, "bos.gguf"));
+  EXPECT_EQ(bos_tokenizer->encode("hi", true), (std::vector<int32_t>{1, 7}));
+}
+
+TEST_F(GgufTest, UnsupportedOrMalformedTokenizersAreErrors) {
+  auto base = [] {
+    GgufWriter writer;
+    writer.kv_strings("tokenizer.ggml.tokens", {"a", "b"});
+    return writer;
+  };
+  auto expect_tokenizer_error = [&](GgufWriter writer,
+                                    std::initializer_list<std::string> fragments) {
+    const fs::path path = write(writer, "tok.gguf");
+    std::vector<std::string> all(fragments);
+    expect_error([&] { tokenizer_of(path); }, {path.string()});
+    try {
+      tokenizer_of(path);
+    } catch (const Error& error) {
+      for (const std::string& fragment : all) {
+        EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+      }
+    }
+  };
+  GgufWriter writer = base();
+  writer.kv_string("tokenizer.ggml.model", "bert");
+  expect_tokenizer_error(writer, {"key 'tokenizer.ggml.model' is 'bert'", "(llama, gpt2)"});
+  writer = base();
+  writer.kv_string("tokenizer.ggml.model", "gpt2");
+  writer.kv_string("tokenizer.ggml.pre", "deepseek-coder");
+  writer.kv_strings("tokenizer.ggml.merges", {});
+  expect_tokenizer_error(writer, {"key 'tokenizer.ggml.pre' is 'deepseek-coder'", "not supported"});
+  writer = base();
+  writer.kv_string("tokenizer.ggml.model", "gpt2");
+  expect_tokenizer_error(writer, {"key 'tokenizer.ggml.merges' is required"});
+  writer = base();
+  writer.kv_string("tokenizer.ggml.model", "gpt2");
+  writer.kv_strings("tokenizer.ggml.merges", {"ab"});
+  expect_tokenizer_error(writer, {"key 'tokenizer.ggml.merges' entry 0 is not two tokens"});
+  writer = base();
+  writer.kv_string("tokenizer.ggml.model", "llama");
+  writer.kv_u32("tokenizer.ggml.bos_token_id", 0);
+  expect_tokenizer_error(writer, {"key 'tokenizer.ggml.scores' is required"});
+  writer = base();
+  writer.kv_string("tokenizer.ggml.model", "llama");
+  writer.kv_u32("tokenizer.ggml.bos_token_id", 0);
+  writer.kv_f32s("tokenizer.ggml.scores", {0});
+  expect_tokenizer_error(writer, {"key 'tokenizer.ggml.scores' has 1 entries for 2 tokens"});
+  writer = GgufWriter();
+  writer.kv_string("tokenizer.ggml.model", "llama");
+  writer.kv_strings("tokenizer.ggml.tokens", {"a", "\xff"});
+  expect_tokenizer_error(writer, {"key 'tokenizer.ggml.tokens' entry 1 is not valid UTF-8"});
+  writer = base();
+  writer.kv_string("tokenizer.ggml.model", "llama");
+  writer.kv_f32s("tokenizer.ggml.scores", {0, 0});
+  writer.kv_u32("tokenizer.ggml.bos_token_id", 5);
+  expect_tokenizer_error(writer, {"key 'tokenizer.ggml.bos_token_id' holds 5"});
+  writer = base();
+  writer.kv_string("tokenizer.ggml.model", "llama");
+  writer.kv_f32s("tokenizer.ggml.scores", {0, 0});
+  expect_tokenizer_error(writer, {"key 'tokenizer.ggml.bos_token_id' is required when"});
+}
+
+}  // namespace
+}  // namespace specrun
