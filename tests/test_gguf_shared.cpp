@@ -44,33 +44,12 @@ std::vector<std::string> corpus_lines() {
   return lines;
 }
 
-// Greedy decoding straight over Model::forward (argmax, lowest id on ties), independent of the
-// engine's loop: what a checkpoint computes, nothing else. Stops after `max_tokens` or, when
-// `stop_at_eos`, at one of the model's EOS ids (not included).
-struct GreedyRun {
-  std::vector<int32_t> tokens;  // generated
-  bool stopped_at_eos = false;  // ended by an EOS id
-};
-GreedyRun greedy_decode(Model& model, std::vector<int32_t> feed, int64_t max_tokens,
-                        bool stop_at_eos) {
-  GreedyRun run;
-  const SequenceId sequence = model.kv_cache().add_sequence();
-  const std::vector<int32_t>& eos = model.config().eos_token_ids;
-  while (static_cast<int64_t>(run.tokens.size()) < max_tokens) {
-    const SequenceInput input{sequence, feed, /*all_logits=*/false};
-    Logits logits;
-    model.forward(std::span<const SequenceInput>(&input, 1), &logits);
-    const std::span<const float> row = logits.last(0);
-    const auto best = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-    if (stop_at_eos && std::find(eos.begin(), eos.end(), best) != eos.end()) {
-      run.stopped_at_eos = true;
-      break;
-    }
-    run.tokens.push_back(best);
-    feed = {best};
-  }
-  model.kv_cache().remove_sequence(sequence);
-  return run;
+// Greedy tokens of the reference decode (tests/test_support), stopping at EOS when asked.
+std::vector<int32_t> greedy_tokens(Model& model, const std::vector<int32_t>& prompt,
+                                   int64_t max_tokens, bool stop_at_eos) {
+  SamplingSettings sampling = testing::greedy(max_tokens);
+  sampling.stop_at_eos = stop_at_eos;
+  return testing::reference_decode(model, prompt, sampling).tokens;
 }
 
 class StoriesGgufTest : public ::testing::Test {
@@ -117,7 +96,7 @@ TEST_F(StoriesGgufTest, LoadsWithItsConfigAndTellsTheStory) {
   EXPECT_EQ(c.bos_token_ids, std::vector<int32_t>{1});
   EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{2});
 
-  const std::vector<int32_t> tokens = greedy_decode(*model, {1}, 60, true).tokens;
+  const std::vector<int32_t> tokens = greedy_tokens(*model, {1}, 60, true);
   const auto tokenizer = load_tokenizer(model->paths());
   ASSERT_NE(tokenizer, nullptr);
   const std::string text = tokenizer->decode(tokens, /*skip_special_tokens=*/true);
@@ -131,7 +110,7 @@ TEST_F(StoriesGgufTest, LogitsEqualTheConvertedSafetensorsModel) {
   auto gguf = Model::load(stories_gguf(), *backend_);
   auto hf = Model::load(dir_ / "hf", *backend_);
   std::vector<int32_t> tokens = {1};
-  const std::vector<int32_t> story = greedy_decode(*hf, tokens, 40, false).tokens;
+  const std::vector<int32_t> story = greedy_tokens(*hf, tokens, 40, false);
   tokens.insert(tokens.end(), story.begin(), story.end());
   const std::vector<float> expected = prefill_logits(*hf, tokens);
   const std::vector<float> got = prefill_logits(*gguf, tokens);
@@ -174,8 +153,7 @@ TEST_F(StoriesGgufTest, TokenizerAndPairingMatchTheConvertedModel) {
   EXPECT_NO_THROW(check_pairing(*gguf, *hf));
   EXPECT_NO_THROW(check_pairing(*hf, *gguf));
   const std::vector<int32_t> prompt = from_gguf->encode("Once upon a time", true);
-  EXPECT_EQ(greedy_decode(*gguf, prompt, 60, true).tokens,
-            greedy_decode(*hf, prompt, 60, true).tokens);
+  EXPECT_EQ(greedy_tokens(*gguf, prompt, 60, true), greedy_tokens(*hf, prompt, 60, true));
 }
 
 // From the command line, a .gguf file is a --target or a --draft like any checkpoint, and a

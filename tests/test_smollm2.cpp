@@ -23,35 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Greedy decoding straight over Model::forward (argmax, lowest id on ties), independent of the
-// engine's loop: what a checkpoint computes, nothing else. Stops after `max_tokens` or, when
-// `stop_at_eos`, at one of the model's EOS ids (not included).
-struct GreedyRun {
-  std::vector<int32_t> tokens;  // generated
-  bool stopped_at_eos = false;  // ended by an EOS id
-};
-GreedyRun greedy_decode(Model& model, std::vector<int32_t> feed, int64_t max_tokens,
-                        bool stop_at_eos) {
-  GreedyRun run;
-  const SequenceId sequence = model.kv_cache().add_sequence();
-  const std::vector<int32_t>& eos = model.config().eos_token_ids;
-  while (static_cast<int64_t>(run.tokens.size()) < max_tokens) {
-    const SequenceInput input{sequence, feed, /*all_logits=*/false};
-    Logits logits;
-    model.forward(std::span<const SequenceInput>(&input, 1), &logits);
-    const std::span<const float> row = logits.last(0);
-    const auto best = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-    if (stop_at_eos && std::find(eos.begin(), eos.end(), best) != eos.end()) {
-      run.stopped_at_eos = true;
-      break;
-    }
-    run.tokens.push_back(best);
-    feed = {best};
-  }
-  model.kv_cache().remove_sequence(sequence);
-  return run;
-}
-
 class SmolLm2Test : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -179,14 +150,17 @@ TEST_F(SmolLm2Test, AnswersAQuestionGreedily) {
       "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
   const std::vector<int32_t> ids = tokenizer_->encode(prompt, true);
   const auto start = std::chrono::steady_clock::now();
-  const GreedyRun run = greedy_decode(*model_, ids, 32, true);
+  SamplingSettings sampling = testing::greedy(32);
+  sampling.stop_at_eos = true;
+  const Completion run = testing::decode(*model_, nullptr, ids, sampling);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   const std::string answer = tokenizer_->decode(run.tokens, true);
   std::cout << "[ SmolLM2 ] \"" << answer << "\" (" << run.tokens.size() << " tokens"
-            << (run.stopped_at_eos ? ", then <|im_end|>" : "") << ", " << ms << " ms)\n";
+            << (run.reason == FinishReason::kEndOfSequence ? ", then <|im_end|>" : "") << ", " << ms
+            << " ms)\n";
   EXPECT_NE(answer.find("Paris"), std::string::npos) << answer;
-  EXPECT_TRUE(run.stopped_at_eos);
+  EXPECT_EQ(run.reason, FinishReason::kEndOfSequence);
 }
 
 }  // namespace
