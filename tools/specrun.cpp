@@ -201,12 +201,14 @@ int run(const Options& options) {
   return 0;
 }
 
-// A choice's name (as the settings spell it) for each value, for the flag that takes it.
+// A flag's choices by the names the settings spell them with; the help shows them as its type.
 template <typename Enum>
-std::map<std::string, Enum> named(std::initializer_list<Enum> values) {
+CLI::Validator choices(std::initializer_list<Enum> values) {
   std::map<std::string, Enum> names;
   for (const Enum value : values) names.emplace(specrun::to_string(value), value);
-  return names;
+  CLI::Validator validator = CLI::CheckedTransformer(names, CLI::ignore_case);
+  validator.description("");
+  return validator;
 }
 
 }  // namespace
@@ -244,18 +246,19 @@ int main(int argc, char** argv) {
       "--method", f.speculation.method,
       "Who proposes: draft (the --draft model), prompt_lookup (n-grams of the text so far), "
       "none");
-  method->transform(CLI::CheckedTransformer(
-      named({specrun::SpeculationMethod::kDraftModel, specrun::SpeculationMethod::kPromptLookup,
-             specrun::SpeculationMethod::kNone}),
-      CLI::ignore_case));
+  method
+      ->transform(
+          choices({specrun::SpeculationMethod::kDraftModel,
+                   specrun::SpeculationMethod::kPromptLookup, specrun::SpeculationMethod::kNone}))
+      ->type_name("draft|prompt_lookup|none");
   CLI::Option* controller = app.add_option(
       "--controller", f.speculation.controller,
       "How gamma adapts: goodput (measured tokens per second), heuristic (+2 after a fully "
       "accepted step, -1 otherwise), fixed");
-  controller->transform(CLI::CheckedTransformer(
-      named({specrun::GammaControl::kGoodput, specrun::GammaControl::kHeuristic,
-             specrun::GammaControl::kFixed}),
-      CLI::ignore_case));
+  controller
+      ->transform(choices({specrun::GammaControl::kGoodput, specrun::GammaControl::kHeuristic,
+                           specrun::GammaControl::kFixed}))
+      ->type_name("goodput|heuristic|fixed");
   app.add_option("--stats-json", options.stats_json,
                  "Also write the run's stats as JSON to this file");
   CLI::Option* gamma_min =
