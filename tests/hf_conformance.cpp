@@ -145,6 +145,8 @@ HfComparison compare_with_hf(Model& model, const HfReference& reference, double 
                            logits.last(static_cast<int64_t>(p)).end());
     }
   }
+  // The model may be shared with other tests (a real model is loaded once per suite).
+  for (const SequenceId sequence : sequences) model.kv_cache().remove_sequence(sequence);
 
   double error_sum = 0.0;
   for (size_t p = 0; p < count; ++p) {

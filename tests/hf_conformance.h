@@ -68,7 +68,8 @@ struct HfComparison {
 };
 
 // Runs every prompt of `reference` through `model` (one batched prefill, then one batched decode
-// step per continuation token, feeding the reference's tokens) and compares every row.
+// step per continuation token, feeding the reference's tokens) and compares every row. The
+// sequences are removed from the model's cache afterwards.
 HfComparison compare_with_hf(Model& model, const HfReference& reference, double tolerance);
 
 // One line for the log: the case, the worst errors and the greedy agreement.

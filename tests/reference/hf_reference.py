@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hugging Face transformers as the reference for specrun's logits, float32 on the CPU.
 
-Three commands:
+Four commands:
 
   hf_reference.py build --case NAME --model DIR
       Writes a small random model of one of the CASES below with save_pretrained: config.json
@@ -17,6 +17,23 @@ Three commands:
       "continuation", "row_offset"}]}, and PREFIX.bin, little-endian float32 logits: for each
       prompt, len(tokens) + len(continuation) rows of vocab_size, row i being the logits after
       token i of tokens + continuation. Row len(tokens) - 1 + j chose continuation[j].
+
+      --bf16-weights rounds every matrix (every parameter of two or more dimensions) to bfloat16,
+      to nearest even, after loading, and computes in float32 as before: the weights specrun
+      runs on a GGUF file whose matrices are quantized (it dequantizes them to bf16; the norms,
+      vectors, are stored and used in F32). Against the plain reference it measures what that
+      rounding alone does; against specrun it leaves only the arithmetic to compare.
+
+  hf_reference.py tokenize --model DIR --gguf-file FILE --input IN.json --out OUT.json
+      The tokenizer transformers builds from the GGUF file's metadata itself
+      (AutoTokenizer.from_pretrained(DIR, gguf_file=FILE)). IN.json is {"texts": [...], "ids":
+      [[...], ...]}; OUT.json holds, for each text, its ids with and without special tokens
+      ("encode_special", "encode") and the decoding of the former with special tokens kept and
+      skipped ("decode", "decode_skip"); and for each list of "ids", its decodings the same two
+      ways ("ids_decode", "ids_decode_skip"). When the file's `tokenizer.ggml.pre` is one that
+      transformers' converter does not know (LLAMA_CPP_DIGIT_SPLIT), also the ids with
+      llama.cpp's pre-tokenization of it put in ("encode_llama_cpp", "encode_special_llama_cpp";
+      see there), "pre" naming it.
 
   hf_reference.py cases --out DIR [--case NAME ...]
       For each case (default: all), writes the model to DIR/NAME and its reference, on prompts
@@ -134,12 +151,12 @@ def _read_prompts(path):
     return prompts
 
 
-def run(model_dir, gguf_file, prompts, new_tokens, out_prefix):
+def run(model_dir, gguf_file, prompts, new_tokens, out_prefix, bf16_weights=False):
     with torch.no_grad():
-        _run(model_dir, gguf_file, prompts, new_tokens, out_prefix)
+        _run(model_dir, gguf_file, prompts, new_tokens, out_prefix, bf16_weights)
 
 
-def _run(model_dir, gguf_file, prompts, new_tokens, out_prefix):
+def _run(model_dir, gguf_file, prompts, new_tokens, out_prefix, bf16_weights):
     kwargs = {}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
@@ -154,6 +171,11 @@ def _run(model_dir, gguf_file, prompts, new_tokens, out_prefix):
     wrong = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
     if wrong:
         raise SystemExit(f"{model_dir}: parameters not in float32 after loading: {wrong[:3]}")
+    if bf16_weights:
+        # A tied embedding is one parameter, rounded once.
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.copy_(parameter.to(torch.bfloat16).to(torch.float32))
     vocab = model.config.vocab_size
     rows, manifest = [], []
     offset = 0
@@ -180,6 +202,56 @@ def _run(model_dir, gguf_file, prompts, new_tokens, out_prefix):
     with open(out_prefix + ".json", "w") as f:
         json.dump({"vocab_size": vocab, "torch": torch.__version__,
                    "transformers": transformers.__version__, "prompts": manifest}, f)
+
+
+# llama.cpp's pre-tokenizers that split every digit off before GPT-2's regex (llama-vocab.cpp:
+# `\p{N}`, then GPT-2's expression, for LLAMA_VOCAB_PRE_TYPE_STARCODER, _REFACT and _SMOLLM), as
+# the original tokenizer.json files do (Digits(individual_digits=True), then ByteLevel).
+# transformers 5.23's GGUF converter has no entry for them (GGUF_PRE_TOKENIZER_SPLITS in
+# integrations/gguf/gguf_tokenizer_mapping.py) and falls back to ByteLevel's GPT-2 regex alone,
+# which keeps a run of digits in one piece with the space before it: "  1" becomes " " + " 1"
+# (ids Ġ, Ġ, 1) where the file's own pre-tokenizer gives "  " + "1" (ĠĠ, 1).
+LLAMA_CPP_DIGIT_SPLIT = ("smollm", "starcoder", "refact")
+
+
+def tokenize(model_dir, gguf_file, input_path, out_path):
+    import copy
+    from gguf import GGUFReader
+    from tokenizers import Regex, pre_tokenizers
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, gguf_file=gguf_file)
+    field = GGUFReader(os.path.join(model_dir, gguf_file)).fields.get("tokenizer.ggml.pre")
+    pre = field.contents() if field is not None else None
+    # transformers' conversion with only its pre-tokenizer replaced by the file's, everything else
+    # (vocabulary, merges, added tokens, post-processor, decoder) as transformers built it.
+    completed = None
+    if pre in LLAMA_CPP_DIGIT_SPLIT:
+        completed = copy.deepcopy(tokenizer.backend_tokenizer)
+        completed.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    with open(input_path, encoding="utf-8") as f:
+        request = json.load(f)
+    result = {"transformers": transformers.__version__, "pre": pre, "encode": [],
+              "encode_special": [], "decode": [], "decode_skip": [], "ids_decode": [],
+              "ids_decode_skip": []}
+    if completed is not None:
+        result["encode_llama_cpp"], result["encode_special_llama_cpp"] = [], []
+    for text in request["texts"]:
+        ids = tokenizer.encode(text, add_special_tokens=True)
+        result["encode_special"].append(ids)
+        result["encode"].append(tokenizer.encode(text, add_special_tokens=False))
+        if completed is not None:
+            result["encode_llama_cpp"].append(completed.encode(text, add_special_tokens=False).ids)
+            result["encode_special_llama_cpp"].append(
+                completed.encode(text, add_special_tokens=True).ids)
+        result["decode"].append(tokenizer.decode(ids, skip_special_tokens=False))
+        result["decode_skip"].append(tokenizer.decode(ids, skip_special_tokens=True))
+    for ids in request.get("ids", []):
+        result["ids_decode"].append(tokenizer.decode(ids, skip_special_tokens=False))
+        result["ids_decode_skip"].append(tokenizer.decode(ids, skip_special_tokens=True))
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(result, f, ensure_ascii=False)
 
 
 def cases(out_dir, names):
@@ -215,6 +287,13 @@ def main(argv):
     run_parser.add_argument("--prompts", required=True, help="one prompt per line: ids, commas")
     run_parser.add_argument("--new-tokens", type=int, default=64)
     run_parser.add_argument("--out", required=True, help="writes OUT.json and OUT.bin")
+    run_parser.add_argument("--bf16-weights", action="store_true",
+                            help="round every matrix to bfloat16 after loading")
+    tokenize_parser = commands.add_parser("tokenize", help="a GGUF file's tokenizer")
+    tokenize_parser.add_argument("--model", required=True, help="model directory")
+    tokenize_parser.add_argument("--gguf-file", required=True, help="a GGUF file in it")
+    tokenize_parser.add_argument("--input", required=True, help="texts and ids (JSON)")
+    tokenize_parser.add_argument("--out", required=True, help="writes OUT (JSON)")
     cases_parser = commands.add_parser("cases", help="every case's model and reference")
     cases_parser.add_argument("--out", required=True, help="directory to write")
     cases_parser.add_argument("--case", action="append", choices=CASES, help="default: all")
@@ -231,8 +310,11 @@ def main(argv):
         cases(args.out, args.case)
     elif args.command == "build":
         build(args.case, args.model)
+    elif args.command == "tokenize":
+        tokenize(args.model, args.gguf_file, args.input, args.out)
     else:
-        run(args.model, args.gguf_file, _read_prompts(args.prompts), args.new_tokens, args.out)
+        run(args.model, args.gguf_file, _read_prompts(args.prompts), args.new_tokens, args.out,
+            args.bf16_weights)
     return 0
 
 
