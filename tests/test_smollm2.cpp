@@ -337,7 +337,9 @@ TEST_F(SmolLm2Test, TokenizerMatchesTransformersGgufConversion) {
 // difference from plain transformers is bf16 rounding of the weights and nothing else.
 constexpr double kBf16WeightsTolerance = 2e-4;
 constexpr double kF32WeightsTolerance = 2e-2;
-constexpr int kNewTokens = 48;
+// The suite continues each prompt by 16 tokens (the measurement above used 48): two transformers
+// runs on a 135M model are most of its time, and CI runs it on two cores.
+constexpr int kNewTokens = 16;
 
 TEST_F(SmolLm2Test, LogitsAndGreedyContinuationMatchTransformers) {
   if (transformers_python().empty()) {
