@@ -45,9 +45,10 @@ class KeyReader {
   // so the shapes derived from them are exact when the tensors are checked against them.
   int64_t dimension(const std::string& key) const {
     const int64_t value = positive_int(key);
-    if (value > kMaxModelDimension)
+    if (value > kMaxModelDimension) {
       fail(key, "is " + std::to_string(value) + ", beyond the limit of " +
                     std::to_string(kMaxModelDimension));
+    }
     return value;
   }
 
