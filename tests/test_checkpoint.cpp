@@ -12,11 +12,13 @@
 #include <cstring>
 #include <functional>
 #include <initializer_list>
+#include <new>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/base/allocation.h"
 #include "runtime/base/check.h"
 #include "runtime/model/model.h"
 #include "runtime/model/weights.h"
@@ -546,6 +548,70 @@ TEST(CheckpointModelLoadTest, LoadAfterFailureWorks) {
   expect_error([&] { Model::load(bad, *backend); }, {"unexpected tensor 'foo'"});
   remove_tensor(bad / "model.safetensors", "foo");
   EXPECT_EQ(prompt_logits(*Model::load(bad, *backend)), expected);
+}
+
+TEST(CheckpointModelLoadTest, OverflowingDimensionsAreOneError) {
+  // The defaults have 4 heads of 16 (q width 64) and 2 KV heads (width 32): 2^62 + 16 heads of
+  // 4 wrap to 64 in 64 bits, and used to load against these weights and crash in RoPE.
+  TempDir dir;
+  const auto backend = testing::make_cpu_backend(1);
+  const fs::path checkpoint = make_checkpoint(dir);
+  const std::string config = (checkpoint / "config.json").string();
+  edit_config(checkpoint, [](json& c) {
+    c["num_attention_heads"] = (int64_t{1} << 62) + 16;
+    c["num_key_value_heads"] = (int64_t{1} << 62) + 8;
+    c["head_dim"] = 4;
+  });
+  expect_error([&] { Model::load(checkpoint, *backend); },
+               {config, "key 'num_attention_heads'", "beyond the limit"});
+  // The neighbours: a huge head_dim, a huge num_key_value_heads.
+  edit_config(checkpoint, [](json& c) {
+    c["num_attention_heads"] = 4;
+    c["num_key_value_heads"] = 2;
+    c["head_dim"] = (int64_t{1} << 62) + 16;
+  });
+  expect_error([&] { Model::load(checkpoint, *backend); },
+               {config, "key 'head_dim'", "beyond the limit"});
+  edit_config(checkpoint, [](json& c) {
+    c["head_dim"] = 16;
+    c["num_key_value_heads"] = (int64_t{1} << 62) + 2;
+  });
+  expect_error([&] { Model::load(checkpoint, *backend); },
+               {config, "key 'num_key_value_heads'", "beyond the limit"});
+  // Within the limit but not what the tensors hold: the shapes are checked against the file.
+  edit_config(checkpoint, [](json& c) {
+    c["num_key_value_heads"] = 2;
+    c["head_dim"] = kMaxModelDimension - 1;
+  });
+  expect_error([&] { Model::load(checkpoint, *backend); }, {"q_proj.weight", "has shape"});
+}
+
+TEST(CheckpointModelLoadTest, HugeContextWithATinyCache) {
+  // max_position_embeddings is not a tensor's dimension: any value loads, and the context is the
+  // smaller of it and the KV cache.
+  TempDir dir;
+  const auto backend = testing::make_cpu_backend(1);
+  const fs::path checkpoint = make_checkpoint(dir);
+  edit_config(checkpoint, [](json& c) { c["max_position_embeddings"] = INT64_MAX; });
+  ModelOptions options;
+  options.kv_cache_tokens = 16;
+  const std::unique_ptr<Model> model = Model::load(checkpoint, *backend, options);
+  EXPECT_EQ(model->context_limit(), 16);
+  const std::vector<float> logits = prompt_logits(*model);
+  for (const float value : logits) ASSERT_TRUE(std::isfinite(value));
+  // Without an explicit size, the cache takes its default, not the configured context.
+  EXPECT_LT(Model::load(checkpoint, *backend)->context_limit(), INT64_MAX);
+}
+
+TEST(CheckpointModelLoadTest, AllocationFailureNamesTheFile) {
+  // What a load that runs out of memory reports: one Error naming the file.
+  expect_error(
+      [] {
+        naming_allocation_failure("/models/x/model.safetensors",
+                                  []() -> int { throw std::bad_alloc(); });
+      },
+      {"/models/x/model.safetensors", "out of memory"});
+  EXPECT_EQ(naming_allocation_failure("f", [] { return 7; }), 7);
 }
 
 TEST(CheckpointModelLoadTest, BadOptions) {

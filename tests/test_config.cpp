@@ -602,6 +602,60 @@ TEST(ConfigErrorTest, LoadErrorsNameThePath) {
   expect_error([&] { load_model_config(path); }, {path.string(), "key 'vocab_size'"});
 }
 
+TEST(ConfigErrorTest, DimensionsBeyondTheLimit) {
+  // 2^62 + 64 heads of dim 4: the product wraps to 256, which a 256x256 weight would match.
+  const int64_t huge = (int64_t{1} << 62) + 64;
+  for (const char* key : {"num_attention_heads", "head_dim", "num_key_value_heads", "vocab_size",
+                          "hidden_size", "intermediate_size", "num_hidden_layers"}) {
+    SCOPED_TRACE(key);
+    json document = json::parse(kLlama2_7B);
+    document["head_dim"] = 4;
+    document[key] = huge;
+    if (std::string(key) == "num_attention_heads") document["num_key_value_heads"] = huge;
+    expect_config_error(document, {std::string("key '") + key + "'", std::to_string(huge),
+                                   "beyond the limit of 2147483647"});
+  }
+  // At the limit it parses (the tensors are checked against it at load).
+  json document = json::parse(kLlama2_7B);
+  document["head_dim"] = kMaxModelDimension - 1;
+  EXPECT_EQ(parse_model_config(document, kSource).head_dim, kMaxModelDimension - 1);
+}
+
+TEST(ConfigErrorTest, HugeMaxPositionEmbeddingsParses) {
+  // Not a tensor dimension: the context limit is the smaller of it and the KV cache.
+  json document = json::parse(kLlama2_7B);
+  document["max_position_embeddings"] = INT64_MAX;
+  EXPECT_EQ(parse_model_config(document, kSource).max_position_embeddings, INT64_MAX);
+}
+
+TEST(ConfigErrorTest, DeeplyNestedFile) {
+  TempDir dir;
+  const std::filesystem::path path = dir / "config.json";
+  // 100k levels in 200 KB: refused while parsing, with the file and the limit named.
+  testing::write_file(path, testing::nested_json_arrays(100'000));
+  expect_error([&] { load_model_config(path); }, {path.string(), "nests deeper than 64 levels"});
+  testing::write_file(path, "{\"vocab_size\": " + testing::nested_json_arrays(100'000) + "}");
+  expect_error([&] { load_model_config(path); }, {path.string(), "nests deeper than 64 levels"});
+}
+
+TEST(ConfigErrorTest, ErrorsQuoteShortExcerpts) {
+  // A wrong value of any size is quoted in a few dozen characters, not in full.
+  json document = json::parse(kLlama2_7B);
+  document["rms_norm_eps"] = std::string(100'000, 'x');
+  try {
+    parse_model_config(document, kSource);
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("key 'rms_norm_eps'"), std::string::npos) << message;
+    EXPECT_NE(message.find("xxx..."), std::string::npos) << message;
+    EXPECT_LT(message.size(), 300u);
+  }
+  // Invalid UTF-8 in the value is shown replaced, not thrown over.
+  document["rms_norm_eps"] = std::string("\xff\xfe");
+  expect_config_error(document, {"key 'rms_norm_eps'", "must be a positive number"});
+}
+
 TEST(ConfigErrorTest, LoadMissingFile) {
   TempDir dir;
   const std::filesystem::path path = dir / "config.json";

@@ -109,6 +109,10 @@ TEST(EngineConfigFile, RejectsOutOfRangeValues) {
   expect_config_error("[sampling]\ntemperature = inf\n", {":2:", "sampling.temperature"});
   expect_config_error("[sampling]\ntop_p = 0\n", {":2:", "sampling.top_p", "(0, 1]"});
   expect_config_error("[sampling]\ntop_p = 1.5\n", {"sampling.top_p", "got 1.5"});
+  // Above 0 as written but 0 as the float that holds it: refused here, with file and line.
+  expect_config_error("[sampling]\ntop_p = 1e-50\n",
+                      {":2:", "sampling.top_p", "(0, 1]", "got 1e-50", "as a 32-bit float"});
+  expect_config_error("[sampling]\ntemperature = 1e300\n", {":2:", "sampling.temperature"});
   expect_config_error("[sampling]\nmin_p = -0.1\n", {"sampling.min_p"});
   expect_config_error("[sampling]\ntop_k = -5\n", {"sampling.top_k", "got -5"});
   expect_config_error("[sampling]\nseed = -1\n", {"sampling.seed"});

@@ -119,5 +119,27 @@ TEST(KvCacheLayoutTest, RejectsImpossibleLayouts) {
   EXPECT_THROW(KvCache(*backend, KvCacheLayout{1, 1, 4, 1 << 20, 1 << 12}), Error);
 }
 
+TEST(KvCacheLayoutTest, ByteCountOverflowIsAnError) {
+  // Layers x heads x head_dim whose byte count wraps 64 bits (2^62 + 64 heads of 4 wrap to 256
+  // floats per slot) must be refused, never allocated at the wrapped size.
+  auto backend = testing::make_cpu_backend(1);
+  const int64_t huge = (int64_t{1} << 62) + 64;
+  testing::expect_error(
+      [&] {
+        KvCache(*backend, KvCacheLayout{1, huge, 4, 16, 4});
+      },
+      {"KV cache", "overflow"});
+  testing::expect_error(
+      [&] {
+        KvCache(*backend, KvCacheLayout{huge, 1, 1, 16, 4});
+      },
+      {"KV cache", "overflow"});
+  testing::expect_error(
+      [&] {
+        KvCache(*backend, KvCacheLayout{1, 1 << 30, 1 << 30, 16, 4});
+      },
+      {"KV cache", "overflow"});
+}
+
 }  // namespace
 }  // namespace specrun

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
@@ -119,6 +121,54 @@ TEST_F(SafetensorsErrorTest, DuplicateTensorName) {
   expect_rejected(
       safetensors_bytes("{\"twice\":" + entry + ",\"twice\":" + entry + "}", float_bytes({1.0f})),
       {"tensor 'twice'", "appears twice"});
+}
+
+TEST_F(SafetensorsErrorTest, DeeplyNestedHeader) {
+  // 100k levels in a 200 KB header: refused while parsing, before anything walks the value.
+  const std::string deep = testing::nested_json_arrays(100'000);
+  expect_rejected(safetensors_bytes("{\"w\":" + deep + "}"), {"nests deeper than 64 levels"});
+  expect_rejected(safetensors_bytes("{\"__metadata__\":" + deep + "}"),
+                  {"nests deeper than 64 levels"});
+  // Just inside the limit it parses, and the entry is refused on its merits.
+  expect_rejected(safetensors_bytes("{\"w\":" + testing::nested_json_arrays(63) + "}"),
+                  {"tensor 'w'", "entry is not an object"});
+}
+
+TEST_F(SafetensorsErrorTest, ErrorsQuoteShortExcerpts) {
+  // A huge shape array in an error message is cut to an excerpt.
+  std::string shape = "[1";
+  for (int i = 0; i < 100'000; ++i) shape += ",1";
+  shape += ",-1]";
+  try {
+    write_file(dir_ / "model.safetensors",
+               safetensors_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":" + shape +
+                                 ",\"data_offsets\":[0,0]}}"));
+    SafetensorsFile file(dir_ / "model.safetensors");
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    EXPECT_LT(std::string(error.what()).size(), 400u) << error.what();
+  }
+  // Offsets far too long to quote in full.
+  std::string offsets = "[8";
+  for (int i = 0; i < 100'000; ++i) offsets += ",0";
+  offsets += "]";
+  try {
+    write_file(dir_ / "model.safetensors",
+               safetensors_bytes(
+                   "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":" + offsets + "}}"));
+    SafetensorsFile file(dir_ / "model.safetensors");
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    EXPECT_LT(std::string(error.what()).size(), 400u) << error.what();
+  }
+}
+
+TEST_F(SafetensorsErrorTest, MoreTensorsThanTheLimit) {
+  // Refused as the keys are read: the entries need not even be valid.
+  std::string header = "{\"__metadata__\":{}";
+  for (size_t i = 0; i <= kMaxSafetensorsTensors; ++i) header += ",\"" + std::to_string(i) + "\":0";
+  header += "}";
+  expect_rejected(safetensors_bytes(header), {"more than 1000000 tensors", "the limit"});
 }
 
 TEST_F(SafetensorsErrorTest, MetadataNotObject) {
@@ -345,6 +395,30 @@ TEST(SafetensorsTest, NoTensorsAtAll) {
   EXPECT_TRUE(file.metadata().empty());
 }
 
+TEST(SafetensorsTest, HundredThousandEmptyTensorsParseInLinearTime) {
+  // Parsing used to cost O(n^2) in the tensors (82 s for these 100k); now a fraction of a second.
+  // The bound is generous for slow and sanitized CI machines; the time is printed.
+  TempDir dir;
+  const std::filesystem::path path = dir / "many.safetensors";
+  constexpr int kTensors = 100'000;
+  std::string header = "{";
+  for (int i = 0; i < kTensors; ++i) {
+    if (i != 0) header += ",";
+    header +=
+        "\"t" + std::to_string(i) + "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}";
+  }
+  header += "}";
+  write_file(path, safetensors_bytes(header));
+  const auto start = std::chrono::steady_clock::now();
+  const SafetensorsFile file(path);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%d empty tensors: %.3f s\n", kTensors, seconds);
+  EXPECT_EQ(file.tensors().size(), static_cast<size_t>(kTensors));
+  EXPECT_NE(file.find("t99999"), nullptr);
+  EXPECT_LT(seconds, 10.0);
+}
+
 TEST(SafetensorsTest, ZeroElementTensor) {
   TempDir dir;
   const std::filesystem::path path = dir / "model.safetensors";
@@ -469,6 +543,13 @@ TEST_F(SafetensorsShardedTest, IndexNotJson) {
   write_good_checkpoint();
   const std::filesystem::path index = write_index("{\"weight_map\": {\"a\": ");
   expect_error([&] { TensorStore::open_index(index); }, {index.string(), "not valid JSON"});
+}
+
+TEST_F(SafetensorsShardedTest, IndexDeeplyNested) {
+  const std::filesystem::path index =
+      write_index("{\"weight_map\":" + testing::nested_json_arrays(100'000) + "}");
+  expect_error([&] { TensorStore::open_index(index); },
+               {index.string(), "nests deeper than 64 levels"});
 }
 
 TEST_F(SafetensorsShardedTest, IndexMissing) {

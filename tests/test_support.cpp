@@ -44,6 +44,10 @@ std::string read_file(const std::filesystem::path& path) {
   return text.str();
 }
 
+std::string nested_json_arrays(size_t depth, const std::string& inner) {
+  return std::string(depth, '[') + inner + std::string(depth, ']');
+}
+
 std::unique_ptr<kernels::cpu::CpuBackend> make_cpu_backend(int threads) {
   return std::make_unique<kernels::cpu::CpuBackend>(
       std::make_shared<kernels::cpu::ThreadPool>(threads));

@@ -37,6 +37,10 @@ class TempDir {
 void write_file(const std::filesystem::path& path, const std::string& bytes);
 std::string read_file(const std::filesystem::path& path);
 
+// `depth` nested JSON arrays around `inner` ("[[[...1...]]]"): 100k deep is a 200 KB file, the
+// input that overflows the stack of any recursive walk over the parsed value.
+std::string nested_json_arrays(size_t depth, const std::string& inner = "1");
+
 // A CPU backend over a pool of `threads` threads (0: one per core).
 std::unique_ptr<kernels::cpu::CpuBackend> make_cpu_backend(int threads = 0);
 

@@ -1,10 +1,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "kernels/cpu/thread_pool.h"
+#include "specrun/error.hpp"
 
 namespace specrun::kernels::cpu {
 namespace {
@@ -53,6 +56,37 @@ TEST(ThreadPool, CallsFromManyThreadsAreSerialisedSafely) {
   }
   for (auto& caller : callers) caller.join();
   EXPECT_EQ(total.load(), 4 * 50 * 100);
+}
+
+TEST(ThreadPool, AWorkerThatCannotStartIsOneError) {
+  // The third worker fails to start as when the process is out of threads: the two started are
+  // stopped and joined (no hang, no std::terminate on a joinable thread) and the error says so.
+  int started = 0;
+  const ThreadPool::ThreadStarter start = [&](std::function<void()> body) {
+    if (started == 2) {
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+    }
+    ++started;
+    return std::thread(std::move(body));
+  };
+  try {
+    ThreadPool pool(5, start);
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("cannot start worker thread 3 of 4"), std::string::npos) << message;
+  }
+  EXPECT_EQ(started, 2);
+  // The starter is only a seam: a pool given one that works runs as usual.
+  started = 0;
+  ThreadPool pool(3, [&](std::function<void()> body) {
+    ++started;
+    return std::thread(std::move(body));
+  });
+  std::atomic<int64_t> total{0};
+  pool.parallel_for(100, 1, [&](int64_t begin, int64_t end) { total += end - begin; });
+  EXPECT_EQ(total.load(), 100);
+  EXPECT_EQ(started, 2);
 }
 
 TEST(ThreadPool, DefaultUsesEveryCore) {

@@ -404,6 +404,87 @@ TEST(TokenizerErrors, MalformedFilesNameTheComponent) {
                         {"missing.json", "no such tokenizer file"});
 }
 
+// --- Limits on what a file can make the loader do ---
+
+TEST(TokenizerLimits, DeeplyNestedFileIsOneError) {
+  // 100k levels in 200 KB: refused while parsing, naming the file and the limit.
+  const testing::TempDir dir;
+  testing::write_file(dir / "tokenizer.json", testing::nested_json_arrays(100'000));
+  testing::expect_error([&] { Tokenizer::load(dir.path()); },
+                        {(dir / "tokenizer.json").string(), "nests deeper than 64 levels"});
+  testing::write_file(dir / "tokenizer.json",
+                      "{\"normalizer\": " + testing::nested_json_arrays(100'000) + "}");
+  testing::expect_error([&] { Tokenizer::load(dir.path()); },
+                        {(dir / "tokenizer.json").string(), "nests deeper than 64 levels"});
+  // tokenizer_config.json is read the same way.
+  testing::write_file(dir / "tokenizer.json", tiny_document().dump());
+  testing::write_file(dir / "tokenizer_config.json", testing::nested_json_arrays(100'000));
+  testing::expect_error([&] { Tokenizer::load(dir.path()); },
+                        {(dir / "tokenizer_config.json").string(), "nests deeper than 64 levels"});
+}
+
+// `depth` Sequences of `key` (normalizers, pretokenizers, decoders) around `leaf`, built in
+// memory: a document handed to from_json need not have come through the parser's depth limit.
+json nested_sequences(int depth, const char* key, json leaf) {
+  for (int i = 0; i < depth; ++i) {
+    leaf = json{{"type", "Sequence"}, {key, json::array({std::move(leaf)})}};
+  }
+  return leaf;
+}
+
+TEST(TokenizerLimits, SequenceNestingIsBounded) {
+  json document = tiny_document();
+  document["normalizer"] =
+      nested_sequences(text::kMaxSequenceDepth, "normalizers", json{{"type", "Lowercase"}});
+  EXPECT_EQ(build(document)->encode("ABC", false), (Ids{6}));
+  document["normalizer"] =
+      nested_sequences(text::kMaxSequenceDepth + 1, "normalizers", json{{"type", "Lowercase"}});
+  testing::expect_error([&] { build(document); },
+                        {"test.json", "normalizer", "nest deeper than 16 levels"});
+  // 10k deep used to take gigabytes in the paths naming each level; now one short error.
+  document["normalizer"] = nested_sequences(10'000, "normalizers", json{{"type", "Lowercase"}});
+  try {
+    build(document);
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("nest deeper than 16 levels"), std::string::npos);
+    EXPECT_LT(std::string(error.what()).size(), 1000u);
+  }
+  document = tiny_document();
+  document["pre_tokenizer"] = nested_sequences(10'000, "pretokenizers", json{{"type", "Digits"}});
+  testing::expect_error([&] { build(document); }, {"pre_tokenizer", "nest deeper than 16"});
+  document = tiny_document();
+  document["decoder"] = nested_sequences(10'000, "decoders", json{{"type", "Fuse"}});
+  testing::expect_error([&] { build(document); }, {"decoder", "nest deeper than 16"});
+}
+
+TEST(TokenizerLimits, VocabularyIdsFarBeyondTheEntriesAreRefused) {
+  // One entry with id 50M would size every id-indexed table for 50M tokens.
+  json document = tiny_document();
+  document["model"]["vocab"]["far"] = 50'000'000;
+  testing::expect_error([&] { build(document); }, {"test.json", "vocab entry 'far'", "50000000",
+                                                   "far beyond the 20 entries"});
+  // Sparse ids within the allowance are fine (vocabularies with gaps exist).
+  document["model"]["vocab"]["far"] = 1'000'000;
+  const auto tokenizer = build(document);
+  EXPECT_EQ(tokenizer->token_to_id("far"), 1'000'000);
+  EXPECT_EQ(tokenizer->id_to_token(1'000'000), "far");
+}
+
+TEST(TokenizerLimits, RegexMatchLimitNamesTheComponent) {
+  // A pattern that backtracks exponentially on a long run of a's without a b.
+  json document = tiny_document();
+  document["pre_tokenizer"] = {{"type", "Split"},
+                               {"pattern", {{"Regex", "(a|a)+b"}}},
+                               {"behavior", "Isolated"},
+                               {"invert", false}};
+  const auto tokenizer = build(document);
+  EXPECT_EQ(tokenizer->encode("aab", false), (Ids{1, 4}));
+  testing::expect_error([&] { tokenizer->encode(std::string(40, 'a') + "c b", false); },
+                        {"test.json", "pre_tokenizer (Split).pattern", "(a|a)+b",
+                         "the input exceeded the regex's match limit"});
+}
+
 TEST(TokenizerLoad, DirectoryAndTokenizerConfig) {
   const testing::TempDir dir;
   testing::write_file(dir / "tokenizer.json", sentencepiece_document().dump());

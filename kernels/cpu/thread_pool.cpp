@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <string>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
+
+#include "specrun/error.hpp"
 
 namespace specrun::kernels::cpu {
 namespace {
@@ -40,23 +44,38 @@ bool spin_until(const Predicate& done) {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads, const ThreadStarter& start_thread) {
   if (num_threads <= 0) {
     num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
   workers_.reserve(static_cast<size_t>(num_threads - 1));
   for (int i = 0; i < num_threads - 1; ++i) {
-    workers_.emplace_back([this, i] { worker_loop(i + 1); });
+    std::function<void()> loop = [this, i] { worker_loop(i + 1); };
+    try {
+      workers_.push_back(start_thread ? start_thread(std::move(loop))
+                                      : std::thread(std::move(loop)));
+    } catch (const std::exception& error) {
+      // The destructor does not run for a constructor that throws, and a joinable std::thread
+      // left in workers_ would terminate the process: the started workers are stopped here.
+      stop_workers();
+      throw Error("CPU thread pool: cannot start worker thread " + std::to_string(i + 1) + " of " +
+                  std::to_string(num_threads - 1) + ": " + error.what());
+    }
   }
 }
 
 ThreadPool::~ThreadPool() {
+  stop_workers();
+}
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_.store(true);
   }
   work_ready_.notify_all();
   for (auto& worker : workers_) worker.join();
+  workers_.clear();
 }
 
 bool ThreadPool::is_running_a_chunk() const {

@@ -18,8 +18,14 @@ namespace specrun::kernels::cpu {
 
 class ThreadPool {
  public:
-  // `num_threads` counts the calling thread, which always takes part; 0 means one per core.
-  explicit ThreadPool(int num_threads = 0);
+  // Starts a thread running its argument; the pool's default is std::thread's constructor. Tests
+  // pass one that fails, to see the pool refuse cleanly.
+  using ThreadStarter = std::function<std::thread(std::function<void()>)>;
+
+  // `num_threads` counts the calling thread, which always takes part; 0 means one per core. A
+  // worker that cannot be started (the process is out of threads) is one specrun::Error, after
+  // the workers already started have been stopped and joined.
+  explicit ThreadPool(int num_threads = 0, const ThreadStarter& start_thread = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -37,6 +43,8 @@ class ThreadPool {
 
  private:
   void worker_loop(int worker_index);
+  // Stops and joins every worker (the destructor, and a constructor that fails part way).
+  void stop_workers();
   void run_chunk(int chunk_index);
   // True on a worker, or on the thread whose parallel_for is running: a nested call runs inline.
   bool is_running_a_chunk() const;

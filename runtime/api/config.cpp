@@ -52,13 +52,18 @@ class TableReader {
     if (!node->is_number()) fail(*node, key, "must be a number");
     const double value = node->is_integer() ? static_cast<double>(node->as_integer()->get())
                                             : node->as_floating_point()->get();
-    const bool too_small = exclusive_minimum ? !(value > minimum) : !(value >= minimum);
-    if (too_small || !(value <= maximum)) {
+    // The range is checked on the float the field stores: 1e-50 is above 0 as a double but
+    // rounds to 0 as a float, which must fail here, with the file and line, not later.
+    const auto stored = static_cast<float>(value);
+    const double checked = static_cast<double>(stored);
+    const bool too_small = exclusive_minimum ? !(checked > minimum) : !(checked >= minimum);
+    if (too_small || !(checked <= maximum)) {
       std::ostringstream text;
       text << "must be " << range << ", got " << value;
+      if (checked != value) text << " (" << stored << " as a 32-bit float)";
       fail(*node, key, text.str());
     }
-    *field = static_cast<float>(value);
+    *field = stored;
   }
 
   // One of the names `parse` knows (settings.h), into an enum field.

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/base/check.h"
+#include "runtime/base/json.h"
 #include "runtime/model/checkpoint.h"
 
 namespace specrun {
@@ -40,12 +41,14 @@ void compare_tokenizers(const std::filesystem::path& target_path,
     for (const auto& [token, id] : target_vocab.items()) {
       const auto other = draft_vocab.find(token);
       if (other == draft_vocab.end()) {
-        throw Error("draft and target tokenizers differ: token " + json(token).dump() + " (id " +
-                    id.dump() + " in the target) is missing from the draft" + where);
+        throw Error("draft and target tokenizers differ: token " + json_excerpt(json(token)) +
+                    " (id " + json_excerpt(id) + " in the target) is missing from the draft" +
+                    where);
       }
       if (*other != id) {
-        throw Error("draft and target tokenizers differ: token " + json(token).dump() + " is id " +
-                    id.dump() + " in the target and " + other->dump() + " in the draft" + where);
+        throw Error("draft and target tokenizers differ: token " + json_excerpt(json(token)) +
+                    " is id " + json_excerpt(id) + " in the target and " + json_excerpt(*other) +
+                    " in the draft" + where);
       }
     }
     throw Error("draft and target tokenizers differ: the draft's vocabulary has " +
@@ -68,10 +71,10 @@ void compare_tokenizers(const std::filesystem::path& target_path,
       const auto other = draft_added.find(id);
       if (other == draft_added.end() || other->second != token) {
         throw Error("draft and target tokenizers differ: added token " + std::to_string(id) + " " +
-                    json(token.first).dump() +
+                    json_excerpt(json(token.first)) +
                     (other == draft_added.end()
                          ? " is missing from the draft"
-                         : " is " + json(other->second.first).dump() + " in the draft") +
+                         : " is " + json_excerpt(json(other->second.first)) + " in the draft") +
                     where);
       }
     }

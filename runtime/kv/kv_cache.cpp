@@ -1,7 +1,10 @@
 #include "runtime/kv/kv_cache.h"
 
 #include <limits>
+#include <optional>
 #include <string>
+
+#include "runtime/model/tensor_checks.h"
 
 namespace specrun {
 
@@ -15,8 +18,17 @@ KvCache::KvCache(kernels::Backend& backend, const KvCacheLayout& layout)
   if (slots > std::numeric_limits<int32_t>::max()) {
     throw Error("KV cache: " + std::to_string(slots) + " slots exceed the 32-bit slot index");
   }
-  const size_t bytes = static_cast<size_t>(layout.num_layers) * 2 * static_cast<size_t>(slots) *
-                       static_cast<size_t>(layout.num_kv_heads * layout.head_dim) * sizeof(float);
+  // The layout comes from a checkpoint's config and the caller's options: checked, not trusted.
+  const uint64_t extents[] = {
+      static_cast<uint64_t>(layout.num_layers), 2, static_cast<uint64_t>(slots),
+      static_cast<uint64_t>(layout.num_kv_heads), static_cast<uint64_t>(layout.head_dim)};
+  const std::optional<uint64_t> checked = checked_byte_count(extents, sizeof(float));
+  if (!checked) {
+    throw Error("KV cache: " + std::to_string(layout.num_layers) + " layers of " +
+                std::to_string(slots) + " slots of " + std::to_string(layout.num_kv_heads) +
+                " heads of " + std::to_string(layout.head_dim) + " floats overflow a byte count");
+  }
+  const auto bytes = static_cast<size_t>(*checked);
   storage_ = static_cast<float*>(backend_.allocate(bytes));
   if (storage_ == nullptr) {
     throw Error("KV cache: cannot allocate " + std::to_string(bytes >> 20) + " MiB on " +

@@ -4,7 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/base/allocation.h"
 #include "runtime/base/check.h"
+#include "runtime/base/json.h"
 #include "runtime/base/mapped_file.h"
 #include "runtime/model/gguf.h"
 #include "runtime/text/tokenizer.h"
@@ -87,7 +89,9 @@ CheckpointPaths resolve_checkpoint(const std::filesystem::path& path) {
   return paths;
 }
 
-Checkpoint open_checkpoint(const std::filesystem::path& path) {
+namespace {
+
+Checkpoint open_checkpoint_unguarded(const std::filesystem::path& path) {
   CheckpointPaths paths = resolve_checkpoint(path);
   if (paths.format == CheckpointFormat::kGguf) {
     TensorStore tensors = TensorStore::open_gguf(paths.weights);
@@ -101,19 +105,23 @@ Checkpoint open_checkpoint(const std::filesystem::path& path) {
   return Checkpoint{std::move(paths), std::move(config), std::move(tensors)};
 }
 
+}  // namespace
+
+Checkpoint open_checkpoint(const std::filesystem::path& path) {
+  return naming_allocation_failure(path, [&] { return open_checkpoint_unguarded(path); });
+}
+
 nlohmann::json read_tokenizer_document(const std::filesystem::path& tokenizer) {
-  if (ends_with(tokenizer.filename().string(), ".gguf")) {
-    const GgufFile file(tokenizer);
-    std::optional<nlohmann::json> document = gguf_tokenizer_json(file);
-    if (!document) throw Error(tokenizer.string() + ": no tokenizer (no tokenizer.ggml.model)");
-    return std::move(*document);
-  }
-  const MappedFile file(tokenizer);
-  try {
-    return nlohmann::json::parse(file.text());
-  } catch (const nlohmann::json::exception& error) {
-    throw Error(tokenizer.string() + ": not valid JSON: " + error.what());
-  }
+  return naming_allocation_failure(tokenizer, [&] {
+    if (ends_with(tokenizer.filename().string(), ".gguf")) {
+      const GgufFile file(tokenizer);
+      std::optional<nlohmann::json> document = gguf_tokenizer_json(file);
+      if (!document) throw Error(tokenizer.string() + ": no tokenizer (no tokenizer.ggml.model)");
+      return std::move(*document);
+    }
+    const MappedFile file(tokenizer);
+    return parse_json(file.text(), tokenizer.string());
+  });
 }
 
 std::unique_ptr<text::Tokenizer> load_tokenizer(const CheckpointPaths& paths) {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/base/check.h"
+#include "runtime/base/json.h"
 #include "runtime/base/mapped_file.h"
 
 namespace specrun {
@@ -39,11 +40,23 @@ class KeyReader {
     return value == nullptr ? fallback : positive_int(key, *value);
   }
 
+  // A model dimension (a width, a count of heads or layers). No real model has one near 2^31, and
+  // bounding each keeps every product of two (heads * head_dim, vocab * hidden) far inside int64,
+  // so the shapes derived from them are exact when the tensors are checked against them.
+  int64_t dimension(const std::string& key) const {
+    const int64_t value = positive_int(key);
+    if (value > kMaxModelDimension) {
+      fail(key, "is " + std::to_string(value) + ", beyond the limit of " +
+                    std::to_string(kMaxModelDimension));
+    }
+    return value;
+  }
+
   double positive_number(const std::string& key, double fallback) const {
     const json* value = find(key);
     if (value == nullptr) return fallback;
     if (!value->is_number() || !(value->get<double>() > 0.0)) {
-      fail(key, "must be a positive number, got " + value->dump());
+      fail(key, "must be a positive number, got " + json_excerpt(*value));
     }
     return value->get<double>();
   }
@@ -51,7 +64,7 @@ class KeyReader {
   bool boolean(const std::string& key, bool fallback) const {
     const json* value = find(key);
     if (value == nullptr) return fallback;
-    if (!value->is_boolean()) fail(key, "must be true or false, got " + value->dump());
+    if (!value->is_boolean()) fail(key, "must be true or false, got " + json_excerpt(*value));
     return value->get<bool>();
   }
 
@@ -62,7 +75,7 @@ class KeyReader {
     if (value == nullptr) return ids;
     auto add = [&](const json& id) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-        fail(key, "must be a token id or a list of token ids, got " + value->dump());
+        fail(key, "must be a token id or a list of token ids, got " + json_excerpt(*value));
       }
       ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
     };
@@ -77,7 +90,7 @@ class KeyReader {
  private:
   int64_t positive_int(const std::string& key, const json& value) const {
     if (!value.is_number_integer() || value.get<int64_t>() <= 0) {
-      fail(key, "must be a positive integer, got " + value.dump());
+      fail(key, "must be a positive integer, got " + json_excerpt(value));
     }
     return value.get<int64_t>();
   }
@@ -165,19 +178,21 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
   config.architecture = parse_architecture(document, source, &config.architecture_name);
   const KeyReader keys(document, source);
 
-  config.vocab_size = keys.positive_int("vocab_size");
-  config.hidden_size = keys.positive_int("hidden_size");
-  config.intermediate_size = keys.positive_int("intermediate_size");
-  config.num_layers = keys.positive_int("num_hidden_layers");
-  config.num_heads = keys.positive_int("num_attention_heads");
-  config.num_kv_heads = keys.positive_int("num_key_value_heads", config.num_heads);
+  config.vocab_size = keys.dimension("vocab_size");
+  config.hidden_size = keys.dimension("hidden_size");
+  config.intermediate_size = keys.dimension("intermediate_size");
+  config.num_layers = keys.dimension("num_hidden_layers");
+  config.num_heads = keys.dimension("num_attention_heads");
+  config.num_kv_heads = keys.find("num_key_value_heads") != nullptr
+                            ? keys.dimension("num_key_value_heads")
+                            : config.num_heads;
   if (config.num_heads % config.num_kv_heads != 0) {
     keys.fail("num_key_value_heads", "(" + std::to_string(config.num_kv_heads) +
                                          ") must divide num_attention_heads (" +
                                          std::to_string(config.num_heads) + ")");
   }
   if (keys.find("head_dim") != nullptr) {
-    config.head_dim = keys.positive_int("head_dim");
+    config.head_dim = keys.dimension("head_dim");
   } else {
     if (config.hidden_size % config.num_heads != 0) {
       keys.fail("hidden_size", "is not a multiple of num_attention_heads and no head_dim is given");
@@ -207,7 +222,7 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
 
   if (const json* activation = keys.find("hidden_act")) {
     if (!activation->is_string() || activation->get<std::string>() != "silu") {
-      keys.fail("hidden_act", "must be \"silu\", got " + activation->dump());
+      keys.fail("hidden_act", "must be \"silu\", got " + json_excerpt(*activation));
     }
   }
 
@@ -247,12 +262,7 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
 
 ModelConfig load_model_config(const std::filesystem::path& path) {
   const MappedFile file(path);
-  json document;
-  try {
-    document = json::parse(file.text());
-  } catch (const json::exception& error) {
-    throw Error(path.string() + ": not valid JSON: " + error.what());
-  }
+  const json document = parse_json(file.text(), path.string());
   return parse_model_config(document, path.string());
 }
 

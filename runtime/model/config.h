@@ -32,6 +32,11 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;  // llama3: the pre-extension context
 };
 
+// The largest model dimension config.json may give (vocab_size, hidden_size, intermediate_size,
+// num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim), as GGUF's loader bounds
+// its own.
+inline constexpr int64_t kMaxModelDimension = INT32_MAX;
+
 struct ModelConfig {
   Architecture architecture = Architecture::kLlama;  // which family's rules apply
   std::string architecture_name;  // as written in config.json, e.g. "LlamaForCausalLM"

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
-#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "runtime/base/check.h"
+#include "runtime/base/json.h"
 #include "runtime/model/tensor_checks.h"
 
 namespace specrun {
@@ -35,25 +35,19 @@ uint64_t read_le64(const std::byte* bytes) {
   return value;
 }
 
-// Parses the header JSON, rejecting duplicate tensor names (a JSON parser would silently keep one).
+// Parses the header JSON, rejecting duplicate tensor names (a JSON parser would silently keep one)
+// and more tensors than the limit as their keys are read.
 json parse_header(const std::filesystem::path& path, const char* text, size_t length) {
-  std::set<std::string> seen;
-  std::string duplicate;
-  const json::parser_callback_t note_duplicates = [&](int depth, json::parse_event_t event,
-                                                      json& parsed) {
-    if (event == json::parse_event_t::key && depth == 1 && duplicate.empty()) {
-      std::string key = parsed.get<std::string>();
-      if (!seen.insert(key).second) duplicate = std::move(key);
-    }
-    return true;
-  };
-  json header;
-  try {
-    header = json::parse(text, text + length, note_duplicates);
-  } catch (const json::exception& error) {
-    fail(path, std::string("header is not valid JSON: ") + error.what());
-  }
-  if (!duplicate.empty()) fail_tensor(path, duplicate, "appears twice in the header");
+  size_t tensors = 0;
+  const json header =
+      parse_json(std::string_view(text, length), path.string() + ": header",
+                 [&](const std::string& key, const json& object) {
+                   if (object.contains(key)) fail_tensor(path, key, "appears twice in the header");
+                   if (key != "__metadata__" && ++tensors > kMaxSafetensorsTensors) {
+                     fail(path, "header lists more than " + std::to_string(kMaxSafetensorsTensors) +
+                                    " tensors, the limit");
+                   }
+                 });
   if (!header.is_object()) fail(path, "header is not a JSON object");
   return header;
 }
@@ -95,14 +89,15 @@ TensorInfo parse_entry(const std::filesystem::path& path, const std::string& nam
   std::vector<uint64_t> extents;
   for (const json& dimension : *shape_field) {
     if (!dimension.is_number_unsigned()) {
-      fail_tensor(path, name,
-                  "shape has an entry that is not a non-negative integer: " + dimension.dump());
+      fail_tensor(
+          path, name,
+          "shape has an entry that is not a non-negative integer: " + json_excerpt(dimension));
     }
     extents.push_back(dimension.get<uint64_t>());
     info.shape.push_back(static_cast<int64_t>(extents.back()));
   }
   const std::optional<uint64_t> byte_count = checked_byte_count(extents, dtype_size(*dtype));
-  if (!byte_count) fail_tensor(path, name, "shape " + shape_field->dump() + " overflows");
+  if (!byte_count) fail_tensor(path, name, "shape " + json_excerpt(*shape_field) + " overflows");
   const uint64_t expected_bytes = *byte_count;
 
   const auto offsets_field = entry.find("data_offsets");
@@ -113,11 +108,12 @@ TensorInfo parse_entry(const std::filesystem::path& path, const std::string& nam
   info.begin = (*offsets_field)[0].get<uint64_t>();
   info.end = (*offsets_field)[1].get<uint64_t>();
   if (info.begin > info.end) {
-    fail_tensor(path, name, "data_offsets " + offsets_field->dump() + " end before they begin");
+    fail_tensor(path, name,
+                "data_offsets " + json_excerpt(*offsets_field) + " end before they begin");
   }
   if (info.end > data_size) {
     fail_tensor(path, name,
-                "data_offsets " + offsets_field->dump() + " run past the data section (" +
+                "data_offsets " + json_excerpt(*offsets_field) + " run past the data section (" +
                     std::to_string(data_size) + " bytes)");
   }
   if (info.end - info.begin != expected_bytes) {
@@ -218,11 +214,7 @@ TensorStore TensorStore::open_index(const std::filesystem::path& index_path) {
   json index;
   {
     const MappedFile file(index_path);
-    try {
-      index = json::parse(file.text());
-    } catch (const json::exception& error) {
-      fail(index_path, std::string("not valid JSON: ") + error.what());
-    }
+    index = parse_json(file.text(), index_path.string());
   }
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
     fail(index_path, "no 'weight_map' object");

@@ -28,6 +28,11 @@ class GgufFile;
 // as a corrupt or hostile file rather than allocated.
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
+// The most tensors one safetensors file may list. The largest published checkpoints hold a few
+// thousand tensors per file; a million is far beyond them and still bounds what a hostile header
+// can make the loader allocate per entry.
+inline constexpr size_t kMaxSafetensorsTensors = 1'000'000;
+
 struct TensorInfo {
   std::string name;            // "model.layers.0.self_attn.q_proj.weight"
   DType dtype;                 // stored dtype

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/base/check.h"
+#include "runtime/base/json.h"
 #include "runtime/text/unicode.h"
 
 namespace specrun::text {
@@ -175,11 +176,23 @@ std::unique_ptr<Bpe> Bpe::from_json(const json& model, const std::string& source
     fail(source, "'vocab' is missing or not an object of token -> id");
   }
   bpe->vocab_.reserve(vocab->size());
+  // The tables below are indexed by id, so they cost memory in proportion to the largest id, not
+  // to the entries. Ids may leave gaps (a vocabulary padded or pruned), but a hostile file could
+  // name id 2^31 with one entry; the bound ties the tables to the file's real content: every
+  // entry takes at least six bytes of JSON and a table slot about forty, so 16 slots per entry,
+  // plus a fixed allowance of 2^20 slots (about 40 MB) for small files with sparse ids.
+  const int64_t id_bound = 16 * static_cast<int64_t>(vocab->size()) + (int64_t{1} << 20);
   int64_t max_id = -1;
   for (const auto& [token, id] : vocab->items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
         id.get<int64_t>() >= std::numeric_limits<int32_t>::max()) {
       fail(source, "vocab entry '" + token + "' has no valid id");
+    }
+    if (id.get<int64_t>() >= id_bound) {
+      fail(source, "vocab entry '" + excerpt(token) + "' has id " +
+                       std::to_string(id.get<int64_t>()) + ", far beyond the " +
+                       std::to_string(vocab->size()) + " entries (ids must stay below " +
+                       std::to_string(id_bound) + ")");
     }
     if (!is_valid_utf8(token)) fail(source, "vocab entry is not valid UTF-8");
     max_id = std::max<int64_t>(max_id, id.get<int64_t>());

@@ -847,6 +847,13 @@ void JsonContext::fail(const std::string& what) const {
   throw Error(source + ": " + path + ": " + what);
 }
 
+JsonContext JsonContext::step(const std::string& child) const {
+  if (depth >= kMaxSequenceDepth) {
+    fail("Sequences nest deeper than " + std::to_string(kMaxSequenceDepth) + " levels, the limit");
+  }
+  return {source, path + child, depth + 1};
+}
+
 char32_t byte_level_char(uint8_t byte) {
   return byte_level_tables().char_of_byte[byte];
 }
@@ -859,7 +866,7 @@ std::unique_ptr<Normalizer> parse_normalizer(const json& object, const JsonConte
     const json& list = get_list(object, "normalizers", at);
     std::vector<std::unique_ptr<Normalizer>> steps;
     for (size_t i = 0; i < list.size(); ++i) {
-      auto step = parse_normalizer(list[i], where.at(".normalizers[" + std::to_string(i) + "]"));
+      auto step = parse_normalizer(list[i], where.step(".normalizers[" + std::to_string(i) + "]"));
       if (step) steps.push_back(std::move(step));
     }
     return std::make_unique<SequenceNormalizer>(std::move(steps));
@@ -894,7 +901,7 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& object, const Json
     std::vector<std::unique_ptr<PreTokenizer>> steps;
     for (size_t i = 0; i < list.size(); ++i) {
       auto step =
-          parse_pre_tokenizer(list[i], where.at(".pretokenizers[" + std::to_string(i) + "]"));
+          parse_pre_tokenizer(list[i], where.step(".pretokenizers[" + std::to_string(i) + "]"));
       if (step) steps.push_back(std::move(step));
     }
     return std::make_unique<SequencePreTokenizer>(std::move(steps));
@@ -945,7 +952,7 @@ std::unique_ptr<Decoder> parse_decoder(const json& object, const JsonContext& wh
     const json& list = get_list(object, "decoders", at);
     std::vector<std::unique_ptr<Decoder>> steps;
     for (size_t i = 0; i < list.size(); ++i) {
-      auto step = parse_decoder(list[i], where.at(".decoders[" + std::to_string(i) + "]"));
+      auto step = parse_decoder(list[i], where.step(".decoders[" + std::to_string(i) + "]"));
       if (step) steps.push_back(std::move(step));
     }
     return std::make_unique<SequenceDecoder>(std::move(steps));
@@ -973,7 +980,8 @@ std::unique_ptr<PostProcessor> parse_post_processor(const json& object, const Js
     const json& list = get_list(object, "processors", at);
     std::vector<std::unique_ptr<PostProcessor>> steps;
     for (size_t i = 0; i < list.size(); ++i) {
-      auto step = parse_post_processor(list[i], where.at(".processors[" + std::to_string(i) + "]"));
+      auto step =
+          parse_post_processor(list[i], where.step(".processors[" + std::to_string(i) + "]"));
       if (step) steps.push_back(std::move(step));
     }
     return std::make_unique<SequenceProcessor>(std::move(steps));

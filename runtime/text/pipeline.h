@@ -35,11 +35,19 @@ class FunctionRef<R(Args...)> {
   R (*call_)(void*, Args...);
 };
 
+// The deepest a Sequence (of normalizers, pre-tokenizers, decoders or processors) may nest in
+// another. Published tokenizers nest one or two; the bound keeps the component tree and the
+// paths that name its parts (which grow with depth) small whatever the file says.
+inline constexpr int kMaxSequenceDepth = 16;
+
 // Where a component sits in tokenizer.json, for error messages: "<file>: <path>".
 struct JsonContext {
   std::string source;  // the file
   std::string path;    // e.g. "pre_tokenizer.pretokenizers[0]"
-  JsonContext at(const std::string& child) const { return {source, path + child}; }
+  int depth = 0;       // how many Sequences enclose the component
+  JsonContext at(const std::string& child) const { return {source, path + child, depth}; }
+  // A step of a Sequence: one level deeper, refused past kMaxSequenceDepth.
+  JsonContext step(const std::string& child) const;
   [[noreturn]] void fail(const std::string& what) const;
 };
 

@@ -4,6 +4,7 @@
 #include <pcre2.h>
 
 #include "runtime/base/check.h"
+#include "runtime/base/json.h"
 #include "runtime/text/unicode.h"
 
 namespace specrun::text {
@@ -118,9 +119,13 @@ std::string translate_pattern(std::string_view p) {
 struct Regex::Impl {
   pcre2_code* code = nullptr;
   bool jit = false;
+  std::string component;  // names the regex in errors: "<file>: <JSON path>"
+  std::string pattern;    // as written, for errors
 };
 
 Regex::Regex(std::string_view pattern, const std::string& component) : impl_(new Impl) {
+  impl_->component = component;
+  impl_->pattern = excerpt(pattern);
   const std::string translated = translate_pattern(pattern);
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
@@ -140,6 +145,20 @@ Regex::~Regex() {
   pcre2_code_free(impl_->code);
 }
 
+void Regex::fail_match(int code, size_t subject_bytes) const {
+  // A pattern that backtracks catastrophically on some input hits PCRE2's limits rather than
+  // running for hours: that is the input's doing, so it is reported, not checked.
+  const std::string where = impl_->component + ": regex '" + impl_->pattern + "' on an input of " +
+                            std::to_string(subject_bytes) + " bytes: ";
+  if (code == PCRE2_ERROR_MATCHLIMIT || code == PCRE2_ERROR_DEPTHLIMIT ||
+      code == PCRE2_ERROR_HEAPLIMIT || code == PCRE2_ERROR_JIT_STACKLIMIT) {
+    throw Error(where + "the input exceeded the regex's match limit");
+  }
+  PCRE2_UCHAR message[256];
+  pcre2_get_error_message(code, message, sizeof(message));
+  throw Error(where + "matching failed: " + reinterpret_cast<const char*>(message));
+}
+
 void Regex::find_all(std::string_view subject,
                      std::vector<std::pair<size_t, size_t>>& matches) const {
   MatchState& state = match_state();
@@ -156,7 +175,7 @@ void Regex::find_all(std::string_view subject,
                        PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, state.data, state.context);
     }
     if (rc == PCRE2_ERROR_NOMATCH) return;
-    SPECRUN_CHECK(rc >= 0) << "PCRE2 match failed with code " << rc;
+    if (rc < 0) fail_match(rc, subject.size());
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
     const size_t begin = ovector[0];
     const size_t end = ovector[1];

@@ -36,6 +36,9 @@ class Regex {
   void find_all(std::string_view subject, std::vector<std::pair<size_t, size_t>>& matches) const;
 
  private:
+  // Throws Error naming the component for a failed match (PCRE2's error `code`).
+  [[noreturn]] void fail_match(int code, size_t subject_bytes) const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -7,7 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/base/allocation.h"
 #include "runtime/base/check.h"
+#include "runtime/base/json.h"
 #include "runtime/text/bpe.h"
 #include "runtime/text/pipeline.h"
 #include "runtime/text/unicode.h"
@@ -62,11 +64,7 @@ json read_json(const std::filesystem::path& path) {
   if (!file) throw Error(path.string() + ": cannot be opened");
   std::ostringstream contents;
   contents << file.rdbuf();
-  try {
-    return json::parse(contents.str());
-  } catch (const json::exception& error) {
-    throw Error(path.string() + ": not valid JSON: " + error.what());
-  }
+  return parse_json(contents.str(), path.string());
 }
 
 }  // namespace
@@ -184,7 +182,8 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   if (!std::filesystem::is_regular_file(file, error)) {
     throw Error(file.string() + ": no such tokenizer file");
   }
-  auto tokenizer = from_json(read_json(file), file.string());
+  auto tokenizer =
+      naming_allocation_failure(file, [&] { return from_json(read_json(file), file.string()); });
   const std::filesystem::path config_path = file.parent_path() / "tokenizer_config.json";
   if (std::filesystem::is_regular_file(config_path, error)) {
     const json config = read_json(config_path);
