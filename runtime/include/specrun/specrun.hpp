@@ -35,8 +35,8 @@ const char* to_string(SpeculationMethod method);  // "draft", "prompt_lookup", "
 // How the number of drafts per step (gamma) adapts. Under each, `gamma` is the depth of a
 // request's first drafting step.
 enum class GammaControl {
-  kGoodput,  // from measured acceptance and step costs, for the whole batch; may decode plainly
-             // (and calibrate its cost model) before the first drafting step
+  kGoodput,    // from measured acceptance and step costs, for the whole batch; may decode plainly
+               // (and calibrate its cost model) before the first drafting step
   kHeuristic,  // +2 after a step that accepted every draft, -1 otherwise
   kFixed,      // always `gamma`
 };
