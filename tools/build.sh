@@ -7,7 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${SPECRUN_BUILD_DIR:-build}
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+# ccache, where installed, lets several build directories of one tree share object files.
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" \
   -DSPECRUN_CUDA="${SPECRUN_CUDA:-AUTO}" -DSPECRUN_SANITIZE="${SPECRUN_SANITIZE:-}" \
   -DSPECRUN_WERROR=ON >/dev/null
 # shellcheck disable=SC2086
