@@ -614,6 +614,35 @@ TEST_F(PairingTest, TokenizersMustAgree) {
                         {"only the target has a tokenizer.json"});
 }
 
+// Mistyped fields are one error naming the file and the field, never a raw JSON type error.
+TEST_F(PairingTest, MistypedTokenizerFieldsNameTheFile) {
+  const std::string vocab = R"({"a": 0, "b": 1})";
+  auto target = load(small_model(1), "t", tokenizer(vocab));
+  const std::pair<std::string, std::vector<std::string>> cases[] = {
+      {R"({"model": {"type": 7, "vocab": {}}})", {"\"type\" must be a string", "7"}},
+      {R"({"model": []})", {"\"model\" must be an object"}},
+      {R"({"model": {"type": "BPE", "vocab": 5}})", {"\"vocab\" must be an object or array"}},
+      {R"({"added_tokens": {}, "model": {"type": "BPE", "vocab": {}}})",
+       {"\"added_tokens\" must be an array"}},
+      {R"({"added_tokens": [3], "model": {"type": "BPE", "vocab": {}}})",
+       {"added_tokens[0] must be an object"}},
+      {R"({"added_tokens": [{"id": "3"}], "model": {"type": "BPE", "vocab": {}}})",
+       {"added_tokens[0].\"id\" must be an integer"}},
+      {R"({"added_tokens": [{"id": 3, "special": 1}], "model": {"type": "BPE", "vocab": {}}})",
+       {"added_tokens[0].\"special\" must be a boolean"}},
+      {R"([1, 2])", {"not a JSON object"}},
+  };
+  int index = 0;
+  for (const auto& [document, expected] : cases) {
+    const std::string name = "bad" + std::to_string(index++);
+    auto draft = load(small_model(2), name, document);
+    std::vector<std::string> fragments = expected;
+    fragments.push_back((dir_ / name / "tokenizer.json").string());
+    SCOPED_TRACE(document);
+    testing::expect_error([&] { check_pairing(*target, *draft); }, fragments);
+  }
+}
+
 TEST(PromptLookupProposer, ProposesWhatFollowedTheLatestMatch) {
   PromptLookupProposer lookup(1, 3);
   // "5 6 7" occurs earlier followed by 8 9; the suffix "6 7" matches there.

@@ -197,6 +197,10 @@ SpeculationSettings speculation(SpeculationMethod method, GammaControl controlle
 }
 
 void expect_error(const std::function<void()>& body, std::initializer_list<std::string> fragments) {
+  expect_error(body, std::vector<std::string>(fragments));
+}
+
+void expect_error(const std::function<void()>& body, const std::vector<std::string>& fragments) {
   try {
     body();
   } catch (const Error& error) {

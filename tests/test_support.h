@@ -105,6 +105,7 @@ SpeculationSettings speculation(SpeculationMethod method, GammaControl controlle
 
 // Asserts that `body` throws specrun::Error with a one-line message holding every fragment.
 void expect_error(const std::function<void()>& body, std::initializer_list<std::string> fragments);
+void expect_error(const std::function<void()>& body, const std::vector<std::string>& fragments);
 
 // `count` floats uniform in [-scale, scale), the same for the same seed.
 std::vector<float> random_floats(size_t count, uint64_t seed, float scale = 1.0f);
