@@ -22,6 +22,7 @@
 #include "runtime/base/check.h"
 #include "runtime/model/model.h"
 #include "runtime/model/weights.h"
+#include "runtime/text/tokenizer.h"
 #include "tests/test_support.h"
 #include "tools/fixtures/checkpoint_generator.h"
 
@@ -211,7 +212,7 @@ TEST(CheckpointResolveTest, ConfigIsADirectory) {
   fs::remove(checkpoint / "config.json");
   fs::create_directory(checkpoint / "config.json");
   expect_error([&] { resolve_checkpoint(checkpoint); },
-               {(checkpoint / "config.json").string(), "missing"});
+               {(checkpoint / "config.json").string(), "not a regular file"});
 }
 
 TEST(CheckpointResolveTest, WrongExtension) {
@@ -250,6 +251,32 @@ TEST(CheckpointResolveTest, IndexNotARegularFile) {
   fs::remove(index);
   ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
   expect_error([&] { open_checkpoint(checkpoint); }, {index.string(), "not a regular file"});
+}
+
+// A tokenizer.json that is there but is not a file is an error naming it, never
+// a checkpoint without a tokenizer (and never a blocked open).
+TEST(CheckpointResolveTest, TokenizerOrConfigNotARegularFile) {
+  TempDir dir;
+  const fs::path checkpoint = make_checkpoint(dir);
+  const fs::path tokenizer = checkpoint / "tokenizer.json";
+  ASSERT_EQ(::mkfifo(tokenizer.c_str(), 0600), 0);
+  expect_error([&] { resolve_checkpoint(checkpoint); }, {tokenizer.string(), "not a regular file"});
+  expect_error([&] { text::Tokenizer::load(checkpoint); },
+               {tokenizer.string(), "not a regular file"});
+  fs::remove(tokenizer);
+  fs::create_directory(tokenizer);
+  expect_error([&] { resolve_checkpoint(checkpoint); }, {tokenizer.string(), "not a regular file"});
+  fs::remove(tokenizer);
+  EXPECT_FALSE(resolve_checkpoint(checkpoint).tokenizer.has_value());
+}
+
+TEST(CheckpointResolveTest, TokenizerConfigNotARegularFile) {
+  TempDir dir;
+  testing::write_file(dir.path() / "tokenizer.json",
+                      R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
+  fs::create_directory(dir.path() / "tokenizer_config.json");
+  expect_error([&] { text::Tokenizer::load(dir.path()); },
+               {(dir.path() / "tokenizer_config.json").string(), "not a regular file"});
 }
 
 // --- Opening: the config and every header, before any binding ---

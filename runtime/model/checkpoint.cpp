@@ -78,13 +78,22 @@ CheckpointPaths resolve_checkpoint(const std::filesystem::path& path) {
     throw Error(path.string() + ": no such file or directory");
   }
   paths.config = paths.directory / "config.json";
-  if (!fs::is_regular_file(paths.config, error)) {
+  if (!fs::exists(paths.config, error)) {
     throw Error(paths.config.string() +
                 ": missing (a checkpoint needs its config.json beside the "
                 "weights)");
   }
-  if (fs::is_regular_file(paths.directory / "tokenizer.json", error)) {
-    paths.tokenizer = paths.directory / "tokenizer.json";
+  if (!fs::is_regular_file(paths.config, error)) {
+    throw Error(paths.config.string() + ": not a regular file");
+  }
+  // A tokenizer.json that exists but cannot be read as a file (a directory, a FIFO, a device) is
+  // an error, not a checkpoint without a tokenizer: the user meant it to be there.
+  const fs::path tokenizer = paths.directory / "tokenizer.json";
+  if (fs::exists(tokenizer, error)) {
+    if (!fs::is_regular_file(tokenizer, error)) {
+      throw Error(tokenizer.string() + ": not a regular file");
+    }
+    paths.tokenizer = tokenizer;
   }
   return paths;
 }

@@ -179,13 +179,19 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
   std::filesystem::path file = path;
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) file = path / "tokenizer.json";
-  if (!std::filesystem::is_regular_file(file, error)) {
+  if (!std::filesystem::exists(file, error)) {
     throw Error(file.string() + ": no such tokenizer file");
+  }
+  if (!std::filesystem::is_regular_file(file, error)) {
+    throw Error(file.string() + ": not a regular file");
   }
   auto tokenizer =
       naming_allocation_failure(file, [&] { return from_json(read_json(file), file.string()); });
   const std::filesystem::path config_path = file.parent_path() / "tokenizer_config.json";
-  if (std::filesystem::is_regular_file(config_path, error)) {
+  if (std::filesystem::exists(config_path, error)) {
+    if (!std::filesystem::is_regular_file(config_path, error)) {
+      throw Error(config_path.string() + ": not a regular file");
+    }
     const json config = read_json(config_path);
     if (config.is_object()) {
       if (const auto bos = token_name(config, "bos_token")) {
