@@ -173,6 +173,19 @@ TEST_F(CliTest, SeedDeterminesSampledOutput) {
   EXPECT_GE(differing, 2);
 }
 
+// Output that cannot be written (a full device) fails the run with one line; it never exits 0.
+TEST_F(CliTest, UnwritableOutputFails) {
+  const CommandResult result =
+      specrun(good_model(), "--prompt-ids 1,17 --max-tokens 8 --ignore-eos --quiet >/dev/full");
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.exit_code, -1) << "did not exit normally";
+  EXPECT_EQ(result.stderr_text.rfind("specrun: error: ", 0), 0u) << result.stderr_text;
+  EXPECT_NE(result.stderr_text.find("writing the output failed"), std::string::npos)
+      << result.stderr_text;
+  EXPECT_EQ(std::count(result.stderr_text.begin(), result.stderr_text.end(), '\n'), 1)
+      << result.stderr_text;
+}
+
 // --- Malformed checkpoints ---
 
 TEST_F(CliTest, NonexistentTarget) {

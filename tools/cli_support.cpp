@@ -1,7 +1,9 @@
 #include "tools/cli_support.h"
 
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -42,7 +44,12 @@ int run_reporting_errors(const char* program, const std::string& log_level,
       throw Error("--log-level: '" + log_level + "' is not a level");
     }
     spdlog::set_level(level);
-    return body();
+    const int status = body();
+    // Output that never reached its file (a full disk, /dev/full) is a failure, not success.
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      throw Error(std::string("writing the output failed: ") + std::strerror(errno));
+    }
+    return status;
   } catch (const std::exception& error) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: error: %s\n", program, error.what());

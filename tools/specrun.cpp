@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -159,7 +161,10 @@ int run(const Options& options) {
         first = false;
       }
     }
-    std::fflush(stdout);
+    // A full disk or a closed pipe stops the request rather than generating for nobody.
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      throw specrun::Error(std::string("writing the output failed: ") + std::strerror(errno));
+    }
   };
   // The speedup compares steady speeds: the first request of a process also pays for paging the
   // weights in and waking the threads, so an untimed short run on the target alone goes first.
