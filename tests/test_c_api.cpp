@@ -491,6 +491,18 @@ TEST_F(CApiTest, RefusedRequestsAndConfigsReturnTheirCodeAndMessage) {
                  SPECRUN_ERROR_FAILED, "specrun_engine_create_from_toml",
                  {"bad.toml:2:", "runtime.max_batch", "got -4"});
   EXPECT_EQ(engine, nullptr);
+  testing::write_file(dir_ / "outside.toml", "[model]\ntarget = \"/etc\"\n");
+  expect_failure(specrun_engine_create_from_toml_within((dir_ / "outside.toml").string().c_str(),
+                                                        dir_.path().c_str(), &engine),
+                 SPECRUN_ERROR_FAILED, "specrun_engine_create_from_toml_within",
+                 {"outside.toml:2:", "model.target", "outside"});
+  expect_failure(specrun_engine_create_from_toml_within("x.toml", nullptr, &engine),
+                 SPECRUN_ERROR_INVALID_ARGUMENT, "specrun_engine_create_from_toml_within",
+                 {"model_root is NULL"});
+  expect_failure(specrun_engine_create_from_toml_within("x.toml", "", &engine),
+                 SPECRUN_ERROR_FAILED, "specrun_engine_create_from_toml_within",
+                 {"model_root must not be empty"});
+  EXPECT_EQ(engine, nullptr);
 
   engine = create();
   ASSERT_NE(engine, nullptr);
@@ -595,7 +607,8 @@ TEST_F(CApiTest, TextThroughTheTokenizerAndFromToml) {
                       "[model]\ntarget = \"target\"\ndraft = \"draft\"\n"
                       "[sampling]\nmax_tokens = 16\nseed = 3\n[runtime]\nthreads = 1\n");
   specrun_engine* engine = nullptr;
-  ASSERT_EQ(specrun_engine_create_from_toml((dir_ / "engine.toml").string().c_str(), &engine),
+  ASSERT_EQ(specrun_engine_create_from_toml_within((dir_ / "engine.toml").string().c_str(),
+                                                   dir_.path().c_str(), &engine),
             SPECRUN_OK)
       << specrun_last_error();
   int32_t* tokens = nullptr;

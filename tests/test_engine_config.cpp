@@ -87,6 +87,38 @@ TEST(EngineConfigFile, ReadsEveryKeyAndKeepsDefaultsForAbsentOnes) {
   EXPECT_EQ(partial.sampling.max_tokens, EngineConfig{}.sampling.max_tokens);
 }
 
+// An embedder taking settings from others confines model paths to a root: "..", absolute paths
+// and symbolic links that lead out of it are refused with the file, line and key.
+TEST(EngineConfigFile, ModelRootConfinesModelPaths) {
+  testing::TempDir dir;
+  const std::filesystem::path root = dir / "models";
+  std::filesystem::create_directories(root / "pair" / "target");
+  std::filesystem::create_directories(dir / "elsewhere");
+  std::filesystem::create_directory_symlink(dir / "elsewhere", root / "escape");
+  testing::write_file(root / "inside.toml",
+                      "[model]\ntarget = \"pair/target\"\ndraft = \"pair/./draft\"\n");
+  const EngineConfig inside =
+      EngineConfig::from_toml((root / "inside.toml").string(), root.string());
+  EXPECT_EQ(inside.target, (root / "pair" / "target").string());
+  EXPECT_EQ(inside.draft, (root / "pair" / "draft").string());  // need not exist yet
+
+  const std::pair<std::string, std::string> escapes[] = {
+      {"[model]\ntarget = \"../elsewhere\"\n", "model.target"},
+      {"[model]\ntarget = \"pair/target\"\ndraft = \"/etc\"\n", "model.draft"},
+      {"[model]\ntarget = \"escape/target\"\n", "model.target"},
+      {"[model]\ntarget = \"pair/../../elsewhere\"\n", "model.target"},
+  };
+  for (const auto& [text, key] : escapes) {
+    SCOPED_TRACE(text);
+    testing::write_file(root / "escape.toml", text);
+    testing::expect_error(
+        [&] { EngineConfig::from_toml((root / "escape.toml").string(), root.string()); },
+        {"escape.toml:", key, "outside " + root.string()});
+    // Without a root the same file reads (settings files are trusted by default).
+    EXPECT_NO_THROW(EngineConfig::from_toml((root / "escape.toml").string()));
+  }
+}
+
 TEST(EngineConfigFile, RejectsUnknownTablesAndKeysWithTheirLine) {
   expect_config_error("[sampling]\ntemperature = 1.0\n\n[speculatve]\ngamma = 4\n",
                       {":4:", "'speculatve' is not a known table"});

@@ -444,6 +444,20 @@ specrun_status specrun_engine_create_from_toml(const char* path, specrun_engine*
   });
 }
 
+specrun_status specrun_engine_create_from_toml_within(const char* path, const char* model_root,
+                                                      specrun_engine** engine) {
+  return guarded("specrun_engine_create_from_toml_within", [&] {
+    require(path, "path");
+    require(model_root, "model_root");
+    require(engine, "engine");
+    *engine = nullptr;
+    if (*model_root == '\0') throw specrun::Error("model_root must not be empty");
+    auto handle = std::make_unique<specrun_engine>();
+    handle->engine = specrun::Engine::create(specrun::EngineConfig::from_toml(path, model_root));
+    *engine = handle.release();
+  });
+}
+
 specrun_status specrun_engine_shutdown(specrun_engine* engine) {
   return guarded("specrun_engine_shutdown", [&] {
     require(engine, "engine");

@@ -2,6 +2,8 @@
 // EngineConfig passes before anything loads.
 #include "runtime/api/config.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <limits>
 #include <sstream>
 
@@ -20,8 +22,9 @@ constexpr int64_t kMaxThreads = 4096;  // CPU threads
 // Reads the keys of one table, each into a typed field, with errors that name file, line and key.
 class TableReader {
  public:
-  TableReader(const std::filesystem::path& path, const toml::table& table, std::string name)
-      : path_(path), table_(table), name_(std::move(name)) {}
+  TableReader(const std::filesystem::path& path, const toml::table& table, std::string name,
+              const std::filesystem::path& model_root = {})
+      : path_(path), table_(table), name_(std::move(name)), model_root_(model_root) {}
 
   [[noreturn]] void fail(const toml::node& node, const std::string& key,
                          const std::string& what) const {
@@ -115,6 +118,9 @@ class TableReader {
     *field = value.empty() || value.is_absolute()
                  ? value.string()
                  : (path_.parent_path() / value).lexically_normal().string();
+    if (!field->empty() && !model_root_.empty() && !within(model_root_, *field)) {
+      fail(*node, key, "names a path outside " + model_root_.string());
+    }
   }
 
   // Every key must be one this reader knows.
@@ -127,14 +133,28 @@ class TableReader {
   }
 
  private:
+  // Whether `path`, with its symbolic links and ".." resolved as far as it exists, lies under
+  // `root` (resolved the same way).
+  static bool within(const std::filesystem::path& root, const std::filesystem::path& path) {
+    std::error_code error;
+    const std::filesystem::path base = std::filesystem::weakly_canonical(root, error);
+    if (error) return false;
+    const std::filesystem::path resolved = std::filesystem::weakly_canonical(path, error);
+    if (error) return false;
+    const auto [base_end, unused] =
+        std::mismatch(base.begin(), base.end(), resolved.begin(), resolved.end());
+    return base_end == base.end();
+  }
+
   const std::filesystem::path& path_;
   const toml::table& table_;
   std::string name_;
+  std::filesystem::path model_root_;  // model paths must stay under it; empty: anywhere
 };
 
 }  // namespace
 
-EngineConfig EngineConfig::from_toml(const std::string& file) {
+EngineConfig EngineConfig::from_toml(const std::string& file, const std::string& model_root) {
   const std::filesystem::path path(file);
   // A FIFO would block the read and a directory or device would read as an empty file.
   std::error_code status;
@@ -167,7 +187,7 @@ EngineConfig EngineConfig::from_toml(const std::string& file) {
     }
   }
   if (const toml::table* model = document["model"].as_table()) {
-    TableReader reader(path, *model, "model");
+    TableReader reader(path, *model, "model", model_root);
     reader.reject_unknown({"target", "draft"});
     reader.path("target", &config.target);
     reader.path("draft", &config.draft);

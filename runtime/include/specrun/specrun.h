@@ -152,8 +152,12 @@ typedef struct specrun_request specrun_request;
 /* Loads the models (the draft must pair with the target) and starts the scheduler. */
 specrun_status specrun_engine_create(const specrun_engine_config* config, specrun_engine** engine);
 /* The same from a TOML file (configs/default.toml documents every key; [model] target and draft
- * are relative to the file); errors name the file, line and key. */
+ * are relative to the file); errors name the file, line and key. Settings files are trusted
+ * input (they may name any readable file): for settings from others, use the _within form. */
 specrun_status specrun_engine_create_from_toml(const char* path, specrun_engine** engine);
+/* The same, refusing model paths (symbolic links and ".." resolved) outside `model_root`. */
+specrun_status specrun_engine_create_from_toml_within(const char* path, const char* model_root,
+                                                      specrun_engine** engine);
 /* Stops taking requests; every queued or running request finishes with
  * SPECRUN_FINISH_SHUTDOWN; returns when the scheduler has stopped. Idempotent. */
 specrun_status specrun_engine_shutdown(specrun_engine* engine);

@@ -87,7 +87,11 @@ struct EngineConfig {
   // Reads a TOML file (configs/default.toml documents every key): [model] target and draft
   // (relative paths are relative to the file), [sampling], [speculative], [runtime]. Throws
   // Error naming the file, line and key of anything unknown, mistyped or out of range.
-  static EngineConfig from_toml(const std::string& path);
+  //
+  // Settings files are trusted input: they name any file the process may read, and errors quote
+  // their lines. An embedder taking settings from others passes `model_root`: then every model
+  // path, symbolic links and ".." resolved, must lie under that directory.
+  static EngineConfig from_toml(const std::string& path, const std::string& model_root = "");
 };
 
 struct Request {
