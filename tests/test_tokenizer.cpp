@@ -204,6 +204,37 @@ TEST(TokenizerAddedTokens, NormalizedTokensMatchTheNormalizedText) {
   EXPECT_EQ(tokenizer->encode("CBcb", false), (Ids{20, 3, 2}));
 }
 
+// A later entry with the same content replaces the earlier one and keeps its id; an exact
+// duplicate is dropped. 200,000 entries load in linear time (quadratic bookkeeping took minutes,
+// past the suite's timeout).
+TEST(TokenizerAddedTokens, ReplacementsAndManyEntries) {
+  json document = tiny_document();
+  document["added_tokens"].push_back({{"id", 0}, {"content", "<x>"}, {"special", false}});
+  document["added_tokens"].push_back({{"id", 0}, {"content", "<y>"}, {"special", true}});
+  document["added_tokens"].push_back({{"id", 0}, {"content", "<x>"}, {"special", true}});
+  document["added_tokens"].push_back({{"id", 0}, {"content", "<y>"}, {"special", true}});
+  const size_t own = build(tiny_document())->added_tokens().size();  // the document's <s>, </s>
+  auto tokenizer = build(document);
+  EXPECT_EQ(tokenizer->token_to_id("<x>"), 19);
+  EXPECT_EQ(tokenizer->token_to_id("<y>"), 20);
+  EXPECT_TRUE(tokenizer->is_special(19));
+  ASSERT_EQ(tokenizer->added_tokens().size(), own + 2);
+  EXPECT_EQ(tokenizer->added_tokens()[own].content, "<y>");  // the replacement comes last
+  EXPECT_EQ(tokenizer->added_tokens()[own + 1].content, "<x>");
+
+  constexpr int kEntries = 200'000;
+  document = tiny_document();
+  for (int i = 0; i < kEntries; ++i) {
+    document["added_tokens"].push_back(
+        {{"content", "<t" + std::to_string(i % (kEntries / 2)) + ">"},
+         {"special", i >= kEntries / 2}});
+  }
+  tokenizer = build(document);
+  EXPECT_EQ(tokenizer->added_tokens().size(), own + kEntries / 2);
+  EXPECT_EQ(tokenizer->token_to_id("<t7>"), 19 + 7);
+  EXPECT_TRUE(tokenizer->is_special(19 + 7));
+}
+
 TEST(TokenizerPipeline, SentencePieceStyleEncodeDecodeAndTemplate) {
   const auto tokenizer = build(sentencepiece_document());
   // "a b" -> "▁a▁b": ▁a is a token, ▁ b stay apart. The template puts <s> first.

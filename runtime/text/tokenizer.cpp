@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -239,6 +243,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json(const json& document, const std:
   if (!added.is_null() && !added.is_array()) throw Error(source + ": added_tokens: not a list");
   int32_t max_added = -1;
   const auto model_size = static_cast<int32_t>(tokenizer->model_->vocab_size());
+  // At most one entry per content is live (a later one replaces the earlier); `latest` finds it in
+  // constant time, so that a file with many added tokens loads in linear time.
+  std::vector<AddedToken> entries;
+  std::vector<bool> replaced;
+  std::unordered_map<std::string, size_t> latest;
   for (size_t i = 0; !added.is_null() && i < added.size(); ++i) {
     const json& entry = added[i];
     const JsonContext at = root.at("added_tokens[" + std::to_string(i) + "]");
@@ -260,16 +269,16 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json(const json& document, const std:
     token.rstrip = flag("rstrip", false);
     token.normalized = flag("normalized", !token.special);
     if (token.content.empty()) continue;
-    const bool duplicate = std::any_of(
-        tokenizer->added_.begin(), tokenizer->added_.end(), [&](const AddedToken& other) {
-          return other.content == token.content && other.special == token.special &&
-                 other.single_word == token.single_word && other.lstrip == token.lstrip &&
-                 other.rstrip == token.rstrip && other.normalized == token.normalized;
-        });
-    if (duplicate) continue;
     std::optional<int32_t> id;
-    for (const AddedToken& other : tokenizer->added_) {
-      if (other.content == token.content) id = other.id;
+    const auto earlier = latest.find(token.content);
+    if (earlier != latest.end()) {
+      const AddedToken& other = entries[earlier->second];
+      const bool duplicate = other.special == token.special &&
+                             other.single_word == token.single_word &&
+                             other.lstrip == token.lstrip && other.rstrip == token.rstrip &&
+                             other.normalized == token.normalized;
+      if (duplicate) continue;
+      id = other.id;
     }
     if (!id) id = tokenizer->model_->token_to_id(token.content);
     if (!id) {
@@ -278,13 +287,15 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json(const json& document, const std:
                : (max_added >= model_size || model_size == 0 ? max_added + 1 : model_size);
     }
     token.id = *id;
-    // A later entry with the same content replaces the earlier one.
-    tokenizer->added_.erase(
-        std::remove_if(tokenizer->added_.begin(), tokenizer->added_.end(),
-                       [&](const AddedToken& other) { return other.content == token.content; }),
-        tokenizer->added_.end());
+    // A later entry with the same content replaces the earlier one (and takes its place last).
+    if (earlier != latest.end()) replaced[earlier->second] = true;
+    latest[token.content] = entries.size();
     max_added = std::max(max_added, token.id);
-    tokenizer->added_.push_back(std::move(token));
+    entries.push_back(std::move(token));
+    replaced.push_back(false);
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!replaced[i]) tokenizer->added_.push_back(std::move(entries[i]));
   }
 
   tokenizer->id_limit_ = std::max(tokenizer->model_->id_limit(), max_added + 1);
