@@ -12,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev              # tests
   libpcre2-dev libutf8proc-dev           # tokenizer: Unicode regexes, normalization forms
   python3 python3-numpy                  # the independent NumPy reference and model converters
+  clang libclang-rt-14-dev               # libFuzzer and CI's Clang sanitizer pass (tests/fuzz)
 )
 
 missing=()

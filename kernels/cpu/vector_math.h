@@ -88,7 +88,9 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
   static_assert(kLanes == 16, "one zmm register per accumulator");
 #pragma GCC diagnostic push
   // GCC 12's own intrinsic headers trip this warning in _mm512_cvtepu16_epi32 (GCC bug 105593).
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
   __m512 vacc[kRows][kFeatures];
   for (int r = 0; r < kRows; ++r) {
     for (int f = 0; f < kFeatures; ++f) vacc[r][f] = _mm512_setzero_ps();

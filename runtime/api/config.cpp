@@ -10,6 +10,7 @@
 #include <toml++/toml.h>
 
 #include "runtime/base/check.h"
+#include "runtime/base/mapped_file.h"
 #include "runtime/engine/device.h"
 #include "runtime/engine/settings.h"
 
@@ -162,9 +163,15 @@ EngineConfig EngineConfig::from_toml(const std::string& file, const std::string&
   if (!std::filesystem::is_regular_file(path, status)) {
     throw Error(file + ": not a regular file (settings are read from a plain TOML file)");
   }
+  const MappedFile mapped(path);
+  return engine_config_from_toml_text(mapped.text(), path, model_root);
+}
+
+EngineConfig engine_config_from_toml_text(std::string_view text, const std::filesystem::path& path,
+                                          const std::string& model_root) {
   toml::table document;
   try {
-    document = toml::parse_file(path.string());
+    document = toml::parse(text, path.string());
   } catch (const toml::parse_error& error) {
     std::ostringstream message;
     message << path.string() << ":" << error.source().begin.line << ": " << error.description();

@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""Writes the fuzz harnesses' seed corpus into tests/fuzz/corpus/<harness>/ (Python standard
+library only; run it again after changing it, and commit what it writes).
+
+Each harness gets well-formed inputs that reach deep into its reader, and the hostile shapes the
+hardening work fixed: deep nesting, many header entries, sizes whose products overflow, huge ids,
+catastrophic regexes, files that end early. The inputs stay small (the largest is about 120 KB) so
+that the corpus replays in seconds in every sanitizer pass; tools/run-fuzzers.sh raises libFuzzer's
+maximum input length above the largest of them.
+"""
+
+import json
+import os
+import struct
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = os.path.join(HERE, "corpus")
+
+
+def write(harness, name, data):
+    directory = os.path.join(CORPUS, harness)
+    os.makedirs(directory, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    with open(os.path.join(directory, name), "wb") as out:
+        out.write(data)
+
+
+def deep_array(depth):
+    return "[" * depth + "]" * depth
+
+
+def deep_object(depth):
+    return '{"a":' * depth + "1" + "}" * depth
+
+
+# ---- safetensors -----------------------------------------------------------------------------
+
+
+def safetensors(header, data=b"", pad=True):
+    text = json.dumps(header, separators=(",", ":")).encode() if not isinstance(header, bytes) else header
+    if pad:
+        text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def safetensors_corpus():
+    f32 = struct.pack("<4f", 1.0, -2.0, 0.5, 3.25)
+    bf16 = struct.pack("<4H", 0x3F80, 0xC000, 0x3F00, 0x4050)
+    write("fuzz_safetensors", "good",
+          safetensors({"__metadata__": {"format": "pt"},
+                       "a.weight": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                       "b.weight": {"dtype": "BF16", "shape": [4], "data_offsets": [16, 24]},
+                       "c": {"dtype": "F16", "shape": [0], "data_offsets": [24, 24]}},
+                      f32 + bf16))
+    write("fuzz_safetensors", "unaligned",
+          safetensors({"x": {"dtype": "F32", "shape": [1], "data_offsets": [2, 6]}}, b"\0" * 6,
+                      pad=False))
+    write("fuzz_safetensors", "overlap",
+          safetensors({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                       "y": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\0" * 12))
+    write("fuzz_safetensors", "shape-overflow",
+          safetensors({"x": {"dtype": "F32", "shape": [2**62, 2**62], "data_offsets": [0, 0]}}))
+    write("fuzz_safetensors", "offset-past-end",
+          safetensors({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8))
+    write("fuzz_safetensors", "header-length-huge", struct.pack("<Q", 2**63) + b"{}")
+    write("fuzz_safetensors", "truncated", struct.pack("<Q", 100) + b'{"x": {"dtype"')
+    write("fuzz_safetensors", "deep-nesting", safetensors(deep_array(20000).encode()))
+    write("fuzz_safetensors", "deep-metadata",
+          safetensors(('{"__metadata__":' + deep_object(5000) + "}").encode()))
+    many = {"t%05d" % i: {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(2000)}
+    write("fuzz_safetensors", "many-entries", safetensors(many))
+    write("fuzz_safetensors", "duplicate-key",
+          safetensors(b'{"x":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},'
+                      b'"x":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}'))
+
+
+# ---- GGUF ------------------------------------------------------------------------------------
+
+GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL, GGUF_STRING, GGUF_ARRAY = 4, 5, 6, 7, 8, 9
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0 = 0, 1, 2, 8
+
+
+def gguf_string(text):
+    data = text.encode("utf-8")
+    return struct.pack("<Q", len(data)) + data
+
+
+def gguf_value(kind, value):
+    if kind == GGUF_UINT32:
+        return struct.pack("<I", value)
+    if kind == GGUF_INT32:
+        return struct.pack("<i", value)
+    if kind == GGUF_FLOAT32:
+        return struct.pack("<f", value)
+    if kind == GGUF_BOOL:
+        return struct.pack("<?", value)
+    if kind == GGUF_STRING:
+        return gguf_string(value)
+    item_kind, items = value
+    return struct.pack("<IQ", item_kind, len(items)) + b"".join(gguf_value(item_kind, v) for v in items)
+
+
+def gguf(metadata, tensors, version=3, alignment=32):
+    """metadata: [(key, kind, value)]; tensors: [(name, dims innermost first, ggml type, bytes)]."""
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(metadata))
+    for key, kind, value in metadata:
+        out += gguf_string(key) + struct.pack("<I", kind) + gguf_value(kind, value)
+    offset = 0
+    data = b""
+    for name, dims, kind, payload in tensors:
+        out += gguf_string(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", kind, offset)
+        padded = payload + b"\0" * (-len(payload) % alignment)
+        data += padded
+        offset += len(padded)
+    out += b"\0" * (-len(out) % alignment)
+    return out + data
+
+
+def tiny_llama_gguf():
+    dim, hidden, vocab = 8, 16, 6
+    tokens = ["<unk>", "<s>", "</s>", "\u2581a", "b", "<0x41>"]
+    metadata = [
+        ("general.architecture", GGUF_STRING, "llama"),
+        ("llama.context_length", GGUF_UINT32, 64),
+        ("llama.embedding_length", GGUF_UINT32, dim),
+        ("llama.block_count", GGUF_UINT32, 1),
+        ("llama.feed_forward_length", GGUF_UINT32, hidden),
+        ("llama.attention.head_count", GGUF_UINT32, 2),
+        ("llama.attention.head_count_kv", GGUF_UINT32, 1),
+        ("llama.attention.layer_norm_rms_epsilon", GGUF_FLOAT32, 1e-5),
+        ("llama.rope.freq_base", GGUF_FLOAT32, 10000.0),
+        ("tokenizer.ggml.model", GGUF_STRING, "llama"),
+        ("tokenizer.ggml.tokens", GGUF_ARRAY, (GGUF_STRING, tokens)),
+        ("tokenizer.ggml.scores", GGUF_ARRAY, (GGUF_FLOAT32, [0.0, 0.0, 0.0, -1.0, -2.0, 0.0])),
+        ("tokenizer.ggml.token_type", GGUF_ARRAY, (GGUF_INT32, [2, 3, 3, 1, 1, 6])),
+        ("tokenizer.ggml.bos_token_id", GGUF_UINT32, 1),
+        ("tokenizer.ggml.eos_token_id", GGUF_UINT32, 2),
+    ]
+
+    def f32(count, seed):
+        return struct.pack("<%df" % count, *[((i * 7 + seed) % 11 - 5) / 8.0 for i in range(count)])
+
+    def q8_0(rows, columns):  # blocks of 32: an f16 scale and 32 int8 values
+        block = struct.pack("<e", 0.125) + bytes((i * 5) % 256 for i in range(32))
+        return block * (rows * columns // 32)
+
+    def q4_0(rows, columns):  # blocks of 32: an f16 scale and 16 bytes of nibbles
+        block = struct.pack("<e", 0.25) + bytes((i * 37) % 256 for i in range(16))
+        return block * (rows * columns // 32)
+
+    kv = dim // 2
+    tensors = [
+        ("token_embd.weight", [dim, vocab], GGML_F32, f32(dim * vocab, 1)),
+        ("output_norm.weight", [dim], GGML_F32, f32(dim, 2)),
+        ("blk.0.attn_norm.weight", [dim], GGML_F32, f32(dim, 3)),
+        ("blk.0.ffn_norm.weight", [dim], GGML_F32, f32(dim, 4)),
+        ("blk.0.attn_q.weight", [dim, dim], GGML_F16, struct.pack("<%de" % (dim * dim), *[0.01 * i for i in range(dim * dim)])),
+        ("blk.0.attn_k.weight", [dim, kv], GGML_F32, f32(dim * kv, 5)),
+        ("blk.0.attn_v.weight", [dim, kv], GGML_F32, f32(dim * kv, 6)),
+        ("blk.0.attn_output.weight", [dim, dim], GGML_F32, f32(dim * dim, 7)),
+        ("blk.0.ffn_gate.weight", [32, hidden], GGML_Q8_0, q8_0(hidden, 32)),
+        ("blk.0.ffn_up.weight", [32, hidden], GGML_Q4_0, q4_0(hidden, 32)),
+        ("blk.0.ffn_down.weight", [hidden, dim], GGML_F32, f32(hidden * dim, 8)),
+    ]
+    return metadata, tensors
+
+
+def gguf_corpus():
+    metadata, tensors = tiny_llama_gguf()
+    write("fuzz_gguf", "tiny-llama", gguf(metadata, tensors))
+    write("fuzz_gguf", "no-tensors", gguf(metadata, []))
+    write("fuzz_gguf", "version-2", gguf(metadata[:3], tensors[:1], version=2))
+    good = gguf(metadata, tensors)
+    write("fuzz_gguf", "truncated", good[: len(good) // 2])
+    write("fuzz_gguf", "huge-counts", b"GGUF" + struct.pack("<IQQ", 3, 2**62, 2**62))
+    write("fuzz_gguf", "huge-string", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 2**60))
+    nested = (GGUF_ARRAY, [(GGUF_UINT32, [1, 2])] * 3)
+    write("fuzz_gguf", "array-of-arrays", gguf([("x", GGUF_ARRAY, nested)], []))
+    overflow = [("t", [2**40, 2**40], GGML_F32, b"")]
+    write("fuzz_gguf", "dims-overflow", gguf(metadata, overflow))
+    write("fuzz_gguf", "bad-alignment",
+          gguf(metadata + [("general.alignment", GGUF_UINT32, 3)], tensors[:1]))
+
+
+# ---- config.json -----------------------------------------------------------------------------
+
+
+def config_corpus():
+    llama = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_id": [2, 3], "torch_dtype": "bfloat16",
+    }
+    write("fuzz_model_config", "llama", json.dumps(llama, indent=1))
+    scaled = dict(llama, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 128})
+    write("fuzz_model_config", "llama3-rope", json.dumps(scaled))
+    write("fuzz_model_config", "qwen2", json.dumps(dict(llama, architectures=["Qwen2ForCausalLM"],
+                                                         model_type="qwen2", head_dim=16)))
+    write("fuzz_model_config", "mistral", json.dumps(dict(llama, architectures=["MistralForCausalLM"],
+                                                           model_type="mistral", sliding_window=None)))
+    write("fuzz_model_config", "heads-overflow",
+          json.dumps(dict(llama, num_attention_heads=2**62 + 64, head_dim=4)))
+    write("fuzz_model_config", "zero-heads", json.dumps(dict(llama, num_attention_heads=0)))
+    write("fuzz_model_config", "negative-layers", json.dumps(dict(llama, num_hidden_layers=-1)))
+    write("fuzz_model_config", "float-sizes", json.dumps(dict(llama, hidden_size=64.5)))
+    write("fuzz_model_config", "deep-nesting", deep_array(20000))
+    write("fuzz_model_config", "deep-value",
+          json.dumps(llama)[:-1] + ', "rope_scaling": ' + deep_object(5000) + "}")
+    write("fuzz_model_config", "huge-numbers", json.dumps(dict(llama, vocab_size=10**30, rope_theta=1e308)))
+
+
+# ---- tokenizer.json --------------------------------------------------------------------------
+
+
+def byte_level_bpe():
+    # GPT-2's byte-to-unicode table, so that the vocabulary covers every byte.
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    vocab = {table[b]: b for b in range(256)}
+    merges = []
+    for pair in [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("\u0120", "w"), ("o", "r"),
+                 ("\u0120w", "or"), ("l", "d"), ("\u0120wor", "ld")]:
+        merges.append(" ".join(pair))
+        vocab["".join(pair)] = len(vocab)
+    return {
+        "version": "1.0",
+        "added_tokens": [
+            {"id": len(vocab), "content": "<|begin|>", "single_word": False, "lstrip": False,
+             "rstrip": False, "normalized": False, "special": True},
+            {"id": len(vocab) + 1, "content": "<|end|>", "single_word": False, "lstrip": False,
+             "rstrip": False, "normalized": False, "special": True},
+        ],
+        "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFC"}]},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+             "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<|begin|>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                                    {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<|begin|>": {"id": "<|begin|>", "ids": [len(vocab)],
+                                                            "tokens": ["<|begin|>"]}}},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                  "ignore_merges": False, "vocab": vocab, "merges": merges},
+    }
+
+
+def sentencepiece_bpe():
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab["<0x%02X>" % b] = len(vocab)
+    for piece in ["\u2581", "\u2581t", "he", "\u2581the", "\u2581a", "n", "d", "nd", "\u2581and", "\u00e9"]:
+        vocab.setdefault(piece, len(vocab))
+    for c in "abcdefghijklmnopqrstuvwxyz.,!?":
+        vocab.setdefault(c, len(vocab))
+    return {
+        "version": "1.0",
+        "added_tokens": [{"id": 0, "content": "<unk>", "special": True, "normalized": False},
+                         {"id": 1, "content": "<s>", "special": True, "normalized": False},
+                         {"id": 2, "content": "</s>", "special": True, "normalized": False}],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        "pre_tokenizer": None,
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+                           "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "unk_token": "<unk>", "fuse_unk": True, "byte_fallback": True,
+                  "vocab": vocab, "merges": [["\u2581", "t"], ["h", "e"], ["\u2581t", "he"],
+                                             ["\u2581", "a"], ["n", "d"], ["\u2581a", "nd"]]},
+    }
+
+
+def tokenizer_corpus():
+    texts = ["", "hello world", "Hello, World! 123456 <|begin|>x<|end|>", "caf\u00e9 \u4f60\u597d \U0001F600\n\n\t  ",
+             "\xff\xfe invalid? ", "a" * 300]
+    for name, document in [("byte-level", byte_level_bpe()), ("sentencepiece", sentencepiece_bpe())]:
+        encoded = json.dumps(document, ensure_ascii=False)
+        write("fuzz_tokenizer", name, encoded)
+        for i, text in enumerate(texts):
+            write("fuzz_tokenizer", "%s-text%d" % (name, i), encoded.encode() + b"\0" + text.encode("utf-8", "surrogateescape"))
+    # The hostile shapes of the hardening work.
+    document = sentencepiece_bpe()
+    depth = 3000
+    nested = '{"type":"Sequence","normalizers":[' * depth + '{"type":"NFC"}' + "]}" * depth
+    text = json.dumps(dict(document, normalizer=None))
+    write("fuzz_tokenizer", "deep-normalizer", text.replace('"normalizer": null', '"normalizer": ' + nested, 1))
+    huge_id = sentencepiece_bpe()
+    huge_id["model"]["vocab"]["zz"] = 50_000_000
+    write("fuzz_tokenizer", "huge-id", json.dumps(huge_id))
+    negative = sentencepiece_bpe()
+    negative["added_tokens"].append({"id": -5, "content": "<neg>", "special": True})
+    write("fuzz_tokenizer", "negative-id", json.dumps(negative))
+    catastrophic = byte_level_bpe()
+    catastrophic["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a+)+$"}, "behavior": "Isolated", "invert": False}
+    write("fuzz_tokenizer", "catastrophic-regex", json.dumps(catastrophic).encode() + b"\0" + b"a" * 40 + b"!")
+    write("fuzz_tokenizer", "deep-array", deep_array(20000))
+    write("fuzz_tokenizer", "not-an-object", "[1, 2, 3]")
+
+
+# ---- TOML settings ---------------------------------------------------------------------------
+
+
+def settings_corpus():
+    with open(os.path.join(HERE, "..", "..", "configs", "default.toml"), "rb") as default:
+        write("fuzz_settings", "default", default.read())
+    write("fuzz_settings", "partial", "[sampling]\ntemperature = 0.7\ntop_p = 0.9\n[runtime]\nthreads = 2\n")
+    write("fuzz_settings", "paths", '[model]\ntarget = "pair/target"\ndraft = "../outside"\n')
+    write("fuzz_settings", "unknown-key", "[sampling]\ntemprature = 0.7\n")
+    write("fuzz_settings", "tiny-top-p", "[sampling]\ntop_p = 1e-50\n")
+    write("fuzz_settings", "huge-integers", "[runtime]\nkv_cache_tokens = 9223372036854775807\nmax_batch = -9223372036854775808\n")
+    write("fuzz_settings", "deep-array", "x = " + deep_array(5000) + "\n")
+    write("fuzz_settings", "deep-inline-table", "x = " + "{a = " * 2000 + "1" + "}" * 2000 + "\n")
+    write("fuzz_settings", "dotted-keys", "a" + ".a" * 3000 + " = 1\n")
+    write("fuzz_settings", "bad-utf8", b"[sampling]\nseed = 1 # \xff\xfe\n")
+
+
+def main():
+    safetensors_corpus()
+    gguf_corpus()
+    config_corpus()
+    tokenizer_corpus()
+    settings_corpus()
+    total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(CORPUS) for f in files)
+    print("fuzz corpus: %d bytes in %s" % (total, CORPUS), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
