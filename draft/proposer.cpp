@@ -139,7 +139,8 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
       const int32_t token =
           sampling.temperature == 0.0f
               ? argmax(row_logits)
-              : sample_from(std::span<const float>(q, static_cast<size_t>(vocab)), *request.rng);
+              : draw_token(sampling, std::span<const float>(q, static_cast<size_t>(vocab)),
+                           request.stream, request.position + round, Draw::kDraft);
       proposals.tokens[static_cast<size_t>(b * proposals.gamma + round)] = token;
       proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(round + 1);
       // The last draft is never fed: its logits would only serve a draft beyond gamma.

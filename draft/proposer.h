@@ -17,7 +17,8 @@ struct DraftRequest {
   int64_t sequence;                    // the engine's id for the sequence
   std::span<const int32_t> committed;  // every committed token, prompt included
   int64_t gamma;                       // drafts wanted; 0 for none
-  Rng* rng;                            // the sequence's draft generator
+  RandomStream stream{};               // the sequence's random numbers
+  int64_t position = 0;  // output position d_1 is proposed for (d_i for position + i - 1)
   // The sequence's own sampling settings; null: the proposer's. Lets one batch mix requests.
   const SamplingParams* sampling = nullptr;
   float draft_p_min = -1.0f;  // the sequence's own confidence floor; negative: the proposer's
@@ -40,8 +41,8 @@ class Proposer {
 };
 
 // Runs a small model gamma steps per sequence on its own KV cache, sampling each draft from the
-// processed distribution q (the same settings as the target's for that sequence), batched across
-// sequences.
+// processed distribution q (the same settings as the target's for that sequence) with the numbers
+// of the position it proposes (Draw::kDraft, or the shared noise), batched across sequences.
 // Drafting stops early for a row when the draft model's own top probability (its unprocessed
 // softmax) falls below `draft_p_min`: a draft it does not believe in is rarely accepted.
 class ModelProposer : public Proposer {

@@ -155,10 +155,13 @@ std::vector<Spec> mixed_requests(int count) {
     }
     SpeculationSettings speculation;
     speculation.method = methods[i % 3];
-    // Sampled output follows the request's own random stream, which the goodput controller's
-    // batch-wide choice of gamma would make depend on the batch: sampled requests use controllers
-    // that decide from the request alone.
-    speculation.controller = spec.sampled ? controllers[1 + (i / 2) % 2] : controllers[(i / 3) % 3];
+    // Sampled output follows the request's own random numbers. With shared noise (the default) it
+    // does not depend on how the steps drafted, so any controller goes; with rejection sampling it
+    // does, and the goodput controller's batch-wide choice of gamma would make it depend on the
+    // batch: those requests use controllers that decide from the request alone.
+    const bool rejection = spec.sampled && i % 4 == 3;
+    if (rejection) speculation.verification = Verification::kRejection;
+    speculation.controller = rejection ? controllers[1 + (i / 2) % 2] : controllers[(i / 3) % 3];
     speculation.gamma = 1 + i % 6;
     speculation.gamma_min = speculation.controller == GammaControl::kFixed ? speculation.gamma : 0;
     spec.request.sampling = sampling;

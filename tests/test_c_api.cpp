@@ -125,6 +125,7 @@ TEST_F(CApiTest, InitSetsTheCppDefaults) {
   EXPECT_EQ(config.sampling.stop_at_eos, 1);
   EXPECT_EQ(config.speculation.method, SPECRUN_METHOD_DRAFT);
   EXPECT_EQ(config.speculation.controller, SPECRUN_CONTROLLER_GOODPUT);
+  EXPECT_EQ(config.speculation.verification, SPECRUN_VERIFICATION_SHARED_NOISE);
   EXPECT_EQ(config.speculation.gamma, defaults.speculation.gamma);
   EXPECT_EQ(config.speculation.gamma_min, defaults.speculation.gamma_min);
   EXPECT_EQ(config.speculation.gamma_max, defaults.speculation.gamma_max);
@@ -535,6 +536,10 @@ TEST_F(CApiTest, RefusedRequestsAndConfigsReturnTheirCodeAndMessage) {
   params.speculation = &speculation;
   expect_failure(specrun_submit(engine, &params, &request), SPECRUN_ERROR_INVALID_ARGUMENT,
                  "specrun_submit", {"params->speculation.controller -1"});
+  specrun_speculation_init(&speculation);
+  store_int(&speculation.verification, 2);
+  expect_failure(specrun_submit(engine, &params, &request), SPECRUN_ERROR_INVALID_ARGUMENT,
+                 "specrun_submit", {"params->speculation.verification 2"});
   EXPECT_EQ(request, nullptr);
   int32_t* tokens = nullptr;
   size_t count = 7;
@@ -633,7 +638,8 @@ TEST_F(CApiTest, TextThroughTheTokenizerAndFromToml) {
   specrun_result* result = nullptr;
   ASSERT_EQ(specrun_request_wait(request, &result), SPECRUN_OK);
   EXPECT_EQ(collected.text, std::string(result->text, result->text_length));
-  EXPECT_EQ(std::strlen(result->text), result->text_length);
+  // text_length bytes, then the terminating NUL (the text itself may hold NUL bytes: id 3 is 0x00).
+  EXPECT_EQ(result->text[result->text_length], '\0');
   EXPECT_EQ(collected.tokens,
             std::vector<int32_t>(result->tokens, result->tokens + result->token_count));
   EXPECT_EQ(result->stats.prompt_tokens, 17);  // BOS and 16 bytes

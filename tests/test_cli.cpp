@@ -379,17 +379,19 @@ class CliSpeculativeTest : public CliTest {
     fixtures::write_random_checkpoint(options, dir_ / "target");
     fixtures::write_truncated_checkpoint(dir_ / "target", 1, dir_ / "draft");
   }
+  // Greedy unless `arguments` name a temperature.
   CommandResult run(const std::string& arguments) {
-    return specrun(
-        dir_ / "target",
-        "--prompt-ids 1,17,200 --max-tokens 30 --ignore-eos --temperature 0 " + arguments);
+    const bool sampled = arguments.find("--temperature") != std::string::npos;
+    return specrun(dir_ / "target",
+                   std::string("--prompt-ids 1,17,200 --max-tokens 30 --ignore-eos ") +
+                       (sampled ? "" : "--temperature 0 ") + arguments);
   }
 };
 
 TEST_F(CliSpeculativeTest, HelpDocumentsTheSpeculativeFlags) {
   const CommandResult result = run_tool("specrun", "--help");
   for (const char* flag : {"--draft", "--gamma", "--no-draft", "--stats-json", "--prompt ",
-                           "--config", "--method", "--controller"}) {
+                           "--config", "--method", "--controller", "--verification"}) {
     EXPECT_NE(result.stdout_text.find(flag), std::string::npos) << flag;
   }
 }
@@ -405,6 +407,29 @@ TEST_F(CliSpeculativeTest, SpeculativeOutputEqualsTargetAlone) {
     ASSERT_EQ(speculative.exit_code, 0) << flags << ": " << speculative.stderr_text;
     EXPECT_EQ(speculative.stdout_text, alone.stdout_text) << flags;
   }
+}
+
+TEST_F(CliSpeculativeTest, SeededSampledOutputEqualsTargetAloneUnderSharedNoise) {
+  // The default verification: a seed gives the target-alone output whatever the drafting.
+  const std::string sampled = " --temperature 0.9 --top-p 0.95 --seed 11 --quiet";
+  const CommandResult alone = run("--no-draft" + sampled);
+  ASSERT_EQ(alone.exit_code, 0) << alone.stderr_text;
+  for (const std::string flags :
+       {"--controller goodput", "--controller heuristic --gamma 6", "--controller fixed --gamma 3",
+        "--method prompt_lookup", "--verification shared_noise --gamma 1"}) {
+    const CommandResult speculative =
+        run("--draft " + quote((dir_ / "draft").string()) + sampled + " " + flags);
+    ASSERT_EQ(speculative.exit_code, 0) << flags << ": " << speculative.stderr_text;
+    EXPECT_EQ(speculative.stdout_text, alone.stdout_text) << flags;
+  }
+  // Rejection sampling draws otherwise; an unknown verification is refused.
+  const CommandResult rejection =
+      run("--draft " + quote((dir_ / "draft").string()) + sampled + " --verification rejection");
+  ASSERT_EQ(rejection.exit_code, 0) << rejection.stderr_text;
+  EXPECT_NE(rejection.stdout_text, alone.stdout_text);
+  const CommandResult unknown = run("--verification gumbel");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.stderr_text.find("--verification"), std::string::npos) << unknown.stderr_text;
 }
 
 TEST_F(CliSpeculativeTest, StatsOnStderrAndAsJson) {
@@ -425,6 +450,7 @@ TEST_F(CliSpeculativeTest, StatsOnStderrAndAsJson) {
   }
   EXPECT_EQ(stats["tokens_generated"], 30);
   EXPECT_EQ(stats["method"], "draft");
+  EXPECT_EQ(stats["verification"], "shared_noise");
   int64_t steps = 0;
   for (const auto& [gamma, count] : stats["gamma_histogram"].items()) {
     EXPECT_LE(std::stoi(gamma), 4);

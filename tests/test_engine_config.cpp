@@ -56,6 +56,7 @@ TEST(EngineConfigFile, DefaultFileDocumentsTheBuiltInDefaults) {
   EXPECT_EQ(loaded.speculation.gamma_min, built_in.speculation.gamma_min);
   EXPECT_EQ(loaded.speculation.gamma_max, built_in.speculation.gamma_max);
   EXPECT_EQ(loaded.speculation.controller, built_in.speculation.controller);
+  EXPECT_EQ(loaded.speculation.verification, built_in.speculation.verification);
   EXPECT_EQ(loaded.speculation.draft_p_min, built_in.speculation.draft_p_min);
   EXPECT_EQ(loaded.speculation.lookup_min_ngram, built_in.speculation.lookup_min_ngram);
   EXPECT_EQ(loaded.speculation.lookup_max_ngram, built_in.speculation.lookup_max_ngram);
@@ -177,13 +178,14 @@ TEST(EngineConfigFile, ReadsTheSpeculativeTable) {
   testing::write_file(dir / "c.toml",
                       "[speculative]\nmethod = \"prompt_lookup\"\ngamma = 3\ngamma_min = 1\n"
                       "gamma_max = 6\ncontroller = \"heuristic\"\ndraft_p_min = 0.25\n"
-                      "lookup_min_ngram = 2\nlookup_max_ngram = 4\n");
+                      "lookup_min_ngram = 2\nlookup_max_ngram = 4\nverification = \"rejection\"\n");
   const EngineConfig config = EngineConfig::from_toml((dir / "c.toml").string());
   EXPECT_EQ(config.speculation.method, SpeculationMethod::kPromptLookup);
   EXPECT_EQ(config.speculation.gamma, 3);
   EXPECT_EQ(config.speculation.gamma_min, 1);
   EXPECT_EQ(config.speculation.gamma_max, 6);
   EXPECT_EQ(config.speculation.controller, GammaControl::kHeuristic);
+  EXPECT_EQ(config.speculation.verification, Verification::kRejection);
   EXPECT_FLOAT_EQ(config.speculation.draft_p_min, 0.25f);
   EXPECT_EQ(config.speculation.lookup_min_ngram, 2);
   EXPECT_EQ(config.speculation.lookup_max_ngram, 4);
@@ -193,6 +195,8 @@ TEST(EngineConfigFile, RejectsBadSpeculativeSettings) {
   expect_config_error("[speculative]\nmethod = \"medusa\"\n",
                       {":2:", "speculative.method", "'medusa'"});
   expect_config_error("[speculative]\ncontroller = \"pid\"\n", {":2:", "speculative.controller"});
+  expect_config_error("[speculative]\nverification = \"gumbel\"\n",
+                      {":2:", "speculative.verification", "'gumbel'", "shared_noise", "rejection"});
   expect_config_error("[speculative]\ngamma = -1\n", {":2:", "speculative.gamma"});
   expect_config_error("[speculative]\ngamma = 100\n", {":2:", "speculative.gamma", "got 100"});
   expect_config_error("[speculative]\ndraft_p_min = 1.5\n", {":2:", "speculative.draft_p_min"});

@@ -176,30 +176,61 @@ double chi_square(const std::vector<int64_t>& counts, const std::vector<double>&
 TEST(Sampler, SamplesFollowTheProcessedDistribution) {
   // With a fixed seed the test is deterministic; the threshold is the 0.999 quantile of the
   // chi-square distribution, so a correct sampler passes for all but 1 in 1000 seeds, while a
-  // bias of one percentage point on any token fails at this sample size.
+  // bias of one percentage point on any token fails at this sample size. Both ways of drawing:
+  // inverse CDF with each position's uniform, and Gumbel-max with each position's noise.
   const int64_t draws = 200000;
   const auto logits = logits_of(kProbabilities);
-  SamplingParams params;
-  params.seed = 1234;
-  params.top_k = 5;  // drops token 1
-  Sampler sampler(params);
-  std::vector<int64_t> counts(kProbabilities.size(), 0);
-  for (int64_t i = 0; i < draws; ++i) ++counts[static_cast<size_t>(sampler.sample(logits))];
-  std::vector<double> expected(kProbabilities.size());
-  for (size_t i = 0; i < expected.size(); ++i)
-    expected[i] = i == 1 ? 0.0 : kProbabilities[i] / 0.98;
-  // 4 degrees of freedom (5 possible tokens); chi-square 0.999 quantile: 18.47.
-  EXPECT_LT(chi_square(counts, expected, draws), 18.47);
+  for (const bool shared_noise : {false, true}) {
+    SCOPED_TRACE(shared_noise ? "shared noise" : "inverse CDF");
+    SamplingParams params;
+    params.seed = 1234;
+    params.top_k = 5;  // drops token 1
+    params.shared_noise = shared_noise;
+    Sampler sampler(params);
+    std::vector<int64_t> counts(kProbabilities.size(), 0);
+    for (int64_t i = 0; i < draws; ++i) ++counts[static_cast<size_t>(sampler.sample(logits))];
+    std::vector<double> expected(kProbabilities.size());
+    for (size_t i = 0; i < expected.size(); ++i)
+      expected[i] = i == 1 ? 0.0 : kProbabilities[i] / 0.98;
+    // 4 degrees of freedom (5 possible tokens); chi-square 0.999 quantile: 18.47.
+    EXPECT_LT(chi_square(counts, expected, draws), 18.47);
+  }
+}
+
+TEST(Sampler, TheNthSampleIsDrawnWithPositionNsNumbers) {
+  // A sampler's draws are a function of (seed, position): the n-th sample of a fresh sampler is
+  // the token draw_token picks for position n, whatever was sampled before.
+  const auto logits = logits_of(kProbabilities);
+  for (const bool shared_noise : {false, true}) {
+    SamplingParams params;
+    params.seed = 99;
+    params.shared_noise = shared_noise;
+    std::vector<float> probs(logits.size());
+    process_logits(params, logits, probs);
+    Sampler sampler(params);
+    const RandomStream stream(99);
+    for (int64_t n = 0; n < 50; ++n) {
+      EXPECT_EQ(sampler.sample(logits), draw_token(params, probs, stream, n, Draw::kToken))
+          << "position " << n;
+    }
+  }
 }
 
 TEST(Sampler, SampleFromUnnormalisedWeights) {
-  Rng rng(5);
   const std::vector<float> weights = {0.0f, 3.0f, 0.0f, 1.0f};
   std::vector<int64_t> counts(4, 0);
   const int64_t draws = 100000;
-  for (int64_t i = 0; i < draws; ++i) ++counts[static_cast<size_t>(sample_from(weights, rng))];
+  const RandomStream stream(5);
+  for (int64_t i = 0; i < draws; ++i) {
+    ++counts[static_cast<size_t>(sample_from(weights, stream.uniform(i, Draw::kToken)))];
+  }
   // 1 degree of freedom; 0.999 quantile 10.83.
   EXPECT_LT(chi_square(counts, {0.0, 0.75, 0.0, 0.25}, draws), 10.83);
+  std::vector<int64_t> noise_counts(4, 0);
+  for (int64_t i = 0; i < draws; ++i) {
+    ++noise_counts[static_cast<size_t>(sample_with_noise(weights, stream, i))];
+  }
+  EXPECT_LT(chi_square(noise_counts, {0.0, 0.75, 0.0, 0.25}, draws), 10.83);
 }
 
 TEST(Sampler, BannedTokensAndCorruptLogits) {

@@ -16,6 +16,7 @@
 #include "draft/proposer.h"
 #include "runtime/engine/pairing.h"
 #include "runtime/engine/settings.h"
+#include "runtime/sampling/rng.h"
 #include "target/scorer.h"
 #include "tests/test_support.h"
 #include "tests/verify_testing.h"
@@ -156,6 +157,102 @@ TEST_F(SpeculativeTest, MethodNoneIsPlainDecodingEvenWhenSampling) {
             reference_decode(*target_, prompt, sampling).tokens);
 }
 
+TEST_F(SpeculativeTest, SharedNoiseOutputIsTheSameWithAndWithoutSpeculation) {
+  // Sampled, seeded: with shared noise every proposer, controller and gamma, alone or in a batch,
+  // gives the target's plain Gumbel-max sample token for token.
+  struct Proposer {
+    const char* name;
+    SpeculationMethod method;
+    Model* draft;
+  };
+  const Proposer proposers[] = {
+      {"self draft", SpeculationMethod::kDraftModel, self_draft_.get()},
+      {"foreign draft", SpeculationMethod::kDraftModel, foreign_draft_.get()},
+      {"prompt lookup", SpeculationMethod::kPromptLookup, nullptr}};
+  int64_t drafted = 0, accepted = 0;
+  for (const uint64_t seed : {1, 2, 3}) {
+    SamplingSettings sampling;
+    sampling.temperature = 0.9f;
+    sampling.top_p = 0.95f;
+    sampling.seed = seed;
+    sampling.max_tokens = 32;
+    sampling.stop_at_eos = false;
+    for (const auto& prompt : prompts()) {
+      const std::vector<int32_t> expected =
+          reference_decode(*target_, prompt, sampling, Verification::kSharedNoise).tokens;
+      ASSERT_NE(expected,
+                reference_decode(*target_, prompt, sampling, Verification::kRejection).tokens)
+          << "the two ways of drawing should differ somewhere, or this test shows nothing";
+      for (const Proposer& proposer : proposers) {
+        for (const GammaControl controller : kControls) {
+          for (const int64_t gamma : {1, 3, 8}) {
+            SpeculationSettings settings = speculation(proposer.method, controller, gamma);
+            settings.verification = Verification::kSharedNoise;
+            const Completion result = decode(*target_, proposer.draft, prompt, sampling, settings);
+            ASSERT_EQ(result.tokens, expected)
+                << proposer.name << ", " << to_string(controller) << ", gamma " << gamma
+                << ", seed " << seed << ", prompt of " << prompt.size();
+            drafted += result.stats.drafted;
+            accepted += result.stats.accepted;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+  // In one batch with mates of other seeds and prompts, as a server runs them.
+  BatchEngine engine(*target_, foreign_draft_.get(), {});
+  std::vector<EngineRequest> requests;
+  std::vector<std::vector<int32_t>> expected;
+  for (int i = 0; i < 12; ++i) {
+    EngineRequest request;
+    request.prompt = prompts()[static_cast<size_t>(i) % prompts().size()];
+    request.sampling.temperature = 1.0f;
+    request.sampling.seed = static_cast<uint64_t>(100 + i);
+    request.sampling.max_tokens = 24;
+    request.sampling.stop_at_eos = false;
+    request.speculation = speculation(SpeculationMethod::kDraftModel, kControls[i % 3], 1 + i % 5);
+    request.speculation.verification = Verification::kSharedNoise;
+    expected.push_back(
+        reference_decode(*target_, request.prompt, request.sampling, Verification::kSharedNoise)
+            .tokens);
+    requests.push_back(std::move(request));
+  }
+  const std::vector<Completion> completions = engine.run(std::move(requests));
+  for (size_t i = 0; i < completions.size(); ++i) {
+    EXPECT_EQ(completions[i].tokens, expected[i]) << "request " << i;
+  }
+}
+
+TEST_F(SpeculativeTest, SeededRejectionSamplingDoesNotDependOnBatchMates) {
+  // A request's numbers are its own: with the same drafting steps (the fixed controller) its
+  // sampled output is the same alone and among seven others.
+  SamplingSettings sampling;
+  sampling.temperature = 0.8f;
+  sampling.seed = 5;
+  sampling.max_tokens = 30;
+  sampling.stop_at_eos = false;
+  SpeculationSettings settings =
+      speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, 3);
+  settings.verification = Verification::kRejection;
+  const std::vector<int32_t> prompt = {1, 5, 9, 13};
+  const Completion alone = decode(*target_, foreign_draft_.get(), prompt, sampling, settings);
+  BatchEngine engine(*target_, foreign_draft_.get(), {});
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    EngineRequest request;
+    request.prompt = i == 3 ? prompt : prompts()[static_cast<size_t>(i) % prompts().size()];
+    request.sampling = sampling;
+    if (i != 3) request.sampling.seed = static_cast<uint64_t>(40 + i);
+    request.speculation = settings;
+    requests.push_back(std::move(request));
+  }
+  const std::vector<Completion> together = engine.run(std::move(requests));
+  EXPECT_EQ(together[3].tokens, alone.tokens);
+  EXPECT_GT(alone.stats.drafted, 0);
+}
+
 TEST_F(SpeculativeTest, WithoutADraftModelTheDraftMethodDecodesPlainly) {
   const std::vector<int32_t> prompt = {1, 2, 3};
   const Completion result = decode(*target_, nullptr, prompt, greedy(12));
@@ -230,8 +327,7 @@ TEST_F(SpeculativeTest, BoundedCatchUpRestartsTheDraftAtTheLatestTokens) {
   // Proposals, and their q, of a fresh sequence given `committed` as its whole text.
   auto fresh = [&](int64_t id, std::span<const int32_t> committed, int64_t gamma) {
     proposer.add_sequence(id);
-    Rng rng(5);
-    const DraftRequest request[] = {{id, committed, gamma, &rng}};
+    const DraftRequest request[] = {{id, committed, gamma, RandomStream(5)}};
     Proposals proposals = proposer.propose(request);
     proposer.remove_sequence(id);
     return proposals;
@@ -246,27 +342,24 @@ TEST_F(SpeculativeTest, BoundedCatchUpRestartsTheDraftAtTheLatestTokens) {
   };
 
   proposer.add_sequence(0);
-  Rng rng(5);
-  const DraftRequest first[] = {{0, all.first(10), 1, &rng}};
+  const DraftRequest first[] = {{0, all.first(10), 1, RandomStream(5)}};
   proposer.propose(first);
   EXPECT_EQ(proposer.cached_length(0), 10);
   // 70 tokens unseen, at most 16 read: the draft's context is the latest 16, as if they were its
   // whole text.
-  Rng probe_rng(5);
-  const DraftRequest probe[] = {{0, all.first(80), 3, &probe_rng, nullptr, -1.0f, 16}};
+  const DraftRequest probe[] = {{0, all.first(80), 3, RandomStream(5), 0, nullptr, -1.0f, 16}};
   expect_same(proposer.propose(probe), fresh(1, all.subspan(64, 16), 3));
   EXPECT_EQ(proposer.skipped(0), 64);
   EXPECT_EQ(proposer.cached_length(0), 80 + 2);  // the window, then d1 and d2
   proposer.rollback(0, 81);
   EXPECT_EQ(proposer.cached_length(0), 81);
   // Drafting for real again (no bound): the whole text is read anew.
-  Rng real_rng(5);
-  const DraftRequest real[] = {{0, all.first(85), 2, &real_rng}};
+  const DraftRequest real[] = {{0, all.first(85), 2, RandomStream(5)}};
   expect_same(proposer.propose(real), fresh(2, all.first(85), 2));
   EXPECT_EQ(proposer.skipped(0), 0);
   EXPECT_EQ(proposer.cached_length(0), 85 + 1);
   // A rollback before a bounded read's start forgets the cache; the next read starts there.
-  const DraftRequest bounded[] = {{0, all.first(90), 1, &real_rng, nullptr, -1.0f, 3}};
+  const DraftRequest bounded[] = {{0, all.first(90), 1, RandomStream(5), 0, nullptr, -1.0f, 3}};
   proposer.propose(bounded);
   EXPECT_EQ(proposer.skipped(0), 87);
   proposer.rollback(0, 60);
@@ -283,9 +376,8 @@ TEST_F(SpeculativeTest, ProposerCachesRollBackToTheCommittedPrefix) {
     ModelProposer proposer(*draft, greedy_params, 0.0f);
     proposer.add_sequence(0);
     const std::vector<int32_t> committed = {1, 5, 9, 13, 17};
-    Rng rng(1);
     const int64_t gamma = 4;
-    const DraftRequest request[] = {{0, committed, gamma, &rng}};
+    const DraftRequest request[] = {{0, committed, gamma}};
     const Proposals proposals = proposer.propose(request);
     ASSERT_EQ(proposals.counts[0], gamma);
     // Fed the 5 committed tokens and d1..d3, never d4.
@@ -300,7 +392,8 @@ TEST_F(SpeculativeTest, ProposerCachesRollBackToTheCommittedPrefix) {
     const ScoreRequest score_request[] = {{sequence, committed.back(), proposals.row_tokens(0)}};
     const Scores scores = scorer.score(score_request);
     EXPECT_EQ(target_->kv_cache().length(sequence), 5 + gamma);
-    const Verdict verdict = GreedyVerifier().verify(proposals, scores, {});
+    const RowDraws no_randomness[1];
+    const Verdict verdict = GreedyVerifier().verify(proposals, scores, no_randomness);
     const int64_t k = verdict.accepted[0];
     if (draft == self_draft_.get()) {
       EXPECT_EQ(k, gamma);
@@ -312,11 +405,11 @@ TEST_F(SpeculativeTest, ProposerCachesRollBackToTheCommittedPrefix) {
     // The next proposal feeds what the draft has not seen and still matches a fresh run.
     std::vector<int32_t> next = committed;
     for (const int32_t token : verdict.row(0)) next.push_back(token);
-    const DraftRequest again[] = {{0, next, 2, &rng}};
+    const DraftRequest again[] = {{0, next, 2}};
     const Proposals second = proposer.propose(again);
     ModelProposer fresh(*draft, greedy_params, 0.0f);
     fresh.add_sequence(7);
-    const DraftRequest fresh_request[] = {{7, next, 2, &rng}};
+    const DraftRequest fresh_request[] = {{7, next, 2}};
     EXPECT_EQ(second.tokens, fresh.propose(fresh_request).tokens);
     target_->kv_cache().remove_sequence(sequence);
   }
@@ -469,10 +562,10 @@ class LosslessnessTest : public ::testing::Test {
   // step: the requests run in batches of up to 64, each row verified with its own generator, so
   // the check covers batched verification as users run it.
   testing::ChiSquare check(const SamplingSettings& sampling, const Verifier* verifier,
-                           int64_t gamma) {
+                           int64_t gamma, Verification verification = Verification::kRejection) {
     const std::vector<int32_t> prompt = {1, 4};
     const std::map<int64_t, double> exact =
-        enumerate_target(*target_, prompt, sampling_params(sampling), kVocab);
+        enumerate_target(*target_, prompt, sampling_params(sampling, verification), kVocab);
     std::map<int64_t, int64_t> counts;
     BatchEngine engine(*target_, draft_.get(), {.max_batch = 64, .verifier = verifier});
     constexpr int64_t kChunk = 4096;  // requests in flight at once, to bound memory
@@ -487,6 +580,7 @@ class LosslessnessTest : public ::testing::Test {
         request.sampling.seed = static_cast<uint64_t>(i) * 7919 + 17;
         request.speculation =
             testing::speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, gamma);
+        request.speculation.verification = verification;
         requests.push_back(std::move(request));
       }
       for (const Completion& completion : engine.run(std::move(requests))) {
@@ -539,6 +633,28 @@ TEST_F(LosslessnessTest, BrokenVerifiersFailTheSameCheck) {
   const testing::UnprocessedDraftVerifier unprocessed(sampling.temperature);
   const auto raw_q = check(sampling, &unprocessed, 2);
   EXPECT_GT(raw_q.statistic, raw_q.critical());
+}
+
+TEST_F(LosslessnessTest, SharedNoiseMatchesTheTarget) {
+  SamplingSettings sampling;
+  const auto plain = check(sampling, nullptr, 2, Verification::kSharedNoise);
+  EXPECT_LT(plain.statistic, plain.critical()) << "df " << plain.degrees;
+  sampling.temperature = 0.6f;
+  sampling.top_k = 4;
+  sampling.top_p = 0.9f;
+  const auto filtered = check(sampling, nullptr, 3, Verification::kSharedNoise);
+  EXPECT_LT(filtered.statistic, filtered.critical()) << "df " << filtered.degrees;
+}
+
+TEST_F(LosslessnessTest, BrokenSharedNoiseVerifiersFailTheSameCheck) {
+  SamplingSettings sampling;
+  sampling.temperature = 0.6f;
+  const testing::PlausibleDraftVerifier plausible;
+  const auto too_lenient = check(sampling, &plausible, 2, Verification::kSharedNoise);
+  EXPECT_GT(too_lenient.statistic, too_lenient.critical());
+  const testing::StuckNoiseVerifier stuck;
+  const auto correlated = check(sampling, &stuck, 2, Verification::kSharedNoise);
+  EXPECT_GT(correlated.statistic, correlated.critical());
 }
 
 // ---- pairing ----------------------------------------------------------------------------------
@@ -647,7 +763,7 @@ TEST(PromptLookupProposer, ProposesWhatFollowedTheLatestMatch) {
   PromptLookupProposer lookup(1, 3);
   // "5 6 7" occurs earlier followed by 8 9; the suffix "6 7" matches there.
   const std::vector<int32_t> text = {1, 5, 6, 7, 8, 9, 2, 6, 7};
-  const DraftRequest requests[] = {{0, text, 4, nullptr}, {1, text, 0, nullptr}};
+  const DraftRequest requests[] = {{0, text, 4}, {1, text, 0}};
   const Proposals proposals = lookup.propose(requests);
   ASSERT_EQ(proposals.batch, 2);
   EXPECT_TRUE(proposals.point_masses());
@@ -659,7 +775,7 @@ TEST(PromptLookupProposer, ProposesWhatFollowedTheLatestMatch) {
 TEST(PromptLookupProposer, PadsToGammaForCalibration) {
   const std::vector<int32_t> repeats = {3, 4, 3};   // "3" matches, followed by 4 3
   const std::vector<int32_t> no_match = {1, 2, 3};  // nothing recurs
-  const DraftRequest requests[] = {{0, repeats, 5, nullptr}, {1, no_match, 3, nullptr}};
+  const DraftRequest requests[] = {{0, repeats, 5}, {1, no_match, 3}};
   const Proposals plain = PromptLookupProposer(1, 3).propose(requests);
   EXPECT_EQ(plain.row_tokens(0).size(), 2u);
   EXPECT_TRUE(plain.row_tokens(1).empty());

@@ -140,8 +140,8 @@ std::vector<double> reference_logits(const std::filesystem::path& model_dir,
 }
 
 ReferenceRun reference_decode(Model& model, std::span<const int32_t> prompt,
-                              const SamplingSettings& sampling) {
-  Sampler sampler(sampling_params(sampling));
+                              const SamplingSettings& sampling, Verification verification) {
+  Sampler sampler(sampling_params(sampling, verification));
   const std::vector<int32_t>& eos = model.config().eos_token_ids;
   const SequenceId sequence = model.kv_cache().add_sequence();
   ReferenceRun run;

@@ -81,15 +81,16 @@ void write_layer_skip_pair(const std::filesystem::path& directory);
 std::string byte_tokenizer_json();
 
 // The reference the engine's plain decoding is checked against: the simplest loop over
-// Model::forward and the Sampler (one uniform per token, from the seed), on a fresh sequence of
-// the model's cache, independent of the engine's step. Stops at EOS (when asked), max_tokens, or
-// a full context.
+// Model::forward and the Sampler (the n-th token drawn with output position n's numbers, as
+// `verification` draws them), on a fresh sequence of the model's cache, independent of the
+// engine's step. Stops at EOS (when asked), max_tokens, or a full context.
 struct ReferenceRun {
   std::vector<int32_t> tokens;                     // generated, EOS excluded
   FinishReason reason = FinishReason::kMaxTokens;  // why it stopped
 };
 ReferenceRun reference_decode(Model& model, std::span<const int32_t> prompt,
-                              const SamplingSettings& sampling);
+                              const SamplingSettings& sampling,
+                              Verification verification = SpeculationSettings{}.verification);
 
 // Greedy settings for `max_tokens` tokens that do not stop at EOS.
 SamplingSettings greedy(int64_t max_tokens);

@@ -19,7 +19,9 @@ struct FixedStep {
   std::vector<std::vector<float>> p;  // [g + 1][vocab]
 };
 
-Proposals draw_proposals(const FixedStep& step, Rng& rng) {
+// Drafts for draw `draw`: d_i from q_i with the uniform of (position i - 1, Draw::kDraft), or,
+// for the shared-noise verifier, with the shared noise of that position.
+Proposals draw_proposals(const FixedStep& step, const RandomStream& stream, bool shared_noise) {
   const int64_t gamma = static_cast<int64_t>(step.q.size());
   const int64_t vocab = static_cast<int64_t>(step.p[0].size());
   Proposals proposals;
@@ -28,9 +30,10 @@ Proposals draw_proposals(const FixedStep& step, Rng& rng) {
   proposals.vocab = vocab;
   proposals.counts = {static_cast<int32_t>(gamma)};
   for (int64_t i = 0; i < gamma; ++i) {
-    proposals.tokens.push_back(sample_from(step.q[static_cast<size_t>(i)], rng));
-    proposals.probs.insert(proposals.probs.end(), step.q[static_cast<size_t>(i)].begin(),
-                           step.q[static_cast<size_t>(i)].end());
+    const std::vector<float>& q = step.q[static_cast<size_t>(i)];
+    proposals.tokens.push_back(shared_noise ? sample_with_noise(q, stream, i)
+                                            : sample_from(q, stream.uniform(i, Draw::kDraft)));
+    proposals.probs.insert(proposals.probs.end(), q.begin(), q.end());
   }
   return proposals;
 }
@@ -43,21 +46,38 @@ Scores make_scores(const FixedStep& step) {
   return scores;
 }
 
-// The first emitted token over many draws; with fixed distributions its law must be p_0 exactly,
-// and the second token, when the first draft was accepted, must follow p_1.
-testing::ChiSquare first_token_check(const Verifier& verifier, const FixedStep& step,
-                                     int64_t draws) {
-  Rng draft_rng(1), verify_rng(2);
+// One row's numbers for draw i: a stream of its own, position 0.
+RowDraws row_draws(int64_t i) {
+  return {RandomStream(static_cast<uint64_t>(i) * 7919 + 1), 0};
+}
+
+// The first emitted token over many draws; with fixed distributions its law must be p_0 exactly.
+testing::ChiSquare first_token_check(const Verifier& verifier, const FixedStep& step, int64_t draws,
+                                     bool shared_noise = false) {
   const Scores scores = make_scores(step);
   std::map<int64_t, int64_t> counts;
   for (int64_t i = 0; i < draws; ++i) {
-    const Proposals proposals = draw_proposals(step, draft_rng);
-    const Verdict verdict = verifier.verify(proposals, scores, std::span<Rng>(&verify_rng, 1));
+    const RowDraws row[] = {row_draws(i)};
+    const Proposals proposals = draw_proposals(step, row[0].stream, shared_noise);
+    const Verdict verdict = verifier.verify(proposals, scores, row);
     ++counts[verdict.row(0)[0]];
   }
   std::map<int64_t, double> expected;
   for (size_t x = 0; x < step.p[0].size(); ++x) expected[static_cast<int64_t>(x)] = step.p[0][x];
   return testing::chi_square(counts, expected, draws);
+}
+
+// The fraction of draws whose first draft was accepted.
+double first_acceptance(const Verifier& verifier, const FixedStep& step, int64_t draws,
+                        bool shared_noise) {
+  const Scores scores = make_scores(step);
+  int64_t accepted = 0;
+  for (int64_t i = 0; i < draws; ++i) {
+    const RowDraws row[] = {row_draws(i)};
+    accepted += verifier.verify(draw_proposals(step, row[0].stream, shared_noise), scores, row)
+                    .accepted[0] >= 1;
+  }
+  return static_cast<double>(accepted) / static_cast<double>(draws);
 }
 
 const FixedStep kStep = {
@@ -79,26 +99,17 @@ TEST(RejectionSampler, BrokenVerifiersAreCaught) {
 
 TEST(RejectionSampler, AcceptanceIsTheOverlapOfTheDistributions) {
   // P(accept d_1) = sum_x min(p_0(x), q_1(x)) = 0.1 + 0.2 + 0.15 + 0.05 = 0.5.
-  Rng draft_rng(3), verify_rng(4);
-  const Scores scores = make_scores(kStep);
-  int64_t accepted = 0;
-  const int64_t draws = 200000;
-  for (int64_t i = 0; i < draws; ++i) {
-    const Verdict verdict = RejectionSampler().verify(draw_proposals(kStep, draft_rng), scores,
-                                                      std::span<Rng>(&verify_rng, 1));
-    accepted += verdict.accepted[0] >= 1;
-  }
   // Binomial standard deviation: sqrt(0.25 / 200000) = 0.0011; five of them.
-  EXPECT_NEAR(static_cast<double>(accepted) / draws, 0.5, 0.0056);
+  EXPECT_NEAR(first_acceptance(RejectionSampler(), kStep, 200000, false), 0.5, 0.0056);
 }
 
 TEST(RejectionSampler, IdenticalDistributionsAcceptEverything) {
   const FixedStep same = {{{0.2f, 0.8f}, {0.6f, 0.4f}}, {{0.2f, 0.8f}, {0.6f, 0.4f}, {0.5f, 0.5f}}};
-  Rng draft_rng(5), verify_rng(6);
   const Scores scores = make_scores(same);
   for (int i = 0; i < 1000; ++i) {
-    const Verdict verdict = RejectionSampler().verify(draw_proposals(same, draft_rng), scores,
-                                                      std::span<Rng>(&verify_rng, 1));
+    const RowDraws row[] = {row_draws(i)};
+    const Verdict verdict =
+        RejectionSampler().verify(draw_proposals(same, row[0].stream, false), scores, row);
     ASSERT_EQ(verdict.accepted[0], 2);
     ASSERT_EQ(verdict.row(0).size(), 3u);  // two drafts and the bonus
   }
@@ -107,7 +118,6 @@ TEST(RejectionSampler, IdenticalDistributionsAcceptEverything) {
 TEST(RejectionSampler, PointMassDraftsAreExact) {
   // Prompt lookup proposes with q a point mass: accept with probability p(d), recover from p
   // without d. The first token must still follow p_0.
-  const std::vector<float> p0 = {0.1f, 0.6f, 0.3f};
   Proposals proposals;
   proposals.batch = 1;
   proposals.gamma = 1;
@@ -117,11 +127,11 @@ TEST(RejectionSampler, PointMassDraftsAreExact) {
   scores.vocab = 3;
   scores.row_begin = {0, 2};
   scores.probs = {0.1f, 0.6f, 0.3f, 0.3f, 0.3f, 0.4f};
-  Rng rng(7);
   std::map<int64_t, int64_t> counts;
   const int64_t draws = 100000;
   for (int64_t i = 0; i < draws; ++i) {
-    ++counts[RejectionSampler().verify(proposals, scores, std::span<Rng>(&rng, 1)).row(0)[0]];
+    const RowDraws row[] = {row_draws(i)};
+    ++counts[RejectionSampler().verify(proposals, scores, row).row(0)[0]];
   }
   const auto check = testing::chi_square(counts, {{0, 0.1}, {1, 0.6}, {2, 0.3}}, draws);
   EXPECT_LT(check.statistic, check.critical());
@@ -140,12 +150,72 @@ TEST(RejectionSampler, DraftVocabularyWiderThanTheTarget) {
   scores.vocab = 3;
   scores.row_begin = {0, 2};
   scores.probs = {0.5f, 0.5f, 0.0f, 0.2f, 0.2f, 0.6f};
-  Rng rng(8);
+  const RejectionSampler rejection;
+  const SharedNoiseVerifier shared_noise;
   for (int i = 0; i < 100; ++i) {
-    const Verdict verdict = RejectionSampler().verify(proposals, scores, std::span<Rng>(&rng, 1));
-    ASSERT_EQ(verdict.accepted[0], 0);
-    ASSERT_LT(verdict.row(0)[0], 2);
+    const RowDraws row[] = {row_draws(i)};
+    for (const Verifier* verifier :
+         {static_cast<const Verifier*>(&rejection), static_cast<const Verifier*>(&shared_noise)}) {
+      const Verdict verdict = verifier->verify(proposals, scores, row);
+      ASSERT_EQ(verdict.accepted[0], 0);
+      ASSERT_LT(verdict.row(0)[0], 2);
+    }
   }
+}
+
+TEST(RejectionSampler, ATokensNumbersAreThoseOfItsPosition) {
+  // The bonus token of a row whose drafts start at position 10 with two drafts is drawn with the
+  // token uniform of position 12: the same token plain sampling draws there.
+  const FixedStep same = {{{0.2f, 0.8f}, {0.6f, 0.4f}}, {{0.2f, 0.8f}, {0.6f, 0.4f}, {0.5f, 0.5f}}};
+  const Scores scores = make_scores(same);
+  for (int64_t i = 0; i < 200; ++i) {
+    const RowDraws row[] = {{RandomStream(static_cast<uint64_t>(i)), 10}};
+    Proposals proposals = draw_proposals(same, row[0].stream, false);
+    const Verdict verdict = RejectionSampler().verify(proposals, scores, row);
+    ASSERT_EQ(verdict.accepted[0], 2);
+    EXPECT_EQ(
+        verdict.row(0)[2],
+        sample_from(same.p[2], RandomStream(static_cast<uint64_t>(i)).uniform(12, Draw::kToken)));
+  }
+}
+
+TEST(SharedNoiseVerifier, EmitsThePlainSampleWhateverWasDrafted) {
+  // The target's token at each position is its Gumbel-max sample with that position's noise,
+  // whatever the drafts: those of q, or any tokens at all.
+  const Scores scores = make_scores(kStep);
+  for (int64_t i = 0; i < 2000; ++i) {
+    const RowDraws row[] = {{RandomStream(static_cast<uint64_t>(i)), 3}};
+    Proposals proposals = draw_proposals(kStep, RandomStream(static_cast<uint64_t>(i) + 1), false);
+    proposals.tokens = {static_cast<int32_t>(i % 4), static_cast<int32_t>((i / 4) % 4)};
+    const Verdict verdict = SharedNoiseVerifier().verify(proposals, scores, row);
+    const int32_t k = verdict.accepted[0];
+    for (int32_t j = 0; j <= k; ++j) {
+      ASSERT_EQ(verdict.row(0)[static_cast<size_t>(j)],
+                sample_with_noise(kStep.p[static_cast<size_t>(j)], row[0].stream, 3 + j))
+          << "draw " << i << " position " << j;
+    }
+    for (int32_t j = 0; j < k; ++j) {
+      ASSERT_EQ(verdict.row(0)[static_cast<size_t>(j)], proposals.tokens[static_cast<size_t>(j)]);
+    }
+  }
+}
+
+TEST(SharedNoiseVerifier, FirstTokenFollowsTheTarget) {
+  const auto check = first_token_check(SharedNoiseVerifier(), kStep, 200000, true);
+  EXPECT_LT(check.statistic, check.critical()) << "df " << check.degrees;
+  const auto plausible = first_token_check(testing::PlausibleDraftVerifier(), kStep, 200000, true);
+  EXPECT_GT(plausible.statistic, plausible.critical());
+}
+
+TEST(SharedNoiseVerifier, AcceptsAsTheGumbelCouplingAllows) {
+  // Total variation 0.5 between p_0 and q_1: rejection sampling accepts 1 - tv = 0.5; the Gumbel
+  // coupling at least (1 - tv) / (1 + tv) = 1/3, and never more than the optimum.
+  const double acceptance = first_acceptance(SharedNoiseVerifier(), kStep, 200000, true);
+  EXPECT_GT(acceptance, 1.0 / 3.0);
+  EXPECT_LT(acceptance, 0.5);
+  // The draft must draw with the same noise for that: with independent draws it is the product of
+  // the marginals, sum_x p(x) q(x) = 0.05 + 0.06 + 0.045 + 0.02 = 0.175.
+  EXPECT_NEAR(first_acceptance(SharedNoiseVerifier(), kStep, 200000, false), 0.175, 0.0045);
 }
 
 TEST(GreedyVerifier, AcceptsWhileDraftsAreTheArgmax) {
@@ -159,7 +229,8 @@ TEST(GreedyVerifier, AcceptsWhileDraftsAreTheArgmax) {
   scores.row_begin = {0, 4, 6};
   scores.probs = {0, 1, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0,  // row 0: argmax 1, 0, 2, 0
                   0, 0, 1, 0, 1, 0};                   // row 1: argmax 2, 1
-  const Verdict verdict = GreedyVerifier().verify(proposals, scores, {});
+  const RowDraws unused[2];
+  const Verdict verdict = GreedyVerifier().verify(proposals, scores, unused);
   EXPECT_EQ(verdict.accepted, (std::vector<int32_t>{2, 1}));
   EXPECT_EQ(std::vector<int32_t>(verdict.row(0).begin(), verdict.row(0).end()),
             (std::vector<int32_t>{1, 0, 2}));  // d1, d2 accepted, then the recovered argmax
@@ -178,9 +249,10 @@ TEST(Verifier, RejectsScoresThatDoNotMatchTheProposals) {
   scores.vocab = 2;
   scores.row_begin = {0, 2};  // needs 3 distributions
   scores.probs = {1, 0, 0, 1};
-  Rng rng(1);
-  EXPECT_THROW(GreedyVerifier().verify(proposals, scores, {}), Error);
-  EXPECT_THROW(RejectionSampler().verify(proposals, scores, std::span<Rng>(&rng, 1)), Error);
+  const RowDraws row[1];
+  EXPECT_THROW(GreedyVerifier().verify(proposals, scores, row), Error);
+  EXPECT_THROW(RejectionSampler().verify(proposals, scores, row), Error);
+  EXPECT_THROW(SharedNoiseVerifier().verify(proposals, scores, row), Error);
 }
 
 }  // namespace

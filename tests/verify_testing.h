@@ -64,15 +64,15 @@ inline ChiSquare chi_square(const std::map<int64_t, int64_t>& counts,
 // Wrong residual: recovers from p itself instead of max(0, p - q).
 class ResidualWithoutSubtractionVerifier : public Verifier {
  public:
-  Verdict verify(const Proposals& proposals, const Scores& scores,
-                 std::span<Rng> rngs) const override;
+  int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
+                     const RowDraws& draws, std::span<int32_t> out) const override;
 };
 
 // Off by one position: compares d_i against p_i instead of p_{i-1}.
 class ShiftedPositionVerifier : public Verifier {
  public:
-  Verdict verify(const Proposals& proposals, const Scores& scores,
-                 std::span<Rng> rngs) const override;
+  int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
+                     const RowDraws& draws, std::span<int32_t> out) const override;
 };
 
 // An unprocessed q: treats the draft's distribution as if temperature had not been applied,
@@ -80,11 +80,27 @@ class ShiftedPositionVerifier : public Verifier {
 class UnprocessedDraftVerifier : public Verifier {
  public:
   explicit UnprocessedDraftVerifier(float temperature) : temperature_(temperature) {}
-  Verdict verify(const Proposals& proposals, const Scores& scores,
-                 std::span<Rng> rngs) const override;
+  int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
+                     const RowDraws& draws, std::span<int32_t> out) const override;
 
  private:
   float temperature_;
+};
+
+// Shared noise, accepting too much: a draft the target gives any probability is accepted, rather
+// than only the target's own Gumbel-max token.
+class PlausibleDraftVerifier : public Verifier {
+ public:
+  int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
+                     const RowDraws& draws, std::span<int32_t> out) const override;
+};
+
+// Shared noise that does not advance: every position of a step reads the noise of the step's
+// first position, so tokens decided in one step are correlated.
+class StuckNoiseVerifier : public Verifier {
+ public:
+  int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
+                     const RowDraws& draws, std::span<int32_t> out) const override;
 };
 
 }  // namespace specrun::testing

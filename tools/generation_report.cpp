@@ -45,6 +45,7 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
                          {"total_ms", stats.total_ms},
                          {"method", to_string(run.method)},
                          {"controller", to_string(run.controller)},
+                         {"verification", to_string(run.verification)},
                          {"backend", run.backend},
                          {"threads", run.threads}};
   if (run.baseline) {
@@ -78,10 +79,11 @@ void print_stats(std::FILE* stream, const RequestStats& stats, const RunDescript
     return;
   }
   std::fprintf(stream,
-               "specrun: speculative (%s, %s controller): acceptance %.3f, %.2f tokens per "
-               "target step over %lld steps; gamma histogram (drafts:steps) %s\n",
-               to_string(run.method), to_string(run.controller), stats.acceptance_rate,
-               stats.mean_accepted_length, static_cast<long long>(stats.steps), histogram.c_str());
+               "specrun: speculative (%s, %s controller, %s verification): acceptance %.3f, %.2f "
+               "tokens per target step over %lld steps; gamma histogram (drafts:steps) %s\n",
+               to_string(run.method), to_string(run.controller), to_string(run.verification),
+               stats.acceptance_rate, stats.mean_accepted_length,
+               static_cast<long long>(stats.steps), histogram.c_str());
   const double busy = stats.draft_ms + stats.target_ms;
   std::fprintf(stream, "specrun: time split: draft %.1f ms (%.0f%%), target %.1f ms (%.0f%%)\n",
                stats.draft_ms, busy > 0 ? 100.0 * stats.draft_ms / busy : 0.0, stats.target_ms,

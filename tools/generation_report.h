@@ -20,18 +20,19 @@ struct Baseline {
 };
 
 struct RunDescription {
-  std::string backend;                                  // "cpu"
-  int threads = 0;                                      // CPU threads
-  SpeculationMethod method = SpeculationMethod::kNone;  // who proposed
-  GammaControl controller = GammaControl::kGoodput;     // how gamma adapted
-  FinishReason reason = FinishReason::kMaxTokens;       // why generation ended
-  std::optional<Baseline> baseline;                     // the target-alone rerun, if any
+  std::string backend;                                     // "cpu"
+  int threads = 0;                                         // CPU threads
+  SpeculationMethod method = SpeculationMethod::kNone;     // who proposed
+  GammaControl controller = GammaControl::kGoodput;        // how gamma adapted
+  Verification verification = Verification::kSharedNoise;  // how sampled drafts were verified
+  FinishReason reason = FinishReason::kMaxTokens;          // why generation ended
+  std::optional<Baseline> baseline;                        // the target-alone rerun, if any
 };
 
 // Keys: tokens_generated, ttft_ms, itl_ms_mean, itl_ms_p50, itl_ms_p99, tokens_per_second,
 // acceptance_rate, mean_accepted_length, gamma_histogram ({"gamma": steps}), draft_ms, target_ms,
 // and for context prompt_tokens, finish_reason, steps, drafted, accepted, method, controller,
-// backend, threads; with a baseline also baseline_tokens_per_second, speedup and
+// verification, backend, threads; with a baseline also baseline_tokens_per_second, speedup and
 // baseline_same_output.
 nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& run);
 

@@ -240,8 +240,8 @@ nlohmann::json speculative_bench(const std::string& label, const std::string& ta
                            {"draft_step_ms", draft_step},
                            {"verify_ms", verify},
                            {"target_only_tokens_per_second", baseline.tokens_per_second}};
-  std::printf("%-10s %8s %8s %10s %10s %10s  %s\n", "controller", "gamma", "alpha", "tokens/s",
-              "speedup", "predicted", "gamma histogram (drafts:steps)");
+  std::printf("%-13s %-10s %8s %8s %10s %10s %10s  %s\n", "verification", "controller", "gamma",
+              "accepted", "tokens/s", "speedup", "predicted", "gamma histogram (drafts:steps)");
   auto report = [&](const std::string& controller, int64_t gamma,
                     const specrun::SpeculationSettings& speculation) {
     const RunSummary run =
@@ -258,14 +258,17 @@ nlohmann::json speculative_bench(const std::string& label, const std::string& ta
       predicted = expected * decode /
                   (static_cast<double>(gamma) * draft_step + verify[static_cast<size_t>(gamma)]);
     }
-    std::printf("%-10s %8s %8.3f %10.1f %9.2fx %9.2fx  %s\n", controller.c_str(),
+    std::printf("%-13s %-10s %8s %8.3f %10.1f %9.2fx %9.2fx  %s\n",
+                specrun::to_string(speculation.verification), controller.c_str(),
                 gamma > 0 ? std::to_string(gamma).c_str() : "adaptive", run.acceptance,
                 run.tokens_per_second, speedup, predicted,
                 histogram_text(run.gamma_histogram).c_str());
     result["runs"].push_back(
         {{"controller", controller},
+         {"verification", specrun::to_string(speculation.verification)},
          {"gamma", gamma},
          {"acceptance", run.acceptance},
+         {"per_token_acceptance", run.per_token_acceptance},
          {"mean_accepted_length", run.mean_accepted_length},
          {"tokens_per_second", run.tokens_per_second},
          {"speedup", speedup},
@@ -274,12 +277,25 @@ nlohmann::json speculative_bench(const std::string& label, const std::string& ta
   };
   for (const int64_t gamma : {1, 2, 3, 4, 6, 8}) {
     specrun::SpeculationSettings fixed;
+    fixed.verification = specrun::Verification::kRejection;
     fixed.controller = specrun::GammaControl::kFixed;
     fixed.gamma = fixed.gamma_min = gamma;
     fixed.gamma_max = 8;
     report("fixed", gamma, fixed);
   }
-  specrun::SpeculationSettings goodput;  // the default controller
+  specrun::SpeculationSettings goodput;  // the default controller and verification (shared noise)
+  specrun::SpeculationSettings goodput_rejection = goodput;
+  goodput_rejection.verification = specrun::Verification::kRejection;
+  report("goodput", 0, goodput_rejection);
+  // Shared-noise verification on the same prompts: what reproducibility costs in acceptance.
+  for (const int64_t gamma : {2, 4}) {
+    specrun::SpeculationSettings fixed;
+    fixed.controller = specrun::GammaControl::kFixed;
+    fixed.gamma = fixed.gamma_min = gamma;
+    fixed.gamma_max = 8;
+    fixed.verification = specrun::Verification::kSharedNoise;
+    report("fixed", gamma, fixed);
+  }
   report("goodput", 0, goodput);
 
   // The goodput controller's speedup again, paired: target-only and goodput runs alternate, so

@@ -190,6 +190,7 @@ int run(const Options& options) {
                                      info.threads,
                                      engine_config.speculation.method,
                                      engine_config.speculation.controller,
+                                     engine_config.speculation.verification,
                                      finish_reason(result),
                                      std::nullopt};
   if (compare) {
@@ -264,6 +265,15 @@ int main(int argc, char** argv) {
       ->transform(choices({specrun::GammaControl::kGoodput, specrun::GammaControl::kHeuristic,
                            specrun::GammaControl::kFixed}))
       ->type_name("goodput|heuristic|fixed");
+  CLI::Option* verification = app.add_option(
+      "--verification", f.speculation.verification,
+      "How sampled drafts are verified: shared_noise (the default: draft and target share each "
+      "position's Gumbel noise, so with a seed the output is the same with or without "
+      "speculation, for any gamma and controller) or rejection (rejection sampling: slightly "
+      "more drafts accepted, output reproducible only when the steps draft alike)");
+  verification
+      ->transform(choices({specrun::Verification::kSharedNoise, specrun::Verification::kRejection}))
+      ->type_name("shared_noise|rejection");
   app.add_option("--stats-json", options.stats_json,
                  "Also write the run's stats as JSON to this file");
   CLI::Option* gamma_min =
@@ -329,6 +339,7 @@ int main(int argc, char** argv) {
     if (given(deterministic)) config.deterministic = f.deterministic;
     if (given(method)) config.speculation.method = f.speculation.method;
     if (given(controller)) config.speculation.controller = f.speculation.controller;
+    if (given(verification)) config.speculation.verification = f.speculation.verification;
   };
   return specrun::tools::run_reporting_errors("specrun", options.log_level,
                                               [&] { return run(options); });

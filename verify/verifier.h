@@ -1,40 +1,71 @@
 // Acceptance of drafted tokens. The rejection sampler keeps the output distributed exactly as the
-// target's processed distribution (Leviathan et al. 2023; Chen et al. 2023); the greedy verifier
-// reproduces greedy target-only decoding token for token.
+// target's processed distribution (Leviathan et al. 2023; Chen et al. 2023); the shared-noise
+// verifier does too, and makes the output the same token for token whatever was drafted (Daliri et
+// al. 2024, "drafter-invariant" decoding); the greedy verifier reproduces greedy target-only
+// decoding token for token.
 #pragma once
 
+#include <cstdint>
 #include <span>
 
-#include "runtime/sampling/rng.h"
+#include "runtime/sampling/random_stream.h"
 #include "runtime/sampling/speculative_step.h"
 
 namespace specrun {
 
+// The random numbers of one row: its request's stream, and the output position of the token that
+// p_0 decides (the row's drafts d_1.. are proposals for that position and the ones after it).
+struct RowDraws {
+  RandomStream stream{};
+  int64_t position = 0;
+};
+
+// A verdict of the step's shape, nothing decided yet: every token -1, every count 0. Throws Error
+// when the scores do not hold one distribution more than the drafts for every row.
+Verdict empty_verdict(const Proposals& proposals, const Scores& scores);
+
 class Verifier {
  public:
   virtual ~Verifier() = default;
-  // Decides every row; rngs[b] is row b's generator (one per sequence, so a row's randomness does
-  // not depend on its batch mates).
-  virtual Verdict verify(const Proposals& proposals, const Scores& scores,
-                         std::span<Rng> rngs) const = 0;
+  // Decides row b: writes d_1..d_k and the new token into out[0..k] (out has gamma + 1 slots, -1
+  // on entry) and returns k, the number of drafts accepted. Reads only the row's own numbers.
+  virtual int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
+                             const RowDraws& draws, std::span<int32_t> out) const = 0;
+  // Every row by this rule; draws[b] is row b's.
+  Verdict verify(const Proposals& proposals, const Scores& scores,
+                 std::span<const RowDraws> draws) const;
 };
 
 // For i = 1..n: accept d_i with probability min(1, p_{i-1}(d_i) / q_i(d_i)); at the first
 // rejection draw the recovered token from norm(max(0, p_{i-1} - q_i)) and stop; if all n are
-// accepted draw the bonus token from p_n. Distributions of different widths (a draft vocabulary
-// padded differently from the target's) are compared with zeros beyond either width.
+// accepted draw the bonus token from p_n. The test of d_i reads the uniform of (its position,
+// Draw::kAcceptance), the recovered or bonus token that of (its position, Draw::kToken).
+// Distributions of different widths (a draft vocabulary padded differently from the target's) are
+// compared with zeros beyond either width.
 class RejectionSampler : public Verifier {
  public:
-  Verdict verify(const Proposals& proposals, const Scores& scores,
-                 std::span<Rng> rngs) const override;
+  int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
+                     const RowDraws& draws, std::span<int32_t> out) const override;
+};
+
+// Shared noise: the target's token at each position is sample_with_noise(p_i) with that position's
+// noise, exactly what plain decoding with the shared noise draws; d_i is accepted while it equals
+// that token, and the first disagreeing (or the bonus) token is the target's own. So the output is
+// the target's Gumbel-max sample token for token, whatever the proposer, gamma, controller or
+// batch, and is distributed exactly as p. A draft drawn with the same noise from q agrees as often
+// as the Gumbel coupling of p and q allows, somewhat less often than rejection sampling accepts.
+class SharedNoiseVerifier : public Verifier {
+ public:
+  int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
+                     const RowDraws& draws, std::span<int32_t> out) const override;
 };
 
 // Accepts d_i while it is the argmax of p_{i-1} (lowest id on ties); the new token is the argmax
 // of the first disagreeing or the last distribution. Uses no randomness.
 class GreedyVerifier : public Verifier {
  public:
-  Verdict verify(const Proposals& proposals, const Scores& scores,
-                 std::span<Rng> rngs) const override;
+  int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
+                     const RowDraws& draws, std::span<int32_t> out) const override;
 };
 
 }  // namespace specrun

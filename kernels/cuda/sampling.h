@@ -93,9 +93,10 @@ Status launch_argmax(const RowsParams& params,
                      int32_t* out,         // [rows]
                      CUstream_st* stream);
 
-// out[r] = sample_from(probs[r]) with uniforms[r] as its one draw (the host's Rng::uniform(), so a
-// row consumes exactly what the CPU would): inverse CDF over a distribution that need not be
-// normalised; -1 for a row without positive total (where the CPU throws). One block per row.
+// out[r] = sample_from(probs[r], uniforms[r]) (the host's RandomStream uniform for the row's
+// position and purpose, so a row draws exactly what the CPU would): inverse CDF over a
+// distribution that need not be normalised; -1 for a row without positive total (where the CPU
+// throws). One block per row.
 //
 // The CPU accumulates the CDF in index order, one value at a time, in double. The device
 // accumulates in double too, in a fixed blocked order (each thread a few consecutive values, a

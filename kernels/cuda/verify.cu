@@ -40,21 +40,23 @@ struct Residual {
 
 __global__ void __launch_bounds__(kSampleThreads)
     rejection_kernel(VerifyParams params,
-                     const float* p,          // [batch, gamma + 1, vocab_p]
-                     const float* q,          // [batch, gamma, vocab_q] or null
-                     const int32_t* drafts,   // [batch, gamma]
-                     const int32_t* counts,   // [batch]
-                     const double* uniforms,  // [batch, gamma + 1]
-                     int32_t* tokens,         // [batch, gamma + 1]
-                     int32_t* accepted) {     // [batch]
+                     const float* p,                     // [batch, gamma + 1, vocab_p]
+                     const float* q,                     // [batch, gamma, vocab_q] or null
+                     const int32_t* drafts,              // [batch, gamma]
+                     const int32_t* counts,              // [batch]
+                     const double* acceptance_uniforms,  // [batch, gamma]
+                     const double* token_uniforms,       // [batch, gamma + 1]
+                     int32_t* tokens,                    // [batch, gamma + 1]
+                     int32_t* accepted) {                // [batch]
   __shared__ SampleStorage<kSampleThreads> storage;
   __shared__ int32_t decided_k;
   __shared__ int32_t decided_rejected;
   const int64_t b = blockIdx.x;
   const int64_t width = params.gamma + 1;
-  int32_t* out = tokens + b * width;                      // [gamma + 1]
-  const int32_t* row_drafts = drafts + b * params.gamma;  // [gamma]
-  const double* row_uniforms = uniforms + b * width;      // [gamma + 1]
+  int32_t* out = tokens + b * width;                                      // [gamma + 1]
+  const int32_t* row_drafts = drafts + b * params.gamma;                  // [gamma]
+  const double* row_acceptance = acceptance_uniforms + b * params.gamma;  // [gamma]
+  const double* row_token_uniforms = token_uniforms + b * width;          // [gamma + 1]
   const int32_t n = counts[b];
   if (!count_valid(n, params.gamma)) {
     for (int64_t j = threadIdx.x; j < width; j += kSampleThreads) out[j] = -1;
@@ -75,7 +77,9 @@ __global__ void __launch_bounds__(kSampleThreads)
         const float* q_k = q + (b * params.gamma + k) * params.vocab_q;  // [vocab_q]
         q_d = d >= 0 && d < params.vocab_q ? q_k[d] : 0.0f;
       }
-      if (__dmul_rn(row_uniforms[k], static_cast<double>(q_d)) < static_cast<double>(p_d)) continue;
+      if (__dmul_rn(row_acceptance[k], static_cast<double>(q_d)) < static_cast<double>(p_d)) {
+        continue;
+      }
       rejected = true;
       break;
     }
@@ -91,9 +95,9 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
 
   const float* p_k = p + (b * width + k) * params.vocab_p;  // [vocab_p]
-  // After a rejection at draft k the CPU has drawn k + 1 acceptance uniforms; after n acceptances,
-  // n = k of them.
-  const double u = row_uniforms[rejected ? k + 1 : k];
+  // The recovered token after a rejection of draft k + 1, or the bonus token (k = n): the token
+  // uniform of that position either way.
+  const double u = row_token_uniforms[k];
   int32_t token;
   if (rejected) {
     const float* q_k = q == nullptr ? nullptr : q + (b * params.gamma + k) * params.vocab_q;
@@ -175,18 +179,21 @@ Status check_verify(const char* name, const VerifyParams& params, const float* p
 }  // namespace
 
 Status launch_rejection_verify(const VerifyParams& params, const float* p, const float* q,
-                               const int32_t* drafts, const int32_t* counts, const double* uniforms,
+                               const int32_t* drafts, const int32_t* counts,
+                               const double* acceptance_uniforms, const double* token_uniforms,
                                int32_t* tokens, int32_t* accepted, CUstream_st* stream) {
   const Status checked =
       check_verify("rejection verify", params, p, drafts, counts, tokens, accepted);
   if (!checked.is_ok()) return checked;
-  if (uniforms == nullptr) return Status::invalid_argument("rejection verify: null uniforms");
+  if (token_uniforms == nullptr || (params.gamma > 0 && acceptance_uniforms == nullptr)) {
+    return Status::invalid_argument("rejection verify: null uniforms");
+  }
   if (q != nullptr && params.vocab_q <= 0) {
     return Status::invalid_argument("rejection verify: vocab_q must be > 0 with a q");
   }
   if (params.batch == 0) return Status::ok();
   rejection_kernel<<<static_cast<unsigned>(params.batch), kSampleThreads, 0, stream>>>(
-      params, p, q, drafts, counts, uniforms, tokens, accepted);
+      params, p, q, drafts, counts, acceptance_uniforms, token_uniforms, tokens, accepted);
   return launch_status("rejection verify kernel");
 }
 

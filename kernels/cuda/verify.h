@@ -19,28 +19,19 @@ struct VerifyParams {
   int64_t vocab_q;  // width of the draft distributions; ignored when q is null
 };
 
-// Uniforms of the rejection sampler: [batch, gamma + 1] doubles in [0, 1), row b's drawn in order
-// from row b's Rng (Rng::uniform()); a row with n drafts reads only its first n + 1.
-//
-// The CPU's RejectionSampler draws one uniform per acceptance test, in draft order, until the first
-// rejection, then one more inside sample_from for the recovered token; when all n drafts pass, the
-// n + 1-th draws the bonus token. So the draw for the acceptance test of draft i is uniform i, and
-// the final draw is uniform k + 1 after a rejection at draft k (k < n) or uniform n after no
-// rejection: the device reads the same position of the stream for the same purpose, and given the
-// same uniforms decides exactly as the CPU.
-//
-// The CPU consumes only rejection_uniforms_consumed(accepted, n) of them. To keep a row's Rng where
-// the CPU verifier would leave it, draw the n + 1 from a copy and afterwards advance the row's Rng
-// by that many draws (the host needs the accepted counts anyway, to roll the caches back).
-constexpr int64_t rejection_uniforms_consumed(int32_t accepted, int32_t drafts) {
-  return accepted < drafts ? int64_t{accepted} + 2 : int64_t{drafts} + 1;
-}
-
-// For each row b with n = counts[b] drafts: accept d_i (i = 1..n) while u_{i-1} * q_i(d_i) <
-// p_{i-1}(d_i) in double, as the CPU writes min(1, p/q) without the division; at the first
-// rejection draw the recovered token from norm(max(0, p_{i-1} - q_i)) (p_{i-1} itself when that
-// residual has no mass); after n acceptances draw the bonus token from p_n. q is zero beyond
-// vocab_q and p beyond vocab_p; a null q is a point mass on each draft (prompt lookup).
+// The rejection sampler's uniforms come in two arrays, as the CPU's RejectionSampler reads them
+// from the row's RandomStream (runtime/sampling/random_stream.h) at the output position each
+// decides: acceptance_uniforms[b, i] = uniform(position_b + i, Draw::kAcceptance) tests draft
+// d_{i+1}, and token_uniforms[b, i] = uniform(position_b + i, Draw::kToken) draws the recovered
+// token after a rejection of d_{i+1}, or the bonus token when i = n. Given the same numbers the
+// device decides exactly as the CPU; a row with n drafts reads acceptance 0..n-1 and one token
+// uniform.
+// For each row b with n = counts[b] drafts: accept d_i (i = 1..n) while
+// acceptance_uniforms[b, i-1] * q_i(d_i) < p_{i-1}(d_i) in double, as the CPU writes min(1, p/q)
+// without the division; at the first rejection draw the recovered token from norm(max(0, p_{i-1} -
+// q_i)) (p_{i-1} itself when that residual has no mass); after n acceptances draw the bonus token
+// from p_n. q is zero beyond vocab_q and p beyond vocab_p; a null q is a point mass on each draft
+// (prompt lookup).
 //
 // Output: tokens[b] = d_1..d_k, the new token, then -1; accepted[b] = k. A count outside
 // [0, gamma] gives accepted[b] = -1 and a row of -1; a final draw from a distribution with no
@@ -51,15 +42,17 @@ constexpr int64_t rejection_uniforms_consumed(int32_t accepted, int32_t drafts) 
 // computing the residual on the fly from p and q without storing it. The draw rounds its sums in a
 // different order than the CPU's sample_from, so it can differ only when the uniform falls within
 // about vocab_p * 2^-52 of a boundary of the CDF; the acceptance decisions are exact.
-Status launch_rejection_verify(const VerifyParams& params,
-                               const float* p,          // [batch, gamma + 1, vocab_p]
-                               const float* q,          // [batch, gamma, vocab_q] or null
-                               const int32_t* drafts,   // [batch, gamma]; null when gamma == 0
-                               const int32_t* counts,   // [batch]
-                               const double* uniforms,  // [batch, gamma + 1]
-                               int32_t* tokens,         // [batch, gamma + 1]
-                               int32_t* accepted,       // [batch]
-                               CUstream_st* stream);
+Status launch_rejection_verify(
+    const VerifyParams& params,
+    const float* p,                     // [batch, gamma + 1, vocab_p]
+    const float* q,                     // [batch, gamma, vocab_q] or null
+    const int32_t* drafts,              // [batch, gamma]; null when gamma == 0
+    const int32_t* counts,              // [batch]
+    const double* acceptance_uniforms,  // [batch, gamma]; null when gamma == 0
+    const double* token_uniforms,       // [batch, gamma + 1]
+    int32_t* tokens,                    // [batch, gamma + 1]
+    int32_t* accepted,                  // [batch]
+    CUstream_st* stream);
 
 // For each row: accept d_i while it is the argmax of p_{i-1} (lowest id on ties, exactly as the
 // CPU's argmax); the new token is the argmax of the first disagreeing distribution, or of p_n.

@@ -148,6 +148,7 @@ specrun_speculation to_c(const specrun::SpeculationSettings& settings) {
   speculation.draft_p_min = settings.draft_p_min;
   speculation.lookup_min_ngram = settings.lookup_min_ngram;
   speculation.lookup_max_ngram = settings.lookup_max_ngram;
+  speculation.verification = static_cast<specrun_verification>(settings.verification);
   return speculation;
 }
 
@@ -183,6 +184,18 @@ specrun::SpeculationSettings from_c(const specrun_speculation& speculation, cons
       throw InvalidArgument(std::string(name) + ".controller " + std::to_string(controller) +
                             " is not a specrun_controller");
   }
+  const int64_t verification = enum_value(speculation.verification);
+  switch (verification) {
+    case SPECRUN_VERIFICATION_REJECTION:
+      settings.verification = specrun::Verification::kRejection;
+      break;
+    case SPECRUN_VERIFICATION_SHARED_NOISE:
+      settings.verification = specrun::Verification::kSharedNoise;
+      break;
+    default:
+      throw InvalidArgument(std::string(name) + ".verification " + std::to_string(verification) +
+                            " is not a specrun_verification");
+  }
   settings.gamma = speculation.gamma;
   settings.gamma_min = speculation.gamma_min;
   settings.gamma_max = speculation.gamma_max;
@@ -198,6 +211,10 @@ static_assert(static_cast<int>(specrun::SpeculationMethod::kNone) == SPECRUN_MET
                   SPECRUN_METHOD_PROMPT_LOOKUP);
 static_assert(static_cast<int>(specrun::GammaControl::kFixed) == SPECRUN_CONTROLLER_FIXED &&
               static_cast<int>(specrun::GammaControl::kHeuristic) == SPECRUN_CONTROLLER_HEURISTIC);
+static_assert(static_cast<int>(specrun::Verification::kRejection) ==
+                  SPECRUN_VERIFICATION_REJECTION &&
+              static_cast<int>(specrun::Verification::kSharedNoise) ==
+                  SPECRUN_VERIFICATION_SHARED_NOISE);
 static_assert(static_cast<int>(specrun::FinishReason::kEndOfSequence) ==
                   SPECRUN_FINISH_END_OF_SEQUENCE &&
               static_cast<int>(specrun::FinishReason::kMaxTokens) == SPECRUN_FINISH_MAX_TOKENS &&

@@ -201,14 +201,15 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
   }
   if (const toml::table* speculative = document["speculative"].as_table()) {
     TableReader reader(path, *speculative, "speculative");
-    reader.reject_unknown({"method", "gamma", "gamma_min", "gamma_max", "controller", "draft_p_min",
-                           "lookup_min_ngram", "lookup_max_ngram"});
+    reader.reject_unknown({"method", "gamma", "gamma_min", "gamma_max", "controller",
+                           "verification", "draft_p_min", "lookup_min_ngram", "lookup_max_ngram"});
     SpeculationSettings& s = config.speculation;
     reader.choice("method", &s.method, parse_speculation_method, speculation_methods());
     reader.integer("gamma", &s.gamma, 0, kMaxGamma);
     reader.integer("gamma_min", &s.gamma_min, 0, kMaxGamma);
     reader.integer("gamma_max", &s.gamma_max, 0, kMaxGamma);
     reader.choice("controller", &s.controller, parse_gamma_control, gamma_controls());
+    reader.choice("verification", &s.verification, parse_verification, verifications());
     reader.number("draft_p_min", &s.draft_p_min, 0.0, 1.0, false, "in [0, 1]");
     reader.integer("lookup_min_ngram", &s.lookup_min_ngram, 1, 64);
     reader.integer("lookup_max_ngram", &s.lookup_max_ngram, 1, 64);

@@ -26,10 +26,6 @@ double milliseconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
-// A request's draft generator is seeded with its seed xor this, so that it is independent of the
-// verifier's stream (seeded with the seed itself).
-constexpr uint64_t kDraftSeedSalt = 0x5bd1e9955bd1e995ull;
-
 }  // namespace
 
 // One request, from submit() to its final update.
@@ -46,8 +42,7 @@ struct Sequence {
   bool drafts_with_model = false;      // proposes through the engine's draft model
   int64_t reserved_target_blocks = 0;  // KV blocks held back for its worst case
   int64_t reserved_draft_blocks = 0;   // the same in the draft's cache
-  Rng verify_rng{0};                   // the verifier's stream (the request's seed)
-  Rng draft_rng{0};                    // the drafts' stream
+  RandomStream random;                 // its random numbers, keyed by its seed
   SequenceStats stats;                 // its figures so far
 };
 
@@ -79,6 +74,7 @@ struct BatchEngine::State {
   Scorer scorer;                                  // each row brings its own sampling settings
   GreedyVerifier greedy_verifier;
   RejectionSampler rejection_sampler;
+  SharedNoiseVerifier shared_noise_verifier;
   // The gamma policies in use, made on first use; they persist across requests, since acceptance
   // and costs are properties of the model pair and the machine.
   std::map<GammaControl, std::unique_ptr<GammaPolicy>> policies;
@@ -114,6 +110,13 @@ struct BatchEngine::State {
   void commit(StepWork& work);
   void deliver(StepWork& work);
 
+  // The rule a row with these settings is verified by (the test's replacement, when set).
+  const Verifier& verifier_for(const SamplingParams& sampling) const {
+    if (options.verifier != nullptr) return *options.verifier;
+    if (sampling.temperature == 0.0f) return greedy_verifier;
+    if (sampling.shared_noise) return shared_noise_verifier;
+    return rejection_sampler;
+  }
   void finish(std::unique_ptr<Sequence> sequence, FinishReason reason, const std::string& error,
               std::span<const int32_t> last_tokens = {});
   void publish_kv();
@@ -182,9 +185,8 @@ RequestId BatchEngine::submit(EngineRequest request, UpdateCallback on_update) {
   }
   sequence->submitted = Clock::now();
   sequence->committed = request.prompt;
-  sequence->sampling = sampling_params(request.sampling);
-  sequence->verify_rng = Rng(request.sampling.seed);
-  sequence->draft_rng = Rng(request.sampling.seed ^ kDraftSeedSalt);
+  sequence->sampling = sampling_params(request.sampling, request.speculation.verification);
+  sequence->random = RandomStream(request.sampling.seed);
   sequence->request = std::move(request);
   sequence->on_update = std::move(on_update);
 
@@ -508,8 +510,8 @@ void BatchEngine::State::propose(StepWork& work) {
     const SpeculationSettings& speculation = sequence.request.speculation;
     if (sequence.drafts_with_model && !plan.filler) {
       model_requests.push_back({static_cast<int64_t>(sequence.id), sequence.committed, plan.gamma,
-                                &sequence.draft_rng, &sequence.sampling, speculation.draft_p_min,
-                                plan.max_catch_up});
+                                sequence.random, sequence.generated, &sequence.sampling,
+                                speculation.draft_p_min, plan.max_catch_up});
       model_rows.push_back(b);
       work.catch_up[static_cast<size_t>(b)] =
           static_cast<int64_t>(sequence.committed.size()) -
@@ -518,7 +520,7 @@ void BatchEngine::State::propose(StepWork& work) {
       PromptLookupProposer lookup(speculation.lookup_min_ngram, speculation.lookup_max_ngram,
                                   /*pad_to_gamma=*/plan.filler);
       const DraftRequest request[] = {{static_cast<int64_t>(sequence.id), sequence.committed,
-                                       plan.gamma, &sequence.draft_rng, nullptr, -1.0f}};
+                                       plan.gamma, sequence.random, sequence.generated}};
       point_mass.emplace_back(b, lookup.propose(request));
     }
   }
@@ -572,51 +574,32 @@ void BatchEngine::State::assemble(StepWork& work, const Proposals& from_model,
 }
 
 // Score and verify: one target forward scores every row; each row is verified by its own
-// request's rule (greedy at temperature 0, rejection sampling otherwise) with its own generator.
+// request's rule (greedy at temperature 0, else rejection sampling or shared noise) with its own
+// random numbers, those of the output positions it decides.
 void BatchEngine::State::score_and_verify(StepWork& work) {
   const auto start = Clock::now();
   const int64_t batch = static_cast<int64_t>(running.size());
   std::vector<ScoreRequest> score_requests;
   score_requests.reserve(static_cast<size_t>(batch));
-  std::vector<Rng> rngs;
-  rngs.reserve(static_cast<size_t>(batch));
-  bool any_greedy = false, any_sampled = false;
   for (int64_t b = 0; b < batch; ++b) {
     const Sequence& sequence = *running[static_cast<size_t>(b)];
     score_requests.push_back({sequence.target_kv, sequence.committed.back(),
                               work.proposals.row_tokens(b), &sequence.sampling});
-    rngs.push_back(sequence.verify_rng);
-    const bool greedy = sequence.sampling.temperature == 0.0f;
-    any_greedy |= greedy;
-    any_sampled |= !greedy;
   }
   try {
     const Scores scores = scorer.score(score_requests);
     Verdict& verdict = work.verdict;
-    if (options.verifier != nullptr) {
-      verdict = options.verifier->verify(work.proposals, scores, rngs);
-    } else {
-      if (any_sampled) verdict = rejection_sampler.verify(work.proposals, scores, rngs);
-      if (any_greedy) {
-        const Verdict greedy = greedy_verifier.verify(work.proposals, scores, rngs);
-        if (!any_sampled) {
-          verdict = greedy;
-        } else {
-          for (int64_t b = 0; b < batch; ++b) {
-            if (running[static_cast<size_t>(b)]->sampling.temperature != 0.0f) continue;
-            std::copy_n(greedy.tokens.begin() + b * greedy.width, greedy.width,
-                        verdict.tokens.begin() + b * verdict.width);
-            verdict.accepted[static_cast<size_t>(b)] = greedy.accepted[static_cast<size_t>(b)];
-          }
-        }
-      }
+    verdict = empty_verdict(work.proposals, scores);
+    for (int64_t b = 0; b < batch; ++b) {
+      const Sequence& sequence = *running[static_cast<size_t>(b)];
+      verdict.accepted[static_cast<size_t>(b)] =
+          verifier_for(sequence.sampling)
+              .verify_row(work.proposals, scores, b, {sequence.random, sequence.generated},
+                          verdict.slots(b));
     }
   } catch (const std::exception& error) {
     work.failure = std::string("verification failed: ") + error.what();
     return;
-  }
-  for (int64_t b = 0; b < batch; ++b) {
-    running[static_cast<size_t>(b)]->verify_rng = rngs[static_cast<size_t>(b)];
   }
   work.verify_ms = milliseconds(start, Clock::now());
 }

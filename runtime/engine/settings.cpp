@@ -11,6 +11,7 @@ constexpr SpeculationMethod kMethods[] = {
     SpeculationMethod::kDraftModel, SpeculationMethod::kPromptLookup, SpeculationMethod::kNone};
 constexpr GammaControl kControls[] = {GammaControl::kGoodput, GammaControl::kHeuristic,
                                       GammaControl::kFixed};
+constexpr Verification kVerifications[] = {Verification::kSharedNoise, Verification::kRejection};
 
 }  // namespace
 
@@ -34,6 +35,16 @@ const char* to_string(GammaControl control) {
       return "heuristic";
     case GammaControl::kFixed:
       return "fixed";
+  }
+  return "unknown";
+}
+
+const char* to_string(Verification verification) {
+  switch (verification) {
+    case Verification::kRejection:
+      return "rejection";
+    case Verification::kSharedNoise:
+      return "shared_noise";
   }
   return "unknown";
 }
@@ -70,6 +81,13 @@ std::optional<GammaControl> parse_gamma_control(std::string_view name) {
   return std::nullopt;
 }
 
+std::optional<Verification> parse_verification(std::string_view name) {
+  for (const Verification verification : kVerifications) {
+    if (name == to_string(verification)) return verification;
+  }
+  return std::nullopt;
+}
+
 std::span<const SpeculationMethod> speculation_methods() {
   return kMethods;
 }
@@ -78,8 +96,12 @@ std::span<const GammaControl> gamma_controls() {
   return kControls;
 }
 
+std::span<const Verification> verifications() {
+  return kVerifications;
+}
+
 void validate(const SamplingSettings& sampling) {
-  validate_sampling(sampling_params(sampling));
+  validate_sampling(sampling_params(sampling, Verification::kRejection));
   if (sampling.max_tokens < 0) {
     throw Error("max_tokens must be >= 0, got " + std::to_string(sampling.max_tokens));
   }
@@ -93,6 +115,10 @@ void validate(const SpeculationSettings& s) {
   if (!parse_gamma_control(to_string(s.controller))) {
     throw Error("gamma controller " + std::to_string(static_cast<int>(s.controller)) +
                 " is not one of goodput, heuristic, fixed");
+  }
+  if (!parse_verification(to_string(s.verification))) {
+    throw Error("verification " + std::to_string(static_cast<int>(s.verification)) +
+                " is not one of shared_noise, rejection");
   }
   if (s.gamma_min < 0 || s.gamma_max < s.gamma_min || s.gamma < s.gamma_min ||
       s.gamma > s.gamma_max) {
@@ -128,13 +154,14 @@ void validate_prompt(const Model& model, std::span<const int32_t> prompt) {
   }
 }
 
-SamplingParams sampling_params(const SamplingSettings& sampling) {
+SamplingParams sampling_params(const SamplingSettings& sampling, Verification verification) {
   SamplingParams params;
   params.temperature = sampling.temperature;
   params.top_k = sampling.top_k;
   params.top_p = sampling.top_p;
   params.min_p = sampling.min_p;
   params.seed = sampling.seed;
+  params.shared_noise = verification == Verification::kSharedNoise;
   return params;
 }
 

@@ -17,9 +17,11 @@ namespace specrun {
 // The names of the choices, as every setting spells them ("draft", "goodput", ...).
 std::optional<SpeculationMethod> parse_speculation_method(std::string_view name);
 std::optional<GammaControl> parse_gamma_control(std::string_view name);
-// Every method and controller, for lists of choices.
+std::optional<Verification> parse_verification(std::string_view name);
+// Every method, controller and verification, for lists of choices.
 std::span<const SpeculationMethod> speculation_methods();
 std::span<const GammaControl> gamma_controls();
+std::span<const Verification> verifications();
 
 // Throw Error naming the setting and its value when it is out of range or inconsistent.
 void validate(const SamplingSettings& sampling);
@@ -28,7 +30,8 @@ void validate(const SpeculationSettings& speculation);
 // longer than its context limit.
 void validate_prompt(const Model& model, std::span<const int32_t> prompt);
 
-// What the sampler, the proposers and the scorer read of a request's sampling settings.
-SamplingParams sampling_params(const SamplingSettings& sampling);
+// What the sampler, the proposers, the scorer and the verifiers read of a request's sampling
+// settings, drawn by the rule of its verification.
+SamplingParams sampling_params(const SamplingSettings& sampling, Verification verification);
 
 }  // namespace specrun

@@ -1,5 +1,7 @@
 // A small, fast, seedable generator whose stream is the same on every platform and compiler
-// (unlike std::uniform_real_distribution), so a seed reproduces a run anywhere.
+// (unlike std::uniform_real_distribution), so a seed reproduces a run anywhere: for generated data
+// (synthetic checkpoints, benchmark prompts, test inputs). Sampling and verification never draw
+// from it: their numbers are RandomStream's (random_stream.h), keyed by seed and position.
 #pragma once
 
 #include <cstdint>

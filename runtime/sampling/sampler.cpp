@@ -119,12 +119,12 @@ void process_logits(const SamplingParams& params, std::span<const float> logits,
   }
 }
 
-int32_t sample_from(std::span<const float> probs, Rng& rng) {
+int32_t sample_from(std::span<const float> probs, double uniform) {
   SPECRUN_CHECK(!probs.empty());
   double total = 0.0;
   for (const float p : probs) total += p;
   SPECRUN_CHECK(total > 0.0) << "cannot sample from a distribution with no mass";
-  const double target = rng.uniform() * total;
+  const double target = uniform * total;
   double cumulative = 0.0;
   int32_t last_nonzero = 0;
   for (size_t i = 0; i < probs.size(); ++i) {
@@ -136,15 +136,54 @@ int32_t sample_from(std::span<const float> probs, Rng& rng) {
   return last_nonzero;  // rounding left the target at the very end
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+int32_t sample_with_noise(std::span<const float> probs, const RandomStream& stream,
+                          int64_t position) {
+  SPECRUN_CHECK(!probs.empty());
+  // -log u >= 1 - u on (0, 1], so p / (1 - u) bounds a token's score p / -log(u) from above: a
+  // token whose bound stays below the best score so far cannot win, and its logarithm is skipped
+  // (the test is written as p * margin < best * (1 - u), without a division). The margin covers
+  // the rounding of the logarithm, the products and the division (a few units in 2^-52), so the
+  // winner is exactly the one scoring every token would find. A token of probability zero never
+  // wins.
+  constexpr double kBoundMargin = 1.0 + 0x1.0p-40;
+  int64_t best = -1;
+  double best_score = 0.0;
+  const size_t vocab = probs.size();
+  for (size_t first = 0; first < vocab; first += 4) {
+    const size_t end = std::min(vocab, first + 4);
+    const kernels::PhiloxWords noise =
+        stream.block(position, Draw::kNoise, static_cast<uint32_t>(first / 4));
+    for (size_t x = first; x < end; ++x) {
+      const double p = probs[x];
+      const double u = (static_cast<double>(noise.v[x - first]) + 0.5) * 0x1.0p-32;  // in (0, 1)
+      if (!(p * kBoundMargin >= best_score * (1.0 - u)) || !(p > 0.0)) continue;
+      const double score = p / -std::log(u);
+      if (best < 0 || score > best_score) {
+        best = static_cast<int64_t>(x);
+        best_score = score;
+      }
+    }
+  }
+  SPECRUN_CHECK(best >= 0) << "cannot sample from a distribution with no mass";
+  return static_cast<int32_t>(best);
+}
+
+int32_t draw_token(const SamplingParams& params, std::span<const float> probs,
+                   const RandomStream& stream, int64_t position, Draw draw) {
+  return params.shared_noise ? sample_with_noise(probs, stream, position)
+                             : sample_from(probs, stream.uniform(position, draw));
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), stream_(params.seed) {
   validate_sampling(params);
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
   probs_.resize(logits.size());
   process_logits(params_, logits, probs_);
+  const int64_t position = position_++;
   if (params_.temperature == 0.0f) return argmax(logits);
-  return sample_from(probs_, rng_);
+  return draw_token(params_, probs_, stream_, position, Draw::kToken);
 }
 
 }  // namespace specrun

@@ -1,7 +1,8 @@
 // Logits processing and sampling. process_logits() turns logits into the *processed*
 // distribution (temperature, top-k, top-p, min-p applied, renormalised) as a full vector, because
 // speculative verification compares these distributions token by token; sampling then draws from
-// it with one uniform number.
+// it, by inverse CDF with one uniform number or by Gumbel-max with noise shared between the draft
+// and the target (random_stream.h holds the numbers of both).
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/sampling/rng.h"
+#include "runtime/sampling/random_stream.h"
 
 namespace specrun {
 
@@ -18,7 +19,11 @@ struct SamplingParams {
   int64_t top_k = 0;         // keep the k most probable tokens; 0: off
   float top_p = 1.0f;  // keep the fewest most probable tokens whose mass reaches top_p; 1: off
   float min_p = 0.0f;  // drop tokens below min_p times the most probable; 0: off
-  uint64_t seed = 0;   // seeds the sampler's generator
+  uint64_t seed = 0;   // keys the request's random numbers (RandomStream)
+  // Draw tokens by Gumbel-max with the noise of their output position (sample_with_noise), which
+  // the draft and the target share, instead of by inverse CDF with independent uniforms: the
+  // shared-noise verification's way of sampling, plain decoding included.
+  bool shared_noise = false;
 };
 
 // Throws Error naming the parameter and value when one is out of range:
@@ -36,10 +41,27 @@ int32_t argmax(std::span<const float> logits);
 void process_logits(const SamplingParams& params, std::span<const float> logits,
                     std::span<float> probs);
 
-// Draws a token from a distribution (need not be normalised) by inverse CDF with one uniform.
-int32_t sample_from(std::span<const float> probs, Rng& rng);
+// Draws a token from a distribution (need not be normalised) by inverse CDF with `uniform`, in
+// [0, 1).
+int32_t sample_from(std::span<const float> probs, double uniform);
 
-// A seeded sampler for one sequence.
+// Draws a token from a distribution (need not be normalised) by Gumbel-max with the noise of
+// `position`: argmax over tokens of log p(x) + g(x), where g(x) = -log(-log u(x)) and u(x) is the
+// stream's uniform for (position, Draw::kNoise, token x). Written as the equivalent exponential
+// race, argmax p(x) / E(x) with E(x) = -log u(x), in double; ties go to the lower id. The result
+// is exactly distributed as p (for independent noise), and two distributions drawn with the same
+// noise agree as often as the Gumbel coupling makes them (at least (1 - tv) / (1 + tv) for total
+// variation tv). Tokens beyond the distribution's width, or of probability zero, never win.
+int32_t sample_with_noise(std::span<const float> probs, const RandomStream& stream,
+                          int64_t position);
+
+// The token for output `position` from the processed distribution `probs`: with the shared noise
+// when params.shared_noise, else by inverse CDF with the uniform of (position, draw).
+int32_t draw_token(const SamplingParams& params, std::span<const float> probs,
+                   const RandomStream& stream, int64_t position, Draw draw);
+
+// A sampler for one sequence: its n-th sample is the token of output position n, drawn as the
+// engine's plain step draws it (Draw::kToken, or the shared noise).
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
@@ -50,7 +72,8 @@ class Sampler {
 
  private:
   SamplingParams params_;
-  Rng rng_;
+  RandomStream stream_;
+  int64_t position_ = 0;  // output position of the next sample
   std::vector<float> probs_;
 };
 

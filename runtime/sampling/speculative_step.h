@@ -52,6 +52,9 @@ struct Verdict {
   std::span<const int32_t> row(int64_t b) const {  // the k + 1 tokens to commit
     return {tokens.data() + b * width, static_cast<size_t>(accepted[static_cast<size_t>(b)] + 1)};
   }
+  std::span<int32_t> slots(int64_t b) {  // row b's gamma + 1 slots, for a verifier to fill
+    return {tokens.data() + b * width, static_cast<size_t>(width)};
+  }
 };
 
 }  // namespace specrun

@@ -34,6 +34,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/verify.h"
+#include "runtime/sampling/random_stream.h"
 #include "runtime/sampling/rng.h"
 #include "runtime/sampling/sampler.h"
 #include "runtime/sampling/speculative_step.h"
@@ -457,10 +458,8 @@ TEST(CudaSample, MatchesCpuSampleFrom) {
     std::vector<double> uniforms;
     std::vector<int32_t> expected;
     for (size_t r = 0; r < rows.size(); ++r) {
-      Rng row_rng(1000 + r);
-      Rng copy = row_rng;
-      uniforms.push_back(copy.uniform());
-      expected.push_back(sample_from(rows[r], row_rng));  // consumes the same single draw
+      uniforms.push_back(RandomStream(1000 + r).uniform(0, Draw::kToken));
+      expected.push_back(sample_from(rows[r], uniforms.back()));
     }
     // A uniform of 0 picks the first positive token, past the negative one.
     rows.push_back(with_negatives);
@@ -470,8 +469,7 @@ TEST(CudaSample, MatchesCpuSampleFrom) {
     rows.emplace_back(static_cast<size_t>(vocab), 0.0f);
     uniforms.push_back(0.5);
     expected.push_back(-1);
-    Rng unused_rng(1);
-    EXPECT_THROW(sample_from(rows.back(), unused_rng), Error);
+    EXPECT_THROW(sample_from(rows.back(), 0.5), Error);
 
     std::vector<float> flat;
     for (const auto& row : rows) flat.insert(flat.end(), row.begin(), row.end());
@@ -597,9 +595,9 @@ VerifyCase make_case(const CaseOptions& options) {
       int32_t draft = -1;
       if (i < count) {
         if (!c.point_masses) {
-          draft = sample_from(q_row, rng);
+          draft = sample_from(q_row, rng.uniform());
         } else if (rng.uniform() < 0.8) {
-          draft = sample_from(p_row, rng);
+          draft = sample_from(p_row, rng.uniform());
         } else {
           draft = static_cast<int32_t>(rng.uniform() * static_cast<double>(c.vocab_p + 3));
         }
@@ -636,7 +634,32 @@ struct DeviceVerdict {
   std::vector<int32_t> accepted;  // [batch]
 };
 
-DeviceVerdict device_verify(const VerifyCase& c, const std::vector<double>* uniforms) {
+// The rejection sampler's numbers, as verify.h lays them out.
+struct VerifyUniforms {
+  std::vector<double> acceptance;  // [batch, gamma]
+  std::vector<double> token;       // [batch, gamma + 1]
+};
+
+// Every number the value `value`.
+VerifyUniforms constant_uniforms(const VerifyCase& c, double value) {
+  return {std::vector<double>(static_cast<size_t>(c.batch * c.gamma), value),
+          std::vector<double>(static_cast<size_t>(c.batch * (c.gamma + 1)), value)};
+}
+
+// Row b's numbers from RandomStream(seed + b) at positions 0..gamma.
+VerifyUniforms stream_uniforms(const VerifyCase& c, uint64_t seed) {
+  VerifyUniforms uniforms;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const RandomStream stream(seed + static_cast<uint64_t>(b));
+    for (int64_t j = 0; j <= c.gamma; ++j) {
+      if (j < c.gamma) uniforms.acceptance.push_back(stream.uniform(j, Draw::kAcceptance));
+      uniforms.token.push_back(stream.uniform(j, Draw::kToken));
+    }
+  }
+  return uniforms;
+}
+
+DeviceVerdict device_verify(const VerifyCase& c, const VerifyUniforms* uniforms) {
   Stream stream;
   DeviceArray<float> p(c.p);
   DeviceArray<float> q(c.q);
@@ -649,11 +672,13 @@ DeviceVerdict device_verify(const VerifyCase& c, const std::vector<double>* unif
   const VerifyParams params{c.batch, c.gamma, c.vocab_p, c.point_masses ? 0 : c.vocab_q};
   const int32_t* draft_pointer = c.gamma > 0 ? drafts.get() : nullptr;
   if (uniforms != nullptr) {
-    DeviceArray<double> device_uniforms(*uniforms);
-    check_ok(launch_rejection_verify(params, p.get(), c.point_masses ? nullptr : q.get(),
-                                     draft_pointer, counts.get(), device_uniforms.get(),
-                                     tokens.get(), accepted.get(), stream.get()),
-             "rejection verify");
+    DeviceArray<double> acceptance(uniforms->acceptance);
+    DeviceArray<double> token(uniforms->token);
+    check_ok(
+        launch_rejection_verify(params, p.get(), c.point_masses ? nullptr : q.get(), draft_pointer,
+                                counts.get(), c.gamma > 0 ? acceptance.get() : nullptr, token.get(),
+                                tokens.get(), accepted.get(), stream.get()),
+        "rejection verify");
     stream.synchronize();
   } else {
     check_ok(launch_greedy_verify(params, p.get(), draft_pointer, counts.get(), tokens.get(),
@@ -664,18 +689,22 @@ DeviceVerdict device_verify(const VerifyCase& c, const std::vector<double>* unif
   return DeviceVerdict{tokens.download(), accepted.download()};
 }
 
-// The device rejection sampler against RejectionSampler with the same per-row generators.
+// The device rejection sampler against RejectionSampler with the same per-row streams.
 void compare_rejection(const VerifyCase& c, uint64_t seed) {
   const int64_t width = c.gamma + 1;
-  std::vector<Rng> rngs;
-  std::vector<double> uniforms;
+  std::vector<RowDraws> draws;
+  VerifyUniforms uniforms;
   for (int64_t b = 0; b < c.batch; ++b) {
-    rngs.emplace_back(seed * 100003 + static_cast<uint64_t>(b));
-    Rng copy = rngs.back();
-    for (int64_t j = 0; j < width; ++j) uniforms.push_back(copy.uniform());
+    const RowDraws row{RandomStream(seed * 100003 + static_cast<uint64_t>(b)), 7 * b};
+    draws.push_back(row);
+    for (int64_t j = 0; j < width; ++j) {
+      if (j < c.gamma) {
+        uniforms.acceptance.push_back(row.stream.uniform(row.position + j, Draw::kAcceptance));
+      }
+      uniforms.token.push_back(row.stream.uniform(row.position + j, Draw::kToken));
+    }
   }
-  const std::vector<Rng> initial = rngs;
-  const Verdict cpu = RejectionSampler().verify(proposals_of(c), scores_of(c), rngs);
+  const Verdict cpu = RejectionSampler().verify(proposals_of(c), scores_of(c), draws);
   const DeviceVerdict gpu = device_verify(c, &uniforms);
 
   int64_t near_boundary = 0;
@@ -683,18 +712,11 @@ void compare_rejection(const VerifyCase& c, uint64_t seed) {
     const auto row = static_cast<size_t>(b);
     const int32_t k = cpu.accepted[row];
     ASSERT_EQ(gpu.accepted[row], k) << "row " << b;
-    // The CPU consumed exactly what verify.h says.
-    Rng advanced = initial[row];
-    const int64_t consumed = rejection_uniforms_consumed(k, c.counts[row]);
-    for (int64_t j = 0; j < consumed; ++j) advanced.uniform();
-    Rng after = rngs[row];
-    EXPECT_EQ(advanced.next(), after.next()) << "row " << b;
     for (int64_t j = 0; j < width; ++j) {
       const int32_t expected = cpu.tokens[static_cast<size_t>(b * width + j)];
       const int32_t got = gpu.tokens[static_cast<size_t>(b * width + j)];
       if (j == k && got != expected) {
-        const bool rejected = k < c.counts[row];
-        const double u = uniforms[static_cast<size_t>(b * width + (rejected ? k + 1 : k))];
+        const double u = uniforms.token[static_cast<size_t>(b * width + k)];
         if (cdf_margin(final_distribution(c, b, k), u) < kBoundary) {
           ++near_boundary;
           continue;
@@ -746,9 +768,7 @@ TEST(CudaRejectionVerify, AcceptsEverythingWhenTheDistributionsAgree) {
   options.seed = 15;
   const VerifyCase c = make_case(options);
   compare_rejection(c, 5);
-  std::vector<double> uniforms;
-  Rng rng(6);
-  for (int64_t i = 0; i < c.batch * (c.gamma + 1); ++i) uniforms.push_back(rng.uniform());
+  const VerifyUniforms uniforms = stream_uniforms(c, 6);
   const DeviceVerdict gpu = device_verify(c, &uniforms);
   EXPECT_EQ(gpu.accepted, c.counts);
 }
@@ -765,7 +785,7 @@ TEST(CudaRejectionVerify, RejectsADraftTheTargetForbids) {
     c.p[static_cast<size_t>(b * (c.gamma + 1) * c.vocab_p + draft)] = 0.0f;  // p_0(d_1) = 0
   }
   compare_rejection(c, 6);
-  std::vector<double> uniforms(static_cast<size_t>(c.batch * (c.gamma + 1)), 0.0);
+  const VerifyUniforms uniforms = constant_uniforms(c, 0.0);
   const DeviceVerdict gpu = device_verify(c, &uniforms);  // even a uniform of 0 rejects
   for (int64_t b = 0; b < c.batch; ++b) {
     EXPECT_EQ(gpu.accepted[static_cast<size_t>(b)], 0) << "row " << b;
@@ -805,7 +825,7 @@ TEST(CudaVerify, MarksCountsOutsideGamma) {
   options.seed = 20;
   VerifyCase c = make_case(options);
   c.counts[1] = 3;
-  std::vector<double> uniforms(static_cast<size_t>(c.batch * (c.gamma + 1)), 0.5);
+  const VerifyUniforms uniforms = constant_uniforms(c, 0.5);
   for (const bool greedy : {false, true}) {
     const DeviceVerdict gpu = device_verify(c, greedy ? nullptr : &uniforms);
     EXPECT_EQ(gpu.accepted[1], -1);
@@ -848,7 +868,8 @@ TEST(CudaGreedyVerify, MatchesCpuExactly) {
           c.drafts.push_back(draft);
         }
       }
-      const Verdict cpu = GreedyVerifier().verify(proposals_of(c), scores_of(c), {});
+      const std::vector<RowDraws> unused(static_cast<size_t>(c.batch));
+      const Verdict cpu = GreedyVerifier().verify(proposals_of(c), scores_of(c), unused);
       const DeviceVerdict gpu = device_verify(c, nullptr);
       EXPECT_EQ(gpu.accepted, cpu.accepted);
       EXPECT_EQ(gpu.tokens, cpu.tokens);
@@ -872,17 +893,16 @@ TEST(CudaRejectionVerify, EmittedTokensFollowTheTarget) {
   c.gamma = 2;
   c.vocab_p = 4;
   c.vocab_q = 4;
-  Rng draft_rng(1), verify_rng(2);
-  std::vector<double> uniforms;
   for (int64_t b = 0; b < draws; ++b) {
     c.counts.push_back(2);
     for (const auto& row : p) c.p.insert(c.p.end(), row.begin(), row.end());
-    for (const auto& row : q) {
-      c.q.insert(c.q.end(), row.begin(), row.end());
-      c.drafts.push_back(sample_from(row, draft_rng));
+    const RandomStream stream(static_cast<uint64_t>(b));
+    for (size_t i = 0; i < q.size(); ++i) {
+      c.q.insert(c.q.end(), q[i].begin(), q[i].end());
+      c.drafts.push_back(sample_from(q[i], stream.uniform(static_cast<int64_t>(i), Draw::kDraft)));
     }
-    for (int j = 0; j < 3; ++j) uniforms.push_back(verify_rng.uniform());
   }
+  const VerifyUniforms uniforms = stream_uniforms(c, 0);
   const DeviceVerdict gpu = device_verify(c, &uniforms);
   std::map<int64_t, int64_t> first, second;
   int64_t second_draws = 0;
@@ -919,15 +939,13 @@ TEST(CudaRejectionVerify, PointMassDraftsFollowTheTarget) {
   c.gamma = 1;
   c.vocab_p = 3;
   c.point_masses = true;
-  Rng rng(7);
-  std::vector<double> uniforms;
   for (int64_t b = 0; b < draws; ++b) {
     c.counts.push_back(1);
     c.drafts.push_back(1);
     c.p.insert(c.p.end(), p0.begin(), p0.end());
     c.p.insert(c.p.end(), p1.begin(), p1.end());
-    for (int j = 0; j < 2; ++j) uniforms.push_back(rng.uniform());
   }
+  const VerifyUniforms uniforms = stream_uniforms(c, 7);
   const DeviceVerdict gpu = device_verify(c, &uniforms);
   std::map<int64_t, int64_t> counts;
   for (int64_t b = 0; b < draws; ++b) ++counts[gpu.tokens[static_cast<size_t>(b * 2)]];

@@ -85,6 +85,15 @@ typedef enum specrun_controller {
   SPECRUN_CONTROLLER_FIXED = 2      /* always `gamma` */
 } specrun_controller;
 
+/* How a sampled request's drafts are verified, and so how its tokens are drawn (specrun.hpp's
+ * specrun::Verification says what each guarantees). */
+typedef enum specrun_verification {
+  SPECRUN_VERIFICATION_SHARED_NOISE = 0, /* shared Gumbel noise (default): with a seed, the same
+                                            output with or without speculation, for every gamma,
+                                            controller and batch */
+  SPECRUN_VERIFICATION_REJECTION = 1     /* rejection sampling: the most drafts accepted */
+} specrun_verification;
+
 /* Why a request finished. */
 typedef enum specrun_finish_reason {
   SPECRUN_FINISH_END_OF_SEQUENCE = 0, /* the model produced an end-of-sequence token */
@@ -103,7 +112,7 @@ typedef struct specrun_sampling {
   int32_t top_k;      /* keep the k most probable tokens; 0 (default) disables */
   float top_p;        /* keep the fewest tokens whose probability reaches p; 1 (default) disables */
   float min_p;        /* drop tokens below min_p times the top probability; 0 (default) disables */
-  uint64_t seed;      /* the request's own random stream; default 0 */
+  uint64_t seed;      /* keys the request's random numbers; default 0 */
   int64_t max_tokens; /* new tokens at most; default 256 */
   int stop_at_eos;    /* nonzero (default): end at the model's end-of-sequence tokens */
 } specrun_sampling;
@@ -120,8 +129,9 @@ typedef struct specrun_speculation {
   int64_t gamma_min; /* never fewer (0, the default, allows plain decoding) */
   int64_t gamma_max; /* never more, at most SPECRUN_MAX_GAMMA; default 8 */
   float draft_p_min; /* stop drafting below this draft top probability; default 0 (never) */
-  int64_t lookup_min_ngram; /* prompt lookup: shortest suffix matched; default 1 */
-  int64_t lookup_max_ngram; /* prompt lookup: longest suffix matched; default 3 */
+  int64_t lookup_min_ngram;          /* prompt lookup: shortest suffix matched; default 1 */
+  int64_t lookup_max_ngram;          /* prompt lookup: longest suffix matched; default 3 */
+  specrun_verification verification; /* default SPECRUN_VERIFICATION_SHARED_NOISE */
 } specrun_speculation;
 
 /* An engine's settings, as specrun::EngineConfig. specrun_engine_config_init sets the defaults;

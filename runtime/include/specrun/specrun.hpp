@@ -42,6 +42,23 @@ enum class GammaControl {
 };
 const char* to_string(GammaControl control);  // "goodput", "heuristic", "fixed"
 
+// How a sampled request's drafts are verified, and so how its tokens are drawn at all: a step
+// without drafts is verified by the same rule, so turning speculation off changes nothing but
+// speed. Both keep the output distributed exactly as the target's; greedy requests (temperature
+// 0) accept drafts while they are the argmax under either. Every random number is keyed by the
+// request's seed and the output position it decides, never by batch mates or timing.
+enum class Verification {
+  kSharedNoise,  // the default: draft and target draw each position's token by Gumbel-max with the
+                 // same noise, and a draft is accepted when they agree. A seed reproduces the
+                 // output token for token with or without speculation, for every gamma, controller,
+                 // batch and timing; drafts are accepted slightly less often than by rejection
+                 // sampling.
+  kRejection,  // rejection sampling: the most drafts accepted. A seed reproduces the output only
+               // when the steps draft alike (the fixed or heuristic controller), not under
+               // goodput, whose gamma follows measured timings.
+};
+const char* to_string(Verification verification);  // "shared_noise", "rejection"
+
 // The most drafts any step may verify (gamma_max's bound).
 inline constexpr int64_t kMaxGamma = 64;
 
@@ -50,7 +67,7 @@ struct SamplingSettings {
   int32_t top_k = 0;         // keep the k most probable tokens; 0 disables
   float top_p = 1.0f;        // keep the fewest tokens whose probability reaches p; 1 disables
   float min_p = 0.0f;        // drop tokens below min_p times the top probability; 0 disables
-  uint64_t seed = 0;         // the request's own random stream
+  uint64_t seed = 0;         // keys the request's random numbers (see Verification)
   int64_t max_tokens = 256;  // new tokens at most
   bool stop_at_eos = true;   // end at the model's end-of-sequence tokens (not emitted)
 };
@@ -58,6 +75,7 @@ struct SamplingSettings {
 struct SpeculationSettings {
   SpeculationMethod method = SpeculationMethod::kDraftModel;  // who proposes
   GammaControl controller = GammaControl::kGoodput;           // how gamma adapts
+  Verification verification = Verification::kSharedNoise;     // how drafts are verified
   int64_t gamma = 4;             // drafts in the first drafting step (every step, with kFixed);
                                  // with kGoodput, 0 leaves that depth to the controller
   int64_t gamma_min = 0;         // never fewer (0 allows plain decoding)
