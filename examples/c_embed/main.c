@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
 
   specrun_engine_config_init(&config);
   specrun_sampling_init(&sampling);
-  for (i = 1; i < argc; ++i) {
+  /* Flags come in pairs: a name and its value. */
+  for (i = 1; i < argc; i += 2) {
     const char* value = i + 1 < argc ? argv[i + 1] : NULL;
     if (value == NULL) return usage(argv[0]);
     if (strcmp(argv[i], "--target") == 0) {
@@ -107,7 +108,6 @@ int main(int argc, char** argv) {
     } else {
       return usage(argv[0]);
     }
-    ++i;
   }
   if (config.target == NULL) return usage(argv[0]);
 
