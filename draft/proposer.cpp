@@ -63,6 +63,8 @@ void ModelProposer::rollback(int64_t sequence, int64_t committed_prefix) {
     return;
   }
   cache.truncate(entry.kv, std::min(cache.length(entry.kv), keep));
+  // What the cache still holds is committed text: its full blocks become reusable.
+  cache.seal(entry.kv, cache.length(entry.kv));
 }
 
 Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
@@ -111,6 +113,13 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
           cache.truncate(kv, 0);
           entry.offset = 0;
           seen = 0;
+        }
+        if (cache.length(kv) == 0) {
+          // A fresh context starts from the cached blocks of the same text, as far as they reach
+          // (never the last token: its logits are what the first draft is drawn from).
+          seen += cache.reuse_prefix(
+              kv, request.committed.subspan(static_cast<size_t>(seen),
+                                            static_cast<size_t>(committed - seen - 1)));
         }
         input.assign(request.committed.begin() + seen, request.committed.end());
       } else {

@@ -283,6 +283,36 @@ TEST_F(ApiTest, ResultStatsDescribeTheRequest) {
   EXPECT_GT(stats.target_ms, 0.0);
   EXPECT_EQ(result.tokens, greedy_alone(request.prompt_ids, *request.sampling).first);
   EXPECT_STREQ(to_string(result.reason), "max_tokens");
+  EXPECT_EQ(stats.cached_prompt_tokens, 0);
+}
+
+TEST_F(ApiTest, RepeatedPromptsComeFromThePrefixCache) {
+  // A 40-token prompt: its first 39 positions go into the cache, 32 of them in whole blocks of
+  // 16; a second request finds them. Off, nothing is cached and the output is the same.
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 39; ++i) prompt.push_back(3 + (i * 37) % 250);
+  std::vector<std::vector<int32_t>> outputs;
+  for (const bool prefix_cache : {true, false}) {
+    EngineConfig settings = config();
+    settings.prefix_cache = prefix_cache;
+    const auto engine = Engine::create(settings);
+    Request request;
+    request.prompt_ids = prompt;
+    request.sampling = greedy(8);
+    const Result first = engine->submit(request).wait();
+    const Result second = engine->submit(request).wait();
+    EXPECT_EQ(first.stats.cached_prompt_tokens, 0);
+    EXPECT_EQ(second.stats.cached_prompt_tokens, prefix_cache ? 32 : 0);
+    EXPECT_EQ(first.tokens, second.tokens);
+    const EngineStats stats = engine->stats();
+    EXPECT_EQ(stats.prompt_tokens, 80);
+    EXPECT_EQ(stats.cached_prompt_tokens, prefix_cache ? 32 : 0);
+    EXPECT_DOUBLE_EQ(stats.prefix_cache_hit_rate, prefix_cache ? 0.4 : 0.0);
+    EXPECT_EQ(stats.kv_tokens_cached > 0, prefix_cache);
+    EXPECT_EQ(stats.kv_tokens_free, stats.kv_tokens_capacity);
+    outputs.push_back(second.tokens);
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
 }
 
 TEST_F(ApiTest, TextStreamsInWholeCharactersAndAddsUpToTheResult) {

@@ -112,6 +112,7 @@ TEST_F(CApiTest, InitSetsTheCppDefaults) {
   EXPECT_EQ(config.device, nullptr);
   EXPECT_EQ(config.rope_style, nullptr);
   EXPECT_EQ(config.deterministic, 0);
+  EXPECT_EQ(config.prefix_cache, 1);
   EXPECT_EQ(config.threads, defaults.threads);
   EXPECT_EQ(config.kv_cache_tokens, defaults.kv_cache_tokens);
   EXPECT_EQ(config.kv_block_size, defaults.kv_block_size);
@@ -329,6 +330,9 @@ TEST_F(CApiTest, StreamsThroughTheCallbackAndReturnsTheResult) {
   EXPECT_EQ(engine_stats.submitted, 1);
   EXPECT_EQ(engine_stats.tokens_generated, 12);
   EXPECT_GT(engine_stats.kv_tokens_capacity, 0);
+  EXPECT_GT(engine_stats.prompt_tokens, 0);
+  EXPECT_EQ(engine_stats.cached_prompt_tokens, 0);  // one request: nothing to reuse yet
+  EXPECT_DOUBLE_EQ(engine_stats.prefix_cache_hit_rate, 0.0);
   specrun_engine_info info;
   ASSERT_EQ(specrun_engine_info_get(engine, &info), SPECRUN_OK);
   EXPECT_EQ(fs::path(info.target), fs::path(target_));

@@ -400,8 +400,9 @@ TEST_F(CliSpeculativeTest, SpeculativeOutputEqualsTargetAlone) {
   const CommandResult alone = run("--no-draft --quiet");
   ASSERT_EQ(alone.exit_code, 0) << alone.stderr_text;
   EXPECT_EQ(parse_ids(alone.stdout_text).size(), 30u);
-  for (const std::string flags : {"--controller goodput", "--controller heuristic --gamma 6",
-                                  "--controller fixed --gamma 3", "--method prompt_lookup"}) {
+  for (const std::string flags :
+       {"--controller goodput", "--controller heuristic --gamma 6", "--controller fixed --gamma 3",
+        "--method prompt_lookup", "--no-prefix-cache"}) {
     const CommandResult speculative =
         run("--draft " + quote((dir_ / "draft").string()) + " --quiet " + flags);
     ASSERT_EQ(speculative.exit_code, 0) << flags << ": " << speculative.stderr_text;
@@ -445,7 +446,7 @@ TEST_F(CliSpeculativeTest, StatsOnStderrAndAsJson) {
   const nlohmann::json stats = nlohmann::json::parse(testing::read_file(json_path));
   for (const char* key : {"tokens_generated", "ttft_ms", "itl_ms_mean", "itl_ms_p50", "itl_ms_p99",
                           "tokens_per_second", "acceptance_rate", "mean_accepted_length",
-                          "gamma_histogram", "draft_ms", "target_ms"}) {
+                          "gamma_histogram", "draft_ms", "target_ms", "cached_prompt_tokens"}) {
     EXPECT_TRUE(stats.contains(key)) << key;
   }
   EXPECT_EQ(stats["tokens_generated"], 30);

@@ -49,6 +49,7 @@ TEST(EngineConfigFile, DefaultFileDocumentsTheBuiltInDefaults) {
   EXPECT_EQ(loaded.device, built_in.device);
   EXPECT_EQ(loaded.max_batch, built_in.max_batch);
   EXPECT_EQ(loaded.deterministic, built_in.deterministic);
+  EXPECT_EQ(loaded.prefix_cache, built_in.prefix_cache);
   EXPECT_EQ(loaded.target, built_in.target);
   EXPECT_EQ(loaded.draft, built_in.draft);
   EXPECT_EQ(loaded.speculation.method, built_in.speculation.method);
@@ -68,9 +69,10 @@ TEST(EngineConfigFile, ReadsEveryKeyAndKeepsDefaultsForAbsentOnes) {
                       "[sampling]\ntemperature = 0.7\ntop_k = 40\ntop_p = 0.9\nmin_p = 0.05\n"
                       "seed = 12345\nmax_tokens = 99\n[runtime]\nthreads = 3\n"
                       "kv_cache_tokens = 4096\nkv_block_size = 32\ndevice = \"cpu\"\n"
-                      "deterministic = true\n");
+                      "deterministic = true\nprefix_cache = false\n");
   const EngineConfig config = EngineConfig::from_toml((dir / "c.toml").string());
   EXPECT_TRUE(config.deterministic);
+  EXPECT_FALSE(config.prefix_cache);
   EXPECT_FLOAT_EQ(config.sampling.temperature, 0.7f);
   EXPECT_EQ(config.sampling.top_k, 40);
   EXPECT_FLOAT_EQ(config.sampling.top_p, 0.9f);
@@ -154,6 +156,8 @@ TEST(EngineConfigFile, RejectsOutOfRangeValues) {
   expect_config_error("[runtime]\ndevice = \"tpu\"\n", {"runtime.device", "'tpu'"});
   expect_config_error("[runtime]\ndeterministic = 1\n",
                       {":2:", "runtime.deterministic", "true or false"});
+  expect_config_error("[runtime]\nprefix_cache = \"on\"\n",
+                      {":2:", "runtime.prefix_cache", "true or false"});
   expect_config_error("[runtime]\ndevice = \"cuda:x\"\n", {":2:", "runtime.device", "cuda:N"});
   expect_config_error("[runtime]\ndevice = \"cuda:-1\"\n", {"runtime.device", "'cuda:-1'"});
 }

@@ -37,6 +37,7 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
                          {"draft_ms", stats.draft_ms},
                          {"target_ms", stats.target_ms},
                          {"prompt_tokens", stats.prompt_tokens},
+                         {"cached_prompt_tokens", stats.cached_prompt_tokens},
                          {"finish_reason", to_string(run.reason)},
                          {"steps", stats.steps},
                          {"drafted", stats.drafted},
@@ -57,13 +58,16 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
 }
 
 void print_stats(std::FILE* stream, const RequestStats& stats, const RunDescription& run) {
-  std::fprintf(
-      stream,
-      "specrun: %lld prompt tokens, %lld generated (finished: %s) in %.1f ms on %s with %d "
-      "threads: %.1f tokens/s\n",
-      static_cast<long long>(stats.prompt_tokens), static_cast<long long>(stats.tokens_generated),
-      to_string(run.reason), stats.total_ms, run.backend.c_str(), run.threads,
-      stats.tokens_per_second);
+  const std::string cached =
+      stats.cached_prompt_tokens > 0
+          ? " (" + std::to_string(stats.cached_prompt_tokens) + " from the prefix cache)"
+          : "";
+  std::fprintf(stream,
+               "specrun: %lld prompt tokens%s, %lld generated (finished: %s) in %.1f ms on %s with "
+               "%d threads: %.1f tokens/s\n",
+               static_cast<long long>(stats.prompt_tokens), cached.c_str(),
+               static_cast<long long>(stats.tokens_generated), to_string(run.reason),
+               stats.total_ms, run.backend.c_str(), run.threads, stats.tokens_per_second);
   std::fprintf(stream,
                "specrun: time to first token %.1f ms; inter-token latency mean %.2f ms, p50 "
                "%.2f ms, p99 %.2f ms\n",

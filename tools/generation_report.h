@@ -31,9 +31,9 @@ struct RunDescription {
 
 // Keys: tokens_generated, ttft_ms, itl_ms_mean, itl_ms_p50, itl_ms_p99, tokens_per_second,
 // acceptance_rate, mean_accepted_length, gamma_histogram ({"gamma": steps}), draft_ms, target_ms,
-// and for context prompt_tokens, finish_reason, steps, drafted, accepted, method, controller,
-// verification, backend, threads; with a baseline also baseline_tokens_per_second, speedup and
-// baseline_same_output.
+// and for context prompt_tokens, cached_prompt_tokens, finish_reason, steps, drafted, accepted,
+// method, controller, verification, backend, threads; with a baseline also
+// baseline_tokens_per_second, speedup and baseline_same_output.
 nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& run);
 
 // Human-readable lines, each prefixed "specrun: ".

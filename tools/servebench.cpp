@@ -5,8 +5,11 @@
 // modes produce the same tokens and only the time differs.
 //
 //   servebench [--target T --draft D] [--concurrency 1,4,16,64] [--max-tokens 64]
+//   servebench --target T [--draft D] --shared-prefix 1000
 //
-// Without --target it runs the bundled pair (models/pycode-*) on its sample prompts.
+// Without --target it runs the bundled pair (models/pycode-*) on its sample prompts. With
+// --shared-prefix N every request starts with the same N-token system prompt, and the levels
+// compare the prefix cache off and on (speculation as configured: on with a draft) instead.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -53,12 +56,19 @@ struct Options {
   int64_t max_tokens = 64;                        // tokens per request (EOS ignored)
   int threads = 0;                                // CPU threads of the engine
   int64_t kv_cache_tokens = 0;                    // 0: room for the largest level at once
-  std::string json;                               // also write the figures here
+  int64_t shared_prefix = 0;  // tokens of a system prompt every request starts with; 0: none
+  std::string json;           // also write the figures here
+};
+
+// What one level compares: speculation off and on, or (with a shared prefix) the prefix cache.
+struct Mode {
+  bool speculative = false;  // the draft proposes
+  bool prefix_cache = true;  // prompts start from cached blocks
 };
 
 struct Level {
   int concurrency = 0;
-  bool speculative = false;
+  Mode mode;
   int64_t requests = 0;
   int64_t tokens = 0;
   double seconds = 0;
@@ -68,31 +78,64 @@ struct Level {
   double mean_batch = 0;
   double drafts_per_step = 0;  // drafts verified per batched step, over the whole batch
   double draft_share = 0;      // of the wall time, spent drafting
+  double cache_hit_rate = 0;   // prompt tokens taken from the prefix cache / prompt tokens
 };
 
+// A request's prompt: the shared system prompt's ids (BOS first), then the user prompt's without
+// its BOS; or the user prompt as text when there is no shared prefix.
+specrun::Request make_request(const specrun::Engine& engine, const std::vector<int32_t>& system,
+                              const std::string& prompt) {
+  specrun::Request request;
+  if (system.empty()) {
+    request.prompt = prompt;
+    return request;
+  }
+  request.prompt_ids = system;
+  for (const int32_t id : engine.tokenize(prompt, /*add_special_tokens=*/false)) {
+    request.prompt_ids.push_back(id);
+  }
+  return request;
+}
+
+// Exactly `count` token ids of ordinary text (the prompts repeated), BOS first.
+std::vector<int32_t> system_prompt(const specrun::Engine& engine,
+                                   const std::vector<std::string>& prompts, int64_t count) {
+  std::string text = "You are a careful assistant. Answer briefly and exactly.\n";
+  std::vector<int32_t> ids = engine.tokenize(text);
+  for (size_t i = 0; static_cast<int64_t>(ids.size()) < count; ++i) {
+    text += prompts[i % prompts.size()] + "\n";
+    ids = engine.tokenize(text);
+  }
+  ids.resize(static_cast<size_t>(count));
+  return ids;
+}
+
 Level run_level(const Options& options, const std::vector<std::string>& prompts, int concurrency,
-                bool speculative) {
+                Mode mode) {
   specrun::EngineConfig config;
   config.target = options.target;
   config.draft = options.draft;
   config.threads = options.threads;
   config.max_batch = 64;
   config.kv_cache_tokens = options.kv_cache_tokens;
+  config.prefix_cache = mode.prefix_cache;
   config.sampling.temperature = 0.0f;
   config.sampling.max_tokens = options.max_tokens;
   config.sampling.stop_at_eos = false;
-  config.speculation.method =
-      speculative ? specrun::SpeculationMethod::kDraftModel : specrun::SpeculationMethod::kNone;
+  config.speculation.method = mode.speculative ? specrun::SpeculationMethod::kDraftModel
+                                               : specrun::SpeculationMethod::kNone;
   const auto engine = specrun::Engine::create(config);
+  const std::vector<int32_t> system = options.shared_prefix > 0
+                                          ? system_prompt(*engine, prompts, options.shared_prefix)
+                                          : std::vector<int32_t>{};
 
-  // Warm-up: page the weights in and let the controller measure a first step.
-  specrun::Request warm;
-  warm.prompt = prompts.front();
-  engine->submit(warm).wait();
+  // Warm-up: page the weights in and let the controller measure a first step (with a shared
+  // prefix, its first computation: in both modes, every measured request comes after it).
+  engine->submit(make_request(*engine, system, prompts.front())).wait();
 
   Level level;
   level.concurrency = concurrency;
-  level.speculative = speculative;
+  level.mode = mode;
   level.requests = options.requests > 0 ? options.requests : std::max(16, 2 * concurrency);
   std::atomic<int64_t> next{0};
   std::mutex mutex;
@@ -102,9 +145,11 @@ Level run_level(const Options& options, const std::vector<std::string>& prompts,
   for (int c = 0; c < concurrency; ++c) {
     clients.emplace_back([&] {
       for (int64_t i = next++; i < level.requests; i = next++) {
-        specrun::Request request;
-        request.prompt = prompts[static_cast<size_t>(i) % prompts.size()];
-        const specrun::Result result = engine->submit(request).wait();
+        // With a shared system prompt each request's own part differs (as users' questions do),
+        // so only the system prompt can come from the cache.
+        std::string prompt = prompts[static_cast<size_t>(i) % prompts.size()];
+        if (!system.empty()) prompt = "Request " + std::to_string(i) + ": " + prompt;
+        const specrun::Result result = engine->submit(make_request(*engine, system, prompt)).wait();
         std::lock_guard lock(mutex);
         level.tokens += static_cast<int64_t>(result.tokens.size());
         level.latency_ms.push_back(result.stats.total_ms);
@@ -121,6 +166,11 @@ Level run_level(const Options& options, const std::vector<std::string>& prompts,
   const int64_t steps = after.steps - before.steps;
   level.drafts_per_step = steps > 0 ? double(drafted) / double(steps) : 0.0;
   level.draft_share = (after.draft_ms - before.draft_ms) / (level.seconds * 1e3);
+  const int64_t prompt_tokens = after.prompt_tokens - before.prompt_tokens;
+  level.cache_hit_rate =
+      prompt_tokens > 0
+          ? double(after.cached_prompt_tokens - before.cached_prompt_tokens) / double(prompt_tokens)
+          : 0.0;
   level.mean_batch =
       steps > 0
           ? (after.mean_batch * double(after.steps) - before.mean_batch * double(before.steps)) /
@@ -140,6 +190,56 @@ std::vector<std::string> sample_prompts(const std::filesystem::path& samples) {
   return prompts;
 }
 
+// The prefix cache off and on at each concurrency, every request starting with the same system
+// prompt; speculation as configured (on with a draft).
+int run_shared_prefix(const Options& options, const std::vector<std::string>& prompts) {
+  const bool speculative = !options.draft.empty();
+  std::printf(
+      "servebench: %s%s%s, greedy, %lld tokens per request, every prompt starting with the same "
+      "%lld-token system prompt\n",
+      options.target.c_str(), speculative ? " with draft " : "", options.draft.c_str(),
+      static_cast<long long>(options.max_tokens), static_cast<long long>(options.shared_prefix));
+  std::printf(
+      "| clients | prefix cache | requests | tokens/s | vs off | TTFT mean ms | TTFT p50 | TTFT "
+      "p99 | TTFT off / on | latency mean ms | prompt tokens from cache |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  nlohmann::json report = nlohmann::json::array();
+  for (const int concurrency : options.concurrency) {
+    double off_rate = 0, off_ttft = 0;
+    for (const bool cache : {false, true}) {
+      const Level level = run_level(options, prompts, concurrency, Mode{speculative, cache});
+      const double rate = double(level.tokens) / level.seconds;
+      const double ttft = mean(level.ttft_ms);
+      if (!cache) {
+        off_rate = rate;
+        off_ttft = ttft;
+      }
+      std::printf("| %d | %s | %lld | %.1f | %.2fx | %.1f | %.1f | %.1f | %s | %.1f | %.0f%% |\n",
+                  concurrency, cache ? "on" : "off", static_cast<long long>(level.requests), rate,
+                  rate / off_rate, ttft, percentile(level.ttft_ms, 0.5),
+                  percentile(level.ttft_ms, 0.99),
+                  cache ? (std::to_string(off_ttft / ttft).substr(0, 5) + "x").c_str() : "-",
+                  mean(level.latency_ms), 100.0 * level.cache_hit_rate);
+      std::fflush(stdout);
+      report.push_back({{"concurrency", concurrency},
+                        {"prefix_cache", cache},
+                        {"speculative", speculative},
+                        {"shared_prefix_tokens", options.shared_prefix},
+                        {"requests", level.requests},
+                        {"tokens", level.tokens},
+                        {"seconds", level.seconds},
+                        {"tokens_per_second", rate},
+                        {"ttft_ms_mean", ttft},
+                        {"ttft_ms_p50", percentile(level.ttft_ms, 0.5)},
+                        {"ttft_ms_p99", percentile(level.ttft_ms, 0.99)},
+                        {"latency_ms_mean", mean(level.latency_ms)},
+                        {"prefix_cache_hit_rate", level.cache_hit_rate}});
+    }
+  }
+  if (!options.json.empty()) std::ofstream(options.json) << report.dump(2) << "\n";
+  return 0;
+}
+
 int run(Options options) {
   std::filesystem::path samples;
   if (options.target.empty()) {
@@ -149,14 +249,18 @@ int run(Options options) {
     options.draft = pair->draft.string();
     samples = pair->target.parent_path() / "samples.json";
   }
-  if (options.draft.empty()) throw specrun::Error("--draft is required with --target");
+  if (options.draft.empty() && options.shared_prefix == 0) {
+    throw specrun::Error("--draft is required with --target (without --shared-prefix)");
+  }
   const std::vector<std::string> prompts = sample_prompts(samples);
   if (options.kv_cache_tokens == 0) {
     // Every client of the largest level in flight at once, prompts of a few hundred tokens.
     const int most = *std::max_element(options.concurrency.begin(), options.concurrency.end());
     options.kv_cache_tokens =
-        std::min<int64_t>(65536, static_cast<int64_t>(most) * (512 + options.max_tokens + 16));
+        std::min<int64_t>(65536, static_cast<int64_t>(most) *
+                                     (512 + options.shared_prefix + options.max_tokens + 16));
   }
+  if (options.shared_prefix > 0) return run_shared_prefix(options, prompts);
 
   std::printf("servebench: %s with draft %s, greedy, %lld tokens per request\n",
               options.target.c_str(), options.draft.c_str(),
@@ -169,7 +273,7 @@ int run(Options options) {
   for (const int concurrency : options.concurrency) {
     double plain_rate = 0;
     for (const bool speculative : {false, true}) {
-      const Level level = run_level(options, prompts, concurrency, speculative);
+      const Level level = run_level(options, prompts, concurrency, Mode{speculative, true});
       const double rate = double(level.tokens) / level.seconds;
       if (!speculative) plain_rate = rate;
       std::printf(
@@ -222,6 +326,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", options.threads, "CPU threads; 0 uses every core");
   app.add_option("--kv-cache-tokens", options.kv_cache_tokens,
                  "KV capacity per model (default: room for the largest level at once)");
+  app.add_option("--shared-prefix", options.shared_prefix,
+                 "Start every request with the same system prompt of this many tokens, and "
+                 "compare the prefix cache off and on instead of speculation");
   app.add_option("--json", options.json, "Also write the figures as JSON to this file");
   CLI11_PARSE(app, argc, argv);
   return specrun::tools::run_reporting_errors("servebench", "warn", [&] { return run(options); });

@@ -310,6 +310,11 @@ int main(int argc, char** argv) {
       app.add_flag("--deterministic", f.deterministic,
                    "Batch-invariant kernels (runtime.deterministic): output independent of what "
                    "shares a batch, greedy speculative equal to greedy target-only bitwise");
+  bool no_prefix_cache = false;
+  CLI::Option* prefix_cache = app.add_flag(
+      "--no-prefix-cache", no_prefix_cache,
+      "Compute every prompt in full rather than starting from cached KV blocks of the same "
+      "prefix (runtime.prefix_cache = false); output is the same either way");
   app.add_option("--rope-style", options.rope_style,
                  "RoPE channel pairing: auto (the checkpoint's: rotate-half for Hugging Face, "
                  "interleaved for GGUF), rotate-half or interleaved (Meta's weight layout)")
@@ -337,6 +342,7 @@ int main(int argc, char** argv) {
     if (given(kv_tokens)) config.kv_cache_tokens = f.kv_cache_tokens;
     if (given(device)) config.device = f.device;
     if (given(deterministic)) config.deterministic = f.deterministic;
+    if (given(prefix_cache)) config.prefix_cache = !no_prefix_cache;
     if (given(method)) config.speculation.method = f.speculation.method;
     if (given(controller)) config.speculation.controller = f.speculation.controller;
     if (given(verification)) config.speculation.verification = f.speculation.verification;

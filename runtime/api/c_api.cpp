@@ -325,6 +325,7 @@ specrun_request_stats to_c(const specrun::RequestStats& stats) {
   }
   c.draft_ms = stats.draft_ms;
   c.target_ms = stats.target_ms;
+  c.cached_prompt_tokens = stats.cached_prompt_tokens;
   return c;
 }
 
@@ -421,6 +422,7 @@ specrun_status specrun_engine_config_init(specrun_engine_config* config) {
     config->deterministic = defaults.deterministic ? 1 : 0;
     config->sampling = to_c(defaults.sampling);
     config->speculation = to_c(defaults.speculation);
+    config->prefix_cache = defaults.prefix_cache ? 1 : 0;
   });
 }
 
@@ -444,6 +446,7 @@ specrun_status specrun_engine_create(const specrun_engine_config* config, specru
     settings.deterministic = config->deterministic != 0;
     settings.sampling = from_c(config->sampling);
     settings.speculation = from_c(config->speculation, "config->speculation");
+    settings.prefix_cache = config->prefix_cache != 0;
     auto handle = std::make_unique<specrun_engine>();
     handle->engine = specrun::Engine::create(settings);
     *engine = handle.release();
@@ -644,6 +647,10 @@ specrun_status specrun_engine_stats_get(const specrun_engine* engine, specrun_en
     stats->tokens_per_second = s.tokens_per_second;
     stats->kv_tokens_capacity = s.kv_tokens_capacity;
     stats->kv_tokens_free = s.kv_tokens_free;
+    stats->kv_tokens_cached = s.kv_tokens_cached;
+    stats->prompt_tokens = s.prompt_tokens;
+    stats->cached_prompt_tokens = s.cached_prompt_tokens;
+    stats->prefix_cache_hit_rate = s.prefix_cache_hit_rate;
   });
 }
 

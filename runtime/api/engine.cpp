@@ -121,6 +121,7 @@ RequestStats request_stats(const detail::RequestState& state, const SequenceStat
   stats.itl_ms_p99 = latency.p99;
   stats.tokens_per_second = total_ms > 0 ? 1e3 * static_cast<double>(tokens) / total_ms : 0.0;
   if (engine != nullptr) {
+    stats.cached_prompt_tokens = engine->cached_prompt_tokens;
     stats.steps = engine->steps;
     stats.drafted = engine->drafted;
     stats.accepted = engine->accepted;
@@ -289,6 +290,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   ModelOptions model_options;
   model_options.kv_cache_tokens = config.kv_cache_tokens;
   model_options.kv_block_size = config.kv_block_size;
+  model_options.prefix_cache = config.prefix_cache;
   model_options.rope_style = parse_rope_style(config.rope_style);
   core->target = Model::load(config.target, *core->backend, model_options);
   if (!config.draft.empty()) {
@@ -381,6 +383,13 @@ EngineStats Engine::stats() const {
                           : 0.0;
   stats.kv_tokens_capacity = batch.kv_tokens_capacity;
   stats.kv_tokens_free = batch.kv_tokens_free;
+  stats.kv_tokens_cached = batch.kv_tokens_cached;
+  stats.prompt_tokens = batch.prompt_tokens;
+  stats.cached_prompt_tokens = batch.cached_prompt_tokens;
+  stats.prefix_cache_hit_rate = batch.prompt_tokens > 0
+                                    ? static_cast<double>(batch.cached_prompt_tokens) /
+                                          static_cast<double>(batch.prompt_tokens)
+                                    : 0.0;
   return stats;
 }
 

@@ -120,6 +120,11 @@ struct BatchEngine::State {
   void finish(std::unique_ptr<Sequence> sequence, FinishReason reason, const std::string& error,
               std::span<const int32_t> last_tokens = {});
   void publish_kv();
+  // The KV figures of `counters` from the target's cache; `mutex` must be held.
+  void count_kv(const KvCache& cache) {
+    counters.kv_tokens_free = cache.free_blocks() * cache.layout().block_size;
+    counters.kv_tokens_cached = cache.cached_blocks() * cache.layout().block_size;
+  }
   int64_t cap(const Sequence& sequence) const;
   GammaPolicy& policy(GammaControl kind);
 };
@@ -133,8 +138,7 @@ BatchEngine::BatchEngine(Model& target, Model* draft, const BatchEngineOptions& 
     state_->draft_proposer = std::make_unique<ModelProposer>(*draft, SamplingParams{}, 0.0f);
   }
   state_->counters.kv_tokens_capacity = target.kv_cache().capacity_tokens();
-  state_->counters.kv_tokens_free =
-      target.kv_cache().free_blocks() * target.kv_cache().layout().block_size;
+  state_->count_kv(target.kv_cache());
   state_->scheduler = std::thread([state = state_.get()] { state->run(); });
 }
 
@@ -263,7 +267,7 @@ BatchEngineStats BatchEngine::stats() const {
 void BatchEngine::State::publish_kv() {
   const KvCache& cache = target.kv_cache();
   std::lock_guard lock(mutex);
-  counters.kv_tokens_free = cache.free_blocks() * cache.layout().block_size;
+  count_kv(cache);
   counters.running = static_cast<int64_t>(running.size());
   counters.waiting = static_cast<int64_t>(queue.size());
 }
@@ -292,7 +296,7 @@ void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishReason
     std::lock_guard lock(mutex);
     live.erase(sequence->id);
     counters.finished += 1;
-    counters.kv_tokens_free = cache.free_blocks() * cache.layout().block_size;
+    count_kv(cache);
   }
   if (sequence->on_update) {
     RequestUpdate update;
@@ -388,8 +392,9 @@ void BatchEngine::State::run() {
 }
 
 // Admit and prefill: one batched target prefill of every prompt but its last token (which is fed
-// with the first step's drafts). The draft catches up in its first proposal. A request for no
-// tokens at all finishes here.
+// with the first step's drafts), after the cached blocks it starts with; the prefilled prompt is
+// sealed, so that later requests reuse it. The draft catches up in its first proposal. A request
+// for no tokens at all finishes here.
 void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) {
   const auto start = Clock::now();
   std::vector<std::unique_ptr<Sequence>> starting;
@@ -403,11 +408,12 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
       finish(std::move(sequence), FinishReason::kMaxTokens, "");
       continue;
     }
-    if (sequence->committed.size() > 1) {
-      prefill.push_back(
-          {sequence->target_kv,
-           std::span<const int32_t>(sequence->committed).first(sequence->committed.size() - 1),
-           false});
+    const std::span<const int32_t> fed =
+        std::span<const int32_t>(sequence->committed).first(sequence->committed.size() - 1);
+    const int64_t reused = target.kv_cache().reuse_prefix(sequence->target_kv, fed);
+    sequence->stats.cached_prompt_tokens = reused;
+    if (reused < static_cast<int64_t>(fed.size())) {
+      prefill.push_back({sequence->target_kv, fed.subspan(static_cast<size_t>(reused)), false});
     }
     starting.push_back(std::move(sequence));
   }
@@ -424,14 +430,18 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
     return;
   }
   const double prefill_ms = milliseconds(start, Clock::now());
-  {
-    std::lock_guard lock(mutex);
-    counters.target_ms += prefill_ms;
-  }
+  int64_t prompt_tokens = 0, cached_prompt_tokens = 0;
   for (auto& sequence : starting) {
+    target.kv_cache().seal(sequence->target_kv, target.kv_cache().length(sequence->target_kv));
     sequence->stats.target_ms += prefill_ms;
+    prompt_tokens += static_cast<int64_t>(sequence->request.prompt.size());
+    cached_prompt_tokens += sequence->stats.cached_prompt_tokens;
     running.push_back(std::move(sequence));
   }
+  std::lock_guard lock(mutex);
+  counters.target_ms += prefill_ms;
+  counters.prompt_tokens += prompt_tokens;
+  counters.cached_prompt_tokens += cached_prompt_tokens;
 }
 
 void BatchEngine::State::step() {
@@ -646,13 +656,15 @@ void BatchEngine::State::commit(StepWork& work) {
       }
     }
     emitted_total += static_cast<int64_t>(sequence.committed.size() - work.first_new[b]);
-    if (stop) continue;
-    continuing += 1;
+    // Both caches keep the committed tokens but the new pending one, sealed for reuse; a
+    // finishing sequence's too, so that a request continuing its text finds it cached.
     const int64_t keep = static_cast<int64_t>(sequence.committed.size()) - 1;
     target.kv_cache().truncate(sequence.target_kv, keep);
+    target.kv_cache().seal(sequence.target_kv, keep);
     if (sequence.drafts_with_model) {
       draft_proposer->rollback(static_cast<int64_t>(sequence.id), keep);
     }
+    if (!stop) continuing += 1;
   }
   for (const auto& [kind, members] : work.rows_of) {
     policy(kind).observe(outcomes, work.draft_ms, work.verify_ms);
@@ -667,7 +679,7 @@ void BatchEngine::State::commit(StepWork& work) {
   counters.draft_ms += work.draft_ms;
   counters.target_ms += work.verify_ms;
   counters.running = continuing;
-  counters.kv_tokens_free = cache.free_blocks() * cache.layout().block_size;
+  count_kv(cache);
 }
 
 // Deliver: each request gets the step's tokens; those that stopped finish with them.

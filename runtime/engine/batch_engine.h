@@ -12,7 +12,9 @@
 //
 // KV room is reserved at admission for a request's worst case (prompt + max_tokens, or the
 // context limit, which counts the cache), so a running sequence never runs out and the rest wait;
-// a prompt longer than the context limit is refused at submit().
+// a prompt longer than the context limit is refused at submit(). A prompt starts from the cached
+// blocks of an earlier sequence with the same prefix where there are some (prefix caching, in both
+// models' caches); the reservation still counts them, so caching never makes a request wait.
 #pragma once
 
 #include <cstdint>
@@ -63,19 +65,22 @@ struct BatchEngineOptions {
 };
 
 struct BatchEngineStats {
-  int64_t submitted = 0;           // requests accepted by submit()
-  int64_t finished = 0;            // requests finished for any reason
-  int64_t running = 0;             // in the batch now
-  int64_t waiting = 0;             // queued now
-  int64_t tokens_generated = 0;    // tokens emitted over every request
-  int64_t steps = 0;               // batched steps
-  int64_t sequence_steps = 0;      // sum over steps of the sequences in them
-  int64_t drafted = 0;             // drafts verified
-  int64_t accepted = 0;            // drafts accepted
-  double draft_ms = 0.0;           // time proposing
-  double target_ms = 0.0;          // time in target forwards (prefill and scoring)
-  int64_t kv_tokens_capacity = 0;  // target KV cache
-  int64_t kv_tokens_free = 0;      // free target KV positions now
+  int64_t submitted = 0;             // requests accepted by submit()
+  int64_t finished = 0;              // requests finished for any reason
+  int64_t running = 0;               // in the batch now
+  int64_t waiting = 0;               // queued now
+  int64_t tokens_generated = 0;      // tokens emitted over every request
+  int64_t steps = 0;                 // batched steps
+  int64_t sequence_steps = 0;        // sum over steps of the sequences in them
+  int64_t drafted = 0;               // drafts verified
+  int64_t accepted = 0;              // drafts accepted
+  double draft_ms = 0.0;             // time proposing
+  double target_ms = 0.0;            // time in target forwards (prefill and scoring)
+  int64_t prompt_tokens = 0;         // prompt tokens of the requests admitted
+  int64_t cached_prompt_tokens = 0;  // of those, served from the target's prefix cache
+  int64_t kv_tokens_capacity = 0;    // target KV cache
+  int64_t kv_tokens_free = 0;        // target KV positions an append may take now
+  int64_t kv_tokens_cached = 0;      // target KV positions in reusable prefix blocks now
 };
 
 // A request run to its end (BatchEngine::run).

@@ -12,6 +12,7 @@ struct SequenceStats {
   int64_t tokens_generated = 0;                // tokens emitted (EOS excluded)
   double total_ms = 0.0;                       // from submit to the last update
   double ttft_ms = 0.0;                        // time to the first token
+  int64_t cached_prompt_tokens = 0;            // prompt positions taken from the prefix cache
   std::vector<double> token_ms;                // each token's arrival, from submit
   int64_t steps = 0;                           // target forwards after the prefill
   int64_t drafted = 0;                         // drafts verified (calibration filler included)

@@ -1,15 +1,18 @@
 #include "runtime/kv/kv_cache.h"
 
+#include <algorithm>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string>
 
+#include "kernels/core/uniform_hash.h"
 #include "runtime/model/tensor_checks.h"
 
 namespace specrun {
 
-KvCache::KvCache(kernels::Backend& backend, const KvCacheLayout& layout)
-    : backend_(backend), layout_(layout) {
+KvCache::KvCache(kernels::Backend& backend, const KvCacheLayout& layout, bool prefix_caching)
+    : backend_(backend), layout_(layout), prefix_caching_(prefix_caching) {
   if (layout.num_layers <= 0 || layout.num_kv_heads <= 0 || layout.head_dim <= 0 ||
       layout.block_size <= 0 || layout.num_blocks <= 0) {
     throw Error("KV cache: every dimension of the layout must be positive");
@@ -34,9 +37,16 @@ KvCache::KvCache(kernels::Backend& backend, const KvCacheLayout& layout)
     throw Error("KV cache: cannot allocate " + std::to_string(bytes >> 20) + " MiB on " +
                 std::string(backend_.name()));
   }
-  free_blocks_.reserve(static_cast<size_t>(layout.num_blocks));
+  blocks_.resize(static_cast<size_t>(layout.num_blocks));
+  free_.reserve(static_cast<size_t>(layout.num_blocks));
   for (int64_t block = layout.num_blocks - 1; block >= 0; --block) {
-    free_blocks_.push_back(static_cast<int32_t>(block));
+    free_.push_back(static_cast<int32_t>(block));
+  }
+  if (prefix_caching_) {
+    block_tokens_.resize(static_cast<size_t>(slots));
+    std::random_device entropy;
+    salt_.low = (static_cast<uint64_t>(entropy()) << 32) | entropy();
+    salt_.high = (static_cast<uint64_t>(entropy()) << 32) | entropy();
   }
 }
 
@@ -65,19 +75,94 @@ KvCache::Sequence& KvCache::get(SequenceId sequence) {
   return const_cast<Sequence&>(static_cast<const KvCache*>(this)->get(sequence));
 }
 
-void KvCache::append(std::span<const std::pair<SequenceId, int64_t>> growth) {
+KvCache::BlockKey KvCache::chain(const BlockKey& parent, std::span<const int32_t> tokens) const {
+  // Two independent 64-bit lanes, each seeded by the parent's key and the cache's salt: a 128-bit
+  // key, checked against the block's stored tokens and parent on every match anyway.
+  uint64_t low = kernels::mix64(parent.low ^ salt_.low);
+  uint64_t high = kernels::mix64(parent.high + salt_.high + 0x9e3779b97f4a7c15ull);
+  for (const int32_t token : tokens) {
+    const uint64_t value = static_cast<uint32_t>(token);
+    low = kernels::mix64(low ^ (value + 0x632be59bd9b4e019ull));
+    high = kernels::mix64(high + value * 0xff51afd7ed558ccdull);
+  }
+  return {low, high};
+}
+
+int32_t KvCache::take_block() {
+  int32_t block = -1;
+  if (!free_.empty()) {
+    block = free_.back();
+    free_.pop_back();
+  } else {
+    // The cached block released longest ago gives up its contents.
+    SPECRUN_CHECK(!evictable_.empty()) << "no block to take";
+    block = evictable_.begin()->second;
+    evictable_.erase(evictable_.begin());
+    Block& evicted = blocks_[static_cast<size_t>(block)];
+    table_.erase(evicted.key);
+    evicted.cached = false;
+  }
+  blocks_[static_cast<size_t>(block)].references = 1;
+  return block;
+}
+
+void KvCache::release_block(int32_t block) {
+  Block& state = blocks_[static_cast<size_t>(block)];
+  SPECRUN_CHECK(state.references > 0) << "block " << block << " released more than held";
+  if (--state.references > 0) return;
+  if (state.cached) {
+    state.released = ++clock_;
+    evictable_.emplace(state.released, block);
+  } else {
+    free_.push_back(block);
+  }
+}
+
+int64_t KvCache::reuse_prefix(SequenceId sequence, std::span<const int32_t> tokens) {
+  Sequence& entry = get(sequence);
+  if (entry.length != 0) {
+    throw Error("KV cache: sequence " + std::to_string(sequence) + " already holds " +
+                std::to_string(entry.length) + " positions; a prefix is reused only when empty");
+  }
+  if (!prefix_caching_) return 0;
+  const auto block_size = static_cast<size_t>(layout_.block_size);
+  BlockKey parent{};
+  for (size_t first = 0; first + block_size <= tokens.size(); first += block_size) {
+    const std::span<const int32_t> block_tokens = tokens.subspan(first, block_size);
+    const BlockKey key = chain(parent, block_tokens);
+    const auto found = table_.find(key);
+    if (found == table_.end()) break;
+    const int32_t block = found->second;
+    Block& state = blocks_[static_cast<size_t>(block)];
+    const auto stored = block_tokens_.begin() + static_cast<std::ptrdiff_t>(block * block_size);
+    if (!(state.parent == parent) ||
+        !std::equal(block_tokens.begin(), block_tokens.end(), stored)) {
+      break;  // a key collision: never reuse what is not the same prefix
+    }
+    if (state.references++ == 0) evictable_.erase({state.released, block});
+    entry.blocks.push_back(block);
+    entry.sealed.push_back(key);
+    entry.tokens.insert(entry.tokens.end(), block_tokens.begin(), block_tokens.end());
+    entry.length += layout_.block_size;
+    parent = key;
+  }
+  reused_positions_ += entry.length;
+  return entry.length;
+}
+
+void KvCache::append(std::span<const KvGrowth> growth) {
   int64_t needed = 0;
   for (size_t i = 0; i < growth.size(); ++i) {
-    const auto& [sequence, count] = growth[i];
-    if (count < 0) throw Error("KV cache: cannot append a negative count");
+    const SequenceId sequence = growth[i].sequence;
     for (size_t j = 0; j < i; ++j) {
-      if (growth[j].first == sequence) {
+      if (growth[j].sequence == sequence) {
         throw Error("KV cache: sequence " + std::to_string(sequence) +
                     " appears twice in one append");
       }
     }
     const Sequence& entry = get(sequence);
-    needed += blocks_for(entry.length + count) - static_cast<int64_t>(entry.blocks.size());
+    needed += blocks_for(entry.length + static_cast<int64_t>(growth[i].tokens.size())) -
+              static_cast<int64_t>(entry.blocks.size());
   }
   if (needed > free_blocks()) {
     throw KvCacheFullError("KV cache full: " + std::to_string(needed) + " more blocks of " +
@@ -85,19 +170,48 @@ void KvCache::append(std::span<const std::pair<SequenceId, int64_t>> growth) {
                            std::to_string(free_blocks()) + " of " +
                            std::to_string(layout_.num_blocks) + " free");
   }
-  for (const auto& [sequence, count] : growth) {
-    Sequence& entry = get(sequence);
-    entry.length += count;
+  for (const KvGrowth& grow : growth) {
+    Sequence& entry = get(grow.sequence);
+    entry.length += static_cast<int64_t>(grow.tokens.size());
+    if (prefix_caching_)
+      entry.tokens.insert(entry.tokens.end(), grow.tokens.begin(), grow.tokens.end());
     while (static_cast<int64_t>(entry.blocks.size()) < blocks_for(entry.length)) {
-      entry.blocks.push_back(free_blocks_.back());
-      free_blocks_.pop_back();
+      entry.blocks.push_back(take_block());
     }
   }
 }
 
-void KvCache::append(SequenceId sequence, int64_t count) {
-  const std::pair<SequenceId, int64_t> growth[] = {{sequence, count}};
+void KvCache::append(SequenceId sequence, std::span<const int32_t> tokens) {
+  const KvGrowth growth[] = {{sequence, tokens}};
   append(growth);
+}
+
+void KvCache::seal(SequenceId sequence, int64_t length) {
+  Sequence& entry = get(sequence);
+  if (length < 0 || length > entry.length) {
+    throw Error("KV cache: cannot seal " + std::to_string(length) + " positions of sequence " +
+                std::to_string(sequence) + ", which holds " + std::to_string(entry.length));
+  }
+  if (!prefix_caching_) return;
+  const auto block_size = static_cast<size_t>(layout_.block_size);
+  for (auto index = entry.sealed.size(); static_cast<int64_t>((index + 1) * block_size) <= length;
+       ++index) {
+    const BlockKey parent = index == 0 ? BlockKey{} : entry.sealed[index - 1];
+    const std::span<const int32_t> tokens =
+        std::span<const int32_t>(entry.tokens).subspan(index * block_size, block_size);
+    const BlockKey key = chain(parent, tokens);
+    entry.sealed.push_back(key);
+    const int32_t block = entry.blocks[index];
+    Block& state = blocks_[static_cast<size_t>(block)];
+    // Another block may already hold this prefix (two sequences computed it at once): this one
+    // then stays the sequence's own, and the first is the one reused.
+    if (state.cached || !table_.emplace(key, block).second) continue;
+    state.cached = true;
+    state.key = key;
+    state.parent = parent;
+    std::copy(tokens.begin(), tokens.end(),
+              block_tokens_.begin() + static_cast<std::ptrdiff_t>(block * block_size));
+  }
 }
 
 void KvCache::truncate(SequenceId sequence, int64_t length) {
@@ -106,9 +220,20 @@ void KvCache::truncate(SequenceId sequence, int64_t length) {
     throw Error("KV cache: cannot truncate sequence " + std::to_string(sequence) + " of length " +
                 std::to_string(entry.length) + " to " + std::to_string(length));
   }
+  const int64_t sealed_length = static_cast<int64_t>(entry.sealed.size()) * layout_.block_size;
+  if (length < sealed_length && length % layout_.block_size != 0) {
+    // Its next append would write into a block other sequences may share.
+    throw Error("KV cache: cannot truncate sequence " + std::to_string(sequence) + " to " +
+                std::to_string(length) + " positions, inside its sealed first " +
+                std::to_string(sealed_length));
+  }
   entry.length = length;
+  if (prefix_caching_) entry.tokens.resize(static_cast<size_t>(length));
+  entry.sealed.resize(
+      std::min(entry.sealed.size(), static_cast<size_t>(length / layout_.block_size)));
+  // The deepest block first, so that a chain's tail is evicted before its head.
   while (static_cast<int64_t>(entry.blocks.size()) > blocks_for(length)) {
-    free_blocks_.push_back(entry.blocks.back());
+    release_block(entry.blocks.back());
     entry.blocks.pop_back();
   }
 }

@@ -128,9 +128,11 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
                                 ? options.kv_cache_tokens
                                 : std::min(config.max_position_embeddings, kDefaultKvTokens);
   const int64_t blocks = (kv_tokens + options.kv_block_size - 1) / options.kv_block_size;
-  kv_cache_ = std::make_unique<KvCache>(
-      backend_, KvCacheLayout{config.num_layers, config.num_kv_heads, config.head_dim,
-                              options.kv_block_size, blocks});
+  kv_cache_ =
+      std::make_unique<KvCache>(backend_,
+                                KvCacheLayout{config.num_layers, config.num_kv_heads,
+                                              config.head_dim, options.kv_block_size, blocks},
+                                options.prefix_cache);
   spdlog::debug("loaded {} ({} layers, {:.1f}M parameters) on {}; KV cache {} tokens",
                 checkpoint_.paths.weights.string(), config.num_layers, parameter_count_ / 1e6,
                 backend_.name(), kv_cache_->capacity_tokens());
@@ -296,10 +298,10 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits) {
   }
   const int64_t num_seqs = static_cast<int64_t>(batch.size());
 
-  std::vector<std::pair<SequenceId, int64_t>> growth;
+  std::vector<KvGrowth> growth;
   std::vector<int64_t> old_lengths;
   for (const SequenceInput& input : batch) {
-    growth.emplace_back(input.sequence, static_cast<int64_t>(input.tokens.size()));
+    growth.push_back({input.sequence, input.tokens});
     old_lengths.push_back(kv_cache_->length(input.sequence));
   }
   kv_cache_->append(growth);  // all or nothing

@@ -22,6 +22,7 @@ namespace specrun {
 struct ModelOptions {
   int64_t kv_cache_tokens = 0;  // cache capacity in tokens; 0: the model's context, at most 8192
   int64_t kv_block_size = 16;   // tokens per KV-cache block
+  bool prefix_cache = true;     // sealed full blocks are reused by sequences with the same prefix
   // Overrides the checkpoint's pairing (rotate-half for Hugging Face, interleaved for GGUF).
   std::optional<kernels::RopeStyle> rope_style;
 };

@@ -148,6 +148,7 @@ typedef struct specrun_engine_config {
   int deterministic;         /* nonzero: batch-invariant kernels on every backend; default 0 */
   specrun_sampling sampling; /* defaults of requests that give none */
   specrun_speculation speculation; /* defaults of requests that give none */
+  int prefix_cache; /* nonzero (default): prompts start from cached KV blocks of the same prefix */
 } specrun_engine_config;
 
 specrun_status specrun_sampling_init(specrun_sampling* sampling);
@@ -220,7 +221,7 @@ void specrun_event_free(specrun_event* event);
 
 /* A request's figures (as specrun::RequestStats). Times are from submit, in milliseconds. */
 typedef struct specrun_request_stats {
-  int64_t prompt_tokens;       /* tokens prefilled */
+  int64_t prompt_tokens;       /* the prompt's tokens */
   int64_t tokens_generated;    /* tokens emitted (end-of-sequence excluded) */
   double queue_ms;             /* waiting for room in the batch or the KV cache */
   double ttft_ms;              /* time to the first token */
@@ -236,8 +237,9 @@ typedef struct specrun_request_stats {
   double acceptance_rate;      /* accepted / drafted */
   double mean_accepted_length; /* tokens committed per step */
   int64_t gamma_histogram[SPECRUN_MAX_GAMMA + 1]; /* [gamma]: steps that verified gamma drafts */
-  double draft_ms;  /* time in the steps' drafting (shared with the batch) */
-  double target_ms; /* time in the steps' target passes (shared with the batch) */
+  double draft_ms;              /* time in the steps' drafting (shared with the batch) */
+  double target_ms;             /* time in the steps' target passes (shared with the batch) */
+  int64_t cached_prompt_tokens; /* of the prompt's tokens, taken from the prefix cache */
 } specrun_request_stats;
 
 /* A finished request. */
@@ -272,22 +274,26 @@ specrun_status specrun_engine_cancel(specrun_engine* engine, uint64_t request, i
 
 /* Engine-wide figures since the engine started (as specrun::EngineStats). */
 typedef struct specrun_engine_stats {
-  int64_t submitted;          /* requests accepted by submit */
-  int64_t finished;           /* requests that finished, for any reason */
-  int64_t running;            /* in the batch now */
-  int64_t waiting;            /* queued for room now */
-  int64_t tokens_generated;   /* over every request */
-  int64_t steps;              /* batched steps run */
-  double mean_batch;          /* sequences per step, on average */
-  int64_t drafted;            /* drafts verified */
-  int64_t accepted;           /* drafts accepted */
-  double acceptance_rate;     /* accepted / drafted */
-  double draft_ms;            /* time drafting */
-  double target_ms;           /* time in target passes (prefill, verification) */
-  double uptime_ms;           /* since creation */
-  double tokens_per_second;   /* tokens_generated over uptime */
-  int64_t kv_tokens_capacity; /* the target's KV cache, in tokens */
-  int64_t kv_tokens_free;     /* free now */
+  int64_t submitted;            /* requests accepted by submit */
+  int64_t finished;             /* requests that finished, for any reason */
+  int64_t running;              /* in the batch now */
+  int64_t waiting;              /* queued for room now */
+  int64_t tokens_generated;     /* over every request */
+  int64_t steps;                /* batched steps run */
+  double mean_batch;            /* sequences per step, on average */
+  int64_t drafted;              /* drafts verified */
+  int64_t accepted;             /* drafts accepted */
+  double acceptance_rate;       /* accepted / drafted */
+  double draft_ms;              /* time drafting */
+  double target_ms;             /* time in target passes (prefill, verification) */
+  double uptime_ms;             /* since creation */
+  double tokens_per_second;     /* tokens_generated over uptime */
+  int64_t kv_tokens_capacity;   /* the target's KV cache, in tokens */
+  int64_t kv_tokens_free;       /* positions new tokens may take now (cached ones included) */
+  int64_t kv_tokens_cached;     /* positions in reusable prefix blocks now */
+  int64_t prompt_tokens;        /* prompt tokens of the requests started */
+  int64_t cached_prompt_tokens; /* of those, taken from the prefix cache */
+  double prefix_cache_hit_rate; /* cached_prompt_tokens / prompt_tokens */
 } specrun_engine_stats;
 
 specrun_status specrun_engine_stats_get(const specrun_engine* engine, specrun_engine_stats* stats);

@@ -53,9 +53,9 @@ enum class Verification {
                  // output token for token with or without speculation, for every gamma, controller,
                  // batch and timing; drafts are accepted slightly less often than by rejection
                  // sampling.
-  kRejection,  // rejection sampling: the most drafts accepted. A seed reproduces the output only
-               // when the steps draft alike (the fixed or heuristic controller), not under
-               // goodput, whose gamma follows measured timings.
+  kRejection,    // rejection sampling: the most drafts accepted. A seed reproduces the output only
+                 // when the steps draft alike (the fixed or heuristic controller), not under
+                 // goodput, whose gamma follows measured timings.
 };
 const char* to_string(Verification verification);  // "shared_noise", "rejection"
 
@@ -99,6 +99,9 @@ struct EngineConfig {
                                       // checkpoints), "rotate-half" or "interleaved" (Meta/GGUF)
   bool deterministic = false;         // batch-invariant kernels on every backend (CUDA: slower
                                       // prefill), so output does not depend on batch mates
+  bool prefix_cache = true;           // a prompt starts from the cached KV blocks of an earlier
+                                      // sequence with the same prefix (both models); output is
+                                      // the same either way
   SamplingSettings sampling{};        // defaults of requests that give none
   SpeculationSettings speculation{};  // defaults of requests that give none
 
@@ -131,7 +134,8 @@ const char* to_string(FinishReason reason);  // "end_of_sequence", "max_tokens",
 
 // The figures of one request, as the CLI reports them. Times are from submit().
 struct RequestStats {
-  int64_t prompt_tokens = 0;          // tokens prefilled
+  int64_t prompt_tokens = 0;          // the prompt's tokens
+  int64_t cached_prompt_tokens = 0;   // of those, taken from the prefix cache, not computed
   int64_t tokens_generated = 0;       // tokens emitted (end-of-sequence excluded)
   double queue_ms = 0.0;              // waiting for room in the batch or the KV cache
   double ttft_ms = 0.0;               // time to the first token
@@ -204,22 +208,26 @@ class RequestHandle {
 
 // Engine-wide figures since the engine started.
 struct EngineStats {
-  int64_t submitted = 0;           // requests accepted by submit()
-  int64_t finished = 0;            // requests that finished, for any reason
-  int64_t running = 0;             // in the batch now
-  int64_t waiting = 0;             // queued for room now
-  int64_t tokens_generated = 0;    // over every request
-  int64_t steps = 0;               // batched steps run
-  double mean_batch = 0.0;         // sequences per step, on average
-  int64_t drafted = 0;             // drafts verified
-  int64_t accepted = 0;            // drafts accepted
-  double acceptance_rate = 0.0;    // accepted / drafted
-  double draft_ms = 0.0;           // time drafting
-  double target_ms = 0.0;          // time in target passes (prefill, verification)
-  double uptime_ms = 0.0;          // since create()
-  double tokens_per_second = 0.0;  // tokens_generated over uptime
-  int64_t kv_tokens_capacity = 0;  // the target's KV cache, in tokens
-  int64_t kv_tokens_free = 0;      // free now
+  int64_t submitted = 0;               // requests accepted by submit()
+  int64_t finished = 0;                // requests that finished, for any reason
+  int64_t running = 0;                 // in the batch now
+  int64_t waiting = 0;                 // queued for room now
+  int64_t tokens_generated = 0;        // over every request
+  int64_t steps = 0;                   // batched steps run
+  double mean_batch = 0.0;             // sequences per step, on average
+  int64_t drafted = 0;                 // drafts verified
+  int64_t accepted = 0;                // drafts accepted
+  double acceptance_rate = 0.0;        // accepted / drafted
+  double draft_ms = 0.0;               // time drafting
+  double target_ms = 0.0;              // time in target passes (prefill, verification)
+  double uptime_ms = 0.0;              // since create()
+  double tokens_per_second = 0.0;      // tokens_generated over uptime
+  int64_t kv_tokens_capacity = 0;      // the target's KV cache, in tokens
+  int64_t kv_tokens_free = 0;          // positions new tokens may take now (cached ones included)
+  int64_t kv_tokens_cached = 0;        // positions in reusable prefix blocks now
+  int64_t prompt_tokens = 0;           // prompt tokens of the requests started
+  int64_t cached_prompt_tokens = 0;    // of those, taken from the prefix cache
+  double prefix_cache_hit_rate = 0.0;  // cached_prompt_tokens / prompt_tokens
 };
 
 // What the engine runs on.
