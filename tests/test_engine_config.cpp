@@ -337,3 +337,58 @@ TEST(EngineConfigFile, FlagsOverrideTheFile) {
 
 }  // namespace
 }  // namespace specrun
+
+namespace specrun {
+namespace {
+
+TEST(ServerConfigFile, ReadsTheServerTableAndIgnoresTheOthers) {
+  testing::TempDir dir;
+  testing::write_file(dir / "c.toml",
+                      "[sampling]\ntemperature = 0.5\n[server]\nhost = \"0.0.0.0\"\nport = 9000\n"
+                      "model_name = \"m\"\nchat_template = \"t.jinja\"\nmax_requests = 8\n"
+                      "max_body_bytes = 65536\nshutdown_grace_seconds = 2.5\n");
+  const ServerConfig config = ServerConfig::from_toml((dir / "c.toml").string());
+  EXPECT_EQ(config.host, "0.0.0.0");
+  EXPECT_EQ(config.port, 9000);
+  EXPECT_EQ(config.model_name, "m");
+  EXPECT_EQ(config.chat_template, (dir / "t.jinja").string());  // relative to the file
+  EXPECT_EQ(config.max_requests, 8);
+  EXPECT_EQ(config.max_body_bytes, 65536);
+  EXPECT_DOUBLE_EQ(config.shutdown_grace_seconds, 2.5);
+  // The engine reads the same file and leaves [server] alone.
+  EXPECT_FLOAT_EQ(EngineConfig::from_toml((dir / "c.toml").string()).sampling.temperature, 0.5f);
+  // Without a [server] table: the defaults.
+  testing::write_file(dir / "d.toml", "[sampling]\ntemperature = 0.5\n");
+  EXPECT_EQ(ServerConfig::from_toml((dir / "d.toml").string()).port, 8000);
+  // The shipped defaults file reads as the built-in defaults.
+  const ServerConfig shipped =
+      ServerConfig::from_toml(testing::source_path("configs/default.toml").string());
+  const ServerConfig built_in;
+  EXPECT_EQ(shipped.host, built_in.host);
+  EXPECT_EQ(shipped.port, built_in.port);
+  EXPECT_EQ(shipped.max_requests, built_in.max_requests);
+  EXPECT_EQ(shipped.max_body_bytes, built_in.max_body_bytes);
+  EXPECT_DOUBLE_EQ(shipped.shutdown_grace_seconds, built_in.shutdown_grace_seconds);
+}
+
+TEST(ServerConfigFile, RefusesUnknownKeysWrongTypesAndRanges) {
+  testing::TempDir dir;
+  const std::pair<std::string, std::vector<std::string>> cases[] = {
+      {"[server]\nprot = 1\n", {":2:", "server.prot", "not a known key"}},
+      {"[server]\nport = \"80\"\n", {":2:", "server.port", "integer"}},
+      {"[server]\nport = 70000\n", {":2:", "server.port", "70000"}},
+      {"[server]\nmax_requests = 0\n", {":2:", "server.max_requests"}},
+      {"[server]\nmax_body_bytes = 10\n", {":2:", "server.max_body_bytes"}},
+      {"[server]\nshutdown_grace_seconds = -1\n", {":2:", "server.shutdown_grace_seconds"}},
+      {"server = 3\n", {":1:", "'server' must be a table"}},
+  };
+  for (const auto& [text, fragments] : cases) {
+    testing::write_file(dir / "c.toml", text);
+    std::vector<std::string> expected = fragments;
+    expected.push_back((dir / "c.toml").string());
+    testing::expect_error([&] { ServerConfig::from_toml((dir / "c.toml").string()); }, expected);
+  }
+}
+
+}  // namespace
+}  // namespace specrun

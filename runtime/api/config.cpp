@@ -49,7 +49,8 @@ class TableReader {
     *field = static_cast<Integer>(value);
   }
 
-  void number(const std::string& key, float* field, double minimum, double maximum,
+  template <typename Real>
+  void number(const std::string& key, Real* field, double minimum, double maximum,
               bool exclusive_minimum, const std::string& range) {
     const toml::node* node = table_.get(key);
     if (node == nullptr) return;
@@ -58,7 +59,7 @@ class TableReader {
                                             : node->as_floating_point()->get();
     // The range is checked on the float the field stores: 1e-50 is above 0 as a double but
     // rounds to 0 as a float, which must fail here, with the file and line, not later.
-    const auto stored = static_cast<float>(value);
+    const auto stored = static_cast<Real>(value);
     const double checked = static_cast<double>(stored);
     const bool too_small = exclusive_minimum ? !(checked > minimum) : !(checked >= minimum);
     if (too_small || !(checked <= maximum)) {
@@ -86,6 +87,13 @@ class TableReader {
       choices += (choices.empty() ? "" : ", ") + std::string(to_string(option));
     }
     fail(*node, key, "must be one of " + choices + ", got '" + value + "'");
+  }
+
+  void string(const std::string& key, std::string* field) {
+    const toml::node* node = table_.get(key);
+    if (node == nullptr) return;
+    if (!node->is_string()) fail(*node, key, "must be a string");
+    *field = node->as_string()->get();
   }
 
   void boolean(const std::string& key, bool* field) {
@@ -153,37 +161,47 @@ class TableReader {
   std::filesystem::path model_root_;  // model paths must stay under it; empty: anywhere
 };
 
-}  // namespace
-
-EngineConfig EngineConfig::from_toml(const std::string& file, const std::string& model_root) {
+// The text of a settings file, which must be a regular file: a FIFO would block the read and a
+// directory or device would read as an empty file.
+MappedFile settings_file(const std::string& file) {
   const std::filesystem::path path(file);
-  // A FIFO would block the read and a directory or device would read as an empty file.
   std::error_code status;
   if (!std::filesystem::exists(path, status)) throw Error(file + ": no such settings file");
   if (!std::filesystem::is_regular_file(path, status)) {
     throw Error(file + ": not a regular file (settings are read from a plain TOML file)");
   }
-  const MappedFile mapped(path);
-  return engine_config_from_toml_text(mapped.text(), path, model_root);
+  return MappedFile(path);
 }
 
-EngineConfig engine_config_from_toml_text(std::string_view text, const std::filesystem::path& path,
-                                          const std::string& model_root) {
-  toml::table document;
+// `text` parsed as TOML; a syntax error names the file and line.
+toml::table parse_settings(std::string_view text, const std::filesystem::path& path) {
   try {
-    document = toml::parse(text, path.string());
+    return toml::parse(text, path.string());
   } catch (const toml::parse_error& error) {
     std::ostringstream message;
     message << path.string() << ":" << error.source().begin.line << ": " << error.description();
     throw Error(message.str());
   }
+}
+
+}  // namespace
+
+EngineConfig EngineConfig::from_toml(const std::string& file, const std::string& model_root) {
+  const MappedFile mapped = settings_file(file);
+  return engine_config_from_toml_text(mapped.text(), file, model_root);
+}
+
+EngineConfig engine_config_from_toml_text(std::string_view text, const std::filesystem::path& path,
+                                          const std::string& model_root) {
+  const toml::table document = parse_settings(text, path);
   EngineConfig config;
   for (const auto& [key, node] : document) {
     const std::string name(key.str());
-    if (name != "model" && name != "speculative" && name != "sampling" && name != "runtime") {
+    if (name != "model" && name != "speculative" && name != "sampling" && name != "runtime" &&
+        name != "server") {
       std::ostringstream message;
       message << path.string() << ":" << node.source().begin.line << ": '" << name
-              << "' is not a known table (model, speculative, sampling, runtime)";
+              << "' is not a known table (model, speculative, sampling, runtime, server)";
       throw Error(message.str());
     }
     if (!node.is_table()) {
@@ -250,6 +268,38 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
     reader.boolean("deterministic", &config.deterministic);
     reader.boolean("prefix_cache", &config.prefix_cache);
   }
+  return config;
+}
+
+ServerConfig ServerConfig::from_toml(const std::string& file) {
+  const MappedFile mapped = settings_file(file);
+  return server_config_from_toml_text(mapped.text(), file);
+}
+
+ServerConfig server_config_from_toml_text(std::string_view text,
+                                          const std::filesystem::path& path) {
+  const toml::table document = parse_settings(text, path);
+  ServerConfig config;
+  const toml::node_view<const toml::node> node = document["server"];
+  if (!node) return config;
+  const toml::table* server = node.as_table();
+  if (server == nullptr) {
+    std::ostringstream message;
+    message << path.string() << ":" << node.node()->source().begin.line
+            << ": 'server' must be a table";
+    throw Error(message.str());
+  }
+  TableReader reader(path, *server, "server");
+  reader.reject_unknown({"host", "port", "model_name", "chat_template", "max_requests",
+                         "max_body_bytes", "shutdown_grace_seconds"});
+  reader.string("host", &config.host);
+  reader.integer("port", &config.port, 0, 65535);
+  reader.string("model_name", &config.model_name);
+  reader.path("chat_template", &config.chat_template);
+  reader.integer("max_requests", &config.max_requests, 1, 1 << 20);
+  reader.integer("max_body_bytes", &config.max_body_bytes, 1024, int64_t{1} << 30);
+  reader.number("shutdown_grace_seconds", &config.shutdown_grace_seconds, 0.0, 86400.0, false,
+                "in [0, 86400]");
   return config;
 }
 

@@ -17,6 +17,9 @@ namespace specrun {
 EngineConfig engine_config_from_toml_text(std::string_view text, const std::filesystem::path& path,
                                           const std::string& model_root);
 
+// ServerConfig::from_toml after its file checks, `text` parsed as the contents of `path`.
+ServerConfig server_config_from_toml_text(std::string_view text, const std::filesystem::path& path);
+
 // Throws Error naming the setting and its value when one is out of range or inconsistent.
 void validate(const EngineConfig& config);
 

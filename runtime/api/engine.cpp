@@ -311,6 +311,21 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   info.bos_token_id = bos.empty() ? -1 : bos.front();
   info.context_limit = core->target->context_limit();
   info.has_tokenizer = core->tokenizer != nullptr;
+  if (core->tokenizer) {
+    const text::Tokenizer& tokenizer = *core->tokenizer;
+    info.chat_template = !tokenizer.chat_template().empty() ? tokenizer.chat_template()
+                                                            : core->target->config().chat_template;
+    // The tokenizer's own bos and eos when tokenizer_config.json names them, else the model's.
+    const std::vector<int32_t>& eos = core->target->config().eos_token_ids;
+    const std::optional<int32_t> bos_id =
+        tokenizer.bos_id() ? tokenizer.bos_id()
+                           : (bos.empty() ? std::nullopt : std::optional<int32_t>(bos.front()));
+    const std::optional<int32_t> eos_id =
+        tokenizer.eos_id() ? tokenizer.eos_id()
+                           : (eos.empty() ? std::nullopt : std::optional<int32_t>(eos.front()));
+    if (bos_id) info.bos_token = tokenizer.id_to_token(*bos_id).value_or("");
+    if (eos_id) info.eos_token = tokenizer.id_to_token(*eos_id).value_or("");
+  }
   info.device = std::string(core->backend->name());
   info.threads = core->pool->num_threads();
 

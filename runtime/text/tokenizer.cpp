@@ -63,6 +63,24 @@ std::optional<std::string> token_name(const json& config, const char* key) {
   return std::nullopt;
 }
 
+// The chat template: a string, or a list of {"name", "template"} of which transformers uses the
+// one named "default".
+std::string chat_template_of(const json& config, const std::filesystem::path& path) {
+  const auto it = config.find("chat_template");
+  if (it == config.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_array()) {
+    for (const json& entry : *it) {
+      if (entry.is_object() && entry.value("name", json()) == "default" &&
+          entry.contains("template") && entry["template"].is_string()) {
+        return entry["template"].get<std::string>();
+      }
+    }
+    return "";
+  }
+  throw Error(path.string() + ": chat_template must be a string or a list of named templates");
+}
+
 json read_json(const std::filesystem::path& path) {
   std::ifstream file(path, std::ios::binary);
   if (!file) throw Error(path.string() + ": cannot be opened");
@@ -204,6 +222,7 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::filesystem::path& path) {
       if (const auto eos = token_name(config, "eos_token")) {
         tokenizer->eos_id_ = tokenizer->token_to_id(*eos);
       }
+      tokenizer->chat_template_ = chat_template_of(config, config_path);
     }
   }
   return tokenizer;

@@ -43,10 +43,10 @@ struct AddedToken {
 
 class Tokenizer {
  public:
-  // Loads a tokenizer.json, or the tokenizer.json inside a directory. The bos and eos tokens come
-  // from tokenizer_config.json beside it when present. Throws specrun::Error naming the file and
-  // the component (e.g. "pre_tokenizer.pretokenizers[0] (Split)") for anything malformed or
-  // unsupported.
+  // Loads a tokenizer.json, or the tokenizer.json inside a directory. The bos and eos tokens and
+  // the chat template come from tokenizer_config.json beside it when present. Throws specrun::Error
+  // naming the file and the component (e.g. "pre_tokenizer.pretokenizers[0] (Split)") for anything
+  // malformed or unsupported.
   static std::unique_ptr<Tokenizer> load(const std::filesystem::path& path);
   // Builds from a parsed tokenizer.json document; `source` names it in errors.
   static std::unique_ptr<Tokenizer> from_json(const nlohmann::json& document,
@@ -69,6 +69,9 @@ class Tokenizer {
   int32_t vocab_size() const { return id_limit_; }
   std::optional<int32_t> bos_id() const { return bos_id_; }
   std::optional<int32_t> eos_id() const { return eos_id_; }
+  // tokenizer_config.json's chat_template (the one named "default" when it lists several); ""
+  // when there is none.
+  const std::string& chat_template() const { return chat_template_; }
   // Added tokens first, then the model vocabulary.
   std::optional<int32_t> token_to_id(std::string_view token) const;
   // nullopt for an id neither knows.
@@ -101,6 +104,7 @@ class Tokenizer {
   int32_t id_limit_ = 0;
   std::optional<int32_t> bos_id_;
   std::optional<int32_t> eos_id_;
+  std::string chat_template_;
 };
 
 // Turns generated ids into text as they arrive: each step returns the text that became final,

@@ -115,6 +115,25 @@ struct EngineConfig {
   static EngineConfig from_toml(const std::string& path, const std::string& model_root = "");
 };
 
+// The [server] table of a settings file: how `specrun serve` serves an engine over HTTP (the
+// engine itself ignores the table). Every field has a default member initializer.
+struct ServerConfig {
+  std::string host = "127.0.0.1";        // address to listen on ("0.0.0.0": every interface)
+  int port = 8000;                       // TCP port; 0 lets the system pick a free one
+  std::string model_name{};              // the model id requests name and /v1/models lists; "": the
+                                         // target checkpoint's file or directory name
+  std::string chat_template{};           // a Jinja file replacing the checkpoint's chat template
+                                         // (relative to the settings file); "": the checkpoint's
+  int64_t max_requests = 256;            // requests queued or running at once; more get 429
+  int64_t max_body_bytes = 4 << 20;      // larger request bodies get 413
+  double shutdown_grace_seconds = 30.0;  // on SIGINT or SIGTERM, in-flight requests may finish
+                                         // within this, then are stopped
+
+  // Reads the [server] table of a TOML settings file (other tables are EngineConfig's); errors
+  // name the file, line and key, as EngineConfig::from_toml's do.
+  static ServerConfig from_toml(const std::string& path);
+};
+
 struct Request {
   std::string prompt{};                              // text; BOS is added as the tokenizer says
   std::vector<int32_t> prompt_ids{};                 // or token ids (then `prompt` must be empty)
@@ -240,6 +259,9 @@ struct EngineInfo {
   int32_t bos_token_id = -1;      // the model's (first) beginning-of-sequence id; -1 when none
   int64_t context_limit = 0;      // positions one sequence may hold
   bool has_tokenizer = false;     // text in and out (else token ids only)
+  std::string chat_template;      // the checkpoint's Jinja chat template ("" when none)
+  std::string bos_token;          // the text of the beginning-of-sequence token ("" when none)
+  std::string eos_token;          // the text of the (first) end-of-sequence token
   std::string device;             // "cpu", "cuda:0"
   int threads = 0;                // CPU threads
 };
