@@ -13,6 +13,7 @@ packages=(
   libpcre2-dev libutf8proc-dev           # tokenizer: Unicode regexes, normalization forms
   python3 python3-numpy                  # the independent NumPy reference and model converters
   clang libclang-rt-14-dev               # libFuzzer and CI's Clang sanitizer pass (tests/fuzz)
+  libcpp-httplib-dev prometheus-cpp-dev  # specrun serve: HTTP, Prometheus metrics
 )
 
 missing=()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes specrun's readers of untrusted input (tests/fuzz: safetensors and GGUF files, config.json,
-# tokenizer.json with encode and streaming decode, the TOML settings) with libFuzzer under
-# AddressSanitizer and UndefinedBehaviorSanitizer, each for SECONDS (default 60), starting from the
-# seed corpus in tests/fuzz/corpus/. Usage: tools/run-fuzzers.sh [SECONDS] [HARNESS...]
+# tokenizer.json with encode and streaming decode, the TOML settings, chat templates compiled and
+# rendered, the server's request bodies) with libFuzzer under AddressSanitizer and UndefinedBehaviorSanitizer, each for SECONDS
+# (default 60), starting from the seed corpus in tests/fuzz/corpus/.
+# Usage: tools/run-fuzzers.sh [SECONDS] [HARNESS...]
 #
 # A finding (a crash, a sanitizer report, a leak, an input taking over 10 s, an allocation past
 # 2 GB, an exception other than specrun::Error) fails the run: the reproducer is kept under
@@ -17,7 +18,8 @@ seconds=${1:-60}
 shift || true
 harnesses=("$@")
 if [[ ${#harnesses[@]} -eq 0 ]]; then
-  harnesses=(fuzz_safetensors fuzz_gguf fuzz_model_config fuzz_tokenizer fuzz_settings)
+  harnesses=(fuzz_safetensors fuzz_gguf fuzz_model_config fuzz_tokenizer fuzz_settings
+    fuzz_chat_template fuzz_openai_request)
 fi
 build_dir=${SPECRUN_BUILD_DIR:-build-fuzz}
 

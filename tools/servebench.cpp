@@ -6,10 +6,13 @@
 //
 //   servebench [--target T --draft D] [--concurrency 1,4,16,64] [--max-tokens 64]
 //   servebench --target T [--draft D] --shared-prefix 1000
+//   servebench --http http://127.0.0.1:8000 [--concurrency 1,4,16] [--duration 20]
 //
 // Without --target it runs the bundled pair (models/pycode-*) on its sample prompts. With
 // --shared-prefix N every request starts with the same N-token system prompt, and the levels
-// compare the prefix cache off and on (speculation as configured: on with a draft) instead.
+// compare the prefix cache off and on (speculation as configured: on with a draft) instead. With
+// --http it loads a running `specrun serve` instead of an embedded engine: N streaming clients for
+// a fixed time per level, speculation off and on per request, every stream checked complete.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -20,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include <httplib.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -57,6 +61,8 @@ struct Options {
   int threads = 0;                                // CPU threads of the engine
   int64_t kv_cache_tokens = 0;                    // 0: room for the largest level at once
   int64_t shared_prefix = 0;  // tokens of a system prompt every request starts with; 0: none
+  std::string http;           // a running server's base URL: load it over HTTP instead
+  double duration = 20.0;     // with --http: seconds each level runs
   std::string json;           // also write the figures here
 };
 
@@ -240,8 +246,184 @@ int run_shared_prefix(const Options& options, const std::vector<std::string>& pr
   return 0;
 }
 
+// ---- over HTTP --------------------------------------------------------------------------------
+
+struct HttpLevel {
+  int64_t requests = 0;                // streams completed
+  int64_t errors = 0;                  // non-200 replies and broken connections
+  int64_t incomplete = 0;              // 200 streams without a finish_reason and [DONE]
+  int64_t tokens = 0;                  // completion tokens, from the usage chunks
+  std::vector<double> ttft_ms;         // request sent to first text
+  std::vector<double> inter_token_ms;  // between texts of one stream
+  double seconds = 0;
+};
+
+// One streamed completion; its figures go into `level` (under `mutex`).
+void stream_one(httplib::Client& client, const std::string& body, HttpLevel& level,
+                std::mutex& mutex) {
+  const auto sent = Clock::now();
+  std::optional<Clock::time_point> last;
+  std::vector<double> gaps;
+  double ttft = -1;
+  std::string pending;
+  bool finished = false, done = false;
+  int64_t tokens = 0;
+  httplib::Request request;
+  request.method = "POST";
+  request.path = "/v1/completions";
+  request.body = body;
+  request.set_header("Content-Type", "application/json");
+  request.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+    pending.append(data, size);
+    for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+      const std::string event = pending.substr(0, end);
+      pending.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0) continue;  // keep-alive comments
+      if (event == "data: [DONE]") {
+        done = true;
+        continue;
+      }
+      const nlohmann::json chunk = nlohmann::json::parse(event.substr(6), nullptr, false);
+      if (chunk.is_discarded()) continue;
+      if (chunk.contains("usage") && chunk["usage"].is_object()) {
+        tokens = chunk["usage"].value("completion_tokens", int64_t{0});
+      }
+      if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
+      const nlohmann::json& choice = chunk["choices"][0];
+      if (!choice["finish_reason"].is_null()) finished = true;
+      if (choice.value("text", std::string()).empty()) continue;
+      const auto now = Clock::now();
+      if (last) {
+        gaps.push_back(milliseconds(*last, now));
+      } else {
+        ttft = milliseconds(sent, now);
+      }
+      last = now;
+    }
+    return true;
+  };
+  httplib::Response response;
+  httplib::Error error = httplib::Error::Success;
+  const bool sent_ok = client.send(request, response, error);
+  std::lock_guard lock(mutex);
+  if (!sent_ok || response.status != 200) {
+    level.errors += 1;
+    return;
+  }
+  if (!finished || !done) {
+    level.incomplete += 1;
+    return;
+  }
+  level.requests += 1;
+  level.tokens += tokens;
+  if (ttft >= 0) level.ttft_ms.push_back(ttft);
+  level.inter_token_ms.insert(level.inter_token_ms.end(), gaps.begin(), gaps.end());
+}
+
+HttpLevel run_http_level(const Options& options, const std::string& model,
+                         const std::vector<std::string>& prompts, int concurrency,
+                         bool speculative) {
+  HttpLevel level;
+  std::mutex mutex;
+  std::atomic<int64_t> next{0};
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(options.duration));
+  std::vector<std::thread> clients;
+  for (int c = 0; c < concurrency; ++c) {
+    clients.emplace_back([&] {
+      httplib::Client client(options.http);
+      client.set_read_timeout(600, 0);
+      while (Clock::now() < deadline) {
+        const int64_t i = next++;
+        nlohmann::json body = {{"model", model},
+                               {"prompt", prompts[static_cast<size_t>(i) % prompts.size()]},
+                               {"max_tokens", options.max_tokens},
+                               {"temperature", 0},
+                               {"stream", true},
+                               {"stream_options", {{"include_usage", true}}}};
+        if (!speculative) body["speculative"] = false;
+        stream_one(client, body.dump(), level, mutex);
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  level.seconds = milliseconds(start, Clock::now()) / 1e3;
+  return level;
+}
+
+// Loads a running server: each level's streaming clients, speculation off and on; fails (after
+// the report) when any stream failed or was incomplete.
+int run_http(const Options& options, const std::vector<std::string>& prompts) {
+  if (options.duration <= 0 || options.duration > 3600) {
+    throw specrun::Error("--duration must be in (0, 3600] seconds");
+  }
+  for (const int concurrency : options.concurrency) {
+    if (concurrency < 1 || concurrency > 1024) {
+      throw specrun::Error("--concurrency: each level must be in [1, 1024]");
+    }
+  }
+  httplib::Client probe(options.http);
+  const auto models = probe.Get("/v1/models");
+  if (!models || models->status != 200) {
+    throw specrun::Error("--http: no specrun serve answers at " + options.http + "/v1/models");
+  }
+  const nlohmann::json listed = nlohmann::json::parse(models->body, nullptr, false);
+  if (listed.is_discarded() || !listed.contains("data") || listed["data"].empty()) {
+    throw specrun::Error("--http: " + options.http + " lists no model (still loading?)");
+  }
+  const std::string model = listed["data"][0]["id"];
+  std::printf(
+      "servebench: %s (model %s) over HTTP, greedy streams of %lld tokens, %.0f s a level\n",
+      options.http.c_str(), model.c_str(), static_cast<long long>(options.max_tokens),
+      options.duration);
+  std::printf(
+      "| clients | speculation | streams | errors | incomplete | tokens/s | vs off | TTFT p50 ms | "
+      "TTFT p99 | ITL p50 ms | ITL p99 |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  nlohmann::json report = nlohmann::json::array();
+  int64_t failures = 0;
+  for (const int concurrency : options.concurrency) {
+    double off_rate = 0;
+    for (const bool speculative : {false, true}) {
+      const HttpLevel level = run_http_level(options, model, prompts, concurrency, speculative);
+      const double rate = double(level.tokens) / level.seconds;
+      if (!speculative) off_rate = rate;
+      failures += level.errors + level.incomplete;
+      std::printf("| %d | %s | %lld | %lld | %lld | %.1f | %.2fx | %.1f | %.1f | %.2f | %.2f |\n",
+                  concurrency, speculative ? "on" : "off", static_cast<long long>(level.requests),
+                  static_cast<long long>(level.errors), static_cast<long long>(level.incomplete),
+                  rate, off_rate > 0 ? rate / off_rate : 0.0, percentile(level.ttft_ms, 0.5),
+                  percentile(level.ttft_ms, 0.99), percentile(level.inter_token_ms, 0.5),
+                  percentile(level.inter_token_ms, 0.99));
+      std::fflush(stdout);
+      report.push_back({{"concurrency", concurrency},
+                        {"speculative", speculative},
+                        {"streams", level.requests},
+                        {"errors", level.errors},
+                        {"incomplete", level.incomplete},
+                        {"seconds", level.seconds},
+                        {"tokens_per_second", rate},
+                        {"ttft_ms_p50", percentile(level.ttft_ms, 0.5)},
+                        {"ttft_ms_p99", percentile(level.ttft_ms, 0.99)},
+                        {"itl_ms_p50", percentile(level.inter_token_ms, 0.5)},
+                        {"itl_ms_p99", percentile(level.inter_token_ms, 0.99)}});
+    }
+  }
+  if (!options.json.empty()) std::ofstream(options.json) << report.dump(2) << "\n";
+  if (failures > 0) {
+    throw specrun::Error(std::to_string(failures) + " streams failed or were incomplete");
+  }
+  return 0;
+}
+
 int run(Options options) {
   std::filesystem::path samples;
+  if (!options.http.empty()) {
+    const auto pair = specrun::tools::find_bundled_pair();
+    return run_http(options, sample_prompts(pair ? pair->target.parent_path() / "samples.json"
+                                                 : std::filesystem::path()));
+  }
   if (options.target.empty()) {
     const auto pair = specrun::tools::find_bundled_pair();
     if (!pair) throw specrun::Error("no --target given and the bundled pair was not found");
@@ -329,6 +511,11 @@ int main(int argc, char** argv) {
   app.add_option("--shared-prefix", options.shared_prefix,
                  "Start every request with the same system prompt of this many tokens, and "
                  "compare the prefix cache off and on instead of speculation");
+  app.add_option("--http", options.http,
+                 "Load a running specrun serve at this base URL (http://HOST:PORT) with streaming "
+                 "clients instead of an embedded engine");
+  app.add_option("--duration", options.duration, "With --http: seconds each level runs")
+      ->capture_default_str();
   app.add_option("--json", options.json, "Also write the figures as JSON to this file");
   CLI11_PARSE(app, argc, argv);
   return specrun::tools::run_reporting_errors("servebench", "warn", [&] { return run(options); });

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
+#include "runtime/server/server.h"
 #include "specrun/specrun.hpp"
 #include "tools/bundled_pair.h"
 #include "tools/cli_support.h"
@@ -71,8 +72,9 @@ void with_bundled_pair(specrun::EngineConfig& config) {
 }
 
 // The settings of this run: defaults, then the config file, then the flags; the models from the
-// flags, then the file's [model] table, then the bundled pair.
-specrun::EngineConfig resolve_config(const Options& options) {
+// flags, then the file's [model] table, then the bundled pair. A server keeps its batch size and
+// its draft (a request may ask for the draft when the default method is another).
+specrun::EngineConfig resolve_config(const Options& options, bool serving = false) {
   specrun::EngineConfig config;
   if (!options.config_path.empty()) config = specrun::EngineConfig::from_toml(options.config_path);
   options.apply_flags(config);
@@ -92,11 +94,25 @@ specrun::EngineConfig resolve_config(const Options& options) {
     spdlog::info("no --draft: plain decoding");
     speculation.method = specrun::SpeculationMethod::kNone;
   }
+  config.rope_style = options.rope_style;
+  if (serving) return config;
   // The draft is loaded (and checked against the target) only when it proposes.
   if (speculation.method != specrun::SpeculationMethod::kDraftModel) config.draft.clear();
   config.max_batch = 1;  // one request at a time
-  config.rope_style = options.rope_style;
   return config;
+}
+
+// `specrun serve`: the engine's settings as for a run, the server's from the [server] table of
+// --config and its own flags.
+int serve(const Options& options, specrun::ServerConfig server,
+          const std::function<void(specrun::ServerConfig&)>& apply_server_flags) {
+  specrun::EngineConfig engine_config = resolve_config(options, /*serving=*/true);
+  // A server decodes many requests at once: unless told otherwise, a KV cache for 16,384 tokens
+  // rather than one context's worth.
+  if (engine_config.kv_cache_tokens == 0) engine_config.kv_cache_tokens = 16384;
+  if (!options.config_path.empty()) server = specrun::ServerConfig::from_toml(options.config_path);
+  apply_server_flags(server);
+  return specrun::server::serve(engine_config, server);
 }
 
 std::string read_stdin() {
@@ -324,6 +340,38 @@ int main(int argc, char** argv) {
   app.add_flag("--quiet", options.quiet, "Print no stats on stderr");
   app.require_subcommand(0, 1);
   const specrun::tools::TextCommands text_commands(app);
+  // `specrun serve [engine flags] [server flags]`: the engine's flags are the main command's.
+  specrun::ServerConfig server_flags;
+  CLI::App* serve_command = app.add_subcommand(
+      "serve",
+      "Serve the models over HTTP with OpenAI's API (/v1/completions, /v1/chat/completions, "
+      "/v1/models, /health, /metrics) until SIGINT or SIGTERM");
+  serve_command->fallthrough();
+  CLI::Option* host = serve_command->add_option("--host", server_flags.host, "Address to listen on")
+                          ->capture_default_str();
+  CLI::Option* port =
+      serve_command->add_option("--port", server_flags.port, "TCP port; 0 picks a free one")
+          ->capture_default_str();
+  CLI::Option* model_name = serve_command->add_option(
+      "--model-name", server_flags.model_name,
+      "The model id clients name (default: the target's file or directory name)");
+  CLI::Option* chat_template =
+      serve_command->add_option("--chat-template", server_flags.chat_template,
+                                "A Jinja chat template file replacing the checkpoint's");
+  CLI::Option* max_requests =
+      serve_command
+          ->add_option("--max-requests", server_flags.max_requests,
+                       "Requests queued or running at once; more get 429 with Retry-After")
+          ->capture_default_str();
+  CLI::Option* max_body = serve_command
+                              ->add_option("--max-body-bytes", server_flags.max_body_bytes,
+                                           "Larger request bodies get 413")
+                              ->capture_default_str();
+  CLI::Option* grace = serve_command
+                           ->add_option("--shutdown-grace", server_flags.shutdown_grace_seconds,
+                                        "Seconds in-flight requests may take to finish after "
+                                        "SIGINT or SIGTERM")
+                           ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (text_commands.ran()) return text_commands.run();
 
@@ -347,6 +395,20 @@ int main(int argc, char** argv) {
     if (given(controller)) config.speculation.controller = f.speculation.controller;
     if (given(verification)) config.speculation.verification = f.speculation.verification;
   };
+  if (serve_command->parsed()) {
+    const auto apply_server_flags = [&](specrun::ServerConfig& config) {
+      if (given(host)) config.host = server_flags.host;
+      if (given(port)) config.port = server_flags.port;
+      if (given(model_name)) config.model_name = server_flags.model_name;
+      if (given(chat_template)) config.chat_template = server_flags.chat_template;
+      if (given(max_requests)) config.max_requests = server_flags.max_requests;
+      if (given(max_body)) config.max_body_bytes = server_flags.max_body_bytes;
+      if (given(grace)) config.shutdown_grace_seconds = server_flags.shutdown_grace_seconds;
+    };
+    return specrun::tools::run_reporting_errors("specrun", options.log_level, [&] {
+      return serve(options, server_flags, apply_server_flags);
+    });
+  }
   return specrun::tools::run_reporting_errors("specrun", options.log_level,
                                               [&] { return run(options); });
 }

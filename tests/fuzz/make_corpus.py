@@ -4,9 +4,11 @@ library only; run it again after changing it, and commit what it writes).
 
 Each harness gets well-formed inputs that reach deep into its reader, and the hostile shapes the
 hardening work fixed: deep nesting, many header entries, sizes whose products overflow, huge ids,
-catastrophic regexes, files that end early. The inputs stay small (the largest is about 120 KB) so
-that the corpus replays in seconds in every sanitizer pass; tools/run-fuzzers.sh raises libFuzzer's
-maximum input length above the largest of them.
+catastrophic regexes, files that end early, templates that loop, double strings or recurse without
+end. The chat templates of ../shared/tokenizers are included when that directory is there. The
+inputs stay small (the largest is about 120 KB) so that the corpus replays in seconds in every
+sanitizer pass; tools/run-fuzzers.sh raises libFuzzer's maximum input length above the largest of
+them.
 """
 
 import json
@@ -337,12 +339,133 @@ def settings_corpus():
     write("fuzz_settings", "bad-utf8", b"[sampling]\nseed = 1 # \xff\xfe\n")
 
 
+# ---- chat templates --------------------------------------------------------------------------
+
+# SmolLM2-135M-Instruct's template (GGUF metadata tokenizer.chat_template), which this script,
+# standard library only, cannot read from the GGUF file.
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+# A conversation for the harness (after a NUL byte): pieces cut at 0x01, each a selector byte
+# (role, content shape) then the text.
+CONVERSATION = b"\x01".join([
+    b"\x0csystem prompt", b"\x0c  hi \xe4\xbd\xa0\xe5\xa5\xbd\n",
+    b"\x0d<think>\nhm\n</think>\n\nok", b"\x04parts", b"\x00", b"\xfdreasoning",
+    b"\x0c{{ x }}\xff\xfe"])
+
+KITCHEN_SINK = """{%- set ns = namespace(count=0, roles=[]) -%}
+{%- for m in messages if m.role != 'tool' -%}
+  {%- set ns.count = ns.count + 1 -%}{%- set ns.roles = ns.roles + [m.role] -%}
+  {{- loop.index }}/{{ loop.length }} {{ m.role|upper }}:
+  {{- (m.content if m.content is string else m.content|tojson)|trim }}
+  {%- if loop.last and not add_generation_prompt %}{{ eos_token }}{% endif %}
+{% else %}empty{% endfor -%}
+{%- macro show(x, sep=', ') %}{{ x|join(sep) }}{% endmacro -%}
+{{ show(ns.roles) }} {{ ns.count is even }}
+{{ messages|selectattr('role', 'equalto', 'user')|list|length }}
+{{ messages|map(attribute='role')|unique|list }} {{ (messages|first).role }}
+{{ messages[::-1][0]['role'] }} {{ [3, 1, 2]|sort|reverse|list }}
+{{ {'a': [1, 2.5, none, true], 'b': 'x'}|tojson(indent=2, sort_keys=true) }}
+{{ '  a b  '.strip().split(' ') }} {{ 'x</think>y'.split('</think>')[-1].lstrip('\\n') }}
+{{ 'abc'[1:] ~ 'Abc'.lower() }}
+{%- with a = 7 // 2, b = 2 ** 10 %} {{ a }} {{ b % 7 }} {{ -a }} {{ a / 2 }} {{ 'z' * 3 }}
+{%- endwith %}
+{%- filter upper %} {{ bos_token }} {{ range(3)|list }} {{ dict(a=1).items()|list }}{% endfilter %}
+{%- if messages[0] is defined and messages[0].content is defined %}
+  {%- generation %}{{ messages[0].content }}{% endgeneration %}
+{%- endif %}
+{{ raise_exception('done') if ns.count > 1000 else 'ok' }}"""
+
+
+def chat_template_corpus():
+    tokenizers = os.path.join(HERE, "..", "..", "..", "shared", "tokenizers")
+    templates = {"smollm2": SMOLLM2_TEMPLATE, "kitchen-sink": KITCHEN_SINK}
+    # The real templates from ../shared/tokenizers, when it is there.
+    for name in ["llama3", "llama3_1", "gemma3", "qwen3", "deepseek_v3"]:
+        path = os.path.join(tokenizers, name, "tokenizer_config.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as config:
+                templates[name] = json.load(config)["chat_template"]
+    for name, source in templates.items():
+        write("fuzz_chat_template", name, source)
+        write("fuzz_chat_template", name + "-conversation", source.encode() + b"\0" + CONVERSATION)
+    # Deep nesting of blocks and of expressions, past the bounds and just within them.
+    write("fuzz_chat_template", "deep-blocks", "{% if true %}" * 70 + "x" + "{% endif %}" * 70)
+    write("fuzz_chat_template", "deep-blocks-within", "{% for i in [1] %}" * 60 + "{{ i }}" +
+          "{% endfor %}" * 60)
+    write("fuzz_chat_template", "deep-parentheses", "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}")
+    write("fuzz_chat_template", "deep-lists", "{{ " + "[" * 300 + "]" * 300 + " }}")
+    write("fuzz_chat_template", "long-chain", "{{ 0" + " + 1" * 300 + " }}")
+    write("fuzz_chat_template", "many-nots", "{{ " + "not " * 3000 + "x }}")
+    write("fuzz_chat_template", "deep-value",
+          "{% set ns = namespace(v=[]) %}{% for i in range(100) %}{% set ns.v = [ns.v] %}"
+          "{% endfor %}{{ ns.v }}")
+    # Work without end: huge loops, strings that double, recursion.
+    write("fuzz_chat_template", "huge-loops",
+          "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}")
+    write("fuzz_chat_template", "huge-string", "{{ 'x' * 100000000 }}")
+    write("fuzz_chat_template", "doubling",
+          "{% set ns = namespace(s='ab') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}"
+          "{% endfor %}{{ ns.s|length }}")
+    write("fuzz_chat_template", "list-doubling",
+          "{% set ns = namespace(l=[1]) %}{% for i in range(100) %}{% set ns.l = ns.l + ns.l %}"
+          "{% endfor %}{{ ns.l|length }}")
+    write("fuzz_chat_template", "deep-evaluation",
+          "{% macro f(n) %}{{ " + "[" * 120 + "f(n + 1)" + "]" * 120 + " }}{% endmacro %}{{ f(0) }}")
+    write("fuzz_chat_template", "macro-recursion",
+          "{% macro f(n) %}{{ f(n + 1) }}{{ f(n + 2) }}{% endmacro %}{{ f(0) }}")
+    write("fuzz_chat_template", "range-too-big",
+          "{{ range(-9223372036854775807, 9223372036854775807)|list }}")
+    # Tags that never end.
+    for index, source in enumerate(["{{ messages", "{% if true", "{# comment", "{% raw %}x",
+                                    "{{ 'string", "{% for m in messages %}{{ m }}",
+                                    "{% if x %}{% else %}{% elif %}", "{{ (1 }}", "{{ {'a': 1 }}",
+                                    "{%- set x %}", "{% macro m( %}", "{{ x|", "{{ x is }}"]):
+        write("fuzz_chat_template", "unterminated-%d" % index, source)
+
+
+# ---- OpenAI request bodies ----------------------------------------------------------------------
+
+
+def openai_request_corpus():
+    # The first byte picks the endpoint: even for /v1/completions, odd for /v1/chat/completions.
+    def request(name, endpoint, body):
+        text = body if isinstance(body, str) else json.dumps(body)
+        write("fuzz_openai_request", name, bytes([endpoint]) + text.encode("utf-8"))
+
+    request("completion", 0, {"model": "model", "prompt": "def fib(n):", "max_tokens": 16,
+                              "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+                              "seed": 7, "stop": ["\n\n", "END"], "stream": True,
+                              "stream_options": {"include_usage": True},
+                              "speculative": {"method": "draft", "gamma": 4,
+                                              "controller": "fixed"}})
+    request("token-ids", 0, {"model": "model", "prompt": [[1, 2, 3]], "n": 1})
+    request("chat", 1, {"model": "model", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None}], "max_completion_tokens": 8})
+    request("unsupported", 0, {"model": "model", "prompt": "x", "logprobs": 3, "tools": [{}]})
+    request("wrong-types", 1, {"model": 5, "messages": "hi", "stop": [1], "seed": 1.5})
+    request("deep-nesting", 0, deep_array(20000))
+    request("huge-numbers", 0, '{"model": "model", "prompt": "x", "max_tokens": 1e400, '
+                               '"seed": 99999999999999999999999}')
+    request("many-stops", 0, {"model": "model", "prompt": "abcabc" * 100,
+                              "stop": ["abc" * i for i in range(1, 17)]})
+    request("truncated", 1, '{"model": "model", "messages": [{"role": "us')
+
+
 def main():
     safetensors_corpus()
     gguf_corpus()
     config_corpus()
     tokenizer_corpus()
     settings_corpus()
+    chat_template_corpus()
+    openai_request_corpus()
     total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(CORPUS) for f in files)
     print("fuzz corpus: %d bytes in %s" % (total, CORPUS), file=sys.stderr)
 

@@ -1,0 +1,488 @@
+#include "runtime/server/openai.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace specrun::server {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void refuse(const std::string& param, const std::string& message,
+                         const std::string& code = "") {
+  throw ApiException(ApiError{400, "invalid_request_error", message, param, code});
+}
+
+std::string type_name(const json& value) {
+  return value.is_number_integer() ? "an integer" : std::string("a ") + value.type_name();
+}
+
+// The request's fields, each read with its type checked; absent and null both mean "not given".
+class Fields {
+ public:
+  // `prefix` ("speculative.") names nested fields in errors.
+  explicit Fields(const json& body, std::string prefix = "")
+      : body_(body), prefix_(std::move(prefix)) {}
+
+  const json* get(const char* name) const {
+    const auto it = body_.find(name);
+    return it == body_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  std::optional<double> number(const char* name, double minimum, double maximum) const {
+    const json* value = get(name);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_number()) refuse(param(name), "'" + param(name) + "' must be a number");
+    const double number = value->get<double>();
+    if (!(number >= minimum && number <= maximum)) {
+      refuse(param(name), "'" + param(name) + "' must be in [" + compact(minimum) + ", " +
+                              compact(maximum) + "], got " + value->dump());
+    }
+    return number;
+  }
+
+  std::optional<int64_t> integer(const char* name, int64_t minimum, int64_t maximum) const {
+    const json* value = get(name);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_number_integer()) {
+      refuse(param(name), "'" + param(name) + "' must be an integer, got " + type_name(*value));
+    }
+    const bool too_large =
+        value->is_number_unsigned() && value->get<uint64_t>() > static_cast<uint64_t>(maximum);
+    const int64_t number = too_large ? maximum : value->get<int64_t>();
+    if (too_large || number < minimum || number > maximum) {
+      refuse(param(name), "'" + param(name) + "' must be in [" + std::to_string(minimum) + ", " +
+                              std::to_string(maximum) + "], got " + value->dump());
+    }
+    return number;
+  }
+
+  std::optional<bool> boolean(const char* name) const {
+    const json* value = get(name);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_boolean()) refuse(param(name), "'" + param(name) + "' must be true or false");
+    return value->get<bool>();
+  }
+
+  std::optional<std::string> string(const char* name) const {
+    const json* value = get(name);
+    if (value == nullptr) return std::nullopt;
+    if (!value->is_string()) {
+      refuse(param(name), "'" + param(name) + "' must be a string, got " + type_name(*value));
+    }
+    return value->get<std::string>();
+  }
+
+  // A field specrun does not implement: refused unless absent or at its neutral value.
+  void unsupported_unless(const char* name, bool neutral) const {
+    if (get(name) != nullptr && !neutral) {
+      refuse(param(name), "'" + param(name) + "' is not supported by this server");
+    }
+  }
+
+ private:
+  static std::string compact(double value) {
+    std::string text = std::to_string(value);
+    text.erase(text.find_last_not_of('0') + 1);
+    if (!text.empty() && text.back() == '.') text.pop_back();
+    return text;
+  }
+  std::string param(const char* name) const { return prefix_ + name; }
+
+  const json& body_;
+  std::string prefix_;
+};
+
+template <typename Enum, size_t N>
+Enum choose(const json& value, const std::string& param, const Enum (&choices)[N]) {
+  std::string names;
+  if (value.is_string()) {
+    for (const Enum choice : choices) {
+      if (value.get<std::string>() == to_string(choice)) return choice;
+    }
+  }
+  for (const Enum choice : choices)
+    names += (names.empty() ? "" : ", ") + std::string(to_string(choice));
+  refuse(param, "'" + param + "' must be one of " + names);
+}
+
+// The "speculative" extension: false turns speculation off for the request; an object overrides
+// the engine's speculation settings field by field.
+void apply_speculative(const json& value, SpeculationSettings& settings) {
+  if (value.is_boolean()) {
+    if (!value.get<bool>()) settings.method = SpeculationMethod::kNone;
+    return;
+  }
+  if (!value.is_object()) {
+    refuse("speculative", "'speculative' must be an object or a boolean");
+  }
+  static constexpr SpeculationMethod kMethods[] = {
+      SpeculationMethod::kDraftModel, SpeculationMethod::kPromptLookup, SpeculationMethod::kNone};
+  static constexpr GammaControl kControls[] = {GammaControl::kGoodput, GammaControl::kHeuristic,
+                                               GammaControl::kFixed};
+  static constexpr Verification kVerifications[] = {Verification::kSharedNoise,
+                                                    Verification::kRejection};
+  const Fields fields(value, "speculative.");
+  for (const auto& [key, unused] : value.items()) {
+    if (key != "method" && key != "controller" && key != "verification" && key != "gamma" &&
+        key != "gamma_min" && key != "gamma_max" && key != "draft_p_min") {
+      refuse("speculative." + key, "'speculative." + key + "' is not a known field");
+    }
+  }
+  if (const json* method = fields.get("method")) {
+    settings.method = choose(*method, "speculative.method", kMethods);
+  }
+  if (const json* controller = fields.get("controller")) {
+    settings.controller = choose(*controller, "speculative.controller", kControls);
+  }
+  if (const json* verification = fields.get("verification")) {
+    settings.verification = choose(*verification, "speculative.verification", kVerifications);
+  }
+  if (auto gamma = fields.integer("gamma", 0, kMaxGamma)) {
+    settings.gamma = *gamma;
+    // A gamma past the engine's bounds moves them, as the command line's --gamma does.
+    settings.gamma_max = std::max(settings.gamma_max, *gamma);
+    settings.gamma_min = std::min(settings.gamma_min, *gamma);
+  }
+  if (auto minimum = fields.integer("gamma_min", 0, kMaxGamma)) settings.gamma_min = *minimum;
+  if (auto maximum = fields.integer("gamma_max", 0, kMaxGamma)) settings.gamma_max = *maximum;
+  if (auto floor = fields.number("draft_p_min", 0.0, 1.0)) {
+    settings.draft_p_min = static_cast<float>(*floor);
+  }
+}
+
+// A message's content as one string: a string, null, or OpenAI's list of text parts.
+std::string message_content(const json& content, size_t index) {
+  const std::string param = "messages[" + std::to_string(index) + "].content";
+  if (content.is_null()) return "";
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) refuse(param, "'" + param + "' must be a string or a list of parts");
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      refuse(param, "'" + param + "[" + std::to_string(i) +
+                        "]' must be a text part ({\"type\": \"text\", \"text\": ...}): this "
+                        "server takes text only");
+    }
+    if (i > 0) text += "\n";
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+nlohmann::ordered_json checked_messages(const json* messages) {
+  if (messages == nullptr) refuse("messages", "'messages' is required");
+  if (!messages->is_array() || messages->empty()) {
+    refuse("messages", "'messages' must be a non-empty list");
+  }
+  nlohmann::ordered_json checked = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& message = (*messages)[i];
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!message.is_object()) refuse(param, "'" + param + "' must be an object");
+    const auto role = message.find("role");
+    if (role == message.end() || !role->is_string()) {
+      refuse(param + ".role", "'" + param + ".role' must be a string");
+    }
+    const std::string name = role->get<std::string>();
+    if (name != "system" && name != "user" && name != "assistant") {
+      refuse(param + ".role", "'" + param + ".role' must be system, user or assistant, got '" +
+                                  name.substr(0, 64) + "' (this server takes no tools)");
+    }
+    const auto content = message.find("content");
+    checked.push_back(
+        {{"role", name},
+         {"content", message_content(content == message.end() ? json() : *content, i)}});
+  }
+  return checked;
+}
+
+void read_prompt(const json* prompt, CompletionRequest& request) {
+  if (prompt == nullptr) refuse("prompt", "'prompt' is required");
+  auto ids = [&](const json& list) {
+    for (const json& id : list) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        refuse("prompt", "'prompt' token ids must be non-negative integers");
+      }
+      request.prompt_ids.push_back(id.get<int32_t>());
+    }
+  };
+  if (prompt->is_string()) {
+    request.prompt = prompt->get<std::string>();
+  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number()) {
+    ids(*prompt);
+  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+    request.prompt = (*prompt)[0].get<std::string>();
+  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_array()) {
+    ids((*prompt)[0]);
+  } else {
+    refuse("prompt",
+           "'prompt' must be a string, a list of token ids, or a list of one of those (one "
+           "prompt per request)");
+  }
+  if (request.prompt.empty() && request.prompt_ids.empty()) refuse("prompt", "'prompt' is empty");
+}
+
+json parse_body(std::string_view body) {
+  // Deeper nesting than any request needs is refused while parsing, before it is built.
+  const json::parser_callback_t bounded = [](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxJsonDepth) {
+      refuse("", "the request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    }
+    return true;
+  };
+  json document;
+  try {
+    document = json::parse(body, bounded);
+  } catch (const json::exception& error) {
+    // A syntax error, or a number past double's range ("1e400").
+    refuse("", std::string("the request body is not valid JSON: ") + error.what());
+  }
+  if (!document.is_object()) refuse("", "the request body must be a JSON object");
+  return document;
+}
+
+}  // namespace
+
+nlohmann::json ApiError::body() const {
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json() : json(param)},
+            {"code", code.empty() ? json() : json(code)}}}};
+}
+
+CompletionRequest parse_completion_request(std::string_view body, Endpoint endpoint,
+                                           const EngineConfig& defaults,
+                                           const std::string& served_model) {
+  const json document = parse_body(body);
+  const Fields fields(document);
+  CompletionRequest request;
+  request.endpoint = endpoint;
+  request.sampling = defaults.sampling;
+  request.speculation = defaults.speculation;
+
+  request.model = fields.string("model").value_or("");
+  if (request.model.empty()) refuse("model", "'model' is required");
+  if (request.model != served_model) {
+    throw ApiException(ApiError{404, "invalid_request_error",
+                                "the model '" + request.model.substr(0, 256) +
+                                    "' does not exist; this server serves '" + served_model + "'",
+                                "model", "model_not_found"});
+  }
+  if (endpoint == Endpoint::kChat) {
+    request.messages = checked_messages(fields.get("messages"));
+  } else {
+    read_prompt(fields.get("prompt"), request);
+  }
+
+  // max_completion_tokens is the newer name; either sets the limit.
+  const int64_t most = std::numeric_limits<int32_t>::max();
+  if (auto limit = fields.integer("max_tokens", 0, most)) request.sampling.max_tokens = *limit;
+  if (auto limit = fields.integer("max_completion_tokens", 0, most)) {
+    request.sampling.max_tokens = *limit;
+  }
+  if (auto value = fields.number("temperature", 0.0, 2.0)) {
+    request.sampling.temperature = static_cast<float>(*value);
+  }
+  if (auto value = fields.number("top_p", 0.0, 1.0)) {
+    if (*value == 0.0) refuse("top_p", "'top_p' must be in (0, 1], got 0");
+    request.sampling.top_p = static_cast<float>(*value);
+  }
+  if (auto value = fields.integer("top_k", -1, most)) {
+    request.sampling.top_k = static_cast<int32_t>(std::max<int64_t>(*value, 0));  // -1: off
+  }
+  if (auto value = fields.number("min_p", 0.0, 1.0)) {
+    request.sampling.min_p = static_cast<float>(*value);
+  }
+  if (const json* seed = fields.get("seed")) {
+    if (!seed->is_number_integer()) refuse("seed", "'seed' must be an integer");
+    request.sampling.seed = seed->is_number_unsigned()
+                                ? seed->get<uint64_t>()
+                                : static_cast<uint64_t>(seed->get<int64_t>());
+    request.seeded = true;
+  }
+  if (auto n = fields.integer("n", 1, most); n && *n != 1) {
+    refuse("n", "'n' must be 1: this server returns one choice per request");
+  }
+  if (const json* stop = fields.get("stop")) {
+    if (stop->is_string()) {
+      request.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array() && stop->size() <= kMaxStopStrings) {
+      for (const json& entry : *stop) {
+        if (!entry.is_string()) refuse("stop", "'stop' must be a string or a list of strings");
+        request.stop.push_back(entry.get<std::string>());
+      }
+    } else {
+      refuse("stop", "'stop' must be a string or a list of at most " +
+                         std::to_string(kMaxStopStrings) + " strings");
+    }
+    for (const std::string& entry : request.stop) {
+      if (entry.empty() || entry.size() > kMaxStopLength) {
+        refuse("stop",
+               "each stop string must have 1 to " + std::to_string(kMaxStopLength) + " bytes");
+      }
+    }
+  }
+  request.stream = fields.boolean("stream").value_or(false);
+  if (const json* options = fields.get("stream_options")) {
+    if (!options->is_object()) refuse("stream_options", "'stream_options' must be an object");
+    if (!request.stream) {
+      refuse("stream_options", "'stream_options' is only allowed with \"stream\": true");
+    }
+    request.include_usage = Fields(*options).boolean("include_usage").value_or(false);
+  }
+  fields.string("user");  // accepted and ignored, but it must be a string
+  if (const json* speculative = fields.get("speculative")) {
+    apply_speculative(*speculative, request.speculation);
+  }
+
+  // What would change the output in ways specrun does not implement is refused, not ignored.
+  auto zero = [&](const char* name) {
+    const json* value = fields.get(name);
+    return value == nullptr || (value->is_number() && value->get<double>() == 0.0);
+  };
+  auto equals = [&](const char* name, const json& neutral) {
+    const json* value = fields.get(name);
+    return value == nullptr || *value == neutral;
+  };
+  auto empty = [&](const char* name) {
+    const json* value = fields.get(name);
+    return value == nullptr || (value->is_structured() && value->empty());
+  };
+  fields.unsupported_unless("presence_penalty", zero("presence_penalty"));
+  fields.unsupported_unless("frequency_penalty", zero("frequency_penalty"));
+  fields.unsupported_unless("repetition_penalty", equals("repetition_penalty", 1));
+  fields.unsupported_unless("logprobs", equals("logprobs", false) || equals("logprobs", 0));
+  fields.unsupported_unless("top_logprobs", zero("top_logprobs"));
+  fields.unsupported_unless("logit_bias", empty("logit_bias"));
+  fields.unsupported_unless("echo", equals("echo", false));
+  fields.unsupported_unless("best_of", equals("best_of", 1));
+  fields.unsupported_unless("suffix", equals("suffix", ""));
+  fields.unsupported_unless("tools", empty("tools"));
+  fields.unsupported_unless("functions", empty("functions"));
+  fields.unsupported_unless("tool_choice", equals("tool_choice", "none"));
+  fields.unsupported_unless("response_format", equals("response_format", json{{"type", "text"}}));
+  return request;
+}
+
+std::optional<std::string> finish_reason(FinishReason reason, bool stopped_by_string) {
+  if (stopped_by_string) return "stop";
+  switch (reason) {
+    case FinishReason::kEndOfSequence:
+      return "stop";
+    case FinishReason::kMaxTokens:
+    case FinishReason::kContextLimit:
+      return "length";
+    case FinishReason::kCancelled:
+    case FinishReason::kShutdown:
+    case FinishReason::kFailed:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens,
+                          int64_t cached_prompt_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_prompt_tokens}}}};
+}
+
+namespace {
+
+json base(Endpoint endpoint, const ResponseHeader& header, bool chunk) {
+  const char* object = endpoint == Endpoint::kChat
+                           ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                           : "text_completion";
+  return {{"id", header.id},
+          {"object", object},
+          {"created", header.created},
+          {"model", header.model},
+          {"system_fingerprint", nullptr}};
+}
+
+}  // namespace
+
+nlohmann::json completion_response(Endpoint endpoint, const ResponseHeader& header,
+                                   const std::string& text, const std::string& finish,
+                                   const nlohmann::json& usage) {
+  json response = base(endpoint, header, false);
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
+  if (endpoint == Endpoint::kChat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  response["choices"] = json::array({choice});
+  response["usage"] = usage;
+  return response;
+}
+
+nlohmann::json completion_chunk(Endpoint endpoint, const ResponseHeader& header,
+                                const std::string& text, bool first,
+                                const std::optional<std::string>& finish, bool include_usage) {
+  json chunk = base(endpoint, header, true);
+  json choice = {
+      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish ? json(*finish) : json()}};
+  if (endpoint == Endpoint::kChat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || (first && !finish)) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  chunk["choices"] = json::array({choice});
+  if (include_usage) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+nlohmann::json usage_chunk(Endpoint endpoint, const ResponseHeader& header,
+                           const nlohmann::json& usage) {
+  json chunk = base(endpoint, header, true);
+  chunk["choices"] = json::array();
+  chunk["usage"] = usage;
+  return chunk;
+}
+
+StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+
+std::string StopMatcher::feed(std::string_view text) {
+  if (stopped_) return "";
+  held_.append(text);
+  size_t first = std::string::npos;
+  for (const std::string& stop : stops_) first = std::min(first, held_.find(stop));
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = held_.substr(0, first);
+    held_.clear();
+    return out;
+  }
+  // Hold back the longest tail that begins some stop string: the next text may complete it.
+  size_t keep = 0;
+  for (const std::string& stop : stops_) {
+    for (size_t length = std::min(stop.size() - 1, held_.size()); length > keep; --length) {
+      if (held_.compare(held_.size() - length, length, stop, 0, length) == 0) {
+        keep = length;
+        break;
+      }
+    }
+  }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string StopMatcher::flush() {
+  std::string out;
+  out.swap(held_);
+  return stopped_ ? "" : out;
+}
+
+}  // namespace specrun::server

@@ -1,0 +1,120 @@
+// The OpenAI protocol of `specrun serve`: request bodies of /v1/completions and
+// /v1/chat/completions checked and turned into the public API's settings, the response and chunk
+// shapes, errors in OpenAI's shape, and the stop strings matched across token boundaries. Pure
+// functions over JSON and text: the HTTP server (server.h) moves them over the wire.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "specrun/specrun.hpp"
+
+namespace specrun::server {
+
+// An error in OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with its status.
+struct ApiError {
+  int status = 400;                            // HTTP status
+  std::string type = "invalid_request_error";  // OpenAI's error type
+  std::string message;                         // one line naming the field and value
+  std::string param;                           // the offending field; "" for none
+  std::string code;                            // a machine-readable code; "" for none
+
+  nlohmann::json body() const;
+};
+
+// Thrown by the request parsers; carries the response to send.
+class ApiException : public std::exception {
+ public:
+  explicit ApiException(ApiError error) : error_(std::move(error)) {}
+  const ApiError& error() const { return error_; }
+  const char* what() const noexcept override { return error_.message.c_str(); }
+
+ private:
+  ApiError error_;
+};
+
+enum class Endpoint { kCompletions, kChat };
+
+// A request body, checked.
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;                // as the client named it
+  std::string prompt;               // completions: the prompt text (BOS added when encoded)
+  std::vector<int32_t> prompt_ids;  // completions: or the prompt as token ids
+  nlohmann::ordered_json messages;  // chat: [{role, content}], content flattened to strings
+  SamplingSettings sampling;        // the engine's defaults with the request's fields applied
+  SpeculationSettings speculation;  // the same, from the "speculative" extension object
+  bool seeded = false;              // the request gave a seed
+  std::vector<std::string> stop;    // stop strings: never emitted, end the completion
+  bool stream = false;              // server-sent events
+  bool include_usage = false;       // stream_options.include_usage: a final usage chunk
+};
+
+// Limits of what a request may ask, independent of the model.
+inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopLength = 1024;
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses `body` (JSON nested at most kMaxJsonDepth deep) as a request to `endpoint`: the fields
+// OpenAI defines that specrun honours (model, prompt or messages, max_tokens and
+// max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop, n = 1, stream,
+// stream_options, user) and the "speculative" extension object; fields that would change the
+// output in ways specrun does not implement (penalties, logprobs, logit_bias, tools, n > 1, ...)
+// are refused rather than ignored. `defaults` fill what the request leaves out; `served_model` is
+// the only model name accepted (404 otherwise). Throws ApiException.
+CompletionRequest parse_completion_request(std::string_view body, Endpoint endpoint,
+                                           const EngineConfig& defaults,
+                                           const std::string& served_model);
+
+// OpenAI's finish_reason for how a request ended ("stop", "length"), or nullopt when it ended
+// without a result (cancelled, shut down, failed).
+std::optional<std::string> finish_reason(FinishReason reason, bool stopped_by_string);
+
+// Token counts of a finished request; cached prompt tokens as prompt_tokens_details.
+nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens,
+                          int64_t cached_prompt_tokens);
+
+// The non-streaming response and the streaming chunks, in OpenAI's shapes. `id` ("cmpl-..." or
+// "chatcmpl-..."), `created` (Unix seconds) and `model` are the same in every chunk of a request.
+struct ResponseHeader {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+};
+nlohmann::json completion_response(Endpoint endpoint, const ResponseHeader& header,
+                                   const std::string& text, const std::string& finish,
+                                   const nlohmann::json& usage);
+// A chunk carrying `text` (and, for chat, the assistant role in the first one); `finish` set on
+// the last. With include_usage every chunk has "usage": null.
+nlohmann::json completion_chunk(Endpoint endpoint, const ResponseHeader& header,
+                                const std::string& text, bool first,
+                                const std::optional<std::string>& finish, bool include_usage);
+// The final chunk of a stream with include_usage: no choices, the usage.
+nlohmann::json usage_chunk(Endpoint endpoint, const ResponseHeader& header,
+                           const nlohmann::json& usage);
+
+// Matches stop strings in streamed text, across token boundaries: text that might be the start of
+// a stop string is held back until it is known not to be; at the first occurrence the text before
+// it is released and the rest (the stop string included) is dropped.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops);
+  // Takes the next piece of text; returns what may be sent now.
+  std::string feed(std::string_view text);
+  // At the end of the completion: whatever is still held back (never a whole stop string).
+  std::string flush();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+}  // namespace specrun::server

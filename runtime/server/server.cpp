@@ -1,0 +1,513 @@
+#include "runtime/server/server.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <httplib.h>
+
+#include "runtime/server/metrics.h"
+#include "runtime/server/openai.h"
+
+namespace specrun::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+// How long a response waits for the engine before it writes something (an SSE comment, or a space
+// before a JSON body), so that a client that went away is noticed and its request cancelled.
+constexpr auto kHeartbeat = std::chrono::milliseconds(250);
+
+std::string dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void send_error(httplib::Response& response, const ApiError& error) {
+  response.status = error.status;
+  response.set_content(dump(error.body()), "application/json");
+}
+
+ApiError server_error(int status, const std::string& message, const std::string& code = "") {
+  return ApiError{status, status == 503 ? "service_unavailable_error" : "server_error", message, "",
+                  code};
+}
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+struct Server::State {
+  ServerConfig config;
+  EngineConfig defaults;
+  httplib::Server http;
+  int port = 0;
+  Metrics metrics;
+  Clock::time_point started = Clock::now();
+  int64_t created = static_cast<int64_t>(std::time(nullptr));
+
+  std::atomic<bool> ready{false};     // attach() was called: engine, template and name are set
+  std::atomic<bool> draining{false};  // drain() was called: no new requests
+  std::atomic<int64_t> in_flight{0};  // requests admitted and not yet answered
+  std::unique_ptr<Engine> engine;     // set once, before `ready`
+  std::optional<ChatTemplate> chat_template;
+  std::string model_name;
+
+  std::mutex random_mutex;  // guards `random`
+  std::mt19937_64 random{std::random_device{}()};
+
+  uint64_t draw() {
+    std::lock_guard lock(random_mutex);
+    return random();
+  }
+  std::string new_id(const char* prefix) {
+    char digits[17];
+    std::snprintf(digits, sizeof(digits), "%016llx", static_cast<unsigned long long>(draw()));
+    return std::string(prefix) + digits;
+  }
+
+  void routes();
+  void completion(const httplib::Request& request, httplib::Response& response, Endpoint endpoint);
+  Request engine_request(const CompletionRequest& parsed);
+};
+
+namespace {
+
+// One admitted request from submit to its last byte; used on its connection's thread only.
+struct Exchange {
+  Server::State* server = nullptr;
+  RequestHandle handle;
+  Endpoint endpoint = Endpoint::kCompletions;
+  bool stream = false;
+  bool include_usage = false;
+  ResponseHeader header;
+  StopMatcher matcher{{}};
+  Clock::time_point arrived;
+  std::optional<Clock::time_point> last_text;  // when text was last sent, for the latencies
+  Clock::time_point last_write;                // when bytes were last written, for heartbeats
+  std::string text;                            // the whole completion, when not streaming
+  int64_t completion_tokens = 0;               // up to the stop string, when one matched
+  bool first_chunk = true;                     // chat streams open with the assistant role
+  bool finished = false;                       // the final bytes were written
+};
+
+bool write(httplib::DataSink& sink, const std::string& bytes) {
+  return sink.write(bytes.data(), bytes.size());
+}
+
+bool write_event(httplib::DataSink& sink, const json& value) {
+  return write(sink, "data: " + dump(value) + "\n\n");
+}
+
+// Text that became sendable: streamed as a chunk, or kept for the JSON body.
+bool emit(Exchange& exchange, httplib::DataSink& sink, const std::string& text) {
+  if (text.empty()) return true;
+  const auto now = Clock::now();
+  if (exchange.last_text) {
+    exchange.server->metrics.inter_token_latency(seconds_between(*exchange.last_text, now));
+  } else {
+    exchange.server->metrics.time_to_first_token(seconds_between(exchange.arrived, now));
+  }
+  exchange.last_text = now;
+  if (!exchange.stream) {
+    exchange.text += text;
+    return true;
+  }
+  const bool first = exchange.first_chunk;
+  exchange.first_chunk = false;
+  exchange.last_write = now;
+  return write_event(sink, completion_chunk(exchange.endpoint, exchange.header, text, first,
+                                            std::nullopt, exchange.include_usage));
+}
+
+// The request ended: the last text, the finish reason and the usage, or an error.
+bool finish(Exchange& exchange, httplib::DataSink& sink) {
+  const bool stopped = exchange.matcher.stopped();
+  if (!emit(exchange, sink, exchange.matcher.flush())) return false;
+  const Result result = exchange.handle.wait();
+  exchange.server->metrics.request_stats(result.stats);
+  const std::optional<std::string> reason = finish_reason(result.reason, stopped);
+  exchange.finished = true;
+  if (!reason) {
+    const bool shutdown = result.reason == FinishReason::kShutdown;
+    exchange.server->metrics.request_finished(shutdown ? "shutdown" : to_string(result.reason));
+    const ApiError error =
+        server_error(shutdown ? 503 : 500, shutdown ? "the server is shutting down"
+                                                    : "generation failed: " + result.error);
+    const bool written = exchange.stream
+                             ? write_event(sink, error.body()) && write(sink, "data: [DONE]\n\n")
+                             : write(sink, dump(error.body()));
+    sink.done();
+    return written;
+  }
+  exchange.server->metrics.request_finished(*reason);
+  const json usage = usage_json(result.stats.prompt_tokens, exchange.completion_tokens,
+                                result.stats.cached_prompt_tokens);
+  bool written = true;
+  if (exchange.stream) {
+    written =
+        write_event(sink, completion_chunk(exchange.endpoint, exchange.header, "",
+                                           exchange.first_chunk, reason, exchange.include_usage));
+    if (written && exchange.include_usage) {
+      written = write_event(sink, usage_chunk(exchange.endpoint, exchange.header, usage));
+    }
+    written = written && write(sink, "data: [DONE]\n\n");
+  } else {
+    json response =
+        completion_response(exchange.endpoint, exchange.header, exchange.text, *reason, usage);
+    response["speculative"] = {{"drafted", result.stats.drafted},
+                               {"accepted", result.stats.accepted},
+                               {"acceptance_rate", result.stats.acceptance_rate},
+                               {"steps", result.stats.steps}};
+    written = write(sink, dump(response));
+  }
+  sink.done();
+  return written;
+}
+
+// Called by cpp-httplib on the connection's thread until the response is complete; returning false
+// (a write failed: the client went away) ends the connection and the releaser cancels the request.
+bool provide(Exchange& exchange, httplib::DataSink& sink) {
+  if (std::optional<Event> event = exchange.handle.next(kHeartbeat)) {
+    if (!exchange.matcher.stopped()) {
+      exchange.completion_tokens += static_cast<int64_t>(event->tokens.size());
+      if (!emit(exchange, sink, exchange.matcher.feed(event->text))) return false;
+      // A stop string ends the completion: the engine stops at its next step.
+      if (exchange.matcher.stopped()) exchange.handle.cancel();
+    }
+    if (event->finished) return finish(exchange, sink);
+  }
+  // Whatever holds the text back (the engine, a stop string's prefix, a JSON body kept whole), the
+  // client hears something every kHeartbeat; the write fails once it has gone away.
+  const auto now = Clock::now();
+  if (now - exchange.last_write < kHeartbeat) return true;
+  exchange.last_write = now;
+  return write(sink, exchange.stream ? ": keep-alive\n\n" : " ");
+}
+
+}  // namespace
+
+Request Server::State::engine_request(const CompletionRequest& parsed) {
+  Request request;
+  if (parsed.endpoint == Endpoint::kChat) {
+    if (!chat_template) {
+      throw ApiException(ApiError{400, "invalid_request_error",
+                                  "the model '" + model_name +
+                                      "' has no chat template: use /v1/completions, or start the "
+                                      "server with --chat-template FILE",
+                                  "messages", ""});
+    }
+    const EngineInfo& info = engine->info();
+    const nlohmann::ordered_json context = {{"messages", parsed.messages},
+                                            {"add_generation_prompt", true},
+                                            {"bos_token", info.bos_token},
+                                            {"eos_token", info.eos_token}};
+    std::string text;
+    try {
+      text = chat_template->render(context);
+    } catch (const Error& error) {
+      throw ApiException(ApiError{
+          400, "invalid_request_error",
+          std::string("the chat template refused the messages: ") + error.what(), "messages", ""});
+    }
+    // The template writes the special tokens itself, as transformers' apply_chat_template.
+    request.prompt_ids = engine->tokenize(text, /*add_special_tokens=*/false);
+  } else if (!parsed.prompt_ids.empty()) {
+    request.prompt_ids = parsed.prompt_ids;
+  } else {
+    if (!engine->info().has_tokenizer) {
+      throw ApiException(ApiError{400, "invalid_request_error",
+                                  "the model has no tokenizer: give the prompt as token ids",
+                                  "prompt", ""});
+    }
+    request.prompt = parsed.prompt;
+  }
+  request.sampling = parsed.sampling;
+  // Without a seed each request draws its own, as OpenAI's API samples; with one it reproduces.
+  if (!parsed.seeded) request.sampling->seed = draw();
+  request.speculation = parsed.speculation;
+  return request;
+}
+
+void Server::State::completion(const httplib::Request& http_request, httplib::Response& response,
+                               Endpoint endpoint) {
+  if (!ready) {
+    response.set_header("Retry-After", "5");
+    send_error(response, server_error(503, "the model is still loading"));
+    return;
+  }
+  if (draining) {
+    send_error(response, server_error(503, "the server is shutting down"));
+    return;
+  }
+  // Admission: a bounded number of requests queued or running; past it, try again shortly.
+  if (in_flight.fetch_add(1) >= config.max_requests) {
+    in_flight.fetch_sub(1);
+    metrics.request_finished("rejected");
+    response.set_header("Retry-After", "1");
+    send_error(response, ApiError{429, "rate_limit_error",
+                                  "the server has " + std::to_string(config.max_requests) +
+                                      " requests in flight, its limit: try again shortly",
+                                  "", "too_many_requests"});
+    return;
+  }
+  auto exchange = std::make_shared<Exchange>();
+  try {
+    const CompletionRequest parsed =
+        parse_completion_request(http_request.body, endpoint, defaults, model_name);
+    const Request request = engine_request(parsed);
+    try {
+      exchange->handle = engine->submit(request);
+    } catch (const Error& error) {
+      const std::string message = error.what();
+      if (message.find("shut down") != std::string::npos) {
+        throw ApiException(server_error(503, "the server is shutting down"));
+      }
+      const bool too_long = message.find("context limit") != std::string::npos;
+      throw ApiException(ApiError{400, "invalid_request_error", message,
+                                  endpoint == Endpoint::kChat ? "messages" : "prompt",
+                                  too_long ? "context_length_exceeded" : ""});
+    }
+    exchange->server = this;
+    exchange->endpoint = endpoint;
+    exchange->stream = parsed.stream;
+    exchange->include_usage = parsed.include_usage;
+    exchange->matcher = StopMatcher(parsed.stop);
+    exchange->header = {new_id(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"),
+                        static_cast<int64_t>(std::time(nullptr)), model_name};
+    exchange->arrived = Clock::now();
+    exchange->last_write = exchange->arrived;
+  } catch (const ApiException& error) {
+    in_flight.fetch_sub(1);
+    metrics.request_finished("rejected");
+    send_error(response, error.error());
+    return;
+  } catch (const Error& error) {
+    in_flight.fetch_sub(1);
+    metrics.request_finished("rejected");
+    send_error(response, ApiError{400, "invalid_request_error", error.what(), "", ""});
+    return;
+  }
+  if (exchange->stream) response.set_header("Cache-Control", "no-cache");
+  // Both kinds go out chunked, so that a heartbeat can notice a client that left. (The JSON body's
+  // media type carries a charset so that it is not compressed, which would hold the heartbeats.)
+  response.set_chunked_content_provider(
+      exchange->stream ? "text/event-stream" : "application/json; charset=utf-8",
+      [exchange](size_t, httplib::DataSink& sink) { return provide(*exchange, sink); },
+      [this, exchange](bool) {
+        if (!exchange->finished) {
+          exchange->handle.cancel();
+          metrics.request_finished("cancelled");
+        }
+        in_flight.fetch_sub(1);
+      });
+}
+
+void Server::State::routes() {
+  http.Post("/v1/completions",
+            [this](const httplib::Request& request, httplib::Response& response) {
+              completion(request, response, Endpoint::kCompletions);
+            });
+  http.Post("/v1/chat/completions",
+            [this](const httplib::Request& request, httplib::Response& response) {
+              completion(request, response, Endpoint::kChat);
+            });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
+    json data = json::array();
+    if (ready) {
+      data.push_back(
+          {{"id", model_name}, {"object", "model"}, {"created", created}, {"owned_by", "specrun"}});
+    }
+    response.set_content(dump({{"object", "list"}, {"data", data}}), "application/json");
+  });
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
+    const char* status = draining ? "draining" : ready ? "ok" : "loading";
+    response.status = ready && !draining ? 200 : 503;
+    response.set_content(dump({{"status", status}}), "application/json");
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
+    const EngineStats stats = ready ? engine->stats() : EngineStats{};
+    response.set_content(metrics.scrape(stats), "text/plain; version=0.0.4");
+  });
+  // Every error without a body of its own (no route, a body too large, malformed HTTP) still
+  // answers in OpenAI's shape.
+  http.set_error_handler([this](const httplib::Request& request, httplib::Response& response) {
+    if (!response.body.empty()) return;
+    ApiError error{response.status, "invalid_request_error", "", "", ""};
+    if (response.status == 404) {
+      error.type = "not_found_error";
+      error.message = "no route for " + request.method + " " + request.path.substr(0, 256);
+    } else if (response.status == 413) {
+      error.message = "the request body is larger than the server's limit of " +
+                      std::to_string(config.max_body_bytes) + " bytes";
+    } else {
+      error.message =
+          "the HTTP request could not be served (" + std::to_string(response.status) + ")";
+    }
+    send_error(response, error);
+  });
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& response, std::exception_ptr failure) {
+        std::string message = "internal error";
+        try {
+          std::rethrow_exception(failure);
+        } catch (const std::exception& error) {
+          message += std::string(": ") + error.what();
+        } catch (...) {
+        }
+        send_error(response, server_error(500, message));
+      });
+}
+
+Server::Server(const ServerConfig& config, const EngineConfig& defaults)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.config = config;
+  s.defaults = defaults;
+  if (config.max_requests < 1) {
+    throw Error("server: max_requests must be at least 1, got " +
+                std::to_string(config.max_requests));
+  }
+  s.http.set_payload_max_length(static_cast<size_t>(config.max_body_bytes));
+  // A worker per request in flight (a stream holds one for its life), and a few for the cheap
+  // routes and for the refusals past the limit.
+  const auto workers = static_cast<size_t>(config.max_requests) + 8;
+  s.http.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
+  s.http.set_write_timeout(30, 0);
+  s.routes();
+  s.port = config.port == 0 ? s.http.bind_to_any_port(config.host)
+                            : (s.http.bind_to_port(config.host, config.port) ? config.port : -1);
+  if (s.port < 0) {
+    throw Error("server: cannot listen on " + config.host + ":" + std::to_string(config.port) +
+                " (address in use, or not an address of this machine)");
+  }
+}
+
+Server::~Server() {
+  stop();
+}
+
+int Server::port() const {
+  return state_->port;
+}
+
+void Server::listen() {
+  state_->http.listen_after_bind();
+}
+
+void Server::attach(std::unique_ptr<Engine> engine, std::optional<ChatTemplate> chat_template,
+                    const std::string& model_name) {
+  State& s = *state_;
+  s.engine = std::move(engine);
+  s.chat_template = std::move(chat_template);
+  s.model_name = model_name;
+  s.ready = true;
+}
+
+void Server::drain(std::chrono::milliseconds grace) {
+  State& s = *state_;
+  s.draining = true;
+  auto wait_for_idle = [&](Clock::time_point deadline) {
+    while (s.in_flight > 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  };
+  wait_for_idle(Clock::now() + grace);
+  if (s.in_flight > 0 && s.engine) {
+    // Past the deadline: what still runs finishes now, its clients told the server stopped.
+    s.engine->shutdown();
+    wait_for_idle(Clock::now() + std::chrono::seconds(10));
+  }
+  stop();
+}
+
+void Server::stop() {
+  if (state_->http.is_running()) state_->http.stop();
+}
+
+std::string default_model_name(const std::string& target) {
+  std::filesystem::path path(target);
+  if (!path.has_filename()) path = path.parent_path();  // "dir/" names dir
+  const std::string extension = path.extension().string();
+  return extension == ".gguf" || extension == ".safetensors" ? path.stem().string()
+                                                             : path.filename().string();
+}
+
+std::optional<ChatTemplate> load_chat_template(const std::string& file, const EngineInfo& info) {
+  if (!file.empty()) {
+    std::error_code status;
+    if (!std::filesystem::is_regular_file(file, status)) {
+      throw Error(file + ": no such chat template file");
+    }
+    std::ifstream stream(file, std::ios::binary);
+    std::ostringstream source;
+    source << stream.rdbuf();
+    if (!stream) throw Error(file + ": cannot read the chat template");
+    return ChatTemplate::compile(source.str(), file);
+  }
+  if (info.chat_template.empty()) return std::nullopt;
+  return ChatTemplate::compile(info.chat_template, "the chat template of " + info.target);
+}
+
+int serve(const EngineConfig& engine_config, const ServerConfig& config) {
+  // Every thread started from here on inherits the blocked signals; this one takes them with
+  // sigwait, so a signal never interrupts a handler or the engine.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGUSR1);  // the loader's failure
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  Server server(config, engine_config);
+  std::fprintf(stderr, "specrun serve: listening on http://%s:%d (loading the models)\n",
+               config.host.c_str(), server.port());
+  std::thread http([&] { server.listen(); });
+  std::string load_error;
+  std::thread loader([&] {
+    try {
+      std::unique_ptr<Engine> engine = Engine::create(engine_config);
+      std::optional<ChatTemplate> chat_template =
+          load_chat_template(config.chat_template, engine->info());
+      const std::string name =
+          config.model_name.empty() ? default_model_name(engine_config.target) : config.model_name;
+      std::fprintf(
+          stderr,
+          "specrun serve: ready: model '%s'%s on %s, context %lld tokens, KV cache %lld "
+          "tokens\n",
+          name.c_str(), chat_template ? "" : " (no chat template: /v1/chat/completions refused)",
+          engine->info().device.c_str(), static_cast<long long>(engine->info().context_limit),
+          static_cast<long long>(engine->stats().kv_tokens_capacity));
+      server.attach(std::move(engine), std::move(chat_template), name);
+    } catch (const std::exception& error) {
+      load_error = error.what();
+      kill(getpid(), SIGUSR1);
+    }
+  });
+  int received = 0;
+  sigwait(&signals, &received);
+  loader.join();
+  if (load_error.empty()) {
+    std::fprintf(stderr, "specrun serve: %s: draining (up to %.0f s), then exiting\n",
+                 received == SIGINT ? "interrupted" : "terminated", config.shutdown_grace_seconds);
+  }
+  server.drain(
+      std::chrono::milliseconds(static_cast<int64_t>(config.shutdown_grace_seconds * 1000.0)));
+  http.join();
+  if (!load_error.empty()) throw Error(load_error);
+  return 0;
+}
+
+}  // namespace specrun::server

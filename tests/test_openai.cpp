@@ -1,0 +1,247 @@
+// The OpenAI protocol of `specrun serve` without a server: request bodies checked field by field
+// (each refusal names the field, with OpenAI's error shape and status), the response and chunk
+// shapes, and stop strings matched across token boundaries.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/server/openai.h"
+
+namespace specrun::server {
+namespace {
+
+using nlohmann::json;
+
+EngineConfig defaults() {
+  EngineConfig config;
+  config.sampling.max_tokens = 77;
+  config.sampling.temperature = 0.5f;
+  return config;
+}
+
+CompletionRequest parse(const std::string& body, Endpoint endpoint = Endpoint::kCompletions) {
+  return parse_completion_request(body, endpoint, defaults(), "m");
+}
+
+// The body must be refused with `status`, naming `param` and every fragment.
+void expect_refused(const std::string& body, int status, const std::string& param,
+                    const std::vector<std::string>& fragments,
+                    Endpoint endpoint = Endpoint::kCompletions) {
+  SCOPED_TRACE(body.substr(0, 200));
+  try {
+    parse(body, endpoint);
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiException& refusal) {
+    const ApiError& error = refusal.error();
+    EXPECT_EQ(error.status, status);
+    EXPECT_EQ(error.param, param);
+    for (const std::string& fragment : fragments) {
+      EXPECT_NE(error.message.find(fragment), std::string::npos) << error.message;
+    }
+    EXPECT_EQ(error.message.find('\n'), std::string::npos) << error.message;
+    const json shape = error.body();
+    EXPECT_EQ(shape["error"]["message"], error.message);
+    EXPECT_TRUE(shape["error"].contains("type") && shape["error"].contains("code"));
+  }
+}
+
+TEST(OpenAiRequest, ReadsEveryFieldOverTheEngineDefaults) {
+  const CompletionRequest request = parse(R"({
+    "model": "m", "prompt": "hello", "max_tokens": 12, "temperature": 0, "top_p": 0.9,
+    "top_k": 40, "min_p": 0.05, "seed": 7, "stop": ["\n\n", "END"], "n": 1, "stream": true,
+    "stream_options": {"include_usage": true}, "user": "someone",
+    "speculative": {"method": "prompt_lookup", "gamma": 12, "controller": "fixed",
+                    "verification": "rejection"}})");
+  EXPECT_EQ(request.prompt, "hello");
+  EXPECT_EQ(request.sampling.max_tokens, 12);
+  EXPECT_EQ(request.sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(request.sampling.top_p, 0.9f);
+  EXPECT_EQ(request.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(request.sampling.min_p, 0.05f);
+  EXPECT_EQ(request.sampling.seed, 7u);
+  EXPECT_TRUE(request.seeded);
+  EXPECT_EQ(request.stop, (std::vector<std::string>{"\n\n", "END"}));
+  EXPECT_TRUE(request.stream);
+  EXPECT_TRUE(request.include_usage);
+  EXPECT_EQ(request.speculation.method, SpeculationMethod::kPromptLookup);
+  EXPECT_EQ(request.speculation.controller, GammaControl::kFixed);
+  EXPECT_EQ(request.speculation.verification, Verification::kRejection);
+  EXPECT_EQ(request.speculation.gamma, 12);
+  EXPECT_EQ(request.speculation.gamma_max, 12);  // moved to admit the gamma asked for
+
+  const CompletionRequest plain = parse(R"({"model": "m", "prompt": "x", "stop": "END",
+                                            "max_completion_tokens": 3, "speculative": false,
+                                            "top_k": -1, "seed": -1})");
+  EXPECT_EQ(plain.sampling.max_tokens, 3);
+  EXPECT_FLOAT_EQ(plain.sampling.temperature, 0.5f);  // the engine's default
+  EXPECT_EQ(plain.stop, std::vector<std::string>{"END"});
+  EXPECT_EQ(plain.speculation.method, SpeculationMethod::kNone);
+  EXPECT_EQ(plain.sampling.top_k, 0);  // -1 turns it off, as 0 does
+  EXPECT_EQ(plain.sampling.seed, ~uint64_t{0});
+  EXPECT_FALSE(parse(R"({"model": "m", "prompt": "x"})").seeded);
+  EXPECT_EQ(parse(R"({"model": "m", "prompt": "x"})").sampling.max_tokens, 77);
+}
+
+TEST(OpenAiRequest, PromptFormsAndMessages) {
+  EXPECT_EQ(parse(R"({"model": "m", "prompt": ["one"]})").prompt, "one");
+  EXPECT_EQ(parse(R"({"model": "m", "prompt": [1, 2, 3]})").prompt_ids,
+            (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(parse(R"({"model": "m", "prompt": [[4, 5]]})").prompt_ids,
+            (std::vector<int32_t>{4, 5}));
+  const CompletionRequest chat = parse(R"({"model": "m", "messages": [
+      {"role": "system", "content": "be brief"},
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+      {"role": "assistant", "content": null, "name": "x"}]})",
+                                       Endpoint::kChat);
+  EXPECT_EQ(chat.messages.dump(),
+            R"([{"role":"system","content":"be brief"},{"role":"user","content":"a\nb"},)"
+            R"({"role":"assistant","content":""}])");
+}
+
+TEST(OpenAiRequest, MalformedBodiesAndWrongTypes) {
+  expect_refused("{bad", 400, "", {"not valid JSON"});
+  expect_refused("[1, 2]", 400, "", {"JSON object"});
+  expect_refused(R"({"model": "m", "prompt": "x", "temperature": 1e400})", 400, "",
+                 {"not valid JSON", "1e400"});
+  expect_refused(std::string(100, '[') + std::string(100, ']'), 400, "", {"nests deeper"});
+  expect_refused(R"({"prompt": "x"})", 400, "model", {"'model' is required"});
+  expect_refused(R"({"model": 5, "prompt": "x"})", 400, "model", {"must be a string"});
+  expect_refused(R"({"model": "m"})", 400, "prompt", {"'prompt' is required"});
+  expect_refused(R"({"model": "m", "prompt": ["a", "b"]})", 400, "prompt", {"one prompt"});
+  expect_refused(R"({"model": "m", "prompt": [1, -2]})", 400, "prompt", {"non-negative"});
+  expect_refused(R"({"model": "m", "prompt": ""})", 400, "prompt", {"empty"});
+  expect_refused(R"({"model": "m", "prompt": "x", "max_tokens": "9"})", 400, "max_tokens",
+                 {"must be an integer"});
+  expect_refused(R"({"model": "m", "prompt": "x", "max_tokens": 1.5})", 400, "max_tokens",
+                 {"must be an integer"});
+  expect_refused(R"({"model": "m", "prompt": "x", "stream": "yes"})", 400, "stream",
+                 {"true or false"});
+  expect_refused(R"({"model": "m", "prompt": "x", "temperature": "hot"})", 400, "temperature",
+                 {"must be a number"});
+  expect_refused(R"({"model": "m", "prompt": "x", "stop": [1]})", 400, "stop", {"list of strings"});
+  expect_refused(R"({"model": "m", "prompt": "x", "user": 3})", 400, "user", {"string"});
+  expect_refused(R"({"model": "m", "messages": "hi"})", 400, "messages", {"non-empty list"},
+                 Endpoint::kChat);
+  expect_refused(R"({"model": "m", "messages": [{"role": "tool", "content": "x"}]})", 400,
+                 "messages[0].role", {"system, user or assistant"}, Endpoint::kChat);
+  expect_refused(R"({"model": "m", "messages": [{"role": "user", "content": 5}]})", 400,
+                 "messages[0].content", {"string or a list of parts"}, Endpoint::kChat);
+  expect_refused(R"({"model": "m", "messages": [{"role": "user",
+                     "content": [{"type": "image_url", "image_url": {}}]}]})",
+                 400, "messages[0].content", {"text only"}, Endpoint::kChat);
+  expect_refused(R"({"model": "m", "prompt": "x", "speculative": {"method": "medusa"}})", 400,
+                 "speculative.method", {"draft, prompt_lookup, none"});
+  expect_refused(R"({"model": "m", "prompt": "x", "speculative": {"depth": 3}})", 400,
+                 "speculative.depth", {"not a known field"});
+  expect_refused(R"({"model": "m", "prompt": "x", "stream_options": {"include_usage": true}})", 400,
+                 "stream_options", {"only allowed with"});
+}
+
+TEST(OpenAiRequest, OutOfRangeAndUnsupported) {
+  expect_refused(R"({"model": "other", "prompt": "x"})", 404, "model",
+                 {"'other' does not exist", "serves 'm'"});
+  expect_refused(R"({"model": "m", "prompt": "x", "temperature": 2.5})", 400, "temperature",
+                 {"[0, 2]", "2.5"});
+  expect_refused(R"({"model": "m", "prompt": "x", "top_p": 0})", 400, "top_p", {"(0, 1]"});
+  expect_refused(R"({"model": "m", "prompt": "x", "top_p": 1.5})", 400, "top_p", {"[0, 1]"});
+  expect_refused(R"({"model": "m", "prompt": "x", "min_p": -0.1})", 400, "min_p", {"[0, 1]"});
+  expect_refused(R"({"model": "m", "prompt": "x", "top_k": -2})", 400, "top_k", {"-2"});
+  expect_refused(R"({"model": "m", "prompt": "x", "max_tokens": -1})", 400, "max_tokens", {"-1"});
+  expect_refused(R"({"model": "m", "prompt": "x", "max_tokens": 99999999999999})", 400,
+                 "max_tokens", {"[0, 2147483647]", "99999999999999"});
+  expect_refused(R"({"model": "m", "prompt": "x", "n": 2})", 400, "n", {"must be 1"});
+  expect_refused(R"({"model": "m", "prompt": "x", "stop": ""})", 400, "stop", {"1 to"});
+  expect_refused(R"({"model": "m", "prompt": "x", "speculative": {"gamma": 65}})", 400,
+                 "speculative.gamma", {"[0, 64]"});
+  for (const char* field :
+       {R"("presence_penalty": 0.5)", R"("frequency_penalty": -1)", R"("logprobs": 2)",
+        R"("logit_bias": {"5": 1})", R"("echo": true)", R"("best_of": 3)",
+        R"("tools": [{"type": "function"}])", R"("response_format": {"type": "json_object"})"}) {
+    const std::string body = std::string(R"({"model": "m", "prompt": "x", )") + field + "}";
+    const std::string name = std::string(field).substr(1, std::string(field).find('"', 1) - 1);
+    expect_refused(body, 400, name, {"not supported"});
+  }
+  // Their neutral values are accepted.
+  EXPECT_NO_THROW(parse(R"({"model": "m", "prompt": "x", "presence_penalty": 0, "logprobs": false,
+                           "echo": false, "best_of": 1, "logit_bias": {}, "tools": [],
+                           "response_format": {"type": "text"}})"));
+}
+
+TEST(OpenAiResponse, ShapesOfResponsesAndChunks) {
+  const ResponseHeader header{"chatcmpl-1", 1700000000, "m"};
+  const json usage = usage_json(5, 3, 2);
+  EXPECT_EQ(usage, json::parse(R"({"prompt_tokens": 5, "completion_tokens": 3,
+                                   "total_tokens": 8, "prompt_tokens_details":
+                                   {"cached_tokens": 2}})"));
+  const json chat = completion_response(Endpoint::kChat, header, "hi", "stop", usage);
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"],
+            json::parse(R"({"role": "assistant", "content": "hi"})"));
+  EXPECT_EQ(chat["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(chat["usage"], usage);
+  const json text = completion_response(Endpoint::kCompletions, header, "hi", "length", usage);
+  EXPECT_EQ(text["object"], "text_completion");
+  EXPECT_EQ(text["choices"][0]["text"], "hi");
+
+  const json opening = completion_chunk(Endpoint::kChat, header, "He", true, std::nullopt, true);
+  EXPECT_EQ(opening["object"], "chat.completion.chunk");
+  EXPECT_EQ(opening["choices"][0]["delta"],
+            json::parse(R"({"role": "assistant", "content": "He"})"));
+  EXPECT_TRUE(opening["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(opening.contains("usage") && opening["usage"].is_null());
+  const json closing = completion_chunk(Endpoint::kChat, header, "", false, "stop", false);
+  EXPECT_EQ(closing["choices"][0]["delta"], json::object());
+  EXPECT_EQ(closing["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(closing.contains("usage"));
+  const json last = usage_chunk(Endpoint::kChat, header, usage);
+  EXPECT_EQ(last["choices"], json::array());
+  EXPECT_EQ(last["usage"], usage);
+
+  EXPECT_EQ(finish_reason(FinishReason::kEndOfSequence, false), "stop");
+  EXPECT_EQ(finish_reason(FinishReason::kMaxTokens, false), "length");
+  EXPECT_EQ(finish_reason(FinishReason::kContextLimit, false), "length");
+  EXPECT_EQ(finish_reason(FinishReason::kCancelled, true), "stop");
+  EXPECT_EQ(finish_reason(FinishReason::kShutdown, false), std::nullopt);
+}
+
+// Feeds `pieces` through a matcher; returns what came out and whether it stopped.
+std::pair<std::string, bool> match(const std::vector<std::string>& stops,
+                                   const std::vector<std::string>& pieces) {
+  StopMatcher matcher(stops);
+  std::string out;
+  for (const std::string& piece : pieces) out += matcher.feed(piece);
+  out += matcher.flush();
+  return {out, matcher.stopped()};
+}
+
+TEST(StopMatcher, StopsAcrossPiecesAndNeverEmitsTheStopString) {
+  EXPECT_EQ(match({"END"}, {"abc", "E", "N", "Dxyz"}), std::make_pair(std::string("abc"), true));
+  EXPECT_EQ(match({"END"}, {"abcEN", "D"}), std::make_pair(std::string("abc"), true));
+  EXPECT_EQ(match({"END"}, {"END"}), std::make_pair(std::string(""), true));
+  // A prefix that turns out not to be the stop string comes out whole, in order.
+  EXPECT_EQ(match({"END"}, {"E", "N", "x", "EN"}), std::make_pair(std::string("ENxEN"), false));
+  // The earliest of several, a multi-byte one among them.
+  EXPECT_EQ(match({"zz", "\xc3\xa9t\xc3\xa9"}, {"un \xc3\xa9", "t\xc3", "\xa9 zz"}),
+            std::make_pair(std::string("un "), true));
+  EXPECT_EQ(match({"\n\n", "x"}, {"a\n", "\nb x"}), std::make_pair(std::string("a"), true));
+  // Nothing held back without stop strings, and nothing after a stop.
+  StopMatcher none({});
+  EXPECT_EQ(none.feed("abc"), "abc");
+  StopMatcher once({"b"});
+  EXPECT_EQ(once.feed("abc"), "a");
+  EXPECT_EQ(once.feed("more"), "");
+  EXPECT_EQ(once.flush(), "");
+}
+
+TEST(StopMatcher, HeldTextIsReleasedAsSoonAsItCannotStartAStop) {
+  StopMatcher matcher({"STOP"});
+  EXPECT_EQ(matcher.feed("abcST"), "abc");  // "ST" may begin STOP
+  EXPECT_EQ(matcher.feed("x"), "STx");
+  EXPECT_EQ(matcher.feed("S"), "");
+  EXPECT_EQ(matcher.feed("TO"), "");
+  EXPECT_EQ(matcher.flush(), "STO");  // the end: it was not the stop string after all
+}
+
+}  // namespace
+}  // namespace specrun::server

@@ -1,0 +1,548 @@
+// `specrun serve` over loopback HTTP: completions and chat completions, streamed and not (the
+// stream adds up to the response; greedy output equals the CLI's), stop strings, every error path
+// in OpenAI's shape with its status, admission (429), a client that leaves (its request is
+// cancelled), draining, metrics, and the real binary stopped by SIGINT.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <httplib.h>
+
+#include "runtime/server/server.h"
+#include "tests/test_support.h"
+
+namespace specrun::server {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+// A prompt-follows-the-role chat format, written in the Jinja subset real templates use.
+constexpr const char* kChatTemplate =
+    "{{ bos_token }}{% for message in messages %}<{{ message['role'] }}>"
+    "{{ message['content'] | trim }}\n{% endfor %}{% if add_generation_prompt %}<assistant>"
+    "{% endif %}";
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  httplib::Headers headers;
+  json parsed() const { return json::parse(body); }
+};
+
+// The server-sent events of a stream body, up to "data: [DONE]" (which must end it).
+std::vector<json> events(const std::string& body) {
+  std::vector<json> parsed;
+  size_t at = 0;
+  bool done = false;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    const size_t end = body.find("\n\n", at);
+    const std::string data = body.substr(at + 6, end - at - 6);
+    at = end;
+    EXPECT_FALSE(done) << "an event after [DONE]";
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    parsed.push_back(json::parse(data));
+  }
+  EXPECT_TRUE(done) << "the stream did not end with [DONE]: " << body.substr(0, 300);
+  return parsed;
+}
+
+// The text of a streamed completion or chat completion.
+std::string streamed_text(const std::vector<json>& chunks) {
+  std::string text;
+  for (const json& chunk : chunks) {
+    if (chunk["choices"].empty()) continue;
+    const json& choice = chunk["choices"][0];
+    if (choice.contains("text")) text += choice["text"].get<std::string>();
+    if (choice.contains("delta") && choice["delta"].contains("content")) {
+      text += choice["delta"]["content"].get<std::string>();
+    }
+  }
+  return text;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Wide enough that 4000 tokens take seconds: time for a client to leave mid-request.
+    fixtures::GeneratorOptions options;
+    options.vocab_size = 256;
+    options.hidden_size = 256;
+    options.intermediate_size = 512;
+    options.num_layers = 4;
+    options.num_heads = 8;
+    options.num_kv_heads = 4;
+    options.max_position_embeddings = 4096;
+    options.shallow_layers = 1;
+    options.deep_layer_scale = 0.3f;
+    options.bos_token_id = 1;
+    options.eos_token_id = 2;
+    fixtures::write_random_checkpoint(options, dir_ / "target");
+    fixtures::write_truncated_checkpoint(dir_ / "target", 1, dir_ / "draft");
+    for (const char* model : {"target", "draft"}) {
+      testing::write_file(dir_ / model / "tokenizer.json", testing::byte_tokenizer_json());
+    }
+    testing::write_file(dir_ / "chat.jinja", kChatTemplate);
+  }
+
+  void TearDown() override { stop(); }
+
+  EngineConfig engine_config() const {
+    EngineConfig config;
+    config.target = (dir_ / "target").string();
+    config.draft = (dir_ / "draft").string();
+    config.threads = 2;
+    config.kv_cache_tokens = 8192;
+    // Random weights end early at EOS often; most tests want their full length.
+    config.sampling.stop_at_eos = false;
+    return config;
+  }
+
+  // Starts a server on a free port; `with_template` false: the checkpoint's (none).
+  void start(ServerConfig config = {}, bool attach_engine = true, bool with_template = false) {
+    config.port = 0;
+    const EngineConfig engine = engine_config();
+    server_ = std::make_unique<Server>(config, engine);
+    listener_ = std::thread([this] { server_->listen(); });
+    if (attach_engine) {
+      auto loaded = Engine::create(engine);
+      const std::optional<ChatTemplate> chat_template =
+          load_chat_template(with_template ? (dir_ / "chat.jinja").string() : "", loaded->info());
+      server_->attach(std::move(loaded), chat_template, "tiny");
+    }
+    for (int i = 0; i < 500 && !client().Get("/health"); ++i) std::this_thread::sleep_for(10ms);
+  }
+
+  void stop() {
+    if (!server_) return;
+    server_->stop();
+    if (listener_.joinable()) listener_.join();
+    server_.reset();
+  }
+
+  httplib::Client client() const {
+    httplib::Client http("127.0.0.1", server_->port());
+    http.set_read_timeout(120, 0);
+    return http;
+  }
+
+  Reply get(const std::string& path) const {
+    auto result = client().Get(path);
+    if (!result) return {-1, "", {}};
+    return {result->status, result->body, result->headers};
+  }
+
+  // A POST; `on_data` sees the body as it arrives and may return false to hang up.
+  Reply post(const std::string& path, const std::string& body,
+             std::function<bool(const std::string&)> on_data = {}) const {
+    httplib::Client http = client();
+    httplib::Request request;
+    request.method = "POST";
+    request.path = path;
+    request.body = body;
+    request.set_header("Content-Type", "application/json");
+    Reply reply;
+    request.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+      reply.body.append(data, size);
+      return !on_data || on_data(reply.body);
+    };
+    httplib::Response response;
+    httplib::Error error = httplib::Error::Success;
+    if (!http.send(request, response, error)) {
+      reply.status = -1;
+      return reply;
+    }
+    reply.status = response.status;
+    reply.headers = response.headers;
+    return reply;
+  }
+
+  // The counter or gauge `name` (with its labels, as exposed) in /metrics; -1 when absent.
+  double metric(const std::string& name) const {
+    const std::string text = get("/metrics").body;
+    const size_t at = text.find("\n" + name + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(text.substr(at + name.size() + 2));
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<Server> server_;
+  std::thread listener_;
+};
+
+TEST_F(ServerTest, CompletionsStreamedAddUpToTheResponseAndGreedyEqualsTheCli) {
+  start();
+  const std::string prompt = "def fib(n):";
+  const Reply greedy = post(
+      "/v1/completions",
+      json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}}.dump());
+  ASSERT_EQ(greedy.status, 200) << greedy.body;
+  const json response = greedy.parsed();
+  EXPECT_EQ(response["object"], "text_completion");
+  EXPECT_EQ(response["model"], "tiny");
+  EXPECT_EQ(response["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(response["usage"]["completion_tokens"], 24);
+  EXPECT_EQ(response["usage"]["prompt_tokens"], 1 + static_cast<int>(prompt.size()));
+  EXPECT_EQ(response["usage"]["total_tokens"], 25 + static_cast<int>(prompt.size()));
+  // The command line on the same checkpoint and prompt.
+  const testing::CommandResult cli = testing::run_command(
+      "'" + testing::tool_path("specrun").string() + "' --target '" + (dir_ / "target").string() +
+      "' --draft '" + (dir_ / "draft").string() + "' --prompt '" + prompt +
+      "' --temperature 0 --max-tokens 24 --ignore-eos --quiet");
+  ASSERT_EQ(cli.exit_code, 0) << cli.stderr_text;
+  EXPECT_EQ(response["choices"][0]["text"].get<std::string>() + "\n", cli.stdout_text);
+
+  // Sampled with a seed: the stream's pieces add up to the response, with and without speculation.
+  for (const bool speculative : {true, false}) {
+    json body = {{"model", "tiny"},    {"prompt", prompt}, {"max_tokens", 40},
+                 {"temperature", 0.9}, {"seed", 11},       {"speculative", speculative}};
+    const Reply whole = post("/v1/completions", body.dump());
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    const Reply pieces = post("/v1/completions", body.dump());
+    ASSERT_EQ(pieces.status, 200);
+    EXPECT_NE(pieces.headers.find("Content-Type")->second.find("text/event-stream"),
+              std::string::npos);
+    const std::vector<json> chunks = events(pieces.body);
+    ASSERT_GE(chunks.size(), 3u);
+    EXPECT_EQ(streamed_text(chunks), whole.parsed()["choices"][0]["text"]);
+    for (const json& chunk : chunks) {
+      EXPECT_EQ(chunk["id"], chunks.front()["id"]);
+      EXPECT_TRUE(chunk.contains("usage"));
+    }
+    EXPECT_EQ(chunks[chunks.size() - 2]["choices"][0]["finish_reason"], "length");
+    EXPECT_TRUE(chunks.back()["choices"].empty());
+    EXPECT_EQ(chunks.back()["usage"], whole.parsed()["usage"]);
+  }
+}
+
+TEST_F(ServerTest, ChatCompletionsThroughTheTemplate) {
+  start({}, true, /*with_template=*/true);
+  const json messages = {{{"role", "system"}, {"content", "  Be brief.  "}},
+                         {{"role", "user"}, {"content", "Hi \xc3\xa9t\xc3\xa9"}}};
+  json body = {{"model", "tiny"}, {"messages", messages}, {"max_tokens", 16}, {"seed", 3}};
+  const Reply whole = post("/v1/chat/completions", body.dump());
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json response = whole.parsed();
+  EXPECT_EQ(response["object"], "chat.completion");
+  EXPECT_EQ(response["choices"][0]["message"]["role"], "assistant");
+  // <s> (BOS through bos_token, one id), then the rendered text byte by byte.
+  const std::string rendered = "<system>Be brief.\n<user>Hi \xc3\xa9t\xc3\xa9\n<assistant>";
+  EXPECT_EQ(response["usage"]["prompt_tokens"], 1 + static_cast<int>(rendered.size()));
+  body["stream"] = true;
+  const std::vector<json> chunks = events(post("/v1/chat/completions", body.dump()).body);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_EQ(chunks.front()["object"], "chat.completion.chunk");
+  EXPECT_EQ(chunks.front()["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(streamed_text(chunks), response["choices"][0]["message"]["content"]);
+  EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "length");
+  EXPECT_FALSE(chunks.back().contains("usage"));  // not asked for
+}
+
+TEST_F(ServerTest, StopStringsEndTheCompletionAcrossTokens) {
+  start();
+  json body = {{"model", "tiny"}, {"prompt", "x = "}, {"max_tokens", 60}, {"temperature", 0}};
+  const std::string free_run = post("/v1/completions", body.dump()).parsed()["choices"][0]["text"];
+  ASSERT_GE(free_run.size(), 20u);
+  // A stop string of several tokens (one per byte here) from the middle of the free run.
+  const std::string stop = free_run.substr(10, 3);
+  const std::string expected = free_run.substr(0, free_run.find(stop));
+  body["stop"] = {stop, "\x01never"};
+  const json stopped = post("/v1/completions", body.dump()).parsed();
+  EXPECT_EQ(stopped["choices"][0]["text"], expected);
+  EXPECT_EQ(stopped["choices"][0]["finish_reason"], "stop");
+  EXPECT_LT(stopped["usage"]["completion_tokens"].get<int>(), 60);
+  body["stream"] = true;
+  const std::vector<json> chunks = events(post("/v1/completions", body.dump()).body);
+  EXPECT_EQ(streamed_text(chunks), expected);
+  EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(ServerTest, ErrorsInOpenAisShapeWithTheirStatus) {
+  ServerConfig config;
+  config.max_body_bytes = 4096;
+  start(config);
+  auto expect_error = [&](const Reply& reply, int status, const std::string& fragment) {
+    SCOPED_TRACE(reply.body.substr(0, 300));
+    EXPECT_EQ(reply.status, status);
+    const json body = json::parse(reply.body, nullptr, false);
+    ASSERT_TRUE(body.is_object() && body.contains("error"));
+    EXPECT_NE(body["error"]["message"].get<std::string>().find(fragment), std::string::npos);
+    EXPECT_TRUE(body["error"]["type"].is_string());
+  };
+  expect_error(post("/v1/completions", "{not json"), 400, "not valid JSON");
+  expect_error(post("/v1/completions", R"({"model": "tiny", "prompt": 5})"), 400, "'prompt'");
+  expect_error(post("/v1/completions", R"({"model": "big", "prompt": "x"})"), 404, "'big'");
+  expect_error(post("/v1/completions", R"({"model": "tiny", "prompt": "x", "top_p": 7})"), 400,
+               "top_p");
+  expect_error(post("/v1/completions", R"({"model": "tiny", "prompt": "x", "n": 3})"), 400, "'n'");
+  std::vector<int> ids(2000, 65);
+  expect_error(post("/v1/completions", json{{"model", "tiny"}, {"prompt", ids}}.dump()), 413,
+               "4096 bytes");
+  EXPECT_EQ(metric("specrun_requests_total{outcome=\"rejected\"}"), 5);
+  stop();
+  start();
+  ids.assign(5000, 65);  // past the 4096-token context
+  const Reply long_prompt =
+      post("/v1/completions", json{{"model", "tiny"}, {"prompt", ids}}.dump());
+  expect_error(long_prompt, 400, "context limit");
+  EXPECT_EQ(long_prompt.parsed()["error"]["code"], "context_length_exceeded");
+  expect_error(post("/v1/chat/completions",
+                    R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})"),
+               400, "no chat template");
+  expect_error(get("/v1/nothing"), 404, "no route");
+  EXPECT_EQ(metric("specrun_requests_total{outcome=\"rejected\"}"), 2);
+}
+
+TEST_F(ServerTest, WhileLoadingHealthSaysSoAndRequestsAreAskedToRetry) {
+  start({}, /*attach_engine=*/false);
+  const Reply health = get("/health");
+  EXPECT_EQ(health.status, 503);
+  EXPECT_EQ(health.parsed()["status"], "loading");
+  const Reply refused = post("/v1/completions", R"({"model": "tiny", "prompt": "x"})");
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_NE(refused.headers.find("Retry-After"), refused.headers.end());
+  EXPECT_TRUE(get("/v1/models").parsed()["data"].empty());
+  server_->attach(Engine::create(engine_config()), std::nullopt, "tiny");
+  EXPECT_EQ(get("/health").status, 200);
+  EXPECT_EQ(get("/v1/models").parsed()["data"][0]["id"], "tiny");
+}
+
+TEST_F(ServerTest, PastTheRequestLimitClientsAreToldToRetry) {
+  ServerConfig config;
+  config.max_requests = 1;
+  start(config);
+  // A long stream holds the one place while another request arrives.
+  std::atomic<bool> streaming{false};
+  std::atomic<bool> release{false};
+  std::thread holder([&] {
+    post("/v1/completions",
+         R"({"model": "tiny", "prompt": "x", "max_tokens": 4000, "stream": true})",
+         [&](const std::string&) {
+           streaming = true;
+           return !release.load();
+         });
+  });
+  while (!streaming) std::this_thread::sleep_for(5ms);
+  const Reply refused = post("/v1/completions", R"({"model": "tiny", "prompt": "y"})");
+  release = true;
+  holder.join();
+  EXPECT_EQ(refused.status, 429);
+  EXPECT_EQ(refused.headers.find("Retry-After")->second, "1");
+  EXPECT_EQ(refused.parsed()["error"]["type"], "rate_limit_error");
+}
+
+TEST_F(ServerTest, AClientThatLeavesCancelsItsRequestAndFreesItsBlocks) {
+  start();
+  for (const bool stream : {true, false}) {
+    SCOPED_TRACE(stream ? "streamed" : "whole");
+    const double before = metric("specrun_requests_total{outcome=\"cancelled\"}");
+    const json body = {
+        {"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 4000}, {"stream", stream}};
+    if (stream) {
+      int pieces = 0;
+      post("/v1/completions", body.dump(), [&](const std::string&) { return ++pieces < 3; });
+    } else {
+      // A raw connection that sends the request and hangs up before the answer.
+      const int socket_fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in address{};
+      address.sin_family = AF_INET;
+      address.sin_port = htons(static_cast<uint16_t>(server_->port()));
+      address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ASSERT_EQ(::connect(socket_fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+      const std::string text = body.dump();
+      const std::string request =
+          "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+          "Content-Type: application/json\r\nContent-Length: " +
+          std::to_string(text.size()) + "\r\n\r\n" + text;
+      ASSERT_EQ(::send(socket_fd, request.data(), request.size(), 0),
+                static_cast<ssize_t>(request.size()));
+      std::this_thread::sleep_for(300ms);
+      ::close(socket_fd);
+    }
+    // The request stops within a heartbeat or so; its KV blocks go back.
+    for (int i = 0; i < 1000; ++i) {
+      if (metric("specrun_requests_total{outcome=\"cancelled\"}") > std::max(before, 0.0) &&
+          metric("specrun_kv_cache_tokens_used") == 0) {
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_EQ(metric("specrun_requests_total{outcome=\"cancelled\"}"), std::max(before, 0.0) + 1);
+    EXPECT_EQ(metric("specrun_kv_cache_tokens_used"), 0);
+    EXPECT_EQ(metric("specrun_requests_running"), 0);
+  }
+}
+
+TEST_F(ServerTest, DrainingLetsRequestsFinishWithinTheGraceThenStopsTheRest) {
+  start();
+  // Within the grace: the stream finishes whole.
+  std::string finished;
+  std::atomic<bool> started{false};
+  std::thread within([&] {
+    finished = post("/v1/completions",
+                    R"({"model": "tiny", "prompt": "x", "max_tokens": 200, "stream": true})",
+                    [&](const std::string&) {
+                      started = true;
+                      return true;
+                    })
+                   .body;
+  });
+  while (!started) std::this_thread::sleep_for(2ms);
+  std::thread drainer([&] { server_->drain(60s); });
+  within.join();
+  drainer.join();
+  listener_.join();
+  const std::vector<json> chunks = events(finished);
+  EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "length");
+
+  // Past the grace: the stream ends with an error event.
+  server_.reset();
+  start();
+  std::string cut;
+  started = false;
+  std::thread past([&] {
+    cut = post("/v1/completions",
+               R"({"model": "tiny", "prompt": "x", "max_tokens": 4000, "stream": true})",
+               [&](const std::string&) {
+                 started = true;
+                 return true;
+               })
+              .body;
+  });
+  while (!started) std::this_thread::sleep_for(2ms);
+  std::thread short_drain([&] { server_->drain(100ms); });
+  std::this_thread::sleep_for(20ms);
+  const Reply during = get("/health");
+  past.join();
+  short_drain.join();
+  EXPECT_EQ(during.status, 503);
+  EXPECT_EQ(during.parsed()["status"], "draining");
+  const std::vector<json> cut_chunks = events(cut);
+  ASSERT_FALSE(cut_chunks.empty());
+  EXPECT_NE(cut_chunks.back()["error"]["message"].get<std::string>().find("shutting down"),
+            std::string::npos);
+}
+
+TEST_F(ServerTest, MetricsInPrometheusTextFormat) {
+  start();
+  for (int i = 0; i < 3; ++i) {
+    post("/v1/completions", R"({"model": "tiny", "prompt": "abc", "max_tokens": 8})");
+  }
+  const Reply scrape = get("/metrics");
+  EXPECT_EQ(scrape.status, 200);
+  for (const char* name :
+       {"# TYPE specrun_requests_total counter",
+        "# TYPE specrun_time_to_first_token_seconds histogram",
+        "# TYPE specrun_inter_token_latency_seconds histogram", "specrun_requests_waiting",
+        "specrun_kv_cache_tokens_used", "specrun_acceptance_rate", "specrun_mean_accepted_length",
+        "specrun_gamma_mean", "specrun_draft_seconds_total", "specrun_target_seconds_total",
+        "specrun_speculative_steps_total", "specrun_prefix_cache_hit_rate"}) {
+    EXPECT_NE(scrape.body.find(name), std::string::npos) << name;
+  }
+  EXPECT_EQ(metric("specrun_requests_total{outcome=\"length\"}"), 3);
+  EXPECT_EQ(metric("specrun_generation_tokens_total"), 24);
+  EXPECT_EQ(metric("specrun_prompt_tokens_total"), 12);
+  EXPECT_EQ(metric("specrun_time_to_first_token_seconds_count"), 3);
+}
+
+TEST_F(ServerTest, TheOfficialOpenAiClientWorksWithIt) {
+  const std::string python = testing::venv_python();
+  if (python.empty() ||
+      testing::run_command("'" + python + "' -c 'import openai' 2>/dev/null").exit_code != 0) {
+    GTEST_SKIP() << "the openai package is not installed (tools/setup-python.sh server)";
+  }
+  start({}, true, /*with_template=*/true);
+  const testing::CommandResult check = testing::run_command(
+      "'" + python + "' '" + testing::source_path("tests/server/openai_client_check.py").string() +
+      "' http://127.0.0.1:" + std::to_string(server_->port()) + "/v1 tiny");
+  ASSERT_EQ(check.exit_code, 0) << check.stdout_text << check.stderr_text;
+  const testing::CommandResult cli = testing::run_command(
+      "'" + testing::tool_path("specrun").string() + "' --target '" + (dir_ / "target").string() +
+      "' --prompt 'def fib(n):' --temperature 0 --max-tokens 24 --ignore-eos --quiet");
+  ASSERT_EQ(cli.exit_code, 0) << cli.stderr_text;
+  EXPECT_EQ(json::parse(check.stdout_text)["greedy"].get<std::string>() + "\n", cli.stdout_text);
+}
+
+TEST(ServeCommand, TheBinaryServesAndExitsZeroOnSigint) {
+  testing::TempDir dir;
+  fixtures::GeneratorOptions options;
+  options.vocab_size = 256;
+  options.max_position_embeddings = 1024;
+  fixtures::write_random_checkpoint(options, dir / "model");
+  testing::write_file(dir / "model" / "tokenizer.json", testing::byte_tokenizer_json());
+  // A free port: one the system picks for a socket that is then closed.
+  int port = 0;
+  {
+    const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    socklen_t length = sizeof(address);
+    ASSERT_EQ(::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length), 0);
+    port = ntohs(address.sin_port);
+    ::close(probe);
+  }
+  ASSERT_GT(port, 0);
+  const std::string binary = testing::tool_path("specrun").string();
+  const std::string target = (dir / "model").string();
+  const std::string port_text = std::to_string(port);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    execl(binary.c_str(), binary.c_str(), "serve", "--target", target.c_str(), "--port",
+          port_text.c_str(), "--threads", "1", "--ignore-eos", "--model-name", "m",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  httplib::Client http("127.0.0.1", port);
+  bool ready = false;
+  for (int i = 0; i < 3000 && !ready; ++i) {
+    auto health = http.Get("/health");
+    ready = health && health->status == 200;
+    if (!ready) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(ready) << "the server never became ready";
+  // A request in flight when SIGINT arrives still completes.
+  std::string body;
+  std::atomic<bool> started{false};
+  std::thread client([&] {
+    httplib::Request request;
+    request.method = "POST";
+    request.path = "/v1/completions";
+    request.body = R"({"model": "m", "prompt": "x", "max_tokens": 300, "stream": true})";
+    request.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+      body.append(data, size);
+      started = true;
+      return true;
+    };
+    httplib::Response response;
+    httplib::Error error = httplib::Error::Success;
+    httplib::Client(("127.0.0.1"), port).send(request, response, error);
+  });
+  while (!started) std::this_thread::sleep_for(2ms);
+  kill(child, SIGINT);
+  client.join();
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(events(body).back()["choices"][0]["finish_reason"], "length");
+  EXPECT_FALSE(http.Get("/health"));  // no longer listening
+}
+
+}  // namespace
+}  // namespace specrun::server
