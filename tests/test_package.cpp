@@ -28,6 +28,18 @@ std::string sanitize_flags() {
   return sanitizers.empty() ? "" : "-fsanitize=" + sanitizers + " -fno-omit-frame-pointer";
 }
 
+// How a C program links a sanitized C++ library: with the sanitizer runtime's C++ part too (the
+// library's virtual calls are checked by UBSan's C++ handlers), which a Clang C link leaves out
+// unless asked (with the C++ library that part needs). The program is built by the library's own
+// compiler family.
+std::string c_link_flags() {
+  const std::string compiler_id = SPECRUN_CXX_COMPILER_ID;
+  const bool clang = compiler_id == "Clang";
+  return sanitize_flags() + (clang && !std::string(SPECRUN_SANITIZE).empty()
+                                 ? " -fsanitize-link-c++-runtime -lstdc++"
+                                 : "");
+}
+
 std::vector<int32_t> parse_ids(const std::string& text) {
   std::istringstream stream(text);
   std::vector<int32_t> ids;
@@ -59,9 +71,11 @@ class PackageTest : public ::testing::Test {
     const std::string cmake = quote(SPECRUN_CMAKE_COMMAND);
     return run_command(cmake + " -S " + quote(source.string()) + " -B " + quote(binary.string()) +
                        " -G " + quote(SPECRUN_CMAKE_GENERATOR) + " -DCMAKE_BUILD_TYPE=Release" +
-                       " -DCMAKE_PREFIX_PATH=" + quote(prefix().string()) + " -DCMAKE_C_FLAGS=" +
-                       quote(sanitize_flags()) + " -DCMAKE_CXX_FLAGS=" + quote(sanitize_flags()) +
-                       " && " + cmake + " --build " + quote(binary.string()));
+                       " -DCMAKE_PREFIX_PATH=" + quote(prefix().string()) + " -DCMAKE_C_COMPILER=" +
+                       quote(SPECRUN_C_COMPILER) + " -DCMAKE_C_FLAGS=" + quote(sanitize_flags()) +
+                       " -DCMAKE_EXE_LINKER_FLAGS=" + quote(c_link_flags()) +
+                       " -DCMAKE_CXX_FLAGS=" + quote(sanitize_flags()) + " && " + cmake +
+                       " --build " + quote(binary.string()));
   }
 
   std::vector<int32_t> greedy_alone(int64_t max_tokens) const {
@@ -145,8 +159,8 @@ TEST_F(PackageTest, PkgConfigGivesWhatACompilerNeeds) {
 
   const fs::path program = dir_ / "c_embed_pc";
   const CommandResult compiled =
-      run_command("cc -std=c99 -Wall -Wextra -Wpedantic -Werror " + sanitize_flags() + " -o " +
-                  quote(program.string()) + " " +
+      run_command(quote(SPECRUN_C_COMPILER) + " -std=c99 -Wall -Wextra -Wpedantic -Werror " +
+                  c_link_flags() + " -o " + quote(program.string()) + " " +
                   quote(testing::source_path("examples/c_embed/main.c").string()) + " $(" +
                   environment + "pkg-config --cflags --libs specrun)");
   ASSERT_EQ(compiled.exit_code, 0) << compiled.stdout_text << compiled.stderr_text;
