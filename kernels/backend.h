@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string_view>
 
 #include "kernels/core/dtype.h"
@@ -109,6 +110,10 @@ class Backend {
   virtual Status copy_on_device(void* device_dst, const void* device_src, size_t bytes) = 0;
   // Waits until every enqueued op has finished.
   virtual Status synchronize() = 0;
+  // Runs `work` (which enqueues ops) and reports the time the device spent on them, by the
+  // device's own clock: events around the work on a GPU's stream, so launch gaps before the first
+  // op and the host's wait afterwards stay out; a host clock on a backend whose ops run inline.
+  virtual Status time_ms(const std::function<Status()>& work, double* milliseconds) = 0;
 
   // out[t, :] = table[token_ids[t], :]
   virtual Status embedding(const EmbeddingParams& params,

@@ -294,6 +294,8 @@ TEST_F(ModelTest, ReportsShapeAndLimits) {
   const int64_t per_layer = 96 * 96 + 2 * 32 * 96 + 96 * 96 + 3 * 200 * 96 + 2 * 96;
   EXPECT_EQ(model->parameter_count(), 2 * 300 * 96 + 3 * per_layer + 96);
   EXPECT_EQ(model->weight_bytes(), 2u * (2 * 300 * 96 + 3 * per_layer + 96));  // bf16
+  // A decode step reads one row of the untied table: 300 rows less one.
+  EXPECT_EQ(model->decode_read_bytes(), 2u * (2 * 300 * 96 + 3 * per_layer + 96) - 2u * 299 * 96);
 }
 
 // The CPU backend posing as a device: memory it hands out must be written through
@@ -316,6 +318,9 @@ class DeviceLikeBackend final : public kernels::Backend {
     return cpu_.copy_on_device(dst, src, bytes);
   }
   Status synchronize() override { return cpu_.synchronize(); }
+  Status time_ms(const std::function<Status()>& work, double* milliseconds) override {
+    return cpu_.time_ms(work, milliseconds);
+  }
   Status embedding(const kernels::EmbeddingParams& p, const int32_t* ids, const void* table,
                    float* out) override {
     return cpu_.embedding(p, ids, table, out);
@@ -435,6 +440,7 @@ TEST(SyntheticModel, WeightsDependOnTheSeedAloneAndLogitsStayFinite) {
   const int64_t per_layer = 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512 + 2 * 256;
   EXPECT_EQ(first->parameter_count(), 2 * per_layer + 256 + 4096 * 256);  // tied
   EXPECT_EQ(first->weight_bytes(), 2u * static_cast<uint64_t>(first->parameter_count()));
+  EXPECT_EQ(first->decode_read_bytes(), first->weight_bytes());  // the tied head reads it all
   const std::vector<float> a = logits_of(*first), b = logits_of(*again), c = logits_of(*other);
   ASSERT_EQ(a.size(), 6u * 4096u);
   EXPECT_EQ(a, b);
@@ -448,6 +454,22 @@ TEST(SyntheticModel, WeightsDependOnTheSeedAloneAndLogitsStayFinite) {
   mean_square /= double(a.size());
   EXPECT_GT(mean_square, 1e-2);
   EXPECT_LT(mean_square, 1e4);
+}
+
+TEST(SyntheticModel, AnUntiedShapeGetsItsOwnHead) {
+  // The published 8B shape is untied: its head is a second table, which a decode step reads in
+  // full while it reads one row of the embedding.
+  auto pool = std::make_shared<kernels::cpu::ThreadPool>(2);
+  kernels::cpu::CpuBackend backend(pool);
+  ModelConfig config = synthetic_config("tiny");
+  config.tie_word_embeddings = false;
+  ModelOptions options;
+  options.kv_cache_tokens = 64;
+  const auto model = Model::synthetic(config, "synthetic tiny, untied", 9, backend, options);
+  const int64_t per_layer = 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512 + 2 * 256;
+  EXPECT_EQ(model->parameter_count(), 2 * per_layer + 256 + 2 * 4096 * 256);
+  EXPECT_EQ(model->weight_bytes(), 2u * static_cast<uint64_t>(model->parameter_count()));
+  EXPECT_EQ(model->decode_read_bytes(), model->weight_bytes() - 2u * 4095 * 256);
 }
 
 }  // namespace

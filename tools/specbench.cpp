@@ -475,6 +475,7 @@ int main(int argc, char** argv) {
     const specrun::ModelConfig& config = model->config();
 
     const uint64_t weight_bytes = model->weight_bytes();
+    const uint64_t decode_read_bytes = model->decode_read_bytes();
 
     specrun::Rng rng(7);
     std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
@@ -511,9 +512,10 @@ int main(int argc, char** argv) {
     const double prefill_tps = 1e3 * static_cast<double>(prompt_tokens) / median(prefill_ms);
     const double step_ms = median(decode_ms);
     const double decode_tps = 1e3 / step_ms;
-    const double decode_bandwidth = static_cast<double>(weight_bytes) / (step_ms / 1e3);
-    // A decode step reads every weight once: its floor is weight bytes at the read bandwidth.
-    const double floor_ms = 1e3 * static_cast<double>(weight_bytes) / bandwidth.read;
+    const double decode_bandwidth = static_cast<double>(decode_read_bytes) / (step_ms / 1e3);
+    // A decode step reads every weight once (one row of an untied embedding table): its floor is
+    // those bytes at the read bandwidth.
+    const double floor_ms = 1e3 * static_cast<double>(decode_read_bytes) / bandwidth.read;
 
     char cpu[256] = "unknown";
     {
@@ -546,6 +548,7 @@ int main(int argc, char** argv) {
                                       {"threads", pool->num_threads()},
                                       {"parameters", model->parameter_count()},
                                       {"weight_bytes", weight_bytes},
+                                      {"decode_read_bytes", decode_read_bytes},
                                       {"prompt_tokens", prompt_tokens},
                                       {"prefill_ms", median(prefill_ms)},
                                       {"prefill_tokens_per_second", prefill_tps},

@@ -1,6 +1,7 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -29,6 +30,14 @@ void* CpuBackend::allocate(size_t bytes) {
 
 void CpuBackend::deallocate(void* pointer) noexcept {
   std::free(pointer);
+}
+
+Status CpuBackend::time_ms(const std::function<Status()>& work, double* milliseconds) {
+  const auto start = std::chrono::steady_clock::now();
+  const Status status = work();
+  *milliseconds =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return status;
 }
 
 Status CpuBackend::copy_to_device(void* device_dst, const void* host_src, size_t bytes) {

@@ -295,6 +295,32 @@ Status CudaBackend::synchronize() {
   return wait_and_take_device_error("synchronize");
 }
 
+Status CudaBackend::time_ms(const std::function<Status()>& work, double* milliseconds) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  auto timed = [&]() -> Status {
+    cudaError_t error = cudaEventCreate(&start);
+    if (error == cudaSuccess) error = cudaEventCreate(&stop);
+    if (error == cudaSuccess) error = cudaEventRecord(start, stream_);
+    if (error != cudaSuccess) return cuda_error_status(error, "timing: start event");
+    if (Status status = work(); !status.is_ok()) return status;
+    error = cudaEventRecord(stop, stream_);
+    if (error == cudaSuccess) error = cudaEventSynchronize(stop);
+    float elapsed = 0.0f;
+    if (error == cudaSuccess) error = cudaEventElapsedTime(&elapsed, start, stop);
+    if (error != cudaSuccess) return cuda_error_status(error, "timing: stop event");
+    *milliseconds = elapsed;
+    return Status::ok();
+  };
+  const Status status = timed();
+  if (start != nullptr) cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  if (!status.is_ok()) return status;
+  return wait_and_take_device_error("timing");
+}
+
 Status CudaBackend::ensure_scratch(size_t bytes) {
   if (bytes <= scratch_bytes_) return Status::ok();
   // Ops already enqueued may still use the old buffer.

@@ -76,6 +76,8 @@ class CudaBackend final : public Backend {
   Status copy_on_device(void* device_dst, const void* device_src, size_t bytes) override;
   // cudaStreamSynchronize; reports a pending index-check failure.
   Status synchronize() override;
+  // Two events on the stream around the work; waits for the second.
+  Status time_ms(const std::function<Status()>& work, double* milliseconds) override;
 
   Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
                    float* out) override;

@@ -117,6 +117,12 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
   }
   count(weights_.final_norm);
   if (weights_.output.data != weights_.embedding.data) count(weights_.output);  // tied: once
+  decode_read_bytes_ = weight_bytes_;
+  if (weights_.output.data != weights_.embedding.data && config.vocab_size > 0) {
+    // Untied: a decode step reads one row of the table, not the table.
+    const uint64_t row_bytes = weights_.embedding.size_bytes / uint64_t(config.vocab_size);
+    decode_read_bytes_ -= weights_.embedding.size_bytes - row_bytes;
+  }
 
   const std::vector<float> inv_freq = rope_inverse_frequencies(config);
   inv_freq_ = DeviceBuffer(backend_, inv_freq.size() * sizeof(float), "RoPE frequencies");
@@ -223,10 +229,11 @@ void Model::write_synthetic_weights(uint64_t seed) {
     for (WeightView* view : {&l.gate_proj, &l.up_proj, &l.down_proj}) projection(*view);
   }
   gain(weights_.final_norm);
-  if (weights_.output) {
-    projection(weights_.output);
-  } else {
+  // The layout gives an untied head a shape and no data yet: the config says which it is.
+  if (checkpoint_.config.tie_word_embeddings) {
     weights_.output = weights_.embedding;
+  } else {
+    projection(weights_.output);
   }
 }
 

@@ -81,6 +81,9 @@ class Model {
   // Bytes of weights one forward reads (each bound tensor once, a tied table once): a decode
   // step's floor is this over the memory bandwidth.
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // Bytes of weights one decode step reads: every weight once, but of an untied embedding table
+  // only the row of the token it embeds. A decode step's floor is this over the memory bandwidth.
+  uint64_t decode_read_bytes() const { return decode_read_bytes_; }
 
   // Appends each sequence's tokens to the KV cache and computes logits. Batch-invariant: a
   // sequence's logits are bitwise the same whatever else shares the call. On error (unknown
@@ -108,6 +111,7 @@ class Model {
   std::unique_ptr<Workspace> workspace_;
   int64_t parameter_count_ = 0;
   uint64_t weight_bytes_ = 0;
+  uint64_t decode_read_bytes_ = 0;
 };
 
 }  // namespace specrun

@@ -164,6 +164,21 @@ TEST_F(CudaBackendTest, NameMemoryAndCopies) {
   EXPECT_TRUE(gpu_->synchronize().is_ok());
 }
 
+TEST_F(CudaBackendTest, TimesWorkByTheDeviceClockAndPassesItsErrorOn) {
+  DeviceBuffer source(*gpu_, size_t{64} << 20, "test");
+  DeviceBuffer destination(*gpu_, size_t{64} << 20, "test");
+  double ms = -1;
+  const Status timed = gpu_->time_ms(
+      [&] { return gpu_->copy_on_device(destination.data(), source.data(), size_t{64} << 20); },
+      &ms);
+  ASSERT_TRUE(timed.is_ok()) << timed.to_string();
+  EXPECT_GT(ms, 0.0);  // 128 MiB of traffic takes some microseconds on any device
+  EXPECT_TRUE(std::isfinite(ms));
+  const Status failed = gpu_->time_ms([] { return Status::invalid_argument("planted"); }, &ms);
+  EXPECT_EQ(failed.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(gpu_->synchronize().is_ok());
+}
+
 TEST_F(CudaBackendTest, LargeUploadsThroughTheStagingBuffersArriveWhole) {
   // 100 MiB and a ragged tail: several staging chunks, both buffers reused; the source is
   // overwritten as soon as each upload returns, which must not reach the device.
