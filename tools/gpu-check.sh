@@ -1,47 +1,96 @@
 #!/usr/bin/env bash
 # The GPU checks in one place, for a machine with an NVIDIA GPU (sm_90: H100, H200) and the CUDA
-# toolkit: build, the GPU tests, compute-sanitizer memcheck on them, and the device benchmarks the
-# CUDA backend is judged by. Logs go to $OUT when it is set, else to gpu-check-logs/.
+# toolkit: build, the GPU tests, compute-sanitizer (memcheck on every GPU test binary, racecheck
+# and synccheck on the attention and sampling kernels), and the device benchmarks the CUDA backend
+# is judged by. Logs go to $OUT when it is set (one archive and the benchmark JSON), else to
+# gpu-check-logs/.
 #
-#   tools/gpu-check.sh build|test|sanitize|bench|all
+#   tools/gpu-check.sh build|test|sanitize|bench|profile|all   build there, then check
+#   tools/gpu-check.sh pack                              here: binaries for sm_90 into gpu-carry/
+#   tools/gpu-check.sh carried                           there: test, sanitize, bench on gpu-carry/
 #
-# Where the machine reaches no package registry, stage the Debian packages first on one that does
-# (from the project root), and take .deps along:
+# Device time is short and a 16-core build still costs minutes of it, so the usual path is to
+# build here (same nvcc, sm_90), `pack`, carry gpu-carry/ along and run `carried` there. The pack
+# holds the GPU test binaries, specbench, the shared libraries Debian gives them (spdlog, fmt,
+# PCRE2, utf8proc; cuBLAS is the machine's own) and the Hugging Face references, compressed.
+#
+# Where the machine must build and reaches no package registry, stage the Debian packages first on
+# one that does (from the project root), and take .deps along:
 #   ../shared/offline/stage-deps.sh $(tools/gpu-check.sh packages)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 nlohmann-json3-dev libcli11-dev
   libtomlplusplus-dev libtomlplusplus3 libgtest-dev libgmock-dev libpcre2-dev libpcre2-8-0
-  libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2)
+  libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2 libcpp-httplib-dev
+  prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0)
 stage=${1:-all}
 if [[ $stage == packages ]]; then
   echo "${packages[*]}"
   exit 0
 fi
 
-logs=${OUT:-gpu-check-logs}
-mkdir -p "$logs"
+gpu_tests=(test_cuda_device test_cuda_backend test_cuda_sampling test_cuda_engine
+  test_cuda_hf_conformance)
 build=${SPECRUN_BUILD_DIR:-build-gpu}
+
+if [[ $stage == pack ]]; then
+  # Here, after `cmake --build <build> --target ${gpu_tests[*]} specbench` with
+  # SPECRUN_CUDA_ARCHITECTURES=90: SPECRUN_BUILD_DIR names that build.
+  rm -rf gpu-carry && mkdir -p gpu-carry/pack/tests gpu-carry/pack/bin gpu-carry/pack/lib
+  for test in "${gpu_tests[@]}"; do cp "$build/tests/$test" gpu-carry/pack/tests/; done
+  cp "$build/bin/specbench" gpu-carry/pack/bin/
+  for binary in gpu-carry/pack/tests/* gpu-carry/pack/bin/*; do
+    ldd "$binary" | awk '/=> \// {print $3}'
+  done | sort -u | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so|ld-linux|libcublas' |
+    xargs -I{} cp -L {} gpu-carry/pack/lib/
+  ls gpu-carry/pack/lib
+  if grep -qx ok "$build/hf_reference/status.txt" 2>/dev/null; then
+    cp -r "$build/hf_reference" gpu-carry/pack/hf_reference
+  fi
+  tar -C gpu-carry -cJf gpu-carry/pack.tar.xz pack && rm -rf gpu-carry/pack
+  du -h gpu-carry/pack.tar.xz
+  exit 0
+fi
+
+logs=${OUT:+$(mktemp -d)/logs}
+logs=${logs:-gpu-check-logs}
+mkdir -p "$logs"
+bin_root=$build
+if [[ $stage == carried ]]; then
+  unpacked=$(mktemp -d)
+  tar -C "$unpacked" -xJf gpu-carry/pack.tar.xz
+  bin_root=$unpacked/pack
+  export LD_LIBRARY_PATH="$bin_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if [[ -d $bin_root/hf_reference ]]; then export SPECRUN_HF_REFERENCE_DIR=$bin_root/hf_reference; fi
+  # cuBLAS from the machine's toolkit, or from the Python wheels where the toolkit lacks it.
+  cublas=$(find /usr/local/cuda/ /usr/local/cuda*/ /opt /usr/lib -name 'libcublas.so.13*' \
+    -print -quit 2>/dev/null || true)
+  if [[ -n $cublas ]]; then export LD_LIBRARY_PATH="$(dirname "$cublas"):$LD_LIBRARY_PATH"; fi
+  echo "cuBLAS: ${cublas:-not found}"
+fi
 prefix=()
 if [[ -d .deps/root/usr ]]; then
   prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
   export LD_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+if ! command -v compute-sanitizer >/dev/null; then
+  sanitizer=$(find /usr/local/cuda/bin /usr/local/cuda /opt -name compute-sanitizer -type f \
+    -print -quit 2>/dev/null || true)
+  if [[ -n $sanitizer ]]; then export PATH="$PATH:$(dirname "$sanitizer")"; fi
+fi
 if [[ -z ${CUDACXX:-} ]]; then
   CUDACXX=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   export CUDACXX
 fi
-gpu_tests=(test_cuda_device test_cuda_backend test_cuda_sampling test_cuda_engine
-  test_cuda_hf_conformance)
-# The Hugging Face references (tests/reference/hf_reference.py) need torch, which a machine
-# without PyPI lacks: made elsewhere (any ctest run of test_hf_conformance writes them to
-# build/hf_reference; take that folder along), they are used from here when present.
-hf_reference=${SPECRUN_HF_REFERENCE_DIR:-$PWD/build/hf_reference}
-if grep -qx ok "$hf_reference/status.txt" 2>/dev/null; then
-  export SPECRUN_HF_REFERENCE_DIR=$hf_reference
-else
-  unset SPECRUN_HF_REFERENCE_DIR
+# The Hugging Face references (tests/reference/hf_reference.py) need torch: made elsewhere (any
+# ctest run of test_hf_conformance writes them to build/hf_reference), they are used from here
+# when present.
+if [[ -z ${SPECRUN_HF_REFERENCE_DIR:-} ]]; then
+  hf_reference=$PWD/build/hf_reference
+  if grep -qx ok "$hf_reference/status.txt" 2>/dev/null; then
+    export SPECRUN_HF_REFERENCE_DIR=$hf_reference
+  fi
 fi
 
 build_all() {
@@ -55,65 +104,148 @@ build_all() {
   echo "build: ok ($build)"
 }
 
+# Each GPU test binary at once (one GPU holds them all), each bounded in time.
+run_gpu_tests() {
+  local status=0 test
+  nvidia-smi >"$logs/nvidia-smi.txt" 2>&1 || true
+  lscpu >"$logs/lscpu.txt" 2>&1 || true
+  for test in "${gpu_tests[@]}"; do
+    (rc=0
+      timeout "${TEST_TIMEOUT:-150}" "$bin_root/tests/$test" >"$logs/test-$test.txt" 2>&1 || rc=$?
+      echo "exit $rc" >>"$logs/test-$test.txt") &
+  done
+  wait
+  for test in "${gpu_tests[@]}"; do
+    local last
+    last=$(tail -n 1 "$logs/test-$test.txt")
+    [[ $last == "exit 0" ]] || status=1
+    printf '%-26s %s; %s\n' "$test" "$last" \
+      "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$logs/test-$test.txt" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \] [A-Za-z]|Failure$|^\[ hf cuda \]' "$logs/test-$test.txt" |
+      head -n 30 || true
+  done
+  return $status
+}
+
 run_tests() {
-  # The GPU tests, then the rest of the suite on the same build (the CPU reference must still hold).
   local status=0
-  ctest --test-dir "$build" -L gpu --output-on-failure -j 4 >"$logs/gpu-tests.txt" 2>&1 || status=1
-  tail -n 5 "$logs/gpu-tests.txt"
-  # ctest points this suite at the build's own references, which need torch here: run it on the
-  # ones brought along.
-  if [[ -n ${SPECRUN_HF_REFERENCE_DIR:-} ]]; then
-    "$build/tests/test_cuda_hf_conformance" >"$logs/gpu-hf-conformance.txt" 2>&1 || status=1
-    grep -E "^\[ hf cuda \]|PASSED|FAILED" "$logs/gpu-hf-conformance.txt" | tail -n 24
-  else
-    echo "no Hugging Face references at $hf_reference: test_cuda_hf_conformance skipped"
+  run_gpu_tests || status=1
+  # The rest of the suite on the same build (the CPU reference must still hold).
+  if [[ $stage != carried ]]; then
+    ctest --test-dir "$build" -LE gpu -j "$(nproc)" >"$logs/cpu-tests.txt" 2>&1 || status=1
+    tail -n 3 "$logs/cpu-tests.txt"
   fi
-  ctest --test-dir "$build" -LE gpu -j "$(nproc)" >"$logs/cpu-tests.txt" 2>&1 || status=1
-  tail -n 3 "$logs/cpu-tests.txt"
   return $status
 }
 
 sanitize() {
-  local status=0
-  : >"$logs/sanitizer.txt"
-  for test in "${gpu_tests[@]}"; do
-    echo "=== compute-sanitizer memcheck $test" >>"$logs/sanitizer.txt"
-    # memcheck slows kernels by one or two orders of magnitude: a bound keeps one slow binary
-    # from taking the whole session (a timeout shows as exit 124 in the log).
-    timeout "${SANITIZER_TIMEOUT:-240}" compute-sanitizer --tool memcheck --error-exitcode 3 \
-      --leak-check full "$build/tests/$test" --gtest_brief=1 >>"$logs/sanitizer.txt" 2>&1 ||
-      { echo "exit $?" >>"$logs/sanitizer.txt"; status=1; }
+  local status=0 name
+  local runs=()
+  for test in "${gpu_tests[@]}"; do runs+=("memcheck $test *"); done
+  for tool in racecheck synccheck; do
+    runs+=("$tool test_cuda_backend *Attention*:*Rope*:*Matmul*" "$tool test_cuda_sampling *")
   done
-  grep -E "^=== |ERROR SUMMARY|PASSED|FAILED|^exit " "$logs/sanitizer.txt" | tail -n 24
+  for run in "${runs[@]}"; do
+    read -r tool test filter <<<"$run"
+    name="$logs/sanitizer-$tool-$test.txt"
+    local extra=()
+    [[ $tool == memcheck ]] && extra=(--leak-check full)
+    # A sanitizer slows kernels by one or two orders of magnitude: a bound keeps one slow binary
+    # from taking the whole session (a timeout shows as exit 124 in the log).
+    (rc=0
+      timeout "${SANITIZER_TIMEOUT:-200}" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+        "${extra[@]}" "$bin_root/tests/$test" --gtest_brief=1 --gtest_filter="$filter" \
+        >"$name" 2>&1 || rc=$?
+      echo "exit $rc" >>"$name") &
+  done
+  wait
+  for run in "${runs[@]}"; do
+    read -r tool test filter <<<"$run"
+    name="$logs/sanitizer-$tool-$test.txt"
+    [[ $(tail -n 1 "$name") == "exit 0" ]] || status=1
+    printf '%-10s %-26s %s; %s\n' "$tool" "$test" "$(tail -n 1 "$name")" \
+      "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$name" | tail -n 1)"
+  done
   return $status
 }
 
 bench() {
   # The 8B shape with the 1B draft: decode against the floor, verification 2..16, prefill of 2048
-  # tokens, the draft's step and end-to-end generation; then the same in deterministic mode, for
-  # its cost.
-  "$build/bin/specbench" --synthetic llama-3.1-8b --synthetic-draft llama-3.2-1b --device cuda \
-    --json "$logs/bench-8b.json" 2>&1 | tee "$logs/bench-8b.txt"
-  "$build/bin/specbench" --synthetic llama-3.1-8b --synthetic-draft "" --device cuda \
-    --deterministic --json "$logs/bench-8b-deterministic.json" 2>&1 |
-    tee "$logs/bench-8b-deterministic.txt"
+  # tokens, the draft's step and end-to-end generation; then the target alone in deterministic
+  # mode, for its cost.
+  local status=0
+  timeout "${BENCH_TIMEOUT:-200}" "$bin_root/bin/specbench" --synthetic llama-3.1-8b \
+    --synthetic-draft llama-3.2-1b --device cuda --json "$logs/bench-8b.json" \
+    >"$logs/bench-8b.txt" 2>&1 || status=1
+  timeout "${BENCH_TIMEOUT:-200}" "$bin_root/bin/specbench" --synthetic llama-3.1-8b \
+    --synthetic-draft "" --device cuda --deterministic --json "$logs/bench-8b-deterministic.json" \
+    >"$logs/bench-8b-deterministic.txt" 2>&1 || status=1
+  cat "$logs/bench-8b.txt" "$logs/bench-8b-deterministic.txt" | grep -v '^specbench: writing'
+  return $status
 }
+
+# Where a decode or verification step's time goes: Nsight Compute's duration of every kernel in a
+# window of launches, one window among the 8B target's batch-1 decode steps and one among its
+# 5-token verification steps, under specbench's default options (a step is about 500 launches: the
+# CSV names each kernel, so a window that drifted shows). Clocks are left as they are.
+profile() {
+  local ncu
+  ncu=$(command -v ncu || find /usr/local/cuda/bin /opt/nvidia -name ncu -type f -print -quit \
+    2>/dev/null || true)
+  if [[ -z $ncu ]]; then
+    echo "profile: no ncu on this machine"
+    return 1
+  fi
+  local window status=0
+  local windows=()
+  IFS=, read -r -a windows <<<"${PROFILE_WINDOWS:-decode 3000,verify5 42000}"
+  for window in "${windows[@]}"; do
+    read -r what skip <<<"$window"
+    timeout "${PROFILE_TIMEOUT:-150}" "$ncu" --clock-control none --metrics gpu__time_duration.sum \
+      --csv --print-units base --launch-skip "$skip" --launch-count "${PROFILE_LAUNCHES:-1500}" \
+      "$bin_root/bin/specbench" --synthetic llama-3.1-8b --synthetic-draft "" --device cuda \
+      >"$logs/ncu-$what.csv" 2>"$logs/ncu-$what.err" || status=1
+    echo "ncu $what: $(grep -c gpu__time_duration "$logs/ncu-$what.csv") kernels"
+    python3 tools/ncu_step_breakdown.py "$logs/ncu-$what.csv" --json "$logs/ncu-$what.json" ||
+      status=1
+  done
+  return $status
+}
+
+finish() {
+  if [[ -n ${OUT:-} ]]; then
+    cp "$logs"/bench-*.json "$logs"/ncu-*.json "$OUT"/ 2>/dev/null || true
+    tar -C "$(dirname "$logs")" -czf "$OUT/gpu-check-logs.tar.gz" logs
+  fi
+}
+trap finish EXIT
 
 case $stage in
   build) build_all ;;
   test) run_tests ;;
   sanitize) sanitize ;;
   bench) bench ;;
-  all)
-    build_all
+  profile) profile ;;
+  all | carried)
+    # `carried test sanitize` runs those steps alone. The benchmark comes before the sanitizers:
+    # its figures are the ones a slow sanitizer must not cost.
     status=0
-    run_tests || status=1
-    sanitize || status=1
-    bench || status=1
+    if [[ $stage == all ]]; then build_all; fi
+    steps=("${@:2}")
+    [[ ${#steps[@]} -gt 0 ]] || steps=(test bench sanitize)
+    for step in "${steps[@]}"; do
+      case $step in
+        test) run_tests || status=1 ;;
+        bench) bench || status=1 ;;
+        sanitize) sanitize || status=1 ;;
+        profile) profile || status=1 ;;
+        *) echo "unknown step $step" >&2; exit 2 ;;
+      esac
+    done
     exit $status
     ;;
   *)
-    echo "usage: $0 build|test|sanitize|bench|all|packages" >&2
+    echo "usage: $0 build|test|sanitize|bench|profile|all|pack|carried|packages" >&2
     exit 2
     ;;
 esac

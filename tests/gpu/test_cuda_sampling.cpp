@@ -75,6 +75,7 @@ class DeviceArray {
     if (!host.empty()) {
       check_cuda(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
                  "upload");
+      settle();
     }
   }
   ~DeviceArray() { cudaFree(data_); }
@@ -84,7 +85,10 @@ class DeviceArray {
   T* get() const { return data_; }
   // Fills every byte with 0xff first, so that an element a kernel forgets to write shows up (as
   // -1 for integers, NaN for floats).
-  void poison() { check_cuda(cudaMemset(data_, 0xff, count_ * sizeof(T)), "cudaMemset"); }
+  void poison() {
+    check_cuda(cudaMemset(data_, 0xff, count_ * sizeof(T)), "cudaMemset");
+    settle();
+  }
   std::vector<T> download() const {
     std::vector<T> host(count_);
     if (count_ > 0) {
@@ -95,6 +99,12 @@ class DeviceArray {
   }
 
  private:
+  // cudaMemset and a pageable upload run on the legacy default stream, which does not order work
+  // on the tests' non-blocking streams: without this wait, a kernel could run before its input
+  // arrived or before the poison, whose late 0xff bytes then overwrite its output (seen on an
+  // H200 as a row status of -1 when the test binaries ran side by side).
+  static void settle() { check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
   size_t count_;
   T* data_ = nullptr;
 };
