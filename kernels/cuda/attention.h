@@ -12,7 +12,7 @@
 // tile maximum and sum by warp butterflies, rescales its running state and accumulates P @ V with
 // one channel (of 32) per lane.
 //
-// Splits. The context is cut at fixed multiples of kAttentionSplitPositions (256) positions. Each
+// Splits. The context is cut at fixed multiples of kAttentionSplitPositions (64) positions. Each
 // pair reduces each split it sees into (max, sum, unnormalised output) and merges the splits in
 // increasing order with one fixed formula. Either one block walks all splits of its pairs and
 // merges them in registers, or (when the grid would otherwise be small, as in decode and
@@ -43,7 +43,7 @@
 
 namespace specrun::kernels::cuda {
 
-inline constexpr int64_t kAttentionSplitPositions = 256;
+inline constexpr int64_t kAttentionSplitPositions = 64;
 inline constexpr int64_t kAttentionMaxHeadDim = 256;
 
 // What the backend owns and lends to the launch.

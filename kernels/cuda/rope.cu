@@ -1,5 +1,6 @@
 #include "kernels/cuda/rope.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace specrun::kernels::cuda {
@@ -42,7 +43,10 @@ __device__ __forceinline__ void rotate_pair(float* head, int64_t i, int64_t half
   *second_index = b;
 }
 
-// blockIdx.x: token. Dynamic shared memory: [2, half] floats, the token's cos and sin.
+// blockIdx.x: token; blockIdx.y: a slice of the token's rotations (and cache copies), striding by
+// the grid's width in y so that one token's work spreads over several multiprocessors (a decode
+// step has one token). Each block computes the token's angles for itself. Dynamic shared memory:
+// [2, half] floats, the token's cos and sin.
 __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs args) {
   extern __shared__ float angles[];  // [2, half]
   const int64_t token = blockIdx.x;
@@ -61,7 +65,9 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs args) {
   // Work item e = head * half + i: consecutive threads take consecutive pairs of one head, so the
   // rotate-half loads of a warp are contiguous and the interleaved ones nearly so.
   float* q_row = args.q + token * args.num_heads * args.head_dim;  // [num_heads, head_dim]
-  for (int64_t e = threadIdx.x; e < args.num_heads * half; e += kThreads) {
+  const int64_t first = blockIdx.y * kThreads + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.y) * kThreads;
+  for (int64_t e = first; e < args.num_heads * half; e += stride) {
     const int64_t head = e / half;
     const int64_t i = e % half;
     int64_t a, b;
@@ -77,12 +83,12 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs args) {
   if (args.k_cache != nullptr) {
     slot = args.slots[token];
     store = slot >= 0 && slot < args.num_slots;
-    if (!store && threadIdx.x == 0) {
+    if (!store && threadIdx.x == 0 && blockIdx.y == 0) {
       report_device_error(args.errors, DeviceCheck::kSlot, token, slot, args.num_slots);
     }
   }
   float* k_target = store ? args.k_cache + slot * kv_row : nullptr;  // [num_kv_heads, head_dim]
-  for (int64_t e = threadIdx.x; e < args.num_kv_heads * half; e += kThreads) {
+  for (int64_t e = first; e < args.num_kv_heads * half; e += stride) {
     const int64_t head = e / half;
     const int64_t i = e % half;
     int64_t a, b;
@@ -97,7 +103,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs args) {
   if (store) {
     const float* v_row = args.v + token * kv_row;  // [num_kv_heads, head_dim]
     float* v_target = args.v_cache + slot * kv_row;
-    for (int64_t c = threadIdx.x; c < kv_row; c += kThreads) v_target[c] = v_row[c];
+    for (int64_t c = first; c < kv_row; c += stride) v_target[c] = v_row[c];
   }
 }
 
@@ -148,7 +154,12 @@ Status check_rope_shape(const RopeParams& params) {
 
 Status launch_rope_kernel(const RopeArgs& args, int64_t num_tokens, cudaStream_t stream) {
   const size_t shared_bytes = static_cast<size_t>(args.head_dim) * sizeof(float);  // 2 * half
-  rope_kernel<<<static_cast<unsigned>(num_tokens), kThreads, shared_bytes, stream>>>(args);
+  // Enough slices for the query rotations of one token, at most 16: one thread per rotation.
+  const int64_t rotations = args.num_heads * (args.head_dim / 2);
+  const auto slices =
+      static_cast<unsigned>(std::clamp<int64_t>((rotations + kThreads - 1) / kThreads, 1, 16));
+  const dim3 grid(static_cast<unsigned>(num_tokens), slices);
+  rope_kernel<<<grid, kThreads, shared_bytes, stream>>>(args);
   return launch_status("rope kernel");
 }
 
