@@ -37,12 +37,23 @@ struct RmsNormParams {
 };
 
 // out[rows, out_features] = x[rows, in_features] @ weight[out_features, in_features]^T + bias
+//
+// A quantized weight (FP8, INT8) holds codes: weight[o, i] = code[o, i] * scale, where the scale of
+// (o, i) is scales[(o / scale_block_rows) * scale_grid_columns() + i / scale_block_cols]. Per
+// output channel: blocks of 1 x in_features; per tensor: out_features x in_features; block-wise
+// FP8 checkpoints: 128 x 128. scale_block_cols is a multiple of 16 or at least in_features.
 struct MatmulParams {
-  int64_t rows;          // activation rows (tokens); 1 for decode, gamma + 1 for verification
-  int64_t in_features;   // reduction length
-  int64_t out_features;  // weight rows
-  DType weight_dtype;    // storage dtype of the weight
-  DType bias_dtype;      // storage dtype of the bias; ignored when bias is null
+  int64_t rows;                  // activation rows (tokens); 1 for decode, gamma + 1 to verify
+  int64_t in_features;           // reduction length
+  int64_t out_features;          // weight rows
+  DType weight_dtype;            // storage dtype of the weight
+  DType bias_dtype;              // storage dtype of the bias; ignored when bias is null
+  int64_t scale_block_rows = 0;  // quantized weights: output rows sharing a scale
+  int64_t scale_block_cols = 0;  // quantized weights: input columns sharing a scale
+
+  int64_t scale_grid_columns() const {
+    return (in_features + scale_block_cols - 1) / scale_block_cols;
+  }
 };
 
 // Which pairs of channels a rotation mixes.
@@ -128,10 +139,12 @@ class Backend {
                          float* out) = 0;     // [rows, dim]
 
   virtual Status matmul(const MatmulParams& params,
-                        const float* x,      // [rows, in_features]
-                        const void* weight,  // [out_features, in_features] weight_dtype
-                        const void* bias,    // [out_features] bias_dtype, or null
-                        float* out) = 0;     // [rows, out_features]; must not alias x
+                        const float* x,              // [rows, in_features]
+                        const void* weight,          // [out_features, in_features] weight_dtype
+                        const float* weight_scales,  // the scale grid of a quantized weight, or
+                                                     // null for the others
+                        const void* bias,            // [out_features] bias_dtype, or null
+                        float* out) = 0;             // [rows, out_features]; must not alias x
 
   // Rotates q and k in place by position * inv_freq.
   virtual Status rope(const RopeParams& params,

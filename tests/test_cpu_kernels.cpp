@@ -7,6 +7,8 @@
 // use that bound per element, with the reference in double standing in for the exact value.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -101,7 +103,7 @@ TEST_P(CpuKernels, MatmulMatchesReferenceForEveryDtypeAndShape) {
       for (const bool with_bias : {false, true}) {
         std::vector<float> out(rows * out_features);
         ASSERT_TRUE(matmul({rows, in, out_features, dtype, dtype}, x.data(), weight.data(dtype),
-                           with_bias ? bias.data(dtype) : nullptr, out.data(), pool_)
+                           nullptr, with_bias ? bias.data(dtype) : nullptr, out.data(), pool_)
                         .is_ok());
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t f = 0; f < out_features; ++f) {
@@ -130,20 +132,168 @@ TEST_P(CpuKernels, MatmulIsBatchInvariantBitwise) {
   const StoredTensor weight = store(random_floats(out_features * in, 8), DType::kBF16);
   std::vector<float> all(rows * out_features);
   ASSERT_TRUE(matmul({rows, in, out_features, DType::kBF16, DType::kF32}, x.data(),
-                     weight.data(DType::kBF16), nullptr, all.data(), pool_)
+                     weight.data(DType::kBF16), nullptr, nullptr, all.data(), pool_)
                   .is_ok());
   for (int64_t batch = 1; batch <= rows; ++batch) {
     for (int64_t first = 0; first + batch <= rows; first += batch) {
       std::vector<float> part(batch * out_features);
       ASSERT_TRUE(matmul({batch, in, out_features, DType::kBF16, DType::kF32},
-                         x.data() + first * in, weight.data(DType::kBF16), nullptr, part.data(),
-                         pool_)
+                         x.data() + first * in, weight.data(DType::kBF16), nullptr, nullptr,
+                         part.data(), pool_)
                       .is_ok());
       ASSERT_EQ(0, std::memcmp(part.data(), all.data() + first * out_features,
                                part.size() * sizeof(float)))
           << "rows " << first << ".." << first + batch;
     }
   }
+}
+
+// ---- quantized weights -------------------------------------------------------------------------
+
+// A quantized weight for the tests: random codes of `dtype` and a scale grid of blocks
+// block_rows x block_cols, and the weights they stand for (code value times scale, rounded to f32
+// as the kernel rounds it).
+struct QuantizedTensor {
+  std::vector<uint8_t> codes;  // [rows, columns]
+  std::vector<float> scales;   // the grid
+  std::vector<float> weights;  // [rows, columns] what the kernel multiplies by
+  MatmulParams params(int64_t batch) const { return params_with(batch); }
+  MatmulParams params_with(int64_t batch) const {
+    return {batch, columns, rows, dtype, DType::kF32, block_rows, block_cols};
+  }
+  DType dtype;
+  int64_t rows, columns, block_rows, block_cols;
+};
+
+QuantizedTensor quantized(DType dtype, int64_t rows, int64_t columns, int64_t block_rows,
+                          int64_t block_cols, uint64_t seed) {
+  QuantizedTensor t{{}, {}, {}, dtype, rows, columns, block_rows, block_cols};
+  Rng rng(seed);
+  const MatmulParams p = t.params(1);
+  const int64_t grid_rows = (rows + block_rows - 1) / block_rows;
+  for (int64_t i = 0; i < grid_rows * p.scale_grid_columns(); ++i) {
+    t.scales.push_back(static_cast<float>(0.001 + 0.02 * rng.uniform()));
+  }
+  for (int64_t o = 0; o < rows; ++o) {
+    for (int64_t i = 0; i < columns; ++i) {
+      uint8_t code;
+      if (dtype == DType::kI8) {
+        code = static_cast<uint8_t>(static_cast<int8_t>(static_cast<int>(rng.next() % 255) - 127));
+      } else {
+        do code = static_cast<uint8_t>(rng.next() % 256);
+        while ((code & 0x7f) == 0x7f);  // no NaN codes
+      }
+      t.codes.push_back(code);
+      const float scale = t.scales[(o / block_rows) * p.scale_grid_columns() + i / block_cols];
+      const float value =
+          dtype == DType::kI8 ? static_cast<float>(static_cast<int8_t>(code)) : f8e4m3_to_f32(code);
+      t.weights.push_back(value * scale);
+    }
+  }
+  return t;
+}
+
+TEST(Fp8, EveryCodeDecodesExactlyAndRoundTrips) {
+  for (int code = 0; code < 256; ++code) {
+    const int sign = code >> 7, exponent = (code >> 3) & 0xf, mantissa = code & 7;
+    const float value = f8e4m3_to_f32(static_cast<uint8_t>(code));
+    if ((code & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(value)) << code;
+      EXPECT_EQ(f32_to_f8e4m3(value) & 0x7f, 0x7f);
+      continue;
+    }
+    // E4M3: bias 7; exponent 0 is subnormal (mantissa / 8 * 2^-6).
+    const double magnitude = exponent == 0 ? std::ldexp(mantissa / 8.0, -6)
+                                           : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
+    EXPECT_EQ(value, sign ? -magnitude : magnitude) << "code " << code;
+    EXPECT_EQ(f32_to_f8e4m3(value), sign && magnitude == 0 ? 0x80 : code) << "code " << code;
+  }
+  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(f32_to_f8e4m3(1e9f), 0x7e);  // saturates
+  EXPECT_EQ(f32_to_f8e4m3(-500.0f), 0xfe);
+  EXPECT_EQ(f32_to_f8e4m3(1.0625f), 0x38);     // halfway between 1 and 1.125: to even (1)
+  EXPECT_EQ(f32_to_f8e4m3(1.1875f), 0x3a);     // halfway between 1.125 and 1.25: to even (1.25)
+  EXPECT_EQ(f32_to_f8e4m3(0x1.0p-10f), 0x00);  // half the smallest subnormal: to even (0)
+  EXPECT_EQ(f32_to_f8e4m3(0x1.8p-10f), 0x01);  // three quarters: up
+}
+
+TEST_P(CpuKernels, QuantizedMatmulMatchesReference) {
+  // Every scale layout: per output channel, per tensor, 128 x 128 blocks (the block-wise FP8
+  // checkpoints') and small 2 x 32 blocks; lengths with and without a tail.
+  struct Layout {
+    int64_t block_rows, block_cols;
+  };
+  for (const DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    for (const auto& shape :
+         std::vector<std::array<int64_t, 3>>{{1, 64, 7}, {5, 83, 9}, {17, 300, 130}}) {
+      const int64_t rows = shape[0], in = shape[1], out_features = shape[2];
+      for (const Layout layout :
+           {Layout{1, in}, Layout{out_features, in}, Layout{128, 128}, Layout{2, 32}}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + std::to_string(rows) + "x" +
+                     std::to_string(in) + "x" + std::to_string(out_features) + " blocks " +
+                     std::to_string(layout.block_rows) + "x" + std::to_string(layout.block_cols));
+        const QuantizedTensor w =
+            quantized(dtype, out_features, in, layout.block_rows, layout.block_cols, 31 + in);
+        const std::vector<float> x = random_floats(rows * in, 32);
+        const std::vector<float> bias = random_floats(out_features, 33);
+        std::vector<float> out(rows * out_features);
+        ASSERT_TRUE(matmul(w.params(rows), x.data(), w.codes.data(), w.scales.data(), bias.data(),
+                           out.data(), pool_)
+                        .is_ok());
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t f = 0; f < out_features; ++f) {
+            double expected = bias[f], magnitude = std::abs(bias[f]);
+            for (int64_t i = 0; i < in; ++i) {
+              const double term = double(x[r * in + i]) * w.weights[f * in + i];
+              expected += term;
+              magnitude += std::abs(term);
+            }
+            ASSERT_NEAR(out[r * out_features + f], expected, (in + 2) * kUnitRoundoff * magnitude)
+                << "row " << r << " feature " << f;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(CpuKernels, QuantizedMatmulIsBatchInvariantBitwise) {
+  const int64_t rows = 11, in = 96, out_features = 21;
+  const std::vector<float> x = random_floats(rows * in, 34);
+  for (const DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    const QuantizedTensor w = quantized(dtype, out_features, in, 1, in, 35);
+    std::vector<float> all(rows * out_features);
+    ASSERT_TRUE(matmul(w.params(rows), x.data(), w.codes.data(), w.scales.data(), nullptr,
+                       all.data(), pool_)
+                    .is_ok());
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<float> one(out_features);
+      ASSERT_TRUE(matmul(w.params(1), x.data() + r * in, w.codes.data(), w.scales.data(), nullptr,
+                         one.data(), pool_)
+                      .is_ok());
+      ASSERT_EQ(0,
+                std::memcmp(one.data(), all.data() + r * out_features, one.size() * sizeof(float)))
+          << dtype_name(dtype) << " row " << r;
+    }
+  }
+}
+
+TEST_P(CpuKernels, QuantizedMatmulRefusesMissingOrMisshapedScales) {
+  const QuantizedTensor w = quantized(DType::kI8, 4, 64, 1, 64, 36);
+  const std::vector<float> x(64, 1.0f);
+  std::vector<float> out(4);
+  EXPECT_EQ(
+      matmul(w.params(1), x.data(), w.codes.data(), nullptr, nullptr, out.data(), pool_).code(),
+      StatusCode::kInvalidArgument);
+  MatmulParams odd = w.params(1);
+  odd.scale_block_cols = 24;  // not whole 16-column groups
+  EXPECT_EQ(
+      matmul(odd, x.data(), w.codes.data(), w.scales.data(), nullptr, out.data(), pool_).code(),
+      StatusCode::kInvalidArgument);
+  // Embeddings and norms stay unquantized.
+  const int32_t token[] = {0};
+  EXPECT_EQ(embedding({1, 4, 64, DType::kI8}, token, w.codes.data(), out.data(), pool_).code(),
+            StatusCode::kUnsupported);
 }
 
 TEST(CpuKernelsThreads, MatmulIsThreadCountInvariantBitwise) {
@@ -155,7 +305,7 @@ TEST(CpuKernelsThreads, MatmulIsThreadCountInvariantBitwise) {
     ThreadPool pool(threads);
     std::vector<float> out(rows * out_features);
     ASSERT_TRUE(matmul({rows, in, out_features, DType::kF16, DType::kF32}, x.data(),
-                       weight.data(DType::kF16), nullptr, out.data(), pool)
+                       weight.data(DType::kF16), nullptr, nullptr, out.data(), pool)
                     .is_ok());
     if (reference.empty()) reference = out;
     ASSERT_EQ(0, std::memcmp(out.data(), reference.data(), out.size() * sizeof(float)))

@@ -329,9 +329,9 @@ class DeviceLikeBackend final : public kernels::Backend {
                  float* out) override {
     return cpu_.rmsnorm(p, x, w, out);
   }
-  Status matmul(const kernels::MatmulParams& p, const float* x, const void* w, const void* bias,
-                float* out) override {
-    return cpu_.matmul(p, x, w, bias, out);
+  Status matmul(const kernels::MatmulParams& p, const float* x, const void* w, const float* scales,
+                const void* bias, float* out) override {
+    return cpu_.matmul(p, x, w, scales, bias, out);
   }
   Status rope(const kernels::RopeParams& p, const int32_t* positions, const float* inv_freq,
               float* q, float* k) override {

@@ -1,10 +1,13 @@
 // Storage types of weights and their conversions. Activations are always f32; weights stay in
-// their stored dtype and are widened on the fly.
+// their stored dtype and are widened on the fly. The 8-bit types are quantized: an element is a
+// code that a scale (per output channel, per block, or per tensor; see MatmulParams) turns back
+// into the weight, so only matmul weights take them.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string_view>
 
@@ -14,6 +17,8 @@ enum class DType : uint8_t {
   kF32,
   kF16,
   kBF16,
+  kF8E4M3,  // OCP FP8 E4M3 ("E4M3FN"): no infinities, NaN at 0x7F/0xFF, largest finite 448
+  kI8,      // signed 8-bit integer codes
 };
 
 constexpr size_t dtype_size(DType dtype) {
@@ -21,14 +26,21 @@ constexpr size_t dtype_size(DType dtype) {
     case DType::kF32:
       return 4;
     case DType::kF16:
-      return 2;
     case DType::kBF16:
       return 2;
+    case DType::kF8E4M3:
+    case DType::kI8:
+      return 1;
   }
   return 0;
 }
 
-// The safetensors spelling: "F32", "F16", "BF16".
+// Whether elements are codes that need a scale to be weights.
+constexpr bool is_quantized(DType dtype) {
+  return dtype == DType::kF8E4M3 || dtype == DType::kI8;
+}
+
+// The safetensors spelling: "F32", "F16", "BF16", "F8_E4M3", "I8".
 constexpr std::string_view dtype_name(DType dtype) {
   switch (dtype) {
     case DType::kF32:
@@ -37,6 +49,10 @@ constexpr std::string_view dtype_name(DType dtype) {
       return "F16";
     case DType::kBF16:
       return "BF16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
+    case DType::kI8:
+      return "I8";
   }
   return "?";
 }
@@ -91,6 +107,23 @@ inline float f16_to_f32(uint16_t half) {
 // f32 to IEEE binary16, round to nearest even, overflow to infinity.
 uint16_t f32_to_f16(float value);
 
+// The largest finite FP8 E4M3 value.
+inline constexpr float kF8E4M3Max = 448.0f;
+
+// FP8 E4M3 to f32, exact, subnormals included; 0x7F and 0xFF are NaN.
+inline float f8e4m3_to_f32(uint8_t code) {
+  if ((code & 0x7fu) == 0x7fu) return std::numeric_limits<float>::quiet_NaN();
+  // The exponent and mantissa bits placed at f32's mantissa top, then rescaled by 2^120: one
+  // formula for normals and subnormals (the same the vector kernels use).
+  const uint32_t bits =
+      (static_cast<uint32_t>(code & 0x80u) << 24) | (static_cast<uint32_t>(code & 0x7fu) << 20);
+  return bit_cast_f32(bits) * 0x1.0p120f;
+}
+
+// f32 to FP8 E4M3, round to nearest even; magnitudes past 448 saturate to 448 (quantization scales
+// keep values inside); NaN stays NaN.
+uint8_t f32_to_f8e4m3(float value);
+
 // Reads element `index` of a buffer of `dtype` as f32.
 inline float load_as_f32(const void* data, DType dtype, size_t index) {
   switch (dtype) {
@@ -100,6 +133,10 @@ inline float load_as_f32(const void* data, DType dtype, size_t index) {
       return f16_to_f32(static_cast<const uint16_t*>(data)[index]);
     case DType::kBF16:
       return bf16_to_f32(static_cast<const uint16_t*>(data)[index]);
+    case DType::kF8E4M3:  // the code's value: its scale is applied by the caller
+      return f8e4m3_to_f32(static_cast<const uint8_t*>(data)[index]);
+    case DType::kI8:
+      return static_cast<float>(static_cast<const int8_t*>(data)[index]);
   }
   return 0.0f;
 }

@@ -66,8 +66,8 @@ Status CpuBackend::rmsnorm(const RmsNormParams& params, const float* x, const vo
 }
 
 Status CpuBackend::matmul(const MatmulParams& params, const float* x, const void* weight,
-                          const void* bias, float* out) {
-  return cpu::matmul(params, x, weight, bias, out, *pool_);
+                          const float* weight_scales, const void* bias, float* out) {
+  return cpu::matmul(params, x, weight, weight_scales, bias, out, *pool_);
 }
 
 Status CpuBackend::rope(const RopeParams& params, const int32_t* positions, const float* inv_freq,

@@ -9,6 +9,9 @@ Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const 
   if (params.num_tokens < 0 || params.dim <= 0 || params.vocab_size <= 0) {
     return Status::invalid_argument("embedding: bad shape");
   }
+  if (is_quantized(params.table_dtype)) {
+    return Status::unsupported("embedding: a quantized table (embeddings stay in bf16)");
+  }
   for (int64_t t = 0; t < params.num_tokens; ++t) {
     if (token_ids[t] < 0 || token_ids[t] >= params.vocab_size) {
       return Status::out_of_range("token id " + std::to_string(token_ids[t]) +

@@ -11,6 +11,9 @@ Status fill_uniform(const FillParams& params, void* out, ThreadPool& pool) {
   if (!std::isfinite(params.low) || !std::isfinite(params.high) || params.high < params.low) {
     return Status::invalid_argument("fill: the range must be finite with low <= high");
   }
+  if (is_quantized(params.dtype)) {
+    return Status::unsupported("fill: synthetic weights are written in f32, f16 or bf16");
+  }
   const float width = params.high - params.low;
   // Big chunks: each element is a few integer operations, so splitting finely only adds overhead.
   pool.parallel_for(params.count, 1 << 16, [&](int64_t begin, int64_t end) {
@@ -27,6 +30,9 @@ Status fill_uniform(const FillParams& params, void* out, ThreadPool& pool) {
         case DType::kBF16:
           static_cast<uint16_t*>(out)[i] = f32_to_bf16(value);
           break;
+        case DType::kF8E4M3:
+        case DType::kI8:
+          break;  // refused above
       }
     }
   });

@@ -18,7 +18,7 @@ constexpr int64_t kFeatureGrain = 16;
 
 template <DType kDType, int kRows, int kFeatures>
 void dot_tile(const MatmulParams& params, const float* x, int64_t first_row, const void* weight,
-              const void* bias, int64_t first_feature, float* out) {
+              const float* scales, const void* bias, int64_t first_feature, float* out) {
   const int64_t k = params.in_features;
   const size_t row_bytes = static_cast<size_t>(k) * dtype_size(kDType);
   const float* rows[kRows];
@@ -27,8 +27,16 @@ void dot_tile(const MatmulParams& params, const float* x, int64_t first_row, con
   for (int f = 0; f < kFeatures; ++f) {
     weight_rows[f] = static_cast<const char*>(weight) + (first_feature + f) * row_bytes;
   }
+  RowScales row_scales[kFeatures];
+  if constexpr (is_quantized(kDType)) {
+    for (int f = 0; f < kFeatures; ++f) {
+      row_scales[f] = {
+          scales + ((first_feature + f) / params.scale_block_rows) * params.scale_grid_columns(),
+          params.scale_block_cols};
+    }
+  }
   float results[kRows][kFeatures];
-  dot_block<kDType, kRows, kFeatures>(rows, weight_rows, k, results);
+  dot_block<kDType, kRows, kFeatures>(rows, weight_rows, k, results, row_scales);
   for (int f = 0; f < kFeatures; ++f) {
     const float bias_value =
         bias ? load_as_f32(bias, params.bias_dtype, static_cast<size_t>(first_feature + f)) : 0.0f;
@@ -41,19 +49,24 @@ void dot_tile(const MatmulParams& params, const float* x, int64_t first_row, con
 // All row counts 1..kRowGroup for a fixed feature count.
 template <DType kDType, int kFeatures>
 void dot_rows_tile(int64_t rows, const MatmulParams& params, const float* x, int64_t first_row,
-                   const void* weight, const void* bias, int64_t first_feature, float* out) {
+                   const void* weight, const float* scales, const void* bias, int64_t first_feature,
+                   float* out) {
   switch (rows) {
     case 4:
-      dot_tile<kDType, 4, kFeatures>(params, x, first_row, weight, bias, first_feature, out);
+      dot_tile<kDType, 4, kFeatures>(params, x, first_row, weight, scales, bias, first_feature,
+                                     out);
       break;
     case 3:
-      dot_tile<kDType, 3, kFeatures>(params, x, first_row, weight, bias, first_feature, out);
+      dot_tile<kDType, 3, kFeatures>(params, x, first_row, weight, scales, bias, first_feature,
+                                     out);
       break;
     case 2:
-      dot_tile<kDType, 2, kFeatures>(params, x, first_row, weight, bias, first_feature, out);
+      dot_tile<kDType, 2, kFeatures>(params, x, first_row, weight, scales, bias, first_feature,
+                                     out);
       break;
     case 1:
-      dot_tile<kDType, 1, kFeatures>(params, x, first_row, weight, bias, first_feature, out);
+      dot_tile<kDType, 1, kFeatures>(params, x, first_row, weight, scales, bias, first_feature,
+                                     out);
       break;
     default:
       break;
@@ -62,7 +75,8 @@ void dot_rows_tile(int64_t rows, const MatmulParams& params, const float* x, int
 
 template <DType kDType>
 void matmul_features(const MatmulParams& params, const float* x, const void* weight,
-                     const void* bias, float* out, int64_t feature_begin, int64_t feature_end) {
+                     const float* scales, const void* bias, float* out, int64_t feature_begin,
+                     int64_t feature_end) {
   for (int64_t block = 0; block < params.rows; block += kRowBlock) {
     const int64_t block_end = std::min(params.rows, block + kRowBlock);
     for (int64_t feature = feature_begin; feature < feature_end; feature += kFeatureGroup) {
@@ -71,16 +85,16 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
         const int64_t rows = std::min<int64_t>(kRowGroup, block_end - row);
         switch (features) {
           case 4:
-            dot_rows_tile<kDType, 4>(rows, params, x, row, weight, bias, feature, out);
+            dot_rows_tile<kDType, 4>(rows, params, x, row, weight, scales, bias, feature, out);
             break;
           case 3:
-            dot_rows_tile<kDType, 3>(rows, params, x, row, weight, bias, feature, out);
+            dot_rows_tile<kDType, 3>(rows, params, x, row, weight, scales, bias, feature, out);
             break;
           case 2:
-            dot_rows_tile<kDType, 2>(rows, params, x, row, weight, bias, feature, out);
+            dot_rows_tile<kDType, 2>(rows, params, x, row, weight, scales, bias, feature, out);
             break;
           case 1:
-            dot_rows_tile<kDType, 1>(rows, params, x, row, weight, bias, feature, out);
+            dot_rows_tile<kDType, 1>(rows, params, x, row, weight, scales, bias, feature, out);
             break;
           default:
             break;
@@ -92,15 +106,21 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
 
 }  // namespace
 
-Status matmul(const MatmulParams& params, const float* x, const void* weight, const void* bias,
-              float* out, ThreadPool& pool) {
+Status matmul(const MatmulParams& params, const float* x, const void* weight,
+              const float* weight_scales, const void* bias, float* out, ThreadPool& pool) {
   if (params.rows < 0 || params.in_features <= 0 || params.out_features <= 0) {
     return Status::invalid_argument("matmul: bad shape");
+  }
+  if (is_quantized(params.weight_dtype) &&
+      (weight_scales == nullptr || params.scale_block_rows <= 0 || params.scale_block_cols <= 0 ||
+       (params.scale_block_cols % kLanes != 0 && params.scale_block_cols < params.in_features))) {
+    return Status::invalid_argument(
+        "matmul: a quantized weight needs scales in blocks of whole 16-column groups");
   }
   if (params.rows == 0) return Status::ok();
   auto run = [&](auto kernel) {
     pool.parallel_for(params.out_features, kFeatureGrain, [&](int64_t begin, int64_t end) {
-      kernel(params, x, weight, bias, out, begin, end);
+      kernel(params, x, weight, weight_scales, bias, out, begin, end);
     });
   };
   switch (params.weight_dtype) {
@@ -112,6 +132,12 @@ Status matmul(const MatmulParams& params, const float* x, const void* weight, co
       break;
     case DType::kBF16:
       run(matmul_features<DType::kBF16>);
+      break;
+    case DType::kF8E4M3:
+      run(matmul_features<DType::kF8E4M3>);
+      break;
+    case DType::kI8:
+      run(matmul_features<DType::kI8>);
       break;
   }
   return Status::ok();

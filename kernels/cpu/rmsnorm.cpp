@@ -11,6 +11,9 @@ Status rmsnorm(const RmsNormParams& params, const float* x, const void* weight, 
   if (params.rows < 0 || params.dim <= 0 || !(params.eps >= 0.0f)) {
     return Status::invalid_argument("rmsnorm: bad shape or eps");
   }
+  if (is_quantized(params.weight_dtype)) {
+    return Status::unsupported("rmsnorm: a quantized weight (norms stay unquantized)");
+  }
   pool.parallel_for(params.rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = x + r * params.dim;

@@ -36,11 +36,26 @@ inline float fold_lanes(float (&lanes)[kLanes]) {
   return lanes[0];
 }
 
+// The scales of one quantized weight row: column i's is row[i / block_cols]. block_cols is a
+// multiple of kLanes or at least the row's length, so one lane group shares one scale.
+struct RowScales {
+  const float* row = nullptr;  // the row's part of the scale grid; null for unquantized weights
+  int64_t block_cols = 0;      // columns sharing a scale
+
+  float at(int64_t column) const { return row[column / block_cols]; }
+};
+
 // Widens `count` (<= kLanes) elements of a weight row starting at `offset` into `out`; the rest of
-// `out` is zero.
+// `out` is zero. Quantized elements come out as their codes' values (unscaled).
 template <DType kDType>
 inline void load_lanes(const void* row, int64_t offset, int count, float (&out)[kLanes]) {
-  if constexpr (kDType == DType::kF32) {
+  if constexpr (kDType == DType::kF8E4M3) {
+    const uint8_t* source = static_cast<const uint8_t*>(row) + offset;
+    for (int l = 0; l < kLanes; ++l) out[l] = l < count ? f8e4m3_to_f32(source[l]) : 0.0f;
+  } else if constexpr (kDType == DType::kI8) {
+    const int8_t* source = static_cast<const int8_t*>(row) + offset;
+    for (int l = 0; l < kLanes; ++l) out[l] = l < count ? static_cast<float>(source[l]) : 0.0f;
+  } else if constexpr (kDType == DType::kF32) {
     const float* source = static_cast<const float*>(row) + offset;
     for (int l = 0; l < kLanes; ++l) out[l] = l < count ? source[l] : 0.0f;
   } else if constexpr (kDType == DType::kBF16) {
@@ -55,7 +70,9 @@ inline void load_lanes(const void* row, int64_t offset, int count, float (&out)[
 // Full-width variant of load_lanes, without the per-lane bounds test in the hot loop.
 template <DType kDType>
 inline void load_full_lanes(const void* row, int64_t offset, float (&out)[kLanes]) {
-  if constexpr (kDType == DType::kF32) {
+  if constexpr (is_quantized(kDType)) {
+    load_lanes<kDType>(row, offset, kLanes, out);
+  } else if constexpr (kDType == DType::kF32) {
     const float* source = static_cast<const float*>(row) + offset;
     for (int l = 0; l < kLanes; ++l) out[l] = source[l];
   } else if constexpr (kDType == DType::kBF16) {
@@ -79,30 +96,70 @@ inline void load_full_lanes(const void* row, int64_t offset, float (&out)[kLanes
 // rows: every weight vector loaded once feeds kRows products, every activation vector kFeatures.
 // Each result accumulates its lanes in one fixed order (the portable path's), so blocking changes
 // no bit. With AVX-512 the block is written with intrinsics (one 16-lane register per accumulator):
-// the compiler's vectorisation of the portable loop keeps the widened weights in memory.
+// the compiler's vectorisation of the portable loop keeps the widened weights in memory. A
+// quantized weight is widened and multiplied by its lane group's scale (one rounding) before the
+// product.
 template <DType kDType, int kRows, int kFeatures>
 inline void dot_block(const float* const (&x)[kRows], const void* const (&weight_rows)[kFeatures],
-                      int64_t n, float (&results)[kRows][kFeatures]) {
+                      int64_t n, float (&results)[kRows][kFeatures],
+                      const RowScales (&scales)[kFeatures] = {}) {
   int64_t i = 0;
+  constexpr bool kQuantized = is_quantized(kDType);
+  // A row with one scale (per tensor or per output channel) sums the codes' products and scales
+  // the sum once; block-wise scales multiply each lane group's widened codes first. Either way a
+  // result is its codes' exact values times their scales, rounded the same on every path.
+  [[maybe_unused]] const bool one_scale_per_row = kQuantized && scales[0].block_cols >= n;
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
   static_assert(kLanes == 16, "one zmm register per accumulator");
+  // FP8 codes widen (exactly) to 2^-8 of their values, which the scales make up for.
+  [[maybe_unused]] constexpr float kWidenedUnit = kDType == DType::kF8E4M3 ? 256.0f : 1.0f;
 #pragma GCC diagnostic push
-  // GCC 12's own intrinsic headers trip this warning in _mm512_cvtepu16_epi32 (GCC bug 105593).
+  // GCC 12's own intrinsic headers trip these warnings in _mm512_cvtepu16_epi32 and
+  // _mm512_extractf64x4_pd, whose "undefined" operands they read (GCC bug 105593).
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
   __m512 vacc[kRows][kFeatures];
   for (int r = 0; r < kRows; ++r) {
     for (int f = 0; f < kFeatures; ++f) vacc[r][f] = _mm512_setzero_ps();
   }
+  // Block-wise scales: the current block's, per feature (times the widening's unit), refreshed at
+  // each block boundary; one scale per row is applied to the finished sums instead.
+  __m512 block_scale[kFeatures];
+  int64_t block_end = 0;
   // The tail runs the same loop body on masked loads: lanes past n read as zero and add zero.
   for (; i < n; i += kLanes) {
     const int64_t remaining = n - i;
     const __mmask16 mask =
         remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
+    if constexpr (kQuantized) {
+      if (!one_scale_per_row && i >= block_end) {
+        const int64_t block = i / scales[0].block_cols;
+        for (int f = 0; f < kFeatures; ++f) {
+          block_scale[f] = _mm512_set1_ps(scales[f].row[block] * kWidenedUnit);
+        }
+        block_end = (block + 1) * scales[0].block_cols;
+      }
+    }
     __m512 w[kFeatures];
     for (int f = 0; f < kFeatures; ++f) {
-      if constexpr (kDType == DType::kF32) {
+      if constexpr (kDType == DType::kI8) {
+        const __m128i codes =
+            _mm_maskz_loadu_epi8(mask, static_cast<const int8_t*>(weight_rows[f]) + i);
+        w[f] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
+      } else if constexpr (kDType == DType::kF8E4M3) {
+        // An E4M3 code is an f16 with a 4-bit exponent: in the top byte of a 16-bit lane, one
+        // arithmetic shift right puts exponent and mantissa where f16 has them and copies the
+        // sign into bit 14, which the mask clears; the hardware's f16 conversion then widens it
+        // exactly (subnormals included) to 2^-8 of its value. (NaN codes are refused at load.)
+        const __m256i high =
+            _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(
+                                  mask, static_cast<const uint8_t*>(weight_rows[f]) + i)),
+                              8);
+        w[f] = _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(high, 1),
+                                                _mm256_set1_epi16(static_cast<int16_t>(0xBFFF))));
+      } else if constexpr (kDType == DType::kF32) {
         w[f] = _mm512_maskz_loadu_ps(mask, static_cast<const float*>(weight_rows[f]) + i);
       } else {
         const __m256i halves =
@@ -112,6 +169,9 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
         } else {
           w[f] = _mm512_cvtph_ps(halves);
         }
+      }
+      if constexpr (kQuantized) {
+        if (!one_scale_per_row) w[f] = _mm512_mul_ps(w[f], block_scale[f]);
       }
     }
     for (int r = 0; r < kRows; ++r) {
@@ -131,15 +191,28 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
       const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
       const __m128 one = _mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55));
       results[r][f] = _mm_cvtss_f32(one);
+      if constexpr (kQuantized) {
+        if (one_scale_per_row) results[r][f] *= scales[f].row[0] * kWidenedUnit;
+      }
     }
   }
 #pragma GCC diagnostic pop
   return;
 #else
   float acc[kRows][kFeatures][kLanes] = {};
+  const auto scale = [&](int f, int64_t column, float(&lanes)[kLanes]) {
+    if constexpr (kQuantized) {
+      if (one_scale_per_row) return;
+      const float s = scales[f].at(column);
+      for (int l = 0; l < kLanes; ++l) lanes[l] *= s;
+    }
+  };
   for (; i + kLanes <= n; i += kLanes) {
     float w[kFeatures][kLanes];
-    for (int f = 0; f < kFeatures; ++f) load_full_lanes<kDType>(weight_rows[f], i, w[f]);
+    for (int f = 0; f < kFeatures; ++f) {
+      load_full_lanes<kDType>(weight_rows[f], i, w[f]);
+      scale(f, i, w[f]);
+    }
     for (int r = 0; r < kRows; ++r) {
       for (int f = 0; f < kFeatures; ++f) {
         for (int l = 0; l < kLanes; ++l) {
@@ -151,7 +224,10 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
   if (i < n) {
     const int count = static_cast<int>(n - i);
     float w[kFeatures][kLanes];
-    for (int f = 0; f < kFeatures; ++f) load_lanes<kDType>(weight_rows[f], i, count, w[f]);
+    for (int f = 0; f < kFeatures; ++f) {
+      load_lanes<kDType>(weight_rows[f], i, count, w[f]);
+      scale(f, i, w[f]);
+    }
     for (int r = 0; r < kRows; ++r) {
       for (int f = 0; f < kFeatures; ++f) {
         for (int l = 0; l < count; ++l) {
@@ -161,7 +237,12 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
     }
   }
   for (int r = 0; r < kRows; ++r) {
-    for (int f = 0; f < kFeatures; ++f) results[r][f] = fold_lanes(acc[r][f]);
+    for (int f = 0; f < kFeatures; ++f) {
+      results[r][f] = fold_lanes(acc[r][f]);
+      if constexpr (kQuantized) {
+        if (one_scale_per_row) results[r][f] *= scales[f].row[0];
+      }
+    }
   }
 #endif
 }

@@ -376,7 +376,12 @@ Status CudaBackend::rmsnorm(const RmsNormParams& params, const float* x, const v
 }
 
 Status CudaBackend::matmul(const MatmulParams& params, const float* x, const void* weight,
-                           const void* bias, float* out) {
+                           const float* /*weight_scales*/, const void* bias, float* out) {
+  if (is_quantized(params.weight_dtype)) {
+    return Status::unsupported("matmul: quantized weights (" +
+                               std::string(dtype_name(params.weight_dtype)) +
+                               ") are not supported on CUDA yet");
+  }
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   if (Status status = ensure_scratch(matmul_scratch_bytes(params, batch_invariant_));

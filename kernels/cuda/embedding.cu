@@ -82,6 +82,9 @@ Status launch_embedding(const EmbeddingParams& params, const int32_t* token_ids,
     case DType::kBF16:
       launch_typed<DType::kBF16>(params, token_ids, table, out, errors, stream);
       break;
+    case DType::kF8E4M3:
+    case DType::kI8:
+      return Status::unsupported("embedding: a quantized table (embeddings stay in bf16)");
   }
   return launch_status("embedding kernel");
 }

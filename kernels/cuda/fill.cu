@@ -56,6 +56,9 @@ Status launch_fill_uniform(int64_t count, DType dtype, uint64_t seed, float low,
       fill_uniform_kernel<DType::kBF16>
           <<<blocks, kThreads, 0, stream>>>(static_cast<uint16_t*>(out), count, seed, low, width);
       break;
+    case DType::kF8E4M3:
+    case DType::kI8:
+      return Status::unsupported("fill: synthetic weights are written in f32, f16 or bf16");
   }
   return launch_status("fill kernel");
 }

@@ -171,6 +171,9 @@ Status launch_skinny(const MatmulParams& p, const float* x, const void* weight, 
     case DType::kBF16:
       launch_skinny_typed<DType::kBF16>(p, x, weight, bias, out, vector, grid, stream);
       break;
+    case DType::kF8E4M3:
+    case DType::kI8:
+      return Status::unsupported("matmul: quantized weights are not supported on CUDA yet");
   }
   return launch_status("skinny matmul kernel");
 }

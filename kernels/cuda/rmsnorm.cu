@@ -120,6 +120,9 @@ Status launch_rmsnorm(const RmsNormParams& params, const float* x, const void* w
     case DType::kBF16:
       launch_typed<DType::kBF16>(params, x, weight, out, stream);
       break;
+    case DType::kF8E4M3:
+    case DType::kI8:
+      return Status::unsupported("rmsnorm: a quantized weight (norms stay unquantized)");
   }
   return launch_status("rmsnorm kernel");
 }

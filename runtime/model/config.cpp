@@ -99,6 +99,163 @@ class KeyReader {
   std::string source_;
 };
 
+// A list of strings, or absent/null (empty); `what` names it in errors.
+std::vector<std::string> string_list(const json& object, const char* key, const std::string& what) {
+  std::vector<std::string> strings;
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return strings;
+  if (!it->is_array()) throw Error(what + "." + key + " must be a list of strings");
+  for (const json& entry : *it) {
+    if (!entry.is_string()) throw Error(what + "." + key + " must be a list of strings");
+    strings.push_back(entry.get<std::string>());
+  }
+  return strings;
+}
+
+// config.json's quantization_config. Supported: quant_method "fp8" (block-wise weight_scale_inv
+// with weight_block_size, as DeepSeek-V3 and transformers' FineGrainedFP8 write it; or per-tensor
+// and per-channel weight_scale) with dynamic activations, and "compressed-tensors" with 8-bit
+// float or symmetric integer weights per tensor, channel, group or block and dynamic (or no)
+// activation quantization. Anything that needs what specrun does not apply (static input scales,
+// zero points, a quantized KV cache, other bit widths) is an Error naming the key.
+std::optional<WeightQuantization> parse_quantization(const json& document,
+                                                     const std::string& source) {
+  const auto it = document.find("quantization_config");
+  if (it == document.end() || it->is_null()) return std::nullopt;
+  const std::string where = source + ": quantization_config";
+  if (!it->is_object()) throw Error(where + " must be an object");
+  const json& config = *it;
+  const auto text = [&](const json& object, const char* key, const std::string& at) {
+    const auto value = object.find(key);
+    if (value == object.end() || value->is_null()) return std::string();
+    if (!value->is_string()) throw Error(at + "." + key + " must be a string");
+    return value->get<std::string>();
+  };
+  const std::string method = text(config, "quant_method", where);
+  WeightQuantization quantization;
+  quantization.method = method;
+  if (method == "fp8") {
+    const std::string activations = text(config, "activation_scheme", where);
+    if (!activations.empty() && activations != "dynamic") {
+      throw Error(where + ".activation_scheme '" + activations +
+                  "' needs static input scales, which specrun does not apply (dynamic only)");
+    }
+    for (const char* key : {"modules_to_not_convert", "ignored_layers"}) {
+      for (std::string& name : string_list(config, key, where)) {
+        quantization.unquantized.push_back(std::move(name));
+      }
+    }
+    const auto block = config.find("weight_block_size");
+    if (block != config.end() && !block->is_null()) {
+      if (!block->is_array() || block->size() != 2 || !(*block)[0].is_number_integer() ||
+          !(*block)[1].is_number_integer() || (*block)[0].get<int64_t>() <= 0 ||
+          (*block)[1].get<int64_t>() <= 0 || (*block)[1].get<int64_t>() % 16 != 0) {
+        throw Error(where +
+                    ".weight_block_size must be [rows, columns] with columns a multiple "
+                    "of 16, got " +
+                    json_excerpt(*block));
+      }
+      quantization.scales = WeightQuantization::Scales::kBlock;
+      quantization.block_rows = (*block)[0].get<int64_t>();
+      quantization.block_cols = (*block)[1].get<int64_t>();
+      quantization.scale_suffix = ".weight_scale_inv";
+    } else {
+      quantization.scales = WeightQuantization::Scales::kChannel;  // or per tensor, by shape
+      quantization.scale_suffix = ".weight_scale";
+    }
+    return quantization;
+  }
+  if (method == "compressed-tensors") {
+    const std::string format = text(config, "format", where);
+    if (format != "float-quantized" && format != "int-quantized" && format != "naive-quantized") {
+      throw Error(where + ".format '" + format +
+                  "' is not supported (float-quantized, int-quantized, naive-quantized)");
+    }
+    if (const auto kv = config.find("kv_cache_scheme"); kv != config.end() && !kv->is_null()) {
+      throw Error(where + ".kv_cache_scheme: a quantized KV cache is not supported");
+    }
+    const auto groups = config.find("config_groups");
+    if (groups == config.end() || !groups->is_object() || groups->size() != 1) {
+      throw Error(where +
+                  ".config_groups must hold exactly one group (one scheme for every "
+                  "quantized linear layer)");
+    }
+    const std::string group_name = groups->begin().key();
+    const json& group = groups->begin().value();
+    const std::string at = where + ".config_groups." + group_name;
+    if (!group.is_object()) throw Error(at + " must be an object");
+    const std::vector<std::string> targets = string_list(group, "targets", at);
+    if (targets != std::vector<std::string>{"Linear"}) {
+      throw Error(at + ".targets must be [\"Linear\"]");
+    }
+    const auto weights = group.find("weights");
+    if (weights == group.end() || !weights->is_object()) throw Error(at + ".weights is missing");
+    const auto number = [&](const json& object, const char* key) -> int64_t {
+      const auto value = object.find(key);
+      return value != object.end() && value->is_number_integer() ? value->get<int64_t>() : -1;
+    };
+    const std::string type = text(*weights, "type", at + ".weights");
+    if (number(*weights, "num_bits") != 8 || (type != "float" && type != "int")) {
+      throw Error(at + ".weights must be 8-bit float or int, got " + json_excerpt(*weights));
+    }
+    if (const auto symmetric = weights->find("symmetric");
+        symmetric != weights->end() && !(symmetric->is_boolean() && symmetric->get<bool>())) {
+      throw Error(at + ".weights.symmetric must be true (zero points are not supported)");
+    }
+    if (const auto dynamic = weights->find("dynamic");
+        dynamic != weights->end() && !(dynamic->is_boolean() && !dynamic->get<bool>())) {
+      throw Error(at + ".weights.dynamic must be false (weights carry their scales)");
+    }
+    const std::string strategy = text(*weights, "strategy", at + ".weights");
+    if (strategy == "tensor" || strategy == "channel") {
+      quantization.scales = WeightQuantization::Scales::kChannel;  // or per tensor, by shape
+    } else if (strategy == "group") {
+      const int64_t size = number(*weights, "group_size");
+      if (size <= 0 || size % 16 != 0) {
+        throw Error(at + ".weights.group_size must be a positive multiple of 16");
+      }
+      quantization.scales = WeightQuantization::Scales::kBlock;
+      quantization.block_rows = 1;
+      quantization.block_cols = size;
+    } else if (strategy == "block") {
+      const auto structure = weights->find("block_structure");
+      if (structure == weights->end() || !structure->is_array() || structure->size() != 2 ||
+          !(*structure)[0].is_number_integer() || !(*structure)[1].is_number_integer() ||
+          (*structure)[0].get<int64_t>() <= 0 || (*structure)[1].get<int64_t>() <= 0 ||
+          (*structure)[1].get<int64_t>() % 16 != 0) {
+        throw Error(at +
+                    ".weights.block_structure must be [rows, columns] with columns a "
+                    "multiple of 16");
+      }
+      quantization.scales = WeightQuantization::Scales::kBlock;
+      quantization.block_rows = (*structure)[0].get<int64_t>();
+      quantization.block_cols = (*structure)[1].get<int64_t>();
+    } else {
+      throw Error(at + ".weights.strategy '" + strategy +
+                  "' is not supported (tensor, channel, group, block)");
+    }
+    if (const auto inputs = group.find("input_activations");
+        inputs != group.end() && !inputs->is_null()) {
+      if (!inputs->is_object() || !inputs->contains("dynamic") ||
+          !(*inputs)["dynamic"].is_boolean() || !(*inputs)["dynamic"].get<bool>()) {
+        throw Error(at +
+                    ".input_activations: static input scales are not supported (dynamic "
+                    "activation quantization only, which specrun computes in f32)");
+      }
+    }
+    if (const auto outputs = group.find("output_activations");
+        outputs != group.end() && !outputs->is_null()) {
+      throw Error(at + ".output_activations: output quantization is not supported");
+    }
+    quantization.scale_suffix = ".weight_scale";
+    quantization.unquantized = string_list(config, "ignore", where);
+    return quantization;
+  }
+  throw Error(where + ".quant_method '" + method +
+              "' is not supported (fp8, compressed-tensors; or no quantization_config, with "
+              "--quantize to quantize at load)");
+}
+
 Architecture parse_architecture(const json& document, const std::string& source,
                                 std::string* name) {
   const auto architectures = document.find("architectures");
@@ -245,6 +402,8 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
       }
       break;
   }
+
+  config.quantization = parse_quantization(document, source);
 
   config.bos_token_ids = keys.token_ids("bos_token_id");
   config.eos_token_ids = keys.token_ids("eos_token_id");

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,24 @@ struct RopeScaling {
   double low_freq_factor = 1.0;                     // llama3: wavelengths beyond ctx/low are scaled
   double high_freq_factor = 4.0;                    // llama3: wavelengths below ctx/high are kept
   int64_t original_max_position_embeddings = 8192;  // llama3: the pre-extension context
+};
+
+// How a pre-quantized checkpoint stores its linear weights: config.json's quantization_config, for
+// the FP8 layouts published for vLLM and TensorRT-LLM (8-bit codes in F8_E4M3, or I8, with f32 or
+// bf16 scales beside them). weight[o, i] = code[o, i] * scale of (o, i).
+struct WeightQuantization {
+  enum class Scales {
+    kTensor,   // one scale per tensor: weight_scale of shape [] or [1]
+    kChannel,  // one per output row: weight_scale [out, 1] or [out]
+    kBlock,    // one per block_rows x block_cols block: [ceil(out / rows), ceil(in / cols)]
+  };
+  std::string method;                // "fp8" or "compressed-tensors", as config.json names it
+  Scales scales = Scales::kChannel;  // the layout of the scales (kChannel also accepts kTensor)
+  int64_t block_rows = 0;            // kBlock: output rows sharing a scale
+  int64_t block_cols = 0;            // kBlock: input columns sharing a scale
+  std::string scale_suffix;          // the scale tensor's name after the module's: ".weight_scale"
+                                     // or ".weight_scale_inv" (block-wise "fp8")
+  std::vector<std::string> unquantized;  // modules left unquantized ("lm_head"), by name or suffix
 };
 
 // The largest model dimension config.json may give (vocab_size, hidden_size, intermediate_size,
@@ -60,6 +79,7 @@ struct ModelConfig {
   std::vector<int32_t> bos_token_ids;      // beginning-of-sequence ids (may be empty)
   std::vector<int32_t> eos_token_ids;      // any of these ends generation (may be empty)
   std::string chat_template;  // the Jinja chat template a GGUF file carries; empty when none
+  std::optional<WeightQuantization> quantization;  // a pre-quantized checkpoint's layout
 };
 
 // Parses a config.json document; `source` names it in errors. Unknown keys are ignored; a missing

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <set>
 #include <string>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -102,10 +103,14 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
   if (synthetic_seed) {
     write_synthetic_weights(*synthetic_seed);
   } else {
+    quantize_weights();
     place_weights();
+    place_scales();
   }
   // What a forward reads, as placed (a device holds bf16 copies).
-  auto count = [&](const WeightView& view) { weight_bytes_ += view.size_bytes; };
+  auto count = [&](const WeightView& view) {
+    weight_bytes_ += view.size_bytes + static_cast<uint64_t>(view.scale_count) * sizeof(float);
+  };
   count(weights_.embedding);
   for (const LayerWeights& l : weights_.layers) {
     for (const WeightView* view :
@@ -150,8 +155,126 @@ int64_t Model::context_limit() const {
   return std::min(config().max_position_embeddings, kv_cache_->capacity_tokens());
 }
 
+namespace {
+
+// The linear layers' weights: those that may be quantized.
+std::vector<WeightView*> linear_weights(ModelWeights& weights) {
+  std::vector<WeightView*> views;
+  for (LayerWeights& l : weights.layers) {
+    for (WeightView* view :
+         {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      views.push_back(view);
+    }
+  }
+  return views;
+}
+
+// Row `row` of `source` quantized into `codes` with one symmetric scale, returned.
+float quantize_row(const WeightView& source, int64_t row, DType target, void* codes) {
+  const int64_t columns = source.shape[1];
+  const auto first = static_cast<size_t>(row * columns);
+  float largest = 0.0f;
+  for (int64_t i = 0; i < columns; ++i) {
+    largest = std::max(largest, std::fabs(load_as_f32(source.data, source.dtype, first + i)));
+  }
+  const float code_max = target == DType::kI8 ? 127.0f : kF8E4M3Max;
+  // A row of zeros keeps scale 1 (its codes are zero either way).
+  const float scale = largest > 0.0f && std::isfinite(largest) ? largest / code_max : 1.0f;
+  for (int64_t i = 0; i < columns; ++i) {
+    const float scaled = load_as_f32(source.data, source.dtype, first + i) / scale;
+    if (target == DType::kI8) {
+      static_cast<int8_t*>(codes)[i] =
+          static_cast<int8_t>(std::clamp(std::nearbyint(scaled), -127.0f, 127.0f));
+    } else {
+      static_cast<uint8_t*>(codes)[i] = f32_to_f8e4m3(scaled);
+    }
+  }
+  return scale;
+}
+
+}  // namespace
+
+void Model::quantize_weights() {
+  const WeightQuantize mode = options_.quantize;
+  if (mode == WeightQuantize::kNone) return;
+  const char* name = mode == WeightQuantize::kFP8 ? "fp8" : "int8";
+  if (checkpoint_.config.quantization) {
+    // Published pre-quantized: its own codes and scales are the better ones; quantizing them
+    // again could only lose precision.
+    spdlog::info("{}: the checkpoint is already quantized ({}); read as it is, not quantized to {}",
+                 checkpoint_.paths.config.string(), checkpoint_.config.quantization->method, name);
+    return;
+  }
+  if (!backend_.uses_host_memory()) {
+    throw Error("quantize " + std::string(name) + ": quantized weights are not supported on " +
+                std::string(backend_.name()) + " yet (the CPU backend computes with them)");
+  }
+  const DType target = mode == WeightQuantize::kFP8 ? DType::kF8E4M3 : DType::kI8;
+  std::vector<WeightView*> views = linear_weights(weights_);
+  if (options_.quantize_output) views.push_back(&weights_.output);  // a copy when tied
+  for (WeightView* view : views) {
+    const int64_t rows = view->shape[0], columns = view->shape[1];
+    // Straight from the mapped checkpoint into the codes: no second float copy of the model.
+    DeviceBuffer codes(backend_, static_cast<size_t>(rows * columns), "quantized weights");
+    DeviceBuffer scales(backend_, static_cast<size_t>(rows) * sizeof(float), "weight scales");
+    const WeightView source = *view;
+    // Rows are independent: split over the machine's cores.
+    const int64_t workers =
+        std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(rows, 1));
+    std::vector<std::thread> threads;
+    for (int64_t w = 0; w < workers; ++w) {
+      threads.emplace_back([&, w] {
+        for (int64_t row = w; row < rows; row += workers) {
+          scales.as<float>()[row] =
+              quantize_row(source, row, target, codes.as<std::byte>() + row * columns);
+        }
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    view->data = codes.data();
+    view->dtype = target;
+    view->size_bytes = static_cast<uint64_t>(rows * columns);
+    view->scales = scales.data();
+    view->scale_dtype = DType::kF32;
+    view->scale_block_rows = 1;
+    view->scale_block_cols = columns;
+    view->scale_count = rows;
+    weight_buffers_.push_back(std::move(codes));
+    weight_buffers_.push_back(std::move(scales));
+  }
+}
+
+// Scales as every backend's matmul reads them: f32 in the backend's memory.
+void Model::place_scales() {
+  std::vector<WeightView*> views = linear_weights(weights_);
+  views.push_back(&weights_.output);
+  for (WeightView* view : views) {
+    if (!view->scales || (view->scale_dtype == DType::kF32 && backend_.uses_host_memory())) {
+      continue;
+    }
+    std::vector<float> values(static_cast<size_t>(view->scale_count));
+    for (size_t i = 0; i < values.size(); ++i) {
+      values[i] = load_as_f32(view->scales, view->scale_dtype, i);
+    }
+    DeviceBuffer buffer(backend_, values.size() * sizeof(float), "weight scales");
+    SPECRUN_CHECK_OK(
+        backend_.copy_to_device(buffer.data(), values.data(), values.size() * sizeof(float)),
+        "uploading weight scales");
+    view->scales = buffer.data();
+    view->scale_dtype = DType::kF32;
+    weight_buffers_.push_back(std::move(buffer));
+  }
+}
+
 void Model::place_weights() {
   if (backend_.uses_host_memory()) return;  // used in place from the mapping
+  for (const WeightView* view : linear_weights(weights_)) {
+    if (is_quantized(view->dtype)) {
+      throw Error(checkpoint_.paths.weights.string() + ": quantized weights (" +
+                  std::string(dtype_name(view->dtype)) + ") are not supported on " +
+                  std::string(backend_.name()) + " yet (the CPU backend computes with them)");
+    }
+  }
   // A device computes with bf16 weights: f32 and f16 tensors are converted on the way, a chunk at
   // a time through one host buffer, so the host never holds a second copy of the model.
   constexpr uint64_t kChunkBytes = uint64_t{64} << 20;
@@ -270,9 +393,16 @@ void Model::ensure_workspace(int64_t tokens, int64_t logit_rows, int64_t metadat
 
 void Model::matmul(const float* x, const WeightView& weight, const WeightView& bias, int64_t rows,
                    float* out, const char* what, int64_t layer) {
-  const kernels::MatmulParams params{rows, weight.shape[1], weight.shape[0], weight.dtype,
-                                     bias ? bias.dtype : DType::kF32};
-  SPECRUN_CHECK_OK(backend_.matmul(params, x, weight.data, bias.data, out), layer_op(what, layer));
+  const kernels::MatmulParams params{rows,
+                                     weight.shape[1],
+                                     weight.shape[0],
+                                     weight.dtype,
+                                     bias ? bias.dtype : DType::kF32,
+                                     weight.scale_block_rows,
+                                     weight.scale_block_cols};
+  SPECRUN_CHECK_OK(backend_.matmul(params, x, weight.data, static_cast<const float*>(weight.scales),
+                                   bias.data, out),
+                   layer_op(what, layer));
 }
 
 void Model::forward(std::span<const SequenceInput> batch, Logits* logits) {

@@ -19,10 +19,20 @@
 
 namespace specrun {
 
+// Quantization at load: the linear layers' f32, f16 or bf16 weights become 8-bit codes with one
+// symmetric scale per output channel (max |w| over the row maps to the code's largest value).
+enum class WeightQuantize {
+  kNone,  // weights as stored
+  kFP8,   // FP8 E4M3 codes, scale = max |w| / 448
+  kINT8,  // int8 codes in [-127, 127], scale = max |w| / 127
+};
+
 struct ModelOptions {
   int64_t kv_cache_tokens = 0;  // cache capacity in tokens; 0: the model's context, at most 8192
   int64_t kv_block_size = 16;   // tokens per KV-cache block
   bool prefix_cache = true;     // sealed full blocks are reused by sequences with the same prefix
+  WeightQuantize quantize = WeightQuantize::kNone;  // quantize the linear layers at load
+  bool quantize_output = false;  // the output projection (lm_head) too; it stays bf16 otherwise
   // Overrides the checkpoint's pairing (rotate-half for Hugging Face, interleaved for GGUF).
   std::optional<kernels::RopeStyle> rope_style;
 };
@@ -95,6 +105,8 @@ class Model {
   Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOptions& options,
         std::optional<uint64_t> synthetic_seed);
   void place_weights();
+  void quantize_weights();
+  void place_scales();
   void write_synthetic_weights(uint64_t seed);
   void ensure_workspace(int64_t tokens, int64_t logit_rows, int64_t metadata_ints);
   void run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks);
@@ -105,7 +117,7 @@ class Model {
   kernels::Backend& backend_;
   ModelOptions options_;
   ModelWeights weights_;
-  std::vector<DeviceBuffer> weight_buffers_;  // device copies, when the backend is not the host
+  std::vector<DeviceBuffer> weight_buffers_;  // device copies, quantized weights, f32 scales
   DeviceBuffer inv_freq_;                     // [head_dim / 2] f32
   std::unique_ptr<KvCache> kv_cache_;
   std::unique_ptr<Workspace> workspace_;

@@ -17,8 +17,8 @@ namespace {
 using nlohmann::json;
 
 // Dtypes a valid safetensors file may carry but specrun does not compute in.
-constexpr std::string_view kKnownUnsupportedDtypes[] = {
-    "F64", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
+constexpr std::string_view kKnownUnsupportedDtypes[] = {"F64", "I64", "I32", "I16",  "U64",
+                                                        "U32", "U16", "U8",  "BOOL", "F8_E5M2"};
 
 [[noreturn]] void fail(const std::filesystem::path& path, const std::string& what) {
   throw Error(path.string() + ": " + what);
@@ -77,7 +77,9 @@ TensorInfo parse_entry(const std::filesystem::path& path, const std::string& nam
         std::find(std::begin(kKnownUnsupportedDtypes), std::end(kKnownUnsupportedDtypes),
                   dtype_text) != std::end(kKnownUnsupportedDtypes);
     fail_tensor(path, name,
-                known ? "dtype '" + dtype_text + "' is not supported (F32, F16 or BF16)"
+                known ? "dtype '" + dtype_text +
+                            "' is not supported (F32, F16, BF16; F8_E4M3 and I8 for quantized "
+                            "linear weights)"
                       : "unknown dtype '" + dtype_text + "'");
   }
 

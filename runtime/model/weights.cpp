@@ -1,5 +1,6 @@
 #include "runtime/model/weights.h"
 
+#include <regex>
 #include <set>
 #include <string>
 
@@ -29,7 +30,81 @@ class Binder {
       throw Error(source() + ": missing tensor '" + shown(name) + "' " + shape_to_string(shape) +
                   " (" + meaning + ")");
     }
+    if (is_quantized(info->dtype)) {
+      throw Error(info->file.string() + ": tensor '" + shown(name) + "' is " +
+                  std::string(dtype_name(info->dtype)) +
+                  ", but only the weights of linear layers may be quantized");
+    }
     return take(*info, shape, meaning);
+  }
+
+  // The weight of the linear layer `module` ("model.layers.0.self_attn.q_proj"), with its scales
+  // when the checkpoint stores it quantized.
+  WeightView linear(const std::string& module, std::vector<int64_t> shape,
+                    const std::string& meaning) {
+    const std::string name = module + ".weight";
+    const TensorInfo* info = checkpoint_.tensors.find(name);
+    if (info == nullptr || !is_quantized(info->dtype)) return require(name, shape, meaning);
+    const std::string file = info->file.string();
+    const std::optional<WeightQuantization>& quantization = checkpoint_.config.quantization;
+    if (!quantization) {
+      throw Error(file + ": tensor '" + shown(name) + "' is " +
+                  std::string(dtype_name(info->dtype)) +
+                  " but config.json has no quantization_config to say how it is scaled");
+    }
+    if (listed(quantization->unquantized, module)) {
+      throw Error(file + ": tensor '" + shown(name) + "' is quantized, but quantization_config " +
+                  "lists '" + module + "' as left unquantized");
+    }
+    if (checkpoint_.tensors.find(module + ".input_scale") != nullptr) {
+      throw Error(file + ": tensor '" + module +
+                  ".input_scale': static input scales are not supported (dynamic activations)");
+    }
+    WeightView view = take(*info, shape, meaning);
+    const std::string scale_name = module + quantization->scale_suffix;
+    const TensorInfo* scale = checkpoint_.tensors.find(scale_name);
+    if (scale == nullptr) {
+      throw Error(file + ": missing tensor '" + scale_name + "', the scales of the quantized '" +
+                  name + "'");
+    }
+    if (scale->dtype != DType::kF32 && scale->dtype != DType::kBF16 &&
+        scale->dtype != DType::kF16) {
+      throw Error(scale->file.string() + ": tensor '" + scale_name + "' is " +
+                  std::string(dtype_name(scale->dtype)) + "; scales must be F32, BF16 or F16");
+    }
+    const int64_t rows = shape[0], columns = shape[1];
+    const std::vector<int64_t>& grid = scale->shape;
+    int64_t count = 1;
+    for (const int64_t dimension : grid) count *= dimension;
+    if (quantization->scales == WeightQuantization::Scales::kBlock) {
+      const std::vector<int64_t> expected = {
+          (rows + quantization->block_rows - 1) / quantization->block_rows,
+          (columns + quantization->block_cols - 1) / quantization->block_cols};
+      if (grid != expected) {
+        throw Error(scale->file.string() + ": tensor '" + scale_name + "' has shape " +
+                    shape_to_string(grid) + ", expected " + shape_to_string(expected) +
+                    " (one scale per " + std::to_string(quantization->block_rows) + " x " +
+                    std::to_string(quantization->block_cols) + " block)");
+      }
+      view.scale_block_rows = quantization->block_rows;
+      view.scale_block_cols = quantization->block_cols;
+    } else if (count == 1 && grid.size() <= 2) {
+      view.scale_block_rows = rows;  // one scale for the tensor
+      view.scale_block_cols = columns;
+    } else if (grid == std::vector<int64_t>{rows, 1} || grid == std::vector<int64_t>{rows}) {
+      view.scale_block_rows = 1;  // one per output channel
+      view.scale_block_cols = columns;
+    } else {
+      throw Error(scale->file.string() + ": tensor '" + scale_name + "' has shape " +
+                  shape_to_string(grid) + ", expected [" + std::to_string(rows) +
+                  ", 1] (per output channel) or [] (per tensor)");
+    }
+    bound_.insert(scale_name);
+    view.scales = scale->data;
+    view.scale_dtype = scale->dtype;
+    view.scale_count = count;
+    if (view.dtype == DType::kF8E4M3) refuse_nan_codes(view, file, name);
+    return view;
   }
 
   WeightView optional(bool wanted, const std::string& name, std::vector<int64_t> shape,
@@ -54,6 +129,28 @@ class Binder {
   // Marks a tensor as seen without binding it (an lm_head that tying replaces).
   void mark(const std::string& name) { bound_.insert(name); }
 
+  // Whether `module` is in a quantization_config list of names: exact, a suffix after a dot, or a
+  // "re:" regular expression matching the whole name (compressed-tensors' spelling).
+  static bool listed(const std::vector<std::string>& names, const std::string& module) {
+    for (const std::string& entry : names) {
+      if (entry.rfind("re:", 0) == 0) {
+        try {
+          if (std::regex_match(module, std::regex(entry.substr(3)))) return true;
+        } catch (const std::regex_error&) {
+          throw Error("quantization_config: '" + entry + "' is not a regular expression");
+        }
+        continue;
+      }
+      if (module == entry) return true;
+      if (module.size() > entry.size() &&
+          module.compare(module.size() - entry.size(), entry.size(), entry) == 0 &&
+          module[module.size() - entry.size() - 1] == '.') {
+        return true;
+      }
+    }
+    return false;
+  }
+
  private:
   std::string source() const { return checkpoint_.paths.weights.string(); }
   // A tensor as its file names it: GGUF files have their own names (blk.N.attn_q.weight).
@@ -71,6 +168,19 @@ class Binder {
     }
     bound_.insert(info.name);
     return WeightView{info.data, info.dtype, info.shape, info.size_bytes()};
+  }
+
+  // FP8 E4M3 has NaN codes (0x7F, 0xFF) and no use for them in weights; the kernels read codes
+  // without testing for them, so a checkpoint holding one is refused here.
+  static void refuse_nan_codes(const WeightView& view, const std::string& file,
+                               const std::string& name) {
+    const auto* codes = static_cast<const uint8_t*>(view.data);
+    for (uint64_t i = 0; i < view.size_bytes; ++i) {
+      if ((codes[i] & 0x7fu) == 0x7fu) {
+        throw Error(file + ": tensor '" + name + "' holds an FP8 NaN code at element " +
+                    std::to_string(i));
+      }
+    }
   }
 
   const Checkpoint& checkpoint_;
@@ -95,14 +205,14 @@ ModelWeights bind_weights(const Checkpoint& checkpoint) {
     LayerWeights l;
     l.attention_norm =
         binder.require(prefix + "input_layernorm.weight", {c.hidden_size}, "hidden_size");
-    l.q_proj = binder.require(attention + "q_proj.weight", {q_width, c.hidden_size},
-                              "num_attention_heads * head_dim, hidden_size");
-    l.k_proj = binder.require(attention + "k_proj.weight", {kv_width, c.hidden_size},
-                              "num_key_value_heads * head_dim, hidden_size");
-    l.v_proj = binder.require(attention + "v_proj.weight", {kv_width, c.hidden_size},
-                              "num_key_value_heads * head_dim, hidden_size");
-    l.o_proj = binder.require(attention + "o_proj.weight", {c.hidden_size, q_width},
-                              "hidden_size, num_attention_heads * head_dim");
+    l.q_proj = binder.linear(attention + "q_proj", {q_width, c.hidden_size},
+                             "num_attention_heads * head_dim, hidden_size");
+    l.k_proj = binder.linear(attention + "k_proj", {kv_width, c.hidden_size},
+                             "num_key_value_heads * head_dim, hidden_size");
+    l.v_proj = binder.linear(attention + "v_proj", {kv_width, c.hidden_size},
+                             "num_key_value_heads * head_dim, hidden_size");
+    l.o_proj = binder.linear(attention + "o_proj", {c.hidden_size, q_width},
+                             "hidden_size, num_attention_heads * head_dim");
     l.q_bias = binder.optional(c.qkv_bias, attention + "q_proj.bias", {q_width},
                                "num_attention_heads * head_dim");
     l.k_bias = binder.optional(c.qkv_bias, attention + "k_proj.bias", {kv_width},
@@ -112,12 +222,12 @@ ModelWeights bind_weights(const Checkpoint& checkpoint) {
     l.o_bias = binder.optional(c.o_bias, attention + "o_proj.bias", {c.hidden_size}, "hidden_size");
     l.mlp_norm =
         binder.require(prefix + "post_attention_layernorm.weight", {c.hidden_size}, "hidden_size");
-    l.gate_proj = binder.require(mlp + "gate_proj.weight", {c.intermediate_size, c.hidden_size},
-                                 "intermediate_size, hidden_size");
-    l.up_proj = binder.require(mlp + "up_proj.weight", {c.intermediate_size, c.hidden_size},
-                               "intermediate_size, hidden_size");
-    l.down_proj = binder.require(mlp + "down_proj.weight", {c.hidden_size, c.intermediate_size},
-                                 "hidden_size, intermediate_size");
+    l.gate_proj = binder.linear(mlp + "gate_proj", {c.intermediate_size, c.hidden_size},
+                                "intermediate_size, hidden_size");
+    l.up_proj = binder.linear(mlp + "up_proj", {c.intermediate_size, c.hidden_size},
+                              "intermediate_size, hidden_size");
+    l.down_proj = binder.linear(mlp + "down_proj", {c.hidden_size, c.intermediate_size},
+                                "hidden_size, intermediate_size");
     l.gate_bias = binder.optional(c.mlp_bias, mlp + "gate_proj.bias", {c.intermediate_size},
                                   "intermediate_size");
     l.up_bias = binder.optional(c.mlp_bias, mlp + "up_proj.bias", {c.intermediate_size},
@@ -144,8 +254,8 @@ ModelWeights bind_weights(const Checkpoint& checkpoint) {
       binder.mark("lm_head.weight");
     }
   } else {
-    weights.output = binder.require("lm_head.weight", {c.vocab_size, c.hidden_size},
-                                    "vocab_size, hidden_size; tie_word_embeddings is false");
+    weights.output = binder.linear("lm_head", {c.vocab_size, c.hidden_size},
+                                   "vocab_size, hidden_size; tie_word_embeddings is false");
   }
   binder.reject_unbound(c.architecture_name + " with " + std::to_string(c.num_layers) + " layers" +
                         (c.qkv_bias ? "" : " and no q/k/v bias"));

@@ -17,6 +17,13 @@ struct WeightView {
   DType dtype = DType::kF32;   // stored dtype
   std::vector<int64_t> shape;  // dimensions
   uint64_t size_bytes = 0;     // bytes of data
+  // A quantized weight's scales (kernels::MatmulParams has the layout): as the checkpoint stores
+  // them until the model places them, then f32 on its backend.
+  const void* scales = nullptr;
+  DType scale_dtype = DType::kF32;  // F32, BF16 or F16 as stored
+  int64_t scale_block_rows = 0;     // output rows sharing a scale
+  int64_t scale_block_cols = 0;     // input columns sharing a scale
+  int64_t scale_count = 0;          // scales in the grid
 
   explicit operator bool() const { return data != nullptr; }
 };

@@ -312,14 +312,14 @@ TEST_F(CudaBackendTest, MatmulMatchesCpuForEveryDtypeAndShape) {
         for (const bool with_bias : {false, true}) {
           const MatmulParams params{rows, in, out_features, dtype, dtype};
           std::vector<float> ref(rows * out_features);
-          ASSERT_TRUE(cpu_->matmul(params, x.data(), weight.data(dtype),
+          ASSERT_TRUE(cpu_->matmul(params, x.data(), weight.data(dtype), nullptr,
                                    with_bias ? bias.data(dtype) : nullptr, ref.data())
                           .is_ok());
           DeviceBuffer device_x = upload(*gpu_, x);
           DeviceBuffer device_weight = upload_bytes(*gpu_, weight.data(dtype), weight.bytes(dtype));
           DeviceBuffer device_bias = upload_bytes(*gpu_, bias.data(dtype), bias.bytes(dtype));
           DeviceBuffer out = poisoned(*gpu_, ref.size());
-          ASSERT_TRUE(gpu_->matmul(params, device_x.as<float>(), device_weight.data(),
+          ASSERT_TRUE(gpu_->matmul(params, device_x.as<float>(), device_weight.data(), nullptr,
                                    with_bias ? device_bias.data() : nullptr, out.as<float>())
                           .is_ok());
           // Rows above 16 go through the GEMM, which rounds x to a half dtype.
@@ -356,7 +356,7 @@ TEST_F(CudaBackendTest, SkinnyMatmulIsBatchInvariantBitwise) {
         DeviceBuffer out = poisoned(*gpu_, count * out_features);
         const Status status =
             gpu_->matmul({count, in, out_features, dtype, dtype}, device_x.as<float>(),
-                         device_weight.data(), device_bias.data(), out.as<float>());
+                         device_weight.data(), nullptr, device_bias.data(), out.as<float>());
         EXPECT_TRUE(status.is_ok()) << status.to_string();
         return download(*gpu_, out, count * out_features);
       };
@@ -709,7 +709,8 @@ TEST_F(CudaBackendTest, BadShapesGiveTheCpuStatusCodes) {
   for (const MatmulParams& p : {MatmulParams{-1, 4, 4, DType::kF32, DType::kF32},
                                 MatmulParams{1, 0, 4, DType::kBF16, DType::kF32},
                                 MatmulParams{20, 4, 0, DType::kF16, DType::kF32}}) {
-    same(cpu_->matmul(p, c, c, nullptr, c), gpu_->matmul(p, f, f, nullptr, mutable_f), "matmul");
+    same(cpu_->matmul(p, c, c, nullptr, nullptr, c),
+         gpu_->matmul(p, f, f, nullptr, nullptr, mutable_f), "matmul");
   }
   for (const RopeParams& p : {RopeParams{1, 1, 1, 3, RopeStyle::kRotateHalf},
                               RopeParams{-1, 1, 1, 4, RopeStyle::kRotateHalf},
