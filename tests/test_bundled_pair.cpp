@@ -149,6 +149,73 @@ TEST_F(BundledPairTest, GreedySpeculativeOutputIsTheTargetsOwn) {
   EXPECT_GT(acceptance, 0.03);
 }
 
+// Quantized at load, each model keeps its held-out loss within 1% of the weights as stored; the
+// figures the README reports (loss, greedy tokens equal to the stored weights' over the held-out
+// prompts, acceptance with a quantized target and with a quantized draft) print as "[ quantized ]"
+// lines.
+TEST_F(BundledPairTest, QuantizedModelsKeepTheirHeldOutLoss) {
+  const nlohmann::json& excerpts = samples_->at("evaluation");
+  std::vector<std::vector<int32_t>> texts;
+  for (const nlohmann::json& excerpt : excerpts) {
+    std::vector<int32_t> tokens =
+        tokenizer_->encode(excerpt.at("text").get<std::string>(), /*add_special_tokens=*/true);
+    tokens.resize(std::min<size_t>(tokens.size(), size_t(target_->context_limit())));
+    texts.push_back(std::move(tokens));
+  }
+  const auto loss = [&](Model& model) {
+    double total = 0.0;
+    for (const std::vector<int32_t>& tokens : texts) {
+      total += cross_entropy(model, tokens) / double(texts.size());
+    }
+    return total;
+  };
+  const double target_loss = loss(*target_), draft_loss = loss(*draft_);
+  const SamplingSettings sampling = testing::greedy(48);
+  const SpeculationSettings speculation =
+      testing::speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, 4);
+  for (const WeightQuantize mode : {WeightQuantize::kFP8, WeightQuantize::kINT8}) {
+    const char* name = mode == WeightQuantize::kFP8 ? "fp8" : "int8";
+    ModelOptions options;
+    options.quantize = mode;
+    const auto target = Model::load(source_path("models/pycode-target"), *backend_, options);
+    const auto draft = Model::load(source_path("models/pycode-draft"), *backend_, options);
+    const double quantized_target_loss = loss(*target), quantized_draft_loss = loss(*draft);
+    int64_t equal = 0, total = 0;
+    int64_t drafted[2] = {}, accepted[2] = {};  // quantized target; quantized draft
+    for (const nlohmann::json& prompt : samples_->at("prompts")) {
+      const std::vector<int32_t> ids = prompt_ids(prompt);
+      const std::vector<int32_t> original =
+          testing::reference_decode(*target_, ids, sampling).tokens;
+      const std::vector<int32_t> quantized =
+          testing::reference_decode(*target, ids, sampling).tokens;
+      for (size_t i = 0; i < std::min(original.size(), quantized.size()); ++i) {
+        equal += original[i] == quantized[i] ? 1 : 0;
+      }
+      total += static_cast<int64_t>(original.size());
+      const Completion with_target = testing::decode(*target, draft_, ids, sampling, speculation);
+      const Completion with_draft =
+          testing::decode(*target_, draft.get(), ids, sampling, speculation);
+      EXPECT_EQ(with_target.tokens, quantized) << name;  // still the (quantized) target's own
+      EXPECT_EQ(with_draft.tokens, original) << name;
+      drafted[0] += with_target.stats.drafted;
+      accepted[0] += with_target.stats.accepted;
+      drafted[1] += with_draft.stats.drafted;
+      accepted[1] += with_draft.stats.accepted;
+    }
+    std::cout << "[ quantized ] pycode " << name << ": target loss " << quantized_target_loss
+              << " (as stored " << target_loss << ", "
+              << 100.0 * (quantized_target_loss / target_loss - 1.0) << "%), draft loss "
+              << quantized_draft_loss << " (as stored " << draft_loss << ", "
+              << 100.0 * (quantized_draft_loss / draft_loss - 1.0) << "%); greedy tokens equal "
+              << equal << "/" << total << "; acceptance with a quantized target "
+              << double(accepted[0]) / double(std::max<int64_t>(drafted[0], 1))
+              << ", with a quantized draft "
+              << double(accepted[1]) / double(std::max<int64_t>(drafted[1], 1)) << "\n";
+    EXPECT_LT(quantized_target_loss, 1.01 * target_loss) << name;
+    EXPECT_LT(quantized_draft_loss, 1.01 * draft_loss) << name;
+  }
+}
+
 // `specrun` with no --target runs the pair and says so in one line on stderr.
 void expect_runs_bundled_pair(const std::string& specrun, const fs::path& expected_folder,
                               const fs::path& stats) {

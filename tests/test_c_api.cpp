@@ -113,6 +113,9 @@ TEST_F(CApiTest, InitSetsTheCppDefaults) {
   EXPECT_EQ(config.rope_style, nullptr);
   EXPECT_EQ(config.deterministic, 0);
   EXPECT_EQ(config.prefix_cache, 1);
+  EXPECT_EQ(config.quantize, SPECRUN_QUANTIZATION_NONE);
+  EXPECT_EQ(config.draft_quantize, SPECRUN_QUANTIZATION_NONE);
+  EXPECT_EQ(config.quantize_lm_head, 0);
   EXPECT_EQ(config.threads, defaults.threads);
   EXPECT_EQ(config.kv_cache_tokens, defaults.kv_cache_tokens);
   EXPECT_EQ(config.kv_block_size, defaults.kv_block_size);
@@ -483,6 +486,10 @@ TEST_F(CApiTest, RefusedRequestsAndConfigsReturnTheirCodeAndMessage) {
   store_int(&settings.speculation.method, 9);
   expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_INVALID_ARGUMENT,
                  "specrun_engine_create", {"config->speculation.method 9"});
+  settings = config();
+  store_int(&settings.draft_quantize, 3);
+  expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_INVALID_ARGUMENT,
+                 "specrun_engine_create", {"config->draft_quantize 3", "specrun_quantization"});
   settings = config();
   settings.max_batch = 0;
   expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_FAILED,

@@ -390,8 +390,9 @@ class CliSpeculativeTest : public CliTest {
 
 TEST_F(CliSpeculativeTest, HelpDocumentsTheSpeculativeFlags) {
   const CommandResult result = run_tool("specrun", "--help");
-  for (const char* flag : {"--draft", "--gamma", "--no-draft", "--stats-json", "--prompt ",
-                           "--config", "--method", "--controller", "--verification"}) {
+  for (const char* flag :
+       {"--draft", "--gamma", "--no-draft", "--stats-json", "--prompt ", "--config", "--method",
+        "--controller", "--verification", "--quantize", "--draft-quantize", "--quantize-lm-head"}) {
     EXPECT_NE(result.stdout_text.find(flag), std::string::npos) << flag;
   }
 }
@@ -408,6 +409,26 @@ TEST_F(CliSpeculativeTest, SpeculativeOutputEqualsTargetAlone) {
     ASSERT_EQ(speculative.exit_code, 0) << flags << ": " << speculative.stderr_text;
     EXPECT_EQ(speculative.stdout_text, alone.stdout_text) << flags;
   }
+}
+
+TEST_F(CliSpeculativeTest, QuantizedTargetSpeculatesLosslessly) {
+  // With the same quantized target, greedy speculation (with a bf16 or a quantized draft) gives
+  // what the quantized target gives alone; an unknown quantization is refused.
+  for (const std::string target :
+       {"--quantize int8", "--quantize fp8", "--quantize int8 --quantize-lm-head"}) {
+    const CommandResult alone = run("--no-draft --quiet " + target);
+    ASSERT_EQ(alone.exit_code, 0) << target << ": " << alone.stderr_text;
+    EXPECT_EQ(parse_ids(alone.stdout_text).size(), 30u);
+    for (const std::string draft : {"", " --draft-quantize fp8 --gamma 5"}) {
+      const CommandResult speculative = run("--draft " + quote((dir_ / "draft").string()) +
+                                            " --quiet --controller fixed " + target + draft);
+      ASSERT_EQ(speculative.exit_code, 0) << target << draft << ": " << speculative.stderr_text;
+      EXPECT_EQ(speculative.stdout_text, alone.stdout_text) << target << draft;
+    }
+  }
+  const CommandResult unknown = run("--quantize int4");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.stderr_text.find("--quantize"), std::string::npos) << unknown.stderr_text;
 }
 
 TEST_F(CliSpeculativeTest, SeededSampledOutputEqualsTargetAloneUnderSharedNoise) {

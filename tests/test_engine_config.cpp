@@ -52,6 +52,9 @@ TEST(EngineConfigFile, DefaultFileDocumentsTheBuiltInDefaults) {
   EXPECT_EQ(loaded.prefix_cache, built_in.prefix_cache);
   EXPECT_EQ(loaded.target, built_in.target);
   EXPECT_EQ(loaded.draft, built_in.draft);
+  EXPECT_EQ(loaded.quantize, built_in.quantize);
+  EXPECT_EQ(loaded.draft_quantize, built_in.draft_quantize);
+  EXPECT_EQ(loaded.quantize_lm_head, built_in.quantize_lm_head);
   EXPECT_EQ(loaded.speculation.method, built_in.speculation.method);
   EXPECT_EQ(loaded.speculation.gamma, built_in.speculation.gamma);
   EXPECT_EQ(loaded.speculation.gamma_min, built_in.speculation.gamma_min);
@@ -61,6 +64,19 @@ TEST(EngineConfigFile, DefaultFileDocumentsTheBuiltInDefaults) {
   EXPECT_EQ(loaded.speculation.draft_p_min, built_in.speculation.draft_p_min);
   EXPECT_EQ(loaded.speculation.lookup_min_ngram, built_in.speculation.lookup_min_ngram);
   EXPECT_EQ(loaded.speculation.lookup_max_ngram, built_in.speculation.lookup_max_ngram);
+}
+
+TEST(EngineConfigFile, ReadsTheQuantizationKeysAndNamesABadOne) {
+  testing::TempDir dir;
+  testing::write_file(dir / "q.toml",
+                      "[model]\nquantize = \"int8\"\ndraft_quantize = \"fp8\"\n"
+                      "quantize_lm_head = true\n");
+  const EngineConfig config = EngineConfig::from_toml((dir / "q.toml").string());
+  EXPECT_EQ(config.quantize, Quantization::kINT8);
+  EXPECT_EQ(config.draft_quantize, Quantization::kFP8);
+  EXPECT_TRUE(config.quantize_lm_head);
+  expect_config_error("[model]\nquantize = \"int4\"\n",
+                      {":2:", "model.quantize", "int4", "fp8", "int8"});
 }
 
 TEST(EngineConfigFile, ReadsEveryKeyAndKeepsDefaultsForAbsentOnes) {

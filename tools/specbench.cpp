@@ -366,6 +366,11 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "Measured runs (after one warm-up); the median is reported")
       ->capture_default_str();
   app.add_option("--json", json_path, "Also write the results as JSON to this file");
+  std::vector<std::string> quantize;
+  app.add_option("--quantize", quantize,
+                 "Also measure the model quantized at load, in the same run: fp8, int8 or both "
+                 "(comma-separated), each against the weights as stored")
+      ->delimiter(',');
   bool speculative = false;
   std::string target_path, draft_path;
   int64_t spec_tokens = 256, spec_prompts = 3;
@@ -405,6 +410,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
+  if (!synthetic.empty() && !quantize.empty()) {
+    std::fprintf(stderr,
+                 "specbench: error: --quantize measures a checkpoint (--model or the generated "
+                 "~100M model); synthetic weights are bf16 only\n");
+    return 1;
+  }
   if (!synthetic.empty()) {
     return specrun::tools::run_reporting_errors("specbench", "warn", [&] {
       device_bench.target_shape = synthetic;
@@ -469,48 +480,82 @@ int main(int argc, char** argv) {
     }
     auto pool = std::make_shared<specrun::kernels::cpu::ThreadPool>(threads);
     specrun::kernels::cpu::CpuBackend backend(pool);
-    specrun::ModelOptions model_options;
-    model_options.kv_cache_tokens = prompt_tokens + decode_tokens + 16;
-    const auto model = specrun::Model::load(model_path, backend, model_options);
-    const specrun::ModelConfig& config = model->config();
-
-    const uint64_t weight_bytes = model->weight_bytes();
-    const uint64_t decode_read_bytes = model->decode_read_bytes();
-
-    specrun::Rng rng(7);
-    std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
-    for (int32_t& token : prompt) {
-      token = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(config.vocab_size));
+    // The weights as stored first (the baseline), then each quantization asked for, in one run.
+    std::vector<specrun::WeightQuantize> modes = {specrun::WeightQuantize::kNone};
+    for (const std::string& name : quantize) {
+      if (name == "fp8") {
+        modes.push_back(specrun::WeightQuantize::kFP8);
+      } else if (name == "int8") {
+        modes.push_back(specrun::WeightQuantize::kINT8);
+      } else {
+        throw specrun::Error("--quantize takes fp8 and int8, got '" + name + "'");
+      }
     }
-    specrun::KvCache& cache = model->kv_cache();
-    specrun::Logits logits;
+    const auto mode_name = [](specrun::WeightQuantize mode) {
+      return mode == specrun::WeightQuantize::kFP8    ? "fp8"
+             : mode == specrun::WeightQuantize::kINT8 ? "int8"
+                                                      : "as stored";
+    };
 
-    std::vector<double> prefill_ms;
-    std::vector<double> decode_ms;  // per step
-    for (int r = 0; r < repeats + 1; ++r) {
-      const specrun::SequenceId sequence = cache.add_sequence();
-      const specrun::SequenceInput prefill[] = {{sequence, prompt, false}};
-      auto start = Clock::now();
-      model->forward(prefill, &logits);
-      const double prefill_time = milliseconds(start);
-      int32_t token = prompt.back();
-      std::vector<double> steps;
-      for (int64_t step = 0; step < decode_tokens; ++step) {
-        const int32_t fed[] = {token};
-        const specrun::SequenceInput decode[] = {{sequence, fed, false}};
-        start = Clock::now();
-        model->forward(decode, &logits);
-        steps.push_back(milliseconds(start));
+    struct Measured {
+      std::string name;                // "as stored", "fp8", "int8"
+      uint64_t weight_bytes = 0;       // as loaded
+      uint64_t decode_read_bytes = 0;  // what a decode step reads
+      double prefill_ms = 0;           // median prefill of prompt_tokens
+      double step_ms = 0;              // median decode step
+    };
+    const auto measure = [&](specrun::WeightQuantize mode) {
+      specrun::ModelOptions model_options;
+      model_options.kv_cache_tokens = prompt_tokens + decode_tokens + 16;
+      model_options.quantize = mode;
+      const auto model = specrun::Model::load(model_path, backend, model_options);
+      const specrun::ModelConfig& config = model->config();
+      specrun::Rng rng(7);  // the same prompt and tokens for every mode
+      std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
+      for (int32_t& token : prompt) {
         token = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(config.vocab_size));
       }
-      cache.remove_sequence(sequence);
-      if (r == 0) continue;  // warm-up
-      prefill_ms.push_back(prefill_time);
-      decode_ms.push_back(median(steps));
+      specrun::KvCache& cache = model->kv_cache();
+      specrun::Logits logits;
+      std::vector<double> prefill_ms;
+      std::vector<double> decode_ms;  // per step
+      for (int r = 0; r < repeats + 1; ++r) {
+        const specrun::SequenceId sequence = cache.add_sequence();
+        const specrun::SequenceInput prefill[] = {{sequence, prompt, false}};
+        auto start = Clock::now();
+        model->forward(prefill, &logits);
+        const double prefill_time = milliseconds(start);
+        int32_t token = prompt.back();
+        std::vector<double> steps;
+        for (int64_t step = 0; step < decode_tokens; ++step) {
+          const int32_t fed[] = {token};
+          const specrun::SequenceInput decode[] = {{sequence, fed, false}};
+          start = Clock::now();
+          model->forward(decode, &logits);
+          steps.push_back(milliseconds(start));
+          token = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(config.vocab_size));
+        }
+        cache.remove_sequence(sequence);
+        if (r == 0) continue;  // warm-up
+        prefill_ms.push_back(prefill_time);
+        decode_ms.push_back(median(steps));
+      }
+      return Measured{mode_name(mode), model->weight_bytes(), model->decode_read_bytes(),
+                      median(prefill_ms), median(decode_ms)};
+    };
+    std::vector<Measured> runs;
+    int64_t parameters = 0;
+    {
+      const auto model = specrun::Model::load(model_path, backend);
+      parameters = model->parameter_count();
     }
+    for (const specrun::WeightQuantize mode : modes) runs.push_back(measure(mode));
+    const Measured& base = runs.front();
+    const uint64_t weight_bytes = base.weight_bytes;
+    const uint64_t decode_read_bytes = base.decode_read_bytes;
     const Bandwidth bandwidth = measure_bandwidth(*pool, size_t{512} << 20, 5);
-    const double prefill_tps = 1e3 * static_cast<double>(prompt_tokens) / median(prefill_ms);
-    const double step_ms = median(decode_ms);
+    const double prefill_tps = 1e3 * static_cast<double>(prompt_tokens) / base.prefill_ms;
+    const double step_ms = base.step_ms;
     const double decode_tps = 1e3 / step_ms;
     const double decode_bandwidth = static_cast<double>(decode_read_bytes) / (step_ms / 1e3);
     // A decode step reads every weight once (one row of an untied embedding table): its floor is
@@ -530,10 +575,10 @@ int main(int argc, char** argv) {
     }
     std::printf("machine: %s, %d threads\n", cpu, pool->num_threads());
     std::printf("model: %s, %.1fM parameters, %.1f MiB of weights\n", model_path.c_str(),
-                static_cast<double>(model->parameter_count()) / 1e6,
+                static_cast<double>(parameters) / 1e6,
                 static_cast<double>(weight_bytes) / (1 << 20));
     std::printf("prefill: %lld tokens in %.1f ms: %.1f tokens/s (median of %d)\n",
-                static_cast<long long>(prompt_tokens), median(prefill_ms), prefill_tps, repeats);
+                static_cast<long long>(prompt_tokens), base.prefill_ms, prefill_tps, repeats);
     std::printf("decode: %.2f ms/token: %.1f tokens/s (median step, %lld steps x %d runs)\n",
                 step_ms, decode_tps, static_cast<long long>(decode_tokens), repeats);
     std::printf("memory: read %.1f GB/s, copy %.1f GB/s (read + write), measured in this run\n",
@@ -543,20 +588,45 @@ int main(int argc, char** argv) {
         "ms/token), %.0f%% of the copy bandwidth\n",
         decode_bandwidth / 1e9, 100.0 * decode_bandwidth / bandwidth.read, floor_ms,
         100.0 * decode_bandwidth / bandwidth.copy);
+    nlohmann::json quantized = nlohmann::json::array();
+    if (runs.size() > 1) {
+      std::printf(
+          "weights     MiB  decode ms  tokens/s  vs as stored  of floor  prefill tokens/s  vs as "
+          "stored\n");
+      for (const Measured& run : runs) {
+        const double run_floor_ms =
+            1e3 * static_cast<double>(run.decode_read_bytes) / bandwidth.read;
+        const double run_prefill_tps = 1e3 * static_cast<double>(prompt_tokens) / run.prefill_ms;
+        std::printf("%-9s %5.1f  %9.2f  %8.1f  %11.2fx  %7.0f%%  %16.1f  %7.2fx\n",
+                    run.name.c_str(), static_cast<double>(run.weight_bytes) / (1 << 20),
+                    run.step_ms, 1e3 / run.step_ms, base.step_ms / run.step_ms,
+                    100.0 * run_floor_ms / run.step_ms, run_prefill_tps,
+                    base.prefill_ms / run.prefill_ms);
+        quantized.push_back({{"weights", run.name},
+                             {"weight_bytes", run.weight_bytes},
+                             {"decode_read_bytes", run.decode_read_bytes},
+                             {"decode_ms_per_token", run.step_ms},
+                             {"decode_speedup", base.step_ms / run.step_ms},
+                             {"decode_fraction_of_floor", run_floor_ms / run.step_ms},
+                             {"prefill_ms", run.prefill_ms},
+                             {"prefill_speedup", base.prefill_ms / run.prefill_ms}});
+      }
+    }
     if (!json_path.empty()) {
-      const nlohmann::json results = {{"machine", cpu},
-                                      {"threads", pool->num_threads()},
-                                      {"parameters", model->parameter_count()},
-                                      {"weight_bytes", weight_bytes},
-                                      {"decode_read_bytes", decode_read_bytes},
-                                      {"prompt_tokens", prompt_tokens},
-                                      {"prefill_ms", median(prefill_ms)},
-                                      {"prefill_tokens_per_second", prefill_tps},
-                                      {"decode_ms_per_token", step_ms},
-                                      {"decode_tokens_per_second", decode_tps},
-                                      {"read_bandwidth_bytes_per_second", bandwidth.read},
-                                      {"copy_bandwidth_bytes_per_second", bandwidth.copy},
-                                      {"decode_fraction_of_floor", floor_ms / step_ms}};
+      nlohmann::json results = {{"machine", cpu},
+                                {"threads", pool->num_threads()},
+                                {"parameters", parameters},
+                                {"weight_bytes", weight_bytes},
+                                {"decode_read_bytes", decode_read_bytes},
+                                {"prompt_tokens", prompt_tokens},
+                                {"prefill_ms", base.prefill_ms},
+                                {"prefill_tokens_per_second", prefill_tps},
+                                {"decode_ms_per_token", step_ms},
+                                {"decode_tokens_per_second", decode_tps},
+                                {"read_bandwidth_bytes_per_second", bandwidth.read},
+                                {"copy_bandwidth_bytes_per_second", bandwidth.copy},
+                                {"decode_fraction_of_floor", floor_ms / step_ms}};
+      if (!quantized.empty()) results["quantized"] = quantized;
       std::ofstream(json_path) << results.dump(2) << "\n";
     }
     if (!generated.empty()) std::filesystem::remove_all(generated);

@@ -290,6 +290,22 @@ int main(int argc, char** argv) {
   verification
       ->transform(choices({specrun::Verification::kSharedNoise, specrun::Verification::kRejection}))
       ->type_name("shared_noise|rejection");
+  CLI::Option* quantize = app.add_option(
+      "--quantize", f.quantize,
+      "Quantize the target's linear layers at load (model.quantize): fp8 (E4M3) or int8, one "
+      "symmetric scale per output channel; embeddings and the output projection stay bf16");
+  CLI::Option* draft_quantize =
+      app.add_option("--draft-quantize", f.draft_quantize,
+                     "The same for the draft's linear layers (model.draft_quantize)");
+  for (CLI::Option* option : {quantize, draft_quantize}) {
+    option
+        ->transform(choices({specrun::Quantization::kNone, specrun::Quantization::kFP8,
+                             specrun::Quantization::kINT8}))
+        ->type_name("none|fp8|int8");
+  }
+  CLI::Option* quantize_lm_head =
+      app.add_flag("--quantize-lm-head", f.quantize_lm_head,
+                   "Quantize the output projections too (model.quantize_lm_head)");
   app.add_option("--stats-json", options.stats_json,
                  "Also write the run's stats as JSON to this file");
   CLI::Option* gamma_min =
@@ -394,6 +410,9 @@ int main(int argc, char** argv) {
     if (given(method)) config.speculation.method = f.speculation.method;
     if (given(controller)) config.speculation.controller = f.speculation.controller;
     if (given(verification)) config.speculation.verification = f.speculation.verification;
+    if (given(quantize)) config.quantize = f.quantize;
+    if (given(draft_quantize)) config.draft_quantize = f.draft_quantize;
+    if (given(quantize_lm_head)) config.quantize_lm_head = f.quantize_lm_head;
   };
   if (serve_command->parsed()) {
     const auto apply_server_flags = [&](specrun::ServerConfig& config) {

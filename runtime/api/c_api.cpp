@@ -348,6 +348,21 @@ specrun_result* owned(const specrun::Result& result) {
   return copy;
 }
 
+specrun::Quantization from_c(specrun_quantization quantization, const char* name) {
+  const int64_t value = enum_value(quantization);
+  switch (value) {
+    case SPECRUN_QUANTIZATION_NONE:
+      return specrun::Quantization::kNone;
+    case SPECRUN_QUANTIZATION_FP8:
+      return specrun::Quantization::kFP8;
+    case SPECRUN_QUANTIZATION_INT8:
+      return specrun::Quantization::kINT8;
+    default:
+      throw InvalidArgument(std::string(name) + " " + std::to_string(value) +
+                            " is not a specrun_quantization");
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -423,6 +438,9 @@ specrun_status specrun_engine_config_init(specrun_engine_config* config) {
     config->sampling = to_c(defaults.sampling);
     config->speculation = to_c(defaults.speculation);
     config->prefix_cache = defaults.prefix_cache ? 1 : 0;
+    config->quantize = SPECRUN_QUANTIZATION_NONE;
+    config->draft_quantize = SPECRUN_QUANTIZATION_NONE;
+    config->quantize_lm_head = defaults.quantize_lm_head ? 1 : 0;
   });
 }
 
@@ -447,6 +465,9 @@ specrun_status specrun_engine_create(const specrun_engine_config* config, specru
     settings.sampling = from_c(config->sampling);
     settings.speculation = from_c(config->speculation, "config->speculation");
     settings.prefix_cache = config->prefix_cache != 0;
+    settings.quantize = from_c(config->quantize, "config->quantize");
+    settings.draft_quantize = from_c(config->draft_quantize, "config->draft_quantize");
+    settings.quantize_lm_head = config->quantize_lm_head != 0;
     auto handle = std::make_unique<specrun_engine>();
     handle->engine = specrun::Engine::create(settings);
     *engine = handle.release();

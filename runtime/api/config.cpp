@@ -213,9 +213,12 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
   }
   if (const toml::table* model = document["model"].as_table()) {
     TableReader reader(path, *model, "model", model_root);
-    reader.reject_unknown({"target", "draft"});
+    reader.reject_unknown({"target", "draft", "quantize", "draft_quantize", "quantize_lm_head"});
     reader.path("target", &config.target);
     reader.path("draft", &config.draft);
+    reader.choice("quantize", &config.quantize, parse_quantization, quantizations());
+    reader.choice("draft_quantize", &config.draft_quantize, parse_quantization, quantizations());
+    reader.boolean("quantize_lm_head", &config.quantize_lm_head);
   }
   if (const toml::table* speculative = document["speculative"].as_table()) {
     TableReader reader(path, *speculative, "speculative");

@@ -292,8 +292,16 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   model_options.kv_block_size = config.kv_block_size;
   model_options.prefix_cache = config.prefix_cache;
   model_options.rope_style = parse_rope_style(config.rope_style);
+  model_options.quantize_output = config.quantize_lm_head;
+  const auto weight_quantize = [](Quantization quantization) {
+    return quantization == Quantization::kFP8    ? WeightQuantize::kFP8
+           : quantization == Quantization::kINT8 ? WeightQuantize::kINT8
+                                                 : WeightQuantize::kNone;
+  };
+  model_options.quantize = weight_quantize(config.quantize);
   core->target = Model::load(config.target, *core->backend, model_options);
   if (!config.draft.empty()) {
+    model_options.quantize = weight_quantize(config.draft_quantize);
     core->draft = Model::load(config.draft, *core->backend, model_options);
     check_pairing(*core->target, *core->draft);
   }

@@ -12,6 +12,8 @@ constexpr SpeculationMethod kMethods[] = {
 constexpr GammaControl kControls[] = {GammaControl::kGoodput, GammaControl::kHeuristic,
                                       GammaControl::kFixed};
 constexpr Verification kVerifications[] = {Verification::kSharedNoise, Verification::kRejection};
+constexpr Quantization kQuantizations[] = {Quantization::kNone, Quantization::kFP8,
+                                           Quantization::kINT8};
 
 }  // namespace
 
@@ -45,6 +47,18 @@ const char* to_string(Verification verification) {
       return "rejection";
     case Verification::kSharedNoise:
       return "shared_noise";
+  }
+  return "unknown";
+}
+
+const char* to_string(Quantization quantization) {
+  switch (quantization) {
+    case Quantization::kNone:
+      return "none";
+    case Quantization::kFP8:
+      return "fp8";
+    case Quantization::kINT8:
+      return "int8";
   }
   return "unknown";
 }
@@ -86,6 +100,17 @@ std::optional<Verification> parse_verification(std::string_view name) {
     if (name == to_string(verification)) return verification;
   }
   return std::nullopt;
+}
+
+std::optional<Quantization> parse_quantization(std::string_view name) {
+  for (const Quantization quantization : kQuantizations) {
+    if (name == to_string(quantization)) return quantization;
+  }
+  return std::nullopt;
+}
+
+std::span<const Quantization> quantizations() {
+  return kQuantizations;
 }
 
 std::span<const SpeculationMethod> speculation_methods() {

@@ -18,10 +18,12 @@ namespace specrun {
 std::optional<SpeculationMethod> parse_speculation_method(std::string_view name);
 std::optional<GammaControl> parse_gamma_control(std::string_view name);
 std::optional<Verification> parse_verification(std::string_view name);
+std::optional<Quantization> parse_quantization(std::string_view name);
 // Every method, controller and verification, for lists of choices.
 std::span<const SpeculationMethod> speculation_methods();
 std::span<const GammaControl> gamma_controls();
 std::span<const Verification> verifications();
+std::span<const Quantization> quantizations();
 
 // Throw Error naming the setting and its value when it is out of range or inconsistent.
 void validate(const SamplingSettings& sampling);

@@ -94,6 +94,13 @@ typedef enum specrun_verification {
   SPECRUN_VERIFICATION_REJECTION = 1     /* rejection sampling: the most drafts accepted */
 } specrun_verification;
 
+/* Quantization of a model's linear layers at load (specrun.hpp's specrun::Quantization). */
+typedef enum specrun_quantization {
+  SPECRUN_QUANTIZATION_NONE = 0, /* weights as stored (default) */
+  SPECRUN_QUANTIZATION_FP8 = 1,  /* FP8 E4M3 with one scale per output channel */
+  SPECRUN_QUANTIZATION_INT8 = 2  /* int8 with one scale per output channel */
+} specrun_quantization;
+
 /* Why a request finished. */
 typedef enum specrun_finish_reason {
   SPECRUN_FINISH_END_OF_SEQUENCE = 0, /* the model produced an end-of-sequence token */
@@ -149,6 +156,9 @@ typedef struct specrun_engine_config {
   specrun_sampling sampling; /* defaults of requests that give none */
   specrun_speculation speculation; /* defaults of requests that give none */
   int prefix_cache; /* nonzero (default): prompts start from cached KV blocks of the same prefix */
+  specrun_quantization quantize;       /* the target's linear layers, at load; default none */
+  specrun_quantization draft_quantize; /* the draft's; default none */
+  int quantize_lm_head; /* nonzero: the output projections too (else they stay bf16); default 0 */
 } specrun_engine_config;
 
 specrun_status specrun_sampling_init(specrun_sampling* sampling);

@@ -59,6 +59,17 @@ enum class Verification {
 };
 const char* to_string(Verification verification);  // "shared_noise", "rejection"
 
+// Quantization of a model's linear layers at load: 8-bit codes with one symmetric scale per output
+// channel, computed from f32, f16 or bf16 weights (a checkpoint published pre-quantized in FP8 is
+// read as it is, whatever this says). Embeddings stay bf16, and the output projection too unless
+// EngineConfig::quantize_lm_head.
+enum class Quantization {
+  kNone,  // weights as stored
+  kFP8,   // FP8 E4M3, scale = max |w| / 448 per output channel
+  kINT8,  // int8 in [-127, 127], scale = max |w| / 127 per output channel
+};
+const char* to_string(Quantization quantization);  // "none", "fp8", "int8"
+
 // The most drafts any step may verify (gamma_max's bound).
 inline constexpr int64_t kMaxGamma = 64;
 
@@ -88,17 +99,20 @@ struct SpeculationSettings {
 // Every field has a default member initializer, so designated initializers may name any subset
 // without -Wmissing-field-initializers warnings.
 struct EngineConfig {
-  std::string target{};               // checkpoint: a directory, .safetensors, index or .gguf file
-  std::string draft{};                // draft checkpoint sharing the target's tokenizer; "" none
-  std::string device = "cpu";         // where the models run: "cpu", "cuda" or "cuda:N"
-  int threads = 0;                    // CPU threads; 0 uses every core
-  int64_t kv_cache_tokens = 0;        // KV capacity per model; 0: the context, at most 8192
-  int64_t kv_block_size = 16;         // tokens per KV-cache block
-  int64_t max_batch = 64;             // sequences decoded together in one step, at most
-  std::string rope_style = "auto";    // RoPE pairing: "auto" (rotate-half, as Hugging Face
-                                      // checkpoints), "rotate-half" or "interleaved" (Meta/GGUF)
-  bool deterministic = false;         // batch-invariant kernels on every backend (CUDA: slower
-                                      // prefill), so output does not depend on batch mates
+  std::string target{};             // checkpoint: a directory, .safetensors, index or .gguf file
+  std::string draft{};              // draft checkpoint sharing the target's tokenizer; "" none
+  std::string device = "cpu";       // where the models run: "cpu", "cuda" or "cuda:N"
+  int threads = 0;                  // CPU threads; 0 uses every core
+  int64_t kv_cache_tokens = 0;      // KV capacity per model; 0: the context, at most 8192
+  int64_t kv_block_size = 16;       // tokens per KV-cache block
+  int64_t max_batch = 64;           // sequences decoded together in one step, at most
+  std::string rope_style = "auto";  // RoPE pairing: "auto" (rotate-half, as Hugging Face
+                                    // checkpoints), "rotate-half" or "interleaved" (Meta/GGUF)
+  bool deterministic = false;       // batch-invariant kernels on every backend (CUDA: slower
+                                    // prefill), so output does not depend on batch mates
+  Quantization quantize = Quantization::kNone;        // the target's linear layers, at load
+  Quantization draft_quantize = Quantization::kNone;  // the draft's
+  bool quantize_lm_head = false;      // the output projections too (else they stay bf16)
   bool prefix_cache = true;           // a prompt starts from the cached KV blocks of an earlier
                                       // sequence with the same prefix (both models); output is
                                       // the same either way
