@@ -145,7 +145,9 @@ TEST_F(PrefixCacheTest, OutputIsBitwiseTheSameWithTheCacheOnAndOff) {
     expect_same(cached, computed);
     EXPECT_GT(cached_tokens(cached), 0);
     EXPECT_EQ(cached_tokens(computed), 0);
-    if (flavour > 0) {
+    // Fixed gammas draft every step; goodput may decode plainly throughout, on timings alone (a
+    // loaded CI machine made it so once), leaving the draft's cache unused.
+    if (flavour == 1 || flavour == 4) {
       EXPECT_GT(on.draft->kv_cache().reused_positions(), 0) << "the draft's cache";
     }
     // A greedy run is also the reference decode.
