@@ -17,6 +17,8 @@
 namespace specrun::kernels::cpu {
 
 inline constexpr int kLanes = 16;
+// How far ahead of each weight stream the AVX-512 loops prefetch (see dot_block).
+inline constexpr int64_t kPrefetchBytes = 4096;
 
 // acc + a * b, fused where the target has FMA (one rounding), otherwise two roundings; either
 // way the same everywhere in one build.
@@ -144,6 +146,13 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
     }
     __m512 w[kFeatures];
     for (int f = 0; f < kFeatures; ++f) {
+      // A software prefetch well ahead of each stream: the hardware's alone left a decode step at
+      // 37% of the read bandwidth on a 2-core EPYC (its samples on these loads); 4 KiB ahead
+      // doubled it, and quantized rows gain as much (specbench, README). Past a row's end it
+      // reaches the next tile's rows, read next; a prefetch never faults.
+      _mm_prefetch(static_cast<const char*>(weight_rows[f]) +
+                       i * static_cast<int64_t>(dtype_size(kDType)) + kPrefetchBytes,
+                   _MM_HINT_T0);
       if constexpr (kDType == DType::kI8) {
         const __m128i codes =
             _mm_maskz_loadu_epi8(mask, static_cast<const int8_t*>(weight_rows[f]) + i);
