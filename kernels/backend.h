@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <string_view>
+#include <utility>
 
 #include "kernels/core/dtype.h"
 #include "kernels/core/status.h"
@@ -126,6 +127,12 @@ class Backend {
   // op and the host's wait afterwards stay out; a host clock on a backend whose ops run inline.
   virtual Status time_ms(const std::function<Status()>& work, double* milliseconds) = 0;
 
+  // Where a backend's one-time notes go (a slower path taken, say): the runtime sends them to its
+  // log. Without a handler they are dropped.
+  void set_notice_handler(std::function<void(std::string_view)> handler) {
+    notice_handler_ = std::move(handler);
+  }
+
   // out[t, :] = table[token_ids[t], :]
   virtual Status embedding(const EmbeddingParams& params,
                            const int32_t* token_ids,  // [num_tokens]
@@ -187,6 +194,14 @@ class Backend {
   virtual Status add(int64_t count,
                      const float* addend,      // [count]
                      float* accumulator) = 0;  // [count]
+
+ protected:
+  void notice(std::string_view message) const {
+    if (notice_handler_) notice_handler_(message);
+  }
+
+ private:
+  std::function<void(std::string_view)> notice_handler_;
 };
 
 }  // namespace specrun::kernels

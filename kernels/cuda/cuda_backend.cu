@@ -388,6 +388,15 @@ Status CudaBackend::matmul(const MatmulParams& params, const float* x, const voi
       !status.is_ok()) {
     return status;
   }
+  if (!noted_scalar_matmul_ && runs_skinny(params, batch_invariant_) &&
+      !skinny_loads_vectors(params, x, weight)) {
+    noted_scalar_matmul_ = true;
+    notice("matmul: in_features " + std::to_string(params.in_features) +
+           (params.in_features % 8 != 0 ? " is not a multiple of 8"
+                                        : " with an operand not 16-byte aligned") +
+           ": the skinny kernel reads one element at a time, slower than its 16-byte loads "
+           "(noted once)");
+  }
   const MatmulContext context{cublas_, scratch_, scratch_bytes_, batch_invariant_};
   return launch_matmul(params, x, weight, bias, out, context, stream_);
 }

@@ -138,6 +138,7 @@ class CudaBackend final : public Backend {
   int multiprocessor_count_ = 1;
   bool batch_invariant_ = false;
   bool eager_checks_ = false;
+  bool noted_scalar_matmul_ = false;  // the skinny kernel's element-wise path was noted once
 };
 
 }  // namespace specrun::kernels::cuda

@@ -160,7 +160,7 @@ Status launch_skinny(const MatmulParams& p, const float* x, const void* weight, 
     return Status::unsupported("matmul: shape too large for the skinny kernel's grid");
   }
   const dim3 grid(static_cast<unsigned>(feature_blocks), static_cast<unsigned>(row_tiles));
-  const bool vector = p.in_features % 8 == 0 && is_aligned(x, 16) && is_aligned(weight, 16);
+  const bool vector = skinny_loads_vectors(p, x, weight);
   switch (p.weight_dtype) {
     case DType::kF32:
       launch_skinny_typed<DType::kF32>(p, x, weight, bias, out, vector, grid, stream);
@@ -302,6 +302,14 @@ bool uses_gemm(const MatmulParams& params, bool batch_invariant) {
 }
 
 }  // namespace
+
+bool skinny_loads_vectors(const MatmulParams& params, const float* x, const void* weight) {
+  return params.in_features % 8 == 0 && is_aligned(x, 16) && is_aligned(weight, 16);
+}
+
+bool runs_skinny(const MatmulParams& params, bool batch_invariant) {
+  return !uses_gemm(params, batch_invariant);
+}
 
 size_t matmul_scratch_bytes(const MatmulParams& params, bool batch_invariant) {
   if (params.rows <= 0 || params.in_features <= 0 || !uses_gemm(params, batch_invariant) ||

@@ -52,6 +52,13 @@ struct MatmulContext {
 // zero otherwise.
 size_t matmul_scratch_bytes(const MatmulParams& params, bool batch_invariant);
 
+// Whether the skinny kernel reads with 16-byte loads for these operands: in_features a multiple of
+// 8 and x and weight 16-byte aligned; otherwise it reads one element at a time (slower).
+bool skinny_loads_vectors(const MatmulParams& params, const float* x, const void* weight);
+
+// Whether launch_matmul runs the skinny kernel for these rows (else cuBLAS).
+bool runs_skinny(const MatmulParams& params, bool batch_invariant);
+
 Status launch_matmul(const MatmulParams& params,
                      const float* x,      // [rows, in_features]
                      const void* weight,  // [out_features, in_features] weight_dtype

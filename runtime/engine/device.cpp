@@ -1,6 +1,9 @@
 #include "runtime/engine/device.h"
 
 #include <charconv>
+#include <string_view>
+
+#include <spdlog/spdlog.h>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "runtime/base/check.h"
@@ -40,6 +43,8 @@ std::unique_ptr<kernels::Backend> make_backend(const std::string& device,
   const Status status = kernels::cuda::CudaBackend::create(spec.index, &backend);
   if (!status.is_ok()) throw Error("device '" + device + "': " + status.to_string());
   backend->set_batch_invariant(options.deterministic);
+  backend->set_notice_handler(
+      [device](std::string_view message) { spdlog::warn("device '{}': {}", device, message); });
   return backend;
 #else
   (void)options;

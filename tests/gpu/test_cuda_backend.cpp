@@ -338,6 +338,28 @@ TEST_F(CudaBackendTest, MatmulMatchesCpuForEveryDtypeAndShape) {
   }
 }
 
+TEST_F(CudaBackendTest, TheSkinnyKernelsElementWisePathIsNotedOnce) {
+  std::vector<std::string> notices;
+  gpu_->set_notice_handler([&](std::string_view message) { notices.emplace_back(message); });
+  const auto run = [&](int64_t in) {
+    const MatmulParams params{1, in, 8, DType::kBF16, DType::kBF16};
+    DeviceBuffer x = upload(*gpu_, random_floats(in, 3));
+    DeviceBuffer weight(*gpu_, static_cast<size_t>(8 * in) * 2, "test");
+    DeviceBuffer out(*gpu_, 8 * sizeof(float), "test");
+    ASSERT_TRUE(
+        gpu_->matmul(params, x.as<float>(), weight.data(), nullptr, nullptr, out.as<float>())
+            .is_ok());
+  };
+  run(1024);  // 16-byte loads: nothing to note
+  EXPECT_TRUE(notices.empty());
+  run(37);
+  run(37);
+  run(45);
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_NE(notices[0].find("in_features 37 is not a multiple of 8"), std::string::npos)
+      << notices[0];
+}
+
 TEST_F(CudaBackendTest, SkinnyMatmulIsBatchInvariantBitwise) {
   // Row r alone, in a batch of 16, and in every other batch size up to 16 (and, in batch-invariant
   // mode, in a batch of 40): the same bits.
