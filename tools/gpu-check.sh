@@ -23,7 +23,8 @@ cd "$(dirname "$0")/.."
 packages=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 nlohmann-json3-dev libcli11-dev
   libtomlplusplus-dev libtomlplusplus3 libgtest-dev libgmock-dev libpcre2-dev libpcre2-8-0
   libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2 libcpp-httplib-dev
-  prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0)
+  prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
+  libcivetweb-dev libcivetweb1 zlib1g-dev libcurl4-openssl-dev libcurl4)
 stage=${1:-all}
 if [[ $stage == packages ]]; then
   echo "${packages[*]}"
