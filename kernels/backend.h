@@ -127,6 +127,11 @@ class Backend {
   // op and the host's wait afterwards stay out; a host clock on a backend whose ops run inline.
   virtual Status time_ms(const std::function<Status()>& work, double* milliseconds) = 0;
 
+  // Memory that allocations on this backend can still take: the device's free memory, or the
+  // host's available memory (MemAvailable) for a backend in host memory. kUnsupported where it
+  // cannot be known.
+  virtual Status available_memory(uint64_t* bytes) = 0;
+
   // Where a backend's one-time notes go (a slower path taken, say): the runtime sends them to its
   // log. Without a handler they are dropped.
   void set_notice_handler(std::function<void(std::string_view)> handler) {

@@ -524,6 +524,39 @@ TEST_F(ApiTest, BadRequestsAreOneClearError) {
   EXPECT_EQ(engine->stats().submitted, 0);
 }
 
+TEST_F(ApiTest, TheMemoryPlanCountsBothModelsAndRefusesWhatCannotFit) {
+  const MemoryPlan plan = plan_memory(config());
+  EXPECT_EQ(plan.device, "cpu");
+  EXPECT_GT(plan.available_bytes, 0u);  // the host's MemAvailable
+  for (const ModelMemory* m : {&plan.target, &plan.draft}) {
+    EXPECT_GT(m->weight_bytes, 0u);
+    EXPECT_EQ(m->kv_tokens, 4096);
+    EXPECT_EQ(m->kv_bytes, m->kv_bytes_per_token * 4096);
+    EXPECT_GT(m->workspace_bytes, 0u);
+  }
+  EXPECT_EQ(plan.total_bytes, plan.target.weight_bytes + plan.target.kv_bytes +
+                                  plan.target.workspace_bytes + plan.draft.weight_bytes +
+                                  plan.draft.kv_bytes + plan.draft.workspace_bytes);
+  const std::string line = to_string(plan);
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  for (const char* part : {"memory plan on cpu", "target", "+ draft", "4096 tokens", "available"}) {
+    EXPECT_NE(line.find(part), std::string::npos) << part << " in " << line;
+  }
+  // The engine keeps the plan it was checked against.
+  const auto engine = Engine::create(config());
+  EXPECT_EQ(engine->info().memory.total_bytes, plan.total_bytes);
+  EXPECT_EQ(engine->info().memory.draft.weight_bytes, plan.draft.weight_bytes);
+  // Without a draft the draft counts nothing.
+  EXPECT_EQ(plan_memory(config(false)).draft.weight_bytes, 0u);
+
+  // A KV cache of 2^31 - 1 tokens of these models needs terabytes: refused in one line naming
+  // the numbers and what to change, before anything is allocated.
+  EngineConfig huge = config();
+  huge.kv_cache_tokens = INT32_MAX;
+  testing::expect_error([&] { Engine::create(huge); },
+                        {"memory plan on cpu", "does not fit", "--quantize", "--kv-cache-tokens"});
+}
+
 TEST_F(ApiTest, BadConfigsAreOneClearError) {
   const auto create = [](EngineConfig settings) {
     return [settings] { Engine::create(settings); };

@@ -473,6 +473,12 @@ TEST_F(CliSpeculativeTest, StatsOnStderrAndAsJson) {
   EXPECT_EQ(stats["tokens_generated"], 30);
   EXPECT_EQ(stats["method"], "draft");
   EXPECT_EQ(stats["verification"], "shared_noise");
+  // The memory plan: both models counted, on stderr and in the JSON.
+  EXPECT_NE(result.stderr_text.find("specrun: memory plan on cpu: target"), std::string::npos)
+      << result.stderr_text;
+  EXPECT_GT(stats["memory"]["draft"]["weight_bytes"].get<uint64_t>(), 0u);
+  EXPECT_GT(stats["memory"]["total_bytes"].get<uint64_t>(),
+            stats["memory"]["target"]["weight_bytes"].get<uint64_t>());
   int64_t steps = 0;
   for (const auto& [gamma, count] : stats["gamma_histogram"].items()) {
     EXPECT_LE(std::stoi(gamma), 4);

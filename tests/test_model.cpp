@@ -298,6 +298,25 @@ TEST_F(ModelTest, ReportsShapeAndLimits) {
   EXPECT_EQ(model->decode_read_bytes(), 2u * (2 * 300 * 96 + 3 * per_layer + 96) - 2u * 299 * 96);
 }
 
+TEST_F(ModelTest, TheMemoryPlanIsWhatTheModelHolds) {
+  // Weights as placed (in place on the CPU; quantized at load), and the cache as allocated.
+  for (const WeightQuantize quantize :
+       {WeightQuantize::kNone, WeightQuantize::kINT8, WeightQuantize::kFP8}) {
+    for (const bool head : {false, true}) {
+      ModelOptions options;
+      options.kv_cache_tokens = 100;  // whole blocks: 112
+      options.quantize = quantize;
+      options.quantize_output = head;
+      const auto model = Model::load(dir_.path(), *backend_, options);
+      const MemoryNeeds needs = Model::plan_memory(open_checkpoint(dir_.path()), options, true, 8);
+      EXPECT_EQ(needs.weight_bytes, model->weight_bytes()) << int(quantize) << " head " << head;
+      EXPECT_EQ(needs.kv_tokens, model->kv_cache().capacity_tokens());
+      EXPECT_EQ(needs.kv_bytes, needs.kv_bytes_per_token * 112u);
+      EXPECT_EQ(needs.kv_bytes_per_token, 2u * 3 * 2 * 16 * sizeof(float));  // 3 layers, 2 x 16 KV
+    }
+  }
+}
+
 // The CPU backend posing as a device: memory it hands out must be written through
 // copy_to_device, as on a GPU, so the model uploads (and converts) its weights.
 class DeviceLikeBackend final : public kernels::Backend {
@@ -321,6 +340,7 @@ class DeviceLikeBackend final : public kernels::Backend {
   Status time_ms(const std::function<Status()>& work, double* milliseconds) override {
     return cpu_.time_ms(work, milliseconds);
   }
+  Status available_memory(uint64_t* bytes) override { return cpu_.available_memory(bytes); }
   Status embedding(const kernels::EmbeddingParams& p, const int32_t* ids, const void* table,
                    float* out) override {
     return cpu_.embedding(p, ids, table, out);
@@ -387,6 +407,11 @@ TEST(DeviceWeights, F32AndF16CheckpointsAreUploadedAsBf16) {
     EXPECT_GE(device.uploaded, model->weight_bytes());
     EXPECT_EQ(on_host->weight_bytes(),
               dtype_size(dtype) * static_cast<uint64_t>(on_host->parameter_count()));
+    // The memory plan knows both placements.
+    EXPECT_EQ(Model::plan_memory(open_checkpoint(dir.path()), model_options, false, 1).weight_bytes,
+              model->weight_bytes());
+    EXPECT_EQ(Model::plan_memory(open_checkpoint(dir.path()), model_options, true, 1).weight_bytes,
+              on_host->weight_bytes());
     const SequenceId s = model->kv_cache().add_sequence();
     const std::vector<int32_t> tokens = {1, 7, 42, 299, 3};
     Logits out;

@@ -223,6 +223,9 @@ TEST_P(Fp8CheckpointTest, ComputesWhatItsDequantizedTwinComputes) {
   const auto twin = Model::load(dir / "twin", *backend);
   // Codes are one byte: the linear layers' weights take a quarter of their f32 twin's bytes.
   EXPECT_LT(model->weight_bytes(), twin->weight_bytes());
+  // The memory plan, from headers alone, counts what the model holds (codes and f32 scales).
+  EXPECT_EQ(Model::plan_memory(open_checkpoint(dir / "fp8"), {}, true, 1).weight_bytes,
+            model->weight_bytes());
 
   const std::vector<float> quantized = logits_of(dir / "fp8", kPrompt);
   const std::vector<float> reference = logits_of(dir / "twin", kPrompt);

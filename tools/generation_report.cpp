@@ -49,6 +49,20 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
                          {"verification", to_string(run.verification)},
                          {"backend", run.backend},
                          {"threads", run.threads}};
+  if (run.memory) {
+    const auto model = [](const ModelMemory& m) {
+      return nlohmann::json{{"weight_bytes", m.weight_bytes},
+                            {"kv_bytes_per_token", m.kv_bytes_per_token},
+                            {"kv_tokens", m.kv_tokens},
+                            {"kv_bytes", m.kv_bytes},
+                            {"workspace_bytes", m.workspace_bytes}};
+    };
+    json["memory"] = {{"device", run.memory->device},
+                      {"target", model(run.memory->target)},
+                      {"draft", model(run.memory->draft)},
+                      {"total_bytes", run.memory->total_bytes},
+                      {"available_bytes", run.memory->available_bytes}};
+  }
   if (run.baseline) {
     json["baseline_tokens_per_second"] = run.baseline->tokens_per_second;
     json["speedup"] = speedup(stats, *run.baseline);
@@ -77,6 +91,7 @@ void print_stats(std::FILE* stream, const RequestStats& stats, const RunDescript
     histogram +=
         (histogram.empty() ? "" : " ") + std::to_string(gamma) + ":" + std::to_string(steps);
   }
+  if (run.memory) std::fprintf(stream, "specrun: %s\n", to_string(*run.memory).c_str());
   if (run.method == SpeculationMethod::kNone) {
     std::fprintf(stream, "specrun: plain decoding, %lld target steps, target %.1f ms\n",
                  static_cast<long long>(stats.steps), stats.target_ms);

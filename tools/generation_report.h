@@ -27,12 +27,15 @@ struct RunDescription {
   Verification verification = Verification::kSharedNoise;  // how sampled drafts were verified
   FinishReason reason = FinishReason::kMaxTokens;          // why generation ended
   std::optional<Baseline> baseline;                        // the target-alone rerun, if any
+  std::optional<MemoryPlan> memory;                        // the engine's memory plan
 };
 
 // Keys: tokens_generated, ttft_ms, itl_ms_mean, itl_ms_p50, itl_ms_p99, tokens_per_second,
 // acceptance_rate, mean_accepted_length, gamma_histogram ({"gamma": steps}), draft_ms, target_ms,
 // and for context prompt_tokens, cached_prompt_tokens, finish_reason, steps, drafted, accepted,
-// method, controller, verification, backend, threads; with a baseline also
+// method, controller, verification, backend, threads; with a memory plan "memory" (device,
+// total_bytes, available_bytes, and per model weight_bytes, kv_bytes_per_token, kv_tokens,
+// kv_bytes, workspace_bytes); with a baseline also
 // baseline_tokens_per_second, speedup and baseline_same_output.
 nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& run);
 

@@ -39,7 +39,7 @@ struct Options {
   bool compare = false;                   // rerun on the target alone and report the speedup
   std::string stats_json;                 // --stats-json FILE
   std::string rope_style = "auto";        // auto, rotate-half, interleaved
-  std::string log_level = "warn";         // spdlog level
+  std::string log_level = "warn";         // spdlog level (info: the memory plan before loading)
   bool ignore_eos = false;                // generate past EOS
   bool quiet = false;                     // no stats on stderr
   specrun::EngineConfig flags;            // values of the settings given as flags
@@ -143,6 +143,8 @@ int run(const Options& options) {
   if (!options.stats_json.empty() && !std::ofstream(options.stats_json, std::ios::app)) {
     throw specrun::Error("--stats-json: cannot write " + options.stats_json);
   }
+  // Engine::create plans the memory before loading and refuses a plan that does not fit (its one
+  // error); the stats show the plan after the run, so that bad input stays one line.
   const auto engine = specrun::Engine::create(engine_config);
   const specrun::EngineInfo& info = engine->info();
 
@@ -208,7 +210,8 @@ int run(const Options& options) {
                                      engine_config.speculation.controller,
                                      engine_config.speculation.verification,
                                      finish_reason(result),
-                                     std::nullopt};
+                                     std::nullopt,
+                                     info.memory};
   if (compare) {
     // The same request (prompt, sampling settings and seed) on the target alone, not shown.
     const specrun::Result baseline = engine->submit(on_target_alone(request)).wait();
@@ -351,7 +354,8 @@ int main(int argc, char** argv) {
                  "RoPE channel pairing: auto (the checkpoint's: rotate-half for Hugging Face, "
                  "interleaved for GGUF), rotate-half or interleaved (Meta's weight layout)")
       ->capture_default_str();
-  app.add_option("--log-level", options.log_level, "trace, debug, info, warn, error or off")
+  app.add_option("--log-level", options.log_level,
+                 "trace, debug, info (the memory plan before loading), warn, error or off")
       ->capture_default_str();
   app.add_flag("--quiet", options.quiet, "Print no stats on stderr");
   app.require_subcommand(0, 1);

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <utility>
 
 #include "kernels/cpu/attention.h"
@@ -30,6 +32,20 @@ void* CpuBackend::allocate(size_t bytes) {
 
 void CpuBackend::deallocate(void* pointer) noexcept {
   std::free(pointer);
+}
+
+Status CpuBackend::available_memory(uint64_t* bytes) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kilobytes = 0;
+  std::string unit;
+  while (meminfo >> key >> kilobytes >> unit) {
+    if (key == "MemAvailable:") {
+      *bytes = kilobytes * 1024;
+      return Status::ok();
+    }
+  }
+  return Status::unsupported("available memory: no MemAvailable in /proc/meminfo");
 }
 
 Status CpuBackend::time_ms(const std::function<Status()>& work, double* milliseconds) {

@@ -25,6 +25,8 @@ class CpuBackend final : public Backend {
   Status synchronize() override { return Status::ok(); }
   // Ops run inline: a host clock around the work is the device's clock.
   Status time_ms(const std::function<Status()>& work, double* milliseconds) override;
+  // /proc/meminfo's MemAvailable.
+  Status available_memory(uint64_t* bytes) override;
 
   Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
                    float* out) override;

@@ -295,6 +295,16 @@ Status CudaBackend::synchronize() {
   return wait_and_take_device_error("synchronize");
 }
 
+Status CudaBackend::available_memory(uint64_t* bytes) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  size_t free_bytes = 0, total_bytes = 0;
+  const cudaError_t error = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (error != cudaSuccess) return cuda_error_status(error, "available memory");
+  *bytes = free_bytes;
+  return Status::ok();
+}
+
 Status CudaBackend::time_ms(const std::function<Status()>& work, double* milliseconds) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;

@@ -78,6 +78,8 @@ class CudaBackend final : public Backend {
   Status synchronize() override;
   // Two events on the stream around the work; waits for the second.
   Status time_ms(const std::function<Status()>& work, double* milliseconds) override;
+  // cudaMemGetInfo's free memory.
+  Status available_memory(uint64_t* bytes) override;
 
   Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
                    float* out) override;

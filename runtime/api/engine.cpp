@@ -5,10 +5,14 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <utility>
+
+#include <spdlog/spdlog.h>
 
 #include "kernels/cpu/thread_pool.h"
 #include "runtime/api/config.h"
@@ -16,6 +20,7 @@
 #include "runtime/engine/device.h"
 #include "runtime/engine/pairing.h"
 #include "runtime/engine/settings.h"
+#include "runtime/model/checkpoint.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
 #include "specrun/specrun.hpp"
@@ -266,6 +271,92 @@ void RequestHandle::cancel() {
   if (const std::shared_ptr<detail::EngineCore> core = state.engine.lock()) core->batch->cancel(id);
 }
 
+// ---- Memory plan -------------------------------------------------------------------------------
+
+namespace {
+
+ModelOptions model_options_for(const EngineConfig& config, Quantization quantization) {
+  ModelOptions options;
+  options.kv_cache_tokens = config.kv_cache_tokens;
+  options.kv_block_size = config.kv_block_size;
+  options.prefix_cache = config.prefix_cache;
+  options.rope_style = parse_rope_style(config.rope_style);
+  options.quantize_output = config.quantize_lm_head;
+  options.quantize = quantization == Quantization::kFP8    ? WeightQuantize::kFP8
+                     : quantization == Quantization::kINT8 ? WeightQuantize::kINT8
+                                                           : WeightQuantize::kNone;
+  return options;
+}
+
+ModelMemory model_memory(const Checkpoint& checkpoint, const ModelOptions& options,
+                         bool host_memory, int64_t max_logit_rows) {
+  const MemoryNeeds needs = Model::plan_memory(checkpoint, options, host_memory, max_logit_rows);
+  return {needs.weight_bytes, needs.kv_bytes_per_token, needs.kv_tokens, needs.kv_bytes,
+          needs.workspace_bytes};
+}
+
+uint64_t model_total(const ModelMemory& m) {
+  return m.weight_bytes + m.kv_bytes + m.workspace_bytes;
+}
+
+MemoryPlan plan_on(const EngineConfig& config, kernels::Backend& backend, const Checkpoint& target,
+                   const Checkpoint* draft) {
+  MemoryPlan plan;
+  plan.device = std::string(backend.name());
+  // Verification scores gamma_max + 1 rows of every running sequence at once.
+  const int64_t logit_rows = config.max_batch * (config.speculation.gamma_max + 1);
+  const bool host = backend.uses_host_memory();
+  plan.target = model_memory(target, model_options_for(config, config.quantize), host, logit_rows);
+  if (draft != nullptr) {
+    plan.draft =
+        model_memory(*draft, model_options_for(config, config.draft_quantize), host, logit_rows);
+  }
+  plan.total_bytes = model_total(plan.target) + model_total(plan.draft);
+  uint64_t available = 0;
+  if (backend.available_memory(&available).is_ok()) plan.available_bytes = available;
+  return plan;
+}
+
+std::string gib(uint64_t bytes) {
+  char text[32];
+  if (bytes >= (uint64_t{1} << 30)) {
+    std::snprintf(text, sizeof(text), "%.2f GiB", static_cast<double>(bytes) / double(1ull << 30));
+  } else {
+    std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / double(1 << 20));
+  }
+  return text;
+}
+
+std::string model_line(const char* role, const ModelMemory& m) {
+  return std::string(role) + " " + gib(model_total(m)) + " (weights " + gib(m.weight_bytes) +
+         ", KV " + gib(m.kv_bytes) + " = " +
+         (m.kv_bytes_per_token >= 1024 ? std::to_string(m.kv_bytes_per_token / 1024) + " KiB"
+                                       : std::to_string(m.kv_bytes_per_token) + " B") +
+         " x " + std::to_string(m.kv_tokens) + " tokens, workspace " + gib(m.workspace_bytes) + ")";
+}
+
+}  // namespace
+
+std::string to_string(const MemoryPlan& plan) {
+  std::string line = "memory plan on " + plan.device + ": " + model_line("target", plan.target);
+  if (plan.draft.weight_bytes > 0) line += " + " + model_line("draft", plan.draft);
+  line += " = " + gib(plan.total_bytes);
+  line += plan.available_bytes > 0 ? " of " + gib(plan.available_bytes) + " available"
+                                   : " (available memory unknown)";
+  return line;
+}
+
+MemoryPlan plan_memory(const EngineConfig& config) {
+  checked(config, "EngineConfig");
+  auto pool = std::make_shared<kernels::cpu::ThreadPool>(1);
+  const std::unique_ptr<kernels::Backend> backend =
+      make_backend(config.device, pool, BackendOptions{config.deterministic});
+  const Checkpoint target = open_checkpoint(config.target);
+  std::optional<Checkpoint> draft;
+  if (!config.draft.empty()) draft = open_checkpoint(config.draft);
+  return plan_on(config, *backend, target, draft ? &*draft : nullptr);
+}
+
 // ---- Engine -----------------------------------------------------------------------------------
 
 class Engine::Impl {
@@ -287,27 +378,30 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   core->started = Clock::now();
   core->pool = std::make_shared<kernels::cpu::ThreadPool>(config.threads);
   core->backend = make_backend(config.device, core->pool, BackendOptions{config.deterministic});
-  ModelOptions model_options;
-  model_options.kv_cache_tokens = config.kv_cache_tokens;
-  model_options.kv_block_size = config.kv_block_size;
-  model_options.prefix_cache = config.prefix_cache;
-  model_options.rope_style = parse_rope_style(config.rope_style);
-  model_options.quantize_output = config.quantize_lm_head;
-  const auto weight_quantize = [](Quantization quantization) {
-    return quantization == Quantization::kFP8    ? WeightQuantize::kFP8
-           : quantization == Quantization::kINT8 ? WeightQuantize::kINT8
-                                                 : WeightQuantize::kNone;
-  };
-  model_options.quantize = weight_quantize(config.quantize);
-  core->target = Model::load(config.target, *core->backend, model_options);
-  if (!config.draft.empty()) {
-    model_options.quantize = weight_quantize(config.draft_quantize);
-    core->draft = Model::load(config.draft, *core->backend, model_options);
+  // Refused before a weight is read when it cannot fit. The checkpoints are opened once (headers,
+  // and a GGUF file's dequantisation) for the plan and the models.
+  Checkpoint target_checkpoint = open_checkpoint(config.target);
+  std::optional<Checkpoint> draft_checkpoint;
+  if (!config.draft.empty()) draft_checkpoint = open_checkpoint(config.draft);
+  const MemoryPlan plan = plan_on(config, *core->backend, target_checkpoint,
+                                  draft_checkpoint ? &*draft_checkpoint : nullptr);
+  spdlog::debug("{}", to_string(plan));
+  if (plan.available_bytes > 0 && plan.total_bytes > plan.available_bytes) {
+    throw Error(to_string(plan) +
+                ": it does not fit; quantize (--quantize fp8 or int8, "
+                "--draft-quantize), shorten the context (--kv-cache-tokens) or lower max_batch");
+  }
+  core->target = std::make_unique<Model>(std::move(target_checkpoint), *core->backend,
+                                         model_options_for(config, config.quantize));
+  if (draft_checkpoint) {
+    core->draft = std::make_unique<Model>(std::move(*draft_checkpoint), *core->backend,
+                                          model_options_for(config, config.draft_quantize));
     check_pairing(*core->target, *core->draft);
   }
   core->tokenizer = load_tokenizer(core->target->paths());  // tokenizer.json or GGUF metadata
 
   EngineInfo& info = core->info;
+  info.memory = plan;
   info.target = core->target->paths().directory.string();
   info.target_parameters = core->target->parameter_count();
   if (core->draft) {

@@ -151,6 +151,71 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
 
 Model::~Model() = default;
 
+namespace {
+
+bool ends_with(const std::string& text, std::string_view suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+int64_t kv_capacity_tokens(const ModelConfig& config, const ModelOptions& options) {
+  const int64_t tokens = options.kv_cache_tokens > 0
+                             ? options.kv_cache_tokens
+                             : std::min(config.max_position_embeddings, kDefaultKvTokens);
+  const int64_t block = std::max<int64_t>(options.kv_block_size, 1);
+  return (tokens + block - 1) / block * block;
+}
+
+}  // namespace
+
+MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions& options,
+                               bool host_memory, int64_t max_logit_rows) {
+  const ModelConfig& c = checkpoint.config;
+  MemoryNeeds needs;
+  // Quantized at load: the linear layers (and the head, when asked) become one byte a weight and
+  // one f32 scale a row. A pre-quantized checkpoint keeps its own codes.
+  const bool quantizing = options.quantize != WeightQuantize::kNone && !c.quantization;
+  bool has_head = false;
+  for (const TensorInfo* info : checkpoint.tensors.all()) {
+    const std::string& name = info->name;
+    const auto elements = static_cast<uint64_t>(info->num_elements());
+    const bool head = ends_with(name, "lm_head.weight") || name == "output.weight";
+    has_head = has_head || head;
+    const bool linear = ends_with(name, "_proj.weight") || (head && options.quantize_output);
+    if (ends_with(name, ".weight_scale") || ends_with(name, ".weight_scale_inv")) {
+      needs.weight_bytes += elements * sizeof(float);  // placed as f32
+    } else if (is_quantized(info->dtype)) {
+      needs.weight_bytes += elements;
+    } else if (quantizing && linear && info->shape.size() == 2) {
+      needs.weight_bytes += elements + static_cast<uint64_t>(info->shape[0]) * sizeof(float);
+    } else if (!host_memory) {
+      needs.weight_bytes += elements * sizeof(uint16_t);  // a device holds bf16
+    } else {
+      needs.weight_bytes += info->size_bytes();
+    }
+  }
+  if (quantizing && options.quantize_output && !has_head) {
+    // A tied head quantized is a copy of the embedding table.
+    needs.weight_bytes += static_cast<uint64_t>(c.vocab_size) * c.hidden_size +
+                          static_cast<uint64_t>(c.vocab_size) * sizeof(float);
+  }
+  needs.kv_bytes_per_token =
+      2 * static_cast<uint64_t>(c.num_layers) * c.num_kv_heads * c.head_dim * sizeof(float);
+  needs.kv_tokens = kv_capacity_tokens(c, options);
+  needs.kv_bytes = needs.kv_bytes_per_token * static_cast<uint64_t>(needs.kv_tokens);
+  // A forward holds at most the cache's tokens; its buffers grow no further (ensure_workspace).
+  const auto tokens = static_cast<uint64_t>(needs.kv_tokens);
+  const uint64_t per_token = 3 * static_cast<uint64_t>(c.hidden_size) +
+                             2 * static_cast<uint64_t>(c.num_heads) * c.head_dim +
+                             2 * static_cast<uint64_t>(c.num_kv_heads) * c.head_dim +
+                             2 * static_cast<uint64_t>(c.intermediate_size);
+  const auto logit_rows =
+      static_cast<uint64_t>(std::clamp<int64_t>(max_logit_rows, 1, needs.kv_tokens));
+  needs.workspace_bytes =
+      (tokens * per_token + logit_rows * static_cast<uint64_t>(c.vocab_size)) * sizeof(float);
+  return needs;
+}
+
 int64_t Model::context_limit() const {
   return std::min(config().max_position_embeddings, kv_cache_->capacity_tokens());
 }
@@ -201,8 +266,9 @@ void Model::quantize_weights() {
   if (checkpoint_.config.quantization) {
     // Published pre-quantized: its own codes and scales are the better ones; quantizing them
     // again could only lose precision.
-    spdlog::info("{}: the checkpoint is already quantized ({}); read as it is, not quantized to {}",
-                 checkpoint_.paths.config.string(), checkpoint_.config.quantization->method, name);
+    spdlog::debug(
+        "{}: the checkpoint is already quantized ({}); read as it is, not quantized to {}",
+        checkpoint_.paths.config.string(), checkpoint_.config.quantization->method, name);
     return;
   }
   if (!backend_.uses_host_memory()) {
@@ -367,7 +433,9 @@ void Model::ensure_workspace(int64_t tokens, int64_t logit_rows, int64_t metadat
     return static_cast<size_t>(rows * width) * sizeof(float);
   };
   if (tokens > w.token_capacity) {
-    const int64_t rows = std::max(tokens, 2 * w.token_capacity);
+    // Doubling, but never past what one forward can hold (the cache): the memory plan counts that.
+    const int64_t rows =
+        std::max(tokens, std::min(2 * w.token_capacity, kv_cache_->capacity_tokens()));
     w.x = DeviceBuffer(backend_, floats(rows, c.hidden_size), "workspace");
     w.normed = DeviceBuffer(backend_, floats(rows, c.hidden_size), "workspace");
     w.q = DeviceBuffer(backend_, floats(rows, c.num_heads * c.head_dim), "workspace");

@@ -37,6 +37,18 @@ struct ModelOptions {
   std::optional<kernels::RopeStyle> rope_style;
 };
 
+// What a model will hold on its backend, worked out from its config and tensor headers alone (no
+// weight is read).
+struct MemoryNeeds {
+  uint64_t weight_bytes = 0;        // as placed: stored bytes on the host, bf16 on a device, 8-bit
+                                    // codes plus f32 scales where quantized (Model::weight_bytes)
+  uint64_t kv_bytes_per_token = 0;  // K and V of every layer, f32
+  int64_t kv_tokens = 0;            // the cache's capacity, whole blocks
+  uint64_t kv_bytes = 0;            // kv_bytes_per_token * kv_tokens
+  uint64_t workspace_bytes = 0;     // activations of a forward filling the cache, and logits rows
+  uint64_t total_bytes() const { return weight_bytes + kv_bytes + workspace_bytes; }
+};
+
 // One sequence's part of a forward batch.
 struct SequenceInput {
   SequenceId sequence;              // a sequence of this model's KV cache
@@ -88,6 +100,10 @@ class Model {
   int64_t context_limit() const;
   // Parameters, for reports.
   int64_t parameter_count() const { return parameter_count_; }
+  // What `checkpoint` would take on a backend (`host_memory`: the CPU's, where weights are used
+  // in place) under `options`, with logits for at most `max_logit_rows` rows at once.
+  static MemoryNeeds plan_memory(const Checkpoint& checkpoint, const ModelOptions& options,
+                                 bool host_memory, int64_t max_logit_rows);
   // Bytes of weights one forward reads (each bound tensor once, a tied table once): a decode
   // step's floor is this over the memory bandwidth.
   uint64_t weight_bytes() const { return weight_bytes_; }

@@ -264,6 +264,35 @@ struct EngineStats {
 };
 
 // What the engine runs on.
+// What one model will hold on the engine's device, planned before anything loads.
+struct ModelMemory {
+  uint64_t weight_bytes = 0;        // weights as loaded: stored dtype on the CPU, bf16 on a GPU,
+                                    // 8-bit codes plus f32 scales where quantized
+  uint64_t kv_bytes_per_token = 0;  // K and V of every layer (f32)
+  int64_t kv_tokens = 0;            // KV capacity, whole blocks
+  uint64_t kv_bytes = 0;            // the KV cache
+  uint64_t workspace_bytes = 0;     // activations of a forward filling the cache, and the logits
+                                    // of every sequence verifying gamma_max drafts at once
+};
+
+// The memory plan: both models (the draft's always counted), their total and what the device has.
+struct MemoryPlan {
+  std::string device;            // "cpu", "cuda:0"
+  ModelMemory target;            // the target's needs
+  ModelMemory draft;             // the draft's; zero without a draft
+  uint64_t total_bytes = 0;      // everything above
+  uint64_t available_bytes = 0;  // free device memory (the host's MemAvailable on the CPU) when
+                                 // planned; 0 when unknown
+};
+// One line: "memory plan on cuda:0: target 16.1 GiB (weights 15.0 GiB, KV 1.0 GiB = 128 KiB x
+// 8192 tokens, workspace 0.1 GiB) + draft ... = 17.4 GiB of 78.2 GiB free".
+std::string to_string(const MemoryPlan& plan);
+
+// Plans `config`'s memory from the checkpoints' configs and tensor headers, reading no weight.
+// Engine::create does the same and refuses, before loading anything, a config whose plan exceeds
+// the available memory. Throws Error as Engine::create would for a bad config or checkpoint.
+MemoryPlan plan_memory(const EngineConfig& config);
+
 struct EngineInfo {
   std::string target;             // resolved checkpoint directory
   std::string draft;              // "" without a draft
@@ -278,6 +307,7 @@ struct EngineInfo {
   std::string eos_token;          // the text of the (first) end-of-sequence token
   std::string device;             // "cpu", "cuda:0"
   int threads = 0;                // CPU threads
+  MemoryPlan memory;              // the plan the engine was checked against
 };
 
 class Engine {
