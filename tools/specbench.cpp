@@ -499,6 +499,7 @@ int main(int argc, char** argv) {
 
     struct Measured {
       std::string name;                // "as stored", "fp8", "int8"
+      int64_t parameters = 0;          // the model's
       uint64_t weight_bytes = 0;       // as loaded
       uint64_t decode_read_bytes = 0;  // what a decode step reads
       double prefill_ms = 0;           // median prefill of prompt_tokens
@@ -540,17 +541,14 @@ int main(int argc, char** argv) {
         prefill_ms.push_back(prefill_time);
         decode_ms.push_back(median(steps));
       }
-      return Measured{mode_name(mode), model->weight_bytes(), model->decode_read_bytes(),
-                      median(prefill_ms), median(decode_ms)};
+      return Measured{mode_name(mode),       model->parameter_count(),
+                      model->weight_bytes(), model->decode_read_bytes(),
+                      median(prefill_ms),    median(decode_ms)};
     };
     std::vector<Measured> runs;
-    int64_t parameters = 0;
-    {
-      const auto model = specrun::Model::load(model_path, backend);
-      parameters = model->parameter_count();
-    }
     for (const specrun::WeightQuantize mode : modes) runs.push_back(measure(mode));
     const Measured& base = runs.front();
+    const int64_t parameters = base.parameters;
     const uint64_t weight_bytes = base.weight_bytes;
     const uint64_t decode_read_bytes = base.decode_read_bytes;
     const Bandwidth bandwidth = measure_bandwidth(*pool, size_t{512} << 20, 5);

@@ -23,6 +23,16 @@ constexpr int64_t kDefaultKvTokens = 8192;
 // Slots are 32-bit indices.
 constexpr int64_t kMaxKvTokens = INT32_MAX;
 
+// The KV cache's capacity: the configured tokens (else the context, at most kDefaultKvTokens),
+// rounded up to whole blocks.
+int64_t kv_capacity_tokens(const ModelConfig& config, const ModelOptions& options) {
+  const int64_t tokens = options.kv_cache_tokens > 0
+                             ? options.kv_cache_tokens
+                             : std::min(config.max_position_embeddings, kDefaultKvTokens);
+  const int64_t block = std::max<int64_t>(options.kv_block_size, 1);
+  return (tokens + block - 1) / block * block;
+}
+
 std::string layer_op(const char* what, int64_t layer) {
   return layer < 0 ? std::string(what) : "layer " + std::to_string(layer) + " " + what;
 }
@@ -135,10 +145,7 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
       backend_.copy_to_device(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float)),
       "uploading RoPE frequencies");
 
-  const int64_t kv_tokens = options.kv_cache_tokens > 0
-                                ? options.kv_cache_tokens
-                                : std::min(config.max_position_embeddings, kDefaultKvTokens);
-  const int64_t blocks = (kv_tokens + options.kv_block_size - 1) / options.kv_block_size;
+  const int64_t blocks = kv_capacity_tokens(config, options) / options.kv_block_size;
   kv_cache_ =
       std::make_unique<KvCache>(backend_,
                                 KvCacheLayout{config.num_layers, config.num_kv_heads,
@@ -156,14 +163,6 @@ namespace {
 bool ends_with(const std::string& text, std::string_view suffix) {
   return text.size() >= suffix.size() &&
          text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-int64_t kv_capacity_tokens(const ModelConfig& config, const ModelOptions& options) {
-  const int64_t tokens = options.kv_cache_tokens > 0
-                             ? options.kv_cache_tokens
-                             : std::min(config.max_position_embeddings, kDefaultKvTokens);
-  const int64_t block = std::max<int64_t>(options.kv_block_size, 1);
-  return (tokens + block - 1) / block * block;
 }
 
 }  // namespace
