@@ -33,47 +33,16 @@ namespace fs = std::filesystem;
 using fixtures::GeneratorOptions;
 using fixtures::write_random_checkpoint;
 using nlohmann::json;
+using testing::edit_tensors;
 using testing::expect_error;
+using testing::OwnedTensor;
 using testing::TempDir;
-
-// A tensor copied out of a file, so the file can be rewritten while nothing maps it.
-struct OwnedTensor {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> shape;
-  std::vector<std::byte> bytes;
-};
-
-std::vector<OwnedTensor> read_tensors(const fs::path& path) {
-  const TensorStore store = TensorStore::open_file(path);
-  std::vector<OwnedTensor> tensors;
-  for (const TensorInfo* info : store.all()) {
-    const auto* begin = static_cast<const std::byte*>(info->data);
-    tensors.push_back({info->name, info->dtype, info->shape,
-                       std::vector<std::byte>(begin, begin + info->size_bytes())});
-  }
-  return tensors;
-}
-
-void write_tensors(const fs::path& path, const std::vector<OwnedTensor>& tensors) {
-  std::vector<TensorToWrite> views;
-  for (const OwnedTensor& t : tensors) views.push_back({t.name, t.dtype, t.shape, t.bytes});
-  write_safetensors(path, views, {{"format", "pt"}});
-}
 
 OwnedTensor zeros(const std::string& name, DType dtype, std::vector<int64_t> shape) {
   int64_t count = 1;
   for (const int64_t extent : shape) count *= extent;
   return {name, dtype, std::move(shape),
           std::vector<std::byte>(static_cast<size_t>(count) * dtype_size(dtype))};
-}
-
-// Rewrites a single-file checkpoint's weights through `edit`.
-void edit_tensors(const fs::path& path,
-                  const std::function<void(std::vector<OwnedTensor>&)>& edit) {
-  std::vector<OwnedTensor> tensors = read_tensors(path);
-  edit(tensors);
-  write_tensors(path, tensors);
 }
 
 void remove_tensor(const fs::path& path, const std::string& name) {

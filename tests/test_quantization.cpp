@@ -24,7 +24,6 @@
 
 #include "kernels/core/dtype.h"
 #include "runtime/model/model.h"
-#include "runtime/model/safetensors.h"
 #include "specrun/specrun.h"
 #include "specrun/specrun.hpp"
 #include "tests/test_support.h"
@@ -36,29 +35,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Tensor {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> shape;
-  std::vector<std::byte> bytes;
-};
-
-std::vector<Tensor> read_all(const fs::path& path) {
-  const TensorStore store = TensorStore::open_file(path);
-  std::vector<Tensor> tensors;
-  for (const TensorInfo* info : store.all()) {
-    const auto* begin = static_cast<const std::byte*>(info->data);
-    tensors.push_back({info->name, info->dtype, info->shape,
-                       std::vector<std::byte>(begin, begin + info->size_bytes())});
-  }
-  return tensors;
-}
-
-void write_all(const fs::path& path, const std::vector<Tensor>& tensors) {
-  std::vector<TensorToWrite> views;
-  for (const Tensor& t : tensors) views.push_back({t.name, t.dtype, t.shape, t.bytes});
-  write_safetensors(path, views, {{"format", "pt"}});
-}
+using testing::OwnedTensor;
 
 template <typename T>
 std::vector<std::byte> bytes_of(const std::vector<T>& values) {
@@ -67,7 +44,7 @@ std::vector<std::byte> bytes_of(const std::vector<T>& values) {
   return bytes;
 }
 
-std::vector<float> floats_of(const Tensor& t) {
+std::vector<float> floats_of(const OwnedTensor& t) {
   std::vector<float> values(t.bytes.size() / sizeof(float));
   std::memcpy(values.data(), t.bytes.data(), t.bytes.size());
   return values;
@@ -95,8 +72,8 @@ void PrintTo(const Fp8Layout& layout, std::ostream* out) {
 // `layout` publishes them, and writes the dequantized weights (code * scale in f32) into the
 // f32 checkpoint at `twin`, which must hold a copy of the original.
 void quantize_checkpoint(const fs::path& directory, const fs::path& twin, const Fp8Layout& layout) {
-  std::vector<Tensor> quantized, dequantized;
-  for (Tensor& tensor : read_all(directory / "model.safetensors")) {
+  std::vector<OwnedTensor> quantized, dequantized;
+  for (OwnedTensor& tensor : testing::read_tensors(directory / "model.safetensors")) {
     if (!is_linear(tensor.name)) {
       quantized.push_back(tensor);
       dequantized.push_back(tensor);
@@ -149,8 +126,8 @@ void quantize_checkpoint(const fs::path& directory, const fs::path& twin, const 
     quantized.push_back({module + suffix, DType::kF32, scale_shape, bytes_of(scales)});
     dequantized.push_back({tensor.name, DType::kF32, tensor.shape, bytes_of(twin_values)});
   }
-  write_all(directory / "model.safetensors", quantized);
-  write_all(twin / "model.safetensors", dequantized);
+  testing::write_tensors(directory / "model.safetensors", quantized);
+  testing::write_tensors(twin / "model.safetensors", dequantized);
 
   json config = json::parse(testing::read_file(directory / "config.json"));
   if (layout.method == "fp8") {
@@ -255,10 +232,8 @@ class Fp8CheckpointErrors : public ::testing::Test {
     quantize_checkpoint(dir_ / "fp8", dir_ / "twin", {"block", "fp8", 128, 128, false});
   }
 
-  void edit_tensors(const std::function<void(std::vector<Tensor>&)>& edit) {
-    std::vector<Tensor> tensors = read_all(weights());
-    edit(tensors);
-    write_all(weights(), tensors);
+  void edit_tensors(const std::function<void(std::vector<OwnedTensor>&)>& edit) {
+    testing::edit_tensors(weights(), edit);
   }
   void edit_config(const std::function<void(json&)>& edit) {
     json config = json::parse(testing::read_file(dir_ / "fp8" / "config.json"));
@@ -276,15 +251,15 @@ class Fp8CheckpointErrors : public ::testing::Test {
 };
 
 TEST_F(Fp8CheckpointErrors, AMissingScale) {
-  edit_tensors([&](std::vector<Tensor>& tensors) {
-    std::erase_if(tensors, [&](const Tensor& t) { return t.name == scale_; });
+  edit_tensors([&](std::vector<OwnedTensor>& tensors) {
+    std::erase_if(tensors, [&](const OwnedTensor& t) { return t.name == scale_; });
   });
   expect_load_error({"model.safetensors", "missing tensor '" + scale_ + "'"});
 }
 
 TEST_F(Fp8CheckpointErrors, AMisshapedScale) {
-  edit_tensors([&](std::vector<Tensor>& tensors) {
-    for (Tensor& t : tensors) {
+  edit_tensors([&](std::vector<OwnedTensor>& tensors) {
+    for (OwnedTensor& t : tensors) {
       if (t.name == scale_) {
         t.shape = {2, 2};
         t.bytes.resize(4 * sizeof(float));
@@ -295,8 +270,8 @@ TEST_F(Fp8CheckpointErrors, AMisshapedScale) {
 }
 
 TEST_F(Fp8CheckpointErrors, AScaleOfAnUnsupportedDtype) {
-  edit_tensors([&](std::vector<Tensor>& tensors) {
-    for (Tensor& t : tensors) {
+  edit_tensors([&](std::vector<OwnedTensor>& tensors) {
+    for (OwnedTensor& t : tensors) {
       if (t.name == scale_) {
         t.dtype = DType::kI8;
         t.bytes.resize(t.bytes.size() / sizeof(float));
@@ -308,8 +283,8 @@ TEST_F(Fp8CheckpointErrors, AScaleOfAnUnsupportedDtype) {
 
 TEST_F(Fp8CheckpointErrors, ANanCode) {
   const std::string weight = "model.layers.0.self_attn.k_proj.weight";
-  edit_tensors([&](std::vector<Tensor>& tensors) {
-    for (Tensor& t : tensors) {
+  edit_tensors([&](std::vector<OwnedTensor>& tensors) {
+    for (OwnedTensor& t : tensors) {
       if (t.name == weight) t.bytes[37] = std::byte{0x7F};
     }
   });
@@ -317,7 +292,7 @@ TEST_F(Fp8CheckpointErrors, ANanCode) {
 }
 
 TEST_F(Fp8CheckpointErrors, StaticInputScales) {
-  edit_tensors([&](std::vector<Tensor>& tensors) {
+  edit_tensors([&](std::vector<OwnedTensor>& tensors) {
     tensors.push_back({"model.layers.0.mlp.up_proj.input_scale",
                        DType::kF32,
                        {1},
@@ -434,17 +409,8 @@ class QuantizedSpeculationTest : public ::testing::TestWithParam<Quantization> {
                         int64_t gamma) {
     Request request;
     request.prompt_ids = prompt;
-    SamplingSettings sampling;
-    sampling.temperature = 0.0f;
-    sampling.max_tokens = 40;
-    sampling.stop_at_eos = false;
-    request.sampling = sampling;
-    SpeculationSettings speculation;
-    speculation.method = method;
-    speculation.controller = GammaControl::kFixed;
-    speculation.gamma = gamma;
-    speculation.gamma_max = 8;
-    request.speculation = speculation;
+    request.sampling = testing::greedy(40);
+    request.speculation = testing::speculation(method, GammaControl::kFixed, gamma);
     return request;
   }
 

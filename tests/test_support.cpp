@@ -15,6 +15,7 @@
 
 #include "runtime/base/check.h"
 #include "runtime/engine/settings.h"
+#include "runtime/model/safetensors.h"
 #include "runtime/sampling/rng.h"
 #include "runtime/sampling/sampler.h"
 
@@ -236,6 +237,30 @@ StoredTensor store(const std::vector<float>& values, DType dtype) {
     }
   }
   return tensor;
+}
+
+std::vector<OwnedTensor> read_tensors(const std::filesystem::path& path) {
+  const TensorStore store = TensorStore::open_file(path);
+  std::vector<OwnedTensor> tensors;
+  for (const TensorInfo* info : store.all()) {
+    const auto* begin = static_cast<const std::byte*>(info->data);
+    tensors.push_back({info->name, info->dtype, info->shape,
+                       std::vector<std::byte>(begin, begin + info->size_bytes())});
+  }
+  return tensors;
+}
+
+void write_tensors(const std::filesystem::path& path, const std::vector<OwnedTensor>& tensors) {
+  std::vector<TensorToWrite> views;
+  for (const OwnedTensor& t : tensors) views.push_back({t.name, t.dtype, t.shape, t.bytes});
+  write_safetensors(path, views, {{"format", "pt"}});
+}
+
+void edit_tensors(const std::filesystem::path& path,
+                  const std::function<void(std::vector<OwnedTensor>&)>& edit) {
+  std::vector<OwnedTensor> tensors = read_tensors(path);
+  edit(tensors);
+  write_tensors(path, tensors);
 }
 
 }  // namespace specrun::testing

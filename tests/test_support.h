@@ -2,6 +2,7 @@
 // running the command-line tools.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -123,5 +124,21 @@ struct StoredTensor {
   size_t bytes(DType dtype) const { return floats.size() * dtype_size(dtype); }
 };
 StoredTensor store(const std::vector<float>& values, DType dtype);
+
+// A safetensors tensor copied out of its file, so that the file can be rewritten while nothing
+// maps it.
+struct OwnedTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+};
+// Every tensor of the safetensors file at `path`, in its order.
+std::vector<OwnedTensor> read_tensors(const std::filesystem::path& path);
+// Writes `tensors` as a safetensors file (metadata format "pt").
+void write_tensors(const std::filesystem::path& path, const std::vector<OwnedTensor>& tensors);
+// Rewrites the safetensors file at `path` through `edit`.
+void edit_tensors(const std::filesystem::path& path,
+                  const std::function<void(std::vector<OwnedTensor>&)>& edit);
 
 }  // namespace specrun::testing
