@@ -382,6 +382,19 @@ class DeviceLikeBackend final : public kernels::Backend {
   kernels::cpu::CpuBackend cpu_;
 };
 
+TEST(DeviceWeights, QuantizingForADeviceIsOneClearError) {
+  // Device kernels for 8-bit weights do not exist yet: refused by name, before anything uploads.
+  auto pool = std::make_shared<kernels::cpu::ThreadPool>(2);
+  testing::TempDir dir;
+  fixtures::write_random_checkpoint(GeneratorOptions{}, dir.path());
+  DeviceLikeBackend device(pool);
+  ModelOptions options;
+  options.quantize = WeightQuantize::kINT8;
+  testing::expect_error([&] { Model::load(dir.path(), device, options); },
+                        {"quantize int8", "not supported on device-like"});
+  EXPECT_EQ(device.uploaded, 0u);
+}
+
 TEST(DeviceWeights, F32AndF16CheckpointsAreUploadedAsBf16) {
   auto pool = std::make_shared<kernels::cpu::ThreadPool>(2);
   kernels::cpu::CpuBackend cpu(pool);
