@@ -57,6 +57,18 @@ struct MatmulParams {
   }
 };
 
+// One linear layer of a group that reads the same activations (q, k and v; gate and up).
+struct MatmulTarget {
+  MatmulParams params;         // rows and in_features are the group's, the same for every target
+  const void* weight;          // [out_features, in_features] weight_dtype
+  const float* weight_scales;  // the scale grid of a quantized weight, or null
+  const void* bias;            // [out_features] bias_dtype, or null
+  float* out;                  // [rows, out_features]; must not alias x
+};
+
+// The most targets one matmul_group call takes.
+inline constexpr size_t kMaxMatmulGroup = 3;
+
 // Which pairs of channels a rotation mixes.
 enum class RopeStyle : uint8_t {
   kRotateHalf,   // (i, i + head_dim/2): Hugging Face checkpoints
@@ -91,7 +103,8 @@ struct AttentionParams {
 };
 
 // out[i] = low + (high - low) * uniform_at(seed, i) (kernels/core/uniform_hash.h), rounded to
-// the dtype: synthetic weights, bit for bit the same on every backend.
+// the dtype (8-bit codes: FP8 saturating at 448, INT8 at [-128, 127]): synthetic weights, bit for
+// bit the same on every backend.
 struct FillParams {
   int64_t count;  // elements to write
   DType dtype;    // storage dtype of out
@@ -158,6 +171,24 @@ class Backend {
                         const void* bias,            // [out_features] bias_dtype, or null
                         float* out) = 0;             // [rows, out_features]; must not alias x
 
+  // Every target's out exactly as matmul() computes it, bit for bit, in as few launches as the
+  // backend can (a device launches one kernel for the group where its kernels allow: every weight
+  // read in one pass instead of one kernel's ramp and tail each). Up to kMaxMatmulGroup targets
+  // with the same rows and in_features; this default runs them one by one.
+  virtual Status matmul_group(const float* x,               // [rows, in_features]
+                              const MatmulTarget* targets,  // [count]
+                              size_t count) {
+    if (Status status = check_matmul_group(targets, count); !status.is_ok()) return status;
+    for (size_t i = 0; i < count; ++i) {
+      const MatmulTarget& t = targets[i];
+      if (Status status = matmul(t.params, x, t.weight, t.weight_scales, t.bias, t.out);
+          !status.is_ok()) {
+        return status;
+      }
+    }
+    return Status::ok();
+  }
+
   // Rotates q and k in place by position * inv_freq.
   virtual Status rope(const RopeParams& params,
                       const int32_t* positions,  // [num_tokens]
@@ -201,6 +232,22 @@ class Backend {
                      float* accumulator) = 0;  // [count]
 
  protected:
+  // kInvalidArgument unless the group has 1..kMaxMatmulGroup targets sharing rows and in_features.
+  static Status check_matmul_group(const MatmulTarget* targets, size_t count) {
+    if (count == 0 || count > kMaxMatmulGroup) {
+      return Status::invalid_argument("matmul group: 1 to 3 targets");
+    }
+    for (size_t i = 0; i < count; ++i) {
+      const MatmulTarget& t = targets[i];
+      if (t.params.rows != targets[0].params.rows ||
+          t.params.in_features != targets[0].params.in_features) {
+        return Status::invalid_argument(
+            "matmul group: every target must share rows and in_features");
+      }
+    }
+    return Status::ok();
+  }
+
   void notice(std::string_view message) const {
     if (notice_handler_) notice_handler_(message);
   }

@@ -579,6 +579,29 @@ TEST_P(CpuKernels, FillIsTheHashRoundedToTheDtype) {
             StatusCode::kInvalidArgument);
 }
 
+TEST_P(CpuKernels, FillWritesQuantizedCodesRoundedToNearestEven) {
+  // Codes over their whole range (and past it, where they saturate): synthetic quantized weights.
+  const int64_t count = 100003;
+  std::vector<uint8_t> fp8(static_cast<size_t>(count));
+  ASSERT_TRUE(fill_uniform({count, DType::kF8E4M3, 5, -500.0f, 500.0f}, fp8.data(), pool_).is_ok());
+  std::vector<int8_t> int8(static_cast<size_t>(count));
+  ASSERT_TRUE(fill_uniform({count, DType::kI8, 6, -130.0f, 130.0f}, int8.data(), pool_).is_ok());
+  int saturated_fp8 = 0, saturated_int8 = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const float fp8_value = -500.0f + 1000.0f * uniform_at(5, static_cast<uint64_t>(i));
+    ASSERT_EQ(fp8[static_cast<size_t>(i)], f32_to_f8e4m3(fp8_value)) << i;
+    ASSERT_LE(std::fabs(f8e4m3_to_f32(fp8[static_cast<size_t>(i)])), kF8E4M3Max) << i;
+    saturated_fp8 += std::fabs(fp8_value) > kF8E4M3Max;
+    const float int8_value = -130.0f + 260.0f * uniform_at(6, static_cast<uint64_t>(i));
+    const float rounded = std::clamp(std::nearbyint(int8_value), -128.0f, 127.0f);
+    ASSERT_EQ(int8[static_cast<size_t>(i)], static_cast<int8_t>(rounded)) << i;
+    ASSERT_LE(std::fabs(int8[static_cast<size_t>(i)] - int8_value), 3.0f) << i;
+    saturated_int8 += std::fabs(int8_value) > 127.5f;
+  }
+  EXPECT_GT(saturated_fp8, 0);
+  EXPECT_GT(saturated_int8, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Threads, CpuKernels, ::testing::Values(1, 2, 4),
                          [](const ::testing::TestParamInfo<int>& param) {
                            return std::to_string(param.param) + "threads";

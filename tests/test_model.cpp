@@ -317,84 +317,6 @@ TEST_F(ModelTest, TheMemoryPlanIsWhatTheModelHolds) {
   }
 }
 
-// The CPU backend posing as a device: memory it hands out must be written through
-// copy_to_device, as on a GPU, so the model uploads (and converts) its weights.
-class DeviceLikeBackend final : public kernels::Backend {
- public:
-  explicit DeviceLikeBackend(std::shared_ptr<kernels::cpu::ThreadPool> pool) : cpu_(pool) {}
-  std::string_view name() const override { return "device-like"; }
-  bool uses_host_memory() const override { return false; }
-  void* allocate(size_t bytes) override { return cpu_.allocate(bytes); }
-  void deallocate(void* pointer) noexcept override { cpu_.deallocate(pointer); }
-  Status copy_to_device(void* dst, const void* src, size_t bytes) override {
-    uploaded += bytes;
-    return cpu_.copy_to_device(dst, src, bytes);
-  }
-  Status copy_to_host(void* dst, const void* src, size_t bytes) override {
-    return cpu_.copy_to_host(dst, src, bytes);
-  }
-  Status copy_on_device(void* dst, const void* src, size_t bytes) override {
-    return cpu_.copy_on_device(dst, src, bytes);
-  }
-  Status synchronize() override { return cpu_.synchronize(); }
-  Status time_ms(const std::function<Status()>& work, double* milliseconds) override {
-    return cpu_.time_ms(work, milliseconds);
-  }
-  Status available_memory(uint64_t* bytes) override { return cpu_.available_memory(bytes); }
-  Status embedding(const kernels::EmbeddingParams& p, const int32_t* ids, const void* table,
-                   float* out) override {
-    return cpu_.embedding(p, ids, table, out);
-  }
-  Status rmsnorm(const kernels::RmsNormParams& p, const float* x, const void* w,
-                 float* out) override {
-    return cpu_.rmsnorm(p, x, w, out);
-  }
-  Status matmul(const kernels::MatmulParams& p, const float* x, const void* w, const float* scales,
-                const void* bias, float* out) override {
-    return cpu_.matmul(p, x, w, scales, bias, out);
-  }
-  Status rope(const kernels::RopeParams& p, const int32_t* positions, const float* inv_freq,
-              float* q, float* k) override {
-    return cpu_.rope(p, positions, inv_freq, q, k);
-  }
-  Status kv_write(const kernels::KvWriteParams& p, const float* k, const float* v,
-                  const int32_t* slots, float* k_cache, float* v_cache) override {
-    return cpu_.kv_write(p, k, v, slots, k_cache, v_cache);
-  }
-  Status attention(const kernels::AttentionParams& p, const float* q, const float* k_cache,
-                   const float* v_cache, const int32_t* query_start, const int32_t* context,
-                   const int32_t* tables, float* out) override {
-    return cpu_.attention(p, q, k_cache, v_cache, query_start, context, tables, out);
-  }
-  Status swiglu(const kernels::SwigluParams& p, const float* gate, const float* up,
-                float* out) override {
-    return cpu_.swiglu(p, gate, up, out);
-  }
-  Status add(int64_t count, const float* addend, float* accumulator) override {
-    return cpu_.add(count, addend, accumulator);
-  }
-  Status fill_uniform(const kernels::FillParams& p, void* out) override {
-    return cpu_.fill_uniform(p, out);
-  }
-  uint64_t uploaded = 0;  // bytes through copy_to_device
-
- private:
-  kernels::cpu::CpuBackend cpu_;
-};
-
-TEST(DeviceWeights, QuantizingForADeviceIsOneClearError) {
-  // Device kernels for 8-bit weights do not exist yet: refused by name, before anything uploads.
-  auto pool = std::make_shared<kernels::cpu::ThreadPool>(2);
-  testing::TempDir dir;
-  fixtures::write_random_checkpoint(GeneratorOptions{}, dir.path());
-  DeviceLikeBackend device(pool);
-  ModelOptions options;
-  options.quantize = WeightQuantize::kINT8;
-  testing::expect_error([&] { Model::load(dir.path(), device, options); },
-                        {"quantize int8", "not supported on device-like"});
-  EXPECT_EQ(device.uploaded, 0u);
-}
-
 TEST(DeviceWeights, F32AndF16CheckpointsAreUploadedAsBf16) {
   auto pool = std::make_shared<kernels::cpu::ThreadPool>(2);
   kernels::cpu::CpuBackend cpu(pool);
@@ -410,7 +332,7 @@ TEST(DeviceWeights, F32AndF16CheckpointsAreUploadedAsBf16) {
     options.num_kv_heads = 2;
     options.dtype = dtype;
     fixtures::write_random_checkpoint(options, dir.path());
-    DeviceLikeBackend device(pool);
+    testing::DeviceLikeBackend device(pool);
     ModelOptions model_options;
     model_options.kv_cache_tokens = 64;
     const auto model = Model::load(dir.path(), device, model_options);
@@ -439,6 +361,42 @@ TEST(DeviceWeights, F32AndF16CheckpointsAreUploadedAsBf16) {
   for (size_t i = 0; i < logits[0].size(); ++i) {
     ASSERT_NEAR(logits[2][i], logits[0][i], 0.05 + 0.02 * std::fabs(logits[0][i])) << i;
   }
+}
+
+TEST(MatmulGroup, IsEachTargetsMatmulAndRefusesMismatchedTargets) {
+  // The backend-neutral group (the CPU backend's): every target as matmul() computes it alone.
+  auto backend = testing::make_cpu_backend(2);
+  const int64_t rows = 3, in = 48;
+  const std::vector<float> x = testing::random_floats(rows * in, 1);
+  const testing::StoredTensor a = testing::store(testing::random_floats(20 * in, 2), DType::kBF16);
+  const testing::StoredTensor b = testing::store(testing::random_floats(7 * in, 3), DType::kF32);
+  const testing::StoredTensor bias = testing::store(testing::random_floats(7, 4), DType::kF32);
+  std::vector<float> out_a(rows * 20), out_b(rows * 7), alone_a(rows * 20), alone_b(rows * 7);
+  const kernels::MatmulTarget targets[] = {{{rows, in, 20, DType::kBF16, DType::kF32},
+                                            a.data(DType::kBF16),
+                                            nullptr,
+                                            nullptr,
+                                            out_a.data()},
+                                           {{rows, in, 7, DType::kF32, DType::kF32},
+                                            b.data(DType::kF32),
+                                            nullptr,
+                                            bias.data(DType::kF32),
+                                            out_b.data()}};
+  ASSERT_TRUE(backend->matmul_group(x.data(), targets, 2).is_ok());
+  ASSERT_TRUE(
+      backend
+          ->matmul(targets[0].params, x.data(), targets[0].weight, nullptr, nullptr, alone_a.data())
+          .is_ok());
+  ASSERT_TRUE(backend
+                  ->matmul(targets[1].params, x.data(), targets[1].weight, nullptr, targets[1].bias,
+                           alone_b.data())
+                  .is_ok());
+  EXPECT_EQ(out_a, alone_a);
+  EXPECT_EQ(out_b, alone_b);
+  kernels::MatmulTarget mismatched[] = {targets[0], targets[1]};
+  mismatched[1].params.rows = 2;
+  EXPECT_EQ(backend->matmul_group(x.data(), mismatched, 2).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend->matmul_group(x.data(), targets, 0).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(SyntheticModel, PublishedShapesAndTheirSizes) {
@@ -492,6 +450,47 @@ TEST(SyntheticModel, WeightsDependOnTheSeedAloneAndLogitsStayFinite) {
   mean_square /= double(a.size());
   EXPECT_GT(mean_square, 1e-2);
   EXPECT_LT(mean_square, 1e4);
+}
+
+TEST(SyntheticModel, QuantizedWeightsAreCodesWithOneScaleARow) {
+  // --quantize on a synthetic model: one byte a linear weight and an f32 scale a row, written
+  // directly; the activations keep the bf16 model's scale.
+  auto pool = std::make_shared<kernels::cpu::ThreadPool>(2);
+  kernels::cpu::CpuBackend backend(pool);
+  const ModelConfig config = synthetic_config("tiny");  // tied
+  const int64_t linear = 2 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512);
+  const int64_t linear_rows = 2 * (256 + 2 * 128 + 256 + 2 * 512 + 256);
+  const int64_t others = 2 * 2 * 256 + 256 + 4096 * 256;  // norms and the table, bf16
+  for (const WeightQuantize quantize : {WeightQuantize::kFP8, WeightQuantize::kINT8}) {
+    for (const bool head : {false, true}) {
+      ModelOptions options;
+      options.kv_cache_tokens = 64;
+      options.quantize = quantize;
+      options.quantize_output = head;
+      const auto model = Model::synthetic(config, "synthetic tiny", 9, backend, options);
+      const std::string what = std::string(quantize == WeightQuantize::kFP8 ? "fp8" : "int8") +
+                               (head ? " with its head" : "");
+      EXPECT_EQ(model->parameter_count(), linear + others) << what;
+      const uint64_t head_copy = head ? 4096u * 256u + 4096u * sizeof(float) : 0u;
+      EXPECT_EQ(model->weight_bytes(), static_cast<uint64_t>(linear) +
+                                           static_cast<uint64_t>(linear_rows) * sizeof(float) +
+                                           2u * static_cast<uint64_t>(others) + head_copy)
+          << what;
+      const SequenceId s = model->kv_cache().add_sequence();
+      const std::vector<int32_t> tokens = {1, 17, 4000, 5, 5, 260};
+      Logits logits;
+      const SequenceInput input[] = {{s, tokens, true}};
+      model->forward(input, &logits);
+      double mean_square = 0;
+      for (const float value : logits.values) {
+        ASSERT_TRUE(std::isfinite(value)) << what;
+        mean_square += double(value) * value;
+      }
+      mean_square /= double(logits.values.size());
+      EXPECT_GT(mean_square, 1e-2) << what;
+      EXPECT_LT(mean_square, 1e4) << what;
+    }
+  }
 }
 
 TEST(SyntheticModel, AnUntiedShapeGetsItsOwnHead) {

@@ -37,124 +37,6 @@ using nlohmann::json;
 
 using testing::OwnedTensor;
 
-template <typename T>
-std::vector<std::byte> bytes_of(const std::vector<T>& values) {
-  std::vector<std::byte> bytes(values.size() * sizeof(T));
-  std::memcpy(bytes.data(), values.data(), bytes.size());
-  return bytes;
-}
-
-std::vector<float> floats_of(const OwnedTensor& t) {
-  std::vector<float> values(t.bytes.size() / sizeof(float));
-  std::memcpy(values.data(), t.bytes.data(), t.bytes.size());
-  return values;
-}
-
-bool is_linear(const std::string& name) {
-  return name.size() > 12 && name.compare(name.size() - 12, 12, "_proj.weight") == 0;
-}
-
-// How the test writes a checkpoint's linear layers in FP8.
-struct Fp8Layout {
-  std::string label;
-  std::string method;  // quant_method
-  int64_t block_rows;  // 0: per channel (or per tensor when per_tensor)
-  int64_t block_cols;  // block-wise: weight_block_size[1]
-  bool per_tensor;     // one scale per tensor
-};
-
-// Test names and failures print a layout by its label.
-void PrintTo(const Fp8Layout& layout, std::ostream* out) {
-  *out << layout.label;
-}
-
-// Rewrites the f32 checkpoint in `directory` with FP8 linear weights and their scales, as
-// `layout` publishes them, and writes the dequantized weights (code * scale in f32) into the
-// f32 checkpoint at `twin`, which must hold a copy of the original.
-void quantize_checkpoint(const fs::path& directory, const fs::path& twin, const Fp8Layout& layout) {
-  std::vector<OwnedTensor> quantized, dequantized;
-  for (OwnedTensor& tensor : testing::read_tensors(directory / "model.safetensors")) {
-    if (!is_linear(tensor.name)) {
-      quantized.push_back(tensor);
-      dequantized.push_back(tensor);
-      continue;
-    }
-    ASSERT_EQ(tensor.dtype, DType::kF32);
-    const std::vector<float> values = floats_of(tensor);
-    const int64_t rows = tensor.shape[0], cols = tensor.shape[1];
-    const int64_t block_rows = layout.per_tensor       ? rows
-                               : layout.block_rows > 0 ? layout.block_rows
-                                                       : 1;
-    const int64_t block_cols =
-        layout.per_tensor || layout.block_rows == 0 ? cols : layout.block_cols;
-    const int64_t grid_rows = (rows + block_rows - 1) / block_rows;
-    const int64_t grid_cols = (cols + block_cols - 1) / block_cols;
-    std::vector<float> scales(static_cast<size_t>(grid_rows * grid_cols));
-    for (int64_t br = 0; br < grid_rows; ++br) {
-      for (int64_t bc = 0; bc < grid_cols; ++bc) {
-        float largest = 0.0f;
-        for (int64_t r = br * block_rows; r < std::min(rows, (br + 1) * block_rows); ++r) {
-          for (int64_t c = bc * block_cols; c < std::min(cols, (bc + 1) * block_cols); ++c) {
-            largest = std::max(largest, std::fabs(values[static_cast<size_t>(r * cols + c)]));
-          }
-        }
-        scales[static_cast<size_t>(br * grid_cols + bc)] = largest / kF8E4M3Max;
-      }
-    }
-    std::vector<uint8_t> codes(values.size());
-    std::vector<float> twin_values(values.size());
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) {
-        const size_t i = static_cast<size_t>(r * cols + c);
-        const float scale =
-            scales[static_cast<size_t>((r / block_rows) * grid_cols + c / block_cols)];
-        codes[i] = f32_to_f8e4m3(values[i] / scale);
-        twin_values[i] = f8e4m3_to_f32(codes[i]) * scale;
-      }
-    }
-    const std::string module = tensor.name.substr(0, tensor.name.size() - 7);  // drop ".weight"
-    quantized.push_back({tensor.name, DType::kF8E4M3, tensor.shape, bytes_of(codes)});
-    std::vector<int64_t> scale_shape;
-    if (layout.per_tensor) {
-      scale_shape = {1};
-    } else if (layout.block_rows == 0) {
-      scale_shape = {rows, 1};
-    } else {
-      scale_shape = {grid_rows, grid_cols};
-    }
-    const std::string suffix = layout.block_rows > 0 ? ".weight_scale_inv" : ".weight_scale";
-    quantized.push_back({module + suffix, DType::kF32, scale_shape, bytes_of(scales)});
-    dequantized.push_back({tensor.name, DType::kF32, tensor.shape, bytes_of(twin_values)});
-  }
-  testing::write_tensors(directory / "model.safetensors", quantized);
-  testing::write_tensors(twin / "model.safetensors", dequantized);
-
-  json config = json::parse(testing::read_file(directory / "config.json"));
-  if (layout.method == "fp8") {
-    config["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}};
-    if (layout.block_rows > 0) {
-      config["quantization_config"]["weight_block_size"] = {layout.block_rows, layout.block_cols};
-    }
-  } else {
-    config["quantization_config"] = {
-        {"quant_method", "compressed-tensors"},
-        {"format", "float-quantized"},
-        {"ignore", {"lm_head"}},
-        {"config_groups",
-         {{"group_0",
-           {{"targets", {"Linear"}},
-            {"weights",
-             {{"num_bits", 8},
-              {"type", "float"},
-              {"symmetric", true},
-              {"dynamic", false},
-              {"strategy", layout.per_tensor ? "tensor" : "channel"}}},
-            {"input_activations",
-             {{"num_bits", 8}, {"type", "float"}, {"dynamic", true}, {"strategy", "token"}}}}}}}};
-  }
-  testing::write_file(directory / "config.json", config.dump(2));
-}
-
 fixtures::GeneratorOptions f32_model() {
   fixtures::GeneratorOptions options;
   options.dtype = DType::kF32;
@@ -187,13 +69,22 @@ double largest_magnitude(const std::vector<float>& values) {
   return largest;
 }
 
-class Fp8CheckpointTest : public ::testing::TestWithParam<Fp8Layout> {};
+std::vector<float> forward_logits(Model& model, const std::vector<int32_t>& tokens) {
+  const SequenceId sequence = model.kv_cache().add_sequence();
+  Logits logits;
+  const SequenceInput input[] = {{sequence, tokens, true}};
+  model.forward(input, &logits);
+  model.kv_cache().remove_sequence(sequence);
+  return logits.values;
+}
+
+class Fp8CheckpointTest : public ::testing::TestWithParam<testing::Fp8Layout> {};
 
 TEST_P(Fp8CheckpointTest, ComputesWhatItsDequantizedTwinComputes) {
   testing::TempDir dir;
   fixtures::write_random_checkpoint(f32_model(), dir / "fp8");
   fixtures::write_random_checkpoint(f32_model(), dir / "twin");
-  quantize_checkpoint(dir / "fp8", dir / "twin", GetParam());
+  testing::write_fp8_checkpoint(dir / "fp8", dir / "twin", GetParam());
 
   auto backend = testing::make_cpu_backend(1);
   const auto model = Model::load(dir / "fp8", *backend);
@@ -213,13 +104,46 @@ TEST_P(Fp8CheckpointTest, ComputesWhatItsDequantizedTwinComputes) {
   }
 }
 
+TEST_P(Fp8CheckpointTest, ADeviceUploadsTheCodesAsTheyAre) {
+  testing::TempDir dir;
+  fixtures::write_random_checkpoint(f32_model(), dir / "fp8");
+  fixtures::write_random_checkpoint(f32_model(), dir / "twin");
+  testing::write_fp8_checkpoint(dir / "fp8", dir / "twin", GetParam());
+  // The other tensors in bf16, as a device holds them, so that both placements hold the same
+  // weights and the device-like backend (the CPU's kernels) must give the same bits.
+  testing::edit_tensors(dir / "fp8" / "model.safetensors", [](std::vector<OwnedTensor>& tensors) {
+    for (OwnedTensor& t : tensors) {
+      const bool scale = t.name.find("weight_scale") != std::string::npos;
+      if (t.dtype != DType::kF32 || scale) continue;
+      std::vector<uint16_t> halves(t.bytes.size() / sizeof(float));
+      for (size_t i = 0; i < halves.size(); ++i) {
+        halves[i] = f32_to_bf16(load_as_f32(t.bytes.data(), DType::kF32, i));
+      }
+      t.dtype = DType::kBF16;
+      t.bytes = testing::bytes_of(halves);
+    }
+  });
+  auto pool = std::make_shared<kernels::cpu::ThreadPool>(2);
+  kernels::cpu::CpuBackend host(pool);
+  testing::DeviceLikeBackend device(pool);
+  ModelOptions options;
+  options.kv_cache_tokens = 64;
+  const auto on_host = Model::load(dir / "fp8", host, options);
+  const auto on_device = Model::load(dir / "fp8", device, options);
+  EXPECT_EQ(on_device->weight_bytes(), on_host->weight_bytes());
+  EXPECT_EQ(Model::plan_memory(open_checkpoint(dir / "fp8"), options, false, 1).weight_bytes,
+            on_device->weight_bytes());
+  EXPECT_EQ(forward_logits(*on_device, kPrompt), forward_logits(*on_host, kPrompt));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, Fp8CheckpointTest,
-    ::testing::Values(Fp8Layout{"compressed_tensors_channel", "compressed-tensors", 0, 0, false},
-                      Fp8Layout{"compressed_tensors_tensor", "compressed-tensors", 0, 0, true},
-                      Fp8Layout{"fp8_per_channel", "fp8", 0, 0, false},
-                      Fp8Layout{"fp8_block_128", "fp8", 128, 128, false},
-                      Fp8Layout{"fp8_block_32x48", "fp8", 32, 48, false}),
+    ::testing::Values(
+        testing::Fp8Layout{"compressed_tensors_channel", "compressed-tensors", 0, 0, false},
+        testing::Fp8Layout{"compressed_tensors_tensor", "compressed-tensors", 0, 0, true},
+        testing::Fp8Layout{"fp8_per_channel", "fp8", 0, 0, false},
+        testing::Fp8Layout{"fp8_block_128", "fp8", 128, 128, false},
+        testing::Fp8Layout{"fp8_block_32x48", "fp8", 32, 48, false}),
     [](const auto& param_info) { return param_info.param.label; });
 
 // --- Malformed quantized checkpoints: one error naming the file and the tensor or key ---
@@ -229,7 +153,7 @@ class Fp8CheckpointErrors : public ::testing::Test {
   void SetUp() override {
     fixtures::write_random_checkpoint(f32_model(), dir_ / "fp8");
     fixtures::write_random_checkpoint(f32_model(), dir_ / "twin");
-    quantize_checkpoint(dir_ / "fp8", dir_ / "twin", {"block", "fp8", 128, 128, false});
+    testing::write_fp8_checkpoint(dir_ / "fp8", dir_ / "twin", {"block", "fp8", 128, 128, false});
   }
 
   void edit_tensors(const std::function<void(std::vector<OwnedTensor>&)>& edit) {
@@ -296,7 +220,7 @@ TEST_F(Fp8CheckpointErrors, StaticInputScales) {
     tensors.push_back({"model.layers.0.mlp.up_proj.input_scale",
                        DType::kF32,
                        {1},
-                       bytes_of(std::vector<float>{0.5f})});
+                       testing::bytes_of(std::vector<float>{0.5f})});
   });
   expect_load_error({"model.safetensors", "model.layers.0.mlp.up_proj.input_scale", "static"});
 }
@@ -372,6 +296,37 @@ TEST_P(QuantizeAtLoadTest, QuantizesTheHeadOnlyWhenAsked) {
   EXPECT_NEAR(double(a->weight_bytes() - b->weight_bytes()), head_bf16 / 2.0, 256 * 4 + 1);
 }
 
+TEST_P(QuantizeAtLoadTest, ADeviceQuantizesOnTheWayUpToTheHostsCodes) {
+  // A device's rows are quantized a chunk at a time on the host and uploaded: the host's codes
+  // and scales. The device-like backend computes with the CPU's kernels, so its logits are the
+  // host's bit for bit, and it holds what the memory plan says a device holds.
+  auto pool = std::make_shared<kernels::cpu::ThreadPool>(2);
+  kernels::cpu::CpuBackend host(pool);
+  for (const bool tied : {false, true}) {
+    for (const bool head : {false, true}) {
+      testing::TempDir dir;
+      fixtures::GeneratorOptions generator = f32_model();
+      generator.dtype = DType::kBF16;
+      generator.tie_word_embeddings = tied;
+      fixtures::write_random_checkpoint(generator, dir / "model");
+      ModelOptions options;
+      options.kv_cache_tokens = 64;
+      options.quantize = GetParam();
+      options.quantize_output = head;
+      testing::DeviceLikeBackend device(pool);
+      const auto on_host = Model::load(dir / "model", host, options);
+      const auto on_device = Model::load(dir / "model", device, options);
+      const std::string what = std::string(tied ? "tied" : "untied") + (head ? ", head" : "");
+      EXPECT_EQ(on_device->weight_bytes(), on_host->weight_bytes()) << what;
+      EXPECT_EQ(Model::plan_memory(open_checkpoint(dir / "model"), options, false, 1).weight_bytes,
+                on_device->weight_bytes())
+          << what;
+      EXPECT_GE(device.uploaded, on_device->weight_bytes()) << what;
+      EXPECT_EQ(forward_logits(*on_device, kPrompt), forward_logits(*on_host, kPrompt)) << what;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, QuantizeAtLoadTest,
                          ::testing::Values(WeightQuantize::kFP8, WeightQuantize::kINT8),
                          [](const auto& param_info) {
@@ -382,7 +337,7 @@ TEST(QuantizeAtLoad, APreQuantizedCheckpointIsReadAsItIs) {
   testing::TempDir dir;
   fixtures::write_random_checkpoint(f32_model(), dir / "fp8");
   fixtures::write_random_checkpoint(f32_model(), dir / "twin");
-  quantize_checkpoint(dir / "fp8", dir / "twin", {"channel", "fp8", 0, 0, false});
+  testing::write_fp8_checkpoint(dir / "fp8", dir / "twin", {"channel", "fp8", 0, 0, false});
   ModelOptions options;
   options.quantize = WeightQuantize::kINT8;
   EXPECT_EQ(logits_of(dir / "fp8", kPrompt, options), logits_of(dir / "fp8", kPrompt));

@@ -13,6 +13,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/base/check.h"
 #include "runtime/engine/settings.h"
 #include "runtime/model/safetensors.h"
@@ -168,6 +170,24 @@ ReferenceRun reference_decode(Model& model, std::span<const int32_t> prompt,
   return run;
 }
 
+double cross_entropy(Model& model, const std::vector<int32_t>& tokens) {
+  const SequenceId sequence = model.kv_cache().add_sequence();
+  const SequenceInput input{sequence, tokens, /*all_logits=*/true};
+  Logits logits;
+  model.forward({&input, 1}, &logits);
+  model.kv_cache().remove_sequence(sequence);
+  double total = 0.0;
+  for (size_t position = 0; position + 1 < tokens.size(); ++position) {
+    const std::span<const float> row = logits.row(static_cast<int64_t>(position));
+    double max_logit = row[0];
+    for (const float value : row) max_logit = std::max(max_logit, double(value));
+    double sum = 0.0;
+    for (const float value : row) sum += std::exp(double(value) - max_logit);
+    total += max_logit + std::log(sum) - row[static_cast<size_t>(tokens[position + 1])];
+  }
+  return total / double(tokens.size() - 1);
+}
+
 SamplingSettings greedy(int64_t max_tokens) {
   SamplingSettings sampling;
   sampling.temperature = 0.0f;
@@ -261,6 +281,112 @@ void edit_tensors(const std::filesystem::path& path,
   std::vector<OwnedTensor> tensors = read_tensors(path);
   edit(tensors);
   write_tensors(path, tensors);
+}
+
+namespace {
+
+std::vector<float> floats_of(const OwnedTensor& t) {
+  std::vector<float> values(t.bytes.size() / sizeof(float));
+  std::memcpy(values.data(), t.bytes.data(), t.bytes.size());
+  return values;
+}
+
+bool is_linear(const std::string& name) {
+  return name.size() > 12 && name.compare(name.size() - 12, 12, "_proj.weight") == 0;
+}
+
+}  // namespace
+
+void PrintTo(const Fp8Layout& layout, std::ostream* out) {
+  *out << layout.label;
+}
+
+// Rewrites the f32 checkpoint in `directory` with FP8 linear weights and their scales, as
+// `layout` publishes them, and writes the dequantized weights (code * scale in f32) into the
+// f32 checkpoint at `twin`, which must hold a copy of the original.
+void write_fp8_checkpoint(const std::filesystem::path& directory, const std::filesystem::path& twin,
+                          const Fp8Layout& layout) {
+  std::vector<OwnedTensor> quantized, dequantized;
+  for (OwnedTensor& tensor : read_tensors(directory / "model.safetensors")) {
+    if (!is_linear(tensor.name)) {
+      quantized.push_back(tensor);
+      dequantized.push_back(tensor);
+      continue;
+    }
+    ASSERT_EQ(tensor.dtype, DType::kF32);
+    const std::vector<float> values = floats_of(tensor);
+    const int64_t rows = tensor.shape[0], cols = tensor.shape[1];
+    const int64_t block_rows = layout.per_tensor       ? rows
+                               : layout.block_rows > 0 ? layout.block_rows
+                                                       : 1;
+    const int64_t block_cols =
+        layout.per_tensor || layout.block_rows == 0 ? cols : layout.block_cols;
+    const int64_t grid_rows = (rows + block_rows - 1) / block_rows;
+    const int64_t grid_cols = (cols + block_cols - 1) / block_cols;
+    std::vector<float> scales(static_cast<size_t>(grid_rows * grid_cols));
+    for (int64_t br = 0; br < grid_rows; ++br) {
+      for (int64_t bc = 0; bc < grid_cols; ++bc) {
+        float largest = 0.0f;
+        for (int64_t r = br * block_rows; r < std::min(rows, (br + 1) * block_rows); ++r) {
+          for (int64_t c = bc * block_cols; c < std::min(cols, (bc + 1) * block_cols); ++c) {
+            largest = std::max(largest, std::fabs(values[static_cast<size_t>(r * cols + c)]));
+          }
+        }
+        scales[static_cast<size_t>(br * grid_cols + bc)] = largest / kF8E4M3Max;
+      }
+    }
+    std::vector<uint8_t> codes(values.size());
+    std::vector<float> twin_values(values.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const size_t i = static_cast<size_t>(r * cols + c);
+        const float scale =
+            scales[static_cast<size_t>((r / block_rows) * grid_cols + c / block_cols)];
+        codes[i] = f32_to_f8e4m3(values[i] / scale);
+        twin_values[i] = f8e4m3_to_f32(codes[i]) * scale;
+      }
+    }
+    const std::string module = tensor.name.substr(0, tensor.name.size() - 7);  // drop ".weight"
+    quantized.push_back({tensor.name, DType::kF8E4M3, tensor.shape, bytes_of(codes)});
+    std::vector<int64_t> scale_shape;
+    if (layout.per_tensor) {
+      scale_shape = {1};
+    } else if (layout.block_rows == 0) {
+      scale_shape = {rows, 1};
+    } else {
+      scale_shape = {grid_rows, grid_cols};
+    }
+    const std::string suffix = layout.block_rows > 0 ? ".weight_scale_inv" : ".weight_scale";
+    quantized.push_back({module + suffix, DType::kF32, scale_shape, bytes_of(scales)});
+    dequantized.push_back({tensor.name, DType::kF32, tensor.shape, bytes_of(twin_values)});
+  }
+  write_tensors(directory / "model.safetensors", quantized);
+  write_tensors(twin / "model.safetensors", dequantized);
+
+  nlohmann::json config = nlohmann::json::parse(read_file(directory / "config.json"));
+  if (layout.method == "fp8") {
+    config["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}};
+    if (layout.block_rows > 0) {
+      config["quantization_config"]["weight_block_size"] = {layout.block_rows, layout.block_cols};
+    }
+  } else {
+    config["quantization_config"] = {
+        {"quant_method", "compressed-tensors"},
+        {"format", "float-quantized"},
+        {"ignore", {"lm_head"}},
+        {"config_groups",
+         {{"group_0",
+           {{"targets", {"Linear"}},
+            {"weights",
+             {{"num_bits", 8},
+              {"type", "float"},
+              {"symmetric", true},
+              {"dynamic", false},
+              {"strategy", layout.per_tensor ? "tensor" : "channel"}}},
+            {"input_activations",
+             {{"num_bits", 8}, {"type", "float"}, {"dynamic", true}, {"strategy", "token"}}}}}}}};
+  }
+  write_file(directory / "config.json", config.dump(2));
 }
 
 }  // namespace specrun::testing

@@ -4,10 +4,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <ostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -93,6 +95,10 @@ ReferenceRun reference_decode(Model& model, std::span<const int32_t> prompt,
                               const SamplingSettings& sampling,
                               Verification verification = SpeculationSettings{}.verification);
 
+// The mean next-token cross-entropy (nats per token) of `tokens` under `model`: one prefill on a
+// fresh sequence of its cache, every position but the last predicting the next.
+double cross_entropy(Model& model, const std::vector<int32_t>& tokens);
+
 // Greedy settings for `max_tokens` tokens that do not stop at EOS.
 SamplingSettings greedy(int64_t max_tokens);
 
@@ -140,5 +146,96 @@ void write_tensors(const std::filesystem::path& path, const std::vector<OwnedTen
 // Rewrites the safetensors file at `path` through `edit`.
 void edit_tensors(const std::filesystem::path& path,
                   const std::function<void(std::vector<OwnedTensor>&)>& edit);
+
+// Writes `values` as bytes (a tensor's data).
+template <typename T>
+std::vector<std::byte> bytes_of(const std::vector<T>& values) {
+  std::vector<std::byte> bytes(values.size() * sizeof(T));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+// How the test writes a checkpoint's linear layers in FP8.
+struct Fp8Layout {
+  std::string label;
+  std::string method;  // quant_method
+  int64_t block_rows;  // 0: per channel (or per tensor when per_tensor)
+  int64_t block_cols;  // block-wise: weight_block_size[1]
+  bool per_tensor;     // one scale per tensor
+};
+
+// Test names and failures print a layout by its label.
+void PrintTo(const Fp8Layout& layout, std::ostream* out);
+
+// Rewrites the f32 checkpoint in `directory` with FP8 linear weights and their scales, as
+// `layout` publishes them, and writes the dequantized weights (code * scale in f32) into the
+// f32 checkpoint at `twin`, which must hold a copy of the original.
+void write_fp8_checkpoint(const std::filesystem::path& directory, const std::filesystem::path& twin,
+                          const Fp8Layout& layout);
+
+// The CPU backend posing as a device: memory it hands out must be written through
+// copy_to_device, as on a GPU, so the model uploads (and converts) its weights.
+class DeviceLikeBackend final : public kernels::Backend {
+ public:
+  explicit DeviceLikeBackend(std::shared_ptr<kernels::cpu::ThreadPool> pool) : cpu_(pool) {}
+  std::string_view name() const override { return "device-like"; }
+  bool uses_host_memory() const override { return false; }
+  void* allocate(size_t bytes) override { return cpu_.allocate(bytes); }
+  void deallocate(void* pointer) noexcept override { cpu_.deallocate(pointer); }
+  Status copy_to_device(void* dst, const void* src, size_t bytes) override {
+    uploaded += bytes;
+    return cpu_.copy_to_device(dst, src, bytes);
+  }
+  Status copy_to_host(void* dst, const void* src, size_t bytes) override {
+    return cpu_.copy_to_host(dst, src, bytes);
+  }
+  Status copy_on_device(void* dst, const void* src, size_t bytes) override {
+    return cpu_.copy_on_device(dst, src, bytes);
+  }
+  Status synchronize() override { return cpu_.synchronize(); }
+  Status time_ms(const std::function<Status()>& work, double* milliseconds) override {
+    return cpu_.time_ms(work, milliseconds);
+  }
+  Status available_memory(uint64_t* bytes) override { return cpu_.available_memory(bytes); }
+  Status embedding(const kernels::EmbeddingParams& p, const int32_t* ids, const void* table,
+                   float* out) override {
+    return cpu_.embedding(p, ids, table, out);
+  }
+  Status rmsnorm(const kernels::RmsNormParams& p, const float* x, const void* w,
+                 float* out) override {
+    return cpu_.rmsnorm(p, x, w, out);
+  }
+  Status matmul(const kernels::MatmulParams& p, const float* x, const void* w, const float* scales,
+                const void* bias, float* out) override {
+    return cpu_.matmul(p, x, w, scales, bias, out);
+  }
+  Status rope(const kernels::RopeParams& p, const int32_t* positions, const float* inv_freq,
+              float* q, float* k) override {
+    return cpu_.rope(p, positions, inv_freq, q, k);
+  }
+  Status kv_write(const kernels::KvWriteParams& p, const float* k, const float* v,
+                  const int32_t* slots, float* k_cache, float* v_cache) override {
+    return cpu_.kv_write(p, k, v, slots, k_cache, v_cache);
+  }
+  Status attention(const kernels::AttentionParams& p, const float* q, const float* k_cache,
+                   const float* v_cache, const int32_t* query_start, const int32_t* context,
+                   const int32_t* tables, float* out) override {
+    return cpu_.attention(p, q, k_cache, v_cache, query_start, context, tables, out);
+  }
+  Status swiglu(const kernels::SwigluParams& p, const float* gate, const float* up,
+                float* out) override {
+    return cpu_.swiglu(p, gate, up, out);
+  }
+  Status add(int64_t count, const float* addend, float* accumulator) override {
+    return cpu_.add(count, addend, accumulator);
+  }
+  Status fill_uniform(const kernels::FillParams& p, void* out) override {
+    return cpu_.fill_uniform(p, out);
+  }
+  uint64_t uploaded = 0;  // bytes through copy_to_device
+
+ private:
+  kernels::cpu::CpuBackend cpu_;
+};
 
 }  // namespace specrun::testing

@@ -1,5 +1,6 @@
 #include "kernels/cpu/fill.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/core/uniform_hash.h"
@@ -10,9 +11,6 @@ Status fill_uniform(const FillParams& params, void* out, ThreadPool& pool) {
   if (params.count < 0) return Status::invalid_argument("fill: negative count");
   if (!std::isfinite(params.low) || !std::isfinite(params.high) || params.high < params.low) {
     return Status::invalid_argument("fill: the range must be finite with low <= high");
-  }
-  if (is_quantized(params.dtype)) {
-    return Status::unsupported("fill: synthetic weights are written in f32, f16 or bf16");
   }
   const float width = params.high - params.low;
   // Big chunks: each element is a few integer operations, so splitting finely only adds overhead.
@@ -31,8 +29,12 @@ Status fill_uniform(const FillParams& params, void* out, ThreadPool& pool) {
           static_cast<uint16_t*>(out)[i] = f32_to_bf16(value);
           break;
         case DType::kF8E4M3:
+          static_cast<uint8_t*>(out)[i] = f32_to_f8e4m3(value);
+          break;
         case DType::kI8:
-          break;  // refused above
+          static_cast<int8_t*>(out)[i] =
+              static_cast<int8_t>(std::clamp(std::nearbyint(value), -128.0f, 127.0f));
+          break;
       }
     }
   });

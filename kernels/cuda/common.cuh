@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -93,26 +94,89 @@ struct Stored<DType::kBF16> {
   }
 };
 
+// Quantized weights widen to their codes' values; the caller applies the scale.
+template <>
+struct Stored<DType::kF8E4M3> {
+  using Type = uint8_t;
+  // One hardware conversion on sm_89 and later (exact: every E4M3 value is an f16).
+  __device__ static float widen(uint8_t code) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+  }
+};
+
+template <>
+struct Stored<DType::kI8> {
+  using Type = uint8_t;  // the two's-complement byte
+  __device__ static float widen(uint8_t code) {
+    return static_cast<float>(static_cast<int8_t>(code));
+  }
+};
+
 // Elements of a 16-byte vector of the stored type.
 template <DType kDType>
 inline constexpr int kVectorElements = 16 / static_cast<int>(sizeof(typename Stored<kDType>::Type));
 
-// Widens one 16-byte vector (4 f32 or 8 halves) at a 16-byte aligned address, exactly.
-template <DType kDType>
-__device__ __forceinline__ void load_vector(const typename Stored<kDType>::Type* source,
-                                            float (&out)[kVectorElements<kDType>]) {
-  const uint4 bits = __ldg(reinterpret_cast<const uint4*>(source));
+// Widens elements [4 q, 4 q + 4) of a 16-byte chunk (`bits`: its four 32-bit words), exactly. A
+// quarter is one word of 8-bit codes, two words of halves, or all four words of f32.
+template <DType kDType, int kQuarter>
+__device__ __forceinline__ void widen_quarter(const uint4& bits, float (&out)[4]) {
   const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
-  if constexpr (kDType == DType::kF32) {
+  if constexpr (kDType == DType::kF8E4M3) {
+    const uint32_t word = words[kQuarter];
+    // Two codes per conversion instruction, to two halves, to two floats.
+    const float2 low = __half22float2(__half2(
+        __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xffffu), __NV_E4M3)));
+    const float2 high = __half22float2(__half2(
+        __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), __NV_E4M3)));
+    out[0] = low.x;
+    out[1] = low.y;
+    out[2] = high.x;
+    out[3] = high.y;
+  } else if constexpr (kDType == DType::kI8) {
+    // Biased to unsigned (code + 128), each byte placed in the mantissa of 2^23, whose float is
+    // then 2^23 + code + 128 exactly: a byte permute and a subtraction per code.
+    const uint32_t biased = words[kQuarter] ^ 0x80808080u;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      out[b] = __fsub_rn(
+          __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7540u | static_cast<uint32_t>(b))),
+          8388736.0f);  // 2^23 + 128
+    }
+  } else if constexpr (kDType == DType::kF32) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) out[i] = __uint_as_float(words[i]);
   } else {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 2; ++i) {
       // Little-endian: the lower half-word is the element at the lower address.
-      out[2 * i] = Stored<kDType>::widen(static_cast<uint16_t>(words[i] & 0xffffu));
-      out[2 * i + 1] = Stored<kDType>::widen(static_cast<uint16_t>(words[i] >> 16));
+      const uint32_t word = words[2 * kQuarter + i];
+      out[2 * i] = Stored<kDType>::widen(static_cast<uint16_t>(word & 0xffffu));
+      out[2 * i + 1] = Stored<kDType>::widen(static_cast<uint16_t>(word >> 16));
     }
+  }
+}
+
+// Widens one 16-byte vector (4 f32, 8 halves or 16 codes) at a 16-byte aligned address, exactly.
+template <DType kDType>
+__device__ __forceinline__ void load_vector(const typename Stored<kDType>::Type* source,
+                                            float (&out)[kVectorElements<kDType>]) {
+  const uint4 bits = __ldg(reinterpret_cast<const uint4*>(source));
+  float quarter[4];
+  widen_quarter<kDType, 0>(bits, quarter);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) out[e] = quarter[e];
+  if constexpr (kVectorElements < kDType >> 4) {
+    widen_quarter<kDType, 1>(bits, quarter);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[4 + e] = quarter[e];
+  }
+  if constexpr (kVectorElements < kDType >> 8) {
+    widen_quarter<kDType, 2>(bits, quarter);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[8 + e] = quarter[e];
+    widen_quarter<kDType, 3>(bits, quarter);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[12 + e] = quarter[e];
   }
 }
 

@@ -386,29 +386,39 @@ Status CudaBackend::rmsnorm(const RmsNormParams& params, const float* x, const v
 }
 
 Status CudaBackend::matmul(const MatmulParams& params, const float* x, const void* weight,
-                           const float* /*weight_scales*/, const void* bias, float* out) {
-  if (is_quantized(params.weight_dtype)) {
-    return Status::unsupported("matmul: quantized weights (" +
-                               std::string(dtype_name(params.weight_dtype)) +
-                               ") are not supported on CUDA yet");
-  }
+                           const float* weight_scales, const void* bias, float* out) {
+  const MatmulTarget target{params, weight, weight_scales, bias, out};
+  return matmul_group(x, &target, 1);
+}
+
+Status CudaBackend::matmul_group(const float* x, const MatmulTarget* targets, size_t count) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
-  if (Status status = ensure_scratch(matmul_scratch_bytes(params, batch_invariant_));
-      !status.is_ok()) {
-    return status;
+  if (Status status = check_matmul_group(targets, count); !status.is_ok()) return status;
+  size_t scratch = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const MatmulTarget& t = targets[i];
+    scratch = std::max(scratch, matmul_scratch_bytes(t.params, batch_invariant_));
   }
-  if (!noted_scalar_matmul_ && runs_skinny(params, batch_invariant_) &&
-      !skinny_loads_vectors(params, x, weight)) {
+  if (Status status = ensure_scratch(scratch); !status.is_ok()) return status;
+  for (size_t i = 0; i < count; ++i) {
+    const MatmulTarget& t = targets[i];
+    const MatmulParams& params = t.params;
+    if (noted_scalar_matmul_ || !runs_skinny(params, batch_invariant_) ||
+        skinny_loads_vectors(params, x, t.weight)) {
+      continue;
+    }
     noted_scalar_matmul_ = true;
+    const int64_t multiple = skinny_vector_multiple(params.weight_dtype);
     notice("matmul: in_features " + std::to_string(params.in_features) +
-           (params.in_features % 8 != 0 ? " is not a multiple of 8"
-                                        : " with an operand not 16-byte aligned") +
+           (params.in_features % multiple != 0
+                ? " is not a multiple of " + std::to_string(multiple)
+                : std::string(" with an operand not 16-byte aligned")) +
            ": the skinny kernel reads one element at a time, slower than its 16-byte loads "
            "(noted once)");
   }
   const MatmulContext context{cublas_, scratch_, scratch_bytes_, batch_invariant_};
-  return launch_matmul(params, x, weight, bias, out, context, stream_);
+  return launch_matmul_group(x, targets, count, context, stream_);
 }
 
 Status CudaBackend::rope(const RopeParams& params, const int32_t* positions, const float* inv_freq,

@@ -25,6 +25,11 @@ __global__ void __launch_bounds__(kThreads)
       out[i] = value;
     } else if constexpr (kDType == DType::kF16) {
       out[i] = __half_as_ushort(__float2half_rn(value));
+    } else if constexpr (kDType == DType::kF8E4M3) {
+      out[i] = __nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3);
+    } else if constexpr (kDType == DType::kI8) {
+      out[i] =
+          static_cast<uint8_t>(static_cast<int8_t>(min(max(__float2int_rn(value), -128), 127)));
     } else {
       out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(value));
     }
@@ -57,8 +62,13 @@ Status launch_fill_uniform(int64_t count, DType dtype, uint64_t seed, float low,
           <<<blocks, kThreads, 0, stream>>>(static_cast<uint16_t*>(out), count, seed, low, width);
       break;
     case DType::kF8E4M3:
+      fill_uniform_kernel<DType::kF8E4M3>
+          <<<blocks, kThreads, 0, stream>>>(static_cast<uint8_t*>(out), count, seed, low, width);
+      break;
     case DType::kI8:
-      return Status::unsupported("fill: synthetic weights are written in f32, f16 or bf16");
+      fill_uniform_kernel<DType::kI8>
+          <<<blocks, kThreads, 0, stream>>>(static_cast<uint8_t*>(out), count, seed, low, width);
+      break;
   }
   return launch_status("fill kernel");
 }

@@ -114,8 +114,9 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
     write_synthetic_weights(*synthetic_seed);
   } else {
     quantize_weights();
-    place_weights();
+    // Before place_weights: a device's quantization at load sets scales already on the device.
     place_scales();
+    place_weights();
   }
   // What a forward reads, as placed (a device holds bf16 copies).
   auto count = [&](const WeightView& view) {
@@ -256,25 +257,61 @@ float quantize_row(const WeightView& source, int64_t row, DType target, void* co
   return scale;
 }
 
+// Rows [first, first + count) of `source` quantized into `codes` ([count, columns]) and `scales`
+// ([count]), split over the machine's cores (rows are independent).
+void quantize_rows(const WeightView& source, int64_t first, int64_t count, DType target,
+                   std::byte* codes, float* scales) {
+  const int64_t columns = source.shape[1];
+  const int64_t workers =
+      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(count, 1));
+  std::vector<std::thread> threads;
+  for (int64_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      for (int64_t row = w; row < count; row += workers) {
+        scales[row] = quantize_row(source, first + row, target, codes + row * columns);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+}
+
+// The view of a weight quantized per output channel, over `codes` and `scales`.
+void set_quantized(WeightView& view, DType target, const void* codes, const void* scales) {
+  const int64_t rows = view.shape[0], columns = view.shape[1];
+  view.data = codes;
+  view.dtype = target;
+  view.size_bytes = static_cast<uint64_t>(rows * columns);
+  view.scales = scales;
+  view.scale_dtype = DType::kF32;
+  view.scale_block_rows = 1;
+  view.scale_block_cols = columns;
+  view.scale_count = rows;
+}
+
 }  // namespace
+
+std::optional<DType> Model::quantize_target() const {
+  if (options_.quantize == WeightQuantize::kNone || checkpoint_.config.quantization) {
+    return std::nullopt;
+  }
+  return options_.quantize == WeightQuantize::kFP8 ? DType::kF8E4M3 : DType::kI8;
+}
 
 void Model::quantize_weights() {
   const WeightQuantize mode = options_.quantize;
   if (mode == WeightQuantize::kNone) return;
-  const char* name = mode == WeightQuantize::kFP8 ? "fp8" : "int8";
   if (checkpoint_.config.quantization) {
     // Published pre-quantized: its own codes and scales are the better ones; quantizing them
     // again could only lose precision.
     spdlog::debug(
         "{}: the checkpoint is already quantized ({}); read as it is, not quantized to {}",
-        checkpoint_.paths.config.string(), checkpoint_.config.quantization->method, name);
+        checkpoint_.paths.config.string(), checkpoint_.config.quantization->method,
+        mode == WeightQuantize::kFP8 ? "fp8" : "int8");
     return;
   }
-  if (!backend_.uses_host_memory()) {
-    throw Error("quantize " + std::string(name) + ": quantized weights are not supported on " +
-                std::string(backend_.name()) + " yet (the CPU backend computes with them)");
-  }
-  const DType target = mode == WeightQuantize::kFP8 ? DType::kF8E4M3 : DType::kI8;
+  // A device quantizes on the way up, in place_weights.
+  if (!backend_.uses_host_memory()) return;
+  const DType target = *quantize_target();
   std::vector<WeightView*> views = linear_weights(weights_);
   if (options_.quantize_output) views.push_back(&weights_.output);  // a copy when tied
   for (WeightView* view : views) {
@@ -282,28 +319,8 @@ void Model::quantize_weights() {
     // Straight from the mapped checkpoint into the codes: no second float copy of the model.
     DeviceBuffer codes(backend_, static_cast<size_t>(rows * columns), "quantized weights");
     DeviceBuffer scales(backend_, static_cast<size_t>(rows) * sizeof(float), "weight scales");
-    const WeightView source = *view;
-    // Rows are independent: split over the machine's cores.
-    const int64_t workers =
-        std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(rows, 1));
-    std::vector<std::thread> threads;
-    for (int64_t w = 0; w < workers; ++w) {
-      threads.emplace_back([&, w] {
-        for (int64_t row = w; row < rows; row += workers) {
-          scales.as<float>()[row] =
-              quantize_row(source, row, target, codes.as<std::byte>() + row * columns);
-        }
-      });
-    }
-    for (std::thread& thread : threads) thread.join();
-    view->data = codes.data();
-    view->dtype = target;
-    view->size_bytes = static_cast<uint64_t>(rows * columns);
-    view->scales = scales.data();
-    view->scale_dtype = DType::kF32;
-    view->scale_block_rows = 1;
-    view->scale_block_cols = columns;
-    view->scale_count = rows;
+    quantize_rows(*view, 0, rows, target, codes.as<std::byte>(), scales.as<float>());
+    set_quantized(*view, target, codes.data(), scales.data());
     weight_buffers_.push_back(std::move(codes));
     weight_buffers_.push_back(std::move(scales));
   }
@@ -333,16 +350,16 @@ void Model::place_scales() {
 
 void Model::place_weights() {
   if (backend_.uses_host_memory()) return;  // used in place from the mapping
-  for (const WeightView* view : linear_weights(weights_)) {
-    if (is_quantized(view->dtype)) {
-      throw Error(checkpoint_.paths.weights.string() + ": quantized weights (" +
-                  std::string(dtype_name(view->dtype)) + ") are not supported on " +
-                  std::string(backend_.name()) + " yet (the CPU backend computes with them)");
-    }
-  }
-  // A device computes with bf16 weights: f32 and f16 tensors are converted on the way, a chunk at
-  // a time through one host buffer, so the host never holds a second copy of the model.
+  // A device computes with bf16 weights or 8-bit codes: f32 and f16 tensors are converted on the
+  // way, and weights quantized at load are quantized on the way, a chunk at a time through host
+  // buffers, so the host never holds a second copy of the model.
   constexpr uint64_t kChunkBytes = uint64_t{64} << 20;
+  const std::optional<DType> quantize_to = quantize_target();
+  std::set<const WeightView*> to_quantize;
+  if (quantize_to) {
+    for (const WeightView* view : linear_weights(weights_)) to_quantize.insert(view);
+    if (options_.quantize_output) to_quantize.insert(&weights_.output);
+  }
   std::vector<WeightView*> views = {&weights_.embedding};
   for (LayerWeights& l : weights_.layers) {
     for (WeightView* view : {&l.attention_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj,
@@ -352,16 +369,59 @@ void Model::place_weights() {
     }
   }
   views.push_back(&weights_.final_norm);
-  const bool tied = weights_.output.data == weights_.embedding.data;
-  if (!tied) views.push_back(&weights_.output);
+  // A tied head shares the table, unless it is quantized: then it is a quantized copy.
+  const bool shares_table =
+      weights_.output.data == weights_.embedding.data && to_quantize.count(&weights_.output) == 0;
+  if (!shares_table) views.push_back(&weights_.output);
   uint64_t total = 0;
   for (const WeightView* view : views) total += view->size_bytes;
   Progress progress("uploading weights to " + std::string(backend_.name()), total);
   std::vector<uint16_t> converted;
+  std::vector<std::byte> codes;
+  std::vector<float> scales;
   for (WeightView* view : views) {
     if (!*view) continue;
+    if (to_quantize.count(view) != 0) {
+      const int64_t rows = view->shape[0], columns = view->shape[1];
+      DeviceBuffer device_codes(backend_, static_cast<size_t>(rows * columns), "quantized weights");
+      DeviceBuffer device_scales(backend_, static_cast<size_t>(rows) * sizeof(float),
+                                 "weight scales");
+      const int64_t chunk_rows = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes) / columns);
+      for (int64_t first = 0; first < rows; first += chunk_rows) {
+        const int64_t count = std::min(chunk_rows, rows - first);
+        codes.resize(static_cast<size_t>(count * columns));
+        scales.resize(static_cast<size_t>(count));
+        quantize_rows(*view, first, count, *quantize_to, codes.data(), scales.data());
+        SPECRUN_CHECK_OK(backend_.copy_to_device(device_codes.as<std::byte>() + first * columns,
+                                                 codes.data(), codes.size()),
+                         "uploading quantized weights");
+        SPECRUN_CHECK_OK(backend_.copy_to_device(device_scales.as<float>() + first, scales.data(),
+                                                 scales.size() * sizeof(float)),
+                         "uploading weight scales");
+        progress.advance(static_cast<uint64_t>(count * columns) * dtype_size(view->dtype));
+      }
+      set_quantized(*view, *quantize_to, device_codes.data(), device_scales.data());
+      weight_buffers_.push_back(std::move(device_codes));
+      weight_buffers_.push_back(std::move(device_scales));
+      continue;
+    }
     const size_t element_size = dtype_size(view->dtype);
     const uint64_t elements = view->size_bytes / element_size;
+    if (is_quantized(view->dtype)) {
+      // A pre-quantized checkpoint's codes, as they are (place_scales placed their scales).
+      DeviceBuffer buffer(backend_, view->size_bytes, "quantized weights");
+      for (uint64_t first = 0; first < elements; first += kChunkBytes) {
+        const uint64_t count = std::min(kChunkBytes, elements - first);
+        SPECRUN_CHECK_OK(
+            backend_.copy_to_device(buffer.as<std::byte>() + first,
+                                    static_cast<const std::byte*>(view->data) + first, count),
+            "uploading quantized weights");
+        progress.advance(count);
+      }
+      view->data = buffer.data();
+      weight_buffers_.push_back(std::move(buffer));
+      continue;
+    }
     const bool convert = view->dtype != DType::kBF16;
     DeviceBuffer buffer(backend_, elements * sizeof(uint16_t), "weights");
     const uint64_t chunk = kChunkBytes / element_size;  // elements per chunk
@@ -385,7 +445,7 @@ void Model::place_weights() {
     view->size_bytes = elements * sizeof(uint16_t);
     weight_buffers_.push_back(std::move(buffer));
   }
-  if (tied) weights_.output = weights_.embedding;
+  if (shares_table) weights_.output = weights_.embedding;
 }
 
 void Model::write_synthetic_weights(uint64_t seed) {
@@ -402,11 +462,33 @@ void Model::write_synthetic_weights(uint64_t seed) {
     weight_buffers_.push_back(std::move(buffer));
     parameter_count_ += count;
   };
+  // Quantized (--quantize): codes uniform over the code range and one scale per row mapping it to
+  // the bf16 weights' range, written directly (never a bf16 copy: a 70B model's would not fit).
+  const std::optional<DType> quantize_to = quantize_target();
+  auto write_quantized = [&](WeightView& view, float bound) {
+    const DType target = *quantize_to;
+    const int64_t rows = view.shape[0], columns = view.shape[1];
+    const float code_max = target == DType::kI8 ? 127.0f : kF8E4M3Max;
+    view.dtype = target;
+    view.size_bytes = static_cast<uint64_t>(rows * columns);
+    write(view, -code_max, code_max);
+    DeviceBuffer scales(backend_, static_cast<size_t>(rows) * sizeof(float), "weight scales");
+    const float scale = bound / code_max;
+    SPECRUN_CHECK_OK(backend_.fill_uniform({rows, DType::kF32, 0, scale, scale}, scales.data()),
+                     "writing synthetic weight scales");
+    set_quantized(view, target, view.data, scales.data());
+    weight_buffers_.push_back(std::move(scales));
+  };
   // Uniform on [-b, b] has variance b^2 / 3: b = sqrt(3 / fan_in) keeps each projection's output
   // variance that of its input. Norm gains are one.
   auto projection = [&](WeightView& view) {
     const float bound = std::sqrt(3.0f / static_cast<float>(view.shape[1]));
-    write(view, -bound, bound);
+    const bool quantized = quantize_to && (&view != &weights_.output || options_.quantize_output);
+    if (quantized) {
+      write_quantized(view, bound);
+    } else {
+      write(view, -bound, bound);
+    }
   };
   auto gain = [&](WeightView& view) { write(view, 1.0f, 1.0f); };
   write(weights_.embedding, -std::sqrt(3.0f), std::sqrt(3.0f));
@@ -417,11 +499,19 @@ void Model::write_synthetic_weights(uint64_t seed) {
     for (WeightView* view : {&l.gate_proj, &l.up_proj, &l.down_proj}) projection(*view);
   }
   gain(weights_.final_norm);
-  // The layout gives an untied head a shape and no data yet: the config says which it is.
-  if (checkpoint_.config.tie_word_embeddings) {
+  // The layout gives an untied head a shape and no data yet: the config says which it is. A tied
+  // head quantized is a quantized copy of the table, as at load (its own draws here).
+  if (checkpoint_.config.tie_word_embeddings && !(quantize_to && options_.quantize_output)) {
     weights_.output = weights_.embedding;
   } else {
+    const bool tied = checkpoint_.config.tie_word_embeddings;
+    if (tied) {
+      weights_.output = WeightView{nullptr, weights_.embedding.dtype, weights_.embedding.shape,
+                                   weights_.embedding.size_bytes};
+    }
+    const int64_t parameters = parameter_count_;
     projection(weights_.output);
+    if (tied) parameter_count_ = parameters;  // the table's parameters, counted once
   }
 }
 
@@ -458,8 +548,10 @@ void Model::ensure_workspace(int64_t tokens, int64_t logit_rows, int64_t metadat
   }
 }
 
-void Model::matmul(const float* x, const WeightView& weight, const WeightView& bias, int64_t rows,
-                   float* out, const char* what, int64_t layer) {
+namespace {
+
+kernels::MatmulTarget matmul_target(const WeightView& weight, const WeightView& bias, int64_t rows,
+                                    float* out) {
   const kernels::MatmulParams params{rows,
                                      weight.shape[1],
                                      weight.shape[0],
@@ -467,9 +559,27 @@ void Model::matmul(const float* x, const WeightView& weight, const WeightView& b
                                      bias ? bias.dtype : DType::kF32,
                                      weight.scale_block_rows,
                                      weight.scale_block_cols};
-  SPECRUN_CHECK_OK(backend_.matmul(params, x, weight.data, static_cast<const float*>(weight.scales),
-                                   bias.data, out),
+  return {params, weight.data, static_cast<const float*>(weight.scales), bias.data, out};
+}
+
+}  // namespace
+
+void Model::matmul(const float* x, const WeightView& weight, const WeightView& bias, int64_t rows,
+                   float* out, const char* what, int64_t layer) {
+  const kernels::MatmulTarget target = matmul_target(weight, bias, rows, out);
+  SPECRUN_CHECK_OK(backend_.matmul(target.params, x, target.weight, target.weight_scales,
+                                   target.bias, target.out),
                    layer_op(what, layer));
+}
+
+void Model::matmul_group(const float* x, std::span<const GroupMember> members, int64_t rows,
+                         const char* what, int64_t layer) {
+  SPECRUN_CHECK(members.size() <= kernels::kMaxMatmulGroup);
+  kernels::MatmulTarget targets[kernels::kMaxMatmulGroup];
+  for (size_t i = 0; i < members.size(); ++i) {
+    targets[i] = matmul_target(*members[i].weight, *members[i].bias, rows, members[i].out);
+  }
+  SPECRUN_CHECK_OK(backend_.matmul_group(x, targets, members.size()), layer_op(what, layer));
 }
 
 void Model::forward(std::span<const SequenceInput> batch, Logits* logits) {
@@ -616,9 +726,9 @@ void Model::run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks)
     SPECRUN_CHECK_OK(backend_.rmsnorm({num_tokens, c.hidden_size, eps, l.attention_norm.dtype}, x,
                                       l.attention_norm.data, normed),
                      layer_op("attention norm", layer));
-    matmul(normed, l.q_proj, l.q_bias, num_tokens, q, "q_proj", layer);
-    matmul(normed, l.k_proj, l.k_bias, num_tokens, k, "k_proj", layer);
-    matmul(normed, l.v_proj, l.v_bias, num_tokens, v, "v_proj", layer);
+    matmul_group(
+        normed, {{{&l.q_proj, &l.q_bias, q}, {&l.k_proj, &l.k_bias, k}, {&l.v_proj, &l.v_bias, v}}},
+        num_tokens, "q/k/v projections", layer);
     SPECRUN_CHECK_OK(
         backend_.rope({num_tokens, c.num_heads, c.num_kv_heads, c.head_dim, c.rope_style},
                       w.positions, inv_freq_.as<float>(), q, k),
@@ -644,8 +754,8 @@ void Model::run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks)
     SPECRUN_CHECK_OK(backend_.rmsnorm({num_tokens, c.hidden_size, eps, l.mlp_norm.dtype}, x,
                                       l.mlp_norm.data, normed),
                      layer_op("mlp norm", layer));
-    matmul(normed, l.gate_proj, l.gate_bias, num_tokens, gate, "gate_proj", layer);
-    matmul(normed, l.up_proj, l.up_bias, num_tokens, up, "up_proj", layer);
+    matmul_group(normed, {{{&l.gate_proj, &l.gate_bias, gate}, {&l.up_proj, &l.up_bias, up}}},
+                 num_tokens, "gate/up projections", layer);
     SPECRUN_CHECK_OK(backend_.swiglu({num_tokens, c.intermediate_size}, gate, up, gate),
                      layer_op("swiglu", layer));
     matmul(gate, l.down_proj, l.down_bias, num_tokens, projected, "down_proj", layer);

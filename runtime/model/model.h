@@ -82,7 +82,8 @@ class Model {
                                      const ModelOptions& options = {});
   Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOptions& options);
   // A model of `config`'s shape with synthetic bf16 weights (runtime/model/synthetic.h) written
-  // on the backend from `seed`: the same seed gives the same weights on every backend. `label`
+  // on the backend from `seed`, or 8-bit codes and scales with options.quantize: the same seed
+  // gives the same weights on every backend. `label`
   // stands for the checkpoint directory in reports. Throws Error when the backend runs out of
   // memory.
   static std::unique_ptr<Model> synthetic(const ModelConfig& config, const std::string& label,
@@ -121,6 +122,9 @@ class Model {
   Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOptions& options,
         std::optional<uint64_t> synthetic_seed);
   void place_weights();
+  // The dtype the linear layers are quantized to at load: none without --quantize, or when the
+  // checkpoint is already quantized.
+  std::optional<DType> quantize_target() const;
   void quantize_weights();
   void place_scales();
   void write_synthetic_weights(uint64_t seed);
@@ -128,6 +132,14 @@ class Model {
   void run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks);
   void matmul(const float* x, const WeightView& weight, const WeightView& bias, int64_t rows,
               float* out, const char* what, int64_t layer);
+  // Linear layers reading the same x (q, k and v; gate and up), through Backend::matmul_group.
+  struct GroupMember {
+    const WeightView* weight;
+    const WeightView* bias;  // absent: no bias
+    float* out;              // [rows, out_features]
+  };
+  void matmul_group(const float* x, std::span<const GroupMember> members, int64_t rows,
+                    const char* what, int64_t layer);
 
   Checkpoint checkpoint_;
   kernels::Backend& backend_;

@@ -199,12 +199,14 @@ TEST_F(CudaBackendTest, LargeUploadsThroughTheStagingBuffersArriveWhole) {
 }
 
 TEST_F(CudaBackendTest, FillEqualsTheCpuFillBitwise) {
-  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kI8}) {
     const int64_t count = 1000003;
     const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
     DeviceBuffer on_gpu(*gpu_, bytes, "test");
     std::vector<uint8_t> on_cpu(bytes), back(bytes);
-    const FillParams params{count, dtype, 1234, -0.75f, 0.5f};
+    // 8-bit codes over their whole range and past it (saturating).
+    const float range = dtype == DType::kF8E4M3 ? 500.0f : dtype == DType::kI8 ? 130.0f : 0.75f;
+    const FillParams params{count, dtype, 1234, -range, 0.5f * range};
     ASSERT_TRUE(gpu_->fill_uniform(params, on_gpu.data()).is_ok());
     ASSERT_TRUE(cpu_->fill_uniform(params, on_cpu.data()).is_ok());
     ASSERT_TRUE(gpu_->copy_to_host(back.data(), on_gpu.data(), bytes).is_ok());
@@ -336,6 +338,194 @@ TEST_F(CudaBackendTest, MatmulMatchesCpuForEveryDtypeAndShape) {
       }
     }
   }
+}
+
+// A quantized weight: codes, their scale grid, and the weights they stand for (code * scale).
+struct QuantizedWeight {
+  std::vector<uint8_t> codes;      // [out, in]
+  std::vector<float> scales;       // [grid rows, grid columns]
+  std::vector<float> dequantized;  // [out, in], code * scale rounded to f32 once
+};
+
+QuantizedWeight quantized_weight(DType dtype, int64_t out_features, int64_t in, int64_t block_rows,
+                                 int64_t block_cols, uint64_t seed) {
+  QuantizedWeight w;
+  const std::vector<float> values = random_floats(static_cast<size_t>(out_features * in), seed);
+  const float code_max = dtype == DType::kI8 ? 127.0f : kF8E4M3Max;
+  w.codes.resize(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    w.codes[i] =
+        dtype == DType::kI8
+            ? static_cast<uint8_t>(static_cast<int8_t>(std::nearbyint(values[i] * code_max)))
+            : f32_to_f8e4m3(values[i] * code_max);
+  }
+  const int64_t grid_rows = (out_features + block_rows - 1) / block_rows;
+  const int64_t grid_cols = (in + block_cols - 1) / block_cols;
+  const std::vector<float> draws =
+      random_floats(static_cast<size_t>(grid_rows * grid_cols), seed + 1);
+  for (const float draw : draws) w.scales.push_back(0.01f + 0.005f * draw);  // in (0.005, 0.015)
+  w.dequantized.resize(values.size());
+  for (int64_t o = 0; o < out_features; ++o) {
+    for (int64_t i = 0; i < in; ++i) {
+      const size_t at = static_cast<size_t>(o * in + i);
+      w.dequantized[at] =
+          load_as_f32(w.codes.data(), dtype, at) *
+          w.scales[static_cast<size_t>((o / block_rows) * grid_cols + i / block_cols)];
+    }
+  }
+  return w;
+}
+
+TEST_F(CudaBackendTest, QuantizedMatmulMatchesCpuForEveryLayout) {
+  // (in, out): in % 16 != 0 takes the scalar skinny path; the others 16-byte loads. Layouts: per
+  // output channel, per tensor, 128 x 128 blocks, and 32 x 16 blocks (a scale per chunk).
+  const int64_t sizes[][2] = {{37, 21}, {128, 96}, {1024, 300}};
+  for (const DType dtype : {DType::kF8E4M3, DType::kI8}) {
+    for (const auto& size : sizes) {
+      const int64_t in = size[0], out_features = size[1];
+      const int64_t layouts[][2] = {{1, in}, {out_features, in}, {128, 128}, {32, 16}};
+      for (const auto& layout : layouts) {
+        const QuantizedWeight w =
+            quantized_weight(dtype, out_features, in, layout[0], layout[1], 60 + in + layout[1]);
+        const std::vector<float> bias = random_floats(out_features, 61);
+        DeviceBuffer device_codes = upload(*gpu_, w.codes);
+        DeviceBuffer device_scales = upload(*gpu_, w.scales);
+        DeviceBuffer device_bias = upload(*gpu_, bias);
+        for (const int64_t rows : {1, 2, 5, 16, 17, 64}) {
+          const std::vector<float> x = random_floats(rows * in, 62 + rows);
+          DeviceBuffer device_x = upload(*gpu_, x);
+          for (const bool with_bias : {false, true}) {
+            MatmulParams params{rows, in, out_features, dtype, DType::kF32};
+            params.scale_block_rows = layout[0];
+            params.scale_block_cols = layout[1];
+            std::vector<float> ref(rows * out_features);
+            ASSERT_TRUE(cpu_->matmul(params, x.data(), w.codes.data(), w.scales.data(),
+                                     with_bias ? bias.data() : nullptr, ref.data())
+                            .is_ok());
+            DeviceBuffer out = poisoned(*gpu_, ref.size());
+            const Status status = gpu_->matmul(
+                params, device_x.as<float>(), device_codes.data(), device_scales.as<float>(),
+                with_bias ? device_bias.as<float>() : nullptr, out.as<float>());
+            ASSERT_TRUE(status.is_ok()) << status.to_string();
+            // Skinny: the CPU's sum in another order, and one more rounding where the scale
+            // multiplies; the GEMM path rounds x and the dequantized weight to bf16 (2^-9 each).
+            const double rounding = rows > 16 ? 0x1.0p-8 : 2.0 * kUnitRoundoff;
+            const std::vector<double> bound = matmul_bounds(
+                x, w.dequantized, with_bias ? &bias : nullptr, rows, in, out_features, rounding);
+            EXPECT_TRUE(within(download(*gpu_, out, ref.size()), ref, bound))
+                << dtype_name(dtype) << " " << rows << "x" << in << "x" << out_features
+                << " blocks " << layout[0] << "x" << layout[1] << (with_bias ? " with bias" : "");
+          }
+        }
+        // Batch invariance: each row alone gives the bits it gets among 16.
+        const std::vector<float> x = random_floats(16 * in, 63);
+        auto run = [&](int64_t first, int64_t count) {
+          const std::vector<float> slice(x.begin() + first * in, x.begin() + (first + count) * in);
+          DeviceBuffer device_x = upload(*gpu_, slice);
+          DeviceBuffer out = poisoned(*gpu_, count * out_features);
+          MatmulParams params{count, in, out_features, dtype, DType::kF32};
+          params.scale_block_rows = layout[0];
+          params.scale_block_cols = layout[1];
+          EXPECT_TRUE(gpu_->matmul(params, device_x.as<float>(), device_codes.data(),
+                                   device_scales.as<float>(), nullptr, out.as<float>())
+                          .is_ok());
+          return download(*gpu_, out, count * out_features);
+        };
+        const std::vector<float> all = run(0, 16);
+        for (const int64_t r : {0, 5, 15}) {
+          EXPECT_TRUE(bitwise_equal(
+              run(r, 1), std::span<const float>(all).subspan(r * out_features, out_features)))
+              << dtype_name(dtype) << " row " << r << " in " << in;
+        }
+      }
+    }
+  }
+  // A scale grid the kernels cannot read is the CPU's error.
+  MatmulParams bad{1, 64, 4, DType::kI8, DType::kF32};
+  bad.scale_block_rows = 1;
+  bad.scale_block_cols = 24;
+  DeviceBuffer x = upload(*gpu_, random_floats(64, 1));
+  DeviceBuffer codes(*gpu_, 256, "test"), scales(*gpu_, 64, "test"), out(*gpu_, 16, "test");
+  EXPECT_EQ(
+      gpu_->matmul(bad, x.as<float>(), codes.data(), scales.as<float>(), nullptr, out.as<float>())
+          .code(),
+      StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaBackendTest, AMatmulGroupIsEachTargetsMatmulBitwise) {
+  // q, k and v shapes (one launch when they share dtype, scale layout and loads), in every dtype,
+  // a block-scaled FP8 group, and a mixed group (one launch each), at decode, verification and
+  // prefill row counts, and in batch-invariant mode: each out as its target's matmul alone.
+  const int64_t in = 256;
+  const int64_t widths[] = {256, 64, 64};
+  struct Case {
+    DType dtypes[3];
+    int64_t block_cols;  // quantized: scale columns per block (in: one per row)
+  };
+  const Case cases[] = {{{DType::kBF16, DType::kBF16, DType::kBF16}, 0},
+                        {{DType::kF32, DType::kF32, DType::kF32}, 0},
+                        {{DType::kF8E4M3, DType::kF8E4M3, DType::kF8E4M3}, in},
+                        {{DType::kI8, DType::kI8, DType::kI8}, in},
+                        {{DType::kF8E4M3, DType::kF8E4M3, DType::kF8E4M3}, 128},
+                        {{DType::kBF16, DType::kF8E4M3, DType::kI8}, in}};
+  for (const Case& c : cases) {
+    std::vector<DeviceBuffer> weights, scales, biases;
+    for (int t = 0; t < 3; ++t) {
+      const int64_t out_features = widths[t];
+      if (is_quantized(c.dtypes[t])) {
+        const QuantizedWeight w =
+            quantized_weight(c.dtypes[t], out_features, in, 1, c.block_cols, 70 + t);
+        weights.push_back(upload(*gpu_, w.codes));
+        scales.push_back(upload(*gpu_, w.scales));
+      } else {
+        const StoredTensor w = store(random_floats(out_features * in, 70 + t), c.dtypes[t]);
+        weights.push_back(upload_bytes(*gpu_, w.data(c.dtypes[t]), w.bytes(c.dtypes[t])));
+        scales.emplace_back();
+      }
+      biases.push_back(upload(*gpu_, random_floats(out_features, 80 + t)));
+    }
+    for (const bool batch_invariant : {false, true}) {
+      gpu_->set_batch_invariant(batch_invariant);
+      for (const int64_t rows : {1, 5, 16, 40}) {
+        DeviceBuffer x = upload(*gpu_, random_floats(rows * in, 90 + rows));
+        std::vector<DeviceBuffer> group_out, alone_out;
+        MatmulTarget targets[3];
+        for (int t = 0; t < 3; ++t) {
+          group_out.push_back(poisoned(*gpu_, rows * widths[t]));
+          alone_out.push_back(poisoned(*gpu_, rows * widths[t]));
+          MatmulParams params{rows, in, widths[t], c.dtypes[t], DType::kF32};
+          if (is_quantized(c.dtypes[t])) {
+            params.scale_block_rows = 1;
+            params.scale_block_cols = c.block_cols;
+          }
+          targets[t] = {params, weights[t].data(),
+                        is_quantized(c.dtypes[t]) ? scales[t].as<float>() : nullptr,
+                        t == 1 ? biases[t].data() : nullptr, group_out[t].as<float>()};
+        }
+        ASSERT_TRUE(gpu_->matmul_group(x.as<float>(), targets, 3).is_ok());
+        for (int t = 0; t < 3; ++t) {
+          ASSERT_TRUE(gpu_->matmul(targets[t].params, x.as<float>(), targets[t].weight,
+                                   targets[t].weight_scales, targets[t].bias,
+                                   alone_out[t].as<float>())
+                          .is_ok());
+          const size_t n = static_cast<size_t>(rows * widths[t]);
+          EXPECT_TRUE(
+              bitwise_equal(download(*gpu_, group_out[t], n), download(*gpu_, alone_out[t], n)))
+              << dtype_name(c.dtypes[t]) << " target " << t << " rows " << rows
+              << (batch_invariant ? " batch invariant" : "") << " blocks " << c.block_cols;
+        }
+      }
+    }
+    gpu_->set_batch_invariant(false);
+  }
+  // The group's rules are the CPU backend's.
+  DeviceBuffer x = upload(*gpu_, random_floats(2 * in, 1));
+  DeviceBuffer out = poisoned(*gpu_, 2 * 64);
+  MatmulTarget bad[2] = {
+      {{2, in, 64, DType::kBF16, DType::kF32}, nullptr, nullptr, nullptr, out.as<float>()},
+      {{1, in, 64, DType::kBF16, DType::kF32}, nullptr, nullptr, nullptr, out.as<float>()}};
+  EXPECT_EQ(gpu_->matmul_group(x.as<float>(), bad, 2).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->matmul_group(x.as<float>(), bad, 0).code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(CudaBackendTest, TheSkinnyKernelsElementWisePathIsNotedOnce) {
@@ -949,6 +1139,126 @@ TEST_F(CudaBackendTest, SyntheticModelsMatchOnBothBackends) {
   float scale = 0.0f;
   for (const float value : cpu_logits.values) scale = std::max(scale, std::abs(value));
   EXPECT_TRUE(all_close(gpu_logits.values, cpu_logits.values, 1e-3 * scale, 0.0));
+}
+
+// Logits of `tokens` prefilled (above 16 rows: the GEMM path), then three greedy decode steps.
+std::vector<std::vector<float>> prefill_and_decode(Model& model, std::vector<int32_t> tokens) {
+  const SequenceId sequence = model.kv_cache().add_sequence();
+  std::vector<std::vector<float>> steps;
+  for (int step = 0; step < 4; ++step) {
+    Logits logits;
+    const SequenceInput input[] = {{sequence, tokens, true}};
+    model.forward(input, &logits);
+    steps.push_back(logits.values);
+    const std::span<const float> last = logits.last(0);
+    tokens = {static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin())};
+  }
+  model.kv_cache().remove_sequence(sequence);
+  return steps;
+}
+
+// The GPU's steps against the CPU's: within `relative` of the largest CPU logit, and the same
+// argmax wherever the CPU's top two are further apart than twice that.
+void expect_close_steps(const std::vector<std::vector<float>>& gpu,
+                        const std::vector<std::vector<float>>& cpu, int64_t vocab, double relative,
+                        const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t step = 0; step < cpu.size(); ++step) {
+    ASSERT_EQ(gpu[step].size(), cpu[step].size());
+    float scale = 0.0f;
+    for (const float value : cpu[step]) scale = std::max(scale, std::abs(value));
+    const double atol = relative * scale;
+    EXPECT_TRUE(all_close(gpu[step], cpu[step], atol, 0.0)) << what << " step " << step;
+    for (size_t r = 0; r < cpu[step].size() / vocab; ++r) {
+      const std::span<const float> cpu_row(cpu[step].data() + r * vocab, vocab);
+      const std::span<const float> gpu_row(gpu[step].data() + r * vocab, vocab);
+      std::vector<float> sorted(cpu_row.begin(), cpu_row.end());
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+      if (sorted[0] - sorted[1] <= 2.0 * atol) continue;
+      EXPECT_EQ(std::max_element(gpu_row.begin(), gpu_row.end()) - gpu_row.begin(),
+                std::max_element(cpu_row.begin(), cpu_row.end()) - cpu_row.begin())
+          << what << " row " << r << " step " << step;
+    }
+  }
+}
+
+std::vector<int32_t> twenty_tokens() {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 20; ++i) tokens.push_back((7 + 37 * i) % 300);
+  return tokens;
+}
+
+fixtures::GeneratorOptions small_model(DType dtype) {
+  fixtures::GeneratorOptions options;
+  options.vocab_size = 300;
+  options.hidden_size = 256;
+  options.intermediate_size = 384;
+  options.num_layers = 2;
+  options.num_heads = 4;
+  options.num_kv_heads = 2;
+  options.dtype = dtype;
+  options.seed = 5;
+  return options;
+}
+
+TEST_F(CudaBackendTest, ModelsQuantizedAtLoadMatchTheCpu) {
+  // Both backends quantize the same bf16 checkpoint on the host (the same codes and scales); the
+  // logits differ by the kernels' rounding, and in prefill by the GEMM's bf16 tiles.
+  testing::TempDir dir;
+  fixtures::write_random_checkpoint(small_model(DType::kBF16), dir.path());
+  for (const WeightQuantize quantize : {WeightQuantize::kFP8, WeightQuantize::kINT8}) {
+    for (const bool head : {false, true}) {
+      ModelOptions options;
+      options.kv_cache_tokens = 256;
+      options.quantize = quantize;
+      options.quantize_output = head;
+      const auto on_cpu = Model::load(dir.path(), *cpu_, options);
+      const auto on_gpu = Model::load(dir.path(), *gpu_, options);
+      EXPECT_EQ(on_gpu->weight_bytes(), on_cpu->weight_bytes());
+      const std::string what = std::string(quantize == WeightQuantize::kFP8 ? "fp8" : "int8") +
+                               (head ? " with its head" : "");
+      expect_close_steps(prefill_and_decode(*on_gpu, twenty_tokens()),
+                         prefill_and_decode(*on_cpu, twenty_tokens()), 300, 3e-2, what);
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, PreQuantizedFp8CheckpointsMatchTheCpu) {
+  for (const testing::Fp8Layout& layout :
+       {testing::Fp8Layout{"block_128", "fp8", 128, 128, false},
+        testing::Fp8Layout{"channel", "compressed-tensors", 0, 0, false},
+        testing::Fp8Layout{"tensor", "compressed-tensors", 0, 0, true}}) {
+    testing::TempDir dir;
+    fixtures::write_random_checkpoint(small_model(DType::kF32), dir / "fp8");
+    fixtures::write_random_checkpoint(small_model(DType::kF32), dir / "twin");
+    testing::write_fp8_checkpoint(dir / "fp8", dir / "twin", layout);
+    ModelOptions options;
+    options.kv_cache_tokens = 256;
+    const auto on_cpu = Model::load(dir / "fp8", *cpu_, options);
+    const auto on_gpu = Model::load(dir / "fp8", *gpu_, options);
+    // The device holds the other tensors (f32 here) as bf16: within the prefill tolerance.
+    expect_close_steps(prefill_and_decode(*on_gpu, twenty_tokens()),
+                       prefill_and_decode(*on_cpu, twenty_tokens()), 300, 3e-2, layout.label);
+  }
+}
+
+TEST_F(CudaBackendTest, QuantizedSyntheticModelsMatchOnBothBackends) {
+  const ModelConfig config = synthetic_config("tiny");
+  for (const WeightQuantize quantize : {WeightQuantize::kFP8, WeightQuantize::kINT8}) {
+    ModelOptions options;
+    options.kv_cache_tokens = 64;
+    options.quantize = quantize;
+    const auto on_cpu = Model::synthetic(config, "synthetic tiny", 3, *cpu_, options);
+    const auto on_gpu = Model::synthetic(config, "synthetic tiny", 3, *gpu_, options);
+    EXPECT_EQ(on_gpu->weight_bytes(), on_cpu->weight_bytes());
+    // Seven tokens: the skinny kernel throughout, f32 activations.
+    std::vector<std::vector<float>> gpu_steps =
+        prefill_and_decode(*on_gpu, {1, 17, 4000, 5, 5, 260, 99});
+    std::vector<std::vector<float>> cpu_steps =
+        prefill_and_decode(*on_cpu, {1, 17, 4000, 5, 5, 260, 99});
+    expect_close_steps(gpu_steps, cpu_steps, config.vocab_size, 1e-3,
+                       quantize == WeightQuantize::kFP8 ? "fp8" : "int8");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(WeightDtypes, CudaModelTest,

@@ -79,6 +79,28 @@ TEST_F(CudaEngineTest, DeterministicGreedySpeculationEqualsTheTargetAlone) {
   }
 }
 
+TEST_F(CudaEngineTest, DeterministicGreedySpeculationEqualsAQuantizedTargetAlone) {
+  // Quantized at load (both models): the same exactness, now over the 8-bit kernels.
+  for (const Quantization quantization : {Quantization::kFP8, Quantization::kINT8}) {
+    EngineConfig quantized = config("cuda", true);
+    quantized.quantize = quantization;
+    quantized.draft_quantize = quantization;
+    const auto engine = Engine::create(quantized);
+    for (const std::vector<int32_t>& prompt : prompts()) {
+      const Result alone =
+          engine->submit(greedy_request(prompt, SpeculationMethod::kNone, 0)).wait();
+      ASSERT_EQ(alone.reason, FinishReason::kMaxTokens) << alone.error;
+      for (const int64_t gamma : {1, 4, 8}) {
+        const Result speculative =
+            engine->submit(greedy_request(prompt, SpeculationMethod::kDraftModel, gamma)).wait();
+        ASSERT_EQ(speculative.reason, FinishReason::kMaxTokens) << speculative.error;
+        EXPECT_EQ(speculative.tokens, alone.tokens)
+            << to_string(quantization) << " gamma " << gamma;
+      }
+    }
+  }
+}
+
 TEST_F(CudaEngineTest, ConcurrentRequestsInDeterministicModeEqualTheirRunsAlone) {
   const auto engine = Engine::create(config("cuda", true));
   std::vector<std::vector<int32_t>> expected;
