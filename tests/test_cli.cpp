@@ -348,6 +348,27 @@ TEST_F(CliTest, SpecbenchMeasuresSyntheticShapes) {
       {{"--max-verify-tokens", "at least 2"}}, "specbench");
 }
 
+TEST_F(CliTest, SpecbenchMeasuresQuantizedSyntheticTargetsAgainstBf16) {
+  const CommandResult result =
+      run_tool("specbench",
+               "--synthetic tiny --synthetic-draft \"\" --device cpu --threads 1 --quantize int8 "
+               "--context 16 --prompt-tokens 32 --decode-tokens 8 --repeats 1 "
+               "--max-verify-tokens 5 --kv-cache-tokens 512");
+  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  for (const char* line : {"baseline tiny bf16: decode", "int8; decode at batch 1",
+                           "int8 against bf16, same run: decode",
+                           "int8 against bf16, same run: verification of 5 tokens"}) {
+    EXPECT_NE(result.stdout_text.find(line), std::string::npos) << line << "\n"
+                                                                << result.stdout_text;
+  }
+  expect_one_error_line(run_tool("specbench", "--synthetic tiny --device cpu --quantize fp8,int8"),
+                        {{"--quantize with --synthetic", "one of"}}, "specbench");
+  expect_one_error_line(run_tool("specbench", "--synthetic tiny --device cpu --quantize fp4"),
+                        {{"--quantize", "'fp4'"}}, "specbench");
+  expect_one_error_line(run_tool("specbench", "--synthetic tiny --device cpu --kv-cache-tokens 10"),
+                        {{"--kv-cache-tokens 10", "below"}}, "specbench");
+}
+
 TEST_F(CliTest, GenmodelBadDtype) {
   const fs::path out = dir_ / "generated";
   const CommandResult result =

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -142,6 +143,32 @@ ModelReport measure_decode(Model& model, double bandwidth, const DeviceBenchOpti
 
 }  // namespace
 
+const char* weights_name(WeightQuantize quantize) {
+  return quantize == WeightQuantize::kFP8    ? "fp8"
+         : quantize == WeightQuantize::kINT8 ? "int8"
+                                             : "bf16";
+}
+
+// Bytes of a synthetic model's bf16 weights, from its shapes alone.
+uint64_t bf16_weight_bytes(const ModelConfig& config) {
+  const ModelWeights layout = synthetic_layout(config, DType::kBF16);
+  uint64_t bytes =
+      layout.embedding.size_bytes + layout.final_norm.size_bytes + layout.output.size_bytes;
+  for (const LayerWeights& l : layout.layers) {
+    for (const WeightView* view : {&l.attention_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj,
+                                   &l.mlp_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      bytes += view->size_bytes;
+    }
+  }
+  return bytes;
+}
+
+// The device's free memory now, or 0 where the backend cannot say.
+uint64_t free_memory(kernels::Backend& backend) {
+  uint64_t bytes = 0;
+  return backend.available_memory(&bytes).is_ok() ? bytes : 0;
+}
+
 int run_device_bench(const DeviceBenchOptions& options) {
   if (options.context < 1 || options.prefill_tokens < 1 || options.max_verify_tokens < 2 ||
       options.generate_tokens < 1 || options.repeats < 1) {
@@ -150,6 +177,13 @@ int run_device_bench(const DeviceBenchOptions& options) {
         "--max-verify-tokens at least 2");
   }
   // Every setting is checked before anything is measured.
+  const int64_t needed_tokens =
+      std::max(options.prefill_tokens, options.context + options.max_verify_tokens) +
+      options.generate_tokens + 64;
+  if (options.kv_cache_tokens != 0 && options.kv_cache_tokens < needed_tokens) {
+    throw Error("--kv-cache-tokens " + std::to_string(options.kv_cache_tokens) + " is below the " +
+                std::to_string(needed_tokens) + " the measurements need");
+  }
   const ModelConfig target_config = synthetic_config(options.target_shape);
   const ModelConfig draft_config =
       options.draft_shape.empty() ? ModelConfig{} : synthetic_config(options.draft_shape);
@@ -171,30 +205,71 @@ int run_device_bench(const DeviceBenchOptions& options) {
   results["copy_bandwidth_bytes_per_second"] = bandwidth;
 
   ModelOptions model_options;
-  model_options.kv_cache_tokens =
-      std::max(options.prefill_tokens, options.context + options.max_verify_tokens) +
-      options.generate_tokens + 64;
+  model_options.kv_cache_tokens = std::max(options.kv_cache_tokens, needed_tokens);
   Rng rng(2024);
-  std::fprintf(stderr, "specbench: writing synthetic %s weights on %s\n",
-               options.target_shape.c_str(), std::string(backend->name()).c_str());
+  // A device's free memory, before the models; the host's available memory says little (pages
+  // are taken as they are touched), so it is not reported there.
+  const uint64_t free_at_start = backend->uses_host_memory() ? 0 : free_memory(*backend);
+  uint64_t least_free = free_at_start;  // after each model has been measured
+
+  // The bf16 baseline of a quantized target, measured first in the same run where it fits.
+  std::optional<double> baseline_decode_ms, baseline_prefill_ms, baseline_verify_ms;
+  if (options.quantize != WeightQuantize::kNone && options.max_verify_tokens >= 5) {
+    const uint64_t bf16_bytes = bf16_weight_bytes(target_config);
+    // Its weights and a tenth more for the cache and workspaces (on the host: always).
+    if (backend->uses_host_memory() || bf16_bytes + bf16_bytes / 10 < free_at_start) {
+      std::fprintf(stderr, "specbench: writing synthetic %s bf16 weights on %s (the baseline)\n",
+                   options.target_shape.c_str(), std::string(backend->name()).c_str());
+      const std::unique_ptr<Model> baseline = Model::synthetic(
+          target_config, "synthetic " + options.target_shape, 1, *backend, model_options);
+      baseline_decode_ms = measure_decode(*baseline, bandwidth, options, rng).decode_ms;
+      baseline_verify_ms = step_ms(*baseline, options.context, 5, true, 2 * options.repeats, rng);
+      baseline_prefill_ms = prefill_ms(*baseline, options.prefill_tokens, options.repeats, rng);
+      std::printf(
+          "baseline %s bf16: decode %.3f ms/token, verification of 5 tokens %.3f ms, prefill of "
+          "%lld tokens %.1f ms\n",
+          options.target_shape.c_str(), *baseline_decode_ms, *baseline_verify_ms,
+          static_cast<long long>(options.prefill_tokens), *baseline_prefill_ms);
+      results["baseline_bf16"] = {{"decode_ms", *baseline_decode_ms},
+                                  {"verify_5_ms", *baseline_verify_ms},
+                                  {"prefill_ms", *baseline_prefill_ms}};
+    } else {
+      std::printf("baseline %s bf16: not measured: %s of weights do not fit the %s free\n",
+                  options.target_shape.c_str(), bytes_text(double(bf16_bytes)).c_str(),
+                  bytes_text(double(free_at_start)).c_str());
+    }
+  }
+
+  std::fprintf(stderr, "specbench: writing synthetic %s %s weights on %s\n",
+               options.target_shape.c_str(), weights_name(options.quantize),
+               std::string(backend->name()).c_str());
+  ModelOptions target_options = model_options;
+  target_options.quantize = options.quantize;
   const std::unique_ptr<Model> target = Model::synthetic(
-      target_config, "synthetic " + options.target_shape, 1, *backend, model_options);
+      target_config, "synthetic " + options.target_shape, 1, *backend, target_options);
 
   // Target decode against the floor.
   const ModelReport decode = measure_decode(*target, bandwidth, options, rng);
   std::printf(
-      "target %s: %s parameters, %s bf16; decode at batch 1 (context %lld): %.3f "
+      "target %s: %s parameters, %s %s; decode at batch 1 (context %lld): %.3f "
       "ms/token, %.1f tokens/s; floor %.3f ms: %.0f%% of the floor\n",
       options.target_shape.c_str(), decode.parameters.c_str(), decode.weights.c_str(),
-      static_cast<long long>(options.context), decode.decode_ms, 1e3 / decode.decode_ms,
-      decode.floor_ms, 100.0 * decode.floor_ms / decode.decode_ms);
+      weights_name(options.quantize), static_cast<long long>(options.context), decode.decode_ms,
+      1e3 / decode.decode_ms, decode.floor_ms, 100.0 * decode.floor_ms / decode.decode_ms);
   results["target"] = {{"shape", options.target_shape},
+                       {"weights", weights_name(options.quantize)},
                        {"parameters", target->parameter_count()},
                        {"weight_bytes", target->weight_bytes()},
                        {"decode_read_bytes", target->decode_read_bytes()},
+                       {"kv_cache_tokens", target->kv_cache().capacity_tokens()},
                        {"decode_ms", decode.decode_ms},
                        {"floor_ms", decode.floor_ms},
                        {"fraction_of_floor", decode.floor_ms / decode.decode_ms}};
+  if (baseline_decode_ms) {
+    std::printf("%s against bf16, same run: decode %.2fx faster\n", weights_name(options.quantize),
+                *baseline_decode_ms / decode.decode_ms);
+    results["target"]["decode_speedup_over_bf16"] = *baseline_decode_ms / decode.decode_ms;
+  }
 
   // Verification of gamma + 1 tokens against one decode step.
   std::printf("verification / decode step by gamma + 1 tokens (all logits to the host):");
@@ -215,6 +290,17 @@ int run_device_bench(const DeviceBenchOptions& options) {
               static_cast<long long>(options.prefill_tokens), prefill,
               1e3 * static_cast<double>(options.prefill_tokens) / prefill);
   results["prefill"] = {{"tokens", options.prefill_tokens}, {"ms", prefill}};
+  if (baseline_prefill_ms) {
+    // Verification of 5 is measured for both: max_verify_tokens is at least 5 when the baseline
+    // ran (checked below), so verify_ratio[5] holds this run's measurement.
+    const double verify_5_ms = verify_ratio[5] * decode.decode_ms;
+    std::printf("%s against bf16, same run: verification of 5 tokens %.2fx, prefill %.2fx faster\n",
+                weights_name(options.quantize), *baseline_verify_ms / verify_5_ms,
+                *baseline_prefill_ms / prefill);
+    results["target"]["verify_5_speedup_over_bf16"] = *baseline_verify_ms / verify_5_ms;
+    results["prefill"]["speedup_over_bf16"] = *baseline_prefill_ms / prefill;
+  }
+  least_free = std::min(least_free, free_memory(*backend));
 
   if (!options.draft_shape.empty()) {
     std::fprintf(stderr, "specbench: writing synthetic %s weights on %s\n",
@@ -222,6 +308,7 @@ int run_device_bench(const DeviceBenchOptions& options) {
     const std::unique_ptr<Model> draft = Model::synthetic(
         draft_config, "synthetic " + options.draft_shape, 2, *backend, model_options);
     const ModelReport draft_decode = measure_decode(*draft, bandwidth, options, rng);
+    least_free = std::min(least_free, free_memory(*backend));
     const double c = draft_decode.decode_ms / decode.decode_ms;
     std::printf(
         "draft %s: %s parameters, %s bf16; step %.3f ms (%.0f%% of its floor %.3f ms); "
@@ -286,6 +373,20 @@ int run_device_bench(const DeviceBenchOptions& options) {
                       {"predicted_speedup_alpha_0.8", predicted_speedup(0.8, gamma, c, v)}});
     }
     results["generation"] = {{"target_alone_tokens_per_second", alone_tps}, {"speculative", runs}};
+    least_free = std::min(least_free, free_memory(*backend));
+  }
+  if (free_at_start != 0) {
+    // What the models took: weights, KV caches, workspaces and the backend's scratch, at their
+    // largest (the CUDA context and the copy buffers measured before are not in it).
+    const uint64_t used = free_at_start - least_free;
+    std::printf(
+        "device memory taken by the models (weights, KV caches of %lld tokens, "
+        "workspaces): %s of %s free at the start\n",
+        static_cast<long long>(model_options.kv_cache_tokens), bytes_text(double(used)).c_str(),
+        bytes_text(double(free_at_start)).c_str());
+    results["memory"] = {{"free_at_start_bytes", free_at_start},
+                         {"models_bytes", used},
+                         {"kv_cache_tokens", model_options.kv_cache_tokens}};
   }
   if (!options.json_path.empty()) std::ofstream(options.json_path) << results.dump(2) << "\n";
   return 0;

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/model/model.h"
+
 namespace specrun::tools {
 
 struct DeviceBenchOptions {
@@ -20,7 +22,11 @@ struct DeviceBenchOptions {
   int64_t generate_tokens = 128;              // tokens per generation in the end-to-end comparison
   int repeats = 5;             // measured repetitions (after a warm-up) behind each median
   bool deterministic = false;  // batch-invariant kernels (runtime.deterministic)
-  std::string json_path;       // also write the results here; "" for none
+  // The target's linear layers as 8-bit codes (the draft stays bf16); the bf16 target of the same
+  // shape is measured first as the baseline where it fits the device's free memory.
+  WeightQuantize quantize = WeightQuantize::kNone;
+  int64_t kv_cache_tokens = 0;  // each model's KV capacity; 0: what the measurements need
+  std::string json_path;        // also write the results here; "" for none
 };
 
 // Prints the report to stdout; returns the process exit code. Throws Error on bad options or

@@ -5,7 +5,7 @@
 # is judged by. Logs go to $OUT when it is set (one archive and the benchmark JSON), else to
 # gpu-check-logs/.
 #
-#   tools/gpu-check.sh build|test|sanitize|bench|profile|all   build there, then check
+#   tools/gpu-check.sh build|test|sanitize|bench|bench-quantized|profile|all   build there, check
 #   tools/gpu-check.sh pack                              here: binaries for sm_90 into gpu-carry/
 #   tools/gpu-check.sh carried                           there: test, sanitize, bench on gpu-carry/
 #
@@ -142,10 +142,15 @@ run_tests() {
 sanitize() {
   local status=0 name
   local runs=()
-  for test in "${gpu_tests[@]}"; do runs+=("memcheck $test *"); done
-  for tool in racecheck synccheck; do
-    runs+=("$tool test_cuda_backend *Attention*:*Rope*:*Matmul*" "$tool test_cuda_sampling *")
-  done
+  if [[ -n ${SANITIZE_ONLY:-} ]]; then
+    # "BINARY FILTER": every tool on those tests alone (a kernel change's own check).
+    for tool in memcheck racecheck synccheck; do runs+=("$tool $SANITIZE_ONLY"); done
+  else
+    for test in "${gpu_tests[@]}"; do runs+=("memcheck $test *"); done
+    for tool in racecheck synccheck; do
+      runs+=("$tool test_cuda_backend *Attention*:*Rope*:*Matmul*" "$tool test_cuda_sampling *")
+    done
+  fi
   for run in "${runs[@]}"; do
     read -r tool test filter <<<"$run"
     name="$logs/sanitizer-$tool-$test.txt"
@@ -185,10 +190,30 @@ bench() {
   return $status
 }
 
+# Quantized targets: the 8B shape in FP8 and in INT8 against its bf16 self in the same run (decode,
+# verification, prefill), then the 70B shape in FP8 with the 1B draft and an 8,192-token cache:
+# whether it fits an 80 GB H100 is the memory the run reports as taken by the models.
+bench_quantized() {
+  local status=0 dtype
+  for dtype in fp8 int8; do
+    timeout "${BENCH_TIMEOUT:-200}" "$bin_root/bin/specbench" --synthetic llama-3.1-8b \
+      --synthetic-draft "" --device cuda --quantize "$dtype" --json "$logs/bench-8b-$dtype.json" \
+      >"$logs/bench-8b-$dtype.txt" 2>&1 || status=1
+  done
+  timeout "${BENCH_TIMEOUT:-200}" "$bin_root/bin/specbench" --synthetic llama-3.1-70b \
+    --synthetic-draft llama-3.2-1b --device cuda --quantize fp8 --kv-cache-tokens 8192 \
+    --json "$logs/bench-70b-fp8.json" >"$logs/bench-70b-fp8.txt" 2>&1 || status=1
+  cat "$logs"/bench-8b-fp8.txt "$logs"/bench-8b-int8.txt "$logs"/bench-70b-fp8.txt |
+    grep -v '^specbench: writing'
+  return $status
+}
+
 # Where a decode or verification step's time goes: Nsight Compute's duration of every kernel in a
 # window of launches, one window among the 8B target's batch-1 decode steps and one among its
 # 5-token verification steps, under specbench's default options (a step is about 500 launches: the
-# CSV names each kernel, so a window that drifted shows). Clocks are left as they are.
+# CSV names each kernel, so a window that drifted shows). Clocks are left as they are. PROFILE_ARGS
+# adds specbench options (e.g. "--quantize fp8 --max-verify-tokens 4": the FP8 target, with no
+# bf16 baseline before it, so the decode window falls where it does for bf16).
 profile() {
   local ncu
   ncu=$(command -v ncu || find /usr/local/cuda/bin /opt/nvidia -name ncu -type f -print -quit \
@@ -204,7 +229,7 @@ profile() {
     read -r what skip <<<"$window"
     timeout "${PROFILE_TIMEOUT:-150}" "$ncu" --clock-control none --metrics gpu__time_duration.sum \
       --csv --print-units base --launch-skip "$skip" --launch-count "${PROFILE_LAUNCHES:-1500}" \
-      "$bin_root/bin/specbench" --synthetic llama-3.1-8b --synthetic-draft "" --device cuda \
+      "$bin_root/bin/specbench" --synthetic llama-3.1-8b --synthetic-draft "" --device cuda ${PROFILE_ARGS:-} \
       >"$logs/ncu-$what.csv" 2>"$logs/ncu-$what.err" || status=1
     echo "ncu $what: $(grep -c gpu__time_duration "$logs/ncu-$what.csv") kernels"
     python3 tools/ncu_step_breakdown.py "$logs/ncu-$what.csv" --json "$logs/ncu-$what.json" ||
@@ -226,6 +251,7 @@ case $stage in
   test) run_tests ;;
   sanitize) sanitize ;;
   bench) bench ;;
+  bench-quantized) bench_quantized ;;
   profile) profile ;;
   all | carried)
     # `carried test sanitize` runs those steps alone. The benchmark comes before the sanitizers:
@@ -238,6 +264,7 @@ case $stage in
       case $step in
         test) run_tests || status=1 ;;
         bench) bench || status=1 ;;
+        bench-quantized) bench_quantized || status=1 ;;
         sanitize) sanitize || status=1 ;;
         profile) profile || status=1 ;;
         *) echo "unknown step $step" >&2; exit 2 ;;
@@ -246,7 +273,7 @@ case $stage in
     exit $status
     ;;
   *)
-    echo "usage: $0 build|test|sanitize|bench|profile|all|pack|carried|packages" >&2
+    echo "usage: $0 build|test|sanitize|bench|bench-quantized|profile|all|pack|carried|packages" >&2
     exit 2
     ;;
 esac

@@ -369,7 +369,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> quantize;
   app.add_option("--quantize", quantize,
                  "Also measure the model quantized at load, in the same run: fp8, int8 or both "
-                 "(comma-separated), each against the weights as stored")
+                 "(comma-separated), each against the weights as stored; with --synthetic, the "
+                 "target quantized (one of them) against its bf16 self where that fits")
       ->delimiter(',');
   bool speculative = false;
   std::string target_path, draft_path;
@@ -408,16 +409,28 @@ int main(int argc, char** argv) {
   app.add_option("--max-verify-tokens", device_bench.max_verify_tokens,
                  "With --synthetic: verification is measured for 2..this many tokens")
       ->capture_default_str();
+  app.add_option("--kv-cache-tokens", device_bench.kv_cache_tokens,
+                 "With --synthetic: each model's KV-cache capacity (0: what the measurements "
+                 "need)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  if (!synthetic.empty() && !quantize.empty()) {
-    std::fprintf(stderr,
-                 "specbench: error: --quantize measures a checkpoint (--model or the generated "
-                 "~100M model); synthetic weights are bf16 only\n");
-    return 1;
-  }
   if (!synthetic.empty()) {
     return specrun::tools::run_reporting_errors("specbench", "warn", [&] {
+      // With --synthetic, --quantize takes one dtype: the target's, measured against its bf16
+      // self in the same run where that fits.
+      if (quantize.size() > 1) {
+        throw specrun::Error("--quantize with --synthetic takes one of fp8 and int8");
+      }
+      if (!quantize.empty()) {
+        if (quantize[0] == "fp8") {
+          device_bench.quantize = specrun::WeightQuantize::kFP8;
+        } else if (quantize[0] == "int8") {
+          device_bench.quantize = specrun::WeightQuantize::kINT8;
+        } else {
+          throw specrun::Error("--quantize takes fp8 and int8, got '" + quantize[0] + "'");
+        }
+      }
       device_bench.target_shape = synthetic;
       device_bench.threads = threads;
       device_bench.repeats = repeats;
