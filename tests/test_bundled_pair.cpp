@@ -49,24 +49,6 @@ class BundledPairTest : public ::testing::Test {
   }
 
   // Mean next-token cross-entropy (nats) of `model` over `tokens`, in one prefill.
-  static double cross_entropy(Model& model, const std::vector<int32_t>& tokens) {
-    const SequenceId sequence = model.kv_cache().add_sequence();
-    const SequenceInput input{sequence, tokens, /*all_logits=*/true};
-    Logits logits;
-    model.forward({&input, 1}, &logits);
-    model.kv_cache().remove_sequence(sequence);
-    double total = 0.0;
-    for (size_t position = 0; position + 1 < tokens.size(); ++position) {
-      const std::span<const float> row = logits.row(static_cast<int64_t>(position));
-      double max_logit = row[0];
-      for (const float value : row) max_logit = std::max(max_logit, double(value));
-      double sum = 0.0;
-      for (const float value : row) sum += std::exp(double(value) - max_logit);
-      total += max_logit + std::log(sum) - row[static_cast<size_t>(tokens[position + 1])];
-    }
-    return total / double(tokens.size() - 1);
-  }
-
   static std::vector<int32_t> prompt_ids(const nlohmann::json& prompt) {
     return tokenizer_->encode(prompt.at("text").get<std::string>(), /*add_special_tokens=*/true);
   }
@@ -107,8 +89,8 @@ TEST_F(BundledPairTest, TargetPredictsHeldOutCodeBetterThanTheDraft) {
     std::vector<int32_t> tokens =
         tokenizer_->encode(excerpt.at("text").get<std::string>(), /*add_special_tokens=*/true);
     tokens.resize(std::min<size_t>(tokens.size(), size_t(target_->context_limit())));
-    target_loss += cross_entropy(*target_, tokens) / double(excerpts.size());
-    draft_loss += cross_entropy(*draft_, tokens) / double(excerpts.size());
+    target_loss += testing::cross_entropy(*target_, tokens) / double(excerpts.size());
+    draft_loss += testing::cross_entropy(*draft_, tokens) / double(excerpts.size());
   }
   std::cout << "[ pycode ] held-out excerpts: target loss " << target_loss << ", draft loss "
             << draft_loss << " nats/token\n";
@@ -165,7 +147,7 @@ TEST_F(BundledPairTest, QuantizedModelsKeepTheirHeldOutLoss) {
   const auto loss = [&](Model& model) {
     double total = 0.0;
     for (const std::vector<int32_t>& tokens : texts) {
-      total += cross_entropy(model, tokens) / double(texts.size());
+      total += testing::cross_entropy(model, tokens) / double(texts.size());
     }
     return total;
   };
