@@ -474,6 +474,56 @@ TEST_F(CApiTest, CancelsByHandleAndById) {
   specrun_engine_destroy(engine);
 }
 
+TEST_F(CApiTest, TheMemoryPlanIsTheCppPlan) {
+  // Planned from the C settings before any engine exists, and the plan an engine was checked
+  // against: both the C++ API's, field for field, quantized target included.
+  specrun_engine_config settings = config();
+  settings.quantize = SPECRUN_QUANTIZATION_INT8;
+  specrun_memory_plan planned;
+  ASSERT_EQ(specrun_plan_memory(&settings, &planned), SPECRUN_OK) << specrun_last_error();
+  EngineConfig cpp;
+  cpp.target = target_;
+  cpp.draft = draft_;
+  cpp.threads = 2;
+  cpp.kv_cache_tokens = 2048;
+  cpp.quantize = Quantization::kINT8;
+  const MemoryPlan expected = plan_memory(cpp);
+  const auto expect_model = [](const specrun_model_memory& c, const ModelMemory& m,
+                               const char* which) {
+    EXPECT_EQ(c.weight_bytes, m.weight_bytes) << which;
+    EXPECT_EQ(c.kv_bytes_per_token, m.kv_bytes_per_token) << which;
+    EXPECT_EQ(c.kv_tokens, m.kv_tokens) << which;
+    EXPECT_EQ(c.kv_bytes, m.kv_bytes) << which;
+    EXPECT_EQ(c.workspace_bytes, m.workspace_bytes) << which;
+  };
+  expect_model(planned.target, expected.target, "target");
+  expect_model(planned.draft, expected.draft, "draft");
+  EXPECT_EQ(planned.total_bytes, expected.total_bytes);
+  EXPECT_GT(planned.draft.weight_bytes, 0u);
+  EXPECT_GT(planned.available_bytes, 0u);
+
+  specrun_engine* engine = nullptr;
+  ASSERT_EQ(specrun_engine_create(&settings, &engine), SPECRUN_OK) << specrun_last_error();
+  specrun_memory_plan checked;
+  ASSERT_EQ(specrun_engine_memory_get(engine, &checked), SPECRUN_OK);
+  expect_model(checked.target, expected.target, "engine's target");
+  EXPECT_EQ(checked.total_bytes, expected.total_bytes);
+  expect_failure(specrun_engine_memory_get(nullptr, &checked), SPECRUN_ERROR_INVALID_ARGUMENT,
+                 "specrun_engine_memory_get", {"engine"});
+  expect_failure(specrun_engine_memory_get(engine, nullptr), SPECRUN_ERROR_INVALID_ARGUMENT,
+                 "specrun_engine_memory_get", {"plan"});
+  specrun_engine_destroy(engine);
+
+  expect_failure(specrun_plan_memory(nullptr, &planned), SPECRUN_ERROR_INVALID_ARGUMENT,
+                 "specrun_plan_memory", {"config"});
+  expect_failure(specrun_plan_memory(&settings, nullptr), SPECRUN_ERROR_INVALID_ARGUMENT,
+                 "specrun_plan_memory", {"plan"});
+  const std::string missing = (dir_ / "missing").string();
+  settings.target = missing.c_str();
+  expect_failure(specrun_plan_memory(&settings, &planned), SPECRUN_ERROR_FAILED,
+                 "specrun_plan_memory", {missing});
+}
+
 TEST_F(CApiTest, RefusedRequestsAndConfigsReturnTheirCodeAndMessage) {
   specrun_engine_config settings = config();
   const std::string missing = (dir_ / "missing").string();

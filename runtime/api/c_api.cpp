@@ -363,6 +363,39 @@ specrun::Quantization from_c(specrun_quantization quantization, const char* name
   }
 }
 
+// The C settings as specrun::EngineConfig; throws naming the field that is wrong.
+specrun::EngineConfig from_c(const specrun_engine_config& config) {
+  require(config.target, "config->target");
+  specrun::EngineConfig settings;
+  settings.target = config.target;
+  if (config.draft != nullptr) settings.draft = config.draft;
+  if (config.device != nullptr && config.device[0] != '\0') settings.device = config.device;
+  settings.threads = config.threads;
+  settings.kv_cache_tokens = config.kv_cache_tokens;
+  settings.kv_block_size = config.kv_block_size;
+  settings.max_batch = config.max_batch;
+  if (config.rope_style != nullptr && config.rope_style[0] != '\0') {
+    settings.rope_style = config.rope_style;
+  }
+  settings.deterministic = config.deterministic != 0;
+  settings.sampling = from_c(config.sampling);
+  settings.speculation = from_c(config.speculation, "config->speculation");
+  settings.prefix_cache = config.prefix_cache != 0;
+  settings.quantize = from_c(config.quantize, "config->quantize");
+  settings.draft_quantize = from_c(config.draft_quantize, "config->draft_quantize");
+  settings.quantize_lm_head = config.quantize_lm_head != 0;
+  return settings;
+}
+
+specrun_model_memory to_c(const specrun::ModelMemory& memory) {
+  return {memory.weight_bytes, memory.kv_bytes_per_token, memory.kv_tokens, memory.kv_bytes,
+          memory.workspace_bytes};
+}
+
+specrun_memory_plan to_c(const specrun::MemoryPlan& plan) {
+  return {to_c(plan.target), to_c(plan.draft), plan.total_bytes, plan.available_bytes};
+}
+
 }  // namespace
 
 extern "C" {
@@ -449,28 +482,26 @@ specrun_status specrun_engine_create(const specrun_engine_config* config, specru
     require(config, "config");
     require(engine, "engine");
     *engine = nullptr;
-    require(config->target, "config->target");
-    specrun::EngineConfig settings;
-    settings.target = config->target;
-    if (config->draft != nullptr) settings.draft = config->draft;
-    if (config->device != nullptr && config->device[0] != '\0') settings.device = config->device;
-    settings.threads = config->threads;
-    settings.kv_cache_tokens = config->kv_cache_tokens;
-    settings.kv_block_size = config->kv_block_size;
-    settings.max_batch = config->max_batch;
-    if (config->rope_style != nullptr && config->rope_style[0] != '\0') {
-      settings.rope_style = config->rope_style;
-    }
-    settings.deterministic = config->deterministic != 0;
-    settings.sampling = from_c(config->sampling);
-    settings.speculation = from_c(config->speculation, "config->speculation");
-    settings.prefix_cache = config->prefix_cache != 0;
-    settings.quantize = from_c(config->quantize, "config->quantize");
-    settings.draft_quantize = from_c(config->draft_quantize, "config->draft_quantize");
-    settings.quantize_lm_head = config->quantize_lm_head != 0;
+    const specrun::EngineConfig settings = from_c(*config);
     auto handle = std::make_unique<specrun_engine>();
     handle->engine = specrun::Engine::create(settings);
     *engine = handle.release();
+  });
+}
+
+specrun_status specrun_plan_memory(const specrun_engine_config* config, specrun_memory_plan* plan) {
+  return guarded("specrun_plan_memory", [&] {
+    require(config, "config");
+    require(plan, "plan");
+    *plan = to_c(specrun::plan_memory(from_c(*config)));
+  });
+}
+
+specrun_status specrun_engine_memory_get(const specrun_engine* engine, specrun_memory_plan* plan) {
+  return guarded("specrun_engine_memory_get", [&] {
+    require(engine, "engine");
+    require(plan, "plan");
+    *plan = to_c(engine->engine->info().memory);
   });
 }
 

@@ -308,6 +308,33 @@ typedef struct specrun_engine_stats {
 
 specrun_status specrun_engine_stats_get(const specrun_engine* engine, specrun_engine_stats* stats);
 
+/* What one model will hold on the engine's device, planned before anything loads (as
+ * specrun::ModelMemory). */
+typedef struct specrun_model_memory {
+  uint64_t weight_bytes;       /* weights as loaded: stored dtype on the CPU, bf16 on a GPU, 8-bit
+                                  codes plus f32 scales where quantized */
+  uint64_t kv_bytes_per_token; /* K and V of every layer (f32) */
+  int64_t kv_tokens;           /* KV capacity, whole blocks */
+  uint64_t kv_bytes;           /* the KV cache */
+  uint64_t workspace_bytes;    /* activations of the largest forward, and its logits */
+} specrun_model_memory;
+
+/* The memory plan (as specrun::MemoryPlan): both models, their total and the device's free memory
+ * when planned (0 when unknown). */
+typedef struct specrun_memory_plan {
+  specrun_model_memory target;
+  specrun_model_memory draft; /* zero without a draft */
+  uint64_t total_bytes;
+  uint64_t available_bytes;
+} specrun_memory_plan;
+
+/* Plans `config`'s memory from the checkpoints' configs and tensor headers, reading no weight
+ * (specrun_engine_create refuses a config whose plan exceeds the available memory). Fails as
+ * specrun_engine_create would for a bad config or checkpoint. */
+specrun_status specrun_plan_memory(const specrun_engine_config* config, specrun_memory_plan* plan);
+/* The plan an engine was checked against. */
+specrun_status specrun_engine_memory_get(const specrun_engine* engine, specrun_memory_plan* plan);
+
 /* What the engine runs on. The strings are the engine's (valid until specrun_engine_destroy). */
 typedef struct specrun_engine_info {
   const char* target;        /* resolved checkpoint directory */
