@@ -551,6 +551,56 @@ TEST_P(CpuKernels, SwigluAndAddMatchReference) {
   for (int64_t i = 0; i < rows * dim; ++i) ASSERT_EQ(accumulator[i], up[i] + gate[i]);
 }
 
+TEST_P(CpuKernels, AMatmulGroupIsEachTargetsMatmulBitwise) {
+  // One parallel region over three weights of different dtypes (bf16, f32, INT8 with a scale a
+  // row), widths that make thread ranges cross target boundaries: each out as its matmul alone.
+  const int64_t in = 80;
+  const int64_t widths[] = {37, 5, 50};
+  const StoredTensor bf16 = store(random_floats(widths[0] * in, 11), DType::kBF16);
+  const StoredTensor f32 = store(random_floats(widths[1] * in, 12), DType::kF32);
+  std::vector<int8_t> codes(static_cast<size_t>(widths[2] * in));
+  const std::vector<float> draws = random_floats(codes.size(), 13);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<int8_t>(draws[i] * 127.0f);
+  std::vector<float> scales(static_cast<size_t>(widths[2]));
+  for (size_t i = 0; i < scales.size(); ++i) scales[i] = 0.01f + 0.001f * static_cast<float>(i);
+  const std::vector<float> bias = random_floats(static_cast<size_t>(widths[1]), 14);
+  for (const int64_t rows : {1, 5, 70}) {
+    const std::vector<float> x = random_floats(rows * in, 15 + rows);
+    std::vector<std::vector<float>> grouped(3), alone(3);
+    MatmulTarget targets[3] = {{{rows, in, widths[0], DType::kBF16, DType::kF32},
+                                bf16.data(DType::kBF16),
+                                nullptr,
+                                nullptr,
+                                nullptr},
+                               {{rows, in, widths[1], DType::kF32, DType::kF32},
+                                f32.data(DType::kF32),
+                                nullptr,
+                                bias.data(),
+                                nullptr},
+                               {{rows, in, widths[2], DType::kI8, DType::kF32, 1, in},
+                                codes.data(),
+                                scales.data(),
+                                nullptr,
+                                nullptr}};
+    for (int t = 0; t < 3; ++t) {
+      grouped[t].assign(static_cast<size_t>(rows * widths[t]), -1.0f);
+      alone[t].assign(static_cast<size_t>(rows * widths[t]), -2.0f);
+      targets[t].out = grouped[t].data();
+    }
+    ASSERT_TRUE(matmul_group(x.data(), targets, 3, pool_).is_ok());
+    for (int t = 0; t < 3; ++t) {
+      const MatmulTarget& target = targets[t];
+      ASSERT_TRUE(matmul(target.params, x.data(), target.weight, target.weight_scales, target.bias,
+                         alone[t].data(), pool_)
+                      .is_ok());
+      EXPECT_EQ(grouped[t], alone[t]) << "target " << t << " rows " << rows;
+    }
+    MatmulTarget mismatched[2] = {targets[0], targets[1]};
+    mismatched[1].params.in_features = in - 16;
+    EXPECT_EQ(matmul_group(x.data(), mismatched, 2, pool_).code(), StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_P(CpuKernels, FillIsTheHashRoundedToTheDtype) {
   const int64_t count = 100003;  // not a multiple of any chunk
   for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {

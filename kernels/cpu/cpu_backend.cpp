@@ -86,6 +86,10 @@ Status CpuBackend::matmul(const MatmulParams& params, const float* x, const void
   return cpu::matmul(params, x, weight, weight_scales, bias, out, *pool_);
 }
 
+Status CpuBackend::matmul_group(const float* x, const MatmulTarget* targets, size_t count) {
+  return cpu::matmul_group(x, targets, count, *pool_);
+}
+
 Status CpuBackend::rope(const RopeParams& params, const int32_t* positions, const float* inv_freq,
                         float* q, float* k) {
   return cpu::rope(params, positions, inv_freq, q, k, *pool_);

@@ -34,6 +34,7 @@ class CpuBackend final : public Backend {
                  float* out) override;
   Status matmul(const MatmulParams& params, const float* x, const void* weight,
                 const float* weight_scales, const void* bias, float* out) override;
+  Status matmul_group(const float* x, const MatmulTarget* targets, size_t count) override;
   Status rope(const RopeParams& params, const int32_t* positions, const float* inv_freq, float* q,
               float* k) override;
   Status kv_write(const KvWriteParams& params, const float* k, const float* v, const int32_t* slots,

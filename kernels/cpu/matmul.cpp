@@ -106,41 +106,79 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
 
 }  // namespace
 
+namespace {
+
+using FeatureKernel = void (*)(const MatmulParams&, const float*, const void*, const float*,
+                               const void*, float*, int64_t, int64_t);
+
+FeatureKernel feature_kernel(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return matmul_features<DType::kF32>;
+    case DType::kF16:
+      return matmul_features<DType::kF16>;
+    case DType::kBF16:
+      return matmul_features<DType::kBF16>;
+    case DType::kF8E4M3:
+      return matmul_features<DType::kF8E4M3>;
+    case DType::kI8:
+      return matmul_features<DType::kI8>;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, ThreadPool& pool) {
+  if (count == 0 || count > kMaxMatmulGroup) {
+    return Status::invalid_argument("matmul group: 1 to 3 targets");
+  }
+  int64_t features = 0;  // over the whole group
+  for (size_t t = 0; t < count; ++t) {
+    const MatmulParams& params = targets[t].params;
+    if (params.rows < 0 || params.in_features <= 0 || params.out_features <= 0) {
+      return Status::invalid_argument("matmul: bad shape");
+    }
+    if (params.rows != targets[0].params.rows ||
+        params.in_features != targets[0].params.in_features) {
+      return Status::invalid_argument("matmul group: every target must share rows and in_features");
+    }
+    if (is_quantized(params.weight_dtype) &&
+        (targets[t].weight_scales == nullptr || params.scale_block_rows <= 0 ||
+         params.scale_block_cols <= 0 ||
+         (params.scale_block_cols % kLanes != 0 && params.scale_block_cols < params.in_features))) {
+      return Status::invalid_argument(
+          "matmul: a quantized weight needs scales in blocks of whole 16-column groups");
+    }
+    if (feature_kernel(params.weight_dtype) == nullptr) {
+      return Status::invalid_argument("matmul: unknown weight dtype");
+    }
+    features += params.out_features;
+  }
+  if (targets[0].params.rows == 0) return Status::ok();
+  // One parallel region over the group's features laid end to end: a range that crosses targets
+  // is split at their boundaries, and each part is its target's own kernel over its own rows.
+  pool.parallel_for(features, kFeatureGrain, [&](int64_t begin, int64_t end) {
+    int64_t first = 0;  // the current target's first feature in the group
+    for (size_t t = 0; t < count && first < end; ++t) {
+      const MatmulTarget& target = targets[t];
+      const int64_t last = first + target.params.out_features;
+      const int64_t from = std::max(begin, first), to = std::min(end, last);
+      if (from < to) {
+        feature_kernel(target.params.weight_dtype)(target.params, x, target.weight,
+                                                   target.weight_scales, target.bias, target.out,
+                                                   from - first, to - first);
+      }
+      first = last;
+    }
+  });
+  return Status::ok();
+}
+
 Status matmul(const MatmulParams& params, const float* x, const void* weight,
               const float* weight_scales, const void* bias, float* out, ThreadPool& pool) {
-  if (params.rows < 0 || params.in_features <= 0 || params.out_features <= 0) {
-    return Status::invalid_argument("matmul: bad shape");
-  }
-  if (is_quantized(params.weight_dtype) &&
-      (weight_scales == nullptr || params.scale_block_rows <= 0 || params.scale_block_cols <= 0 ||
-       (params.scale_block_cols % kLanes != 0 && params.scale_block_cols < params.in_features))) {
-    return Status::invalid_argument(
-        "matmul: a quantized weight needs scales in blocks of whole 16-column groups");
-  }
-  if (params.rows == 0) return Status::ok();
-  auto run = [&](auto kernel) {
-    pool.parallel_for(params.out_features, kFeatureGrain, [&](int64_t begin, int64_t end) {
-      kernel(params, x, weight, weight_scales, bias, out, begin, end);
-    });
-  };
-  switch (params.weight_dtype) {
-    case DType::kF32:
-      run(matmul_features<DType::kF32>);
-      break;
-    case DType::kF16:
-      run(matmul_features<DType::kF16>);
-      break;
-    case DType::kBF16:
-      run(matmul_features<DType::kBF16>);
-      break;
-    case DType::kF8E4M3:
-      run(matmul_features<DType::kF8E4M3>);
-      break;
-    case DType::kI8:
-      run(matmul_features<DType::kI8>);
-      break;
-  }
-  return Status::ok();
+  const MatmulTarget target{params, weight, weight_scales, bias, out};
+  return matmul_group(x, &target, 1, pool);
 }
 
 }  // namespace specrun::kernels::cpu

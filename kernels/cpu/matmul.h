@@ -5,9 +5,16 @@
 
 namespace specrun::kernels::cpu {
 
-// out = x @ weight^T + bias. Threads split the output features; every element is one
-// dot_block reduction, so the result is bitwise independent of rows and thread count. A quantized
-// weight is scaled lane group by lane group inside that reduction (MatmulParams has the layout).
+// Each target's out = x @ weight^T + bias (Backend::matmul_group; a single matmul is a group of
+// one). Threads split the group's output features in one parallel region; every element is one
+// dot_block reduction, so the result is bitwise independent of rows, thread count and the group it
+// is computed in. A quantized weight is scaled lane group by lane group inside that reduction
+// (MatmulParams has the layout).
+Status matmul_group(const float* x,               // [rows, in_features]
+                    const MatmulTarget* targets,  // [count], sharing rows and in_features
+                    size_t count, ThreadPool& pool);
+
+// A group of one.
 Status matmul(const MatmulParams& params,
               const float* x,              // [rows, in_features]
               const void* weight,          // [out_features, in_features] weight_dtype
