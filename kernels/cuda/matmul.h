@@ -4,13 +4,14 @@
 //
 // Two paths:
 // - Skinny (rows <= kSkinnyMaxRows: decode and speculative verification). The weight is read from
-//   memory exactly once for all rows. A block (128 threads) owns 4 consecutive output features;
-//   its four warps split the reduction: element chunk c (16 bytes of weight: 16 codes, 8 halves or
-//   4 floats) belongs to warp (c / 32) % 4, lane c % 32, and each lane walks its chunks in
-//   increasing order, loading the chunk of all 4 features with 16-byte loads and multiplying each
-//   by every row's x (read through L1: x is small and shared by every block; each x vector a lane
-//   loads serves 4 features). Every (row, feature) keeps its own f32 accumulator. Grid:
-//   (out_features / 4, row tiles of 16). Codes widen exactly (FP8 by the hardware's E4M3-to-f16
+//   memory exactly once for all rows. A block (128 threads) owns F consecutive output features
+//   (4; 8 for 8-bit weights with 2 to 8 rows); its four warps split the reduction: element chunk c
+//   (16 bytes of weight: 16 codes, 8 halves or 4 floats) belongs to warp (c / 32) % 4, lane c % 32,
+//   and each lane walks its chunks in increasing order, loading the chunk of all F features with
+//   16-byte loads (two steps ahead at one row) and multiplying each by every row's x (read through
+//   L1: x is small and shared by every block; each x vector a lane loads serves F features). Every
+//   (row, feature) keeps its own f32 accumulator. Grid: (out_features / F summed over a group's
+//   targets, row tiles of 16). Codes widen exactly (FP8 by the hardware's E4M3-to-f16
 //   conversion, INT8 by a byte permute into 2^23's mantissa); a scale per output row multiplies the
 //   finished sum, block scales (blocks of a multiple of 16 columns) multiply each chunk's widened
 //   codes. Every quantized byte is read once for all rows.
