@@ -141,8 +141,6 @@ ModelReport measure_decode(Model& model, double bandwidth, const DeviceBenchOpti
   return report;
 }
 
-}  // namespace
-
 const char* weights_name(WeightQuantize quantize) {
   return quantize == WeightQuantize::kFP8    ? "fp8"
          : quantize == WeightQuantize::kINT8 ? "int8"
@@ -168,6 +166,8 @@ uint64_t free_memory(kernels::Backend& backend) {
   uint64_t bytes = 0;
   return backend.available_memory(&bytes).is_ok() ? bytes : 0;
 }
+
+}  // namespace
 
 int run_device_bench(const DeviceBenchOptions& options) {
   if (options.context < 1 || options.prefill_tokens < 1 || options.max_verify_tokens < 2 ||

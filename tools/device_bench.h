@@ -23,7 +23,8 @@ struct DeviceBenchOptions {
   int repeats = 5;             // measured repetitions (after a warm-up) behind each median
   bool deterministic = false;  // batch-invariant kernels (runtime.deterministic)
   // The target's linear layers as 8-bit codes (the draft stays bf16); the bf16 target of the same
-  // shape is measured first as the baseline where it fits the device's free memory.
+  // shape is measured first as the baseline where it fits the device's free memory and
+  // max_verify_tokens >= 5 (the baseline's verification of 5 is compared).
   WeightQuantize quantize = WeightQuantize::kNone;
   int64_t kv_cache_tokens = 0;  // each model's KV capacity; 0: what the measurements need
   std::string json_path;        // also write the results here; "" for none

@@ -370,7 +370,8 @@ int main(int argc, char** argv) {
   app.add_option("--quantize", quantize,
                  "Also measure the model quantized at load, in the same run: fp8, int8 or both "
                  "(comma-separated), each against the weights as stored; with --synthetic, the "
-                 "target quantized (one of them) against its bf16 self where that fits")
+                 "target quantized (one of them) against its bf16 self where that fits and "
+                 "--max-verify-tokens is at least 5")
       ->delimiter(',');
   bool speculative = false;
   std::string target_path, draft_path;

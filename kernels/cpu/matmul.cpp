@@ -130,30 +130,14 @@ FeatureKernel feature_kernel(DType dtype) {
 }  // namespace
 
 Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, ThreadPool& pool) {
-  if (count == 0 || count > kMaxMatmulGroup) {
-    return Status::invalid_argument("matmul group: 1 to 3 targets");
-  }
+  if (Status status = check_matmul_group(targets, count); !status.is_ok()) return status;
+  static_assert(kLanes == 16, "check_matmul_group's scale blocks are whole lane groups");
   int64_t features = 0;  // over the whole group
   for (size_t t = 0; t < count; ++t) {
-    const MatmulParams& params = targets[t].params;
-    if (params.rows < 0 || params.in_features <= 0 || params.out_features <= 0) {
-      return Status::invalid_argument("matmul: bad shape");
-    }
-    if (params.rows != targets[0].params.rows ||
-        params.in_features != targets[0].params.in_features) {
-      return Status::invalid_argument("matmul group: every target must share rows and in_features");
-    }
-    if (is_quantized(params.weight_dtype) &&
-        (targets[t].weight_scales == nullptr || params.scale_block_rows <= 0 ||
-         params.scale_block_cols <= 0 ||
-         (params.scale_block_cols % kLanes != 0 && params.scale_block_cols < params.in_features))) {
-      return Status::invalid_argument(
-          "matmul: a quantized weight needs scales in blocks of whole 16-column groups");
-    }
-    if (feature_kernel(params.weight_dtype) == nullptr) {
+    if (feature_kernel(targets[t].params.weight_dtype) == nullptr) {
       return Status::invalid_argument("matmul: unknown weight dtype");
     }
-    features += params.out_features;
+    features += targets[t].params.out_features;
   }
   if (targets[0].params.rows == 0) return Status::ok();
   // One parallel region over the group's features laid end to end: a range that crosses targets

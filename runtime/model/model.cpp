@@ -298,32 +298,56 @@ std::optional<DType> Model::quantize_target() const {
 }
 
 void Model::quantize_weights() {
-  const WeightQuantize mode = options_.quantize;
-  if (mode == WeightQuantize::kNone) return;
-  if (checkpoint_.config.quantization) {
-    // Published pre-quantized: its own codes and scales are the better ones; quantizing them
-    // again could only lose precision.
-    spdlog::debug(
-        "{}: the checkpoint is already quantized ({}); read as it is, not quantized to {}",
-        checkpoint_.paths.config.string(), checkpoint_.config.quantization->method,
-        mode == WeightQuantize::kFP8 ? "fp8" : "int8");
+  if (!quantize_target()) {
+    if (options_.quantize != WeightQuantize::kNone) {
+      // Published pre-quantized: its own codes and scales are the better ones; quantizing them
+      // again could only lose precision.
+      spdlog::debug(
+          "{}: the checkpoint is already quantized ({}); read as it is, not quantized to {}",
+          checkpoint_.paths.config.string(), checkpoint_.config.quantization->method,
+          options_.quantize == WeightQuantize::kFP8 ? "fp8" : "int8");
+    }
     return;
   }
   // A device quantizes on the way up, in place_weights.
   if (!backend_.uses_host_memory()) return;
-  const DType target = *quantize_target();
   std::vector<WeightView*> views = linear_weights(weights_);
   if (options_.quantize_output) views.push_back(&weights_.output);  // a copy when tied
-  for (WeightView* view : views) {
-    const int64_t rows = view->shape[0], columns = view->shape[1];
+  for (WeightView* view : views) quantize_onto_backend(*view, nullptr);
+}
+
+void Model::quantize_onto_backend(WeightView& view, Progress* progress) {
+  const DType target = *quantize_target();
+  const int64_t rows = view.shape[0], columns = view.shape[1];
+  DeviceBuffer codes(backend_, static_cast<size_t>(rows * columns), "quantized weights");
+  DeviceBuffer scales(backend_, static_cast<size_t>(rows) * sizeof(float), "weight scales");
+  if (backend_.uses_host_memory()) {
     // Straight from the mapped checkpoint into the codes: no second float copy of the model.
-    DeviceBuffer codes(backend_, static_cast<size_t>(rows * columns), "quantized weights");
-    DeviceBuffer scales(backend_, static_cast<size_t>(rows) * sizeof(float), "weight scales");
-    quantize_rows(*view, 0, rows, target, codes.as<std::byte>(), scales.as<float>());
-    set_quantized(*view, target, codes.data(), scales.data());
-    weight_buffers_.push_back(std::move(codes));
-    weight_buffers_.push_back(std::move(scales));
+    quantize_rows(view, 0, rows, target, codes.as<std::byte>(), scales.as<float>());
+  } else {
+    // Through host buffers of at most 64 MiB of codes, uploaded as they fill.
+    const int64_t chunk_rows = std::max<int64_t>(1, (int64_t{64} << 20) / columns);
+    std::vector<std::byte> host_codes;
+    std::vector<float> host_scales;
+    for (int64_t first = 0; first < rows; first += chunk_rows) {
+      const int64_t count = std::min(chunk_rows, rows - first);
+      host_codes.resize(static_cast<size_t>(count * columns));
+      host_scales.resize(static_cast<size_t>(count));
+      quantize_rows(view, first, count, target, host_codes.data(), host_scales.data());
+      SPECRUN_CHECK_OK(backend_.copy_to_device(codes.as<std::byte>() + first * columns,
+                                               host_codes.data(), host_codes.size()),
+                       "uploading quantized weights");
+      SPECRUN_CHECK_OK(backend_.copy_to_device(scales.as<float>() + first, host_scales.data(),
+                                               host_scales.size() * sizeof(float)),
+                       "uploading weight scales");
+      if (progress != nullptr) {
+        progress->advance(static_cast<uint64_t>(count * columns) * dtype_size(view.dtype));
+      }
+    }
   }
+  set_quantized(view, target, codes.data(), scales.data());
+  weight_buffers_.push_back(std::move(codes));
+  weight_buffers_.push_back(std::move(scales));
 }
 
 // Scales as every backend's matmul reads them: f32 in the backend's memory.
@@ -354,9 +378,8 @@ void Model::place_weights() {
   // way, and weights quantized at load are quantized on the way, a chunk at a time through host
   // buffers, so the host never holds a second copy of the model.
   constexpr uint64_t kChunkBytes = uint64_t{64} << 20;
-  const std::optional<DType> quantize_to = quantize_target();
   std::set<const WeightView*> to_quantize;
-  if (quantize_to) {
+  if (quantize_target()) {
     for (const WeightView* view : linear_weights(weights_)) to_quantize.insert(view);
     if (options_.quantize_output) to_quantize.insert(&weights_.output);
   }
@@ -377,32 +400,10 @@ void Model::place_weights() {
   for (const WeightView* view : views) total += view->size_bytes;
   Progress progress("uploading weights to " + std::string(backend_.name()), total);
   std::vector<uint16_t> converted;
-  std::vector<std::byte> codes;
-  std::vector<float> scales;
   for (WeightView* view : views) {
     if (!*view) continue;
     if (to_quantize.count(view) != 0) {
-      const int64_t rows = view->shape[0], columns = view->shape[1];
-      DeviceBuffer device_codes(backend_, static_cast<size_t>(rows * columns), "quantized weights");
-      DeviceBuffer device_scales(backend_, static_cast<size_t>(rows) * sizeof(float),
-                                 "weight scales");
-      const int64_t chunk_rows = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes) / columns);
-      for (int64_t first = 0; first < rows; first += chunk_rows) {
-        const int64_t count = std::min(chunk_rows, rows - first);
-        codes.resize(static_cast<size_t>(count * columns));
-        scales.resize(static_cast<size_t>(count));
-        quantize_rows(*view, first, count, *quantize_to, codes.data(), scales.data());
-        SPECRUN_CHECK_OK(backend_.copy_to_device(device_codes.as<std::byte>() + first * columns,
-                                                 codes.data(), codes.size()),
-                         "uploading quantized weights");
-        SPECRUN_CHECK_OK(backend_.copy_to_device(device_scales.as<float>() + first, scales.data(),
-                                                 scales.size() * sizeof(float)),
-                         "uploading weight scales");
-        progress.advance(static_cast<uint64_t>(count * columns) * dtype_size(view->dtype));
-      }
-      set_quantized(*view, *quantize_to, device_codes.data(), device_scales.data());
-      weight_buffers_.push_back(std::move(device_codes));
-      weight_buffers_.push_back(std::move(device_scales));
+      quantize_onto_backend(*view, &progress);
       continue;
     }
     const size_t element_size = dtype_size(view->dtype);

@@ -19,6 +19,8 @@
 
 namespace specrun {
 
+class Progress;
+
 // Quantization at load: the linear layers' f32, f16 or bf16 weights become 8-bit codes with one
 // symmetric scale per output channel (max |w| over the row maps to the code's largest value).
 enum class WeightQuantize {
@@ -126,6 +128,10 @@ class Model {
   // checkpoint is already quantized.
   std::optional<DType> quantize_target() const;
   void quantize_weights();
+  // Quantizes `view` per output channel to quantize_target() into the backend's memory (straight
+  // into it on the host, through bounded host buffers for a device; `progress`, if any, advances
+  // by the source bytes) and points the view at the codes and scales.
+  void quantize_onto_backend(WeightView& view, Progress* progress);
   void place_scales();
   void write_synthetic_weights(uint64_t seed);
   void ensure_workspace(int64_t tokens, int64_t logit_rows, int64_t metadata_ints);
