@@ -20,6 +20,7 @@
 
 #include "kernels/core/dtype.h"
 #include "kernels/core/status.h"
+#include "kernels/core/weight_layout.h"
 
 namespace specrun::kernels {
 
@@ -28,6 +29,9 @@ struct EmbeddingParams {
   int64_t vocab_size;  // rows in the table; an id outside [0, vocab_size) is kOutOfRange
   int64_t dim;         // row width
   DType table_dtype;   // storage dtype of the table
+  // The table's layout: a tied LM head shares it, so it is laid out as the backend's matmul
+  // weights are (Backend::matmul_weight_layout).
+  WeightLayout table_layout = WeightLayout::kRows;
 };
 
 struct RmsNormParams {
@@ -51,6 +55,9 @@ struct MatmulParams {
   DType bias_dtype;              // storage dtype of the bias; ignored when bias is null
   int64_t scale_block_rows = 0;  // quantized weights: output rows sharing a scale
   int64_t scale_block_cols = 0;  // quantized weights: input columns sharing a scale
+  // How the weight's elements lie (kernels/core/weight_layout.h); a backend takes its own
+  // matmul_weight_layout() and kRows.
+  WeightLayout weight_layout = WeightLayout::kRows;
 
   int64_t scale_grid_columns() const {
     return (in_features + scale_block_cols - 1) / scale_block_cols;
@@ -152,6 +159,9 @@ class Backend {
   virtual std::string_view name() const = 0;
   // True when device pointers are host pointers, so weights can be used in place.
   virtual bool uses_host_memory() const = 0;
+  // The layout this backend's matmul reads fastest; the model lays its matmul weights (and a
+  // table a tied head shares) out this way at load. Every backend also reads kRows.
+  virtual WeightLayout matmul_weight_layout() const { return WeightLayout::kRows; }
 
   // Returns null when the allocation fails. Memory is aligned for any dtype and for vector loads.
   virtual void* allocate(size_t bytes) = 0;

@@ -601,6 +601,134 @@ TEST_P(CpuKernels, AMatmulGroupIsEachTargetsMatmulBitwise) {
   }
 }
 
+// ---- the tiled weight layout -------------------------------------------------------------------
+
+// `weight` ([out_features, in_features] of `dtype`, row-major) laid out in tiles.
+std::vector<uint8_t> tiled(const void* weight, int64_t out_features, int64_t in_features,
+                           DType dtype) {
+  std::vector<uint8_t> packed(
+      stored_weight_bytes(WeightLayout::kTiled, out_features, in_features, dtype), 0xAB);
+  pack_tiled(weight, out_features, in_features, dtype, packed.data());
+  return packed;
+}
+
+TEST(WeightLayoutTest, PackingPutsEveryElementAtItsOffsetAndPadsWithZeros) {
+  for (const int64_t out_features : {1, 3, 4, 5, 9}) {
+    for (const int64_t in_features : {1, 15, 16, 19, 48}) {
+      std::vector<uint16_t> weight(static_cast<size_t>(out_features * in_features));
+      std::iota(weight.begin(), weight.end(), uint16_t{1});
+      const std::vector<uint8_t> bytes =
+          tiled(weight.data(), out_features, in_features, DType::kBF16);
+      std::vector<uint16_t> packed(bytes.size() / 2);
+      std::memcpy(packed.data(), bytes.data(), bytes.size());
+      const int64_t padded = stored_columns(WeightLayout::kTiled, in_features);
+      ASSERT_EQ(static_cast<int64_t>(packed.size()), out_features * padded);
+      std::vector<bool> written(packed.size(), false);
+      for (int64_t row = 0; row < out_features; ++row) {
+        for (int64_t column = 0; column < in_features; ++column) {
+          const int64_t at =
+              element_offset(WeightLayout::kTiled, row, column, out_features, in_features);
+          ASSERT_EQ(packed[static_cast<size_t>(at)], weight[row * in_features + column])
+              << out_features << "x" << in_features << " at " << row << "," << column;
+          written[static_cast<size_t>(at)] = true;
+        }
+      }
+      for (size_t i = 0; i < packed.size(); ++i) {
+        if (!written[i]) {
+          ASSERT_EQ(packed[i], 0) << "padding at " << i;
+        }
+      }
+      EXPECT_EQ(element_offset(WeightLayout::kRows, out_features - 1, in_features - 1, out_features,
+                               in_features),
+                out_features * in_features - 1);
+    }
+  }
+}
+
+TEST_P(CpuKernels, TiledWeightsGiveTheRowMajorResultsBitwise) {
+  // Every dtype, tails of rows (37 = 9 tiles and one row), columns (19, 83: padded chunks) and
+  // activation rows; quantized with per-row and 16 x 16 block scales.
+  for (const int64_t in : {19, 64, 83}) {
+    const int64_t out_features = 37;
+    for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kI8}) {
+      const bool quantized_dtype = is_quantized(dtype);
+      const int64_t block_rows = quantized_dtype && in % 16 == 0 ? 16 : 1;
+      const int64_t block_cols = quantized_dtype && in % 16 == 0 ? 16 : in;
+      StoredTensor weight;
+      QuantizedTensor codes{};
+      const void* row_major = nullptr;
+      const float* scales = nullptr;
+      if (quantized_dtype) {
+        codes = quantized(dtype, out_features, in, block_rows, block_cols, 31 + in);
+        row_major = codes.codes.data();
+        scales = codes.scales.data();
+      } else {
+        weight = store(random_floats(out_features * in, 30 + in), dtype);
+        row_major = weight.data(dtype);
+      }
+      const std::vector<uint8_t> packed = tiled(row_major, out_features, in, dtype);
+      for (const int64_t rows : {1, 3, 5, 70}) {
+        const std::vector<float> x = random_floats(rows * in, 40 + rows);
+        MatmulParams params{rows, in, out_features, dtype, DType::kF32, block_rows, block_cols};
+        std::vector<float> expected(rows * out_features), actual(rows * out_features, -1.0f);
+        ASSERT_TRUE(
+            matmul(params, x.data(), row_major, scales, nullptr, expected.data(), pool_).is_ok());
+        params.weight_layout = WeightLayout::kTiled;
+        ASSERT_TRUE(
+            matmul(params, x.data(), packed.data(), scales, nullptr, actual.data(), pool_).is_ok());
+        ASSERT_EQ(0, std::memcmp(actual.data(), expected.data(), actual.size() * sizeof(float)))
+            << dtype_name(dtype) << " in " << in << " rows " << rows;
+      }
+    }
+  }
+}
+
+TEST_P(CpuKernels, AGroupOfTiledWeightsSplitMidTileIsEachMatmulBitwise) {
+  // Widths that put thread ranges' starts inside tiles of the second and third targets.
+  const int64_t in = 80;
+  const int64_t widths[] = {37, 6, 50};
+  std::vector<StoredTensor> weights;
+  std::vector<std::vector<uint8_t>> packed;
+  for (int t = 0; t < 3; ++t) {
+    weights.push_back(store(random_floats(widths[t] * in, 50 + t), DType::kBF16));
+    packed.push_back(tiled(weights[t].data(DType::kBF16), widths[t], in, DType::kBF16));
+  }
+  for (const int64_t rows : {1, 5}) {
+    const std::vector<float> x = random_floats(rows * in, 60 + rows);
+    MatmulTarget targets[3];
+    std::vector<std::vector<float>> grouped(3), alone(3);
+    for (int t = 0; t < 3; ++t) {
+      grouped[t].assign(static_cast<size_t>(rows * widths[t]), -1.0f);
+      alone[t].assign(static_cast<size_t>(rows * widths[t]), -2.0f);
+      MatmulParams params{rows, in, widths[t], DType::kBF16, DType::kF32};
+      ASSERT_TRUE(matmul(params, x.data(), weights[t].data(DType::kBF16), nullptr, nullptr,
+                         alone[t].data(), pool_)
+                      .is_ok());
+      params.weight_layout = WeightLayout::kTiled;
+      targets[t] = {params, packed[t].data(), nullptr, nullptr, grouped[t].data()};
+    }
+    ASSERT_TRUE(matmul_group(x.data(), targets, 3, pool_).is_ok());
+    for (int t = 0; t < 3; ++t) EXPECT_EQ(grouped[t], alone[t]) << "target " << t;
+  }
+}
+
+TEST_P(CpuKernels, EmbeddingGathersRowsOfATiledTable) {
+  const int64_t vocab = 37, dim = 19;
+  const std::vector<int32_t> tokens = {0, 36, 5, 5, 17, 35};
+  const StoredTensor table = store(random_floats(vocab * dim, 70), DType::kBF16);
+  const std::vector<uint8_t> packed = tiled(table.data(DType::kBF16), vocab, dim, DType::kBF16);
+  std::vector<float> out(tokens.size() * dim);
+  ASSERT_TRUE(embedding({static_cast<int64_t>(tokens.size()), vocab, dim, DType::kBF16,
+                         WeightLayout::kTiled},
+                        tokens.data(), packed.data(), out.data(), pool_)
+                  .is_ok());
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    for (int64_t c = 0; c < dim; ++c) {
+      EXPECT_EQ(out[t * dim + c], table.floats[tokens[t] * dim + c]) << t << "," << c;
+    }
+  }
+}
+
 TEST_P(CpuKernels, FillIsTheHashRoundedToTheDtype) {
   const int64_t count = 100003;  // not a multiple of any chunk
   for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {

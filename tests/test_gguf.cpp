@@ -571,6 +571,19 @@ TEST_F(GgufModelTest, QuantizedTensorsAreDequantisedToBf16AtLoad) {
   EXPECT_EQ(checkpoint.tensors.find("model.norm.weight")->dtype, DType::kF32);  // kept as stored
 }
 
+TEST_F(GgufModelTest, DequantisedBytesAreFreedOnceTheBackendHasItsOwnCopy) {
+  testing::GgufModelOptions options;
+  options.type = kGgmlQ8_0;
+  Checkpoint checkpoint = open_checkpoint(convert(options));
+  const TensorInfo& up = *checkpoint.tensors.find("model.layers.0.mlp.up_proj.weight");
+  const TensorInfo& norm = *checkpoint.tensors.find("model.norm.weight");
+  const void* norm_bytes = norm.data;
+  ASSERT_TRUE(checkpoint.tensors.release_converted(up.data));
+  EXPECT_EQ(up.data, nullptr);
+  EXPECT_FALSE(checkpoint.tensors.release_converted(norm_bytes));  // in the mapping: not ours
+  EXPECT_EQ(norm.data, norm_bytes);
+}
+
 // Rewrites a converted model's file with one change to its keys or tensors.
 struct Edit {
   Edit(std::string drop_key_, std::function<void(GgufWriter&)> add_ = {},

@@ -92,8 +92,10 @@ TEST_P(Fp8CheckpointTest, ComputesWhatItsDequantizedTwinComputes) {
   // Codes are one byte: the linear layers' weights take a quarter of their f32 twin's bytes.
   EXPECT_LT(model->weight_bytes(), twin->weight_bytes());
   // The memory plan, from headers alone, counts what the model holds (codes and f32 scales).
-  EXPECT_EQ(Model::plan_memory(open_checkpoint(dir / "fp8"), {}, true, 1).weight_bytes,
-            model->weight_bytes());
+  EXPECT_EQ(
+      Model::plan_memory(open_checkpoint(dir / "fp8"), {}, true, kernels::WeightLayout::kTiled, 1)
+          .weight_bytes,
+      model->weight_bytes());
 
   const std::vector<float> quantized = logits_of(dir / "fp8", kPrompt);
   const std::vector<float> reference = logits_of(dir / "twin", kPrompt);
@@ -131,7 +133,9 @@ TEST_P(Fp8CheckpointTest, ADeviceUploadsTheCodesAsTheyAre) {
   const auto on_host = Model::load(dir / "fp8", host, options);
   const auto on_device = Model::load(dir / "fp8", device, options);
   EXPECT_EQ(on_device->weight_bytes(), on_host->weight_bytes());
-  EXPECT_EQ(Model::plan_memory(open_checkpoint(dir / "fp8"), options, false, 1).weight_bytes,
+  EXPECT_EQ(Model::plan_memory(open_checkpoint(dir / "fp8"), options, false,
+                               kernels::WeightLayout::kRows, 1)
+                .weight_bytes,
             on_device->weight_bytes());
   EXPECT_EQ(forward_logits(*on_device, kPrompt), forward_logits(*on_host, kPrompt));
 }
@@ -318,7 +322,9 @@ TEST_P(QuantizeAtLoadTest, ADeviceQuantizesOnTheWayUpToTheHostsCodes) {
       const auto on_device = Model::load(dir / "model", device, options);
       const std::string what = std::string(tied ? "tied" : "untied") + (head ? ", head" : "");
       EXPECT_EQ(on_device->weight_bytes(), on_host->weight_bytes()) << what;
-      EXPECT_EQ(Model::plan_memory(open_checkpoint(dir / "model"), options, false, 1).weight_bytes,
+      EXPECT_EQ(Model::plan_memory(open_checkpoint(dir / "model"), options, false,
+                                   kernels::WeightLayout::kRows, 1)
+                    .weight_bytes,
                 on_device->weight_bytes())
           << what;
       EXPECT_GE(device.uploaded, on_device->weight_bytes()) << what;

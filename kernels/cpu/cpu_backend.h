@@ -15,6 +15,8 @@ class CpuBackend final : public Backend {
 
   std::string_view name() const override { return "cpu"; }
   bool uses_host_memory() const override { return true; }
+  // Tiles of four rows, one stream a micro-kernel (kernels/core/weight_layout.h).
+  WeightLayout matmul_weight_layout() const override { return WeightLayout::kTiled; }
   ThreadPool& pool() { return *pool_; }
 
   void* allocate(size_t bytes) override;

@@ -1,5 +1,6 @@
 #include "kernels/cpu/embedding.h"
 
+#include <algorithm>
 #include <string>
 
 namespace specrun::kernels::cpu {
@@ -22,11 +23,20 @@ Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const 
   const size_t element_size = dtype_size(params.table_dtype);
   pool.parallel_for(params.num_tokens, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const auto* row = static_cast<const char*>(table) +
-                        static_cast<size_t>(token_ids[t]) * params.dim * element_size;
+      const RowAddress address =
+          row_address(params.table_layout, token_ids[t], params.vocab_size, params.dim);
+      const auto* row = static_cast<const char*>(table) + address.first * element_size;
       float* destination = out + t * params.dim;
-      for (int64_t c = 0; c < params.dim; ++c) {
-        destination[c] = load_as_f32(row, params.table_dtype, static_cast<size_t>(c));
+      // Column c of the row: in its chunk (the whole row when row-major), at chunk * step + rest.
+      const int64_t chunk_columns =
+          params.table_layout == WeightLayout::kTiled ? kTileColumns : params.dim;
+      for (int64_t chunk = 0; chunk < params.dim; chunk += chunk_columns) {
+        const int64_t chunk_end = std::min(params.dim, chunk + chunk_columns);
+        for (int64_t c = chunk; c < chunk_end; ++c) {
+          destination[c] =
+              load_as_f32(row, params.table_dtype,
+                          static_cast<size_t>(chunk * address.column_step + (c - chunk)));
+        }
       }
     }
   });

@@ -8,9 +8,11 @@ namespace specrun::kernels::cpu {
 namespace {
 
 // Activation rows and weight rows handled together: a 4 x 4 block of dot products reuses every
-// loaded vector four times, keeping the block in registers.
+// loaded vector four times, keeping the block in registers. Four features are one tile of a
+// kTiled weight.
 constexpr int kRowGroup = 4;
 constexpr int kFeatureGroup = 4;
+static_assert(kFeatureGroup == kTileRows, "a feature group reads one tile");
 // Activation rows kept hot in cache while a thread sweeps its weight rows.
 constexpr int64_t kRowBlock = 64;
 // Weight rows per scheduling grain.
@@ -20,12 +22,16 @@ template <DType kDType, int kRows, int kFeatures>
 void dot_tile(const MatmulParams& params, const float* x, int64_t first_row, const void* weight,
               const float* scales, const void* bias, int64_t first_feature, float* out) {
   const int64_t k = params.in_features;
-  const size_t row_bytes = static_cast<size_t>(k) * dtype_size(kDType);
   const float* rows[kRows];
   for (int r = 0; r < kRows; ++r) rows[r] = x + (first_row + r) * k;
+  // The features lie in one tile when tiled (matmul_features groups them so).
   const void* weight_rows[kFeatures];
+  int64_t column_step = 1;
   for (int f = 0; f < kFeatures; ++f) {
-    weight_rows[f] = static_cast<const char*>(weight) + (first_feature + f) * row_bytes;
+    const RowAddress address =
+        row_address(params.weight_layout, first_feature + f, params.out_features, k);
+    weight_rows[f] = static_cast<const char*>(weight) + address.first * dtype_size(kDType);
+    column_step = address.column_step;
   }
   RowScales row_scales[kFeatures];
   if constexpr (is_quantized(kDType)) {
@@ -36,7 +42,7 @@ void dot_tile(const MatmulParams& params, const float* x, int64_t first_row, con
     }
   }
   float results[kRows][kFeatures];
-  dot_block<kDType, kRows, kFeatures>(rows, weight_rows, k, results, row_scales);
+  dot_block<kDType, kRows, kFeatures>(rows, weight_rows, k, results, row_scales, column_step);
   for (int f = 0; f < kFeatures; ++f) {
     const float bias_value =
         bias ? load_as_f32(bias, params.bias_dtype, static_cast<size_t>(first_feature + f)) : 0.0f;
@@ -79,8 +85,13 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
                      int64_t feature_end) {
   for (int64_t block = 0; block < params.rows; block += kRowBlock) {
     const int64_t block_end = std::min(params.rows, block + kRowBlock);
-    for (int64_t feature = feature_begin; feature < feature_end; feature += kFeatureGroup) {
-      const int64_t features = std::min<int64_t>(kFeatureGroup, feature_end - feature);
+    for (int64_t feature = feature_begin; feature < feature_end;) {
+      // A group of features never crosses a tile of a tiled weight: its rows are one stream.
+      int64_t group_end = std::min<int64_t>(feature + kFeatureGroup, feature_end);
+      if (params.weight_layout == WeightLayout::kTiled) {
+        group_end = std::min(group_end, (feature / kTileRows + 1) * kTileRows);
+      }
+      const int64_t features = group_end - feature;
       for (int64_t row = block; row < block_end; row += kRowGroup) {
         const int64_t rows = std::min<int64_t>(kRowGroup, block_end - row);
         switch (features) {
@@ -100,6 +111,7 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
             break;
         }
       }
+      feature = group_end;
     }
   }
 }

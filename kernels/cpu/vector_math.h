@@ -101,11 +101,16 @@ inline void load_full_lanes(const void* row, int64_t offset, float (&out)[kLanes
 // the compiler's vectorisation of the portable loop keeps the widened weights in memory. A
 // quantized weight is widened and multiplied by its lane group's scale (one rounding) before the
 // product.
+//
+// Column i (a multiple of kLanes) of weight row f starts at element weight_rows[f] + i *
+// column_step: 1 for row-major rows, the tile's width for rows of one kTiled tile
+// (kernels/core/weight_layout.h), whose kFeatures rows then make one stream.
 template <DType kDType, int kRows, int kFeatures>
 inline void dot_block(const float* const (&x)[kRows], const void* const (&weight_rows)[kFeatures],
                       int64_t n, float (&results)[kRows][kFeatures],
-                      const RowScales (&scales)[kFeatures] = {}) {
+                      const RowScales (&scales)[kFeatures] = {}, int64_t column_step = 1) {
   int64_t i = 0;
+  [[maybe_unused]] constexpr auto kElementBytes = static_cast<int64_t>(dtype_size(kDType));
   constexpr bool kQuantized = is_quantized(kDType);
   // A row with one scale (per tensor or per output channel) sums the codes' products and scales
   // the sum once; block-wise scales multiply each lane group's widened codes first. Either way a
@@ -144,18 +149,28 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
         block_end = (block + 1) * scales[0].block_cols;
       }
     }
+    // A software prefetch well ahead of the weights: the hardware's alone left a decode step at
+    // 37% of the read bandwidth on a 2-core EPYC (its samples on these loads). Tiled rows are one
+    // stream, a cache line at a time; row-major rows one stream each. Past the end it reaches the
+    // weights read next; a prefetch never faults.
+    if (column_step == 1) {
+      for (int f = 0; f < kFeatures; ++f) {
+        _mm_prefetch(static_cast<const char*>(weight_rows[f]) + i * kElementBytes + kPrefetchBytes,
+                     _MM_HINT_T0);
+      }
+    } else {
+      const char* chunk =
+          static_cast<const char*>(weight_rows[0]) + i * column_step * kElementBytes;
+      for (int64_t line = 0; line < kFeatures * kLanes * kElementBytes; line += 64) {
+        _mm_prefetch(chunk + line + kPrefetchBytes, _MM_HINT_T0);
+      }
+    }
     __m512 w[kFeatures];
     for (int f = 0; f < kFeatures; ++f) {
-      // A software prefetch well ahead of each stream: the hardware's alone left a decode step at
-      // 37% of the read bandwidth on a 2-core EPYC (its samples on these loads); 4 KiB ahead
-      // doubled it, and quantized rows gain as much (specbench, README). Past a row's end it
-      // reaches the next tile's rows, read next; a prefetch never faults.
-      _mm_prefetch(static_cast<const char*>(weight_rows[f]) +
-                       i * static_cast<int64_t>(dtype_size(kDType)) + kPrefetchBytes,
-                   _MM_HINT_T0);
+      const int64_t at = i * column_step;  // element offset of the chunk in row f
       if constexpr (kDType == DType::kI8) {
         const __m128i codes =
-            _mm_maskz_loadu_epi8(mask, static_cast<const int8_t*>(weight_rows[f]) + i);
+            _mm_maskz_loadu_epi8(mask, static_cast<const int8_t*>(weight_rows[f]) + at);
         w[f] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
       } else if constexpr (kDType == DType::kF8E4M3) {
         // An E4M3 code is an f16 with a 4-bit exponent: in the top byte of a 16-bit lane, one
@@ -164,15 +179,15 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
         // exactly (subnormals included) to 2^-8 of its value. (NaN codes are refused at load.)
         const __m256i high =
             _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(
-                                  mask, static_cast<const uint8_t*>(weight_rows[f]) + i)),
+                                  mask, static_cast<const uint8_t*>(weight_rows[f]) + at)),
                               8);
         w[f] = _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(high, 1),
                                                 _mm256_set1_epi16(static_cast<int16_t>(0xBFFF))));
       } else if constexpr (kDType == DType::kF32) {
-        w[f] = _mm512_maskz_loadu_ps(mask, static_cast<const float*>(weight_rows[f]) + i);
+        w[f] = _mm512_maskz_loadu_ps(mask, static_cast<const float*>(weight_rows[f]) + at);
       } else {
         const __m256i halves =
-            _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(weight_rows[f]) + i);
+            _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(weight_rows[f]) + at);
         if constexpr (kDType == DType::kBF16) {
           w[f] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
         } else {
@@ -219,7 +234,7 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
   for (; i + kLanes <= n; i += kLanes) {
     float w[kFeatures][kLanes];
     for (int f = 0; f < kFeatures; ++f) {
-      load_full_lanes<kDType>(weight_rows[f], i, w[f]);
+      load_full_lanes<kDType>(weight_rows[f], i * column_step, w[f]);
       scale(f, i, w[f]);
     }
     for (int r = 0; r < kRows; ++r) {
@@ -234,7 +249,7 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
     const int count = static_cast<int>(n - i);
     float w[kFeatures][kLanes];
     for (int f = 0; f < kFeatures; ++f) {
-      load_lanes<kDType>(weight_rows[f], i, count, w[f]);
+      load_lanes<kDType>(weight_rows[f], i * column_step, count, w[f]);
       scale(f, i, w[f]);
     }
     for (int r = 0; r < kRows; ++r) {

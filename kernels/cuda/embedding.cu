@@ -68,6 +68,9 @@ Status launch_embedding(const EmbeddingParams& params, const int32_t* token_ids,
   if (params.num_tokens < 0 || params.dim <= 0 || params.vocab_size <= 0) {
     return Status::invalid_argument("embedding: bad shape");
   }
+  if (params.table_layout != WeightLayout::kRows) {
+    return Status::unsupported("embedding: the CUDA kernel reads a row-major table only");
+  }
   if (params.num_tokens == 0) return Status::ok();
   if (params.num_tokens > INT32_MAX) {
     return Status::unsupported("embedding: more than 2^31 - 1 tokens in one call");

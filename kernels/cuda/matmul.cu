@@ -583,6 +583,11 @@ size_t matmul_scratch_bytes(const MatmulParams& params, bool batch_invariant) {
 Status launch_matmul_group(const float* x, const MatmulTarget* targets, size_t count,
                            const MatmulContext& context, cudaStream_t stream) {
   if (Status status = check_matmul_group(targets, count); !status.is_ok()) return status;
+  for (size_t i = 0; i < count; ++i) {
+    if (targets[i].params.weight_layout != WeightLayout::kRows) {
+      return Status::unsupported("matmul: the CUDA kernels read row-major weights only");
+    }
+  }
   const MatmulParams& first = targets[0].params;
   if (first.rows == 0) return Status::ok();
   // One launch for the group when every target runs the same skinny kernel; else one each.

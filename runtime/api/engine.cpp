@@ -289,8 +289,9 @@ ModelOptions model_options_for(const EngineConfig& config, Quantization quantiza
 }
 
 ModelMemory model_memory(const Checkpoint& checkpoint, const ModelOptions& options,
-                         bool host_memory, int64_t max_logit_rows) {
-  const MemoryNeeds needs = Model::plan_memory(checkpoint, options, host_memory, max_logit_rows);
+                         const kernels::Backend& backend, int64_t max_logit_rows) {
+  const MemoryNeeds needs = Model::plan_memory(checkpoint, options, backend.uses_host_memory(),
+                                               backend.matmul_weight_layout(), max_logit_rows);
   return {needs.weight_bytes, needs.kv_bytes_per_token, needs.kv_tokens, needs.kv_bytes,
           needs.workspace_bytes};
 }
@@ -305,11 +306,11 @@ MemoryPlan plan_on(const EngineConfig& config, kernels::Backend& backend, const 
   plan.device = std::string(backend.name());
   // Verification scores gamma_max + 1 rows of every running sequence at once.
   const int64_t logit_rows = config.max_batch * (config.speculation.gamma_max + 1);
-  const bool host = backend.uses_host_memory();
-  plan.target = model_memory(target, model_options_for(config, config.quantize), host, logit_rows);
+  plan.target =
+      model_memory(target, model_options_for(config, config.quantize), backend, logit_rows);
   if (draft != nullptr) {
     plan.draft =
-        model_memory(*draft, model_options_for(config, config.draft_quantize), host, logit_rows);
+        model_memory(*draft, model_options_for(config, config.draft_quantize), backend, logit_rows);
   }
   plan.total_bytes = model_total(plan.target) + model_total(plan.draft);
   uint64_t available = 0;

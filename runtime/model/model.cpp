@@ -118,6 +118,7 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
     place_scales();
     place_weights();
   }
+  lay_out_weights();
   // What a forward reads, as placed (a device holds bf16 copies).
   auto count = [&](const WeightView& view) {
     weight_bytes_ += view.size_bytes + static_cast<uint64_t>(view.scale_count) * sizeof(float);
@@ -169,19 +170,29 @@ bool ends_with(const std::string& text, std::string_view suffix) {
 }  // namespace
 
 MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions& options,
-                               bool host_memory, int64_t max_logit_rows) {
+                               bool host_memory, kernels::WeightLayout layout,
+                               int64_t max_logit_rows) {
   const ModelConfig& c = checkpoint.config;
   MemoryNeeds needs;
   // Quantized at load: the linear layers (and the head, when asked) become one byte a weight and
   // one f32 scale a row. A pre-quantized checkpoint keeps its own codes.
   const bool quantizing = options.quantize != WeightQuantize::kNone && !c.quantization;
+  // The table is laid out as the head when the head is the table itself (tied, not quantized).
+  const bool table_is_head = c.tie_word_embeddings && !(quantizing && options.quantize_output);
   bool has_head = false;
   for (const TensorInfo* info : checkpoint.tensors.all()) {
     const std::string& name = info->name;
-    const auto elements = static_cast<uint64_t>(info->num_elements());
     const bool head = ends_with(name, "lm_head.weight") || name == "output.weight";
     has_head = has_head || head;
     const bool linear = ends_with(name, "_proj.weight") || (head && options.quantize_output);
+    // Matmul weights in the backend's layout (rows padded to whole tiles' columns).
+    const bool laid_out =
+        info->shape.size() == 2 && (ends_with(name, "_proj.weight") || head ||
+                                    (table_is_head && ends_with(name, "embed_tokens.weight")));
+    const auto elements =
+        laid_out ? static_cast<uint64_t>(info->shape[0]) *
+                       static_cast<uint64_t>(kernels::stored_columns(layout, info->shape[1]))
+                 : static_cast<uint64_t>(info->num_elements());
     if (ends_with(name, ".weight_scale") || ends_with(name, ".weight_scale_inv")) {
       needs.weight_bytes += elements * sizeof(float);  // placed as f32
     } else if (is_quantized(info->dtype)) {
@@ -191,13 +202,15 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
     } else if (!host_memory) {
       needs.weight_bytes += elements * sizeof(uint16_t);  // a device holds bf16
     } else {
-      needs.weight_bytes += info->size_bytes();
+      needs.weight_bytes += elements * dtype_size(info->dtype);
     }
   }
   if (quantizing && options.quantize_output && !has_head) {
     // A tied head quantized is a copy of the embedding table.
-    needs.weight_bytes += static_cast<uint64_t>(c.vocab_size) * c.hidden_size +
-                          static_cast<uint64_t>(c.vocab_size) * sizeof(float);
+    needs.weight_bytes +=
+        static_cast<uint64_t>(c.vocab_size) *
+            static_cast<uint64_t>(kernels::stored_columns(layout, c.hidden_size)) +
+        static_cast<uint64_t>(c.vocab_size) * sizeof(float);
   }
   needs.kv_bytes_per_token =
       2 * static_cast<uint64_t>(c.num_layers) * c.num_kv_heads * c.head_dim * sizeof(float);
@@ -449,6 +462,37 @@ void Model::place_weights() {
   if (shares_table) weights_.output = weights_.embedding;
 }
 
+void Model::lay_out_weights() {
+  const kernels::WeightLayout layout = backend_.matmul_weight_layout();
+  if (layout == kernels::WeightLayout::kRows) return;
+  // Laid out from where the weights are: only a backend in host memory asks for another layout.
+  SPECRUN_CHECK(layout == kernels::WeightLayout::kTiled && backend_.uses_host_memory());
+  const bool tied = weights_.output.data == weights_.embedding.data;
+  std::vector<WeightView*> views = linear_weights(weights_);
+  views.push_back(&weights_.output);
+  for (WeightView* view : views) {
+    if (!*view || view->layout == layout) continue;
+    const int64_t rows = view->shape[0], columns = view->shape[1];
+    const uint64_t bytes = kernels::stored_weight_bytes(layout, rows, columns, view->dtype);
+    DeviceBuffer buffer(backend_, bytes, "laid-out weights");
+    kernels::pack_tiled(view->data, rows, columns, view->dtype, buffer.data());
+    // A copy made at load (quantized codes, a GGUF tensor dequantised) is not needed any more.
+    std::erase_if(weight_buffers_,
+                  [&](const DeviceBuffer& held) { return held.data() == view->data; });
+    checkpoint_.tensors.release_converted(view->data);
+    view->data = buffer.data();
+    view->size_bytes = bytes;
+    view->layout = layout;
+    weight_buffers_.push_back(std::move(buffer));
+  }
+  if (tied) {
+    // The table is the head's: the embedding reads it in the same layout.
+    weights_.embedding.data = weights_.output.data;
+    weights_.embedding.size_bytes = weights_.output.size_bytes;
+    weights_.embedding.layout = weights_.output.layout;
+  }
+}
+
 void Model::write_synthetic_weights(uint64_t seed) {
   uint64_t tensor = 0;  // each tensor draws from its own stream
   auto write = [&](WeightView& view, float low, float high) {
@@ -559,7 +603,8 @@ kernels::MatmulTarget matmul_target(const WeightView& weight, const WeightView& 
                                      weight.dtype,
                                      bias ? bias.dtype : DType::kF32,
                                      weight.scale_block_rows,
-                                     weight.scale_block_cols};
+                                     weight.scale_block_cols,
+                                     weight.layout};
   return {params, weight.data, static_cast<const float*>(weight.scales), bias.data, out};
 }
 
@@ -718,10 +763,10 @@ void Model::run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks)
   float* up = w.up.as<float>();
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  SPECRUN_CHECK_OK(
-      backend_.embedding({num_tokens, c.vocab_size, c.hidden_size, weights_.embedding.dtype},
-                         w.tokens, weights_.embedding.data, x),
-      "embedding");
+  SPECRUN_CHECK_OK(backend_.embedding({num_tokens, c.vocab_size, c.hidden_size,
+                                       weights_.embedding.dtype, weights_.embedding.layout},
+                                      w.tokens, weights_.embedding.data, x),
+                   "embedding");
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& l = weights_.layers[static_cast<size_t>(layer)];
     SPECRUN_CHECK_OK(backend_.rmsnorm({num_tokens, c.hidden_size, eps, l.attention_norm.dtype}, x,

@@ -104,9 +104,11 @@ class Model {
   // Parameters, for reports.
   int64_t parameter_count() const { return parameter_count_; }
   // What `checkpoint` would take on a backend (`host_memory`: the CPU's, where weights are used
-  // in place) under `options`, with logits for at most `max_logit_rows` rows at once.
+  // as stored; `layout`: its matmul_weight_layout) under `options`, with logits for at most
+  // `max_logit_rows` rows at once.
   static MemoryNeeds plan_memory(const Checkpoint& checkpoint, const ModelOptions& options,
-                                 bool host_memory, int64_t max_logit_rows);
+                                 bool host_memory, kernels::WeightLayout layout,
+                                 int64_t max_logit_rows);
   // Bytes of weights one forward reads (each bound tensor once, a tied table once): a decode
   // step's floor is this over the memory bandwidth.
   uint64_t weight_bytes() const { return weight_bytes_; }
@@ -133,6 +135,9 @@ class Model {
   // by the source bytes) and points the view at the codes and scales.
   void quantize_onto_backend(WeightView& view, Progress* progress);
   void place_scales();
+  // Lays the matmul weights (and a table a tied head shares) out as the backend's matmul reads
+  // them fastest (Backend::matmul_weight_layout): copies in its memory, made once at load.
+  void lay_out_weights();
   void write_synthetic_weights(uint64_t seed);
   void ensure_workspace(int64_t tokens, int64_t logit_rows, int64_t metadata_ints);
   void run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks);

@@ -259,6 +259,19 @@ TensorStore TensorStore::open_index(const std::filesystem::path& index_path) {
   return store;
 }
 
+bool TensorStore::release_converted(const void* data) {
+  const auto held = std::find_if(converted_.begin(), converted_.end(),
+                                 [&](const std::unique_ptr<std::byte[]>& bytes) {
+                                   return static_cast<const void*>(bytes.get()) == data;
+                                 });
+  if (held == converted_.end()) return false;
+  for (TensorInfo& info : gguf_tensors_) {
+    if (info.data == data) info.data = nullptr;
+  }
+  converted_.erase(held);
+  return true;
+}
+
 const TensorInfo* TensorStore::find(std::string_view name) const {
   const auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : it->second;

@@ -91,6 +91,10 @@ class TensorStore {
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
   // The GGUF file behind the store; nullptr for safetensors.
   const GgufFile* gguf() const { return gguf_.get(); }
+  // Frees the bytes dequantised or realigned at load that start at `data`, once their user has its
+  // own copy (a backend's laid-out weights); the tensor's data becomes null. False, and nothing
+  // freed, when `data` is not such bytes (a mapping's are the page cache's to drop).
+  bool release_converted(const void* data);
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

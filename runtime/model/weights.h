@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/core/dtype.h"
+#include "kernels/core/weight_layout.h"
 #include "runtime/model/checkpoint.h"
 
 namespace specrun {
@@ -24,6 +25,9 @@ struct WeightView {
   int64_t scale_block_rows = 0;     // output rows sharing a scale
   int64_t scale_block_cols = 0;     // input columns sharing a scale
   int64_t scale_count = 0;          // scales in the grid
+  // How the elements lie once placed: the backend's matmul layout for linear weights, the head
+  // and a table a tied head shares; row-major until then (and for everything else).
+  kernels::WeightLayout layout = kernels::WeightLayout::kRows;
 
   explicit operator bool() const { return data != nullptr; }
 };

@@ -1,0 +1,76 @@
+// How a matmul weight's [out_features, in_features] elements lie in memory. A backend says which
+// layout its matmul reads fastest (Backend::matmul_weight_layout); the model lays its weights out
+// that way once, at load.
+//
+// kTiled is the CPU's. A decode step streams every weight once, and four weight rows read side by
+// side are four streams a core's prefetchers follow poorly: on a 2-core EPYC they sustained half
+// the bandwidth of one sequential stream. Tiled, the rows a micro-kernel reads together are one
+// stream: rows in tiles of kTileRows (the last tile may be narrower), each tile's columns in
+// chunks of kTileColumns, and each chunk holding its tile's rows one after another:
+//
+//   tile t (rows 4t..4t+3): [r0 c0..15][r1 c0..15][r2 c0..15][r3 c0..15][r0 c16..31][r1 c16..31]...
+//
+// Rows are padded with zeros to a whole number of chunks, so that column c of a tile's row r lies
+// at tile_start + chunk_start(c) * width + r * 16 + c % 16 for every chunk alike.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/core/dtype.h"
+
+namespace specrun::kernels {
+
+enum class WeightLayout : uint8_t {
+  kRows,   // row-major: out_features rows of in_features elements
+  kTiled,  // tiles of kTileRows rows interleaved by kTileColumns columns (above)
+};
+
+inline constexpr int64_t kTileRows = 4;
+inline constexpr int64_t kTileColumns = 16;
+
+// Elements a row occupies: in_features, rounded up to whole chunks when tiled.
+constexpr int64_t stored_columns(WeightLayout layout, int64_t in_features) {
+  return layout == WeightLayout::kTiled
+             ? (in_features + kTileColumns - 1) / kTileColumns * kTileColumns
+             : in_features;
+}
+
+// Bytes of a [out_features, in_features] weight of `dtype` in `layout`.
+constexpr uint64_t stored_weight_bytes(WeightLayout layout, int64_t out_features,
+                                       int64_t in_features, DType dtype) {
+  return static_cast<uint64_t>(out_features) *
+         static_cast<uint64_t>(stored_columns(layout, in_features)) * dtype_size(dtype);
+}
+
+// Where a row's elements start and how far apart its chunks are, in elements: column c (a chunk's
+// first, or any column of a row-major weight) of `row` is at first + c * column_step.
+struct RowAddress {
+  int64_t first;        // element offset of the row's column 0
+  int64_t column_step;  // 1 row-major; the tile's width when tiled
+};
+
+constexpr RowAddress row_address(WeightLayout layout, int64_t row, int64_t out_features,
+                                 int64_t in_features) {
+  if (layout == WeightLayout::kRows) return {row * in_features, 1};
+  const int64_t tile_start = row / kTileRows * kTileRows;
+  const int64_t width =
+      out_features - tile_start < kTileRows ? out_features - tile_start : kTileRows;
+  return {tile_start * stored_columns(layout, in_features) + (row - tile_start) * kTileColumns,
+          width};
+}
+
+// Element offset of (row, column) in `layout`.
+constexpr int64_t element_offset(WeightLayout layout, int64_t row, int64_t column,
+                                 int64_t out_features, int64_t in_features) {
+  const RowAddress address = row_address(layout, row, out_features, in_features);
+  if (layout == WeightLayout::kRows) return address.first + column;
+  const int64_t chunk_start = column / kTileColumns * kTileColumns;
+  return address.first + chunk_start * address.column_step + (column - chunk_start);
+}
+
+// Copies a row-major [out_features, in_features] weight of `dtype` into `destination`
+// (stored_weight_bytes of kTiled), padding with zeros.
+void pack_tiled(const void* source, int64_t out_features, int64_t in_features, DType dtype,
+                void* destination);
+
+}  // namespace specrun::kernels
