@@ -112,6 +112,7 @@ TEST_F(CApiTest, InitSetsTheCppDefaults) {
   EXPECT_EQ(config.device, nullptr);
   EXPECT_EQ(config.rope_style, nullptr);
   EXPECT_EQ(config.deterministic, 0);
+  EXPECT_EQ(config.bf16_activations, 0);
   EXPECT_EQ(config.prefix_cache, 1);
   EXPECT_EQ(config.quantize, SPECRUN_QUANTIZATION_NONE);
   EXPECT_EQ(config.draft_quantize, SPECRUN_QUANTIZATION_NONE);

@@ -729,6 +729,104 @@ TEST_P(CpuKernels, EmbeddingGathersRowsOfATiledTable) {
   }
 }
 
+// ---- bf16 activations ---------------------------------------------------------------------------
+
+TEST_P(CpuKernels, Bf16ActivationsAreTheRoundedActivationsExactProductsSummedInF32) {
+  // Rounding x to bf16 is the only change: products of two bf16 values are exact in f32, so
+  // against the rounded activations in double the bound is f32 summation's, n * u * sum|terms|.
+  // Against the f32 activations each term moves by up to 2^-9 of itself more (bf16 rounding).
+  const int64_t shapes[][3] = {{1, 16, 8}, {3, 37, 21}, {6, 64, 33}, {7, 100, 17}, {70, 48, 5}};
+  for (const auto& shape : shapes) {
+    const int64_t rows = shape[0], in = shape[1], out_features = shape[2];
+    const std::vector<float> x = random_floats(rows * in, 80);
+    const StoredTensor weight = store(random_floats(out_features * in, 81), DType::kBF16);
+    const std::vector<uint8_t> packed =
+        tiled(weight.data(DType::kBF16), out_features, in, DType::kBF16);
+    const StoredTensor bias = store(random_floats(out_features, 82), DType::kBF16);
+    for (const WeightLayout layout : {WeightLayout::kRows, WeightLayout::kTiled}) {
+      MatmulParams params{rows, in, out_features, DType::kBF16, DType::kBF16};
+      params.weight_layout = layout;
+      std::vector<float> out(rows * out_features);
+      ASSERT_TRUE(matmul(params, x.data(),
+                         layout == WeightLayout::kTiled ? static_cast<const void*>(packed.data())
+                                                        : weight.data(DType::kBF16),
+                         nullptr, bias.data(DType::kBF16), out.data(), pool_, Activations::kBF16)
+                      .is_ok());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t f = 0; f < out_features; ++f) {
+          double rounded = bias.floats[f], exact = bias.floats[f], magnitude = std::abs(exact);
+          for (int64_t i = 0; i < in; ++i) {
+            const double w = weight.floats[f * in + i];
+            rounded += double(bf16_to_f32(f32_to_bf16(x[r * in + i]))) * w;
+            exact += double(x[r * in + i]) * w;
+            magnitude += std::abs(double(x[r * in + i]) * w);
+          }
+          const float value = out[r * out_features + f];
+          ASSERT_NEAR(value, rounded, (in + 2) * kUnitRoundoff * 1.01 * magnitude)
+              << rows << "x" << in << "x" << out_features << " row " << r << " feature " << f;
+          ASSERT_NEAR(value, exact, (0x1.0p-9 + (in + 2) * kUnitRoundoff) * 1.01 * magnitude);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(CpuKernels, Bf16ActivationsAreBatchInvariantBitwise) {
+  // Rows alone and in batches of every size (the bf16-pair kernel takes six rows at a time).
+  const int64_t rows = 15, in = 83, out_features = 29;
+  const std::vector<float> x = random_floats(rows * in, 83);
+  const StoredTensor weight = store(random_floats(out_features * in, 84), DType::kBF16);
+  const std::vector<uint8_t> packed =
+      tiled(weight.data(DType::kBF16), out_features, in, DType::kBF16);
+  MatmulParams params{rows, in, out_features, DType::kBF16, DType::kF32};
+  params.weight_layout = WeightLayout::kTiled;
+  std::vector<float> all(rows * out_features);
+  ASSERT_TRUE(matmul(params, x.data(), packed.data(), nullptr, nullptr, all.data(), pool_,
+                     Activations::kBF16)
+                  .is_ok());
+  for (int64_t batch = 1; batch <= rows; ++batch) {
+    for (int64_t first = 0; first + batch <= rows; first += batch) {
+      std::vector<float> part(batch * out_features);
+      params.rows = batch;
+      ASSERT_TRUE(matmul(params, x.data() + first * in, packed.data(), nullptr, nullptr,
+                         part.data(), pool_, Activations::kBF16)
+                      .is_ok());
+      ASSERT_EQ(0, std::memcmp(part.data(), all.data() + first * out_features,
+                               part.size() * sizeof(float)))
+          << "rows " << first << ".." << first + batch;
+    }
+  }
+}
+
+TEST_P(CpuKernels, Bf16ActivationsLeaveOtherWeightDtypesExact) {
+  // In a group with a bf16 weight, an f32 weight still multiplies the f32 activations.
+  const int64_t rows = 5, in = 48;
+  const std::vector<float> x = random_floats(rows * in, 85);
+  const StoredTensor bf16 = store(random_floats(12 * in, 86), DType::kBF16);
+  const StoredTensor f32 = store(random_floats(8 * in, 87), DType::kF32);
+  std::vector<float> grouped_bf16(rows * 12), grouped_f32(rows * 8), exact_f32(rows * 8),
+      exact_bf16(rows * 12);
+  const MatmulTarget targets[2] = {{{rows, in, 12, DType::kBF16, DType::kF32},
+                                    bf16.data(DType::kBF16),
+                                    nullptr,
+                                    nullptr,
+                                    grouped_bf16.data()},
+                                   {{rows, in, 8, DType::kF32, DType::kF32},
+                                    f32.data(DType::kF32),
+                                    nullptr,
+                                    nullptr,
+                                    grouped_f32.data()}};
+  ASSERT_TRUE(matmul_group(x.data(), targets, 2, pool_, Activations::kBF16).is_ok());
+  ASSERT_TRUE(matmul(targets[1].params, x.data(), f32.data(DType::kF32), nullptr, nullptr,
+                     exact_f32.data(), pool_)
+                  .is_ok());
+  EXPECT_EQ(grouped_f32, exact_f32);
+  ASSERT_TRUE(matmul(targets[0].params, x.data(), bf16.data(DType::kBF16), nullptr, nullptr,
+                     exact_bf16.data(), pool_)
+                  .is_ok());
+  EXPECT_NE(grouped_bf16, exact_bf16);  // the rounded activations did change the bf16 target
+}
+
 TEST_P(CpuKernels, FillIsTheHashRoundedToTheDtype) {
   const int64_t count = 100003;  // not a multiple of any chunk
   for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {

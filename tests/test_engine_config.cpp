@@ -49,6 +49,7 @@ TEST(EngineConfigFile, DefaultFileDocumentsTheBuiltInDefaults) {
   EXPECT_EQ(loaded.device, built_in.device);
   EXPECT_EQ(loaded.max_batch, built_in.max_batch);
   EXPECT_EQ(loaded.deterministic, built_in.deterministic);
+  EXPECT_EQ(loaded.bf16_activations, built_in.bf16_activations);
   EXPECT_EQ(loaded.prefix_cache, built_in.prefix_cache);
   EXPECT_EQ(loaded.target, built_in.target);
   EXPECT_EQ(loaded.draft, built_in.draft);
@@ -85,9 +86,10 @@ TEST(EngineConfigFile, ReadsEveryKeyAndKeepsDefaultsForAbsentOnes) {
                       "[sampling]\ntemperature = 0.7\ntop_k = 40\ntop_p = 0.9\nmin_p = 0.05\n"
                       "seed = 12345\nmax_tokens = 99\n[runtime]\nthreads = 3\n"
                       "kv_cache_tokens = 4096\nkv_block_size = 32\ndevice = \"cpu\"\n"
-                      "deterministic = true\nprefix_cache = false\n");
+                      "deterministic = true\nprefix_cache = false\nbf16_activations = true\n");
   const EngineConfig config = EngineConfig::from_toml((dir / "c.toml").string());
   EXPECT_TRUE(config.deterministic);
+  EXPECT_TRUE(config.bf16_activations);
   EXPECT_FALSE(config.prefix_cache);
   EXPECT_FLOAT_EQ(config.sampling.temperature, 0.7f);
   EXPECT_EQ(config.sampling.top_k, 40);

@@ -109,6 +109,56 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyForEveryGammaControllerAndProposer
   EXPECT_GT(total_accepted, 0);
 }
 
+TEST(SpeculativeBf16Activations, GreedyEqualsTargetOnlyWithBf16Dots) {
+  // bf16 weights meeting bf16-rounded activations (vdpbf16ps where the CPU has it): the kernels
+  // stay batch invariant, so verification scores each draft as decode would have.
+  testing::TempDir dir;
+  GeneratorOptions target_shape = small_model(3), draft_shape = small_model(4, 1);
+  target_shape.dtype = draft_shape.dtype = DType::kBF16;
+  fixtures::write_random_checkpoint(target_shape, dir / "target");
+  fixtures::write_random_checkpoint(draft_shape, dir / "draft");
+  kernels::cpu::CpuBackend backend(std::make_shared<kernels::cpu::ThreadPool>(2),
+                                   kernels::cpu::Activations::kBF16);
+  const auto exact = testing::make_cpu_backend(2);
+  ModelOptions options;
+  options.kv_block_size = 4;
+  const auto target = Model::load(dir / "target", backend, options);
+  const auto draft = Model::load(dir / "draft", backend, options);
+  const auto self_draft = Model::load(dir / "target", backend, options);
+  const auto exact_target = Model::load(dir / "target", *exact, options);
+  int64_t accepted = 0;
+  for (const auto& prompt : prompts()) {
+    const std::vector<int32_t> expected = reference_decode(*target, prompt, greedy(40)).tokens;
+    for (Model* drafter : {self_draft.get(), draft.get()}) {
+      for (int64_t gamma = 1; gamma <= 6; ++gamma) {
+        const Completion result =
+            decode(*target, drafter, prompt, greedy(40),
+                   speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, gamma));
+        ASSERT_EQ(result.tokens, expected) << "gamma " << gamma << ", prompt of " << prompt.size();
+        accepted += result.stats.accepted;
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0);
+  // The rounding is real: the logits differ from the exact ones, by bf16 rounding's size.
+  const std::vector<int32_t> tokens = {1, 5, 9, 13};
+  Logits rounded, exact_logits;
+  const SequenceId a = target->kv_cache().add_sequence();
+  const SequenceId b = exact_target->kv_cache().add_sequence();
+  const SequenceInput rounded_input[] = {{a, tokens, true}};
+  const SequenceInput exact_input[] = {{b, tokens, true}};
+  target->forward(rounded_input, &rounded);
+  exact_target->forward(exact_input, &exact_logits);
+  ASSERT_EQ(rounded.values.size(), exact_logits.values.size());
+  double largest = 0, difference = 0;
+  for (size_t i = 0; i < rounded.values.size(); ++i) {
+    largest = std::max(largest, std::abs(double(exact_logits.values[i])));
+    difference = std::max(difference, std::abs(double(rounded.values[i] - exact_logits.values[i])));
+  }
+  EXPECT_GT(difference, 0.0);
+  EXPECT_LT(difference, 0.05 * largest);
+}
+
 TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyWithAPartlyAgreeingLayerSkipDraft) {
   // A target whose second layer changes the logits only a little, and its first layer as the
   // draft: drafts are accepted often but not always, so every step mixes acceptance, rejection

@@ -1,6 +1,6 @@
-// specbench: CPU prefill and decode throughput of a model, with the machine's memory copy
+// specbench: CPU prefill, decode and verification costs of a model, with the machine's memory
 // bandwidth measured in the same run as the baseline for decode (a decode step reads every weight
-// once, so weight bytes over copy bandwidth is its floor).
+// once, so weight bytes over read bandwidth is its floor).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -57,42 +57,90 @@ specrun::fixtures::GeneratorOptions hundred_million_shape() {
 }
 
 struct Bandwidth {
-  double read;  // bytes read per second, summing a buffer: the floor of a weight-streaming step
-  double copy;  // bytes read + written per second by memcpy
+  double read = 0;  // bytes read per second: the best pattern's (below), the floor of a decode step
+  double copy = 0;  // bytes read + written per second by memcpy, every thread
+  std::string read_pattern;                           // the pattern that read fastest
+  nlohmann::json patterns = nlohmann::json::array();  // every pattern's figure
 };
 
-// Measured over a buffer far larger than the caches, every thread of the pool on its share: the
-// same threads decode uses. Median of `repeats` runs after a warm-up.
+// Sums a share of the buffer in eight independent lanes (so that no add chain bounds the loop),
+// software-prefetching `prefetch_bytes` ahead when that is not 0.
+uint64_t sum_words(const uint64_t* words, int64_t begin, int64_t end, int64_t prefetch_bytes) {
+  uint64_t lanes[8] = {};
+  const int64_t prefetch_words = prefetch_bytes / static_cast<int64_t>(sizeof(uint64_t));
+  for (int64_t i = begin; i + 8 <= end; i += 8) {
+    if (prefetch_words > 0) __builtin_prefetch(words + i + prefetch_words);
+    for (int l = 0; l < 8; ++l) lanes[l] += words[i + l];
+  }
+  uint64_t sum = 0;
+  for (const uint64_t lane : lanes) sum += lane;
+  return sum;
+}
+
+// The machine's memory bandwidth over a buffer far larger than the caches, median of `repeats`
+// runs after a warm-up. Read bandwidth is the best of several patterns (one thread and every
+// thread of the pool, with and without software prefetch), so that a decode step is held to the
+// most the machine does, not to one loop a slow kernel could match.
 Bandwidth measure_bandwidth(specrun::kernels::cpu::ThreadPool& pool, size_t bytes, int repeats) {
   std::vector<uint64_t> source(bytes / sizeof(uint64_t), 1), destination(source.size(), 0);
   const int64_t words = static_cast<int64_t>(source.size());
-  std::vector<double> read_seconds, copy_seconds;
   std::atomic<uint64_t> checksum{0};  // keeps the reads from being optimised away
-  for (int r = 0; r < repeats + 1; ++r) {
-    auto start = Clock::now();
-    pool.parallel_for(words, 1 << 17, [&](int64_t begin, int64_t end) {
-      uint64_t lanes[8] = {};
-      for (int64_t i = begin; i + 8 <= end; i += 8) {
-        for (int l = 0; l < 8; ++l) lanes[l] += source[static_cast<size_t>(i + l)];
+  const auto time_median = [&](const auto& body) {
+    std::vector<double> seconds;
+    for (int r = 0; r < repeats + 1; ++r) {
+      const auto start = Clock::now();
+      body();
+      if (r > 0) seconds.push_back(milliseconds(start) / 1e3);  // the first is a warm-up
+    }
+    return median(seconds);
+  };
+  Bandwidth result;
+  for (const bool all_threads : {false, true}) {
+    for (const int64_t prefetch : {int64_t{0}, int64_t{4096}}) {
+      const double seconds = time_median([&] {
+        if (all_threads) {
+          pool.parallel_for(words, 1 << 17, [&](int64_t begin, int64_t end) {
+            checksum += sum_words(source.data(), begin, end, prefetch);
+          });
+        } else {
+          checksum += sum_words(source.data(), 0, words, prefetch);
+        }
+      });
+      const double read = static_cast<double>(bytes) / seconds;
+      const std::string name = std::string(all_threads ? "every thread" : "one thread") +
+                               (prefetch > 0 ? ", prefetch 4 KiB ahead" : "");
+      result.patterns.push_back({{"pattern", name}, {"read_bytes_per_second", read}});
+      if (read > result.read) {
+        result.read = read;
+        result.read_pattern = name;
       }
-      uint64_t sum = 0;
-      for (const uint64_t lane : lanes) sum += lane;
-      checksum += sum;
-    });
-    const double read_time = milliseconds(start) / 1e3;
-    start = Clock::now();
+    }
+  }
+  const double copy_seconds = time_median([&] {
     pool.parallel_for(words, 1 << 17, [&](int64_t begin, int64_t end) {
       std::memcpy(destination.data() + begin, source.data() + begin,
                   static_cast<size_t>(end - begin) * sizeof(uint64_t));
     });
-    const double copy_time = milliseconds(start) / 1e3;
-    if (r == 0) continue;  // warm-up
-    read_seconds.push_back(read_time);
-    copy_seconds.push_back(copy_time);
-  }
+  });
+  result.copy = 2.0 * static_cast<double>(bytes) / copy_seconds;
   if (checksum.load() == 0) std::fprintf(stderr, "specbench: read check failed\n");
-  return {static_cast<double>(bytes) / median(read_seconds),
-          2.0 * static_cast<double>(bytes) / median(copy_seconds)};
+  return result;
+}
+
+// The x86-64 level of this machine and the extensions the CPU kernels can use; "" elsewhere.
+std::string machine_isa() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  std::string level = "x86-64";
+  if (__builtin_cpu_supports("x86-64-v2")) level = "x86-64-v2";
+  if (__builtin_cpu_supports("x86-64-v3")) level = "x86-64-v3 (AVX2, FMA)";
+  if (__builtin_cpu_supports("x86-64-v4")) level = "x86-64-v4 (AVX-512)";
+  if (__builtin_cpu_supports("avx512bf16")) level += " + AVX512-BF16";
+  if (__builtin_cpu_supports("avx512vnni")) level += " + AVX512-VNNI";
+  return level;
+#else
+  return "";
+#endif
 }
 
 // ---- speculative decoding -----------------------------------------------------------------------
@@ -373,6 +421,11 @@ int main(int argc, char** argv) {
                  "target quantized (one of them) against its bf16 self where that fits and "
                  "--max-verify-tokens is at least 5")
       ->delimiter(',');
+  bool bf16_activations = false;
+  app.add_flag("--bf16-activations", bf16_activations,
+               "Also measure the weights as stored with activations rounded to bf16 for bf16 "
+               "weights (vdpbf16ps where the kernels have AVX512-BF16), in the same run, with "
+               "their verification costs");
   bool speculative = false;
   std::string target_path, draft_path;
   int64_t spec_tokens = 256, spec_prompts = 3;
@@ -493,23 +546,29 @@ int main(int argc, char** argv) {
       model_path = generated.string();
     }
     auto pool = std::make_shared<specrun::kernels::cpu::ThreadPool>(threads);
-    specrun::kernels::cpu::CpuBackend backend(pool);
-    // The weights as stored first (the baseline), then each quantization asked for, in one run.
-    std::vector<specrun::WeightQuantize> modes = {specrun::WeightQuantize::kNone};
+    using specrun::kernels::cpu::Activations;
+    specrun::kernels::cpu::CpuBackend exact_backend(pool, Activations::kF32);
+    specrun::kernels::cpu::CpuBackend bf16_backend(pool, Activations::kBF16);
+    // The weights as stored first (the baseline), then with bf16 activations if asked, then each
+    // quantization asked for, in one run.
+    struct Mode {
+      specrun::WeightQuantize quantize;
+      Activations activations;
+      std::string name;
+    };
+    std::vector<Mode> modes = {{specrun::WeightQuantize::kNone, Activations::kF32, "as stored"}};
+    if (bf16_activations) {
+      modes.push_back({specrun::WeightQuantize::kNone, Activations::kBF16, "bf16 act"});
+    }
     for (const std::string& name : quantize) {
       if (name == "fp8") {
-        modes.push_back(specrun::WeightQuantize::kFP8);
+        modes.push_back({specrun::WeightQuantize::kFP8, Activations::kF32, "fp8"});
       } else if (name == "int8") {
-        modes.push_back(specrun::WeightQuantize::kINT8);
+        modes.push_back({specrun::WeightQuantize::kINT8, Activations::kF32, "int8"});
       } else {
         throw specrun::Error("--quantize takes fp8 and int8, got '" + name + "'");
       }
     }
-    const auto mode_name = [](specrun::WeightQuantize mode) {
-      return mode == specrun::WeightQuantize::kFP8    ? "fp8"
-             : mode == specrun::WeightQuantize::kINT8 ? "int8"
-                                                      : "as stored";
-    };
 
     struct Measured {
       std::string name;                // "as stored", "fp8", "int8"
@@ -518,11 +577,17 @@ int main(int argc, char** argv) {
       uint64_t decode_read_bytes = 0;  // what a decode step reads
       double prefill_ms = 0;           // median prefill of prompt_tokens
       double step_ms = 0;              // median decode step
+      // Median forward over k = 1..kMaxVerifyTokens new tokens with logits for each (the
+      // verification of k - 1 drafts), on the prompt's context: [k - 1].
+      std::vector<double> verify_ms;
     };
-    const auto measure = [&](specrun::WeightQuantize mode) {
+    constexpr int64_t kMaxVerifyTokens = 16;
+    const auto measure = [&](const Mode& mode) {
       specrun::ModelOptions model_options;
       model_options.kv_cache_tokens = prompt_tokens + decode_tokens + 16;
-      model_options.quantize = mode;
+      model_options.quantize = mode.quantize;
+      specrun::kernels::cpu::CpuBackend& backend =
+          mode.activations == Activations::kBF16 ? bf16_backend : exact_backend;
       const auto model = specrun::Model::load(model_path, backend, model_options);
       const specrun::ModelConfig& config = model->config();
       specrun::Rng rng(7);  // the same prompt and tokens for every mode
@@ -555,12 +620,31 @@ int main(int argc, char** argv) {
         prefill_ms.push_back(prefill_time);
         decode_ms.push_back(median(steps));
       }
-      return Measured{mode_name(mode),       model->parameter_count(),
-                      model->weight_bytes(), model->decode_read_bytes(),
-                      median(prefill_ms),    median(decode_ms)};
+      Measured measured{mode.name,
+                        model->parameter_count(),
+                        model->weight_bytes(),
+                        model->decode_read_bytes(),
+                        median(prefill_ms),
+                        median(decode_ms),
+                        {}};
+      if (mode.quantize == specrun::WeightQuantize::kNone) {
+        const specrun::SequenceId sequence = cache.add_sequence();
+        const specrun::SequenceInput prefill[] = {{sequence, prompt, false}};
+        model->forward(prefill, &logits);
+        for (int64_t k = 1; k <= kMaxVerifyTokens; ++k) {
+          const std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + k);
+          measured.verify_ms.push_back(median_ms(repeats, [&] {
+            const specrun::SequenceInput input[] = {{sequence, tokens, true}};
+            model->forward(input, &logits);
+            cache.truncate(sequence, prompt_tokens);
+          }));
+        }
+        cache.remove_sequence(sequence);
+      }
+      return measured;
     };
     std::vector<Measured> runs;
-    for (const specrun::WeightQuantize mode : modes) runs.push_back(measure(mode));
+    for (const Mode& mode : modes) runs.push_back(measure(mode));
     const Measured& base = runs.front();
     const int64_t parameters = base.parameters;
     const uint64_t weight_bytes = base.weight_bytes;
@@ -585,7 +669,9 @@ int main(int argc, char** argv) {
         }
       }
     }
-    std::printf("machine: %s, %d threads\n", cpu, pool->num_threads());
+    const std::string isa = machine_isa();
+    std::printf("machine: %s, %d threads; %s; kernels: %s\n", cpu, pool->num_threads(), isa.c_str(),
+                std::string(specrun::kernels::cpu::CpuBackend::kernel_isa()).c_str());
     std::printf("model: %s, %.1fM parameters, %.1f MiB of weights\n", model_path.c_str(),
                 static_cast<double>(parameters) / 1e6,
                 static_cast<double>(weight_bytes) / (1 << 20));
@@ -593,13 +679,36 @@ int main(int argc, char** argv) {
                 static_cast<long long>(prompt_tokens), base.prefill_ms, prefill_tps, repeats);
     std::printf("decode: %.2f ms/token: %.1f tokens/s (median step, %lld steps x %d runs)\n",
                 step_ms, decode_tps, static_cast<long long>(decode_tokens), repeats);
-    std::printf("memory: read %.1f GB/s, copy %.1f GB/s (read + write), measured in this run\n",
-                bandwidth.read / 1e9, bandwidth.copy / 1e9);
+    std::printf(
+        "memory: read %.1f GB/s (best of %zu patterns: %s), copy %.1f GB/s (read + write), "
+        "measured in this run\n",
+        bandwidth.read / 1e9, bandwidth.patterns.size(), bandwidth.read_pattern.c_str(),
+        bandwidth.copy / 1e9);
     std::printf(
         "decode reads weights at %.1f GB/s: %.0f%% of the read bandwidth (floor %.2f "
         "ms/token), %.0f%% of the copy bandwidth\n",
         decode_bandwidth / 1e9, 100.0 * decode_bandwidth / bandwidth.read, floor_ms,
         100.0 * decode_bandwidth / bandwidth.copy);
+    // Verification of k - 1 drafts against one decode step, both on the prompt's context.
+    const auto verify_costs = [&](const Measured& run) {
+      nlohmann::json costs = nlohmann::json::array();
+      std::printf("verify k tokens / one decode step, %s (k = 2..%lld):", run.name.c_str(),
+                  static_cast<long long>(kMaxVerifyTokens));
+      for (int64_t k = 2; k <= kMaxVerifyTokens; ++k) {
+        const double ratio = run.verify_ms[static_cast<size_t>(k - 1)] / run.verify_ms[0];
+        std::printf(" %lld: %.2f%s", static_cast<long long>(k), ratio,
+                    k < kMaxVerifyTokens ? "," : "\n");
+        costs.push_back({{"tokens", k},
+                         {"ms", run.verify_ms[static_cast<size_t>(k - 1)]},
+                         {"decode_steps", ratio}});
+      }
+      return costs;
+    };
+    nlohmann::json verify = verify_costs(base);
+    nlohmann::json verify_bf16;
+    for (const Measured& run : runs) {
+      if (&run != &base && !run.verify_ms.empty()) verify_bf16 = verify_costs(run);
+    }
     nlohmann::json quantized = nlohmann::json::array();
     if (runs.size() > 1) {
       std::printf(
@@ -626,6 +735,8 @@ int main(int argc, char** argv) {
     }
     if (!json_path.empty()) {
       nlohmann::json results = {{"machine", cpu},
+                                {"isa", isa},
+                                {"kernels", specrun::kernels::cpu::CpuBackend::kernel_isa()},
                                 {"threads", pool->num_threads()},
                                 {"parameters", parameters},
                                 {"weight_bytes", weight_bytes},
@@ -636,9 +747,14 @@ int main(int argc, char** argv) {
                                 {"decode_ms_per_token", step_ms},
                                 {"decode_tokens_per_second", decode_tps},
                                 {"read_bandwidth_bytes_per_second", bandwidth.read},
+                                {"read_bandwidth_pattern", bandwidth.read_pattern},
+                                {"read_bandwidth_patterns", bandwidth.patterns},
                                 {"copy_bandwidth_bytes_per_second", bandwidth.copy},
+                                {"verify_one_step_ms", base.verify_ms[0]},
+                                {"verify", verify},
                                 {"decode_fraction_of_floor", floor_ms / step_ms}};
-      if (!quantized.empty()) results["quantized"] = quantized;
+      if (!quantized.empty()) results["modes"] = quantized;
+      if (!verify_bf16.is_null()) results["verify_bf16_activations"] = verify_bf16;
       std::ofstream(json_path) << results.dump(2) << "\n";
     }
     if (!generated.empty()) std::filesystem::remove_all(generated);

@@ -5,19 +5,26 @@
 #include <memory>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace specrun::kernels::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(std::shared_ptr<ThreadPool> pool);
+  // `activations`: how matmuls with bf16 weights treat their activations (cpu::Activations).
+  explicit CpuBackend(std::shared_ptr<ThreadPool> pool,
+                      Activations activations = Activations::kF32);
+  Activations activations() const { return activations_; }
 
   std::string_view name() const override { return "cpu"; }
   bool uses_host_memory() const override { return true; }
   // Tiles of four rows, one stream a micro-kernel (kernels/core/weight_layout.h).
   WeightLayout matmul_weight_layout() const override { return WeightLayout::kTiled; }
   ThreadPool& pool() { return *pool_; }
+  // The instruction set the kernels were built for: "AVX-512 intrinsics" where dot_block's
+  // AVX-512 path is compiled in, else the portable loops and the widest vectors the build allows.
+  static std::string_view kernel_isa();
 
   void* allocate(size_t bytes) override;
   void deallocate(void* pointer) noexcept override;
@@ -51,6 +58,7 @@ class CpuBackend final : public Backend {
 
  private:
   std::shared_ptr<ThreadPool> pool_;
+  Activations activations_;
 };
 
 }  // namespace specrun::kernels::cpu

@@ -1,6 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/cpu/vector_math.h"
 
@@ -116,6 +117,100 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
   }
 }
 
+#if defined(SPECRUN_CPU_BF16_PAIRS)
+// Activation rows per block of the bf16-pair kernel: 6 x 4 accumulators and 4 weight registers
+// fit the 32 vector registers, and verifying 5 drafts (6 rows) reads each weight tile once.
+constexpr int kPairRowGroup = 6;
+
+template <int kRows, int kFeatures>
+void pair_tile(const MatmulParams& params, const uint16_t* x, int64_t x_stride, int64_t first_row,
+               const void* weight, const void* bias, int64_t first_feature, float* out) {
+  const uint16_t* rows[kRows];
+  for (int r = 0; r < kRows; ++r) rows[r] = x + (first_row + r) * x_stride;
+  const void* weight_rows[kFeatures];
+  int64_t column_step = 1;
+  for (int f = 0; f < kFeatures; ++f) {
+    const RowAddress address = row_address(params.weight_layout, first_feature + f,
+                                           params.out_features, params.in_features);
+    weight_rows[f] = static_cast<const uint16_t*>(weight) + address.first;
+    column_step = address.column_step;
+  }
+  float results[kRows][kFeatures];
+  dot_block_bf16_pairs<kRows, kFeatures>(rows, weight_rows, params.in_features, results,
+                                         column_step);
+  for (int f = 0; f < kFeatures; ++f) {
+    const float bias_value =
+        bias ? load_as_f32(bias, params.bias_dtype, static_cast<size_t>(first_feature + f)) : 0.0f;
+    for (int r = 0; r < kRows; ++r) {
+      out[(first_row + r) * params.out_features + first_feature + f] = results[r][f] + bias_value;
+    }
+  }
+}
+
+template <int kFeatures>
+void pair_rows_tile(int64_t rows, const MatmulParams& params, const uint16_t* x, int64_t x_stride,
+                    int64_t first_row, const void* weight, const void* bias, int64_t first_feature,
+                    float* out) {
+  switch (rows) {
+    case 6:
+      return pair_tile<6, kFeatures>(params, x, x_stride, first_row, weight, bias, first_feature,
+                                     out);
+    case 5:
+      return pair_tile<5, kFeatures>(params, x, x_stride, first_row, weight, bias, first_feature,
+                                     out);
+    case 4:
+      return pair_tile<4, kFeatures>(params, x, x_stride, first_row, weight, bias, first_feature,
+                                     out);
+    case 3:
+      return pair_tile<3, kFeatures>(params, x, x_stride, first_row, weight, bias, first_feature,
+                                     out);
+    case 2:
+      return pair_tile<2, kFeatures>(params, x, x_stride, first_row, weight, bias, first_feature,
+                                     out);
+    case 1:
+      return pair_tile<1, kFeatures>(params, x, x_stride, first_row, weight, bias, first_feature,
+                                     out);
+    default:
+      return;
+  }
+}
+
+// matmul_features for bf16 weights and bf16 activations (`x`: rows of x_stride elements).
+void pair_features(const MatmulParams& params, const uint16_t* x, int64_t x_stride,
+                   const void* weight, const void* bias, float* out, int64_t feature_begin,
+                   int64_t feature_end) {
+  for (int64_t block = 0; block < params.rows; block += kRowBlock) {
+    const int64_t block_end = std::min(params.rows, block + kRowBlock);
+    for (int64_t feature = feature_begin; feature < feature_end;) {
+      int64_t group_end = std::min<int64_t>(feature + kFeatureGroup, feature_end);
+      if (params.weight_layout == WeightLayout::kTiled) {
+        group_end = std::min(group_end, (feature / kTileRows + 1) * kTileRows);
+      }
+      for (int64_t row = block; row < block_end; row += kPairRowGroup) {
+        const int64_t rows = std::min<int64_t>(kPairRowGroup, block_end - row);
+        switch (group_end - feature) {
+          case 4:
+            pair_rows_tile<4>(rows, params, x, x_stride, row, weight, bias, feature, out);
+            break;
+          case 3:
+            pair_rows_tile<3>(rows, params, x, x_stride, row, weight, bias, feature, out);
+            break;
+          case 2:
+            pair_rows_tile<2>(rows, params, x, x_stride, row, weight, bias, feature, out);
+            break;
+          case 1:
+            pair_rows_tile<1>(rows, params, x, x_stride, row, weight, bias, feature, out);
+            break;
+          default:
+            break;
+        }
+      }
+      feature = group_end;
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 namespace {
@@ -141,17 +236,43 @@ FeatureKernel feature_kernel(DType dtype) {
 
 }  // namespace
 
-Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, ThreadPool& pool) {
+Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, ThreadPool& pool,
+                    Activations activations) {
   if (Status status = check_matmul_group(targets, count); !status.is_ok()) return status;
   static_assert(kLanes == 16, "check_matmul_group's scale blocks are whole lane groups");
   int64_t features = 0;  // over the whole group
+  bool bf16_weights = false;
   for (size_t t = 0; t < count; ++t) {
     if (feature_kernel(targets[t].params.weight_dtype) == nullptr) {
       return Status::invalid_argument("matmul: unknown weight dtype");
     }
     features += targets[t].params.out_features;
+    bf16_weights = bf16_weights || targets[t].params.weight_dtype == DType::kBF16;
   }
-  if (targets[0].params.rows == 0) return Status::ok();
+  const int64_t rows = targets[0].params.rows, in_features = targets[0].params.in_features;
+  if (rows == 0) return Status::ok();
+  // bf16 weights with bf16 activations read x rounded to bf16 once per call, for every target.
+  const bool rounded = activations == Activations::kBF16 && bf16_weights;
+#if defined(SPECRUN_CPU_BF16_PAIRS)
+  // As bf16, rows zero-padded to whole 32-column chunks.
+  const int64_t x_stride = (in_features + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
+  std::vector<uint16_t> x_bf16(rounded ? static_cast<size_t>(rows * x_stride) : 0, 0);
+  for (int64_t r = 0; rounded && r < rows; ++r) {
+    // Rounded to nearest even (denormals to zero, as vdpbf16ps reads them anyway).
+    for (int64_t i = 0; i < in_features; i += kLanes) {
+      const int64_t remaining = in_features - i;
+      const __mmask16 mask =
+          remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
+      const __m256bh rounded_lanes =
+          _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, x + r * in_features + i));
+      _mm256_mask_storeu_epi16(x_bf16.data() + r * x_stride + i, mask, (__m256i)rounded_lanes);
+    }
+  }
+#else
+  // Rounded to bf16 and widened back: the f32 path then multiplies bf16 by bf16.
+  std::vector<float> x_rounded(rounded ? static_cast<size_t>(rows * in_features) : 0);
+  for (size_t i = 0; i < x_rounded.size(); ++i) x_rounded[i] = bf16_to_f32(f32_to_bf16(x[i]));
+#endif
   // One parallel region over the group's features laid end to end: a range that crosses targets
   // is split at their boundaries, and each part is its target's own kernel over its own rows.
   pool.parallel_for(features, kFeatureGrain, [&](int64_t begin, int64_t end) {
@@ -160,7 +281,16 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
       const MatmulTarget& target = targets[t];
       const int64_t last = first + target.params.out_features;
       const int64_t from = std::max(begin, first), to = std::min(end, last);
-      if (from < to) {
+      const bool bf16_pairs = rounded && target.params.weight_dtype == DType::kBF16;
+      if (from < to && bf16_pairs) {
+#if defined(SPECRUN_CPU_BF16_PAIRS)
+        pair_features(target.params, x_bf16.data(), x_stride, target.weight, target.bias,
+                      target.out, from - first, to - first);
+#else
+        matmul_features<DType::kBF16>(target.params, x_rounded.data(), target.weight, nullptr,
+                                      target.bias, target.out, from - first, to - first);
+#endif
+      } else if (from < to) {
         feature_kernel(target.params.weight_dtype)(target.params, x, target.weight,
                                                    target.weight_scales, target.bias, target.out,
                                                    from - first, to - first);
@@ -172,9 +302,10 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
 }
 
 Status matmul(const MatmulParams& params, const float* x, const void* weight,
-              const float* weight_scales, const void* bias, float* out, ThreadPool& pool) {
+              const float* weight_scales, const void* bias, float* out, ThreadPool& pool,
+              Activations activations) {
   const MatmulTarget target{params, weight, weight_scales, bias, out};
-  return matmul_group(x, &target, 1, pool);
+  return matmul_group(x, &target, 1, pool, activations);
 }
 
 }  // namespace specrun::kernels::cpu

@@ -378,6 +378,7 @@ specrun::EngineConfig from_c(const specrun_engine_config& config) {
     settings.rope_style = config.rope_style;
   }
   settings.deterministic = config.deterministic != 0;
+  settings.bf16_activations = config.bf16_activations != 0;
   settings.sampling = from_c(config.sampling);
   settings.speculation = from_c(config.speculation, "config->speculation");
   settings.prefix_cache = config.prefix_cache != 0;
@@ -468,6 +469,7 @@ specrun_status specrun_engine_config_init(specrun_engine_config* config) {
     config->max_batch = defaults.max_batch;
     config->rope_style = nullptr;
     config->deterministic = defaults.deterministic ? 1 : 0;
+    config->bf16_activations = defaults.bf16_activations ? 1 : 0;
     config->sampling = to_c(defaults.sampling);
     config->speculation = to_c(defaults.speculation);
     config->prefix_cache = defaults.prefix_cache ? 1 : 0;

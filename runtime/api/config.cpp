@@ -261,7 +261,7 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
   if (const toml::table* runtime = document["runtime"].as_table()) {
     TableReader reader(path, *runtime, "runtime");
     reader.reject_unknown({"device", "threads", "kv_cache_tokens", "kv_block_size", "max_batch",
-                           "deterministic", "prefix_cache"});
+                           "deterministic", "bf16_activations", "prefix_cache"});
     reader.device("device", &config.device);
     reader.integer("threads", &config.threads, 0, kMaxThreads);
     reader.integer("kv_cache_tokens", &config.kv_cache_tokens, 0,
@@ -269,6 +269,7 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
     reader.integer("kv_block_size", &config.kv_block_size, 1, 4096);
     reader.integer("max_batch", &config.max_batch, 1, kMaxBatch);
     reader.boolean("deterministic", &config.deterministic);
+    reader.boolean("bf16_activations", &config.bf16_activations);
     reader.boolean("prefix_cache", &config.prefix_cache);
   }
   return config;

@@ -288,6 +288,10 @@ ModelOptions model_options_for(const EngineConfig& config, Quantization quantiza
   return options;
 }
 
+BackendOptions backend_options(const EngineConfig& config) {
+  return {config.deterministic, config.bf16_activations};
+}
+
 ModelMemory model_memory(const Checkpoint& checkpoint, const ModelOptions& options,
                          const kernels::Backend& backend, int64_t max_logit_rows) {
   const MemoryNeeds needs = Model::plan_memory(checkpoint, options, backend.uses_host_memory(),
@@ -351,7 +355,7 @@ MemoryPlan plan_memory(const EngineConfig& config) {
   checked(config, "EngineConfig");
   auto pool = std::make_shared<kernels::cpu::ThreadPool>(1);
   const std::unique_ptr<kernels::Backend> backend =
-      make_backend(config.device, pool, BackendOptions{config.deterministic});
+      make_backend(config.device, pool, backend_options(config));
   const Checkpoint target = open_checkpoint(config.target);
   std::optional<Checkpoint> draft;
   if (!config.draft.empty()) draft = open_checkpoint(config.draft);
@@ -378,7 +382,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   core->config = config;
   core->started = Clock::now();
   core->pool = std::make_shared<kernels::cpu::ThreadPool>(config.threads);
-  core->backend = make_backend(config.device, core->pool, BackendOptions{config.deterministic});
+  core->backend = make_backend(config.device, core->pool, backend_options(config));
   // Refused before a weight is read when it cannot fit. The checkpoints are opened once (headers,
   // and a GGUF file's dequantisation) for the plan and the models.
   Checkpoint target_checkpoint = open_checkpoint(config.target);

@@ -36,7 +36,9 @@ std::unique_ptr<kernels::Backend> make_backend(const std::string& device,
                                                const BackendOptions& options) {
   const DeviceSpec spec = parse_device(device);
   if (spec.kind == DeviceSpec::Kind::kCpu) {
-    return std::make_unique<kernels::cpu::CpuBackend>(std::move(pool));
+    return std::make_unique<kernels::cpu::CpuBackend>(
+        std::move(pool), options.bf16_activations ? kernels::cpu::Activations::kBF16
+                                                  : kernels::cpu::Activations::kF32);
   }
 #if SPECRUN_HAVE_CUDA
   std::unique_ptr<kernels::cuda::CudaBackend> backend;

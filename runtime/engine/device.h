@@ -24,6 +24,8 @@ struct BackendOptions {
   // shares the call (the CPU backend always is; CUDA then runs every matmul through its skinny
   // kernel instead of cuBLAS, slower for prefill).
   bool deterministic = false;
+  // CPU: matmuls with bf16 weights round activations to bf16 (kernels::cpu::Activations::kBF16).
+  bool bf16_activations = false;
 };
 
 // Whether this build has the CUDA backend (nvcc was found when it was configured).

@@ -159,6 +159,8 @@ typedef struct specrun_engine_config {
   specrun_quantization quantize;       /* the target's linear layers, at load; default none */
   specrun_quantization draft_quantize; /* the draft's; default none */
   int quantize_lm_head; /* nonzero: the output projections too (else they stay bf16); default 0 */
+  int bf16_activations; /* nonzero: CPU matmuls with bf16 weights round activations to bf16
+                         * (vdpbf16ps where there is AVX512-BF16); default 0 */
 } specrun_engine_config;
 
 specrun_status specrun_sampling_init(specrun_sampling* sampling);
