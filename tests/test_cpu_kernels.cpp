@@ -827,6 +827,53 @@ TEST_P(CpuKernels, Bf16ActivationsLeaveOtherWeightDtypesExact) {
   EXPECT_NE(grouped_bf16, exact_bf16);  // the rounded activations did change the bf16 target
 }
 
+// ---- the matmul's copies per instruction set ---------------------------------------------------
+
+TEST_P(CpuKernels, EveryCopyOfTheMatmulGivesTheSameBitsForF32Activations) {
+  // The build's copies (a native build keeps an x86-64-v3 one; a portable build an AVX-512 one)
+  // share one reduction order: whichever the CPU gets, a result is the same.
+  std::vector<const MatmulVariant*> runnable;
+  for (const MatmulVariant& variant : matmul_variants()) {
+    if (variant.supported()) runnable.push_back(&variant);
+  }
+  EXPECT_EQ(&best_matmul_variant(), runnable.front());
+  if (runnable.size() < 2) GTEST_SKIP() << "one copy of the matmul runs on this CPU";
+  const int64_t in = 83, out_features = 37;
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kI8}) {
+    StoredTensor weight;
+    QuantizedTensor codes{};
+    const void* row_major = nullptr;
+    const float* scales = nullptr;
+    if (is_quantized(dtype)) {
+      codes = quantized(dtype, out_features, in, 1, in, 90);
+      row_major = codes.codes.data();
+      scales = codes.scales.data();
+    } else {
+      weight = store(random_floats(out_features * in, 91), dtype);
+      row_major = weight.data(dtype);
+    }
+    const std::vector<uint8_t> packed = tiled(row_major, out_features, in, dtype);
+    for (const int64_t rows : {1, 5, 70}) {
+      const std::vector<float> x = random_floats(rows * in, 92 + rows);
+      MatmulParams params{rows, in, out_features, dtype, DType::kF32, 1, in};
+      params.weight_layout = WeightLayout::kTiled;
+      std::vector<float> first(rows * out_features);
+      ASSERT_TRUE(matmul(params, x.data(), packed.data(), scales, nullptr, first.data(), pool_,
+                         Activations::kF32, runnable[0])
+                      .is_ok());
+      for (size_t v = 1; v < runnable.size(); ++v) {
+        std::vector<float> other(rows * out_features, -1.0f);
+        ASSERT_TRUE(matmul(params, x.data(), packed.data(), scales, nullptr, other.data(), pool_,
+                           Activations::kF32, runnable[v])
+                        .is_ok());
+        ASSERT_EQ(0, std::memcmp(other.data(), first.data(), other.size() * sizeof(float)))
+            << runnable[v]->name << " against " << runnable[0]->name << ", " << dtype_name(dtype)
+            << ", rows " << rows;
+      }
+    }
+  }
+}
+
 TEST_P(CpuKernels, FillIsTheHashRoundedToTheDtype) {
   const int64_t count = 100003;  // not a multiple of any chunk
   for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {

@@ -132,9 +132,16 @@ std::string machine_isa() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
   std::string level = "x86-64";
-  if (__builtin_cpu_supports("x86-64-v2")) level = "x86-64-v2";
-  if (__builtin_cpu_supports("x86-64-v3")) level = "x86-64-v3 (AVX2, FMA)";
-  if (__builtin_cpu_supports("x86-64-v4")) level = "x86-64-v4 (AVX-512)";
+  // By features: Clang's __builtin_cpu_supports does not take level names.
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("bmi2")) {
+    level = "x86-64-v3 (AVX2, FMA)";
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512cd")) {
+      level = "x86-64-v4 (AVX-512)";
+    }
+  }
   if (__builtin_cpu_supports("avx512bf16")) level += " + AVX512-BF16";
   if (__builtin_cpu_supports("avx512vnni")) level += " + AVX512-VNNI";
   return level;
@@ -421,6 +428,10 @@ int main(int argc, char** argv) {
                  "target quantized (one of them) against its bf16 self where that fits and "
                  "--max-verify-tokens is at least 5")
       ->delimiter(',');
+  std::string cpu_kernels;
+  app.add_option("--cpu-kernels", cpu_kernels,
+                 "The copy of the CPU matmul kernels to measure (native, x86-64-v4+bf16, "
+                 "x86-64-v3, portable: those this build has and this CPU runs); default the best");
   bool bf16_activations = false;
   app.add_flag("--bf16-activations", bf16_activations,
                "Also measure the weights as stored with activations rounded to bf16 for bf16 "
@@ -547,8 +558,21 @@ int main(int argc, char** argv) {
     }
     auto pool = std::make_shared<specrun::kernels::cpu::ThreadPool>(threads);
     using specrun::kernels::cpu::Activations;
-    specrun::kernels::cpu::CpuBackend exact_backend(pool, Activations::kF32);
-    specrun::kernels::cpu::CpuBackend bf16_backend(pool, Activations::kBF16);
+    const specrun::kernels::cpu::MatmulVariant* variant = nullptr;  // the best
+    if (!cpu_kernels.empty()) {
+      std::string known;
+      for (const auto& candidate : specrun::kernels::cpu::matmul_variants()) {
+        if (candidate.name == cpu_kernels && candidate.supported()) variant = &candidate;
+        if (candidate.supported())
+          known += (known.empty() ? "" : ", ") + std::string(candidate.name);
+      }
+      if (variant == nullptr) {
+        throw specrun::Error("--cpu-kernels: '" + cpu_kernels + "' is not one this build has and " +
+                             "this CPU runs (" + known + ")");
+      }
+    }
+    specrun::kernels::cpu::CpuBackend exact_backend(pool, Activations::kF32, variant);
+    specrun::kernels::cpu::CpuBackend bf16_backend(pool, Activations::kBF16, variant);
     // The weights as stored first (the baseline), then with bf16 activations if asked, then each
     // quantization asked for, in one run.
     struct Mode {
@@ -671,7 +695,7 @@ int main(int argc, char** argv) {
     }
     const std::string isa = machine_isa();
     std::printf("machine: %s, %d threads; %s; kernels: %s\n", cpu, pool->num_threads(), isa.c_str(),
-                std::string(specrun::kernels::cpu::CpuBackend::kernel_isa()).c_str());
+                std::string(exact_backend.matmul_variant().name).c_str());
     std::printf("model: %s, %.1fM parameters, %.1f MiB of weights\n", model_path.c_str(),
                 static_cast<double>(parameters) / 1e6,
                 static_cast<double>(weight_bytes) / (1 << 20));
@@ -736,7 +760,7 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) {
       nlohmann::json results = {{"machine", cpu},
                                 {"isa", isa},
-                                {"kernels", specrun::kernels::cpu::CpuBackend::kernel_isa()},
+                                {"kernels", exact_backend.matmul_variant().name},
                                 {"threads", pool->num_threads()},
                                 {"parameters", parameters},
                                 {"weight_bytes", weight_bytes},

@@ -18,25 +18,16 @@
 
 namespace specrun::kernels::cpu {
 
-std::string_view CpuBackend::kernel_isa() {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
-  return "AVX-512 intrinsics";
-#elif defined(__AVX2__) && defined(__FMA__)
-  return "portable loops, AVX2 and FMA";
-#elif defined(__AVX__)
-  return "portable loops, AVX";
-#else
-  return "portable loops";
-#endif
-}
-
 namespace {
 // Cache-line alignment: enough for every dtype and for 512-bit vector loads.
 constexpr size_t kAlignment = 64;
 }  // namespace
 
-CpuBackend::CpuBackend(std::shared_ptr<ThreadPool> pool, Activations activations)
-    : pool_(std::move(pool)), activations_(activations) {}
+CpuBackend::CpuBackend(std::shared_ptr<ThreadPool> pool, Activations activations,
+                       const MatmulVariant* variant)
+    : pool_(std::move(pool)),
+      activations_(activations),
+      variant_(variant != nullptr ? variant : &best_matmul_variant()) {}
 
 void* CpuBackend::allocate(size_t bytes) {
   const size_t rounded = (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
@@ -96,11 +87,11 @@ Status CpuBackend::rmsnorm(const RmsNormParams& params, const float* x, const vo
 
 Status CpuBackend::matmul(const MatmulParams& params, const float* x, const void* weight,
                           const float* weight_scales, const void* bias, float* out) {
-  return cpu::matmul(params, x, weight, weight_scales, bias, out, *pool_, activations_);
+  return cpu::matmul(params, x, weight, weight_scales, bias, out, *pool_, activations_, variant_);
 }
 
 Status CpuBackend::matmul_group(const float* x, const MatmulTarget* targets, size_t count) {
-  return cpu::matmul_group(x, targets, count, *pool_, activations_);
+  return cpu::matmul_group(x, targets, count, *pool_, activations_, variant_);
 }
 
 Status CpuBackend::rope(const RopeParams& params, const int32_t* positions, const float* inv_freq,

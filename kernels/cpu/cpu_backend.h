@@ -13,8 +13,9 @@ namespace specrun::kernels::cpu {
 class CpuBackend final : public Backend {
  public:
   // `activations`: how matmuls with bf16 weights treat their activations (cpu::Activations).
-  explicit CpuBackend(std::shared_ptr<ThreadPool> pool,
-                      Activations activations = Activations::kF32);
+  // `variant`: one of cpu::matmul_variants() this CPU supports; null for the best.
+  explicit CpuBackend(std::shared_ptr<ThreadPool> pool, Activations activations = Activations::kF32,
+                      const MatmulVariant* variant = nullptr);
   Activations activations() const { return activations_; }
 
   std::string_view name() const override { return "cpu"; }
@@ -22,9 +23,9 @@ class CpuBackend final : public Backend {
   // Tiles of four rows, one stream a micro-kernel (kernels/core/weight_layout.h).
   WeightLayout matmul_weight_layout() const override { return WeightLayout::kTiled; }
   ThreadPool& pool() { return *pool_; }
-  // The instruction set the kernels were built for: "AVX-512 intrinsics" where dot_block's
-  // AVX-512 path is compiled in, else the portable loops and the widest vectors the build allows.
-  static std::string_view kernel_isa();
+  // The copy of the matmul kernels in use (cpu::MatmulVariant): the best this CPU runs, unless
+  // the constructor was given one.
+  const MatmulVariant& matmul_variant() const { return *variant_; }
 
   void* allocate(size_t bytes) override;
   void deallocate(void* pointer) noexcept override;
@@ -59,6 +60,7 @@ class CpuBackend final : public Backend {
  private:
   std::shared_ptr<ThreadPool> pool_;
   Activations activations_;
+  const MatmulVariant* variant_;
 };
 
 }  // namespace specrun::kernels::cpu

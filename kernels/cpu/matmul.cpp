@@ -5,7 +5,13 @@
 
 #include "kernels/cpu/vector_math.h"
 
-namespace specrun::kernels::cpu {
+// Compiled once per instruction set (kernels/CMakeLists.txt), each copy in its own namespace;
+// matmul_dispatch.cpp chooses one at run time.
+#if !defined(SPECRUN_MATMUL_VARIANT)
+#error "SPECRUN_MATMUL_VARIANT names the instruction set this copy is compiled for"
+#endif
+
+namespace specrun::kernels::cpu::SPECRUN_MATMUL_VARIANT {
 namespace {
 
 // Activation rows and weight rows handled together: a 4 x 4 block of dot products reuses every
@@ -301,11 +307,4 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
   return Status::ok();
 }
 
-Status matmul(const MatmulParams& params, const float* x, const void* weight,
-              const float* weight_scales, const void* bias, float* out, ThreadPool& pool,
-              Activations activations) {
-  const MatmulTarget target{params, weight, weight_scales, bias, out};
-  return matmul_group(x, &target, 1, pool, activations);
-}
-
-}  // namespace specrun::kernels::cpu
+}  // namespace specrun::kernels::cpu::SPECRUN_MATMUL_VARIANT

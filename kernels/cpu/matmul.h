@@ -1,5 +1,8 @@
 #pragma once
 
+#include <span>
+#include <string_view>
+
 #include "kernels/backend.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -13,14 +16,33 @@ enum class Activations : uint8_t {
           // no widening), else widened to f32 as kF32 does. Other weight dtypes take kF32.
 };
 
+// One instruction set's copy of the matmul kernels. The matmul is the one loop whose best
+// instructions differ from CPU to CPU (AVX-512 and vdpbf16ps, or AVX2), so it is compiled once per
+// instruction set in the build's list (kernels/CMakeLists.txt) and chosen at run time: a binary
+// built on one machine runs on another. For f32 activations every copy gives the same bits (one
+// reduction order); bf16 activations differ between copies with and without AVX512-BF16.
+struct MatmulVariant {
+  std::string_view name;  // "native", "x86-64-v4+bf16", "x86-64-v3", "portable"
+  bool (*supported)();    // whether this CPU runs it
+  Status (*group)(const float* x, const MatmulTarget* targets, size_t count, ThreadPool& pool,
+                  Activations activations);
+};
+
+// This build's copies, the preferred first: "native" where the build targets its own machine,
+// else the widest first.
+std::span<const MatmulVariant> matmul_variants();
+// The first of matmul_variants() this CPU supports.
+const MatmulVariant& best_matmul_variant();
+
 // Each target's out = x @ weight^T + bias (Backend::matmul_group; a single matmul is a group of
 // one). Threads split the group's output features in one parallel region; every element is one
 // dot_block reduction, so the result is bitwise independent of rows, thread count and the group it
 // is computed in. A quantized weight is scaled lane group by lane group inside that reduction
-// (MatmulParams has the layout).
+// (MatmulParams has the layout). `variant`: a copy of the kernels; null for the best.
 Status matmul_group(const float* x,               // [rows, in_features]
                     const MatmulTarget* targets,  // [count], sharing rows and in_features
-                    size_t count, ThreadPool& pool, Activations activations = Activations::kF32);
+                    size_t count, ThreadPool& pool, Activations activations = Activations::kF32,
+                    const MatmulVariant* variant = nullptr);
 
 // A group of one.
 Status matmul(const MatmulParams& params,
@@ -29,6 +51,7 @@ Status matmul(const MatmulParams& params,
               const float* weight_scales,  // the scale grid of a quantized weight, or null
               const void* bias,            // [out_features] bias_dtype, or null
               float* out,                  // [rows, out_features]
-              ThreadPool& pool, Activations activations = Activations::kF32);
+              ThreadPool& pool, Activations activations = Activations::kF32,
+              const MatmulVariant* variant = nullptr);
 
 }  // namespace specrun::kernels::cpu

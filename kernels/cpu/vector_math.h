@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -94,6 +94,120 @@ inline void load_full_lanes(const void* row, int64_t offset, float (&out)[kLanes
   }
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// The AVX2 path of dot_block, one activation row against kFeatures <= 4 weight rows: the 16 lanes
+// of each reduction as two 8-lane halves (ymm), eight accumulators that the 16 registers hold with
+// their operands. Lanes past n read as zero, as on AVX-512.
+template <DType kDType>
+inline __m256 avx2_load_weights(const void* row, int64_t at) {
+  if constexpr (kDType == DType::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + at);
+  } else if constexpr (kDType == DType::kBF16) {
+    const __m128i halves =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + at));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+  } else if constexpr (kDType == DType::kF16) {
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + at)));
+  } else if constexpr (kDType == DType::kI8) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(row) + at))));
+  } else {
+    // E4M3 as on AVX-512: 2^-8 of the value, exactly, through the f16 conversion.
+    const __m128i high = _mm_slli_epi16(
+        _mm_cvtepu8_epi16(_mm_loadl_epi64(
+            reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(row) + at))),
+        8);
+    return _mm256_cvtph_ps(
+        _mm_and_si128(_mm_srai_epi16(high, 1), _mm_set1_epi16(static_cast<int16_t>(0xBFFF))));
+  }
+}
+
+template <DType kDType, int kFeatures>
+inline void avx2_dot_block(const float* x, const void* const* weight_rows, int64_t n,
+                           float* results, const RowScales* scales, int64_t column_step,
+                           bool one_scale_per_row) {
+  constexpr bool kQuantized = is_quantized(kDType);
+  constexpr float kWidenedUnit = kDType == DType::kF8E4M3 ? 256.0f : 1.0f;
+  constexpr auto kElementBytes = static_cast<int64_t>(dtype_size(kDType));
+  __m256 acc[kFeatures][2];
+  __m256 block_scale[kFeatures];
+  for (int f = 0; f < kFeatures; ++f) {
+    acc[f][0] = acc[f][1] = _mm256_setzero_ps();
+    block_scale[f] = _mm256_set1_ps(1.0f);
+  }
+  int64_t block_end = 0;
+  // One lane group: xs (16 activations), and each feature's 16 weights at ws[f] + at[f].
+  const auto step = [&](int64_t i, const float* xs, const void* const* ws, const int64_t* at) {
+    if constexpr (kQuantized) {
+      if (!one_scale_per_row && i >= block_end) {
+        const int64_t block = i / scales[0].block_cols;
+        for (int f = 0; f < kFeatures; ++f) {
+          block_scale[f] = _mm256_set1_ps(scales[f].row[block] * kWidenedUnit);
+        }
+        block_end = (block + 1) * scales[0].block_cols;
+      }
+    }
+    for (int half = 0; half < 2; ++half) {
+      const __m256 xh = _mm256_loadu_ps(xs + 8 * half);
+      for (int f = 0; f < kFeatures; ++f) {
+        __m256 w = avx2_load_weights<kDType>(ws[f], at[f] + 8 * half);
+        if constexpr (kQuantized) {
+          if (!one_scale_per_row) w = _mm256_mul_ps(w, block_scale[f]);
+        }
+        acc[f][half] = _mm256_fmadd_ps(xh, w, acc[f][half]);
+      }
+    }
+  };
+  int64_t i = 0;
+  int64_t at[kFeatures];
+  for (; i + kLanes <= n; i += kLanes) {
+    if (column_step == 1) {
+      for (int f = 0; f < kFeatures; ++f) {
+        _mm_prefetch(static_cast<const char*>(weight_rows[f]) + i * kElementBytes + kPrefetchBytes,
+                     _MM_HINT_T0);
+      }
+    } else {
+      const char* chunk =
+          static_cast<const char*>(weight_rows[0]) + i * column_step * kElementBytes;
+      for (int64_t line = 0; line < kFeatures * kLanes * kElementBytes; line += 64) {
+        _mm_prefetch(chunk + line + kPrefetchBytes, _MM_HINT_T0);
+      }
+    }
+    for (int f = 0; f < kFeatures; ++f) at[f] = i * column_step;
+    step(i, x + i, weight_rows, at);
+  }
+  if (i < n) {
+    // The tail, zero-padded to a whole lane group.
+    const int64_t count = n - i;
+    alignas(32) float x_tail[kLanes] = {};
+    alignas(32) unsigned char w_tail[kFeatures][kLanes * 4] = {};
+    const void* tails[kFeatures];
+    for (int64_t l = 0; l < count; ++l) x_tail[l] = x[i + l];
+    for (int f = 0; f < kFeatures; ++f) {
+      std::memcpy(
+          w_tail[f],
+          static_cast<const unsigned char*>(weight_rows[f]) + i * column_step * kElementBytes,
+          static_cast<size_t>(count * kElementBytes));
+      tails[f] = w_tail[f];
+      at[f] = 0;
+    }
+    step(i, x_tail, tails, at);
+  }
+  // Fold in fold_lanes' order: lane l += lane l+8 (the halves), then l+4, l+2, l+1.
+  for (int f = 0; f < kFeatures; ++f) {
+    const __m256 eight = _mm256_add_ps(acc[f][0], acc[f][1]);
+    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    float result = _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55)));
+    if constexpr (kQuantized) {
+      if (one_scale_per_row) result *= scales[f].row[0] * kWidenedUnit;
+    }
+    results[f] = result;
+  }
+}
+#endif
+
 // results[r][f] = dot(x[r], weight_rows[f]) for kRows activation rows against kFeatures weight
 // rows: every weight vector loaded once feeds kRows products, every activation vector kFeatures.
 // Each result accumulates its lanes in one fixed order (the portable path's), so blocking changes
@@ -109,7 +223,7 @@ template <DType kDType, int kRows, int kFeatures>
 inline void dot_block(const float* const (&x)[kRows], const void* const (&weight_rows)[kFeatures],
                       int64_t n, float (&results)[kRows][kFeatures],
                       const RowScales (&scales)[kFeatures] = {}, int64_t column_step = 1) {
-  int64_t i = 0;
+  [[maybe_unused]] int64_t i = 0;
   [[maybe_unused]] constexpr auto kElementBytes = static_cast<int64_t>(dtype_size(kDType));
   constexpr bool kQuantized = is_quantized(kDType);
   // A row with one scale (per tensor or per output channel) sums the codes' products and scales
@@ -221,6 +335,14 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
     }
   }
 #pragma GCC diagnostic pop
+  return;
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  // A row at a time against every feature (eight accumulators in the 16 registers); later rows
+  // read the weights again from the caches.
+  for (int r = 0; r < kRows; ++r) {
+    avx2_dot_block<kDType, kFeatures>(x[r], weight_rows, n, results[r], scales, column_step,
+                                      one_scale_per_row);
+  }
   return;
 #else
   float acc[kRows][kFeatures][kLanes] = {};
