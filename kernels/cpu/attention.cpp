@@ -32,6 +32,87 @@ Status kv_write(const KvWriteParams& params, const float* k, const float* v, con
   return Status::ok();
 }
 
+namespace {
+
+// Query heads attended together (they share a KV head): each key is one weight row of a
+// dot_block against all of them.
+constexpr int64_t kQueryGroup = 4;
+
+// The keys one query attends to, and where its KV head's rows are.
+struct KeySpan {
+  int64_t first;          // first position attended (a sliding window's start, else 0)
+  int64_t last;           // the query's own position
+  const int32_t* blocks;  // the sequence's block table
+  int64_t offset;         // the KV head's first channel in a cache row
+  int64_t row;            // floats per cache row (all KV heads)
+};
+
+// out[h] = softmax(q[h] . keys * scale) . values for kHeads consecutive query heads of one token
+// ([kHeads, head_dim] at query and destination). Each head's result is computed exactly as if it
+// were alone: its scores are dot_block reductions (four keys at a time), the softmax and the sum
+// over values run in position order.
+template <int kHeads>
+void attend_heads(const AttentionParams& p, const KeySpan& span, const float* query,
+                  const float* k_cache, const float* v_cache, std::vector<float>& scores,
+                  std::vector<float>& accumulators, float* destination) {
+  const int64_t count = span.last - span.first + 1;
+  const auto cache_row = [&](const float* cache, int64_t pos) {
+    const int64_t slot =
+        static_cast<int64_t>(span.blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
+    return cache + slot * span.row + span.offset;
+  };
+  const float* queries[kHeads];
+  float max_score[kHeads];
+  for (int h = 0; h < kHeads; ++h) {
+    queries[h] = query + h * p.head_dim;
+    max_score[h] = -INFINITY;
+  }
+  const auto keep = [&](int h, int64_t pos, float dot) {
+    const float score = dot * p.scale;
+    scores[static_cast<size_t>(h * count + pos - span.first)] = score;
+    max_score[h] = std::max(max_score[h], score);
+  };
+  int64_t pos = span.first;
+  for (; pos + 4 <= span.last + 1; pos += 4) {
+    const void* keys[4] = {cache_row(k_cache, pos), cache_row(k_cache, pos + 1),
+                           cache_row(k_cache, pos + 2), cache_row(k_cache, pos + 3)};
+    float dots[kHeads][4];
+    dot_block<DType::kF32, kHeads, 4>(queries, keys, p.head_dim, dots);
+    for (int h = 0; h < kHeads; ++h) {
+      for (int k = 0; k < 4; ++k) keep(h, pos + k, dots[h][k]);
+    }
+  }
+  for (; pos <= span.last; ++pos) {
+    const void* keys[1] = {cache_row(k_cache, pos)};
+    float dots[kHeads][1];
+    dot_block<DType::kF32, kHeads, 1>(queries, keys, p.head_dim, dots);
+    for (int h = 0; h < kHeads; ++h) keep(h, pos, dots[h][0]);
+  }
+  std::fill(accumulators.begin(), accumulators.begin() + kHeads * p.head_dim, 0.0f);
+  float denominator[kHeads] = {};
+  for (pos = span.first; pos <= span.last; ++pos) {
+    const float* value = cache_row(v_cache, pos);
+    for (int h = 0; h < kHeads; ++h) {
+      const float weight =
+          std::exp(scores[static_cast<size_t>(h * count + pos - span.first)] - max_score[h]);
+      denominator[h] += weight;
+      float* accumulator = accumulators.data() + h * p.head_dim;
+      for (int64_t c = 0; c < p.head_dim; ++c) {
+        accumulator[c] = multiply_add(weight, value[c], accumulator[c]);
+      }
+    }
+  }
+  for (int h = 0; h < kHeads; ++h) {
+    const float inverse = 1.0f / denominator[h];
+    const float* accumulator = accumulators.data() + h * p.head_dim;
+    for (int64_t c = 0; c < p.head_dim; ++c) {
+      destination[h * p.head_dim + c] = accumulator[c] * inverse;
+    }
+  }
+}
+
+}  // namespace
+
 Status attention(const AttentionParams& params, const float* q, const float* k_cache,
                  const float* v_cache, const int32_t* query_start, const int32_t* context_lengths,
                  const int32_t* block_tables, float* out, ThreadPool& pool) {
@@ -56,47 +137,40 @@ Status attention(const AttentionParams& params, const float* q, const float* k_c
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t kv_row = p.num_kv_heads * p.head_dim;
 
-  pool.parallel_for(p.num_tokens * p.num_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(static_cast<size_t>(max_context));
-    std::vector<float> accumulator(static_cast<size_t>(p.head_dim));
+  // One item per token and KV head: the query heads that share the KV head read each key and
+  // value once, in sub-groups of up to kQueryGroup.
+  pool.parallel_for(p.num_tokens * p.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(static_cast<size_t>(kQueryGroup * max_context));
+    std::vector<float> accumulators(static_cast<size_t>(kQueryGroup * p.head_dim));
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t token = item / p.num_heads;
-      const int64_t head = item % p.num_heads;
+      const int64_t token = item / p.num_kv_heads;
+      const int64_t kv_head = item % p.num_kv_heads;
       const int64_t seq =
           std::upper_bound(query_start, query_start + p.num_seqs + 1, token) - query_start - 1;
       const int64_t new_tokens = query_start[seq + 1] - query_start[seq];
       const int64_t position = context_lengths[seq] - new_tokens + (token - query_start[seq]);
-      const int64_t first =
-          p.sliding_window > 0 ? std::max<int64_t>(0, position - p.sliding_window + 1) : 0;
-      const int32_t* blocks = block_tables + seq * p.max_blocks_per_seq;
-      const int64_t kv_head = head / group;
-      const float* query = q + (token * p.num_heads + head) * p.head_dim;
-      auto slot_of = [&](int64_t pos) {
-        return static_cast<int64_t>(blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
-      };
-
-      float max_score = -INFINITY;
-      for (int64_t pos = first; pos <= position; ++pos) {
-        const float* key = k_cache + slot_of(pos) * kv_row + kv_head * p.head_dim;
-        const float score = dot_f32(query, key, p.head_dim) * p.scale;
-        scores[static_cast<size_t>(pos - first)] = score;
-        max_score = std::max(max_score, score);
-      }
-      std::fill(accumulator.begin(), accumulator.end(), 0.0f);
-      float denominator = 0.0f;
-      for (int64_t pos = first; pos <= position; ++pos) {
-        const float weight = std::exp(scores[static_cast<size_t>(pos - first)] - max_score);
-        denominator += weight;
-        const float* value = v_cache + slot_of(pos) * kv_row + kv_head * p.head_dim;
-        for (int64_t c = 0; c < p.head_dim; ++c) {
-          accumulator[static_cast<size_t>(c)] =
-              multiply_add(weight, value[c], accumulator[static_cast<size_t>(c)]);
+      const KeySpan span{
+          p.sliding_window > 0 ? std::max<int64_t>(0, position - p.sliding_window + 1) : 0,
+          position, block_tables + seq * p.max_blocks_per_seq, kv_head * p.head_dim, kv_row};
+      for (int64_t first_head = kv_head * group; first_head < (kv_head + 1) * group;
+           first_head += kQueryGroup) {
+        const int64_t heads = std::min<int64_t>(kQueryGroup, (kv_head + 1) * group - first_head);
+        const float* query = q + (token * p.num_heads + first_head) * p.head_dim;
+        float* destination = out + (token * p.num_heads + first_head) * p.head_dim;
+        switch (heads) {
+          case 4:
+            attend_heads<4>(p, span, query, k_cache, v_cache, scores, accumulators, destination);
+            break;
+          case 3:
+            attend_heads<3>(p, span, query, k_cache, v_cache, scores, accumulators, destination);
+            break;
+          case 2:
+            attend_heads<2>(p, span, query, k_cache, v_cache, scores, accumulators, destination);
+            break;
+          default:
+            attend_heads<1>(p, span, query, k_cache, v_cache, scores, accumulators, destination);
+            break;
         }
-      }
-      float* destination = out + (token * p.num_heads + head) * p.head_dim;
-      const float inverse = 1.0f / denominator;
-      for (int64_t c = 0; c < p.head_dim; ++c) {
-        destination[c] = accumulator[static_cast<size_t>(c)] * inverse;
       }
     }
   });
