@@ -428,10 +428,13 @@ int main(int argc, char** argv) {
                  "target quantized (one of them) against its bf16 self where that fits and "
                  "--max-verify-tokens is at least 5")
       ->delimiter(',');
-  std::string cpu_kernels;
+  std::vector<std::string> cpu_kernels;
   app.add_option("--cpu-kernels", cpu_kernels,
-                 "The copy of the CPU matmul kernels to measure (native, x86-64-v4+bf16, "
-                 "x86-64-v3, portable: those this build has and this CPU runs); default the best");
+                 "The copies of the CPU matmul kernels to measure, comma-separated, the first as "
+                 "the baseline and each other with the weights as stored, in the same run "
+                 "(native, x86-64-v4+bf16, x86-64-v3, portable: those this build has and this CPU "
+                 "runs); default the best")
+      ->delimiter(',');
   bool bf16_activations = false;
   app.add_flag("--bf16-activations", bf16_activations,
                "Also measure the weights as stored with activations rounded to bf16 for bf16 "
@@ -558,37 +561,46 @@ int main(int argc, char** argv) {
     }
     auto pool = std::make_shared<specrun::kernels::cpu::ThreadPool>(threads);
     using specrun::kernels::cpu::Activations;
-    const specrun::kernels::cpu::MatmulVariant* variant = nullptr;  // the best
-    if (!cpu_kernels.empty()) {
+    using specrun::kernels::cpu::MatmulVariant;
+    std::vector<const MatmulVariant*> variants;  // asked for; the first is the baseline's
+    for (const std::string& name : cpu_kernels) {
+      const MatmulVariant* found = nullptr;
       std::string known;
-      for (const auto& candidate : specrun::kernels::cpu::matmul_variants()) {
-        if (candidate.name == cpu_kernels && candidate.supported()) variant = &candidate;
-        if (candidate.supported())
-          known += (known.empty() ? "" : ", ") + std::string(candidate.name);
+      for (const MatmulVariant& candidate : specrun::kernels::cpu::matmul_variants()) {
+        if (!candidate.supported()) continue;
+        if (candidate.name == name) found = &candidate;
+        known += (known.empty() ? "" : ", ") + std::string(candidate.name);
       }
-      if (variant == nullptr) {
-        throw specrun::Error("--cpu-kernels: '" + cpu_kernels + "' is not one this build has and " +
+      if (found == nullptr) {
+        throw specrun::Error("--cpu-kernels: '" + name + "' is not one this build has and " +
                              "this CPU runs (" + known + ")");
       }
+      variants.push_back(found);
     }
-    specrun::kernels::cpu::CpuBackend exact_backend(pool, Activations::kF32, variant);
-    specrun::kernels::cpu::CpuBackend bf16_backend(pool, Activations::kBF16, variant);
+    if (variants.empty()) variants.push_back(&specrun::kernels::cpu::best_matmul_variant());
     // The weights as stored first (the baseline), then with bf16 activations if asked, then each
-    // quantization asked for, in one run.
+    // other copy of the kernels and each quantization asked for, in one run.
     struct Mode {
       specrun::WeightQuantize quantize;
       Activations activations;
+      const MatmulVariant* variant;
       std::string name;
     };
-    std::vector<Mode> modes = {{specrun::WeightQuantize::kNone, Activations::kF32, "as stored"}};
+    const MatmulVariant* baseline = variants.front();
+    std::vector<Mode> modes = {
+        {specrun::WeightQuantize::kNone, Activations::kF32, baseline, "as stored"}};
     if (bf16_activations) {
-      modes.push_back({specrun::WeightQuantize::kNone, Activations::kBF16, "bf16 act"});
+      modes.push_back({specrun::WeightQuantize::kNone, Activations::kBF16, baseline, "bf16 act"});
+    }
+    for (size_t v = 1; v < variants.size(); ++v) {
+      modes.push_back({specrun::WeightQuantize::kNone, Activations::kF32, variants[v],
+                       std::string(variants[v]->name)});
     }
     for (const std::string& name : quantize) {
       if (name == "fp8") {
-        modes.push_back({specrun::WeightQuantize::kFP8, Activations::kF32, "fp8"});
+        modes.push_back({specrun::WeightQuantize::kFP8, Activations::kF32, baseline, "fp8"});
       } else if (name == "int8") {
-        modes.push_back({specrun::WeightQuantize::kINT8, Activations::kF32, "int8"});
+        modes.push_back({specrun::WeightQuantize::kINT8, Activations::kF32, baseline, "int8"});
       } else {
         throw specrun::Error("--quantize takes fp8 and int8, got '" + name + "'");
       }
@@ -610,8 +622,7 @@ int main(int argc, char** argv) {
       specrun::ModelOptions model_options;
       model_options.kv_cache_tokens = prompt_tokens + decode_tokens + 16;
       model_options.quantize = mode.quantize;
-      specrun::kernels::cpu::CpuBackend& backend =
-          mode.activations == Activations::kBF16 ? bf16_backend : exact_backend;
+      specrun::kernels::cpu::CpuBackend backend(pool, mode.activations, mode.variant);
       const auto model = specrun::Model::load(model_path, backend, model_options);
       const specrun::ModelConfig& config = model->config();
       specrun::Rng rng(7);  // the same prompt and tokens for every mode
@@ -651,7 +662,8 @@ int main(int argc, char** argv) {
                         median(prefill_ms),
                         median(decode_ms),
                         {}};
-      if (mode.quantize == specrun::WeightQuantize::kNone) {
+      if (mode.quantize == specrun::WeightQuantize::kNone &&
+          (mode.activations == Activations::kBF16 || mode.variant == baseline)) {
         const specrun::SequenceId sequence = cache.add_sequence();
         const specrun::SequenceInput prefill[] = {{sequence, prompt, false}};
         model->forward(prefill, &logits);
@@ -695,7 +707,7 @@ int main(int argc, char** argv) {
     }
     const std::string isa = machine_isa();
     std::printf("machine: %s, %d threads; %s; kernels: %s\n", cpu, pool->num_threads(), isa.c_str(),
-                std::string(exact_backend.matmul_variant().name).c_str());
+                std::string(baseline->name).c_str());
     std::printf("model: %s, %.1fM parameters, %.1f MiB of weights\n", model_path.c_str(),
                 static_cast<double>(parameters) / 1e6,
                 static_cast<double>(weight_bytes) / (1 << 20));
@@ -760,7 +772,7 @@ int main(int argc, char** argv) {
     if (!json_path.empty()) {
       nlohmann::json results = {{"machine", cpu},
                                 {"isa", isa},
-                                {"kernels", exact_backend.matmul_variant().name},
+                                {"kernels", baseline->name},
                                 {"threads", pool->num_threads()},
                                 {"parameters", parameters},
                                 {"weight_bytes", weight_bytes},
