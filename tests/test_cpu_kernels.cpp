@@ -40,6 +40,15 @@ class CpuKernels : public ::testing::TestWithParam<int> {
   ThreadPool pool_{GetParam()};
 };
 
+// `weight` ([out_features, in_features] of `dtype`, row-major) laid out in tiles.
+std::vector<uint8_t> tiled(const void* weight, int64_t out_features, int64_t in_features,
+                           DType dtype) {
+  std::vector<uint8_t> packed(
+      stored_weight_bytes(WeightLayout::kTiled, out_features, in_features, dtype), 0xAB);
+  pack_tiled(weight, out_features, in_features, dtype, packed.data());
+  return packed;
+}
+
 TEST_P(CpuKernels, EmbeddingGathersRowsInEveryDtype) {
   const int64_t vocab = 37, dim = 19;
   const std::vector<int32_t> tokens = {0, 36, 5, 5, 17};
@@ -258,22 +267,36 @@ TEST_P(CpuKernels, QuantizedMatmulMatchesReference) {
 }
 
 TEST_P(CpuKernels, QuantizedMatmulIsBatchInvariantBitwise) {
-  const int64_t rows = 11, in = 96, out_features = 21;
+  // 37 rows: a block of more than 16 rows widens the codes once for all its row groups, which
+  // must give the bits of each row alone (read directly); per-row and 16 x 16 block scales, both
+  // layouts.
+  const int64_t rows = 37, in = 96, out_features = 21;
   const std::vector<float> x = random_floats(rows * in, 34);
   for (const DType dtype : {DType::kI8, DType::kF8E4M3}) {
-    const QuantizedTensor w = quantized(dtype, out_features, in, 1, in, 35);
-    std::vector<float> all(rows * out_features);
-    ASSERT_TRUE(matmul(w.params(rows), x.data(), w.codes.data(), w.scales.data(), nullptr,
-                       all.data(), pool_)
-                    .is_ok());
-    for (int64_t r = 0; r < rows; ++r) {
-      std::vector<float> one(out_features);
-      ASSERT_TRUE(matmul(w.params(1), x.data() + r * in, w.codes.data(), w.scales.data(), nullptr,
-                         one.data(), pool_)
-                      .is_ok());
-      ASSERT_EQ(0,
-                std::memcmp(one.data(), all.data() + r * out_features, one.size() * sizeof(float)))
-          << dtype_name(dtype) << " row " << r;
+    for (const int64_t block : {int64_t{0}, int64_t{16}}) {
+      const QuantizedTensor w = block == 0 ? quantized(dtype, out_features, in, 1, in, 35)
+                                           : quantized(dtype, out_features, in, 16, 16, 36);
+      const std::vector<uint8_t> packed = tiled(w.codes.data(), out_features, in, dtype);
+      for (const WeightLayout layout : {WeightLayout::kRows, WeightLayout::kTiled}) {
+        const void* codes = layout == WeightLayout::kTiled
+                                ? static_cast<const void*>(packed.data())
+                                : static_cast<const void*>(w.codes.data());
+        MatmulParams params = w.params(rows);
+        params.weight_layout = layout;
+        std::vector<float> all(rows * out_features);
+        ASSERT_TRUE(
+            matmul(params, x.data(), codes, w.scales.data(), nullptr, all.data(), pool_).is_ok());
+        params.rows = 1;
+        for (int64_t r = 0; r < rows; ++r) {
+          std::vector<float> one(out_features);
+          ASSERT_TRUE(
+              matmul(params, x.data() + r * in, codes, w.scales.data(), nullptr, one.data(), pool_)
+                  .is_ok());
+          ASSERT_EQ(
+              0, std::memcmp(one.data(), all.data() + r * out_features, one.size() * sizeof(float)))
+              << dtype_name(dtype) << " block " << block << " row " << r;
+        }
+      }
     }
   }
 }
@@ -602,15 +625,6 @@ TEST_P(CpuKernels, AMatmulGroupIsEachTargetsMatmulBitwise) {
 }
 
 // ---- the tiled weight layout -------------------------------------------------------------------
-
-// `weight` ([out_features, in_features] of `dtype`, row-major) laid out in tiles.
-std::vector<uint8_t> tiled(const void* weight, int64_t out_features, int64_t in_features,
-                           DType dtype) {
-  std::vector<uint8_t> packed(
-      stored_weight_bytes(WeightLayout::kTiled, out_features, in_features, dtype), 0xAB);
-  pack_tiled(weight, out_features, in_features, dtype, packed.data());
-  return packed;
-}
 
 TEST(WeightLayoutTest, PackingPutsEveryElementAtItsOffsetAndPadsWithZeros) {
   for (const int64_t out_features : {1, 3, 4, 5, 9}) {

@@ -94,6 +94,44 @@ inline void load_full_lanes(const void* row, int64_t offset, float (&out)[kLanes
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
+// Elements at..at+15 of a weight row (lanes off in `mask` read as zero), widened to f32 exactly:
+// 8-bit codes as their values, FP8's times 2^-8 (the scales make up for it).
+// GCC 12's own intrinsic headers trip -Wmaybe-uninitialized in _mm512_cvtepu16_epi32 and
+// _mm512_cvtph_ps, whose "undefined" operands they read (GCC bug 105593).
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+template <DType kDType>
+inline __m512 load_widened(const void* row, int64_t at, __mmask16 mask) {
+  if constexpr (kDType == DType::kI8) {
+    const __m128i codes = _mm_maskz_loadu_epi8(mask, static_cast<const int8_t*>(row) + at);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
+  } else if constexpr (kDType == DType::kF8E4M3) {
+    // An E4M3 code is an f16 with a 4-bit exponent: in the top byte of a 16-bit lane, one
+    // arithmetic shift right puts exponent and mantissa where f16 has them and copies the sign
+    // into bit 14, which the mask clears; the hardware's f16 conversion then widens it exactly
+    // (subnormals included) to 2^-8 of its value. (NaN codes are refused at load.)
+    const __m256i high = _mm256_slli_epi16(
+        _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(row) + at)), 8);
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(high, 1),
+                                            _mm256_set1_epi16(static_cast<int16_t>(0xBFFF))));
+  } else if constexpr (kDType == DType::kF32) {
+    return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(row) + at);
+  } else {
+    const __m256i halves = _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(row) + at);
+    if constexpr (kDType == DType::kBF16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+    } else {
+      return _mm512_cvtph_ps(halves);
+    }
+  }
+}
+#pragma GCC diagnostic pop
+#endif
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 // The AVX2 path of dot_block, one activation row against kFeatures <= 4 weight rows: the 16 lanes
 // of each reduction as two 8-lane halves (ymm), eight accumulators that the 16 registers hold with
@@ -123,13 +161,14 @@ inline __m256 avx2_load_weights(const void* row, int64_t at) {
   }
 }
 
-template <DType kDType, int kFeatures>
+template <DType kDType, int kFeatures, bool kWidened>
 inline void avx2_dot_block(const float* x, const void* const* weight_rows, int64_t n,
                            float* results, const RowScales* scales, int64_t column_step,
                            bool one_scale_per_row) {
   constexpr bool kQuantized = is_quantized(kDType);
   constexpr float kWidenedUnit = kDType == DType::kF8E4M3 ? 256.0f : 1.0f;
-  constexpr auto kElementBytes = static_cast<int64_t>(dtype_size(kDType));
+  constexpr DType kLoad = kWidened ? DType::kF32 : kDType;  // codes, or their widened values
+  constexpr auto kElementBytes = static_cast<int64_t>(dtype_size(kLoad));
   __m256 acc[kFeatures][2];
   __m256 block_scale[kFeatures];
   for (int f = 0; f < kFeatures; ++f) {
@@ -151,7 +190,7 @@ inline void avx2_dot_block(const float* x, const void* const* weight_rows, int64
     for (int half = 0; half < 2; ++half) {
       const __m256 xh = _mm256_loadu_ps(xs + 8 * half);
       for (int f = 0; f < kFeatures; ++f) {
-        __m256 w = avx2_load_weights<kDType>(ws[f], at[f] + 8 * half);
+        __m256 w = avx2_load_weights<kLoad>(ws[f], at[f] + 8 * half);
         if constexpr (kQuantized) {
           if (!one_scale_per_row) w = _mm256_mul_ps(w, block_scale[f]);
         }
@@ -162,7 +201,9 @@ inline void avx2_dot_block(const float* x, const void* const* weight_rows, int64
   int64_t i = 0;
   int64_t at[kFeatures];
   for (; i + kLanes <= n; i += kLanes) {
-    if (column_step == 1) {
+    if (kWidened) {
+      // In the caches already.
+    } else if (column_step == 1) {
       for (int f = 0; f < kFeatures; ++f) {
         _mm_prefetch(static_cast<const char*>(weight_rows[f]) + i * kElementBytes + kPrefetchBytes,
                      _MM_HINT_T0);
@@ -219,12 +260,17 @@ inline void avx2_dot_block(const float* x, const void* const* weight_rows, int64
 // Column i (a multiple of kLanes) of weight row f starts at element weight_rows[f] + i *
 // column_step: 1 for row-major rows, the tile's width for rows of one kTiled tile
 // (kernels/core/weight_layout.h), whose kFeatures rows then make one stream.
-template <DType kDType, int kRows, int kFeatures>
+//
+// kWidened: the weight rows hold f32 values that widen_weights<kDType> made of the codes (f32
+// rows, column_step 1); the result is bitwise the one of the codes themselves.
+template <DType kDType, int kRows, int kFeatures, bool kWidened = false>
 inline void dot_block(const float* const (&x)[kRows], const void* const (&weight_rows)[kFeatures],
                       int64_t n, float (&results)[kRows][kFeatures],
                       const RowScales (&scales)[kFeatures] = {}, int64_t column_step = 1) {
   [[maybe_unused]] int64_t i = 0;
-  [[maybe_unused]] constexpr auto kElementBytes = static_cast<int64_t>(dtype_size(kDType));
+  // What the loads read: the codes, or their widened values.
+  constexpr DType kLoad = kWidened ? DType::kF32 : kDType;
+  [[maybe_unused]] constexpr auto kElementBytes = static_cast<int64_t>(dtype_size(kLoad));
   constexpr bool kQuantized = is_quantized(kDType);
   // A row with one scale (per tensor or per output channel) sums the codes' products and scales
   // the sum once; block-wise scales multiply each lane group's widened codes first. Either way a
@@ -242,7 +288,9 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
   __m512 vacc[kRows][kFeatures];
+#pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
     for (int f = 0; f < kFeatures; ++f) vacc[r][f] = _mm512_setzero_ps();
   }
   // Block-wise scales: the current block's, per feature (times the widening's unit), refreshed at
@@ -266,8 +314,9 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
     // A software prefetch well ahead of the weights: the hardware's alone left a decode step at
     // 37% of the read bandwidth on a 2-core EPYC (its samples on these loads). Tiled rows are one
     // stream, a cache line at a time; row-major rows one stream each. Past the end it reaches the
-    // weights read next; a prefetch never faults.
-    if (column_step == 1) {
+    // weights read next; a prefetch never faults. Widened rows are in the caches already.
+    if (kWidened) {
+    } else if (column_step == 1) {
       for (int f = 0; f < kFeatures; ++f) {
         _mm_prefetch(static_cast<const char*>(weight_rows[f]) + i * kElementBytes + kPrefetchBytes,
                      _MM_HINT_T0);
@@ -282,43 +331,22 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
     __m512 w[kFeatures];
     for (int f = 0; f < kFeatures; ++f) {
       const int64_t at = i * column_step;  // element offset of the chunk in row f
-      if constexpr (kDType == DType::kI8) {
-        const __m128i codes =
-            _mm_maskz_loadu_epi8(mask, static_cast<const int8_t*>(weight_rows[f]) + at);
-        w[f] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
-      } else if constexpr (kDType == DType::kF8E4M3) {
-        // An E4M3 code is an f16 with a 4-bit exponent: in the top byte of a 16-bit lane, one
-        // arithmetic shift right puts exponent and mantissa where f16 has them and copies the
-        // sign into bit 14, which the mask clears; the hardware's f16 conversion then widens it
-        // exactly (subnormals included) to 2^-8 of its value. (NaN codes are refused at load.)
-        const __m256i high =
-            _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(
-                                  mask, static_cast<const uint8_t*>(weight_rows[f]) + at)),
-                              8);
-        w[f] = _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(high, 1),
-                                                _mm256_set1_epi16(static_cast<int16_t>(0xBFFF))));
-      } else if constexpr (kDType == DType::kF32) {
-        w[f] = _mm512_maskz_loadu_ps(mask, static_cast<const float*>(weight_rows[f]) + at);
-      } else {
-        const __m256i halves =
-            _mm256_maskz_loadu_epi16(mask, static_cast<const uint16_t*>(weight_rows[f]) + at);
-        if constexpr (kDType == DType::kBF16) {
-          w[f] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
-        } else {
-          w[f] = _mm512_cvtph_ps(halves);
-        }
-      }
+      w[f] = load_widened<kLoad>(weight_rows[f], at, mask);
       if constexpr (kQuantized) {
         if (!one_scale_per_row) w[f] = _mm512_mul_ps(w[f], block_scale[f]);
       }
     }
+#pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
       const __m512 xr = _mm512_maskz_loadu_ps(mask, x[r] + i);
+#pragma GCC unroll 4
       for (int f = 0; f < kFeatures; ++f) vacc[r][f] = _mm512_fmadd_ps(xr, w[f], vacc[r][f]);
     }
   }
-  // Fold in registers, in fold_lanes' order: lane l += lane l+8, then l+4, l+2, l+1.
+// Fold in registers, in fold_lanes' order: lane l += lane l+8, then l+4, l+2, l+1.
+#pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
     for (int f = 0; f < kFeatures; ++f) {
       const __m512 v = vacc[r][f];
       const __m256 eight =
@@ -340,8 +368,8 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
   // A row at a time against every feature (eight accumulators in the 16 registers); later rows
   // read the weights again from the caches.
   for (int r = 0; r < kRows; ++r) {
-    avx2_dot_block<kDType, kFeatures>(x[r], weight_rows, n, results[r], scales, column_step,
-                                      one_scale_per_row);
+    avx2_dot_block<kDType, kFeatures, kWidened>(x[r], weight_rows, n, results[r], scales,
+                                                column_step, one_scale_per_row);
   }
   return;
 #else
@@ -356,7 +384,7 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
   for (; i + kLanes <= n; i += kLanes) {
     float w[kFeatures][kLanes] = {};  // every lane is loaded; GCC 12 cannot tell
     for (int f = 0; f < kFeatures; ++f) {
-      load_full_lanes<kDType>(weight_rows[f], i * column_step, w[f]);
+      load_full_lanes<kLoad>(weight_rows[f], i * column_step, w[f]);
       scale(f, i, w[f]);
     }
     for (int r = 0; r < kRows; ++r) {
@@ -371,7 +399,7 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
     const int count = static_cast<int>(n - i);
     float w[kFeatures][kLanes];
     for (int f = 0; f < kFeatures; ++f) {
-      load_lanes<kDType>(weight_rows[f], i * column_step, count, w[f]);
+      load_lanes<kLoad>(weight_rows[f], i * column_step, count, w[f]);
       scale(f, i, w[f]);
     }
     for (int r = 0; r < kRows; ++r) {
@@ -471,6 +499,59 @@ inline void dot_block_bf16_pairs(const uint16_t* const (&x)[kRows],
 #pragma GCC diagnostic pop
 }
 #endif
+
+// out[0..n) = columns 0..n of a weight row (column c at row + c * column_step for a chunk's first
+// column, as in dot_block) widened to f32 exactly as dot_block's loads widen them: what
+// dot_block<kDType, ..., kWidened = true> reads. Rows read by several row blocks are widened
+// once instead of once per block.
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+template <DType kDType>
+inline void widen_weights(const void* row, int64_t column_step, int64_t n, float* out) {
+  [[maybe_unused]] constexpr auto kElementBytes = static_cast<int64_t>(dtype_size(kDType));
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t remaining = n - i;
+    const __mmask16 mask =
+        remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
+    // The codes come from memory: prefetched as dot_block's are.
+    _mm_prefetch(static_cast<const char*>(row) + i * column_step * kElementBytes + kPrefetchBytes,
+                 _MM_HINT_T0);
+    _mm512_mask_storeu_ps(out + i, mask, load_widened<kDType>(row, i * column_step, mask));
+  }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    _mm_prefetch(static_cast<const char*>(row) + i * column_step * kElementBytes + kPrefetchBytes,
+                 _MM_HINT_T0);
+    for (int half = 0; half < 2; ++half) {
+      _mm256_storeu_ps(out + i + 8 * half,
+                       avx2_load_weights<kDType>(row, i * column_step + 8 * half));
+    }
+  }
+  if (i < n) {
+    alignas(32) unsigned char codes[kLanes * 4] = {};
+    alignas(32) float lanes[kLanes];
+    std::memcpy(codes, static_cast<const unsigned char*>(row) + i * column_step * kElementBytes,
+                static_cast<size_t>((n - i) * kElementBytes));
+    for (int half = 0; half < 2; ++half) {
+      _mm256_storeu_ps(lanes + 8 * half, avx2_load_weights<kDType>(codes, 8 * half));
+    }
+    std::memcpy(out + i, lanes, static_cast<size_t>(n - i) * sizeof(float));
+  }
+#else
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int count = static_cast<int>(n - i < kLanes ? n - i : kLanes);
+    float lanes[kLanes];
+    load_lanes<kDType>(row, i * column_step, count, lanes);
+    std::memcpy(out + i, lanes, static_cast<size_t>(count) * sizeof(float));
+  }
+#endif
+}
+#pragma GCC diagnostic pop
 
 // dot(a, b) over f32 vectors, with the lane order of every other reduction.
 inline float dot_f32(const float* a, const float* b, int64_t n) {
