@@ -90,7 +90,16 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
   }
   std::fill(accumulators.begin(), accumulators.begin() + kHeads * p.head_dim, 0.0f);
   float denominator[kHeads] = {};
+  // Value rows are a few hundred bytes scattered over the cache's blocks, which the hardware's
+  // prefetchers do not follow: each is fetched kValuesAhead positions before its turn (on the
+  // 2-core EPYC this sum was most of attention's time, stalled on those loads).
+  constexpr int64_t kValuesAhead = 4;
+  const auto row_bytes = static_cast<int64_t>(p.head_dim * sizeof(float));
   for (pos = span.first; pos <= span.last; ++pos) {
+    if (pos + kValuesAhead <= span.last) {
+      const char* ahead = reinterpret_cast<const char*>(cache_row(v_cache, pos + kValuesAhead));
+      for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(ahead + line);
+    }
     const float* value = cache_row(v_cache, pos);
     for (int h = 0; h < kHeads; ++h) {
       const float weight =
