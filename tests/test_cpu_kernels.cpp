@@ -428,7 +428,10 @@ struct PagedAttentionCase {
   int64_t window = 0;
 };
 
-void check_paged_attention(const PagedAttentionCase& c, ThreadPool& pool) {
+// Checks attention against the double-precision reference; `result`, if given, receives the
+// output.
+void check_paged_attention(const PagedAttentionCase& c, ThreadPool& pool,
+                           std::vector<float>* result = nullptr) {
   const int64_t seqs = static_cast<int64_t>(c.context.size());
   int64_t max_blocks = 0, total_blocks = 0;
   for (const int64_t length : c.context) {
@@ -465,6 +468,7 @@ void check_paged_attention(const PagedAttentionCase& c, ThreadPool& pool) {
                         q.data(), k_cache.data(), v_cache.data(), query_start.data(),
                         lengths.data(), tables.data(), out.data(), pool)
                   .is_ok());
+  if (result != nullptr) *result = out;
 
   for (int64_t s = 0; s < seqs; ++s) {
     for (int64_t i = 0; i < c.new_tokens[s]; ++i) {
@@ -513,6 +517,32 @@ TEST_P(CpuKernels, PagedAttentionWithSlidingWindow) {
   PagedAttentionCase c;
   c.window = 5;
   check_paged_attention(c, pool_);
+}
+
+TEST(CpuAttentionThreads, GroupedQueryHeadsGiveTheSameBitsForEveryThreadCount) {
+  // Three query heads a KV head: with many threads and few tokens the groups are split into parts
+  // (each head alone, or two and one); a head's output must not depend on its part.
+  for (const bool decode : {true, false}) {
+    PagedAttentionCase c;
+    c.heads = 9;
+    c.kv_heads = 3;
+    c.head_dim = 64;
+    c.block_size = 16;
+    c.new_tokens = {decode ? 1 : 7};
+    c.context = {decode ? 70 : 7};
+    std::vector<float> first;
+    for (const int threads : {1, 2, 3, 4, 16}) {
+      ThreadPool pool(threads);
+      std::vector<float> out;
+      check_paged_attention(c, pool, &out);
+      if (first.empty()) {
+        first = out;
+      } else {
+        ASSERT_EQ(0, std::memcmp(out.data(), first.data(), out.size() * sizeof(float)))
+            << threads << " threads, " << (decode ? "decode" : "prefill");
+      }
+    }
+  }
 }
 
 TEST_P(CpuKernels, PagedAttentionMultiHeadAndBlockOfOne) {

@@ -146,14 +146,23 @@ Status attention(const AttentionParams& params, const float* q, const float* k_c
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t kv_row = p.num_kv_heads * p.head_dim;
 
-  // One item per token and KV head: the query heads that share the KV head read each key and
-  // value once, in sub-groups of up to kQueryGroup.
-  pool.parallel_for(p.num_tokens * p.num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+  // One item per token, KV head and part of its query heads: the heads of a part read each key
+  // and value once. A part is every head of the group (up to kQueryGroup) unless that leaves
+  // fewer than two items a thread (a decode step of a model with few KV heads): then the groups
+  // are split. A head's result does not depend on the heads it shares a part with.
+  const int64_t kv_items = p.num_tokens * p.num_kv_heads;
+  const int64_t wanted_parts =
+      std::clamp<int64_t>((2 * pool.num_threads() + kv_items - 1) / kv_items, 1, group);
+  const int64_t heads_per_part =
+      std::min<int64_t>(kQueryGroup, (group + wanted_parts - 1) / wanted_parts);
+  const int64_t parts = (group + heads_per_part - 1) / heads_per_part;
+  pool.parallel_for(kv_items * parts, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(static_cast<size_t>(kQueryGroup * max_context));
     std::vector<float> accumulators(static_cast<size_t>(kQueryGroup * p.head_dim));
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t token = item / p.num_kv_heads;
-      const int64_t kv_head = item % p.num_kv_heads;
+      const int64_t token = item / (p.num_kv_heads * parts);
+      const int64_t kv_head = item / parts % p.num_kv_heads;
+      const int64_t part = item % parts;
       const int64_t seq =
           std::upper_bound(query_start, query_start + p.num_seqs + 1, token) - query_start - 1;
       const int64_t new_tokens = query_start[seq + 1] - query_start[seq];
@@ -161,9 +170,9 @@ Status attention(const AttentionParams& params, const float* q, const float* k_c
       const KeySpan span{
           p.sliding_window > 0 ? std::max<int64_t>(0, position - p.sliding_window + 1) : 0,
           position, block_tables + seq * p.max_blocks_per_seq, kv_head * p.head_dim, kv_row};
-      for (int64_t first_head = kv_head * group; first_head < (kv_head + 1) * group;
-           first_head += kQueryGroup) {
-        const int64_t heads = std::min<int64_t>(kQueryGroup, (kv_head + 1) * group - first_head);
+      {
+        const int64_t first_head = kv_head * group + part * heads_per_part;
+        const int64_t heads = std::min(heads_per_part, (kv_head + 1) * group - first_head);
         const float* query = q + (token * p.num_heads + first_head) * p.head_dim;
         float* destination = out + (token * p.num_heads + first_head) * p.head_dim;
         switch (heads) {
