@@ -88,23 +88,74 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
     dot_block<DType::kF32, kHeads, 1>(queries, keys, p.head_dim, dots);
     for (int h = 0; h < kHeads; ++h) keep(h, pos, dots[h][0]);
   }
-  std::fill(accumulators.begin(), accumulators.begin() + kHeads * p.head_dim, 0.0f);
+  // The softmax's weights, over the scores, and their sums, in position order.
   float denominator[kHeads] = {};
+  for (int h = 0; h < kHeads; ++h) {
+    float* weights = scores.data() + h * count;
+    for (int64_t i = 0; i < count; ++i) {
+      weights[i] = std::exp(weights[i] - max_score[h]);
+      denominator[h] += weights[i];
+    }
+  }
   // Value rows are a few hundred bytes scattered over the cache's blocks, which the hardware's
   // prefetchers do not follow: each is fetched kValuesAhead positions before its turn (on the
   // 2-core EPYC this sum was most of attention's time, stalled on those loads).
   constexpr int64_t kValuesAhead = 4;
   const auto row_bytes = static_cast<int64_t>(p.head_dim * sizeof(float));
-  for (pos = span.first; pos <= span.last; ++pos) {
-    if (pos + kValuesAhead <= span.last) {
-      const char* ahead = reinterpret_cast<const char*>(cache_row(v_cache, pos + kValuesAhead));
+  const auto prefetch_value = [&](int64_t position) {
+    if (position + kValuesAhead <= span.last) {
+      const char* ahead =
+          reinterpret_cast<const char*>(cache_row(v_cache, position + kValuesAhead));
       for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(ahead + line);
     }
+  };
+  // destination[h] = sum over positions of weight * value / denominator: each channel a chain
+  // of fused multiply-adds in position order.
+#if defined(__AVX512F__) && defined(__FMA__)
+  // In registers, kChunks 16-channel chunks of every head at a time (the generic loop below keeps
+  // its sums in memory, one store-to-load round trip a step).
+  constexpr int kChunks = 16 / kHeads < 8 ? 16 / kHeads : 8;
+  for (int64_t first_channel = 0; first_channel < p.head_dim; first_channel += 16 * kChunks) {
+    __mmask16 masks[kChunks];
+    for (int j = 0; j < kChunks; ++j) {
+      const int64_t left = p.head_dim - (first_channel + 16 * j);
+      masks[j] = left >= 16 ? __mmask16(0xffff)
+                 : left > 0 ? __mmask16((1u << left) - 1u)
+                            : __mmask16(0);
+    }
+    __m512 sums[kHeads][kChunks];
+    for (int h = 0; h < kHeads; ++h) {
+      for (int j = 0; j < kChunks; ++j) sums[h][j] = _mm512_setzero_ps();
+    }
+    for (pos = span.first; pos <= span.last; ++pos) {
+      prefetch_value(pos);
+      const float* value = cache_row(v_cache, pos) + first_channel;
+      __m512 values[kChunks];
+      for (int j = 0; j < kChunks; ++j) values[j] = _mm512_maskz_loadu_ps(masks[j], value + 16 * j);
+      for (int h = 0; h < kHeads; ++h) {
+        const __m512 weight =
+            _mm512_set1_ps(scores[static_cast<size_t>(h * count + pos - span.first)]);
+        for (int j = 0; j < kChunks; ++j) {
+          sums[h][j] = _mm512_fmadd_ps(weight, values[j], sums[h][j]);
+        }
+      }
+    }
+    for (int h = 0; h < kHeads; ++h) {
+      const __m512 inverse = _mm512_set1_ps(1.0f / denominator[h]);
+      for (int j = 0; j < kChunks; ++j) {
+        _mm512_mask_storeu_ps(destination + h * p.head_dim + first_channel + 16 * j, masks[j],
+                              _mm512_mul_ps(sums[h][j], inverse));
+      }
+    }
+  }
+  (void)accumulators;
+#else
+  std::fill(accumulators.begin(), accumulators.begin() + kHeads * p.head_dim, 0.0f);
+  for (pos = span.first; pos <= span.last; ++pos) {
+    prefetch_value(pos);
     const float* value = cache_row(v_cache, pos);
     for (int h = 0; h < kHeads; ++h) {
-      const float weight =
-          std::exp(scores[static_cast<size_t>(h * count + pos - span.first)] - max_score[h]);
-      denominator[h] += weight;
+      const float weight = scores[static_cast<size_t>(h * count + pos - span.first)];
       float* accumulator = accumulators.data() + h * p.head_dim;
       for (int64_t c = 0; c < p.head_dim; ++c) {
         accumulator[c] = multiply_add(weight, value[c], accumulator[c]);
@@ -118,6 +169,7 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
       destination[h * p.head_dim + c] = accumulator[c] * inverse;
     }
   }
+#endif
 }
 
 }  // namespace
