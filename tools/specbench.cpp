@@ -435,6 +435,10 @@ int main(int argc, char** argv) {
                  "(native, x86-64-v4+bf16, x86-64-v3, portable: those this build has and this CPU "
                  "runs); default the best")
       ->delimiter(',');
+  bool quantize_lm_head = false;
+  app.add_flag("--quantize-lm-head", quantize_lm_head,
+               "With --quantize: the output projection too (a tied one as a quantized copy), as "
+               "specrun --quantize-lm-head");
   bool bf16_activations = false;
   app.add_flag("--bf16-activations", bf16_activations,
                "Also measure the weights as stored with activations rounded to bf16 for bf16 "
@@ -622,6 +626,7 @@ int main(int argc, char** argv) {
       specrun::ModelOptions model_options;
       model_options.kv_cache_tokens = prompt_tokens + decode_tokens + 16;
       model_options.quantize = mode.quantize;
+      model_options.quantize_output = quantize_lm_head;
       specrun::kernels::cpu::CpuBackend backend(pool, mode.activations, mode.variant);
       const auto model = specrun::Model::load(model_path, backend, model_options);
       const specrun::ModelConfig& config = model->config();
