@@ -133,9 +133,9 @@ inline __m512 load_widened(const void* row, int64_t at, __mmask16 mask) {
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-// The AVX2 path of dot_block, one activation row against kFeatures <= 4 weight rows: the 16 lanes
-// of each reduction as two 8-lane halves (ymm), eight accumulators that the 16 registers hold with
-// their operands. Lanes past n read as zero, as on AVX-512.
+// The AVX2 path of dot_block, kRows activation rows against kFeatures weight rows (at most four
+// products): the 16 lanes of each reduction as two 8-lane halves (ymm), eight accumulators that
+// the 16 registers hold with their operands. Lanes past n read as zero, as on AVX-512.
 template <DType kDType>
 inline __m256 avx2_load_weights(const void* row, int64_t at) {
   if constexpr (kDType == DType::kF32) {
@@ -161,23 +161,25 @@ inline __m256 avx2_load_weights(const void* row, int64_t at) {
   }
 }
 
-template <DType kDType, int kFeatures, bool kWidened>
-inline void avx2_dot_block(const float* x, const void* const* weight_rows, int64_t n,
-                           float* results, const RowScales* scales, int64_t column_step,
+template <DType kDType, int kRows, int kFeatures, bool kWidened>
+inline void avx2_dot_block(const float* const* x, const void* const* weight_rows, int64_t n,
+                           float (*results)[4], const RowScales* scales, int64_t column_step,
                            bool one_scale_per_row) {
+  static_assert(kRows * kFeatures <= 4, "eight accumulators at most");
   constexpr bool kQuantized = is_quantized(kDType);
   constexpr float kWidenedUnit = kDType == DType::kF8E4M3 ? 256.0f : 1.0f;
   constexpr DType kLoad = kWidened ? DType::kF32 : kDType;  // codes, or their widened values
   constexpr auto kElementBytes = static_cast<int64_t>(dtype_size(kLoad));
-  __m256 acc[kFeatures][2];
+  __m256 acc[kRows][kFeatures][2];
   __m256 block_scale[kFeatures];
   for (int f = 0; f < kFeatures; ++f) {
-    acc[f][0] = acc[f][1] = _mm256_setzero_ps();
+    for (int r = 0; r < kRows; ++r) acc[r][f][0] = acc[r][f][1] = _mm256_setzero_ps();
     block_scale[f] = _mm256_set1_ps(1.0f);
   }
   int64_t block_end = 0;
-  // One lane group: xs (16 activations), and each feature's 16 weights at ws[f] + at[f].
-  const auto step = [&](int64_t i, const float* xs, const void* const* ws, const int64_t* at) {
+  // One lane group: xs[r] (16 activations), and each feature's 16 weights at ws[f] + at[f].
+  const auto step = [&](int64_t i, const float* const* xs, const void* const* ws,
+                        const int64_t* at) {
     if constexpr (kQuantized) {
       if (!one_scale_per_row && i >= block_end) {
         const int64_t block = i / scales[0].block_cols;
@@ -188,18 +190,24 @@ inline void avx2_dot_block(const float* x, const void* const* weight_rows, int64
       }
     }
     for (int half = 0; half < 2; ++half) {
-      const __m256 xh = _mm256_loadu_ps(xs + 8 * half);
+      __m256 w[kFeatures];
       for (int f = 0; f < kFeatures; ++f) {
-        __m256 w = avx2_load_weights<kLoad>(ws[f], at[f] + 8 * half);
+        w[f] = avx2_load_weights<kLoad>(ws[f], at[f] + 8 * half);
         if constexpr (kQuantized) {
-          if (!one_scale_per_row) w = _mm256_mul_ps(w, block_scale[f]);
+          if (!one_scale_per_row) w[f] = _mm256_mul_ps(w[f], block_scale[f]);
         }
-        acc[f][half] = _mm256_fmadd_ps(xh, w, acc[f][half]);
+      }
+      for (int r = 0; r < kRows; ++r) {
+        const __m256 xh = _mm256_loadu_ps(xs[r] + 8 * half);
+        for (int f = 0; f < kFeatures; ++f) {
+          acc[r][f][half] = _mm256_fmadd_ps(xh, w[f], acc[r][f][half]);
+        }
       }
     }
   };
   int64_t i = 0;
   int64_t at[kFeatures];
+  const float* xs[kRows];
   for (; i + kLanes <= n; i += kLanes) {
     if (kWidened) {
       // In the caches already.
@@ -216,15 +224,19 @@ inline void avx2_dot_block(const float* x, const void* const* weight_rows, int64
       }
     }
     for (int f = 0; f < kFeatures; ++f) at[f] = i * column_step;
-    step(i, x + i, weight_rows, at);
+    for (int r = 0; r < kRows; ++r) xs[r] = x[r] + i;
+    step(i, xs, weight_rows, at);
   }
   if (i < n) {
     // The tail, zero-padded to a whole lane group.
     const int64_t count = n - i;
-    alignas(32) float x_tail[kLanes] = {};
+    alignas(32) float x_tail[kRows][kLanes] = {};
     alignas(32) unsigned char w_tail[kFeatures][kLanes * 4] = {};
     const void* tails[kFeatures];
-    for (int64_t l = 0; l < count; ++l) x_tail[l] = x[i + l];
+    for (int r = 0; r < kRows; ++r) {
+      for (int64_t l = 0; l < count; ++l) x_tail[r][l] = x[r][i + l];
+      xs[r] = x_tail[r];
+    }
     for (int f = 0; f < kFeatures; ++f) {
       std::memcpy(
           w_tail[f],
@@ -233,18 +245,48 @@ inline void avx2_dot_block(const float* x, const void* const* weight_rows, int64
       tails[f] = w_tail[f];
       at[f] = 0;
     }
-    step(i, x_tail, tails, at);
+    step(i, xs, tails, at);
   }
   // Fold in fold_lanes' order: lane l += lane l+8 (the halves), then l+4, l+2, l+1.
-  for (int f = 0; f < kFeatures; ++f) {
-    const __m256 eight = _mm256_add_ps(acc[f][0], acc[f][1]);
-    const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
-    const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-    float result = _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55)));
-    if constexpr (kQuantized) {
-      if (one_scale_per_row) result *= scales[f].row[0] * kWidenedUnit;
+  for (int r = 0; r < kRows; ++r) {
+    for (int f = 0; f < kFeatures; ++f) {
+      const __m256 eight = _mm256_add_ps(acc[r][f][0], acc[r][f][1]);
+      const __m128 four =
+          _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+      const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+      float result = _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55)));
+      if constexpr (kQuantized) {
+        if (one_scale_per_row) result *= scales[f].row[0] * kWidenedUnit;
+      }
+      results[r][f] = result;
     }
-    results[f] = result;
+  }
+}
+
+// dot_block's AVX2 results over sub-blocks from (kRow0, kFeature0) on, row-major: one row
+// against every feature (a decode step reads a tile once), or for several rows, 2 x 2 blocks
+// whose weights and activations each serve two products.
+template <DType kDType, int kRows, int kFeatures, bool kWidened, int kRow0, int kFeature0>
+inline void avx2_dot_sub_blocks(const float* const* x, const void* const* weight_rows, int64_t n,
+                                float (*results)[4], const RowScales* scales, int64_t column_step,
+                                bool one_scale_per_row) {
+  if constexpr (kRow0 < kRows) {
+    constexpr int kR = kRows == 1 ? 1 : (kRows - kRow0 < 2 ? kRows - kRow0 : 2);
+    if constexpr (kFeature0 < kFeatures) {
+      constexpr int kMaxF = kR == 1 ? 4 : 2;
+      constexpr int kF = kFeatures - kFeature0 < kMaxF ? kFeatures - kFeature0 : kMaxF;
+      float partial[kR][4];
+      avx2_dot_block<kDType, kR, kF, kWidened>(x + kRow0, weight_rows + kFeature0, n, partial,
+                                               scales + kFeature0, column_step, one_scale_per_row);
+      for (int r = 0; r < kR; ++r) {
+        for (int f = 0; f < kF; ++f) results[kRow0 + r][kFeature0 + f] = partial[r][f];
+      }
+      avx2_dot_sub_blocks<kDType, kRows, kFeatures, kWidened, kRow0, kFeature0 + kF>(
+          x, weight_rows, n, results, scales, column_step, one_scale_per_row);
+    } else {
+      avx2_dot_sub_blocks<kDType, kRows, kFeatures, kWidened, kRow0 + kR, 0>(
+          x, weight_rows, n, results, scales, column_step, one_scale_per_row);
+    }
   }
 }
 #endif
@@ -365,11 +407,11 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
 #pragma GCC diagnostic pop
   return;
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-  // A row at a time against every feature (eight accumulators in the 16 registers); later rows
-  // read the weights again from the caches.
+  float block_results[kRows][4];
+  avx2_dot_sub_blocks<kDType, kRows, kFeatures, kWidened, 0, 0>(
+      x, weight_rows, n, block_results, scales, column_step, one_scale_per_row);
   for (int r = 0; r < kRows; ++r) {
-    avx2_dot_block<kDType, kFeatures, kWidened>(x[r], weight_rows, n, results[r], scales,
-                                                column_step, one_scale_per_row);
+    for (int f = 0; f < kFeatures; ++f) results[r][f] = block_results[r][f];
   }
   return;
 #else
