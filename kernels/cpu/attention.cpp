@@ -54,7 +54,7 @@ struct KeySpan {
 template <int kHeads>
 void attend_heads(const AttentionParams& p, const KeySpan& span, const float* query,
                   const float* k_cache, const float* v_cache, std::vector<float>& scores,
-                  std::vector<float>& accumulators, float* destination) {
+                  float* destination) {
   const int64_t count = span.last - span.first + 1;
   const auto cache_row = [&](const float* cache, int64_t pos) {
     const int64_t slot =
@@ -148,26 +148,21 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
       }
     }
   }
-  (void)accumulators;
 #else
-  std::fill(accumulators.begin(), accumulators.begin() + kHeads * p.head_dim, 0.0f);
+  // The sums in the destination rows, scaled in place at the end.
+  std::fill(destination, destination + kHeads * p.head_dim, 0.0f);
   for (pos = span.first; pos <= span.last; ++pos) {
     prefetch_value(pos);
     const float* value = cache_row(v_cache, pos);
     for (int h = 0; h < kHeads; ++h) {
       const float weight = scores[static_cast<size_t>(h * count + pos - span.first)];
-      float* accumulator = accumulators.data() + h * p.head_dim;
-      for (int64_t c = 0; c < p.head_dim; ++c) {
-        accumulator[c] = multiply_add(weight, value[c], accumulator[c]);
-      }
+      float* sum = destination + h * p.head_dim;
+      for (int64_t c = 0; c < p.head_dim; ++c) sum[c] = multiply_add(weight, value[c], sum[c]);
     }
   }
   for (int h = 0; h < kHeads; ++h) {
     const float inverse = 1.0f / denominator[h];
-    const float* accumulator = accumulators.data() + h * p.head_dim;
-    for (int64_t c = 0; c < p.head_dim; ++c) {
-      destination[h * p.head_dim + c] = accumulator[c] * inverse;
-    }
+    for (int64_t c = 0; c < p.head_dim; ++c) destination[h * p.head_dim + c] *= inverse;
   }
 #endif
 }
@@ -210,7 +205,6 @@ Status attention(const AttentionParams& params, const float* q, const float* k_c
   const int64_t parts = (group + heads_per_part - 1) / heads_per_part;
   pool.parallel_for(kv_items * parts, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(static_cast<size_t>(kQueryGroup * max_context));
-    std::vector<float> accumulators(static_cast<size_t>(kQueryGroup * p.head_dim));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t token = item / (p.num_kv_heads * parts);
       const int64_t kv_head = item / parts % p.num_kv_heads;
@@ -229,16 +223,16 @@ Status attention(const AttentionParams& params, const float* q, const float* k_c
         float* destination = out + (token * p.num_heads + first_head) * p.head_dim;
         switch (heads) {
           case 4:
-            attend_heads<4>(p, span, query, k_cache, v_cache, scores, accumulators, destination);
+            attend_heads<4>(p, span, query, k_cache, v_cache, scores, destination);
             break;
           case 3:
-            attend_heads<3>(p, span, query, k_cache, v_cache, scores, accumulators, destination);
+            attend_heads<3>(p, span, query, k_cache, v_cache, scores, destination);
             break;
           case 2:
-            attend_heads<2>(p, span, query, k_cache, v_cache, scores, accumulators, destination);
+            attend_heads<2>(p, span, query, k_cache, v_cache, scores, destination);
             break;
           default:
-            attend_heads<1>(p, span, query, k_cache, v_cache, scores, accumulators, destination);
+            attend_heads<1>(p, span, query, k_cache, v_cache, scores, destination);
             break;
         }
       }
