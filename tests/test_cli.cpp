@@ -346,6 +346,9 @@ TEST_F(CliTest, SpecbenchMeasuresSyntheticShapes) {
   expect_one_error_line(
       run_tool("specbench", "--synthetic tiny --device cpu --max-verify-tokens 1"),
       {{"--max-verify-tokens", "at least 2"}}, "specbench");
+  // Checked before any model is read.
+  expect_one_error_line(run_tool("specbench", "--model unused --cpu-kernels avx9"),
+                        {{"--cpu-kernels", "'avx9'", "this CPU runs"}}, "specbench");
 }
 
 TEST_F(CliTest, SpecbenchMeasuresQuantizedSyntheticTargetsAgainstBf16) {

@@ -176,6 +176,8 @@ TEST(EngineConfigFile, RejectsOutOfRangeValues) {
                       {":2:", "runtime.deterministic", "true or false"});
   expect_config_error("[runtime]\nprefix_cache = \"on\"\n",
                       {":2:", "runtime.prefix_cache", "true or false"});
+  expect_config_error("[runtime]\nbf16_activations = \"yes\"\n",
+                      {":2:", "runtime.bf16_activations", "true or false"});
   expect_config_error("[runtime]\ndevice = \"cuda:x\"\n", {":2:", "runtime.device", "cuda:N"});
   expect_config_error("[runtime]\ndevice = \"cuda:-1\"\n", {"runtime.device", "'cuda:-1'"});
 }
