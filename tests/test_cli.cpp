@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <initializer_list>
 #include <memory>
 #include <sstream>
@@ -520,13 +521,34 @@ TEST_F(CliSpeculativeTest, CompareRerunsOnTheTargetAloneAndReportsTheSpeedup) {
   EXPECT_NE(result.stderr_text.find("the target alone on the same request"), std::string::npos)
       << result.stderr_text;
   EXPECT_NE(result.stderr_text.find("(same output)"), std::string::npos) << result.stderr_text;
+  EXPECT_NE(result.stderr_text.find("(median of 3 alternating rounds, range "), std::string::npos)
+      << result.stderr_text;
   const nlohmann::json stats = nlohmann::json::parse(testing::read_file(json_path));
   EXPECT_GT(stats["baseline_tokens_per_second"].get<double>(), 0.0);
-  EXPECT_NEAR(
-      stats["speedup"].get<double>(),
-      stats["tokens_per_second"].get<double>() / stats["baseline_tokens_per_second"].get<double>(),
-      1e-9);
+  // Three rounds by default: the median ratio between the extremes.
+  ASSERT_EQ(stats["speedups"].size(), 3u);
+  std::vector<double> speedups = stats["speedups"].get<std::vector<double>>();
+  std::sort(speedups.begin(), speedups.end());
+  EXPECT_GT(speedups[0], 0.0);
+  EXPECT_EQ(stats["speedup"].get<double>(), speedups[1]);
+  EXPECT_EQ(stats["speedup_min"].get<double>(), speedups[0]);
+  EXPECT_EQ(stats["speedup_max"].get<double>(), speedups[2]);
   EXPECT_EQ(stats["baseline_same_output"], true);  // greedy: the target's own tokens
+
+  // One round: the ratio of this run's speed to the target alone's.
+  const CommandResult once =
+      run("--draft " + quote((dir_ / "draft").string()) +
+          " --compare --compare-rounds 1 --stats-json " + quote(json_path.string()));
+  ASSERT_EQ(once.exit_code, 0) << once.stderr_text;
+  EXPECT_EQ(once.stderr_text.find("alternating rounds"), std::string::npos) << once.stderr_text;
+  const nlohmann::json single = nlohmann::json::parse(testing::read_file(json_path));
+  EXPECT_NEAR(single["speedup"].get<double>(),
+              single["tokens_per_second"].get<double>() /
+                  single["baseline_tokens_per_second"].get<double>(),
+              1e-9);
+  expect_one_error_line(
+      run("--draft " + quote((dir_ / "draft").string()) + " --compare --compare-rounds 0"),
+      {{"--compare-rounds"}, {"at least 1"}, {"0"}});
 
   // Without speculation there is nothing to compare.
   const CommandResult plain = run("--no-draft --compare --stats-json " + quote(json_path.string()));
@@ -556,4 +578,54 @@ TEST_F(CliSpeculativeTest, BadSpeculativeInputIsOneLine) {
 }
 
 }  // namespace
+
+// --chat: the prompt becomes the one user message of the checkpoint's chat template, tokenized
+// without added special tokens (the template writes them), exactly as the server's chat endpoint.
+TEST(CliChatTest, ChatFormatsThePromptWithTheCheckpointsTemplate) {
+  TempDir dir;
+  const fs::path plain = dir.path() / "plain";
+  const fs::path chat = dir.path() / "chat";
+  for (const fs::path& copy : {plain, chat}) {
+    fs::copy(testing::source_path("models/pycode-target"), copy, fs::copy_options::recursive);
+  }
+  nlohmann::json tokenizer_config =
+      nlohmann::json::parse(testing::read_file(chat / "tokenizer_config.json"));
+  tokenizer_config["chat_template"] =
+      "{% for m in messages %}{{ bos_token }}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"
+      "{% if add_generation_prompt %} [assistant]{% endif %}";
+  std::ofstream(chat / "tokenizer_config.json") << tokenizer_config.dump();
+
+  const std::string question = "def add(a, b):";
+  const CommandResult ids = testing::run_command(
+      "printf '%s\\n' " + quote("<|begin_of_text|>[user] " + question + " [assistant]") + " | " +
+      quote(testing::tool_path("specrun").string()) + " tokenize --tokenizer " +
+      quote(chat.string()));
+  ASSERT_EQ(ids.exit_code, 0) << ids.stderr_text;
+  const std::vector<int64_t> rendered =
+      nlohmann::json::parse(ids.stdout_text).get<std::vector<int64_t>>();
+  std::string id_list;
+  for (const int64_t id : rendered) id_list += (id_list.empty() ? "" : ",") + std::to_string(id);
+
+  const std::string common = " --threads 1 --temperature 0 --max-tokens 12 --stats-json ";
+  const CommandResult chatted =
+      run_tool("specrun", "--target " + quote(chat.string()) + " --chat --prompt " +
+                              quote(question) + common + quote((dir.path() / "a.json").string()));
+  ASSERT_EQ(chatted.exit_code, 0) << chatted.stderr_text;
+  const CommandResult by_ids =
+      run_tool("specrun", "--target " + quote(chat.string()) + " --prompt-ids " + id_list + common +
+                              quote((dir.path() / "b.json").string()));
+  ASSERT_EQ(by_ids.exit_code, 0) << by_ids.stderr_text;
+  EXPECT_EQ(chatted.stdout_text, by_ids.stdout_text);
+  const nlohmann::json a = nlohmann::json::parse(testing::read_file(dir.path() / "a.json"));
+  EXPECT_EQ(a["prompt_tokens"].get<size_t>(), rendered.size());
+
+  // Without a template, or with a prompt that is not text, --chat is one clear error.
+  expect_one_error_line(run_tool("specrun", "--target " + quote(plain.string()) +
+                                                " --chat --prompt " + quote(question)),
+                        {{"no chat template"}, {"--chat"}, {plain.string()}});
+  expect_one_error_line(
+      run_tool("specrun", "--target " + quote(chat.string()) + " --chat --prompt-ids 1,2"),
+      {{"--chat"}, {"--prompt-ids"}});
+}
+
 }  // namespace specrun

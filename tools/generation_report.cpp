@@ -1,23 +1,42 @@
 #include "tools/generation_report.h"
 
+#include <algorithm>
 #include <fstream>
+#include <vector>
 
 #include "runtime/base/check.h"
 
 namespace specrun::tools {
 namespace {
 
-double speedup(const RequestStats& stats, const Baseline& baseline) {
-  return baseline.tokens_per_second > 0 ? stats.tokens_per_second / baseline.tokens_per_second
-                                        : 0.0;
+std::string format_ratio(double ratio) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2fx", ratio);
+  return text;
 }
 
-void print_baseline(std::FILE* stream, const RequestStats& stats, const RunDescription& run) {
+// The median of the rounds' speedups.
+double speedup(const Baseline& baseline) {
+  std::vector<double> sorted = baseline.speedups;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  if (n == 0) return 0.0;
+  return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+}
+
+void print_baseline(std::FILE* stream, const RunDescription& run) {
   if (!run.baseline) return;
+  const Baseline& baseline = *run.baseline;
+  const auto [low, high] = std::minmax_element(baseline.speedups.begin(), baseline.speedups.end());
+  const std::string rounds = baseline.speedups.size() > 1
+                                 ? " (median of " + std::to_string(baseline.speedups.size()) +
+                                       " alternating rounds, range " + format_ratio(*low) + "-" +
+                                       format_ratio(*high) + ")"
+                                 : "";
   std::fprintf(stream,
-               "specrun: the target alone on the same request: %.1f tokens/s; speedup %.2fx%s\n",
-               run.baseline->tokens_per_second, speedup(stats, *run.baseline),
-               run.baseline->same_output ? " (same output)" : " (different output)");
+               "specrun: the target alone on the same request: %.1f tokens/s; speedup %s%s%s\n",
+               baseline.tokens_per_second, format_ratio(speedup(baseline)).c_str(), rounds.c_str(),
+               baseline.same_output ? " (same output)" : " (different output)");
 }
 
 }  // namespace
@@ -63,9 +82,13 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
                       {"total_bytes", run.memory->total_bytes},
                       {"available_bytes", run.memory->available_bytes}};
   }
-  if (run.baseline) {
+  if (run.baseline && !run.baseline->speedups.empty()) {
+    const std::vector<double>& speedups = run.baseline->speedups;
     json["baseline_tokens_per_second"] = run.baseline->tokens_per_second;
-    json["speedup"] = speedup(stats, *run.baseline);
+    json["speedup"] = speedup(*run.baseline);
+    json["speedup_min"] = *std::min_element(speedups.begin(), speedups.end());
+    json["speedup_max"] = *std::max_element(speedups.begin(), speedups.end());
+    json["speedups"] = speedups;
     json["baseline_same_output"] = run.baseline->same_output;
   }
   return json;
@@ -107,7 +130,7 @@ void print_stats(std::FILE* stream, const RequestStats& stats, const RunDescript
   std::fprintf(stream, "specrun: time split: draft %.1f ms (%.0f%%), target %.1f ms (%.0f%%)\n",
                stats.draft_ms, busy > 0 ? 100.0 * stats.draft_ms / busy : 0.0, stats.target_ms,
                busy > 0 ? 100.0 * stats.target_ms / busy : 0.0);
-  print_baseline(stream, stats, run);
+  print_baseline(stream, run);
 }
 
 void write_stats_json(const std::filesystem::path& path, const RequestStats& stats,

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -15,8 +16,9 @@ namespace specrun::tools {
 
 // The same request run again on the target alone (`specrun --compare`).
 struct Baseline {
-  double tokens_per_second = 0.0;  // the target alone, prefill included as in the speculative run
-  bool same_output = false;        // whether it produced the speculative run's tokens
+  double tokens_per_second = 0.0;  // the target alone (median of its runs), prefill included
+  bool same_output = false;        // whether every run produced the speculative run's tokens
+  std::vector<double> speedups;    // speculative / target-alone tokens per second, per round
 };
 
 struct RunDescription {
@@ -35,8 +37,8 @@ struct RunDescription {
 // and for context prompt_tokens, cached_prompt_tokens, finish_reason, steps, drafted, accepted,
 // method, controller, verification, backend, threads; with a memory plan "memory" (device,
 // total_bytes, available_bytes, and per model weight_bytes, kv_bytes_per_token, kv_tokens,
-// kv_bytes, workspace_bytes); with a baseline also
-// baseline_tokens_per_second, speedup and baseline_same_output.
+// kv_bytes, workspace_bytes); with a baseline also baseline_tokens_per_second, speedup (the
+// median of the rounds), speedup_min, speedup_max, speedups (per round) and baseline_same_output.
 nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& run);
 
 // Human-readable lines, each prefixed "specrun: ".

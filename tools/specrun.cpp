@@ -37,6 +37,8 @@ struct Options {
   std::optional<int64_t> gamma;           // --gamma N: the first drafting step's depth
   bool no_draft = false;                  // plain decoding even with a draft
   bool compare = false;                   // rerun on the target alone and report the speedup
+  int compare_rounds = 3;                 // speculative / target-alone pairs --compare times
+  bool chat = false;                      // the prompt is a user message of the chat template
   std::string stats_json;                 // --stats-json FILE
   std::string rope_style = "auto";        // auto, rotate-half, interleaved
   std::string log_level = "warn";         // spdlog level (info: the memory plan before loading)
@@ -129,12 +131,41 @@ specrun::FinishReason finish_reason(const specrun::Result& result) {
   return result.reason;
 }
 
+// `text` as the one user message of the target's chat template, with the assistant's turn opened;
+// the template writes the special tokens itself, as transformers' apply_chat_template does.
+std::string chat_prompt(const std::string& text, const specrun::EngineInfo& info) {
+  const std::optional<specrun::server::ChatTemplate> chat_template =
+      specrun::server::load_chat_template("", info);
+  if (!chat_template) {
+    throw specrun::Error(info.target + " has no chat template: run without --chat");
+  }
+  const nlohmann::ordered_json context = {
+      {"messages", nlohmann::ordered_json::array({{{"role", "user"}, {"content", text}}})},
+      {"add_generation_prompt", true},
+      {"bos_token", info.bos_token},
+      {"eos_token", info.eos_token}};
+  return chat_template->render(context);
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 int run(const Options& options) {
   // Every argument is checked before the (possibly large) models are loaded (create() checks the
   // settings first).
   const specrun::EngineConfig engine_config = resolve_config(options);
   if (options.prompt && options.prompt_ids) {
     throw specrun::Error("--prompt and --prompt-ids exclude each other");
+  }
+  if (options.chat && options.prompt_ids) {
+    throw specrun::Error("--chat formats a text prompt: it excludes --prompt-ids");
+  }
+  if (options.compare_rounds < 1) {
+    throw specrun::Error("--compare-rounds must be at least 1, got " +
+                         std::to_string(options.compare_rounds));
   }
   specrun::Request request;
   if (options.prompt_ids) {
@@ -158,7 +189,11 @@ int run(const Options& options) {
         throw specrun::Error(info.target +
                              " has no tokenizer.json: give the prompt as --prompt-ids");
       }
-      request.prompt = *text;
+      if (options.chat) {
+        request.prompt_ids = engine->tokenize(chat_prompt(*text, info), false);
+      } else {
+        request.prompt = *text;
+      }
     } else {
       if (info.bos_token_id < 0) {
         throw specrun::Error("no prompt was given and the model declares no bos_token_id");
@@ -213,11 +248,27 @@ int run(const Options& options) {
                                      std::nullopt,
                                      info.memory};
   if (compare) {
-    // The same request (prompt, sampling settings and seed) on the target alone, not shown.
-    const specrun::Result baseline = engine->submit(on_target_alone(request)).wait();
-    finish_reason(baseline);  // throws if it failed
-    run.baseline = specrun::tools::Baseline{baseline.stats.tokens_per_second,
-                                            baseline.tokens == result.tokens};
+    // The same request (prompt, sampling settings and seed) on the target alone, not shown,
+    // alternating with speculative reruns (not shown either): one ratio a round, so that a machine
+    // whose speed drifts moves both sides of each ratio alike.
+    specrun::tools::Baseline baseline;
+    baseline.same_output = true;
+    std::vector<double> target_alone;
+    for (int round = 0; round < options.compare_rounds; ++round) {
+      const specrun::Result speculative = round == 0 ? result : engine->submit(request).wait();
+      finish_reason(speculative);  // throws if it failed
+      const specrun::Result plain = engine->submit(on_target_alone(request)).wait();
+      finish_reason(plain);
+      target_alone.push_back(plain.stats.tokens_per_second);
+      baseline.speedups.push_back(plain.stats.tokens_per_second > 0
+                                      ? speculative.stats.tokens_per_second /
+                                            plain.stats.tokens_per_second
+                                      : 0.0);
+      baseline.same_output = baseline.same_output && plain.tokens == result.tokens &&
+                             speculative.tokens == result.tokens;
+    }
+    baseline.tokens_per_second = median(target_alone);
+    run.baseline = baseline;
   }
   if (!options.quiet) specrun::tools::print_stats(stderr, result.stats, run);
   if (!options.stats_json.empty()) {
@@ -265,8 +316,16 @@ int main(int argc, char** argv) {
                "Run the target alone (plain decoding), for comparison");
   app.add_flag("--compare", options.compare,
                "After the speculative run, run the same request on the target alone (not "
-               "shown) and report its speed and the speedup; a short untimed run on the target "
-               "alone goes first, so that neither pays for paging the weights in");
+               "shown) and report its speed and the speedup: --compare-rounds pairs of runs, "
+               "speculative and target alone in turn, the median ratio and its range; a short "
+               "untimed run on the target alone goes first, so that neither pays for paging the "
+               "weights in");
+  app.add_option("--compare-rounds", options.compare_rounds,
+                 "How many speculative / target-alone pairs --compare runs")
+      ->capture_default_str();
+  app.add_flag("--chat", options.chat,
+               "The prompt is a user message: format it with the target's chat template (from "
+               "tokenizer_config.json or the GGUF file) and let the model answer");
   CLI::Option* method = app.add_option(
       "--method", f.speculation.method,
       "Who proposes: draft (the --draft model), prompt_lookup (n-grams of the text so far), "
