@@ -2,7 +2,10 @@
 // distribution (checked by a chi-square test against the exact probabilities).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -89,6 +92,54 @@ TEST(Sampler, TopPKeepsTheFewestTokensReachingP) {
     double kept_mass = 0.0;
     for (const int32_t t : c.kept) kept_mass += kProbabilities[t];
     for (const int32_t t : c.kept) EXPECT_NEAR(probs[t], kProbabilities[t] / kept_mass, 1e-6);
+  }
+}
+
+// process_logits ranks only as many candidates as the nucleus needs (64, then four times as
+// many while their mass falls short): nuclei of every size, with and without top-k and with ties,
+// must be the fewest tokens reaching p in the full order (probability, then lower id), as a sort
+// of the whole vocabulary finds them.
+TEST(Sampler, TopPOfLargeNucleiMatchesAFullSort) {
+  std::mt19937 random(7);
+  for (const size_t vocab : {50u, 1000u, 49152u}) {
+    for (const float spread : {0.0f, 0.5f, 3.0f, 12.0f}) {
+      std::normal_distribution<float> normal(0.0f, spread);
+      std::vector<float> logits(vocab);
+      // Rounded to a coarse grid so that many logits tie.
+      for (float& logit : logits) logit = std::round(normal(random) * 4.0f) / 4.0f;
+      for (const int32_t top_k : {0, 300}) {
+        for (const float top_p : {0.05f, 0.5f, 0.9f, 0.999f}) {
+          SamplingParams params;
+          params.temperature = 0.7f;
+          params.top_k = top_k;
+          params.top_p = top_p;
+          const std::vector<float> probs = process(params, logits);
+          // The reference: every token ranked.
+          std::vector<double> weights(vocab);
+          const float top = *std::max_element(logits.begin(), logits.end());
+          for (size_t i = 0; i < vocab; ++i) {
+            weights[i] = std::exp((static_cast<double>(logits[i]) - top) / 0.7);
+          }
+          std::vector<int32_t> order(vocab);
+          std::iota(order.begin(), order.end(), 0);
+          std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+            return weights[a] != weights[b] ? weights[a] > weights[b] : a < b;
+          });
+          const size_t candidates =
+              top_k > 0 ? std::min<size_t>(vocab, static_cast<size_t>(top_k)) : vocab;
+          double total = 0.0;
+          for (size_t i = 0; i < candidates; ++i) total += weights[order[i]];
+          double cumulative = 0.0;
+          std::set<int32_t> expected;
+          for (size_t i = 0; i < candidates && cumulative < top_p * total; ++i) {
+            cumulative += weights[order[i]];
+            expected.insert(order[i]);
+          }
+          EXPECT_EQ(support(probs), expected) << "vocab " << vocab << ", spread " << spread
+                                              << ", top_k " << top_k << ", top_p " << top_p;
+        }
+      }
+    }
   }
 }
 
