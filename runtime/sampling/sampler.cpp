@@ -166,6 +166,11 @@ int32_t sample_with_noise(std::span<const float> probs, const RandomStream& stre
   const size_t vocab = probs.size();
   for (size_t first = 0; first < vocab; first += 4) {
     const size_t end = std::min(vocab, first + 4);
+    // A block of tokens a filter removed cannot win: its noise (a pure function of the position
+    // and the block) is not drawn. Top-p leaves a few dozen of tens of thousands.
+    bool any_mass = false;
+    for (size_t x = first; x < end; ++x) any_mass = any_mass || probs[x] > 0.0f;
+    if (!any_mass) continue;
     const kernels::PhiloxWords noise =
         stream.block(position, Draw::kNoise, static_cast<uint32_t>(first / 4));
     for (size_t x = first; x < end; ++x) {
