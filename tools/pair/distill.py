@@ -1,0 +1,448 @@
+#!/usr/bin/env python3
+"""Distils a draft for a chat target (SmolLM2-135M-Instruct) on the CPU, reproducibly.
+
+  distill.py generate --target GGUF --work DIR   the target, run by `specrun serve`, answers
+                                                 generated questions (chat_prompts.py), greedily
+                                                 and at the demo's settings: DIR/data.json
+  distill.py train --target GGUF --work DIR      a narrow draft, initialised from the target's
+                                                 embeddings and first layers, learns to predict
+                                                 those answers: DIR/draft.pt
+  distill.py evaluate --target GGUF --work DIR   held-out loss and agreement with the target's
+                                                 tokens, as trained and as exported (Q8_0):
+                                                 DIR/metrics.json
+  distill.py export --target GGUF --work DIR --out FILE
+                                                 the draft as GGUF (Q8_0 matrices), with the
+                                                 target's tokenizer metadata copied verbatim
+
+tools/pair/distill.sh runs the four steps. Needs the project's virtual environment with the
+smollm2, transformers and gguf groups of tools/setup-python.sh, and a built specrun.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import chat_prompts  # noqa: E402
+
+# The draft's shape: a residual stream of 256 rather than 576, four layers rather than 30, four
+# of the target's nine query heads (two of its three KV heads), its MLP width. The tied embedding
+# (49,152 x 256) is most of it; the draft costs about an eighth of the target per token on a
+# memory-bound CPU.
+DRAFT_SHAPE = {"hidden_size": 256, "num_hidden_layers": 4}
+# Which target layers and heads initialise the draft's, by index: the first four layers (later
+# ones, fed the embedding stream, start the draft far worse). Query heads 0, 1 share the target's
+# KV head 0, query heads 3, 4 its KV head 1.
+DRAFT_LAYERS_FROM = [0, 1, 2, 3]
+DRAFT_QUERY_HEADS = [0, 1, 3, 4]
+DRAFT_KV_HEADS = [0, 1]
+
+
+def log(message):
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def load_tokenizer(path):
+    """transformers' conversion of the GGUF tokenizer, and the id of <|im_end|>."""
+    from transformers import AutoTokenizer
+    import transformers
+    transformers.logging.set_verbosity_error()
+    folder, name = os.path.split(os.path.abspath(path))
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return tokenizer, tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def load_target(path):
+    """The target in float32 through transformers' GGUF reader (Q4_1 dequantised exactly)."""
+    from transformers import AutoModelForCausalLM
+    import transformers
+    transformers.logging.set_verbosity_error()
+    folder, name = os.path.split(os.path.abspath(path))
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model.eval()
+    return model
+
+
+def chat_ids(tokenizer, question):
+    text = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                         add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+# ---------------------------------------------------------------------------------------------
+# generate
+
+
+def generate(args):
+    """The target's answers, from `specrun serve` (the runtime the draft is for), many at once."""
+    import concurrent.futures
+    import signal
+    import subprocess
+    import urllib.request
+
+    tokenizer, eos = load_tokenizer(args.target)
+    questions = chat_prompts.training_prompts(args.questions, args.seed)
+    port = 18000 + os.getpid() % 1000
+    server = subprocess.Popen(
+        [args.specrun, "serve", "--target", args.target, "--port", str(port), "--quiet", "--model-name", "target",
+         "--bf16-activations", "--max-requests", str(4 * args.batch)] + args.specrun_args,
+        stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                if server.poll() is not None:
+                    raise SystemExit(f"distill: {args.specrun} serve exited ({server.returncode})")
+                time.sleep(0.5)
+
+        def ask(index):
+            # One question in four is answered greedily, the rest at the demo's settings
+            # (T 0.7, top-p 0.9): the draft must follow the target both ways.
+            greedy = index % 4 == 3
+            body = {"model": "target", "max_tokens": args.max_new_tokens,
+                    "messages": [{"role": "user", "content": questions[index]}],
+                    "temperature": 0.0 if greedy else 0.7, "top_p": 1.0 if greedy else 0.9,
+                    "seed": args.seed + index}
+            request = urllib.request.Request(url + "/v1/chat/completions",
+                                             data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=3600) as response:
+                choice = json.load(response)["choices"][0]
+            return index, greedy, choice["message"]["content"], choice["finish_reason"]
+
+        records = [None] * len(questions)
+        start = time.time()
+        generated = 0
+        with concurrent.futures.ThreadPoolExecutor(args.batch) as pool:
+            for done, (index, greedy, answer, finish) in enumerate(
+                    pool.map(ask, range(len(questions)))):
+                prompt = chat_ids(tokenizer, questions[index])
+                answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+                if finish == "stop":
+                    answer_ids.append(eos)
+                records[index] = {"prompt": prompt, "answer": answer_ids, "greedy": greedy}
+                generated += len(answer_ids)
+                if done % 64 == 63 or done + 1 == len(questions):
+                    log(f"{done + 1}/{len(questions)} answers, {generated} tokens, "
+                        f"{generated / (time.time() - start):.0f} tokens/s")
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait()
+    with open(os.path.join(args.work, "data.json"), "w") as file:
+        json.dump({"questions": questions, "seed": args.seed, "records": records}, file)
+    log(f"wrote {os.path.join(args.work, 'data.json')}")
+
+
+# ---------------------------------------------------------------------------------------------
+# train
+
+
+def draft_config(target_config):
+    from transformers import LlamaConfig
+    return LlamaConfig(
+        vocab_size=target_config.vocab_size, hidden_size=DRAFT_SHAPE["hidden_size"],
+        intermediate_size=target_config.intermediate_size,
+        num_hidden_layers=DRAFT_SHAPE["num_hidden_layers"],
+        num_attention_heads=len(DRAFT_QUERY_HEADS), num_key_value_heads=len(DRAFT_KV_HEADS),
+        head_dim=target_config.head_dim,
+        max_position_embeddings=target_config.max_position_embeddings,
+        rms_norm_eps=target_config.rms_norm_eps, rope_theta=100000.0,
+        rope_parameters=target_config.rope_parameters, tie_word_embeddings=True,
+        bos_token_id=target_config.bos_token_id, eos_token_id=target_config.eos_token_id)
+
+
+def initialise_from_target(draft, target):
+    """The draft's residual stream is the target's projected onto the top principal directions of
+    its embedding table (P, [576, 256]): embeddings E P, layer inputs W diag(g) P, layer outputs
+    P^T W. RMS norms over 256 rather than 576 channels differ by sqrt(576 / 256), folded in."""
+    with torch.no_grad():
+        table = target.model.embed_tokens.weight.float()  # [vocab, 576]
+        _, vectors = torch.linalg.eigh(table.T @ table)  # ascending eigenvalues
+        width = draft.config.hidden_size
+        projection = vectors[:, -width:].flip(-1).contiguous()  # [576, width]
+        scale = math.sqrt(target.config.hidden_size / width)
+        draft.model.embed_tokens.weight.copy_(table @ projection)
+        final = target.model.norm.weight.float()
+        # Softened: the tied head would otherwise predict each position's own token with great
+        # confidence (held-out loss 17 nats rather than 8.6 at the start).
+        draft.model.norm.weight.copy_(0.3 * scale * ((projection.T * final) @ projection).diagonal())
+        for mine, index in zip(draft.model.layers, DRAFT_LAYERS_FROM):
+            theirs = target.model.layers[index]
+            g_attention = theirs.input_layernorm.weight.float()
+            g_mlp = theirs.post_attention_layernorm.weight.float()
+            head = target.config.head_dim
+            for name, heads in [("q_proj", DRAFT_QUERY_HEADS), ("k_proj", DRAFT_KV_HEADS),
+                                ("v_proj", DRAFT_KV_HEADS)]:
+                weight = getattr(theirs.self_attn, name).weight.float()  # [heads * 64, 576]
+                rows = torch.cat([weight[h * head:(h + 1) * head] for h in heads])
+                getattr(mine.self_attn, name).weight.copy_(scale * (rows * g_attention) @ projection)
+            weight = theirs.self_attn.o_proj.weight.float()  # [576, 9 * 64]
+            columns = torch.cat([weight[:, h * head:(h + 1) * head] for h in DRAFT_QUERY_HEADS], 1)
+            mine.self_attn.o_proj.weight.copy_(projection.T @ columns)
+            for name in ["gate_proj", "up_proj"]:
+                weight = getattr(theirs.mlp, name).weight.float()
+                getattr(mine.mlp, name).weight.copy_(scale * (weight * g_mlp) @ projection)
+            mine.mlp.down_proj.weight.copy_(projection.T @ theirs.mlp.down_proj.weight.float())
+            mine.input_layernorm.weight.fill_(1.0)
+            mine.post_attention_layernorm.weight.fill_(1.0)
+
+
+def load_split(work, context):
+    """Training and held-out sequences: (ids, first answer position, greedy) triples; 1 in 20
+    held out, greedy and sampled answers alike."""
+    with open(os.path.join(work, "data.json")) as file:
+        records = json.load(file)["records"]
+    train_set, held_out = [], []
+    for index, record in enumerate(records):
+        ids = (record["prompt"] + record["answer"])[:context]
+        item = (torch.tensor(ids, dtype=torch.long), len(record["prompt"]), record["greedy"])
+        (held_out if index % 40 in (18, 19) else train_set).append(item)
+    return train_set, held_out
+
+
+def batches(items, tokens_per_batch, generator):
+    """Batches of similar-length sequences, right padded, about tokens_per_batch tokens each;
+    labels -100 except where the next token is part of the answer."""
+    order = torch.randperm(len(items), generator=generator).tolist()
+    order.sort(key=lambda i: len(items[i][0]) // 32)  # buckets of similar length, shuffled within
+    groups, group, width = [], [], 0
+    for i in order:
+        width_with = max(width, len(items[i][0]))
+        if group and width_with * (len(group) + 1) > tokens_per_batch:
+            groups.append(group)
+            group, width_with = [], len(items[i][0])
+        group.append(i)
+        width = width_with
+    if group:
+        groups.append(group)
+    shuffled = torch.randperm(len(groups), generator=generator).tolist()
+    for g in shuffled:
+        members = [items[i] for i in groups[g]]
+        width = max(len(ids) for ids, _, _ in members)
+        ids = torch.zeros((len(members), width), dtype=torch.long)
+        labels = torch.full((len(members), width), -100, dtype=torch.long)
+        for row, (sequence, answer_start, _) in enumerate(members):
+            ids[row, :len(sequence)] = sequence
+            labels[row, answer_start - 1:len(sequence) - 1] = sequence[answer_start:]
+        yield ids, labels
+
+
+def answer_loss(model, ids, labels):
+    """Mean cross-entropy and argmax agreement over the answer positions."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(input_ids=ids).logits  # [batch, width, vocab]
+    logits = logits.float()
+    mask = labels != -100
+    loss = F.cross_entropy(logits[mask], labels[mask])
+    agree = (logits[mask].argmax(-1) == labels[mask]).float().mean()
+    return loss, agree
+
+
+def held_out_metrics(model, held_out, tokens_per_batch):
+    model.eval()
+    totals = {"greedy": [0.0, 0.0, 0], "sampled": [0.0, 0.0, 0]}
+    with torch.no_grad():
+        for kind in totals:
+            items = [item for item in held_out if item[2] == (kind == "greedy")]
+            for ids, labels in batches(items, tokens_per_batch, torch.Generator().manual_seed(0)):
+                count = int((labels != -100).sum())
+                loss, agree = answer_loss(model, ids, labels)
+                totals[kind][0] += float(loss) * count
+                totals[kind][1] += float(agree) * count
+                totals[kind][2] += count
+    model.train()
+    return {kind: {"loss": t[0] / max(t[2], 1), "argmax_agreement": t[1] / max(t[2], 1),
+                   "tokens": t[2]} for kind, t in totals.items()}
+
+
+def train(args):
+    from transformers import LlamaForCausalLM
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    target = load_target(args.target)
+    draft = LlamaForCausalLM(draft_config(target.config))
+    initialise_from_target(draft, target)
+    del target
+    train_set, held_out = load_split(args.work, 512)
+    log(f"{len(train_set)} training answers "
+        f"({sum(len(i[0]) - i[1] for i in train_set)} answer tokens), {len(held_out)} held out; "
+        f"draft {sum(p.numel() for p in draft.parameters()) / 1e6:.2f}M parameters")
+    log(f"held out at initialisation: {held_out_metrics(draft, held_out, args.tokens_per_step)}")
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=args.learning_rate, betas=(0.9, 0.95),
+                                  weight_decay=0.0)
+    warmup = max(1, min(50, args.steps // 10))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) *
+        (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, args.steps) / args.steps))))
+    generator = torch.Generator().manual_seed(args.seed)
+    step, start, history, best = 0, time.time(), [], None
+    draft.train()
+    while step < args.steps:
+        for ids, labels in batches(train_set, args.tokens_per_step, generator):
+            loss, agree = answer_loss(draft, ids, labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            step += 1
+            if step % 25 == 0 or step == args.steps:
+                log(f"step {step}/{args.steps}: loss {loss.item():.3f}, "
+                    f"agreement {agree.item():.3f}, {time.time() - start:.0f} s")
+            if step % 100 == 0 or step == args.steps:
+                # The checkpoint kept is the one with the lowest held-out loss so far: with a few
+                # epochs over the answers the draft may start to memorise them.
+                metrics = held_out_metrics(draft, held_out, args.tokens_per_step)
+                history.append({"step": step, "seconds": time.time() - start, **metrics})
+                log(f"held out: {metrics}")
+                with open(os.path.join(args.work, "history.json"), "w") as file:
+                    json.dump(history, file, indent=1)
+                held_out_loss = metrics["greedy"]["loss"] + metrics["sampled"]["loss"]
+                if best is None or held_out_loss < best:
+                    best = held_out_loss
+                    torch.save({"state": draft.state_dict(), "config": draft.config.to_dict(),
+                                "step": step, "args": vars(args)},
+                               os.path.join(args.work, "draft.pt"))
+            if step == args.steps:
+                break
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluate, export
+
+
+def load_draft(work):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    saved = torch.load(os.path.join(work, "draft.pt"))
+    config = LlamaConfig.from_dict(saved["config"])
+    draft = LlamaForCausalLM(config)
+    draft.load_state_dict(saved["state"])
+    return draft, saved
+
+
+def evaluate(args):
+    """Held-out loss and argmax agreement of the saved draft, with its weights rounded as the
+    export stores them (Q8_0), into DIR/metrics.json."""
+    import gguf
+    torch.set_num_threads(args.threads)
+    draft, saved = load_draft(args.work)
+    _, held_out = load_split(args.work, 512)
+    metrics = {"float": held_out_metrics(draft, held_out, args.tokens_per_step)}
+    with torch.no_grad():
+        for name, parameter in draft.named_parameters():
+            if parameter.dim() == 2:
+                data = parameter.detach().float().numpy()
+                codes = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
+                parameter.copy_(torch.from_numpy(
+                    gguf.quants.dequantize(codes, gguf.GGMLQuantizationType.Q8_0)).view_as(parameter))
+    metrics["q8_0"] = held_out_metrics(draft, held_out, args.tokens_per_step)
+    metrics["step"] = saved["step"]
+    with open(os.path.join(args.work, "history.json")) as file:
+        metrics["history"] = json.load(file)
+    with open(os.path.join(args.work, "metrics.json"), "w") as file:
+        json.dump(metrics, file, indent=1)
+    log(f"held out: {json.dumps({k: metrics[k] for k in ['float', 'q8_0']})}")
+
+
+def interleave_rope(weight, heads):
+    """Hugging Face's rotate-half rows of q/k to GGUF's interleaved pairs, per head."""
+    rows, columns = weight.shape
+    return (weight.reshape(heads, 2, rows // heads // 2, columns).swapaxes(1, 2)
+            .reshape(rows, columns))
+
+
+def export(args):
+    """The draft as a GGUF file that specrun (and llama.cpp) load: llama architecture keys for its
+    shape, the target's tokenizer keys copied verbatim (so the pair check sees one tokenizer),
+    Q8_0 matrices and f32 norms."""
+    import gguf
+    if not args.out:
+        raise SystemExit("distill: export needs --out FILE")
+    draft, saved = load_draft(args.work)
+    config = draft.config
+    reader = gguf.GGUFReader(args.target)
+    writer = gguf.GGUFWriter(args.out, "llama")
+    writer.add_name("SmolLM2-135M-Instruct draft (specrun distilled)")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_rope_freq_base(float(reader.fields["llama.rope.freq_base"].contents()))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            sub_type = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub_type)
+    state = {name: tensor.float() for name, tensor in draft.state_dict().items()}
+
+    def matrix(name, tensor):
+        codes = gguf.quants.quantize(tensor.numpy(), gguf.GGMLQuantizationType.Q8_0)
+        writer.add_tensor(name, codes, raw_shape=codes.shape,
+                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+
+    matrix("token_embd.weight", state["model.embed_tokens.weight"])
+    writer.add_tensor("output_norm.weight", state["model.norm.weight"].numpy())
+    for i in range(config.num_hidden_layers):
+        prefix = f"model.layers.{i}."
+        writer.add_tensor(f"blk.{i}.attn_norm.weight",
+                          state[prefix + "input_layernorm.weight"].numpy())
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight",
+                          state[prefix + "post_attention_layernorm.weight"].numpy())
+        matrix(f"blk.{i}.attn_q.weight", interleave_rope(state[prefix + "self_attn.q_proj.weight"],
+                                                         config.num_attention_heads))
+        matrix(f"blk.{i}.attn_k.weight", interleave_rope(state[prefix + "self_attn.k_proj.weight"],
+                                                         config.num_key_value_heads))
+        matrix(f"blk.{i}.attn_v.weight", state[prefix + "self_attn.v_proj.weight"])
+        matrix(f"blk.{i}.attn_output.weight", state[prefix + "self_attn.o_proj.weight"])
+        matrix(f"blk.{i}.ffn_gate.weight", state[prefix + "mlp.gate_proj.weight"])
+        matrix(f"blk.{i}.ffn_up.weight", state[prefix + "mlp.up_proj.weight"])
+        matrix(f"blk.{i}.ffn_down.weight", state[prefix + "mlp.down_proj.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    log(f"wrote {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB)")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", choices=["generate", "train", "evaluate", "export"])
+    parser.add_argument("--target", required=True, help="the target's GGUF file")
+    parser.add_argument("--work", required=True, help="folder for data, checkpoints and logs")
+    parser.add_argument("--out", help="export: the draft's GGUF file")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--questions", type=int, default=2400, help="generate: how many")
+    parser.add_argument("--batch", type=int, default=32, help="generate: requests at once")
+    parser.add_argument("--max-new-tokens", type=int, default=192, help="generate: answer cap")
+    parser.add_argument("--specrun", default="build/bin/specrun", help="generate: the binary")
+    parser.add_argument("--specrun-args", nargs="*", default=[], help="generate: more flags")
+    parser.add_argument("--steps", type=int, default=1000, help="train: optimizer steps")
+    parser.add_argument("--tokens-per-step", type=int, default=4096, help="train: batch size")
+    parser.add_argument("--learning-rate", type=float, default=2e-3, help="train: peak")
+    args = parser.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    globals()[args.step](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Distils the chat demo's draft from its target, SmolLM2-135M-Instruct, and installs it as
+# models/smollm2-draft/draft.gguf:
+#   tools/pair/distill.sh [WORK_DIR]
+# The target answers 2,400 generated questions through `specrun serve` (greedy and at T 0.7,
+# top-p 0.9); the draft, initialised from the target's embeddings and first layers, learns those
+# answers; the result is exported as GGUF with the target's tokenizer. About 90 minutes on two
+# otherwise idle CPU cores (answers ~25, training ~60).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(realpath -m "${1:-$root/build/distill}")
+cd "$root"
+bash tools/setup-python.sh smollm2 transformers gguf
+target=$(bash tools/python/smollm2-path.sh)
+SPECRUN_TARGETS="specrun" bash tools/build.sh >/dev/null
+python=${SPECRUN_VENV:-$root/.venv}/bin/python
+mkdir -p "$work"
+distill=("$python" "$root/tools/pair/distill.py" --target "$target" --work "$work")
+"${distill[@]}" generate --specrun "${SPECRUN_BUILD_DIR:-build}/bin/specrun"
+"${distill[@]}" train
+"${distill[@]}" evaluate
+mkdir -p "$root/models/smollm2-draft"
+"${distill[@]}" export --out "$root/models/smollm2-draft/draft.gguf"
+echo "installed models/smollm2-draft/draft.gguf"
