@@ -15,15 +15,6 @@ std::string format_ratio(double ratio) {
   return text;
 }
 
-// The median of the rounds' speedups.
-double speedup(const Baseline& baseline) {
-  std::vector<double> sorted = baseline.speedups;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t n = sorted.size();
-  if (n == 0) return 0.0;
-  return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
-}
-
 void print_baseline(std::FILE* stream, const RunDescription& run) {
   if (!run.baseline) return;
   const Baseline& baseline = *run.baseline;
@@ -35,11 +26,18 @@ void print_baseline(std::FILE* stream, const RunDescription& run) {
                                  : "";
   std::fprintf(stream,
                "specrun: the target alone on the same request: %.1f tokens/s; speedup %s%s%s\n",
-               baseline.tokens_per_second, format_ratio(speedup(baseline)).c_str(), rounds.c_str(),
-               baseline.same_output ? " (same output)" : " (different output)");
+               baseline.tokens_per_second, format_ratio(median(baseline.speedups)).c_str(),
+               rounds.c_str(), baseline.same_output ? " (same output)" : " (different output)");
 }
 
 }  // namespace
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
 
 nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& run) {
   nlohmann::json histogram = nlohmann::json::object();
@@ -85,7 +83,7 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
   if (run.baseline && !run.baseline->speedups.empty()) {
     const std::vector<double>& speedups = run.baseline->speedups;
     json["baseline_tokens_per_second"] = run.baseline->tokens_per_second;
-    json["speedup"] = speedup(*run.baseline);
+    json["speedup"] = median(speedups);
     json["speedup_min"] = *std::min_element(speedups.begin(), speedups.end());
     json["speedup_max"] = *std::max_element(speedups.begin(), speedups.end());
     json["speedups"] = speedups;

@@ -32,6 +32,9 @@ struct RunDescription {
   std::optional<MemoryPlan> memory;                        // the engine's memory plan
 };
 
+// The median of `values` (the mean of the middle two for an even count; 0 for none).
+double median(std::vector<double> values);
+
 // Keys: tokens_generated, ttft_ms, itl_ms_mean, itl_ms_p50, itl_ms_p99, tokens_per_second,
 // acceptance_rate, mean_accepted_length, gamma_histogram ({"gamma": steps}), draft_ms, target_ms,
 // and for context prompt_tokens, cached_prompt_tokens, finish_reason, steps, drafted, accepted,

@@ -147,12 +147,6 @@ std::string chat_prompt(const std::string& text, const specrun::EngineInfo& info
   return chat_template->render(context);
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 int run(const Options& options) {
   // Every argument is checked before the (possibly large) models are loaded (create() checks the
   // settings first).
@@ -267,7 +261,7 @@ int run(const Options& options) {
       baseline.same_output = baseline.same_output && plain.tokens == result.tokens &&
                              speculative.tokens == result.tokens;
     }
-    baseline.tokens_per_second = median(target_alone);
+    baseline.tokens_per_second = specrun::tools::median(target_alone);
     run.baseline = baseline;
   }
   if (!options.quiet) specrun::tools::print_stats(stderr, result.stats, run);
