@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -88,12 +89,16 @@ def generate(args):
 
     tokenizer, eos = load_tokenizer(args.target)
     questions = chat_prompts.training_prompts(args.questions, args.seed)
-    port = 18000 + os.getpid() % 1000
+    # Port 0: the server picks a free one and names it in its first line on stderr.
     server = subprocess.Popen(
-        [args.specrun, "serve", "--target", args.target, "--port", str(port), "--quiet", "--model-name", "target",
+        [args.specrun, "serve", "--target", args.target, "--port", "0", "--model-name", "target",
          "--bf16-activations", "--max-requests", str(4 * args.batch)] + args.specrun_args,
-        stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    announced = re.search(r"listening on (http://\S+)", server.stderr.readline())
+    if not announced:
+        server.kill()
+        raise SystemExit(f"distill: {args.specrun} serve did not start: {server.stderr.read()}")
+    url = announced.group(1)
     try:
         for _ in range(600):
             try:
