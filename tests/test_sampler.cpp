@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "runtime/base/check.h"
+#include "runtime/sampling/exp.h"
 #include "runtime/sampling/sampler.h"
 
 namespace specrun {
@@ -141,6 +143,121 @@ TEST(Sampler, TopPOfLargeNucleiMatchesAFullSort) {
       }
     }
   }
+}
+
+// process_logits ranks only the candidates above a floor (a prefix of the ranking), lowering the
+// floor while they hold less than the filters keep: every combination of top-k, top-p and min-p,
+// on rows flat, peaked, tied and so spread that most weights underflow, must keep the tokens and
+// the probabilities a full sort of the vocabulary finds. The reference computes the same weights
+// (exp_nonpositive, whose accuracy ExpNonpositiveIsWithinAnUlpOfTheLibrarys pins down) and sums
+// kept masses in id order, as process_logits does.
+TEST(Sampler, EveryFilterCombinationMatchesAFullSort) {
+  std::mt19937 random(11);
+  int64_t checked = 0;
+  for (const size_t vocab : {7u, 1000u, 49152u}) {
+    for (const float spread : {0.0f, 1.0f, 4.0f, 40.0f}) {
+      std::normal_distribution<float> normal(0.0f, spread);
+      std::vector<float> logits(vocab);
+      for (float& logit : logits) logit = std::round(normal(random) * 4.0f) / 4.0f;
+      logits[vocab / 2] = -INFINITY;  // a banned token
+      for (const float temperature : {0.05f, 0.7f, 1.5f}) {
+        for (const int64_t top_k : {int64_t{0}, int64_t{1}, int64_t{40}, int64_t{5000}}) {
+          for (const float top_p : {0.3f, 0.9f, 0.9999f, 1.0f}) {
+            for (const float min_p : {0.0f, 0.001f, 0.2f}) {
+              SamplingParams params;
+              params.temperature = temperature;
+              params.top_k = top_k;
+              params.top_p = top_p;
+              params.min_p = min_p;
+              const std::vector<float> probs = process(params, logits);
+              // The reference: every token ranked (weight, then lower id).
+              const float top = *std::max_element(logits.begin(), logits.end());
+              std::vector<double> weights(vocab);
+              for (size_t i = 0; i < vocab; ++i) {
+                weights[i] = exp_nonpositive((static_cast<double>(logits[i]) - top) *
+                                             (1.0 / static_cast<double>(temperature)));
+              }
+              std::vector<int32_t> order(vocab);
+              std::iota(order.begin(), order.end(), 0);
+              std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+                return weights[a] != weights[b] ? weights[a] > weights[b] : a < b;
+              });
+              size_t kept = top_k > 0 ? std::min<size_t>(vocab, static_cast<size_t>(top_k)) : vocab;
+              const auto id_order_total = [&](size_t count) {
+                std::vector<int32_t> ids(order.begin(), order.begin() + count);
+                std::sort(ids.begin(), ids.end());
+                double total = 0.0;
+                for (const int32_t id : ids) total += weights[id];
+                return total;
+              };
+              if (top_p < 1.0f) {
+                const double target = static_cast<double>(top_p) * id_order_total(kept);
+                double cumulative = 0.0;
+                size_t nucleus = 0;
+                while (nucleus < kept && cumulative < target)
+                  cumulative += weights[order[nucleus++]];
+                kept = std::max<size_t>(nucleus, 1);
+              }
+              std::vector<int32_t> survivors;
+              for (size_t i = 0; i < kept; ++i) {
+                if (weights[order[i]] >= static_cast<double>(min_p)) survivors.push_back(order[i]);
+              }
+              std::sort(survivors.begin(), survivors.end());
+              double total = 0.0;
+              for (const int32_t id : survivors) total += weights[id];
+              const std::string where = "vocab " + std::to_string(vocab) + ", spread " +
+                                        std::to_string(spread) + ", temperature " +
+                                        std::to_string(temperature) + ", top_k " +
+                                        std::to_string(top_k) + ", top_p " + std::to_string(top_p) +
+                                        ", min_p " + std::to_string(min_p);
+              // Dropped tokens are exactly 0. Kept ones are within float rounding of the quotient
+              // (and, without filters, of the weight and 1 / total apiece): a few units in 2^-24,
+              // subnormal probabilities to their own spacing.
+              std::vector<bool> survives(vocab, false);
+              for (const int32_t id : survivors) survives[id] = true;
+              for (size_t id = 0; id < vocab; ++id) {
+                if (!survives[id]) {
+                  ASSERT_EQ(probs[id], 0.0f) << where << ": token " << id << " dropped";
+                  continue;
+                }
+                const double expected_p = weights[id] / total;
+                ASSERT_NEAR(probs[id], expected_p, 3e-7 * expected_p + 1e-44)
+                    << where << ": token " << id;
+              }
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 3 * 4 * 3 * 4 * 4 * 3);
+}
+
+// exp_nonpositive, the weights' exponential: within 2 ulps of the library's (which is within one
+// of the exact value) over the whole range that has non-zero results, subnormals included; 1 at 0;
+// 0 at -infinity and below the smallest subnormal.
+TEST(Sampler, ExpNonpositiveIsWithinAnUlpOfTheLibrarys) {
+  const auto ulps_apart = [](double a, double b) {
+    return std::abs(std::bit_cast<int64_t>(a) - std::bit_cast<int64_t>(b));
+  };
+  std::mt19937_64 random(5);
+  std::uniform_real_distribution<double> wide(-750.0, 0.0), near_zero(-2.0, 0.0);
+  int64_t worst = 0;
+  for (int i = 0; i < 2000000; ++i) {
+    const double x = i % 2 == 0 ? wide(random) : near_zero(random);
+    worst = std::max(worst, ulps_apart(exp_nonpositive(x), std::exp(x)));
+  }
+  EXPECT_LE(worst, 2);
+  for (const double x : {-0x1.0p-60, -1e-300, -0.5 * std::log(2.0), -std::log(2.0), -708.39, -708.4,
+                         -745.0, -745.1}) {
+    EXPECT_LE(ulps_apart(exp_nonpositive(x), std::exp(x)), 2) << x;
+  }
+  EXPECT_EQ(exp_nonpositive(0.0), 1.0);
+  EXPECT_EQ(exp_nonpositive(-0.0), 1.0);
+  EXPECT_EQ(exp_nonpositive(-746.0), 0.0);
+  EXPECT_EQ(exp_nonpositive(-1e6), 0.0);
+  EXPECT_EQ(exp_nonpositive(-INFINITY), 0.0);
 }
 
 TEST(Sampler, MinPDropsTokensBelowAFractionOfTheTop) {

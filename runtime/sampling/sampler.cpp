@@ -1,10 +1,12 @@
 #include "runtime/sampling/sampler.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 
 #include "runtime/base/check.h"
+#include "runtime/sampling/exp.h"
 
 namespace specrun {
 
@@ -21,13 +23,113 @@ void validate_sampling(const SamplingParams& params) {
   if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) fail("min_p", "in [0, 1]", params.min_p);
 }
 
+namespace {
+
+// What one pass over a row of logits finds.
+struct LogitScan {
+  float max = -INFINITY;  // the largest logit (meaningless when corrupt)
+  bool corrupt = false;   // some logit is NaN or +infinity
+};
+
+// Sixteen independent lanes, so that the loop vectorises (one running maximum is a chain of
+// dependent comparisons the compiler may not reorder); `v > top ? v : top` is the vector max.
+LogitScan scan_logits(std::span<const float> logits) {
+  constexpr size_t kLanes = 16;
+  std::array<float, kLanes> top;
+  top.fill(-INFINITY);
+  std::array<int32_t, kLanes> bad{};
+  const size_t n = logits.size();
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) {
+      const float v = logits[i + j];
+      bad[j] |= v < INFINITY ? 0 : 1;  // NaN fails every comparison
+      top[j] = v > top[j] ? v : top[j];
+    }
+  }
+  for (; i < n; ++i) {
+    const float v = logits[i];
+    bad[0] |= v < INFINITY ? 0 : 1;
+    top[0] = v > top[0] ? v : top[0];
+  }
+  LogitScan scan;
+  for (size_t j = 0; j < kLanes; ++j) {
+    scan.corrupt = scan.corrupt || bad[j] != 0;
+    scan.max = std::max(scan.max, top[j]);
+  }
+  return scan;
+}
+
+// The first index holding `value`.
+size_t first_of(std::span<const float> values, float value) {
+  return static_cast<size_t>(std::find(values.begin(), values.end(), value) - values.begin());
+}
+
+// weights[i] = exp((logits[i] - max_logit) * inverse_temperature), and their total: the softmax
+// of a row before normalisation, most of the time processing a row takes. One copy per instruction
+// set, chosen at load (they give the same bits: exp_nonpositive's arithmetic is exact IEEE
+// operations and fused multiply-adds, and the total is eight partial sums in a fixed order).
+// Inlined into each copy below, so that it is compiled for that copy's instruction set.
+template <typename Weight>
+[[gnu::always_inline]] inline double exponentiate_row(std::span<const float> logits,
+                                                      float max_logit, double inverse_temperature,
+                                                      Weight* weights) {
+  constexpr size_t kLanes = 8;
+  std::array<double, kLanes> partial{};
+  const size_t n = logits.size();
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) {
+      const double weight =
+          exp_nonpositive((static_cast<double>(logits[i + j]) - max_logit) * inverse_temperature);
+      weights[i + j] = static_cast<Weight>(weight);
+      partial[j] += weight;
+    }
+  }
+  for (; i < n; ++i) {
+    const double weight =
+        exp_nonpositive((static_cast<double>(logits[i]) - max_logit) * inverse_temperature);
+    weights[i] = static_cast<Weight>(weight);
+    partial[i % kLanes] += weight;
+  }
+  double total = 0.0;
+  for (const double sum : partial) total += sum;
+  return total;
+}
+
+#define SPECRUN_SAMPLER_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+SPECRUN_SAMPLER_CLONES double exponentiate(std::span<const float> logits, float max_logit,
+                                           double inverse_temperature, double* weights) {
+  return exponentiate_row(logits, max_logit, inverse_temperature, weights);
+}
+
+SPECRUN_SAMPLER_CLONES double exponentiate(std::span<const float> logits, float max_logit,
+                                           double inverse_temperature, float* weights) {
+  return exponentiate_row(logits, max_logit, inverse_temperature, weights);
+}
+
+// Weights below a floor rank after every weight at or above it, so the tokens at or above a floor
+// (ties included) are a prefix of the full ranking: the filters can rank that prefix alone when it
+// holds all they keep. The floors tried, relative to the top weight (1): the first leaves a few
+// dozen to a few thousand of tens of thousands of tokens; the last, every token.
+constexpr double kCandidateFloors[] = {0x1.0p-16, 0x1.0p-40, 0.0};
+
+}  // namespace
+
 int32_t argmax(std::span<const float> logits) {
   SPECRUN_CHECK(!logits.empty());
-  size_t best = 0;
+  // The maximum, then its first index: two passes that vectorise, where one pass keeping the best
+  // index does not.
+  const LogitScan scan = scan_logits(logits);
+  const size_t best = first_of(logits, scan.max);
+  if (!scan.corrupt && best < logits.size()) return static_cast<int32_t>(best);
+  size_t first_best = 0;  // NaN among the values: the plain loop's answer
   for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = i;
+    if (logits[i] > logits[first_best]) first_best = i;
   }
-  return static_cast<int32_t>(best);
+  return static_cast<int32_t>(first_best);
 }
 
 void process_logits(const SamplingParams& params, std::span<const float> logits,
@@ -35,102 +137,125 @@ void process_logits(const SamplingParams& params, std::span<const float> logits,
   SPECRUN_CHECK(probs.size() == logits.size() && !logits.empty());
   const size_t vocab = logits.size();
   // NaN or +infinity means the forward pass went wrong: never sample from it. -infinity bans a
-  // token, but not every token.
-  bool any_allowed = false;
-  for (const float logit : logits) {
-    if (std::isnan(logit) || logit == INFINITY) {
-      throw Error("logits hold NaN or +infinity: the model's output is corrupt");
-    }
-    any_allowed = any_allowed || logit != -INFINITY;
-  }
-  if (!any_allowed) throw Error("every token's logit is -infinity: nothing can be sampled");
+  // token, but not every token. One pass (it vectorises) checks and finds the maximum.
+  const LogitScan scan = scan_logits(logits);
+  const float max_logit = scan.max;
+  if (scan.corrupt) throw Error("logits hold NaN or +infinity: the model's output is corrupt");
+  if (max_logit == -INFINITY)
+    throw Error("every token's logit is -infinity: nothing can be sampled");
   if (params.temperature == 0.0f) {
     std::fill(probs.begin(), probs.end(), 0.0f);
-    probs[static_cast<size_t>(argmax(logits))] = 1.0f;
+    probs[first_of(logits, max_logit)] = 1.0f;
     return;
   }
   const double inverse_temperature = 1.0 / static_cast<double>(params.temperature);
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
   if (params.top_k == 0 && params.top_p >= 1.0f && params.min_p == 0.0f) {
     // No filter: a plain softmax, written straight into probs (the common case, once per drafted
     // and verified token, so no vocabulary-sized scratch is allocated).
-    double total = 0.0;
-    for (size_t i = 0; i < vocab; ++i) {
-      const double weight =
-          std::exp((static_cast<double>(logits[i]) - max_logit) * inverse_temperature);
-      probs[i] = static_cast<float>(weight);
-      total += weight;
-    }
+    const double total = exponentiate(logits, max_logit, inverse_temperature, probs.data());
     const float scale = static_cast<float>(1.0 / total);
     for (float& p : probs) p *= scale;
     return;
   }
   // Softmax of logits / temperature in double: the filters compare and accumulate these masses.
+  // The top weight is exp(0) = 1, the maximum's.
   std::vector<double> weights(vocab);
-  for (size_t i = 0; i < vocab; ++i) {
-    weights[i] = std::exp((static_cast<double>(logits[i]) - max_logit) * inverse_temperature);
-  }
-
-  // Candidates ranked by weight, ties by lower id; only as much of the order as needed.
-  std::vector<int32_t> order(vocab);
-  std::iota(order.begin(), order.end(), 0);
+  const double total = exponentiate(logits, max_logit, inverse_temperature, weights.data());
+  // Ranked by weight, ties by lower id.
   const auto ranks_before = [&](int32_t a, int32_t b) {
     return weights[static_cast<size_t>(a)] != weights[static_cast<size_t>(b)]
                ? weights[static_cast<size_t>(a)] > weights[static_cast<size_t>(b)]
                : a < b;
   };
-  size_t kept = vocab;
-  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab) {
-    kept = static_cast<size_t>(params.top_k);
-    std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kept) - 1,
-                     order.end(), ranks_before);
-  }
-  if (params.top_p < 1.0f) {
-    double total = 0.0;
-    for (size_t i = 0; i < kept; ++i) total += weights[static_cast<size_t>(order[i])];
-    const double target = static_cast<double>(params.top_p) * total;
-    // Only the nucleus needs ranking, and it is usually a few dozen tokens of a vocabulary of tens
-    // of thousands (sorting all of them took milliseconds a token): rank the best `ranked`
-    // candidates exactly (a selection, then a sort of those alone), growing them fourfold until
-    // their mass reaches the target. The prefix is the full order's, so the set is the same.
-    size_t ranked = std::min<size_t>(kept, 64);
-    double cumulative = 0.0;
+  const bool top_k_cuts = params.top_k > 0 && static_cast<size_t>(params.top_k) < vocab;
+  const bool top_p_cuts = params.top_p < 1.0f;
+  // The min-p threshold: min_p times the top kept weight, which is always the maximum's.
+  const double min_weight = static_cast<double>(params.min_p);
+
+  // Candidates in id order (a prefix of the ranking, see kCandidateFloors), and the last-ranked
+  // token top-k and top-p keep of them (-1: they cut nothing).
+  std::vector<int32_t> candidates;
+  std::vector<int32_t> order;
+  int32_t last_kept = -1;
+  for (const double floor : kCandidateFloors) {
+    // Min-p alone keeps exactly the tokens at or above its threshold.
+    const double cut = !top_k_cuts && !top_p_cuts ? min_weight : floor;
+    candidates.resize(vocab);
     size_t count = 0;
-    for (;;) {
-      if (ranked < kept) {
-        std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(ranked) - 1,
-                         order.begin() + static_cast<std::ptrdiff_t>(kept), ranks_before);
-      }
-      std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(ranked), ranks_before);
-      cumulative = 0.0;
-      count = 0;
-      while (count < ranked && cumulative < target) {
-        cumulative += weights[static_cast<size_t>(order[count])];
-        ++count;
-      }
-      if (cumulative >= target || ranked == kept) break;
-      ranked = std::min(kept, ranked * 4);
+    for (size_t i = 0; i < vocab; ++i) {  // branch-free: the comparison is unpredictable
+      candidates[count] = static_cast<int32_t>(i);
+      count += weights[i] >= cut ? 1 : 0;
     }
-    kept = std::max<size_t>(count, 1);
-  }
-  if (params.min_p > 0.0f) {
-    double top = 0.0;
-    for (size_t i = 0; i < kept; ++i) top = std::max(top, weights[static_cast<size_t>(order[i])]);
-    const double threshold = static_cast<double>(params.min_p) * top;
-    // Keep the survivors in place; `order[0..kept)` need not be sorted here.
-    size_t write = 0;
-    for (size_t i = 0; i < kept; ++i) {
-      if (weights[static_cast<size_t>(order[i])] >= threshold) order[write++] = order[i];
+    candidates.resize(count);
+    if (!top_k_cuts && !top_p_cuts) break;
+    const bool last_floor = cut == 0.0;
+    size_t kept = count;
+    order = candidates;
+    double kept_total = total;  // what top-p's p is a fraction of: every weight, or top-k's
+    if (top_k_cuts) {
+      kept = static_cast<size_t>(params.top_k);
+      if (count < kept && !last_floor) continue;
+      std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kept) - 1,
+                       order.end(), ranks_before);
+      last_kept = order[kept - 1];
+      kept_total = 0.0;  // in id order
+      for (const int32_t token : candidates) {
+        if (token == last_kept || ranks_before(token, last_kept)) {
+          kept_total += weights[static_cast<size_t>(token)];
+        }
+      }
+    } else if (!last_floor) {
+      double mass = 0.0;
+      for (const int32_t token : candidates) mass += weights[static_cast<size_t>(token)];
+      if (mass < static_cast<double>(params.top_p) * total) continue;  // the nucleus reaches lower
     }
-    kept = write;
+    if (top_p_cuts) {
+      const double target = static_cast<double>(params.top_p) * kept_total;
+      // Only the nucleus needs ranking, and it is usually a few dozen tokens: rank the best
+      // `ranked` candidates exactly (a selection, then a sort of those alone), growing them
+      // fourfold until their mass reaches the target. The prefix is the full order's.
+      size_t ranked = std::min<size_t>(kept, 64);
+      double cumulative = 0.0;
+      size_t nucleus = 0;
+      for (;;) {
+        if (ranked < kept) {
+          std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(ranked) - 1,
+                           order.begin() + static_cast<std::ptrdiff_t>(kept), ranks_before);
+        }
+        std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(ranked), ranks_before);
+        cumulative = 0.0;
+        nucleus = 0;
+        while (nucleus < ranked && cumulative < target) {
+          cumulative += weights[static_cast<size_t>(order[nucleus])];
+          ++nucleus;
+        }
+        if (cumulative >= target || ranked == kept) break;
+        ranked = std::min(kept, ranked * 4);
+      }
+      // Rounding can leave the candidates' mass, summed in rank order, a hair short of what their
+      // sum in id order promised: then the nucleus reaches below this floor after all.
+      if (cumulative < target && !top_k_cuts && !last_floor) continue;
+      last_kept = order[std::max<size_t>(nucleus, 1) - 1];
+    }
+    break;
   }
 
-  double total = 0.0;
-  for (size_t i = 0; i < kept; ++i) total += weights[static_cast<size_t>(order[i])];
+  // The kept tokens: candidates ranked no later than last_kept, at or above the min-p threshold;
+  // renormalised by their total in id order.
+  const auto keeps = [&](int32_t token) {
+    return (last_kept < 0 || token == last_kept || ranks_before(token, last_kept)) &&
+           weights[static_cast<size_t>(token)] >= min_weight;
+  };
+  double kept_mass = 0.0;
+  for (const int32_t token : candidates) {
+    if (keeps(token)) kept_mass += weights[static_cast<size_t>(token)];
+  }
   std::fill(probs.begin(), probs.end(), 0.0f);
-  for (size_t i = 0; i < kept; ++i) {
-    const size_t token = static_cast<size_t>(order[i]);
-    probs[token] = static_cast<float>(weights[token] / total);
+  for (const int32_t token : candidates) {
+    if (keeps(token)) {
+      probs[static_cast<size_t>(token)] =
+          static_cast<float>(weights[static_cast<size_t>(token)] / kept_mass);
+    }
   }
 }
 
