@@ -260,6 +260,40 @@ TEST(Sampler, ExpNonpositiveIsWithinAnUlpOfTheLibrarys) {
   EXPECT_EQ(exp_nonpositive(-INFINITY), 0.0);
 }
 
+// exp_nonpositive as the sampler's copies for x86-64-v4 and x86-64-v3 compile it (vectorised, with
+// hardware fused multiply-adds), against this file's baseline build (std::fma in software or
+// hardware, one rounding either way): the same bits, so a seed samples alike on every machine.
+__attribute__((target("arch=x86-64-v4"))) void exp_row_v4(const std::vector<double>& x,
+                                                          std::vector<double>& out) {
+  for (size_t i = 0; i < x.size(); ++i) out[i] = exp_nonpositive(x[i]);
+}
+__attribute__((target("arch=x86-64-v3"))) void exp_row_v3(const std::vector<double>& x,
+                                                          std::vector<double>& out) {
+  for (size_t i = 0; i < x.size(); ++i) out[i] = exp_nonpositive(x[i]);
+}
+
+TEST(Sampler, ExpNonpositiveGivesTheSameBitsOnEveryInstructionSet) {
+  std::mt19937_64 random(9);
+  std::uniform_real_distribution<double> wide(-760.0, 0.0), near_zero(-3.0, 0.0);
+  std::vector<double> x(100000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = i % 2 == 0 ? wide(random) : near_zero(random);
+  x[0] = 0.0;
+  x[1] = -INFINITY;
+  std::vector<double> baseline(x.size()), copy(x.size());
+  for (size_t i = 0; i < x.size(); ++i) baseline[i] = exp_nonpositive(x[i]);
+  __builtin_cpu_init();
+  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                  __builtin_cpu_supports("bmi2");
+  const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  if (!v3) GTEST_SKIP() << "this CPU has neither x86-64-v3 nor v4";
+  exp_row_v3(x, copy);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(copy[i], baseline[i]) << "v3, x = " << x[i];
+  if (!v4) return;
+  exp_row_v4(x, copy);
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(copy[i], baseline[i]) << "v4, x = " << x[i];
+}
+
 TEST(Sampler, MinPDropsTokensBelowAFractionOfTheTop) {
   const auto logits = logits_of(kProbabilities);
   const struct {
