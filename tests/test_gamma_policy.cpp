@@ -393,6 +393,29 @@ TEST(GoodputPolicy, ComesBackWhenSpeculationStartsToPay) {
   EXPECT_GT(run.tokens_per_ms, 0.9 * good.goodput(good.best(8)));
 }
 
+TEST(GoodputPolicy, ModestAcceptanceOnAMemoryBoundTargetStillDrafts) {
+  // A small memory-bound target and a cheap draft accepted a third of the time (SmolLM2-135M and
+  // its distilled draft on the CPU): gamma 1 to 2 gains 10% to 15% over plain decoding. Runs of
+  // rejections are common at this acceptance; an estimate that follows them down must not settle
+  // into plain decoding for good.
+  for (const double alpha : {0.3, 0.4}) {
+    const OneSequence system{alpha, 0.6, 6.2, 0.4, 0.0};
+    const int64_t best = system.best(8);
+    ASSERT_GE(best, 1);
+    ASSERT_GT(system.goodput(best), 1.1 * system.goodput(0));
+    for (const uint64_t seed : {21u, 22u, 23u, 24u}) {
+      GoodputPolicy controller(8);
+      Rng rng(seed);
+      int64_t lag = 40;
+      const OneSequenceRun run = run_one(controller, system, 1500, rng, 100, &lag);
+      EXPECT_GT(run.tokens_per_ms, 0.95 * system.goodput(best))
+          << "alpha " << alpha << ", seed " << seed << ", best gamma " << best << ": "
+          << run.tokens_per_ms / system.goodput(0) << "x of plain decoding, best "
+          << system.goodput(best) / system.goodput(0) << "x";
+    }
+  }
+}
+
 TEST(GoodputPolicy, CatchUpIsNotADraftCost) {
   GoodputPolicy controller(8);
   const GammaRow row[] = {{0, 4, 4, 4, 4}};  // gamma_min 4: always drafts
@@ -436,8 +459,10 @@ TEST(GoodputPolicy, EstimatesAcceptancePerPosition) {
     const DraftOutcome outcome[] = {{0, 3, 1}};
     controller.observe(outcome, 3.0, 10.0);
   }
-  EXPECT_NEAR(controller.acceptance(0, 1), 1.0, 1e-6);
-  EXPECT_NEAR(controller.acceptance(0, 2), 0.0, 1e-6);
+  // Counts over the last ~20 drafts (acceptance_memory 0.95), the prior weighing one draft more.
+  EXPECT_NEAR(controller.acceptance(0, 1), 1.0, 0.01);
+  EXPECT_NEAR(controller.acceptance(0, 2), 0.0, 0.01);
+  EXPECT_EQ(controller.acceptance(0, 3), controller.acceptance(1, 3)) << "never drafted: pooled";
 }
 
 }  // namespace

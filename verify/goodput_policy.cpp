@@ -1,14 +1,15 @@
 #include "verify/goodput_policy.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "runtime/base/check.h"
 
 namespace specrun {
 namespace {
 
-constexpr double kNotSeen = -1.0;
-// An unobserved position moves toward the deepest measured estimate at this fraction of the ema.
+// An unobserved position moves toward the deepest measured estimate at this fraction of a new
+// observation's weight (1 - acceptance_memory).
 constexpr double kDeepDrift = 0.25;
 
 }  // namespace
@@ -19,24 +20,45 @@ GoodputPolicy::GoodputPolicy(int64_t gamma_limit, const Tuning& tuning)
       costs_(StepCostModel::Tuning{tuning.ema, tuning.cost_window}),
       interval_(tuning.probe_interval),
       next_probe_(tuning.probe_interval),
-      pooled_alpha_(static_cast<size_t>(gamma_limit) + 1, tuning.prior_acceptance),
-      pooled_seen_(static_cast<size_t>(gamma_limit) + 1, false) {
+      pooled_(static_cast<size_t>(gamma_limit) + 1) {
   SPECRUN_CHECK(gamma_limit >= 0) << "gamma limit " << gamma_limit;
   SPECRUN_CHECK(tuning.probe_interval > 0 && tuning.max_probe_interval >= tuning.probe_interval);
+  SPECRUN_CHECK(tuning.acceptance_memory > 0.0 && tuning.acceptance_memory < 1.0 &&
+                tuning.prior_weight > 0.0 && tuning.optimism >= 0.0);
 }
 
-double GoodputPolicy::alpha(int64_t sequence, int64_t position) const {
-  const auto it = alpha_.find(sequence);
-  if (it != alpha_.end()) {
-    const double own = it->second[static_cast<size_t>(position)];
-    if (own != kNotSeen) return own;
+GoodputPolicy::Estimate GoodputPolicy::estimate(int64_t sequence, int64_t position) const {
+  // The prior counts as prior_weight drafts: the pooled figure's own prior is prior_acceptance,
+  // a sequence's is the pooled figure.
+  const auto mean_of = [&](const Evidence& evidence, double prior) {
+    return (tuning_.prior_weight * prior + evidence.accepted) /
+           (tuning_.prior_weight + evidence.drafted);
+  };
+  const size_t index = static_cast<size_t>(position);
+  double mean = mean_of(pooled_[index], tuning_.prior_acceptance);
+  double counted = tuning_.prior_weight + pooled_[index].drafted;
+  const auto it = own_.find(sequence);
+  if (it != own_.end()) {
+    mean = mean_of(it->second[index], mean);
+    counted = tuning_.prior_weight + it->second[index].drafted;
   }
-  return pooled_alpha_[static_cast<size_t>(position)];
+  return {mean, std::sqrt(mean * (1.0 - mean) / counted)};
+}
+
+double GoodputPolicy::alpha(int64_t sequence, int64_t position, int64_t rows) const {
+  const Estimate e = estimate(sequence, position);
+  // Only the first position is chosen optimistically: it alone decides between drafting and plain
+  // decoding, which observes nothing. Deeper positions are observed while drafting goes on, and
+  // probes reach past the chosen depth; optimism there would draft deep on thin evidence. The
+  // step's expected tokens sum the rows' estimates, whose independent errors partly cancel (the
+  // sum's standard error is sqrt(rows) times a row's), so each row's share is 1 / sqrt(rows).
+  if (position != 1) return e.mean;
+  return std::min(1.0, e.mean + tuning_.optimism * e.error / std::sqrt(static_cast<double>(rows)));
 }
 
 double GoodputPolicy::acceptance(int64_t sequence, int64_t position) const {
   SPECRUN_CHECK(position >= 1 && position <= gamma_limit_) << "position " << position;
-  return alpha(sequence, position);
+  return estimate(sequence, position).mean;
 }
 
 double GoodputPolicy::goodput(std::span<const GammaRow> rows, std::span<const int64_t> gammas,
@@ -45,7 +67,7 @@ double GoodputPolicy::goodput(std::span<const GammaRow> rows, std::span<const in
   for (size_t i = 0; i < rows.size(); ++i) {
     double expected = 1.0, run = 1.0;
     for (int64_t j = 1; j <= gammas[i]; ++j) {
-      double a = alpha(rows[i].sequence, j);
+      double a = alpha(rows[i].sequence, j, static_cast<int64_t>(rows.size()));
       if (optimistic) a = std::max(a, tuning_.optimistic_acceptance);
       run *= a;
       expected += run;
@@ -199,7 +221,7 @@ void GoodputPolicy::plan(std::span<const GammaRow> rows, std::span<DraftPlan> pl
     const GammaRow& row = rows[i];
     planned_.insert(row.sequence);
     // A sequence that never drafted starts where its configured gamma says.
-    if (!calibrating_ && gammas[i] > 0 && row.first > 0 && alpha_.count(row.sequence) == 0) {
+    if (!calibrating_ && gammas[i] > 0 && row.first > 0 && own_.count(row.sequence) == 0) {
       gammas[i] = std::clamp(row.first, std::min(row.min, row.cap), row.cap);
     }
     plans[i] = {gammas[i], calibrating_ && gammas[i] > 0,
@@ -223,34 +245,35 @@ void GoodputPolicy::observe(std::span<const DraftOutcome> step, double draft_ms,
     steady = steady && outcome.catch_up <= kSteadyCatchUp;
     // Another policy's rows are load on the step's costs; their acceptance is theirs.
     if (planned_.count(outcome.sequence) == 0) continue;
-    std::vector<double>& own = alpha_[outcome.sequence];
-    if (own.empty()) own.assign(static_cast<size_t>(gamma_limit_) + 1, kNotSeen);
+    std::vector<Evidence>& own = own_[outcome.sequence];
+    if (own.empty()) own.resize(static_cast<size_t>(gamma_limit_) + 1);
     // Positions 1..accepted were accepted; accepted + 1 (if drafted) was rejected.
+    const double memory = tuning_.acceptance_memory;
     const int64_t reached = std::min(outcome.drafted, outcome.accepted + 1);
     for (int64_t j = 1; j <= reached; ++j) {
       const double x = j <= outcome.accepted ? 1.0 : 0.0;
-      const size_t index = static_cast<size_t>(j);
-      double& mine = own[index];
-      mine = (1 - tuning_.ema) * (mine == kNotSeen ? pooled_alpha_[index] : mine) + tuning_.ema * x;
-      double& pooled = pooled_alpha_[index];
-      pooled = pooled_seen_[index] ? (1 - tuning_.ema) * pooled + tuning_.ema * x
-                                   : (1 - tuning_.ema) * tuning_.prior_acceptance + tuning_.ema * x;
-      pooled_seen_[index] = true;
+      for (Evidence* evidence : {&own[static_cast<size_t>(j)], &pooled_[static_cast<size_t>(j)]}) {
+        evidence->accepted = memory * evidence->accepted + x;
+        evidence->drafted = memory * evidence->drafted + 1.0;
+      }
     }
     // Positions past the one reached go unobserved for as long as gamma stays short, and only
     // probes reach them; a few unlucky probes would pin gamma down. So they drift slowly toward
-    // the deepest estimate just measured.
-    const double deepest = own[static_cast<size_t>(reached)];
+    // the deepest estimate just measured (their counts stay, their ratio moves).
+    const double deepest = estimate(outcome.sequence, reached).mean;
+    const double drift = kDeepDrift * (1.0 - memory);
     for (int64_t j = reached + 1; j <= gamma_limit_; ++j) {
-      double& mine = own[static_cast<size_t>(j)];
-      if (mine != kNotSeen) mine += kDeepDrift * tuning_.ema * (deepest - mine);
+      Evidence& evidence = own[static_cast<size_t>(j)];
+      if (evidence.drafted > 0.0) {
+        evidence.accepted += drift * (deepest * evidence.drafted - evidence.accepted);
+      }
     }
   }
   costs_.observe(steps_, tokens, verify_ms, rounds, drafts, steady, draft_ms);
 }
 
 void GoodputPolicy::forget(int64_t sequence) {
-  alpha_.erase(sequence);
+  own_.erase(sequence);
   previous_.erase(sequence);
   last_choice_.erase(sequence);
 }

@@ -2,13 +2,14 @@
 // most tokens per second.
 //
 // Each sequence has its own acceptance alpha_ij (probability that draft j is accepted given drafts
-// 1..j-1 were), a moving average per position, starting from the pooled figures of every
-// sequence, so E_i(g) = 1 + sum_{k<=g} prod_{j<=k} alpha_ij. With the step's predicted cost
-// (verify/step_cost_model.h) the choice maximises sum_i E_i(gamma_i) / (t_draft + t_verify) by
-// adding one draft at a time to the sequence whose next draft raises that ratio most, until none
-// does; it keeps the previous choice unless the new one is predicted better by the hysteresis
-// margin. On a memory-bound target b is small and gamma grows; as the batch grows the target
-// turns compute-bound, b * T dominates, and gamma falls to 0.
+// 1..j-1 were), counted per position over its recent drafts, starting from the pooled figures of
+// every sequence, so E_i(g) = 1 + sum_{k<=g} prod_{j<=k} alpha_ij; gamma is chosen with the first
+// position's alpha raised by a standard error of its estimate (Tuning::optimism). With the step's
+// predicted cost (verify/step_cost_model.h) the choice maximises sum_i E_i(gamma_i) / (t_draft +
+// t_verify) by adding one draft at a time to the sequence whose next draft raises that ratio most,
+// until none does; it keeps the previous choice unless the new one is predicted better by the
+// hysteresis margin. On a memory-bound target b is small and gamma grows; as the batch grows the
+// target turns compute-bound, b * T dominates, and gamma falls to 0.
 //
 // Probes (every `probe_interval` steps, backed off while they change nothing) run one step at
 // gamma + 1 for every sequence, so untried costs and acceptance at deeper positions stay measured
@@ -47,13 +48,25 @@ namespace specrun {
 class GoodputPolicy : public GammaPolicy {
  public:
   struct Tuning {
-    double ema = 0.2;             // weight of a new observation in every moving average
+    double ema = 0.2;             // weight of a new observation in the costs' moving averages
     double hysteresis = 0.05;     // keep the previous choice unless the gain is above 5%
     int64_t probe_interval = 32;  // steps between probes, at first
     int64_t max_probe_interval =
         512;                        // the interval doubles up to this while probes change nothing
     int64_t cost_window = 256;      // steps after which an unrefreshed cost point is dropped
     double prior_acceptance = 0.6;  // alpha before anything was observed
+    // Acceptance is counted, not averaged: each position keeps its drafts and acceptances, both
+    // multiplied by this at every new observation (a memory of about 1 / (1 - memory) drafts),
+    // plus the prior (the pooled figure, for a sequence) as prior_weight drafts of its own.
+    double acceptance_memory = 0.95;
+    double prior_weight = 1.0;
+    // Gamma is chosen with the first position's alpha raised by this many standard errors of its
+    // estimate (sqrt(alpha (1 - alpha) / drafts counted)), divided by sqrt(rows) in a step of
+    // several rows (their errors partly cancel in the step's total): a run of rejections must not
+    // shut the draft out where it pays on average, since plain decoding observes nothing that
+    // would correct it. Drafting a little below break-even costs little; not drafting above it,
+    // the speedup.
+    double optimism = 1.0;
     // The acceptance the probe gate assumes: from plain decoding, probes run the draft unless even
     // this acceptance (at the measured costs) would not make speculation pay. High, because a few
     // unlucky draws must not shut the draft out for good.
@@ -81,7 +94,21 @@ class GoodputPolicy : public GammaPolicy {
   static constexpr int64_t kProbeCatchUp = 32;
 
  private:
-  double alpha(int64_t sequence, int64_t position) const;
+  // Discounted counts of one position's drafts (see Tuning::acceptance_memory).
+  struct Evidence {
+    double accepted = 0.0;
+    double drafted = 0.0;
+  };
+  // The estimate of alpha at `position` and its standard error.
+  struct Estimate {
+    double mean;
+    double error;
+  };
+  Estimate estimate(int64_t sequence, int64_t position) const;
+  // What gamma is chosen with, in a step of `rows` sequences: the estimate, at the first position
+  // raised by Tuning::optimism standard errors of the step's expected tokens, shared among its
+  // rows.
+  double alpha(int64_t sequence, int64_t position, int64_t rows) const;
   // The goodput-maximising gammas for the rows, starting from `start`; with `optimistic` every
   // alpha counts as at least optimistic_acceptance.
   std::vector<int64_t> best_gammas(std::span<const GammaRow> rows, std::vector<int64_t> start,
@@ -105,10 +132,9 @@ class GoodputPolicy : public GammaPolicy {
   bool remember_ = false;
   int64_t next_calibration_ = 0;  // no calibration step before this step
   int64_t calibration_steps_ = 0;
-  int64_t regime_batch_ = 0;          // batch size when the cost points were started
-  std::vector<double> pooled_alpha_;  // [gamma_limit + 1] by position, every sequence
-  std::vector<bool> pooled_seen_;     // [gamma_limit + 1]
-  std::unordered_map<int64_t, std::vector<double>> alpha_;  // sequence -> [gamma_limit + 1]
+  int64_t regime_batch_ = 0;      // batch size when the cost points were started
+  std::vector<Evidence> pooled_;  // [gamma_limit + 1] by position, every sequence
+  std::unordered_map<int64_t, std::vector<Evidence>> own_;  // sequence -> [gamma_limit + 1]
   std::unordered_map<int64_t, int64_t> previous_;           // sequence -> last chosen gamma
   std::unordered_map<int64_t, int64_t> last_choice_;        // the choice before a probe
   std::unordered_set<int64_t> planned_;                     // this policy's rows of the step

@@ -34,8 +34,29 @@ StepCostModel::Line StepCostModel::fit(const std::map<int64_t, Point>& points) c
   line.slope = (sxy - sx * sy / n) / variance;
   line.intercept = (sy - line.slope * sx) / n;
   if (line.slope < 0) {  // noise: costs do not fall with more work
+    line.falling = true;
     line.slope = 0;
     line.intercept = sy / n;
+  }
+  return line;
+}
+
+StepCostModel::Line StepCostModel::refit(std::map<int64_t, Point>& points, int64_t keep) {
+  // Costs do not fall with more work, so a falling line has a wrong point, and the likeliest is
+  // the stalest: a point measured once while the process was cold (the first steps of an engine
+  // touch fresh memory and run many times slower) and never refreshed, because the choices it
+  // led to scored other token counts. Drop such points, oldest first, but never the one just
+  // measured; a line left with one point is flat, and its owner measures another.
+  Line line = fit(points);
+  while (line.falling && points.size() > 1) {
+    auto stalest = points.end();
+    for (auto p = points.begin(); p != points.end(); ++p) {
+      if (p->first == keep) continue;
+      if (stalest == points.end() || p->second.updated < stalest->second.updated) stalest = p;
+    }
+    if (stalest == points.end()) break;
+    points.erase(stalest);
+    line = fit(points);
   }
   return line;
 }
@@ -61,12 +82,12 @@ void StepCostModel::observe(int64_t step, int64_t tokens, double verify_ms, int6
                             int64_t drafts, bool steady, double draft_ms) {
   step_ = step;
   update(verify_points_, tokens, verify_ms);
-  verify_line_ = fit(verify_points_);
+  verify_line_ = refit(verify_points_, tokens);
   if (rounds > 0 && steady) {
     const int64_t rows_per_round =
         std::max<int64_t>(1, (drafts + rounds / 2) / rounds);  // nearest whole row count
     update(draft_points_, rows_per_round, draft_ms / static_cast<double>(rounds));
-    draft_line_ = fit(draft_points_);
+    draft_line_ = refit(draft_points_, rows_per_round);
   }
 }
 

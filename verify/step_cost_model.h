@@ -3,7 +3,8 @@
 // t_verify(T) = a + b * T; the draft runs one batched forward per draft position, each costing
 // c + e * rows (rows = sequences still drafting at that depth). Both lines are fitted by least
 // squares to moving averages of the measured costs, kept per T and per row count, that age out
-// after `window` steps (costs change with load); a single measured point is flat.
+// after `window` steps (costs change with load); a single measured point is flat, and a line that
+// would fall loses its stalest points (see refit).
 #pragma once
 
 #include <cstdint>
@@ -49,8 +50,11 @@ class StepCostModel {
     double slope = 0.0;
     bool known = false;
     int64_t distinct = 0;  // distinct x values behind the fit
+    bool falling = false;  // least squares gave a negative slope (flattened)
   };
   Line fit(const std::map<int64_t, Point>& points) const;
+  // fit(), after dropping the stalest points (never `keep`) while the line falls.
+  Line refit(std::map<int64_t, Point>& points, int64_t keep);
   void update(std::map<int64_t, Point>& points, int64_t x, double ms);
 
   Tuning tuning_;
