@@ -450,6 +450,24 @@ TEST(GoodputPolicy, APreemptedStepDoesNotFlattenTheVerifyLine) {
   }
 }
 
+TEST(StepCostModel, ALineThatWouldFallDropsItsStalestPoints) {
+  // An engine's first steps run cold: T = 1 and T = 3 measured at 3 and 5 ms, then only T = 9 at
+  // its true 0.7 ms. Least squares would fall, and flattened it would call verification free;
+  // the cold points go instead, and the next other T measured gives the true slope.
+  StepCostModel costs(StepCostModel::Tuning{});
+  costs.observe(0, 1, 3.0, 0, 0, true, 0.0);
+  costs.observe(1, 3, 5.0, 0, 0, true, 0.0);
+  EXPECT_EQ(costs.verify_points(), 2);
+  for (int64_t step = 2; step < 10; ++step) costs.observe(step, 9, 0.7, 0, 0, true, 0.0);
+  EXPECT_EQ(costs.verify_points(), 1) << "the cold points stay";
+  costs.observe(10, 3, 0.3, 0, 0, true, 0.0);
+  EXPECT_EQ(costs.verify_points(), 2);
+  EXPECT_NEAR(costs.verify_ms(9) - costs.verify_ms(3), 0.4, 1e-9);
+  // A rising line keeps every point, however old.
+  costs.observe(11, 1, 0.2, 0, 0, true, 0.0);
+  EXPECT_EQ(costs.verify_points(), 3);
+}
+
 TEST(GoodputPolicy, EstimatesAcceptancePerPosition) {
   GoodputPolicy controller(3);
   // Position 1 always accepted, position 2 never.

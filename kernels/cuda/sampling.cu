@@ -165,10 +165,12 @@ __device__ double scan_sorted_weights(const float* sorted_logits,  // [count]
   return total;
 }
 
-// The top-p cut exactly as the CPU loops: total = sum of the kept weights in rank order, one at a
-// time; then the fewest leading weights whose running sum reaches top_p * total. The block computes
-// a chunk of weights at a time and thread 0 accumulates them in order. Slow for a long row, and
-// needed only when the parallel sums lie within rounding of the cut.
+// The top-p cut by sequential sums: total = sum of the kept weights in rank order, one at a time;
+// then the fewest leading weights whose running sum reaches top_p * total. (The CPU sums the total
+// in id order, and its exp may differ from the device's by an ulp: the two cuts can disagree only
+// where a partial sum lies within rounding of the target; CudaProcessLogits expects no such row.)
+// The block computes a chunk of weights at a time and thread 0 accumulates them in order. Slow
+// for a long row, and needed only when the parallel sums lie within rounding of the cut.
 __device__ int64_t sequential_top_p(const float* sorted_logits,  // [kept]
                                     const Weight& weight, int64_t kept, float top_p,
                                     FinalizeStorage& storage) {

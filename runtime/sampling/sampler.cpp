@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <numeric>
 
 #include "runtime/base/check.h"
 #include "runtime/sampling/exp.h"
@@ -109,6 +108,8 @@ SPECRUN_SAMPLER_CLONES double exponentiate(std::span<const float> logits, float 
                                            double inverse_temperature, float* weights) {
   return exponentiate_row(logits, max_logit, inverse_temperature, weights);
 }
+
+#undef SPECRUN_SAMPLER_CLONES
 
 // Weights below a floor rank after every weight at or above it, so the tokens at or above a floor
 // (ties included) are a prefix of the full ranking: the filters can rank that prefix alone when it
