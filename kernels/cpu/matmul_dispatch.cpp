@@ -2,6 +2,7 @@
 // (kernels/CMakeLists.txt defines SPECRUN_HAVE_MATMUL_<VARIANT> for each one built).
 #include <array>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 
 #define SPECRUN_DECLARE_MATMUL_VARIANT(variant)                                                    \
@@ -29,23 +30,6 @@ namespace {
 [[maybe_unused]] bool always() {
   return true;
 }
-
-#if defined(__x86_64__)
-// The levels by their features, as far as both compilers' __builtin_cpu_supports name them
-// (Clang's takes neither level names nor F16C or MOVBE, which every AVX2 CPU has).
-[[maybe_unused]] bool has_x86_64_v3() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
-}
-
-[[maybe_unused]] bool has_x86_64_v4_bf16() {
-  return has_x86_64_v3() && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd") &&
-         __builtin_cpu_supports("avx512bf16");
-}
-#endif
 
 constexpr auto kVariants = std::to_array<MatmulVariant>({
 #if defined(SPECRUN_HAVE_MATMUL_NATIVE)

@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 
+#include "kernels/cpu/cpu_features.h"
 #include "runtime/base/check.h"
 #include "runtime/sampling/exp.h"
 
@@ -66,7 +67,7 @@ size_t first_of(std::span<const float> values, float value) {
 
 // weights[i] = exp((logits[i] - max_logit) * inverse_temperature), and their total: the softmax
 // of a row before normalisation, most of the time processing a row takes. One copy per instruction
-// set, chosen at load (they give the same bits: exp_nonpositive's arithmetic is exact IEEE
+// set, chosen at run time (they give the same bits: exp_nonpositive's arithmetic is exact IEEE
 // operations and fused multiply-adds, and the total is eight partial sums in a fixed order).
 // Inlined into each copy below, so that it is compiled for that copy's instruction set.
 template <typename Weight>
@@ -96,20 +97,41 @@ template <typename Weight>
   return total;
 }
 
-#define SPECRUN_SAMPLER_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-
-SPECRUN_SAMPLER_CLONES double exponentiate(std::span<const float> logits, float max_logit,
-                                           double inverse_temperature, double* weights) {
+#if defined(__x86_64__)
+template <typename Weight>
+__attribute__((target("arch=x86-64-v4"))) double exponentiate_x86_64_v4(
+    std::span<const float> logits, float max_logit, double inverse_temperature, Weight* weights) {
   return exponentiate_row(logits, max_logit, inverse_temperature, weights);
 }
 
-SPECRUN_SAMPLER_CLONES double exponentiate(std::span<const float> logits, float max_logit,
-                                           double inverse_temperature, float* weights) {
+template <typename Weight>
+__attribute__((target("arch=x86-64-v3"))) double exponentiate_x86_64_v3(
+    std::span<const float> logits, float max_logit, double inverse_temperature, Weight* weights) {
+  return exponentiate_row(logits, max_logit, inverse_temperature, weights);
+}
+#endif
+
+template <typename Weight>
+double exponentiate_baseline(std::span<const float> logits, float max_logit,
+                             double inverse_temperature, Weight* weights) {
   return exponentiate_row(logits, max_logit, inverse_temperature, weights);
 }
 
-#undef SPECRUN_SAMPLER_CLONES
+// The copy this CPU runs best, chosen once. (Not target_clones: its resolvers run while the
+// program is being relocated, before ThreadSanitizer's runtime is up, and crash it.)
+template <typename Weight>
+double exponentiate(std::span<const float> logits, float max_logit, double inverse_temperature,
+                    Weight* weights) {
+  using Copy = double (*)(std::span<const float>, float, double, Weight*);
+  static const Copy copy = []() -> Copy {
+#if defined(__x86_64__)
+    if (kernels::cpu::has_x86_64_v4()) return exponentiate_x86_64_v4<Weight>;
+    if (kernels::cpu::has_x86_64_v3()) return exponentiate_x86_64_v3<Weight>;
+#endif
+    return exponentiate_baseline<Weight>;
+  }();
+  return copy(logits, max_logit, inverse_temperature, weights);
+}
 
 // Weights below a floor rank after every weight at or above it, so the tokens at or above a floor
 // (ties included) are a prefix of the full ranking: the filters can rank that prefix alone when it

@@ -1,0 +1,12 @@
+// What the running CPU can execute, by x86-64 micro-architecture level, for the code that keeps
+// one copy per instruction set and picks one at run time (the matmul's copies, the sampler's
+// exponential). False on other architectures.
+#pragma once
+
+namespace specrun::kernels::cpu {
+
+bool has_x86_64_v3();       // AVX2, FMA, BMI1/2
+bool has_x86_64_v4();       // v3 and AVX-512 F, BW, VL, DQ, CD
+bool has_x86_64_v4_bf16();  // v4 and AVX512-BF16 (vdpbf16ps)
+
+}  // namespace specrun::kernels::cpu
