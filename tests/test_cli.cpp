@@ -352,6 +352,20 @@ TEST_F(CliTest, SpecbenchMeasuresSyntheticShapes) {
                         {{"--cpu-kernels", "'avx9'", "this CPU runs"}}, "specbench");
 }
 
+TEST_F(CliTest, SpecbenchMeasuresSamplingPerRow) {
+  const CommandResult result = run_tool("specbench", "--sampling 1000 --repeats 1");
+  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  for (const char* line :
+       {"a row of 1000 logits", "greedy", "T 0.7, top-p 0.9", "T 0.7, top-k 40"}) {
+    EXPECT_NE(result.stdout_text.find(line), std::string::npos) << line << "\n"
+                                                                << result.stdout_text;
+  }
+  expect_one_error_line(run_tool("specbench", "--sampling 1"), {{"--sampling", "at least 2"}},
+                        "specbench");
+  expect_one_error_line(run_tool("specbench", "--sampling 100 --repeats 0"), {{"--repeats"}},
+                        "specbench");
+}
+
 TEST_F(CliTest, SpecbenchMeasuresQuantizedSyntheticTargetsAgainstBf16) {
   const CommandResult result =
       run_tool("specbench",

@@ -23,6 +23,7 @@
 #include "runtime/engine/pairing.h"
 #include "runtime/model/model.h"
 #include "runtime/sampling/rng.h"
+#include "runtime/sampling/sampler.h"
 #include "tools/cli_support.h"
 #include "tools/device_bench.h"
 #include "tools/fixtures/checkpoint_generator.h"
@@ -401,6 +402,65 @@ void write_layer_skip_pair(const std::filesystem::path& directory, int64_t vocab
                                                 directory / "draft");
 }
 
+// The host's cost per row of what every drafted and verified position pays: process_logits (the
+// processed distribution) and sample_with_noise (the shared-noise draw), on one thread as the
+// engine runs them, over a synthetic row of `vocab` logits shaped like a language model's (a wide
+// normal spread, a few tokens far above it). Median of `repeats` runs of 200 rows each.
+nlohmann::json sampling_bench(int64_t vocab, int64_t repeats) {
+  if (vocab < 2 || repeats < 1) {
+    throw specrun::Error("--sampling takes a vocabulary of at least 2 tokens and --repeats >= 1");
+  }
+  specrun::Rng rng(17);
+  std::vector<float> logits(static_cast<size_t>(vocab)), probs(logits.size());
+  for (float& logit : logits) {  // about normal, spread 2.5: twelve uniforms' sum, less six
+    double sum = -6.0;
+    for (int i = 0; i < 12; ++i) sum += rng.uniform();
+    logit = static_cast<float>(2.5 * sum);
+  }
+  for (int i = 0; i < 20; ++i) logits[rng.next() % logits.size()] += 12.0f;
+  const specrun::RandomStream stream(7);
+  struct Setting {
+    const char* name;
+    float temperature, top_p;
+    int64_t top_k;
+  };
+  const Setting settings[] = {{"greedy", 0.0f, 1.0f, 0},
+                              {"T 0.7", 0.7f, 1.0f, 0},
+                              {"T 0.7, top-p 0.9", 0.7f, 0.9f, 0},
+                              {"T 0.7, top-k 40", 0.7f, 1.0f, 40}};
+  constexpr int kRows = 200;
+  std::printf("sampling: one thread, a row of %lld logits, median of %lld runs of %d rows\n",
+              static_cast<long long>(vocab), static_cast<long long>(repeats), kRows);
+  std::printf("%-18s %14s %18s\n", "setting", "process us/row", "noise draw us/row");
+  nlohmann::json results = nlohmann::json::array();
+  for (const Setting& setting : settings) {
+    specrun::SamplingParams params;
+    params.temperature = setting.temperature;
+    params.top_p = setting.top_p;
+    params.top_k = setting.top_k;
+    std::vector<double> process_us, noise_us;
+    int64_t sink = 0;
+    for (int64_t run = 0; run <= repeats; ++run) {  // run 0 warms up
+      const auto start = Clock::now();
+      for (int row = 0; row < kRows; ++row) specrun::process_logits(params, logits, probs);
+      const auto middle = Clock::now();
+      for (int row = 0; row < kRows; ++row) sink += specrun::sample_with_noise(probs, stream, row);
+      const auto end = Clock::now();
+      if (run == 0) continue;
+      process_us.push_back(std::chrono::duration<double, std::micro>(middle - start).count() /
+                           kRows);
+      noise_us.push_back(std::chrono::duration<double, std::micro>(end - middle).count() / kRows);
+    }
+    const double process = median(process_us), noise = median(noise_us);
+    std::printf("%-18s %14.1f %18.1f\n", setting.name, process, noise);
+    results.push_back({{"setting", setting.name},
+                       {"process_logits_us", process},
+                       {"sample_with_noise_us", noise},
+                       {"checksum", sink}});
+  }
+  return {{"vocab", vocab}, {"repeats", repeats}, {"rows", kRows}, {"settings", results}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -444,6 +504,10 @@ int main(int argc, char** argv) {
                "Also measure the weights as stored with activations rounded to bf16 for bf16 "
                "weights (vdpbf16ps where the kernels have AVX512-BF16), in the same run, with "
                "their verification costs");
+  int64_t sampling_vocab = 0;
+  app.add_option("--sampling", sampling_vocab,
+                 "Measure the host's logits processing and shared-noise draw per row of this many "
+                 "logits (e.g. 49152), for greedy, T 0.7, top-p and top-k, and nothing else");
   bool speculative = false;
   std::string target_path, draft_path;
   int64_t spec_tokens = 256, spec_prompts = 3;
@@ -486,6 +550,14 @@ int main(int argc, char** argv) {
                  "need)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+
+  if (app.count("--sampling") > 0) {
+    return specrun::tools::run_reporting_errors("specbench", "warn", [&] {
+      const nlohmann::json result = sampling_bench(sampling_vocab, repeats);
+      if (!json_path.empty()) std::ofstream(json_path) << result.dump(2) << "\n";
+      return 0;
+    });
+  }
 
   if (!synthetic.empty()) {
     return specrun::tools::run_reporting_errors("specbench", "warn", [&] {
