@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "kernels/cpu/cpu_features.h"
 #include "runtime/base/check.h"
 #include "runtime/sampling/exp.h"
 #include "runtime/sampling/sampler.h"
@@ -263,6 +264,7 @@ TEST(Sampler, ExpNonpositiveIsWithinAnUlpOfTheLibrarys) {
 // exp_nonpositive as the sampler's copies for x86-64-v4 and x86-64-v3 compile it (vectorised, with
 // hardware fused multiply-adds), against this file's baseline build (std::fma in software or
 // hardware, one rounding either way): the same bits, so a seed samples alike on every machine.
+#if defined(__x86_64__)
 __attribute__((target("arch=x86-64-v4"))) void exp_row_v4(const std::vector<double>& x,
                                                           std::vector<double>& out) {
   for (size_t i = 0; i < x.size(); ++i) out[i] = exp_nonpositive(x[i]);
@@ -281,11 +283,8 @@ TEST(Sampler, ExpNonpositiveGivesTheSameBitsOnEveryInstructionSet) {
   x[1] = -INFINITY;
   std::vector<double> baseline(x.size()), copy(x.size());
   for (size_t i = 0; i < x.size(); ++i) baseline[i] = exp_nonpositive(x[i]);
-  __builtin_cpu_init();
-  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                  __builtin_cpu_supports("bmi2");
-  const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool v3 = kernels::cpu::has_x86_64_v3();
+  const bool v4 = kernels::cpu::has_x86_64_v4();
   if (!v3) GTEST_SKIP() << "this CPU has neither x86-64-v3 nor v4";
   exp_row_v3(x, copy);
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(copy[i], baseline[i]) << "v3, x = " << x[i];
@@ -293,6 +292,8 @@ TEST(Sampler, ExpNonpositiveGivesTheSameBitsOnEveryInstructionSet) {
   exp_row_v4(x, copy);
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(copy[i], baseline[i]) << "v4, x = " << x[i];
 }
+
+#endif  // __x86_64__
 
 TEST(Sampler, MinPDropsTokensBelowAFractionOfTheTop) {
   const auto logits = logits_of(kProbabilities);
