@@ -53,10 +53,8 @@ std::string as_one_line(const std::string& message) {
 }
 
 TEST(ChatTemplateConformance, RendersAsTransformersDoes) {
-  const std::string python = testing::venv_python();
-  if (python.empty() ||
-      testing::run_command("'" + python + "' -c 'import transformers, jinja2, gguf' 2>&1")
-              .exit_code != 0) {
+  const std::string python = testing::venv_python_with("transformers, jinja2, gguf");
+  if (python.empty()) {
     GTEST_SKIP() << "no transformers, jinja2 and gguf in the project venv (bash "
                     "tools/setup-python.sh transformers gguf)";
   }

@@ -408,9 +408,8 @@ TEST(GgufDequantize, UnsupportedTypesAndPartialBlocksAreErrors) {
 // Random blocks of every quantized type against gguf-py's dequantize (llama.cpp's own Python
 // reader), when the project's virtual environment has it (tools/setup-python.sh gguf).
 TEST(GgufDequantize, MatchesGgufPyOnRandomBlocks) {
-  const fs::path python = testing::source_path(".venv/bin/python");
-  if (!fs::exists(python) ||
-      testing::run_command("'" + python.string() + "' -c 'import gguf' 2>&1").exit_code != 0) {
+  const fs::path python = testing::venv_python_with("gguf");
+  if (python.empty()) {
     GTEST_SKIP() << "no gguf-py in .venv (tools/setup-python.sh gguf)";
   }
   TempDir dir;

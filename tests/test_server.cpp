@@ -459,9 +459,8 @@ TEST_F(ServerTest, MetricsInPrometheusTextFormat) {
 }
 
 TEST_F(ServerTest, TheOfficialOpenAiClientWorksWithIt) {
-  const std::string python = testing::venv_python();
-  if (python.empty() ||
-      testing::run_command("'" + python + "' -c 'import openai' 2>/dev/null").exit_code != 0) {
+  const std::string python = testing::venv_python_with("openai");
+  if (python.empty()) {
     GTEST_SKIP() << "the openai package is not installed (tools/setup-python.sh server)";
   }
   start({}, true, /*with_template=*/true);

@@ -53,15 +53,12 @@ class SmolLm2Test : public ::testing::Test {
     }
   }
 
-  // The venv's Python when it has torch and transformers (asked once), else empty.
+  // The venv's Python when it has what tests/reference/hf_reference.py needs to read a GGUF file
+  // (transformers reads it through gguf-py, and only with accelerate; its tokenizer conversion
+  // uses tokenizers), else empty. Asked once: importing torch takes seconds.
   static const std::string& transformers_python() {
-    static const std::string python = [] {
-      const std::string candidate = testing::venv_python();
-      if (candidate.empty()) return candidate;
-      const auto result =
-          testing::run_command("'" + candidate + "' -c 'import torch, transformers' 2>&1");
-      return result.exit_code == 0 ? candidate : std::string();
-    }();
+    static const std::string python =
+        testing::venv_python_with("torch, transformers, accelerate, gguf, tokenizers");
     return python;
   }
 
@@ -136,10 +133,8 @@ TEST_F(SmolLm2Test, TokenizerRoundTrips) {
 // same metadata assembled independently (tools/python/gguf_tokenize.py, gguf-py reading it), on
 // the conformance corpus, with and without special tokens.
 TEST_F(SmolLm2Test, TokenizerMatchesHuggingFaceTokenizers) {
-  const fs::path python = testing::venv_python();
-  if (python.empty() ||
-      testing::run_command("'" + python.string() + "' -c 'import gguf, tokenizers' 2>&1")
-              .exit_code != 0) {
+  const fs::path python = testing::venv_python_with("gguf, tokenizers");
+  if (python.empty()) {
     GTEST_SKIP() << "no gguf-py and tokenizers in .venv (tools/setup-python.sh gguf tokenizers)";
   }
   const fs::path corpus = testing::source_path("tests/data/tokenizer/corpus.txt");
@@ -250,7 +245,8 @@ std::vector<std::string> held_out_prompts() {
 // transformers' own conversion exactly on every text without a digit (\p{N}), the rest counted.
 TEST_F(SmolLm2Test, TokenizerMatchesTransformersGgufConversion) {
   if (transformers_python().empty()) {
-    GTEST_SKIP() << "no torch and transformers in the venv (tools/setup-python.sh transformers)";
+    GTEST_SKIP() << "no torch, transformers, accelerate, gguf and tokenizers in the venv "
+                    "(tools/setup-python.sh transformers)";
   }
   std::vector<std::string> texts;
   std::istringstream corpus(
@@ -379,7 +375,8 @@ constexpr int kNewTokens = 16;
 
 TEST_F(SmolLm2Test, LogitsAndGreedyContinuationMatchTransformers) {
   if (transformers_python().empty()) {
-    GTEST_SKIP() << "no torch and transformers in the venv (tools/setup-python.sh transformers)";
+    GTEST_SKIP() << "no torch, transformers, accelerate, gguf and tokenizers in the venv "
+                    "(tools/setup-python.sh transformers)";
   }
   testing::TempDir scratch;
   std::string prompt_lines;

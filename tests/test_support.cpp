@@ -122,6 +122,14 @@ std::string venv_python() {
   return ::access(python.c_str(), X_OK) == 0 ? python.string() : std::string();
 }
 
+std::string venv_python_with(const std::string& modules) {
+  const std::string python = venv_python();
+  if (python.empty()) return python;
+  const CommandResult result =
+      run_command("'" + python + "' -c 'import " + modules + "' >/dev/null 2>&1");
+  return result.exit_code == 0 ? python : std::string();
+}
+
 std::vector<double> reference_logits(const std::filesystem::path& model_dir,
                                      std::span<const int32_t> tokens, bool interleaved_rope,
                                      const std::filesystem::path& out) {

@@ -65,6 +65,10 @@ std::string reference_python();
 // The project's virtual environment's Python (tools/setup-python.sh: $SPECRUN_VENV, else .venv in
 // the source tree), where the pinned reference packages are installed; empty when there is none.
 std::string venv_python();
+// venv_python() when it can import every module in `modules` (as Python's `import` lists them:
+// "torch, transformers"), else empty. A test skips on empty: a venv whose install stopped partway
+// must skip, not fail in the reference's first line.
+std::string venv_python_with(const std::string& modules);
 
 // Runs the NumPy reference (tests/reference/llama_ref.py) on one sequence and returns its logits
 // [tokens, vocab] in float64, written through the file `out`. Fails the test on a script error.

@@ -32,10 +32,7 @@ fs::path tokenizer_json(const std::string& family) {
 // The project venv's Python (testing::venv_python) when it can import the reference; empty
 // otherwise.
 std::string reference_python() {
-  const std::string python = testing::venv_python();
-  if (python.empty()) return "";
-  if (testing::run_command("'" + python + "' -c 'import tokenizers'").exit_code != 0) return "";
-  return python;
+  return testing::venv_python_with("tokenizers");
 }
 
 std::vector<std::string> corpus_lines() {

@@ -29,17 +29,27 @@ for group in "$@"; do
     echo "setup-python: no group '$group' (no $requirements)" >&2
     exit 2
   fi
-  stamp="$venv/.installed-$group"
-  if [[ -f "$stamp" ]] && cmp -s "$stamp" "$requirements"; then continue; fi
+  # Installed means every pin is there at its version (asked of the venv itself, not of a stamp
+  # file: a venv whose earlier install stopped partway is installed again).
+  if "$venv/bin/python" - "$requirements" >/dev/null 2>&1 <<'PYTHON'; then continue; fi
+import re, sys
+from importlib.metadata import PackageNotFoundError, version
+for line in open(sys.argv[1]):
+    pin = re.match(r"^\s*([A-Za-z0-9_.-]+)==(\S+)", line)
+    if pin is None:
+        continue
+    try:
+        if version(pin.group(1)) != pin.group(2):
+            sys.exit(1)
+    except PackageNotFoundError:
+        sys.exit(1)
+PYTHON
   # A line "# options: ..." in the requirements file adds pip options (e.g. --no-deps).
   options=$(sed -n 's/^# options: *\(\(--[a-z-]* *\)*\).*/\1/p' "$requirements")
   # No pip cache: the torch wheels would keep gigabytes in ~/.cache for nothing.
   # shellcheck disable=SC2086
-  if timeout 1800 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
-      $options \
-      -r "$requirements" >"$venv/pip-$group.log" 2>&1; then
-    cp "$requirements" "$stamp"
-  else
+  if ! timeout 1800 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+      $options -r "$requirements" >"$venv/pip-$group.log" 2>&1; then
     echo "setup-python: installing '$group' failed (see $venv/pip-$group.log); the tests that" \
       "need it will skip" >&2
   fi
