@@ -352,6 +352,21 @@ TEST_F(CliTest, SpecbenchMeasuresSyntheticShapes) {
                         {{"--cpu-kernels", "'avx9'", "this CPU runs"}}, "specbench");
 }
 
+TEST_F(CliTest, SpecbenchMeasuresDecodeBesideBusyCores) {
+  const CommandResult result =
+      run_tool("specbench", "--model " + quote(good_model().string()) +
+                                " --threads 2 --prompt-tokens 8 --decode-tokens 2 --repeats 1 "
+                                "--busy-cores 1");
+  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  for (const char* line : {"as stored", "1 busy"}) {
+    EXPECT_NE(result.stdout_text.find(line), std::string::npos) << line << "\n"
+                                                                << result.stdout_text;
+  }
+  // Checked before any model is read.
+  expect_one_error_line(run_tool("specbench", "--model unused --busy-cores -1"),
+                        {{"--busy-cores", "negative"}}, "specbench");
+}
+
 TEST_F(CliTest, SpecbenchMeasuresSamplingPerRow) {
   const CommandResult result = run_tool("specbench", "--sampling 1000 --repeats 1");
   ASSERT_EQ(result.exit_code, 0) << result.stderr_text;

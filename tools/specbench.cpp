@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -463,6 +466,33 @@ nlohmann::json sampling_bench(int64_t vocab, int64_t repeats) {
 
 }  // namespace
 
+// `count` processes that spin on the CPU while this object lives: other work on the machine,
+// sharing its cores with the measurement (they die with specbench if it is killed).
+class BusyProcesses {
+ public:
+  explicit BusyProcesses(int count) {
+    for (int i = 0; i < count; ++i) {
+      const pid_t pid = ::fork();
+      if (pid < 0) throw specrun::Error("--busy-cores: cannot start a busy process");
+      if (pid == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        volatile uint64_t spin = 0;
+        for (;;) spin = spin + 1;
+      }
+      pids_.push_back(pid);
+    }
+  }
+  ~BusyProcesses() {
+    for (const pid_t pid : pids_) ::kill(pid, SIGKILL);
+    for (const pid_t pid : pids_) ::waitpid(pid, nullptr, 0);
+  }
+  BusyProcesses(const BusyProcesses&) = delete;
+  BusyProcesses& operator=(const BusyProcesses&) = delete;
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
 int main(int argc, char** argv) {
   std::string model_path;
   int threads = 0;
@@ -504,6 +534,10 @@ int main(int argc, char** argv) {
                "Also measure the weights as stored with activations rounded to bf16 for bf16 "
                "weights (vdpbf16ps where the kernels have AVX512-BF16), in the same run, with "
                "their verification costs");
+  int busy_cores = 0;
+  app.add_option("--busy-cores", busy_cores,
+                 "Also measure the weights as stored with this many processes spinning beside "
+                 "specbench, as other work sharing the machine's cores, in the same run");
   int64_t sampling_vocab = 0;
   app.add_option("--sampling", sampling_vocab,
                  "Measure the host's logits processing and shared-noise draw per row of this many "
@@ -661,6 +695,7 @@ int main(int argc, char** argv) {
       Activations activations;
       const MatmulVariant* variant;
       std::string name;
+      int busy_cores = 0;  // processes spinning beside the measurement
     };
     const MatmulVariant* baseline = variants.front();
     std::vector<Mode> modes = {
@@ -671,6 +706,11 @@ int main(int argc, char** argv) {
     for (size_t v = 1; v < variants.size(); ++v) {
       modes.push_back({specrun::WeightQuantize::kNone, Activations::kF32, variants[v],
                        std::string(variants[v]->name)});
+    }
+    if (busy_cores < 0) throw specrun::Error("--busy-cores must not be negative");
+    if (busy_cores > 0) {
+      modes.push_back({specrun::WeightQuantize::kNone, Activations::kF32, baseline,
+                       std::to_string(busy_cores) + " busy", busy_cores});
     }
     for (const std::string& name : quantize) {
       if (name == "fp8") {
@@ -709,6 +749,7 @@ int main(int argc, char** argv) {
       }
       specrun::KvCache& cache = model->kv_cache();
       specrun::Logits logits;
+      const BusyProcesses busy(mode.busy_cores);
       std::vector<double> prefill_ms;
       std::vector<double> decode_ms;  // per step
       for (int r = 0; r < repeats + 1; ++r) {
@@ -739,13 +780,15 @@ int main(int argc, char** argv) {
                         median(prefill_ms),
                         median(decode_ms),
                         {}};
-      if (mode.quantize == specrun::WeightQuantize::kNone &&
+      if (mode.quantize == specrun::WeightQuantize::kNone && mode.busy_cores == 0 &&
           (mode.activations == Activations::kBF16 || mode.variant == baseline)) {
         const specrun::SequenceId sequence = cache.add_sequence();
         const specrun::SequenceInput prefill[] = {{sequence, prompt, false}};
         model->forward(prefill, &logits);
         for (int64_t k = 1; k <= kMaxVerifyTokens; ++k) {
-          const std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + k);
+          // The prompt's first k tokens, repeated where the prompt is shorter than k.
+          std::vector<int32_t> tokens(static_cast<size_t>(k));
+          for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = prompt[i % prompt.size()];
           measured.verify_ms.push_back(median_ms(repeats, [&] {
             const specrun::SequenceInput input[] = {{sequence, tokens, true}};
             model->forward(input, &logits);
