@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -26,10 +27,44 @@ TEST(ThreadPool, CoversEveryIndexExactlyOnce) {
           for (int64_t i = begin; i < end; ++i) ++hits[static_cast<size_t>(i)];
         });
         for (const auto& hit : hits) ASSERT_EQ(hit.load(), 1);
-        EXPECT_LE(chunks.load(), threads);
+        EXPECT_LE(chunks.load(), threads * ThreadPool::kChunksPerThread);
       }
     }
   }
+}
+
+// A worker stalled inside its chunk (as one the OS has taken off its core is) holds up only that
+// chunk: the caller takes every other chunk meanwhile, rather than waiting on a fixed share.
+TEST(ThreadPool, AStalledWorkerHoldsUpOnlyItsOwnChunk) {
+  using namespace std::chrono_literals;
+  ThreadPool pool(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  const int64_t count = 2 * ThreadPool::kChunksPerThread;
+  std::atomic<bool> worker_stalled{false};
+  std::atomic<int64_t> done_by_others{0};
+  int64_t stalled_chunk = -1;  // elements in the worker's stalled chunk
+  bool others_finished = false;
+  pool.parallel_for(count, 1, [&](int64_t begin, int64_t end) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    if (std::this_thread::get_id() != caller && !worker_stalled.exchange(true)) {
+      // Stalls until every other element is done (or, where they never are, ten seconds).
+      while (done_by_others.load() < count - (end - begin) &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+      stalled_chunk = end - begin;
+      others_finished = done_by_others.load() == count - (end - begin);
+      return;
+    }
+    // The caller's first chunk waits for the worker to take one, so that one stalls.
+    while (!worker_stalled.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    done_by_others += end - begin;
+  });
+  ASSERT_TRUE(worker_stalled.load()) << "the worker never took a chunk";
+  EXPECT_EQ(stalled_chunk, 1);
+  EXPECT_TRUE(others_finished);
 }
 
 TEST(ThreadPool, NestedCallsRunInline) {

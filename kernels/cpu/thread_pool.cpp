@@ -42,6 +42,17 @@ bool spin_until(const Predicate& done) {
   }
 }
 
+// The job word's fields (ThreadPool::job_).
+uint32_t generation_of(uint64_t job) {
+  return static_cast<uint32_t>(job >> 32);
+}
+int64_t chunks_of(uint64_t job) {
+  return static_cast<int64_t>((job >> 16) & 0xffff);
+}
+int64_t next_chunk_of(uint64_t job) {
+  return static_cast<int64_t>(job & 0xffff);
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads, const ThreadStarter& start_thread) {
@@ -50,7 +61,7 @@ ThreadPool::ThreadPool(int num_threads, const ThreadStarter& start_thread) {
   }
   workers_.reserve(static_cast<size_t>(num_threads - 1));
   for (int i = 0; i < num_threads - 1; ++i) {
-    std::function<void()> loop = [this, i] { worker_loop(i + 1); };
+    std::function<void()> loop = [this] { worker_loop(); };
     try {
       workers_.push_back(start_thread ? start_thread(std::move(loop))
                                       : std::thread(std::move(loop)));
@@ -87,33 +98,43 @@ bool ThreadPool::is_running_a_chunk() const {
   return false;
 }
 
-void ThreadPool::run_chunk(int chunk_index) {
-  const int64_t begin = static_cast<int64_t>(chunk_index) * chunk_size_;
-  const int64_t end = std::min(count_, begin + chunk_size_);
-  if (begin >= end) return;
-  (*body_)(begin, end);
+void ThreadPool::run_chunks() {
+  uint64_t job = job_.load(std::memory_order_acquire);
+  for (;;) {
+    const int64_t chunks = chunks_of(job), chunk = next_chunk_of(job);
+    if (chunk >= chunks) return;
+    // On failure `job` is reloaded: another thread claimed the chunk, or a new job began.
+    if (!job_.compare_exchange_weak(job, job + 1, std::memory_order_acq_rel,
+                                    std::memory_order_acquire)) {
+      continue;
+    }
+    const int64_t begin = chunk * chunk_size_;
+    const int64_t end = std::min(count_, begin + chunk_size_);
+    if (begin < end) (*body_)(begin, end);
+    if (chunks_done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
+      // The caller may be asleep: wake it under the mutex so the wake-up cannot slip between its
+      // check and its wait.
+      std::lock_guard<std::mutex> lock(mutex_);
+      work_done_.notify_one();
+    }
+    job = job_.load(std::memory_order_acquire);
+  }
 }
 
-void ThreadPool::worker_loop(int worker_index) {
-  uint64_t seen_generation = 0;
+void ThreadPool::worker_loop() {
+  uint32_t seen_generation = 0;
   for (;;) {
     const auto has_work = [&] {
       return stopping_.load(std::memory_order_acquire) ||
-             generation_.load(std::memory_order_acquire) != seen_generation;
+             generation_of(job_.load(std::memory_order_acquire)) != seen_generation;
     };
     if (!spin_until(has_work)) {
       std::unique_lock<std::mutex> lock(mutex_);
       work_ready_.wait(lock, has_work);
     }
     if (stopping_.load(std::memory_order_acquire)) return;
-    seen_generation = generation_.load(std::memory_order_acquire);
-    run_chunk(worker_index);
-    if (pending_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      // The caller may be asleep: wake it under the mutex so the wake-up cannot slip between its
-      // check and its wait.
-      std::lock_guard<std::mutex> lock(mutex_);
-      work_done_.notify_one();
-    }
+    seen_generation = generation_of(job_.load(std::memory_order_acquire));
+    run_chunks();
   }
 }
 
@@ -122,8 +143,9 @@ void ThreadPool::parallel_for(int64_t count, int64_t grain,
   if (count <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t grains = (count + grain - 1) / grain;
-  const int64_t chunks = std::min<int64_t>(grains, num_threads());
-  if (chunks <= 1 || is_running_a_chunk()) {
+  const int64_t wanted_chunks =
+      std::min<int64_t>({grains, int64_t{num_threads()} * kChunksPerThread, int64_t{0xffff}});
+  if (wanted_chunks <= 1 || is_running_a_chunk()) {
     body(0, count);
     return;
   }
@@ -131,16 +153,22 @@ void ThreadPool::parallel_for(int64_t count, int64_t grain,
   active_caller_.store(std::this_thread::get_id());
   body_ = &body;
   count_ = count;
-  chunk_size_ = ((grains + chunks - 1) / chunks) * grain;
-  pending_workers_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+  chunk_size_ = ((grains + wanted_chunks - 1) / wanted_chunks) * grain;
+  // Whole grains a chunk can leave fewer chunks than wanted (10 grains in 8: 5 chunks of 2).
+  const int64_t chunks = (count + chunk_size_ - 1) / chunk_size_;
+  chunks_done_.store(0, std::memory_order_relaxed);
   {
     // Under the mutex, so that a worker between its check and its wait cannot miss the job.
     std::lock_guard<std::mutex> lock(mutex_);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
+    const uint64_t generation = generation_of(job_.load(std::memory_order_relaxed)) + 1u;
+    job_.store((generation << 32) | (static_cast<uint64_t>(chunks) << 16),
+               std::memory_order_release);
   }
   work_ready_.notify_all();
-  run_chunk(0);
-  const auto all_done = [&] { return pending_workers_.load(std::memory_order_acquire) == 0; };
+  run_chunks();
+  // Every chunk is claimed; those a worker still runs are waited for, the workers that claimed
+  // none are not (one off its core would otherwise hold up the call until it runs again).
+  const auto all_done = [&] { return chunks_done_.load(std::memory_order_acquire) == chunks; };
   if (!spin_until(all_done)) {
     std::unique_lock<std::mutex> lock(mutex_);
     work_done_.wait(lock, all_done);
