@@ -464,8 +464,6 @@ nlohmann::json sampling_bench(int64_t vocab, int64_t repeats) {
   return {{"vocab", vocab}, {"repeats", repeats}, {"rows", kRows}, {"settings", results}};
 }
 
-}  // namespace
-
 // `count` processes that spin on the CPU while this object lives: other work on the machine,
 // sharing its cores with the measurement (they die with specbench if it is killed).
 class BusyProcesses {
@@ -473,7 +471,11 @@ class BusyProcesses {
   explicit BusyProcesses(int count) {
     for (int i = 0; i < count; ++i) {
       const pid_t pid = ::fork();
-      if (pid < 0) throw specrun::Error("--busy-cores: cannot start a busy process");
+      if (pid < 0) {
+        stop();  // the destructor does not run for a constructor that throws
+        throw specrun::Error("--busy-cores: cannot start busy process " + std::to_string(i + 1) +
+                             " of " + std::to_string(count));
+      }
       if (pid == 0) {
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);
         volatile uint64_t spin = 0;
@@ -482,16 +484,21 @@ class BusyProcesses {
       pids_.push_back(pid);
     }
   }
-  ~BusyProcesses() {
-    for (const pid_t pid : pids_) ::kill(pid, SIGKILL);
-    for (const pid_t pid : pids_) ::waitpid(pid, nullptr, 0);
-  }
+  ~BusyProcesses() { stop(); }
   BusyProcesses(const BusyProcesses&) = delete;
   BusyProcesses& operator=(const BusyProcesses&) = delete;
 
  private:
+  void stop() {
+    for (const pid_t pid : pids_) ::kill(pid, SIGKILL);
+    for (const pid_t pid : pids_) ::waitpid(pid, nullptr, 0);
+    pids_.clear();
+  }
+
   std::vector<pid_t> pids_;
 };
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::string model_path;
