@@ -116,11 +116,19 @@ struct RopeParams {
   RopeStyle style;       // channel pairing
 };
 
+// The dtypes a KV cache is stored in: kBF16 (half the memory and the bytes attention reads; each
+// key and value rounded to nearest even as it is written) or kF32 (exact, for the reference
+// comparisons). Anything else is kInvalidArgument.
+inline bool is_kv_cache_dtype(DType dtype) {
+  return dtype == DType::kBF16 || dtype == DType::kF32;
+}
+
 struct KvWriteParams {
   int64_t num_tokens;    // rows of k and v to store
   int64_t num_kv_heads;  // heads per row
   int64_t head_dim;      // channels per head
   int64_t num_slots;     // capacity of the cache in tokens (num_blocks * block_size)
+  DType cache_dtype;     // storage dtype of the cache (is_kv_cache_dtype)
 };
 
 struct AttentionParams {
@@ -133,6 +141,8 @@ struct AttentionParams {
   int64_t max_blocks_per_seq;  // row stride of the block tables
   float scale;                 // softmax scale, usually 1/sqrt(head_dim)
   int64_t sliding_window;      // attend to at most this many latest positions; 0: no limit
+  DType cache_dtype;           // storage dtype of the cache (is_kv_cache_dtype); keys and values
+                               // are widened to f32 exactly before any arithmetic
 };
 
 // out[i] = low + (high - low) * uniform_at(seed, i) (kernels/core/uniform_hash.h), rounded to
@@ -232,22 +242,23 @@ class Backend {
                       float* q,                  // [num_tokens, num_heads, head_dim]
                       float* k) = 0;             // [num_tokens, num_kv_heads, head_dim]
 
-  // Stores each token's k and v at its cache slot (block * block_size + offset).
+  // Stores each token's k and v at its cache slot (block * block_size + offset), rounded to the
+  // cache's dtype.
   virtual Status kv_write(const KvWriteParams& params,
                           const float* k,        // [num_tokens, num_kv_heads, head_dim]
                           const float* v,        // [num_tokens, num_kv_heads, head_dim]
                           const int32_t* slots,  // [num_tokens]
-                          float* k_cache,        // [num_slots, num_kv_heads, head_dim]
-                          float* v_cache) = 0;   // [num_slots, num_kv_heads, head_dim]
+                          void* k_cache,         // [num_slots, num_kv_heads, head_dim] cache_dtype
+                          void* v_cache) = 0;    // [num_slots, num_kv_heads, head_dim] cache_dtype
 
   // Causal attention of each sequence's new tokens over its paged cache, which already holds
   // them. Sequence s owns query rows [query_start[s], query_start[s+1]); its cache holds
   // context_lengths[s] positions, the last of them the new tokens, so query row i of n attends
   // to positions [0, context_length - n + i].
   virtual Status attention(const AttentionParams& params,
-                           const float* q,                  // [num_tokens, num_heads, head_dim]
-                           const float* k_cache,            // [slots, num_kv_heads, head_dim]
-                           const float* v_cache,            // [slots, num_kv_heads, head_dim]
+                           const float* q,       // [num_tokens, num_heads, head_dim]
+                           const void* k_cache,  // [slots, num_kv_heads, head_dim] cache_dtype
+                           const void* v_cache,  // [slots, num_kv_heads, head_dim] cache_dtype
                            const int32_t* query_start,      // [num_seqs + 1]
                            const int32_t* context_lengths,  // [num_seqs]
                            const int32_t* block_tables,     // [num_seqs, max_blocks_per_seq]

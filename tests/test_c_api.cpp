@@ -117,6 +117,7 @@ TEST_F(CApiTest, InitSetsTheCppDefaults) {
   EXPECT_EQ(config.quantize, SPECRUN_QUANTIZATION_NONE);
   EXPECT_EQ(config.draft_quantize, SPECRUN_QUANTIZATION_NONE);
   EXPECT_EQ(config.quantize_lm_head, 0);
+  EXPECT_EQ(config.kv_cache_dtype, SPECRUN_KV_CACHE_BF16);
   EXPECT_EQ(config.threads, defaults.threads);
   EXPECT_EQ(config.kv_cache_tokens, defaults.kv_cache_tokens);
   EXPECT_EQ(config.kv_block_size, defaults.kv_block_size);
@@ -480,6 +481,7 @@ TEST_F(CApiTest, TheMemoryPlanIsTheCppPlan) {
   // against: both the C++ API's, field for field, quantized target included.
   specrun_engine_config settings = config();
   settings.quantize = SPECRUN_QUANTIZATION_INT8;
+  settings.kv_cache_dtype = SPECRUN_KV_CACHE_F32;
   specrun_memory_plan planned;
   ASSERT_EQ(specrun_plan_memory(&settings, &planned), SPECRUN_OK) << specrun_last_error();
   EngineConfig cpp;
@@ -488,6 +490,7 @@ TEST_F(CApiTest, TheMemoryPlanIsTheCppPlan) {
   cpp.threads = 2;
   cpp.kv_cache_tokens = 2048;
   cpp.quantize = Quantization::kINT8;
+  cpp.kv_cache_dtype = KvCacheDtype::kF32;
   const MemoryPlan expected = plan_memory(cpp);
   const auto expect_model = [](const specrun_model_memory& c, const ModelMemory& m,
                                const char* which) {
@@ -541,6 +544,10 @@ TEST_F(CApiTest, RefusedRequestsAndConfigsReturnTheirCodeAndMessage) {
   store_int(&settings.draft_quantize, 3);
   expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_INVALID_ARGUMENT,
                  "specrun_engine_create", {"config->draft_quantize 3", "specrun_quantization"});
+  settings = config();
+  store_int(&settings.kv_cache_dtype, 2);
+  expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_INVALID_ARGUMENT,
+                 "specrun_engine_create", {"config->kv_cache_dtype 2", "specrun_kv_cache_dtype"});
   settings = config();
   settings.max_batch = 0;
   expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_FAILED,

@@ -444,9 +444,9 @@ class CliSpeculativeTest : public CliTest {
 
 TEST_F(CliSpeculativeTest, HelpDocumentsTheSpeculativeFlags) {
   const CommandResult result = run_tool("specrun", "--help");
-  for (const char* flag :
-       {"--draft", "--gamma", "--no-draft", "--stats-json", "--prompt ", "--config", "--method",
-        "--controller", "--verification", "--quantize", "--draft-quantize", "--quantize-lm-head"}) {
+  for (const char* flag : {"--draft", "--gamma", "--no-draft", "--stats-json", "--prompt ",
+                           "--config", "--method", "--controller", "--verification", "--quantize",
+                           "--draft-quantize", "--quantize-lm-head", "--kv-cache-dtype"}) {
     EXPECT_NE(result.stdout_text.find(flag), std::string::npos) << flag;
   }
 }
@@ -463,6 +463,23 @@ TEST_F(CliSpeculativeTest, SpeculativeOutputEqualsTargetAlone) {
     ASSERT_EQ(speculative.exit_code, 0) << flags << ": " << speculative.stderr_text;
     EXPECT_EQ(speculative.stdout_text, alone.stdout_text) << flags;
   }
+}
+
+TEST_F(CliSpeculativeTest, AnF32KvCacheSpeculatesLosslesslyAndABadDtypeIsRefused) {
+  // The default bf16 cache and an f32 one: each run's speculative output equals its target-only
+  // output.
+  for (const std::string cache : {"--kv-cache-dtype f32", "--kv-cache-dtype bf16"}) {
+    const CommandResult alone = run("--no-draft --quiet " + cache);
+    ASSERT_EQ(alone.exit_code, 0) << cache << ": " << alone.stderr_text;
+    EXPECT_EQ(parse_ids(alone.stdout_text).size(), 30u);
+    const CommandResult speculative =
+        run("--draft " + quote((dir_ / "draft").string()) + " --quiet --gamma 5 " + cache);
+    ASSERT_EQ(speculative.exit_code, 0) << cache << ": " << speculative.stderr_text;
+    EXPECT_EQ(speculative.stdout_text, alone.stdout_text) << cache;
+  }
+  const CommandResult unknown = run("--kv-cache-dtype f16");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.stderr_text.find("--kv-cache-dtype"), std::string::npos) << unknown.stderr_text;
 }
 
 TEST_F(CliSpeculativeTest, QuantizedTargetSpeculatesLosslessly) {

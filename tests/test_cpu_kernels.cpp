@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "kernels/core/uniform_hash.h"
@@ -426,7 +428,24 @@ struct PagedAttentionCase {
   std::vector<int64_t> new_tokens = {3, 1, 6};
   std::vector<int64_t> context = {9, 14, 6};
   int64_t window = 0;
+  DType cache_dtype = DType::kF32;  // bf16: the cache holds the random values rounded to bf16
 };
+
+// The values as a cache of `dtype` stores them (bf16: rounded, in uint16_t bits), and in place the
+// values that cache holds, widened back to f32 for the reference.
+std::vector<uint8_t> as_cache(std::vector<float>& values, DType dtype) {
+  std::vector<uint8_t> bytes(values.size() * dtype_size(dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::kBF16) {
+      const uint16_t bits = f32_to_bf16(values[i]);
+      std::memcpy(bytes.data() + 2 * i, &bits, 2);
+      values[i] = bf16_to_f32(bits);
+    } else {
+      std::memcpy(bytes.data() + 4 * i, &values[i], 4);
+    }
+  }
+  return bytes;
+}
 
 // Checks attention against the double-precision reference; `result`, if given, receives the
 // output.
@@ -449,6 +468,8 @@ void check_paged_attention(const PagedAttentionCase& c, ThreadPool& pool,
   const int64_t row = c.kv_heads * c.head_dim;
   std::vector<float> k_cache = random_floats(total_blocks * c.block_size * row, 22);
   std::vector<float> v_cache = random_floats(total_blocks * c.block_size * row, 23);
+  const std::vector<uint8_t> k_stored = as_cache(k_cache, c.cache_dtype);
+  const std::vector<uint8_t> v_stored = as_cache(v_cache, c.cache_dtype);
   std::vector<int32_t> tables(seqs * max_blocks, 0);
   std::vector<int32_t> query_start = {0};
   size_t next_free = 0;
@@ -464,8 +485,8 @@ void check_paged_attention(const PagedAttentionCase& c, ThreadPool& pool,
   std::vector<float> out(tokens * c.heads * c.head_dim);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ASSERT_TRUE(attention({seqs, tokens, c.heads, c.kv_heads, c.head_dim, c.block_size, max_blocks,
-                         scale, c.window},
-                        q.data(), k_cache.data(), v_cache.data(), query_start.data(),
+                         scale, c.window, c.cache_dtype},
+                        q.data(), k_stored.data(), v_stored.data(), query_start.data(),
                         lengths.data(), tables.data(), out.data(), pool)
                   .is_ok());
   if (result != nullptr) *result = out;
@@ -519,27 +540,62 @@ TEST_P(CpuKernels, PagedAttentionWithSlidingWindow) {
   check_paged_attention(c, pool_);
 }
 
+// A bf16 cache: keys and values widen exactly, so the tolerance against the reference over the
+// same (rounded) values is the f32 cache's.
+TEST_P(CpuKernels, PagedAttentionOverABf16CacheMatchesReference) {
+  for (const int64_t head_dim : {12, 64, 80}) {  // partial, whole and 1 + partial 16-lane chunks
+    for (const int64_t window : {0, 5}) {
+      PagedAttentionCase c;
+      c.head_dim = head_dim;
+      c.window = window;
+      c.cache_dtype = DType::kBF16;
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " window " + std::to_string(window));
+      check_paged_attention(c, pool_);
+    }
+  }
+}
+
+TEST_P(CpuKernels, AttentionAndKvWriteRejectACacheDtypeOtherThanBf16OrF32) {
+  const int32_t query_start[] = {0, 1};
+  const int32_t lengths[] = {1};
+  const int32_t tables[] = {0};
+  std::vector<float> q(4), cache(4 * 4), out(4);
+  const Status attended =
+      attention({1, 1, 1, 1, 4, 4, 1, 0.5f, 0, DType::kF16}, q.data(), cache.data(), cache.data(),
+                query_start, lengths, tables, out.data(), pool_);
+  EXPECT_EQ(attended.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(attended.message().find("F16"), std::string::npos) << attended.message();
+  const int32_t slots[] = {0};
+  const Status written = kv_write({1, 1, 4, 4, DType::kI8}, q.data(), q.data(), slots, cache.data(),
+                                  cache.data(), pool_);
+  EXPECT_EQ(written.code(), StatusCode::kInvalidArgument);
+}
+
 TEST(CpuAttentionThreads, GroupedQueryHeadsGiveTheSameBitsForEveryThreadCount) {
   // Three query heads a KV head: with many threads and few tokens the groups are split into parts
   // (each head alone, or two and one); a head's output must not depend on its part.
   for (const bool decode : {true, false}) {
-    PagedAttentionCase c;
-    c.heads = 9;
-    c.kv_heads = 3;
-    c.head_dim = 64;
-    c.block_size = 16;
-    c.new_tokens = {decode ? 1 : 7};
-    c.context = {decode ? 70 : 7};
-    std::vector<float> first;
-    for (const int threads : {1, 2, 3, 4, 16}) {
-      ThreadPool pool(threads);
-      std::vector<float> out;
-      check_paged_attention(c, pool, &out);
-      if (first.empty()) {
-        first = out;
-      } else {
-        ASSERT_EQ(0, std::memcmp(out.data(), first.data(), out.size() * sizeof(float)))
-            << threads << " threads, " << (decode ? "decode" : "prefill");
+    for (const DType cache_dtype : {DType::kF32, DType::kBF16}) {
+      PagedAttentionCase c;
+      c.heads = 9;
+      c.kv_heads = 3;
+      c.head_dim = 64;
+      c.block_size = 16;
+      c.new_tokens = {decode ? 1 : 7};
+      c.context = {decode ? 70 : 7};
+      c.cache_dtype = cache_dtype;
+      std::vector<float> first;
+      for (const int threads : {1, 2, 3, 4, 16}) {
+        ThreadPool pool(threads);
+        std::vector<float> out;
+        check_paged_attention(c, pool, &out);
+        if (first.empty()) {
+          first = out;
+        } else {
+          ASSERT_EQ(0, std::memcmp(out.data(), first.data(), out.size() * sizeof(float)))
+              << threads << " threads, " << (decode ? "decode" : "prefill") << ", "
+              << dtype_name(cache_dtype) << " cache";
+        }
       }
     }
   }
@@ -560,8 +616,8 @@ TEST_P(CpuKernels, AttentionRejectsImpossibleContext) {
   const int32_t lengths[] = {1};  // fewer cached positions than new tokens
   const int32_t tables[] = {0};
   std::vector<float> q(2 * 4), cache(4 * 4), out(2 * 4);
-  EXPECT_EQ(attention({1, 2, 1, 1, 4, 4, 1, 0.5f, 0}, q.data(), cache.data(), cache.data(),
-                      query_start, lengths, tables, out.data(), pool_)
+  EXPECT_EQ(attention({1, 2, 1, 1, 4, 4, 1, 0.5f, 0, DType::kF32}, q.data(), cache.data(),
+                      cache.data(), query_start, lengths, tables, out.data(), pool_)
                 .code(),
             StatusCode::kInvalidArgument);
 }
@@ -572,8 +628,8 @@ TEST_P(CpuKernels, KvWriteStoresRowsAtSlotsAndRejectsBadSlots) {
   const std::vector<float> v = random_floats(2 * kv_heads * head_dim, 26);
   std::vector<float> k_cache(slots_in_cache * kv_heads * head_dim, 0.0f), v_cache = k_cache;
   const int32_t slots[] = {5, 2};
-  ASSERT_TRUE(kv_write({2, kv_heads, head_dim, slots_in_cache}, k.data(), v.data(), slots,
-                       k_cache.data(), v_cache.data(), pool_)
+  ASSERT_TRUE(kv_write({2, kv_heads, head_dim, slots_in_cache, DType::kF32}, k.data(), v.data(),
+                       slots, k_cache.data(), v_cache.data(), pool_)
                   .is_ok());
   for (int t = 0; t < 2; ++t) {
     for (int64_t i = 0; i < kv_heads * head_dim; ++i) {
@@ -582,10 +638,39 @@ TEST_P(CpuKernels, KvWriteStoresRowsAtSlotsAndRejectsBadSlots) {
     }
   }
   const int32_t bad[] = {8};
-  EXPECT_EQ(kv_write({1, kv_heads, head_dim, slots_in_cache}, k.data(), v.data(), bad,
+  EXPECT_EQ(kv_write({1, kv_heads, head_dim, slots_in_cache, DType::kF32}, k.data(), v.data(), bad,
                      k_cache.data(), v_cache.data(), pool_)
                 .code(),
             StatusCode::kOutOfRange);
+}
+
+TEST_P(CpuKernels, KvWriteToABf16CacheRoundsToNearestEven) {
+  const int64_t kv_heads = 2, head_dim = 4, slots_in_cache = 4;
+  std::vector<float> k = random_floats(kv_heads * head_dim, 27);
+  std::vector<float> v = random_floats(kv_heads * head_dim, 28);
+  // Ties and specials: halfway between two bf16 values (to even, both ways), the largest finite
+  // float (rounds up to infinity), infinity and NaN.
+  k[0] = bit_cast_f32(0x3f808000u);
+  k[1] = bit_cast_f32(0x3f818000u);
+  k[2] = std::numeric_limits<float>::max();
+  v[0] = std::numeric_limits<float>::infinity();
+  v[1] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<uint16_t> k_cache(slots_in_cache * kv_heads * head_dim, 0);
+  std::vector<uint16_t> v_cache = k_cache;
+  const int32_t slots[] = {3};
+  ASSERT_TRUE(kv_write({1, kv_heads, head_dim, slots_in_cache, DType::kBF16}, k.data(), v.data(),
+                       slots, k_cache.data(), v_cache.data(), pool_)
+                  .is_ok());
+  const int64_t row = kv_heads * head_dim;
+  for (int64_t i = 0; i < row; ++i) {
+    EXPECT_EQ(k_cache[3 * row + i], f32_to_bf16(k[i])) << i;
+    EXPECT_EQ(v_cache[3 * row + i], f32_to_bf16(v[i])) << i;
+    EXPECT_EQ(k_cache[i], 0) << "slot 0 untouched";
+  }
+  EXPECT_EQ(k_cache[3 * row + 0], 0x3f80);  // tie to even: down
+  EXPECT_EQ(k_cache[3 * row + 1], 0x3f82);  // tie to even: up
+  EXPECT_EQ(k_cache[3 * row + 2], 0x7f80);  // past bf16's largest finite value: infinity
+  EXPECT_TRUE(std::isnan(bf16_to_f32(v_cache[3 * row + 1])));
 }
 
 TEST_P(CpuKernels, SwigluAndAddMatchReference) {

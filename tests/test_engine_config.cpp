@@ -46,6 +46,7 @@ TEST(EngineConfigFile, DefaultFileDocumentsTheBuiltInDefaults) {
   EXPECT_EQ(loaded.threads, built_in.threads);
   EXPECT_EQ(loaded.kv_cache_tokens, built_in.kv_cache_tokens);
   EXPECT_EQ(loaded.kv_block_size, built_in.kv_block_size);
+  EXPECT_EQ(loaded.kv_cache_dtype, built_in.kv_cache_dtype);
   EXPECT_EQ(loaded.device, built_in.device);
   EXPECT_EQ(loaded.max_batch, built_in.max_batch);
   EXPECT_EQ(loaded.deterministic, built_in.deterministic);
@@ -78,6 +79,15 @@ TEST(EngineConfigFile, ReadsTheQuantizationKeysAndNamesABadOne) {
   EXPECT_TRUE(config.quantize_lm_head);
   expect_config_error("[model]\nquantize = \"int4\"\n",
                       {":2:", "model.quantize", "int4", "fp8", "int8"});
+}
+
+TEST(EngineConfigFile, ReadsTheKvCacheDtypeAndNamesABadOne) {
+  EXPECT_EQ(EngineConfig{}.kv_cache_dtype, KvCacheDtype::kBF16);
+  testing::TempDir dir;
+  testing::write_file(dir / "kv.toml", "[runtime]\nkv_cache_dtype = \"f32\"\n");
+  EXPECT_EQ(EngineConfig::from_toml((dir / "kv.toml").string()).kv_cache_dtype, KvCacheDtype::kF32);
+  expect_config_error("[runtime]\nkv_cache_dtype = \"fp8\"\n",
+                      {":2:", "runtime.kv_cache_dtype", "fp8", "bf16", "f32"});
 }
 
 TEST(EngineConfigFile, ReadsEveryKeyAndKeepsDefaultsForAbsentOnes) {

@@ -116,10 +116,29 @@ TEST_F(KvCacheTest, RemovedSequencesReturnTheirBlocks) {
 }
 
 TEST_F(KvCacheTest, LayerPoolsAreDistinctAndInsideTheAllocation) {
-  const int64_t pool = 5 * 4 * 2 * 4;
-  EXPECT_EQ(cache_.values(0) - cache_.keys(0), pool);
-  EXPECT_EQ(cache_.keys(1) - cache_.keys(0), 2 * pool);
+  // 5 blocks of 4 slots of 2 heads of 4 channels, bf16 (the default) then f32.
+  const auto byte_distance = [](void* to, void* from) {
+    return static_cast<char*>(to) - static_cast<char*>(from);
+  };
+  const int64_t pool_bf16 = 5 * 4 * 2 * 4 * 2;
+  EXPECT_EQ(byte_distance(cache_.values(0), cache_.keys(0)), pool_bf16);
+  EXPECT_EQ(byte_distance(cache_.keys(1), cache_.keys(0)), 2 * pool_bf16);
+  EXPECT_EQ(cache_.bytes_per_token(), 2u * 2 * 2 * 4 * 2);
   EXPECT_THROW(cache_.keys(2), Error);
+
+  KvCache f32(*backend_, KvCacheLayout{2, 2, 4, 4, 5, DType::kF32});
+  EXPECT_EQ(byte_distance(f32.values(0), f32.keys(0)), 2 * pool_bf16);
+  EXPECT_EQ(byte_distance(f32.keys(1), f32.keys(0)), 4 * pool_bf16);
+  EXPECT_EQ(f32.bytes_per_token(), 2u * 2 * 2 * 4 * 4);
+}
+
+TEST(KvCacheLayoutTest, ACacheDtypeOtherThanBf16OrF32IsOneError) {
+  auto backend = testing::make_cpu_backend(1);
+  testing::expect_error(
+      [&] {
+        KvCache(*backend, KvCacheLayout{1, 1, 4, 4, 4, DType::kF8E4M3});
+      },
+      {"KV cache", "F8_E4M3"});
 }
 
 // ---- prefix caching ----------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 // backend: batch invariance, rollback, and prefill-then-decode equal to one forward.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -316,9 +318,61 @@ TEST_F(ModelTest, TheMemoryPlanIsWhatTheModelHolds) {
       EXPECT_EQ(needs.weight_bytes, model->weight_bytes()) << int(quantize) << " head " << head;
       EXPECT_EQ(needs.kv_tokens, model->kv_cache().capacity_tokens());
       EXPECT_EQ(needs.kv_bytes, needs.kv_bytes_per_token * 112u);
-      EXPECT_EQ(needs.kv_bytes_per_token, 2u * 3 * 2 * 16 * sizeof(float));  // 3 layers, 2 x 16 KV
+      // 3 layers of K and V, 2 heads of 16, bf16 (the default)
+      EXPECT_EQ(needs.kv_bytes_per_token, 2u * 3 * 2 * 16 * 2);
+      EXPECT_EQ(needs.kv_bytes_per_token, model->kv_cache().bytes_per_token());
     }
   }
+  ModelOptions f32;
+  f32.kv_cache_tokens = 100;
+  f32.kv_cache_dtype = DType::kF32;
+  const auto model = Model::load(dir_.path(), *backend_, f32);
+  const MemoryNeeds needs =
+      Model::plan_memory(open_checkpoint(dir_.path()), f32, true, kernels::WeightLayout::kTiled, 8);
+  EXPECT_EQ(needs.kv_bytes_per_token, 2u * 3 * 2 * 16 * sizeof(float));
+  EXPECT_EQ(needs.kv_bytes_per_token, model->kv_cache().bytes_per_token());
+}
+
+TEST_F(ModelTest, ABf16KvCacheStaysWithinItsRoundingOfTheF32Cache) {
+  // Keys and values rounded to bf16 (8 bits of mantissa) move each logit by about 2^-9 of the
+  // attention output's size times the weights downstream: well under 1% of the logits' spread on
+  // this model, with the same greedy choices where the f32 margin is clear. Each cache alone keeps
+  // prefill-then-decode bitwise equal to one forward.
+  ModelOptions options;
+  options.kv_cache_tokens = 512;
+  options.kv_cache_dtype = DType::kF32;
+  const auto exact = Model::load(dir_.path(), *backend_, options);
+  options.kv_cache_dtype = DType::kBF16;
+  const auto rounded = Model::load(dir_.path(), *backend_, options);
+  ASSERT_EQ(rounded->kv_cache().layout().dtype, DType::kBF16);
+  const std::vector<int32_t> tokens = token_run(5, 40, 300);
+  const std::vector<float> reference = prefill_logits(*exact, tokens);
+  const std::vector<float> got = prefill_logits(*rounded, tokens);
+  ASSERT_EQ(got.size(), reference.size());
+  double largest_error = 0.0;
+  double spread = 0.0;
+  int clear_margins = 0;
+  for (size_t row = 0; row < tokens.size(); ++row) {
+    const float* want = reference.data() + row * 300;
+    const float* have = got.data() + row * 300;
+    const auto [low, high] = std::minmax_element(want, want + 300);
+    spread = std::max(spread, static_cast<double>(*high - *low));
+    for (int i = 0; i < 300; ++i) {
+      largest_error = std::max(largest_error, std::abs(static_cast<double>(have[i]) - want[i]));
+    }
+    // Greedy choice where the f32 logits' top two are apart by more than twice the error bound.
+    std::vector<float> sorted(want, want + 300);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+    if (sorted[0] - sorted[1] > 0.02 * spread) {
+      ++clear_margins;
+      EXPECT_EQ(std::max_element(have, have + 300) - have,
+                std::max_element(want, want + 300) - want)
+          << "row " << row;
+    }
+  }
+  EXPECT_GT(largest_error, 0.0) << "the bf16 cache changed nothing: is it stored as bf16?";
+  EXPECT_LT(largest_error, 0.01 * spread);
+  EXPECT_GT(clear_margins, 10);
 }
 
 TEST(DeviceWeights, F32AndF16CheckpointsAreUploadedAsBf16) {

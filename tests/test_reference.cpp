@@ -115,6 +115,7 @@ TEST_P(ReferenceTest, LogitsMatchNumpyReference) {
   auto backend = specrun::testing::make_cpu_backend(2);
   ModelOptions model_options;
   model_options.kv_cache_tokens = 256;
+  model_options.kv_cache_dtype = DType::kF32;  // the reference's exact keys and values
   if (c.interleaved) model_options.rope_style = kernels::RopeStyle::kInterleaved;
   auto model = Model::load(dir / "model", *backend, model_options);
 

@@ -36,7 +36,9 @@ class SmolLm2Test : public ::testing::Test {
     path_ = new fs::path(found.stdout_text.substr(0, found.stdout_text.find('\n')));
     backend_ = testing::make_cpu_backend(2).release();
     const auto start = std::chrono::steady_clock::now();
-    model_ = Model::load(*path_, *backend_).release();
+    ModelOptions options;
+    options.kv_cache_dtype = DType::kF32;  // transformers' exact keys and values
+    model_ = Model::load(*path_, *backend_, options).release();
     load_ms_ =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     tokenizer_ = load_tokenizer(model_->paths()).release();

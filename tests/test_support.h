@@ -218,11 +218,11 @@ class DeviceLikeBackend final : public kernels::Backend {
     return cpu_.rope(p, positions, inv_freq, q, k);
   }
   Status kv_write(const kernels::KvWriteParams& p, const float* k, const float* v,
-                  const int32_t* slots, float* k_cache, float* v_cache) override {
+                  const int32_t* slots, void* k_cache, void* v_cache) override {
     return cpu_.kv_write(p, k, v, slots, k_cache, v_cache);
   }
-  Status attention(const kernels::AttentionParams& p, const float* q, const float* k_cache,
-                   const float* v_cache, const int32_t* query_start, const int32_t* context,
+  Status attention(const kernels::AttentionParams& p, const float* q, const void* k_cache,
+                   const void* v_cache, const int32_t* query_start, const int32_t* context,
                    const int32_t* tables, float* out) override {
     return cpu_.attention(p, q, k_cache, v_cache, query_start, context, tables, out);
   }

@@ -206,6 +206,7 @@ int run_device_bench(const DeviceBenchOptions& options) {
 
   ModelOptions model_options;
   model_options.kv_cache_tokens = std::max(options.kv_cache_tokens, needed_tokens);
+  model_options.kv_cache_dtype = options.kv_cache_dtype;
   Rng rng(2024);
   // A device's free memory, before the models; the host's available memory says little (pages
   // are taken as they are touched), so it is not reported there.
@@ -251,10 +252,11 @@ int run_device_bench(const DeviceBenchOptions& options) {
   // Target decode against the floor.
   const ModelReport decode = measure_decode(*target, bandwidth, options, rng);
   std::printf(
-      "target %s: %s parameters, %s %s; decode at batch 1 (context %lld): %.3f "
+      "target %s: %s parameters, %s %s; decode at batch 1 (context %lld, %s KV cache): %.3f "
       "ms/token, %.1f tokens/s; floor %.3f ms: %.0f%% of the floor\n",
       options.target_shape.c_str(), decode.parameters.c_str(), decode.weights.c_str(),
-      weights_name(options.quantize), static_cast<long long>(options.context), decode.decode_ms,
+      weights_name(options.quantize), static_cast<long long>(options.context),
+      std::string(dtype_name(options.kv_cache_dtype)).c_str(), decode.decode_ms,
       1e3 / decode.decode_ms, decode.floor_ms, 100.0 * decode.floor_ms / decode.decode_ms);
   results["target"] = {{"shape", options.target_shape},
                        {"weights", weights_name(options.quantize)},
@@ -262,6 +264,7 @@ int run_device_bench(const DeviceBenchOptions& options) {
                        {"weight_bytes", target->weight_bytes()},
                        {"decode_read_bytes", target->decode_read_bytes()},
                        {"kv_cache_tokens", target->kv_cache().capacity_tokens()},
+                       {"kv_cache_dtype", std::string(dtype_name(options.kv_cache_dtype))},
                        {"decode_ms", decode.decode_ms},
                        {"floor_ms", decode.floor_ms},
                        {"fraction_of_floor", decode.floor_ms / decode.decode_ms}};

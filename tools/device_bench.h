@@ -26,8 +26,9 @@ struct DeviceBenchOptions {
   // shape is measured first as the baseline where it fits the device's free memory and
   // max_verify_tokens >= 5 (the baseline's verification of 5 is compared).
   WeightQuantize quantize = WeightQuantize::kNone;
-  int64_t kv_cache_tokens = 0;  // each model's KV capacity; 0: what the measurements need
-  std::string json_path;        // also write the results here; "" for none
+  int64_t kv_cache_tokens = 0;          // each model's KV capacity; 0: what the measurements need
+  DType kv_cache_dtype = DType::kBF16;  // both models' KV caches: kBF16 or kF32
+  std::string json_path;                // also write the results here; "" for none
 };
 
 // Prints the report to stdout; returns the process exit code. Throws Error on bad options or

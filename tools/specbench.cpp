@@ -586,11 +586,19 @@ int main(int argc, char** argv) {
   app.add_option("--max-verify-tokens", device_bench.max_verify_tokens,
                  "With --synthetic: verification is measured for 2..this many tokens")
       ->capture_default_str();
+  std::string kv_cache_dtype = "bf16";
+  app.add_option("--kv-cache-dtype", kv_cache_dtype,
+                 "How the KV caches store keys and values: bf16 (specrun's default) or f32")
+      ->check(CLI::IsMember({"bf16", "f32"}))
+      ->capture_default_str();
   app.add_option("--kv-cache-tokens", device_bench.kv_cache_tokens,
                  "With --synthetic: each model's KV-cache capacity (0: what the measurements "
                  "need)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const specrun::DType kv_dtype =
+      kv_cache_dtype == "f32" ? specrun::DType::kF32 : specrun::DType::kBF16;
+  device_bench.kv_cache_dtype = kv_dtype;
 
   if (app.count("--sampling") > 0) {
     return specrun::tools::run_reporting_errors("specbench", "warn", [&] {
@@ -744,6 +752,7 @@ int main(int argc, char** argv) {
     const auto measure = [&](const Mode& mode) {
       specrun::ModelOptions model_options;
       model_options.kv_cache_tokens = prompt_tokens + decode_tokens + 16;
+      model_options.kv_cache_dtype = kv_dtype;
       model_options.quantize = mode.quantize;
       model_options.quantize_output = quantize_lm_head;
       specrun::kernels::cpu::CpuBackend backend(pool, mode.activations, mode.variant);
@@ -905,6 +914,7 @@ int main(int argc, char** argv) {
                                 {"weight_bytes", weight_bytes},
                                 {"decode_read_bytes", decode_read_bytes},
                                 {"prompt_tokens", prompt_tokens},
+                                {"kv_cache_dtype", kv_cache_dtype},
                                 {"prefill_ms", base.prefill_ms},
                                 {"prefill_tokens_per_second", prefill_tps},
                                 {"decode_ms_per_token", step_ms},

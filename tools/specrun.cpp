@@ -387,6 +387,12 @@ int main(int argc, char** argv) {
   CLI::Option* kv_tokens =
       app.add_option("--kv-cache-tokens", f.kv_cache_tokens,
                      "KV cache capacity in tokens; 0 uses the model's context, at most 8192");
+  CLI::Option* kv_dtype =
+      app.add_option("--kv-cache-dtype", f.kv_cache_dtype,
+                     "How the KV caches store keys and values (runtime.kv_cache_dtype): bf16 (the "
+                     "default: half the memory and the bytes attention reads) or f32 (exact)");
+  kv_dtype->transform(choices({specrun::KvCacheDtype::kBF16, specrun::KvCacheDtype::kF32}))
+      ->type_name("bf16|f32");
   CLI::Option* device = app.add_option("--device", f.device,
                                        "Where the models run: cpu, cuda (the first GPU) or cuda:N");
   for (CLI::Option* option : {gamma_min, gamma_max, max_tokens, temperature, top_k, top_p, min_p,
@@ -465,6 +471,7 @@ int main(int argc, char** argv) {
     if (given(seed)) config.sampling.seed = f.sampling.seed;
     if (given(threads)) config.threads = f.threads;
     if (given(kv_tokens)) config.kv_cache_tokens = f.kv_cache_tokens;
+    if (given(kv_dtype)) config.kv_cache_dtype = f.kv_cache_dtype;
     if (given(device)) config.device = f.device;
     if (given(deterministic)) config.deterministic = f.deterministic;
     if (given(bf16_activations)) config.bf16_activations = f.bf16_activations;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/vector_math.h"
@@ -11,9 +12,13 @@
 namespace specrun::kernels::cpu {
 
 Status kv_write(const KvWriteParams& params, const float* k, const float* v, const int32_t* slots,
-                float* k_cache, float* v_cache, ThreadPool& pool) {
+                void* k_cache, void* v_cache, ThreadPool& pool) {
   if (params.num_tokens < 0 || params.num_kv_heads <= 0 || params.head_dim <= 0) {
     return Status::invalid_argument("kv_write: bad shape");
+  }
+  if (!is_kv_cache_dtype(params.cache_dtype)) {
+    return Status::invalid_argument("kv_write: a KV cache is stored as BF16 or F32, not " +
+                                    std::string(dtype_name(params.cache_dtype)));
   }
   for (int64_t t = 0; t < params.num_tokens; ++t) {
     if (slots[t] < 0 || slots[t] >= params.num_slots) {
@@ -22,11 +27,22 @@ Status kv_write(const KvWriteParams& params, const float* k, const float* v, con
     }
   }
   const int64_t row = params.num_kv_heads * params.head_dim;
+  const bool bf16 = params.cache_dtype == DType::kBF16;
   pool.parallel_for(params.num_tokens, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const size_t bytes = static_cast<size_t>(row) * sizeof(float);
-      std::memcpy(k_cache + static_cast<int64_t>(slots[t]) * row, k + t * row, bytes);
-      std::memcpy(v_cache + static_cast<int64_t>(slots[t]) * row, v + t * row, bytes);
+      const int64_t at = static_cast<int64_t>(slots[t]) * row;
+      if (bf16) {
+        auto* keys = static_cast<uint16_t*>(k_cache) + at;
+        auto* values = static_cast<uint16_t*>(v_cache) + at;
+        for (int64_t c = 0; c < row; ++c) {
+          keys[c] = f32_to_bf16(k[t * row + c]);
+          values[c] = f32_to_bf16(v[t * row + c]);
+        }
+      } else {
+        const size_t bytes = static_cast<size_t>(row) * sizeof(float);
+        std::memcpy(static_cast<float*>(k_cache) + at, k + t * row, bytes);
+        std::memcpy(static_cast<float*>(v_cache) + at, v + t * row, bytes);
+      }
     }
   });
   return Status::ok();
@@ -51,15 +67,16 @@ struct KeySpan {
 // ([kHeads, head_dim] at query and destination). Each head's result is computed exactly as if it
 // were alone: its scores are dot_block reductions (four keys at a time), the softmax and the sum
 // over values run in position order.
-template <int kHeads>
+template <DType kCache, int kHeads>
 void attend_heads(const AttentionParams& p, const KeySpan& span, const float* query,
-                  const float* k_cache, const float* v_cache, std::vector<float>& scores,
+                  const void* k_cache, const void* v_cache, std::vector<float>& scores,
                   float* destination) {
+  using Element = std::conditional_t<kCache == DType::kF32, float, uint16_t>;
   const int64_t count = span.last - span.first + 1;
-  const auto cache_row = [&](const float* cache, int64_t pos) {
+  const auto cache_row = [&](const void* cache, int64_t pos) {
     const int64_t slot =
         static_cast<int64_t>(span.blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
-    return cache + slot * span.row + span.offset;
+    return static_cast<const Element*>(cache) + slot * span.row + span.offset;
   };
   const float* queries[kHeads];
   float max_score[kHeads];
@@ -77,7 +94,7 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
     const void* keys[4] = {cache_row(k_cache, pos), cache_row(k_cache, pos + 1),
                            cache_row(k_cache, pos + 2), cache_row(k_cache, pos + 3)};
     float dots[kHeads][4];
-    dot_block<DType::kF32, kHeads, 4>(queries, keys, p.head_dim, dots);
+    dot_block<kCache, kHeads, 4>(queries, keys, p.head_dim, dots);
     for (int h = 0; h < kHeads; ++h) {
       for (int k = 0; k < 4; ++k) keep(h, pos + k, dots[h][k]);
     }
@@ -85,7 +102,7 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
   for (; pos <= span.last; ++pos) {
     const void* keys[1] = {cache_row(k_cache, pos)};
     float dots[kHeads][1];
-    dot_block<DType::kF32, kHeads, 1>(queries, keys, p.head_dim, dots);
+    dot_block<kCache, kHeads, 1>(queries, keys, p.head_dim, dots);
     for (int h = 0; h < kHeads; ++h) keep(h, pos, dots[h][0]);
   }
   // The softmax's weights, over the scores, and their sums, in position order.
@@ -101,7 +118,7 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
   // prefetchers do not follow: each is fetched kValuesAhead positions before its turn (on the
   // 2-core EPYC this sum was most of attention's time, stalled on those loads).
   constexpr int64_t kValuesAhead = 4;
-  const auto row_bytes = static_cast<int64_t>(p.head_dim * sizeof(float));
+  const auto row_bytes = static_cast<int64_t>(p.head_dim * sizeof(Element));
   const auto prefetch_value = [&](int64_t position) {
     if (position + kValuesAhead <= span.last) {
       const char* ahead =
@@ -111,7 +128,7 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
   };
   // destination[h] = sum over positions of weight * value / denominator: each channel a chain
   // of fused multiply-adds in position order.
-#if defined(__AVX512F__) && defined(__FMA__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
   // In registers, kChunks 16-channel chunks of every head at a time (the generic loop below keeps
   // its sums in memory, one store-to-load round trip a step).
   constexpr int kChunks = 16 / kHeads < 8 ? 16 / kHeads : 8;
@@ -129,9 +146,11 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
     }
     for (pos = span.first; pos <= span.last; ++pos) {
       prefetch_value(pos);
-      const float* value = cache_row(v_cache, pos) + first_channel;
+      const Element* value = cache_row(v_cache, pos) + first_channel;
       __m512 values[kChunks];
-      for (int j = 0; j < kChunks; ++j) values[j] = _mm512_maskz_loadu_ps(masks[j], value + 16 * j);
+      for (int j = 0; j < kChunks; ++j) {
+        values[j] = load_widened<kCache>(value, 16 * j, masks[j]);
+      }
       for (int h = 0; h < kHeads; ++h) {
         const __m512 weight =
             _mm512_set1_ps(scores[static_cast<size_t>(h * count + pos - span.first)]);
@@ -153,11 +172,13 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
   std::fill(destination, destination + kHeads * p.head_dim, 0.0f);
   for (pos = span.first; pos <= span.last; ++pos) {
     prefetch_value(pos);
-    const float* value = cache_row(v_cache, pos);
+    const Element* value = cache_row(v_cache, pos);
     for (int h = 0; h < kHeads; ++h) {
       const float weight = scores[static_cast<size_t>(h * count + pos - span.first)];
       float* sum = destination + h * p.head_dim;
-      for (int64_t c = 0; c < p.head_dim; ++c) sum[c] = multiply_add(weight, value[c], sum[c]);
+      for (int64_t c = 0; c < p.head_dim; ++c) {
+        sum[c] = multiply_add(weight, load_as_f32(value, kCache, static_cast<size_t>(c)), sum[c]);
+      }
     }
   }
   for (int h = 0; h < kHeads; ++h) {
@@ -167,15 +188,36 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
 #endif
 }
 
+// attend_heads for a part of `heads` (1 to kQueryGroup) query heads.
+template <DType kCache>
+void attend(int64_t heads, const AttentionParams& p, const KeySpan& span, const float* query,
+            const void* k_cache, const void* v_cache, std::vector<float>& scores,
+            float* destination) {
+  switch (heads) {
+    case 4:
+      return attend_heads<kCache, 4>(p, span, query, k_cache, v_cache, scores, destination);
+    case 3:
+      return attend_heads<kCache, 3>(p, span, query, k_cache, v_cache, scores, destination);
+    case 2:
+      return attend_heads<kCache, 2>(p, span, query, k_cache, v_cache, scores, destination);
+    default:
+      return attend_heads<kCache, 1>(p, span, query, k_cache, v_cache, scores, destination);
+  }
+}
+
 }  // namespace
 
-Status attention(const AttentionParams& params, const float* q, const float* k_cache,
-                 const float* v_cache, const int32_t* query_start, const int32_t* context_lengths,
+Status attention(const AttentionParams& params, const float* q, const void* k_cache,
+                 const void* v_cache, const int32_t* query_start, const int32_t* context_lengths,
                  const int32_t* block_tables, float* out, ThreadPool& pool) {
   const AttentionParams& p = params;
   if (p.num_seqs < 0 || p.num_tokens < 0 || p.head_dim <= 0 || p.num_kv_heads <= 0 ||
       p.num_heads % p.num_kv_heads != 0 || p.block_size <= 0 || p.sliding_window < 0) {
     return Status::invalid_argument("attention: bad shape");
+  }
+  if (!is_kv_cache_dtype(p.cache_dtype)) {
+    return Status::invalid_argument("attention: a KV cache is stored as BF16 or F32, not " +
+                                    std::string(dtype_name(p.cache_dtype)));
   }
   if (query_start[0] != 0 || query_start[p.num_seqs] != p.num_tokens) {
     return Status::invalid_argument("attention: query_start does not cover the tokens");
@@ -221,19 +263,10 @@ Status attention(const AttentionParams& params, const float* q, const float* k_c
         const int64_t heads = std::min(heads_per_part, (kv_head + 1) * group - first_head);
         const float* query = q + (token * p.num_heads + first_head) * p.head_dim;
         float* destination = out + (token * p.num_heads + first_head) * p.head_dim;
-        switch (heads) {
-          case 4:
-            attend_heads<4>(p, span, query, k_cache, v_cache, scores, destination);
-            break;
-          case 3:
-            attend_heads<3>(p, span, query, k_cache, v_cache, scores, destination);
-            break;
-          case 2:
-            attend_heads<2>(p, span, query, k_cache, v_cache, scores, destination);
-            break;
-          default:
-            attend_heads<1>(p, span, query, k_cache, v_cache, scores, destination);
-            break;
+        if (p.cache_dtype == DType::kBF16) {
+          attend<DType::kBF16>(heads, p, span, query, k_cache, v_cache, scores, destination);
+        } else {
+          attend<DType::kF32>(heads, p, span, query, k_cache, v_cache, scores, destination);
         }
       }
     }

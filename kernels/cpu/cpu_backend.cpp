@@ -100,12 +100,12 @@ Status CpuBackend::rope(const RopeParams& params, const int32_t* positions, cons
 }
 
 Status CpuBackend::kv_write(const KvWriteParams& params, const float* k, const float* v,
-                            const int32_t* slots, float* k_cache, float* v_cache) {
+                            const int32_t* slots, void* k_cache, void* v_cache) {
   return cpu::kv_write(params, k, v, slots, k_cache, v_cache, *pool_);
 }
 
-Status CpuBackend::attention(const AttentionParams& params, const float* q, const float* k_cache,
-                             const float* v_cache, const int32_t* query_start,
+Status CpuBackend::attention(const AttentionParams& params, const float* q, const void* k_cache,
+                             const void* v_cache, const int32_t* query_start,
                              const int32_t* context_lengths, const int32_t* block_tables,
                              float* out) {
   return cpu::attention(params, q, k_cache, v_cache, query_start, context_lengths, block_tables,

@@ -48,9 +48,9 @@ class CpuBackend final : public Backend {
   Status rope(const RopeParams& params, const int32_t* positions, const float* inv_freq, float* q,
               float* k) override;
   Status kv_write(const KvWriteParams& params, const float* k, const float* v, const int32_t* slots,
-                  float* k_cache, float* v_cache) override;
-  Status attention(const AttentionParams& params, const float* q, const float* k_cache,
-                   const float* v_cache, const int32_t* query_start, const int32_t* context_lengths,
+                  void* k_cache, void* v_cache) override;
+  Status attention(const AttentionParams& params, const float* q, const void* k_cache,
+                   const void* v_cache, const int32_t* query_start, const int32_t* context_lengths,
                    const int32_t* block_tables, float* out) override;
   Status swiglu(const SwigluParams& params, const float* gate, const float* up,
                 float* out) override;

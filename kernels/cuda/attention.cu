@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 
 namespace specrun::kernels::cuda {
 namespace {
@@ -36,8 +37,8 @@ struct TileLayout {
 
 struct AttentionArgs {
   const float* q;                  // [num_tokens, num_heads, head_dim]
-  const float* k_cache;            // [slots, num_kv_heads, head_dim]
-  const float* v_cache;            // [slots, num_kv_heads, head_dim]
+  const void* k_cache;             // [slots, num_kv_heads, head_dim] f32 or bf16 (the Element)
+  const void* v_cache;             // [slots, num_kv_heads, head_dim] f32 or bf16 (the Element)
   const int32_t* query_start;      // [num_seqs + 1]
   const int32_t* context_lengths;  // [num_seqs]
   const int32_t* block_tables;     // [num_seqs, max_blocks_per_seq]
@@ -57,8 +58,25 @@ struct AttentionArgs {
   int64_t num_splits;   // blocks per (sequence, kv head, pass group) in the per-split schedule
   int64_t pass_groups;  // blocks sharing one (sequence, kv head)'s passes, round robin
   float scale;
-  bool vector_loads;  // head_dim % 4 == 0 and 16-byte aligned caches
+  bool vector_loads;  // head_dim % 4 == 0 and caches aligned to four elements
 };
+
+// Cache elements widened to f32, exactly: an f32 cache as it is, a bf16 one (uint16_t bits) by a
+// shift. Four at a time from an address aligned to four elements.
+__device__ __forceinline__ float load_cache(const float* element) {
+  return __ldg(element);
+}
+__device__ __forceinline__ float load_cache(const uint16_t* element) {
+  return __uint_as_float(static_cast<uint32_t>(__ldg(element)) << 16);
+}
+__device__ __forceinline__ float4 load_cache4(const float* elements) {
+  return __ldg(reinterpret_cast<const float4*>(elements));
+}
+__device__ __forceinline__ float4 load_cache4(const uint16_t* elements) {
+  const uint2 bits = __ldg(reinterpret_cast<const uint2*>(elements));
+  return make_float4(__uint_as_float(bits.x << 16), __uint_as_float(bits.x & 0xffff0000u),
+                     __uint_as_float(bits.y << 16), __uint_as_float(bits.y & 0xffff0000u));
+}
 
 // The first position a query at `position` sees.
 __device__ __forceinline__ int64_t window_start(int64_t position, int64_t window) {
@@ -86,8 +104,9 @@ __device__ __forceinline__ void merge_split(float& max_value, float& sum,
 // blockIdx.x = ((sequence * num_kv_heads + kv_head) * pass_groups + pass_group) * num_splits
 //              + split   (split is 0 and num_splits 1 unless kPerSplit).
 // kPerSplit: this block handles split `split` only and writes per-split states; otherwise it
-// handles every split of its passes and writes the normalised output.
-template <int kChannels, bool kPerSplit>
+// handles every split of its passes and writes the normalised output. Element: the cache's
+// storage, float (f32) or uint16_t (bf16 bits).
+template <int kChannels, bool kPerSplit, typename Element>
 __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const AttentionArgs a) {
   using Layout = TileLayout<kChannels>;
   extern __shared__ float4 shared_storage[];
@@ -136,8 +155,9 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Attenti
   const int64_t kv_row = a.num_kv_heads * head_dim;  // floats per cache slot
   const int64_t window = a.sliding_window;
   const int32_t* table = a.block_tables + seq * a.max_blocks_per_seq;  // [max_blocks_per_seq]
-  const float* k_head = a.k_cache + kv_head * head_dim;  // + slot * kv_row: [head_dim]
-  const float* v_head = a.v_cache + kv_head * head_dim;
+  // + slot * kv_row: [head_dim]
+  const Element* k_head = static_cast<const Element*>(a.k_cache) + kv_head * head_dim;
+  const Element* v_head = static_cast<const Element*>(a.v_cache) + kv_head * head_dim;
   const int64_t first_new_position = context - n;  // position of row 0
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -238,8 +258,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Attenti
             float4 k_value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             float4 v_value = k_value;
             if (slot >= 0) {
-              k_value = __ldg(reinterpret_cast<const float4*>(k_head + slot * kv_row) + quad);
-              v_value = __ldg(reinterpret_cast<const float4*>(v_head + slot * kv_row) + quad);
+              k_value = load_cache4(k_head + slot * kv_row + 4 * quad);
+              v_value = load_cache4(v_head + slot * kv_row + 4 * quad);
             }
             *reinterpret_cast<float4*>(k_tile + key * Layout::kKStride + 4 * quad) = k_value;
             *reinterpret_cast<float4*>(v_tile + key * Layout::kVStride + 4 * quad) = v_value;
@@ -251,9 +271,9 @@ __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const Attenti
             const int c = i % width;
             const int64_t slot = slot_tile[key];
             k_tile[key * Layout::kKStride + c] =
-                slot >= 0 ? __ldg(k_head + slot * kv_row + c) : 0.0f;
+                slot >= 0 ? load_cache(k_head + slot * kv_row + c) : 0.0f;
             v_tile[key * Layout::kVStride + c] =
-                slot >= 0 ? __ldg(v_head + slot * kv_row + c) : 0.0f;
+                slot >= 0 ? load_cache(v_head + slot * kv_row + c) : 0.0f;
           }
         }
         __syncthreads();  // the tile (and q_pass) is in shared memory
@@ -451,11 +471,11 @@ Plan make_plan(const AttentionParams& p, int multiprocessor_count) {
   return plan;
 }
 
-template <int kChannels>
+template <int kChannels, typename Element>
 Status launch_planned(const Plan& plan, const AttentionArgs& args, cudaStream_t stream) {
   const size_t shared = TileLayout<kChannels>::kBytes;
-  const auto kernel = plan.per_split ? paged_attention_kernel<kChannels, true>
-                                     : paged_attention_kernel<kChannels, false>;
+  const auto kernel = plan.per_split ? paged_attention_kernel<kChannels, true, Element>
+                                     : paged_attention_kernel<kChannels, false, Element>;
   if (shared > kDefaultSharedLimit) {
     const cudaError_t error = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
@@ -472,6 +492,20 @@ Status launch_planned(const Plan& plan, const AttentionArgs& args, cudaStream_t 
   return Status::ok();
 }
 
+template <typename Element>
+Status launch_for_channels(const Plan& plan, const AttentionArgs& args, cudaStream_t stream) {
+  switch (plan.channels) {
+    case 1:
+      return launch_planned<1, Element>(plan, args, stream);
+    case 2:
+      return launch_planned<2, Element>(plan, args, stream);
+    case 4:
+      return launch_planned<4, Element>(plan, args, stream);
+    default:
+      return launch_planned<8, Element>(plan, args, stream);
+  }
+}
+
 }  // namespace
 
 size_t attention_scratch_bytes(const AttentionParams& params, int multiprocessor_count) {
@@ -483,14 +517,18 @@ size_t attention_scratch_bytes(const AttentionParams& params, int multiprocessor
   return make_plan(params, multiprocessor_count).scratch_bytes;
 }
 
-Status launch_attention(const AttentionParams& params, const float* q, const float* k_cache,
-                        const float* v_cache, const int32_t* query_start,
+Status launch_attention(const AttentionParams& params, const float* q, const void* k_cache,
+                        const void* v_cache, const int32_t* query_start,
                         const int32_t* context_lengths, const int32_t* block_tables, float* out,
                         const AttentionWorkspace& workspace, cudaStream_t stream) {
   const AttentionParams& p = params;
   if (p.num_seqs < 0 || p.num_tokens < 0 || p.head_dim <= 0 || p.num_kv_heads <= 0 ||
       p.num_heads % p.num_kv_heads != 0 || p.block_size <= 0 || p.sliding_window < 0) {
     return Status::invalid_argument("attention: bad shape");
+  }
+  if (!is_kv_cache_dtype(p.cache_dtype)) {
+    return Status::invalid_argument("attention: a KV cache is stored as BF16 or F32, not " +
+                                    std::string(dtype_name(p.cache_dtype)));
   }
   if (p.num_seqs == 0) {
     // query_start = {0} must equal num_tokens.
@@ -539,18 +577,12 @@ Status launch_attention(const AttentionParams& params, const float* q, const flo
   args.num_splits = plan.num_splits;
   args.pass_groups = plan.pass_groups;
   args.scale = p.scale;
-  args.vector_loads = p.head_dim % 4 == 0 && is_aligned(k_cache, 16) && is_aligned(v_cache, 16);
-
-  switch (plan.channels) {
-    case 1:
-      return launch_planned<1>(plan, args, stream);
-    case 2:
-      return launch_planned<2>(plan, args, stream);
-    case 4:
-      return launch_planned<4>(plan, args, stream);
-    default:
-      return launch_planned<8>(plan, args, stream);
-  }
+  const bool bf16 = p.cache_dtype == DType::kBF16;
+  const size_t quad_bytes = bf16 ? 8 : 16;
+  args.vector_loads =
+      p.head_dim % 4 == 0 && is_aligned(k_cache, quad_bytes) && is_aligned(v_cache, quad_bytes);
+  return bf16 ? launch_for_channels<uint16_t>(plan, args, stream)
+              : launch_for_channels<float>(plan, args, stream);
 }
 
 }  // namespace specrun::kernels::cuda

@@ -8,7 +8,8 @@
 // of one row are adjacent). For a pass it stages the 16 query vectors in shared memory, then walks
 // the keys the pass can see in tiles of 32 positions aligned to multiples of 32: the block gathers
 // a tile's K and V rows through the block table into shared memory (16-byte loads when head_dim is
-// a multiple of 4), and each warp scores the tile for its 4 pairs with one key per lane, takes the
+// a multiple of 4; 8-byte loads of four bf16 values from a bf16 cache, widened exactly as they are
+// staged), and each warp scores the tile for its 4 pairs with one key per lane, takes the
 // tile maximum and sum by warp butterflies, rescales its running state and accumulates P @ V with
 // one channel (of 32) per lane.
 //
@@ -58,10 +59,10 @@ struct AttentionWorkspace {
 size_t attention_scratch_bytes(const AttentionParams& params, int multiprocessor_count);
 
 Status launch_attention(const AttentionParams& params,
-                        const float* q,                  // [num_tokens, num_heads, head_dim]
-                        const float* k_cache,            // [slots, num_kv_heads, head_dim]
-                        const float* v_cache,            // [slots, num_kv_heads, head_dim]
-                        const int32_t* query_start,      // [num_seqs + 1]
+                        const float* q,              // [num_tokens, num_heads, head_dim]
+                        const void* k_cache,         // [slots, num_kv_heads, head_dim] cache_dtype
+                        const void* v_cache,         // [slots, num_kv_heads, head_dim] cache_dtype
+                        const int32_t* query_start,  // [num_seqs + 1]
                         const int32_t* context_lengths,  // [num_seqs]
                         const int32_t* block_tables,     // [num_seqs, max_blocks_per_seq]
                         float* out,                      // [num_tokens, num_heads, head_dim]

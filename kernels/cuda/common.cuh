@@ -94,6 +94,15 @@ struct Stored<DType::kBF16> {
   }
 };
 
+// f32 to bf16 bits, round to nearest even; NaN stays a quiet NaN with the same top bits. The same
+// arithmetic as the CPU's f32_to_bf16 (kernels/core/dtype.h), so a bf16 KV cache holds the same
+// bits on both backends.
+__device__ __forceinline__ uint16_t round_to_bf16(float value) {
+  const uint32_t bits = __float_as_uint(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
 // Quantized weights widen to their codes' values; the caller applies the scale.
 template <>
 struct Stored<DType::kF8E4M3> {

@@ -429,27 +429,27 @@ Status CudaBackend::rope(const RopeParams& params, const int32_t* positions, con
 }
 
 Status CudaBackend::rope_and_kv_write(const RopeParams& params, int64_t num_slots,
-                                      const int32_t* positions, const float* inv_freq,
-                                      const int32_t* slots, float* q, float* k, const float* v,
-                                      float* k_cache, float* v_cache) {
+                                      DType cache_dtype, const int32_t* positions,
+                                      const float* inv_freq, const int32_t* slots, float* q,
+                                      float* k, const float* v, void* k_cache, void* v_cache) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return after_checked_op(
-      launch_rope_and_kv_write({params, num_slots}, positions, inv_freq, slots, q, k, v, k_cache,
-                               v_cache, device_errors_, stream_),
+      launch_rope_and_kv_write({params, num_slots, cache_dtype}, positions, inv_freq, slots, q, k,
+                               v, k_cache, v_cache, device_errors_, stream_),
       "rope_and_kv_write");
 }
 
 Status CudaBackend::kv_write(const KvWriteParams& params, const float* k, const float* v,
-                             const int32_t* slots, float* k_cache, float* v_cache) {
+                             const int32_t* slots, void* k_cache, void* v_cache) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return after_checked_op(
       launch_kv_write(params, k, v, slots, k_cache, v_cache, device_errors_, stream_), "kv_write");
 }
 
-Status CudaBackend::attention(const AttentionParams& params, const float* q, const float* k_cache,
-                              const float* v_cache, const int32_t* query_start,
+Status CudaBackend::attention(const AttentionParams& params, const float* q, const void* k_cache,
+                              const void* v_cache, const int32_t* query_start,
                               const int32_t* context_lengths, const int32_t* block_tables,
                               float* out) {
   DeviceScope scope(device_);

@@ -91,9 +91,9 @@ class CudaBackend final : public Backend {
   Status rope(const RopeParams& params, const int32_t* positions, const float* inv_freq, float* q,
               float* k) override;
   Status kv_write(const KvWriteParams& params, const float* k, const float* v, const int32_t* slots,
-                  float* k_cache, float* v_cache) override;
-  Status attention(const AttentionParams& params, const float* q, const float* k_cache,
-                   const float* v_cache, const int32_t* query_start, const int32_t* context_lengths,
+                  void* k_cache, void* v_cache) override;
+  Status attention(const AttentionParams& params, const float* q, const void* k_cache,
+                   const void* v_cache, const int32_t* query_start, const int32_t* context_lengths,
                    const int32_t* block_tables, float* out) override;
   Status swiglu(const SwigluParams& params, const float* gate, const float* up,
                 float* out) override;
@@ -105,14 +105,15 @@ class CudaBackend final : public Backend {
   // adopt it where it knows it runs on CUDA.
   Status rope_and_kv_write(const RopeParams& params,
                            int64_t num_slots,         // capacity of the cache in tokens
+                           DType cache_dtype,         // storage dtype of the cache
                            const int32_t* positions,  // [num_tokens]
                            const float* inv_freq,     // [head_dim / 2]
                            const int32_t* slots,      // [num_tokens]
                            float* q,                  // [num_tokens, num_heads, head_dim]
                            float* k,                  // [num_tokens, num_kv_heads, head_dim]
                            const float* v,            // [num_tokens, num_kv_heads, head_dim]
-                           float* k_cache,            // [num_slots, num_kv_heads, head_dim]
-                           float* v_cache);           // [num_slots, num_kv_heads, head_dim]
+                           void* k_cache,   // [num_slots, num_kv_heads, head_dim] cache_dtype
+                           void* v_cache);  // [num_slots, num_kv_heads, head_dim] cache_dtype
 
  private:
   explicit CudaBackend(int device_index);

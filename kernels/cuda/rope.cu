@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 namespace specrun::kernels::cuda {
 namespace {
@@ -20,11 +21,21 @@ struct RopeArgs {
   // Fused cache write; k_cache is null for plain rope.
   const float* v;        // [num_tokens, num_kv_heads, head_dim]
   const int32_t* slots;  // [num_tokens]
-  float* k_cache;        // [num_slots, num_kv_heads, head_dim]
-  float* v_cache;        // [num_slots, num_kv_heads, head_dim]
+  void* k_cache;         // [num_slots, num_kv_heads, head_dim] f32, or bf16 when cache_bf16
+  void* v_cache;         // [num_slots, num_kv_heads, head_dim] f32, or bf16 when cache_bf16
   int64_t num_slots;
   DeviceErrorRecord* errors;
+  bool cache_bf16;
 };
+
+// Element `index` of a cache row, stored in the cache's dtype.
+__device__ __forceinline__ void store_cache(void* row, int64_t index, float value, bool bf16) {
+  if (bf16) {
+    static_cast<uint16_t*>(row)[index] = round_to_bf16(value);
+  } else {
+    static_cast<float*>(row)[index] = value;
+  }
+}
 
 // Rotates channel pair `i` of one head in place; returns the two rotated values through
 // first/second for a fused cache write.
@@ -87,7 +98,10 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs args) {
       report_device_error(args.errors, DeviceCheck::kSlot, token, slot, args.num_slots);
     }
   }
-  float* k_target = store ? args.k_cache + slot * kv_row : nullptr;  // [num_kv_heads, head_dim]
+  const int64_t element_bytes = args.cache_bf16 ? 2 : 4;
+  // [num_kv_heads, head_dim] of the cache
+  void* k_target =
+      store ? static_cast<char*>(args.k_cache) + slot * kv_row * element_bytes : nullptr;
   for (int64_t e = first; e < args.num_kv_heads * half; e += stride) {
     const int64_t head = e / half;
     const int64_t i = e % half;
@@ -96,25 +110,43 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs args) {
     rotate_pair(k_row + head * args.head_dim, i, half, args.interleaved, cosines[i], sines[i], &a,
                 &b, &first, &second);
     if (store) {
-      k_target[head * args.head_dim + a] = first;
-      k_target[head * args.head_dim + b] = second;
+      store_cache(k_target, head * args.head_dim + a, first, args.cache_bf16);
+      store_cache(k_target, head * args.head_dim + b, second, args.cache_bf16);
     }
   }
   if (store) {
     const float* v_row = args.v + token * kv_row;  // [num_kv_heads, head_dim]
-    float* v_target = args.v_cache + slot * kv_row;
-    for (int64_t c = first; c < kv_row; c += stride) v_target[c] = v_row[c];
+    void* v_target = static_cast<char*>(args.v_cache) + slot * kv_row * element_bytes;
+    for (int64_t c = first; c < kv_row; c += stride) {
+      store_cache(v_target, c, v_row[c], args.cache_bf16);
+    }
   }
 }
 
-// blockIdx.x: token. Copies one k row and one v row ([num_kv_heads * head_dim] floats each).
-template <bool kVector>
+// Four f32 values in the cache's element type: as they are, or rounded to bf16.
+__device__ __forceinline__ float4 to_cache4(float4 value, float) {
+  return value;
+}
+__device__ __forceinline__ uint2 to_cache4(float4 value, uint16_t) {
+  return make_uint2(round_to_bf16(value.x) | static_cast<uint32_t>(round_to_bf16(value.y)) << 16,
+                    round_to_bf16(value.z) | static_cast<uint32_t>(round_to_bf16(value.w)) << 16);
+}
+__device__ __forceinline__ float to_cache(float value, float) {
+  return value;
+}
+__device__ __forceinline__ uint16_t to_cache(float value, uint16_t) {
+  return round_to_bf16(value);
+}
+
+// blockIdx.x: token. Stores one k row and one v row ([num_kv_heads * head_dim] each) as Element:
+// float for an f32 cache, uint16_t (bf16 bits) for a bf16 one.
+template <typename Element, bool kVector>
 __global__ void __launch_bounds__(kThreads)
     kv_write_kernel(const float* k,        // [num_tokens, row]
                     const float* v,        // [num_tokens, row]
                     const int32_t* slots,  // [num_tokens]
-                    float* k_cache,        // [num_slots, row]
-                    float* v_cache,        // [num_slots, row]
+                    Element* k_cache,      // [num_slots, row]
+                    Element* v_cache,      // [num_slots, row]
                     int64_t row, int64_t num_slots, DeviceErrorRecord* errors) {
   const int64_t token = blockIdx.x;
   const int64_t slot = slots[token];
@@ -123,20 +155,42 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   if constexpr (kVector) {
+    using Quad = decltype(to_cache4(float4{}, Element{}));
     const float4* k_source = reinterpret_cast<const float4*>(k + token * row);
     const float4* v_source = reinterpret_cast<const float4*>(v + token * row);
-    float4* k_target = reinterpret_cast<float4*>(k_cache + slot * row);
-    float4* v_target = reinterpret_cast<float4*>(v_cache + slot * row);
+    Quad* k_target = reinterpret_cast<Quad*>(k_cache + slot * row);
+    Quad* v_target = reinterpret_cast<Quad*>(v_cache + slot * row);
     for (int64_t i = threadIdx.x; i < row / 4; i += kThreads) {
-      k_target[i] = k_source[i];
-      v_target[i] = v_source[i];
+      k_target[i] = to_cache4(k_source[i], Element{});
+      v_target[i] = to_cache4(v_source[i], Element{});
     }
   } else {
     for (int64_t i = threadIdx.x; i < row; i += kThreads) {
-      k_cache[slot * row + i] = k[token * row + i];
-      v_cache[slot * row + i] = v[token * row + i];
+      k_cache[slot * row + i] = to_cache(k[token * row + i], Element{});
+      v_cache[slot * row + i] = to_cache(v[token * row + i], Element{});
     }
   }
+}
+
+template <typename Element>
+void launch_kv_write_kernel(bool vector, unsigned tokens, const float* k, const float* v,
+                            const int32_t* slots, void* k_cache, void* v_cache, int64_t row,
+                            int64_t num_slots, DeviceErrorRecord* errors, cudaStream_t stream) {
+  auto* keys = static_cast<Element*>(k_cache);
+  auto* values = static_cast<Element*>(v_cache);
+  if (vector) {
+    kv_write_kernel<Element, true>
+        <<<tokens, kThreads, 0, stream>>>(k, v, slots, keys, values, row, num_slots, errors);
+  } else {
+    kv_write_kernel<Element, false>
+        <<<tokens, kThreads, 0, stream>>>(k, v, slots, keys, values, row, num_slots, errors);
+  }
+}
+
+Status check_cache_dtype(DType dtype, const char* op) {
+  if (is_kv_cache_dtype(dtype)) return Status::ok();
+  return Status::invalid_argument(std::string(op) + ": a KV cache is stored as BF16 or F32, not " +
+                                  std::string(dtype_name(dtype)));
 }
 
 Status check_rope_shape(const RopeParams& params) {
@@ -182,39 +236,50 @@ Status launch_rope(const RopeParams& params, const int32_t* positions, const flo
                       nullptr,
                       nullptr,
                       0,
-                      nullptr};
+                      nullptr,
+                      false};
   return launch_rope_kernel(args, params.num_tokens, stream);
 }
 
 Status launch_kv_write(const KvWriteParams& params, const float* k, const float* v,
-                       const int32_t* slots, float* k_cache, float* v_cache,
+                       const int32_t* slots, void* k_cache, void* v_cache,
                        DeviceErrorRecord* errors, cudaStream_t stream) {
   if (params.num_tokens < 0 || params.num_kv_heads <= 0 || params.head_dim <= 0) {
     return Status::invalid_argument("kv_write: bad shape");
+  }
+  if (Status status = check_cache_dtype(params.cache_dtype, "kv_write"); !status.is_ok()) {
+    return status;
   }
   if (params.num_tokens == 0) return Status::ok();
   if (params.num_tokens > INT32_MAX) {
     return Status::unsupported("kv_write: more than 2^31 - 1 tokens");
   }
   const int64_t row = params.num_kv_heads * params.head_dim;
+  const bool bf16 = params.cache_dtype == DType::kBF16;
+  // Four elements a load and a store: 16 bytes of k and v, 16 (f32) or 8 (bf16) of the cache.
+  const size_t cache_quad_bytes = bf16 ? 8 : 16;
   const bool vector = row % 4 == 0 && is_aligned(k, 16) && is_aligned(v, 16) &&
-                      is_aligned(k_cache, 16) && is_aligned(v_cache, 16);
-  const dim3 grid(static_cast<unsigned>(params.num_tokens));
-  if (vector) {
-    kv_write_kernel<true><<<grid, kThreads, 0, stream>>>(k, v, slots, k_cache, v_cache, row,
-                                                         params.num_slots, errors);
+                      is_aligned(k_cache, cache_quad_bytes) &&
+                      is_aligned(v_cache, cache_quad_bytes);
+  const auto tokens = static_cast<unsigned>(params.num_tokens);
+  if (bf16) {
+    launch_kv_write_kernel<uint16_t>(vector, tokens, k, v, slots, k_cache, v_cache, row,
+                                     params.num_slots, errors, stream);
   } else {
-    kv_write_kernel<false><<<grid, kThreads, 0, stream>>>(k, v, slots, k_cache, v_cache, row,
-                                                          params.num_slots, errors);
+    launch_kv_write_kernel<float>(vector, tokens, k, v, slots, k_cache, v_cache, row,
+                                  params.num_slots, errors, stream);
   }
   return launch_status("kv_write kernel");
 }
 
 Status launch_rope_and_kv_write(const RopeKvWriteParams& params, const int32_t* positions,
                                 const float* inv_freq, const int32_t* slots, float* q, float* k,
-                                const float* v, float* k_cache, float* v_cache,
+                                const float* v, void* k_cache, void* v_cache,
                                 DeviceErrorRecord* errors, cudaStream_t stream) {
   if (Status status = check_rope_shape(params.rope); !status.is_ok()) return status;
+  if (Status status = check_cache_dtype(params.cache_dtype, "rope_and_kv_write"); !status.is_ok()) {
+    return status;
+  }
   if (params.rope.num_tokens == 0) return Status::ok();
   const RopeArgs args{positions,
                       inv_freq,
@@ -229,7 +294,8 @@ Status launch_rope_and_kv_write(const RopeKvWriteParams& params, const int32_t* 
                       k_cache,
                       v_cache,
                       params.num_slots,
-                      errors};
+                      errors,
+                      params.cache_dtype == DType::kBF16};
   return launch_rope_kernel(args, params.rope.num_tokens, stream);
 }
 

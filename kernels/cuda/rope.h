@@ -24,35 +24,37 @@ Status launch_rope(const RopeParams& params,
                    float* k,                  // [num_tokens, num_kv_heads, head_dim]
                    cudaStream_t stream);
 
-// Stores each token's k and v rows at its cache slot. One block per token. Slots live in device
-// memory, so they are checked by the kernel: a token whose slot is outside [0, num_slots) is not
-// written, and the first one is recorded in `errors` (kOutOfRange at the backend's next host wait).
+// Stores each token's k and v rows at its cache slot, rounded to the cache's dtype as the CPU
+// rounds them (bitwise the same cache). One block per token. Slots live in device memory, so they
+// are checked by the kernel: a token whose slot is outside [0, num_slots) is not written, and the
+// first one is recorded in `errors` (kOutOfRange at the backend's next host wait).
 Status launch_kv_write(const KvWriteParams& params,
-                       const float* k,             // [num_tokens, num_kv_heads, head_dim]
-                       const float* v,             // [num_tokens, num_kv_heads, head_dim]
-                       const int32_t* slots,       // [num_tokens]
-                       float* k_cache,             // [num_slots, num_kv_heads, head_dim]
-                       float* v_cache,             // [num_slots, num_kv_heads, head_dim]
+                       const float* k,        // [num_tokens, num_kv_heads, head_dim]
+                       const float* v,        // [num_tokens, num_kv_heads, head_dim]
+                       const int32_t* slots,  // [num_tokens]
+                       void* k_cache,         // [num_slots, num_kv_heads, head_dim] cache_dtype
+                       void* v_cache,         // [num_slots, num_kv_heads, head_dim] cache_dtype
                        DeviceErrorRecord* errors,  // may be null
                        cudaStream_t stream);
 
 struct RopeKvWriteParams {
   RopeParams rope;    // shapes of q and k, and the channel pairing
   int64_t num_slots;  // capacity of the cache in tokens
+  DType cache_dtype;  // storage dtype of the cache (is_kv_cache_dtype)
 };
 
 // rope, then kv_write, in one kernel: q and k are rotated in place, the rotated k and the
 // unchanged v are stored at each token's slot. Bitwise the same results as the two launches, with
 // one pass over k and v instead of two. Checks as launch_rope and launch_kv_write together.
 Status launch_rope_and_kv_write(const RopeKvWriteParams& params,
-                                const int32_t* positions,   // [num_tokens]
-                                const float* inv_freq,      // [head_dim / 2]
-                                const int32_t* slots,       // [num_tokens]
-                                float* q,                   // [num_tokens, num_heads, head_dim]
-                                float* k,                   // [num_tokens, num_kv_heads, head_dim]
-                                const float* v,             // [num_tokens, num_kv_heads, head_dim]
-                                float* k_cache,             // [num_slots, num_kv_heads, head_dim]
-                                float* v_cache,             // [num_slots, num_kv_heads, head_dim]
+                                const int32_t* positions,  // [num_tokens]
+                                const float* inv_freq,     // [head_dim / 2]
+                                const int32_t* slots,      // [num_tokens]
+                                float* q,                  // [num_tokens, num_heads, head_dim]
+                                float* k,                  // [num_tokens, num_kv_heads, head_dim]
+                                const float* v,            // [num_tokens, num_kv_heads, head_dim]
+                                void* k_cache,  // [num_slots, num_kv_heads, head_dim] cache_dtype
+                                void* v_cache,  // [num_slots, num_kv_heads, head_dim] cache_dtype
                                 DeviceErrorRecord* errors,  // may be null
                                 cudaStream_t stream);
 

@@ -363,6 +363,19 @@ specrun::Quantization from_c(specrun_quantization quantization, const char* name
   }
 }
 
+specrun::KvCacheDtype from_c(specrun_kv_cache_dtype dtype, const char* name) {
+  const int64_t value = enum_value(dtype);
+  switch (value) {
+    case SPECRUN_KV_CACHE_BF16:
+      return specrun::KvCacheDtype::kBF16;
+    case SPECRUN_KV_CACHE_F32:
+      return specrun::KvCacheDtype::kF32;
+    default:
+      throw InvalidArgument(std::string(name) + " " + std::to_string(value) +
+                            " is not a specrun_kv_cache_dtype");
+  }
+}
+
 // The C settings as specrun::EngineConfig; throws naming the field that is wrong.
 specrun::EngineConfig from_c(const specrun_engine_config& config) {
   require(config.target, "config->target");
@@ -385,6 +398,7 @@ specrun::EngineConfig from_c(const specrun_engine_config& config) {
   settings.quantize = from_c(config.quantize, "config->quantize");
   settings.draft_quantize = from_c(config.draft_quantize, "config->draft_quantize");
   settings.quantize_lm_head = config.quantize_lm_head != 0;
+  settings.kv_cache_dtype = from_c(config.kv_cache_dtype, "config->kv_cache_dtype");
   return settings;
 }
 
@@ -476,6 +490,9 @@ specrun_status specrun_engine_config_init(specrun_engine_config* config) {
     config->quantize = SPECRUN_QUANTIZATION_NONE;
     config->draft_quantize = SPECRUN_QUANTIZATION_NONE;
     config->quantize_lm_head = defaults.quantize_lm_head ? 1 : 0;
+    config->kv_cache_dtype = defaults.kv_cache_dtype == specrun::KvCacheDtype::kF32
+                                 ? SPECRUN_KV_CACHE_F32
+                                 : SPECRUN_KV_CACHE_BF16;
   });
 }
 

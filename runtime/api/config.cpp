@@ -260,13 +260,16 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
   }
   if (const toml::table* runtime = document["runtime"].as_table()) {
     TableReader reader(path, *runtime, "runtime");
-    reader.reject_unknown({"device", "threads", "kv_cache_tokens", "kv_block_size", "max_batch",
-                           "deterministic", "bf16_activations", "prefix_cache"});
+    reader.reject_unknown({"device", "threads", "kv_cache_tokens", "kv_block_size",
+                           "kv_cache_dtype", "max_batch", "deterministic", "bf16_activations",
+                           "prefix_cache"});
     reader.device("device", &config.device);
     reader.integer("threads", &config.threads, 0, kMaxThreads);
     reader.integer("kv_cache_tokens", &config.kv_cache_tokens, 0,
                    std::numeric_limits<int32_t>::max());
     reader.integer("kv_block_size", &config.kv_block_size, 1, 4096);
+    reader.choice("kv_cache_dtype", &config.kv_cache_dtype, parse_kv_cache_dtype,
+                  kv_cache_dtypes());
     reader.integer("max_batch", &config.max_batch, 1, kMaxBatch);
     reader.boolean("deterministic", &config.deterministic);
     reader.boolean("bf16_activations", &config.bf16_activations);

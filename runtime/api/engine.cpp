@@ -279,6 +279,7 @@ ModelOptions model_options_for(const EngineConfig& config, Quantization quantiza
   ModelOptions options;
   options.kv_cache_tokens = config.kv_cache_tokens;
   options.kv_block_size = config.kv_block_size;
+  options.kv_cache_dtype = kernel_dtype(config.kv_cache_dtype);
   options.prefix_cache = config.prefix_cache;
   options.rope_style = parse_rope_style(config.rope_style);
   options.quantize_output = config.quantize_lm_head;

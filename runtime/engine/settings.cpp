@@ -14,6 +14,7 @@ constexpr GammaControl kControls[] = {GammaControl::kGoodput, GammaControl::kHeu
 constexpr Verification kVerifications[] = {Verification::kSharedNoise, Verification::kRejection};
 constexpr Quantization kQuantizations[] = {Quantization::kNone, Quantization::kFP8,
                                            Quantization::kINT8};
+constexpr KvCacheDtype kKvCacheDtypes[] = {KvCacheDtype::kBF16, KvCacheDtype::kF32};
 
 }  // namespace
 
@@ -59,6 +60,16 @@ const char* to_string(Quantization quantization) {
       return "fp8";
     case Quantization::kINT8:
       return "int8";
+  }
+  return "unknown";
+}
+
+const char* to_string(KvCacheDtype dtype) {
+  switch (dtype) {
+    case KvCacheDtype::kBF16:
+      return "bf16";
+    case KvCacheDtype::kF32:
+      return "f32";
   }
   return "unknown";
 }
@@ -111,6 +122,21 @@ std::optional<Quantization> parse_quantization(std::string_view name) {
 
 std::span<const Quantization> quantizations() {
   return kQuantizations;
+}
+
+std::optional<KvCacheDtype> parse_kv_cache_dtype(std::string_view name) {
+  for (const KvCacheDtype dtype : kKvCacheDtypes) {
+    if (name == to_string(dtype)) return dtype;
+  }
+  return std::nullopt;
+}
+
+std::span<const KvCacheDtype> kv_cache_dtypes() {
+  return kKvCacheDtypes;
+}
+
+DType kernel_dtype(KvCacheDtype dtype) {
+  return dtype == KvCacheDtype::kF32 ? DType::kF32 : DType::kBF16;
 }
 
 std::span<const SpeculationMethod> speculation_methods() {

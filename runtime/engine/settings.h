@@ -19,11 +19,15 @@ std::optional<SpeculationMethod> parse_speculation_method(std::string_view name)
 std::optional<GammaControl> parse_gamma_control(std::string_view name);
 std::optional<Verification> parse_verification(std::string_view name);
 std::optional<Quantization> parse_quantization(std::string_view name);
+std::optional<KvCacheDtype> parse_kv_cache_dtype(std::string_view name);
 // Every method, controller and verification, for lists of choices.
 std::span<const SpeculationMethod> speculation_methods();
 std::span<const GammaControl> gamma_controls();
 std::span<const Verification> verifications();
 std::span<const Quantization> quantizations();
+std::span<const KvCacheDtype> kv_cache_dtypes();
+// The kernels' dtype for a KV cache stored as `dtype`.
+DType kernel_dtype(KvCacheDtype dtype);
 
 // Throw Error naming the setting and its value when it is out of range or inconsistent.
 void validate(const SamplingSettings& sampling);

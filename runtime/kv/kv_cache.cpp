@@ -17,6 +17,10 @@ KvCache::KvCache(kernels::Backend& backend, const KvCacheLayout& layout, bool pr
       layout.block_size <= 0 || layout.num_blocks <= 0) {
     throw Error("KV cache: every dimension of the layout must be positive");
   }
+  if (!kernels::is_kv_cache_dtype(layout.dtype)) {
+    throw Error("KV cache: keys and values are stored as bf16 or f32, not " +
+                std::string(dtype_name(layout.dtype)));
+  }
   const int64_t slots = layout.num_blocks * layout.block_size;
   if (slots > std::numeric_limits<int32_t>::max()) {
     throw Error("KV cache: " + std::to_string(slots) + " slots exceed the 32-bit slot index");
@@ -25,14 +29,15 @@ KvCache::KvCache(kernels::Backend& backend, const KvCacheLayout& layout, bool pr
   const uint64_t extents[] = {
       static_cast<uint64_t>(layout.num_layers), 2, static_cast<uint64_t>(slots),
       static_cast<uint64_t>(layout.num_kv_heads), static_cast<uint64_t>(layout.head_dim)};
-  const std::optional<uint64_t> checked = checked_byte_count(extents, sizeof(float));
+  const std::optional<uint64_t> checked = checked_byte_count(extents, dtype_size(layout.dtype));
   if (!checked) {
     throw Error("KV cache: " + std::to_string(layout.num_layers) + " layers of " +
                 std::to_string(slots) + " slots of " + std::to_string(layout.num_kv_heads) +
-                " heads of " + std::to_string(layout.head_dim) + " floats overflow a byte count");
+                " heads of " + std::to_string(layout.head_dim) + " " +
+                std::string(dtype_name(layout.dtype)) + " values overflow a byte count");
   }
   const auto bytes = static_cast<size_t>(*checked);
-  storage_ = static_cast<float*>(backend_.allocate(bytes));
+  storage_ = static_cast<char*>(backend_.allocate(bytes));
   if (storage_ == nullptr) {
     throw Error("KV cache: cannot allocate " + std::to_string(bytes >> 20) + " MiB on " +
                 std::string(backend_.name()));
@@ -247,16 +252,29 @@ int32_t KvCache::slot(SequenceId sequence, int64_t position) const {
                               position % layout_.block_size);
 }
 
-float* KvCache::keys(int64_t layer) {
-  SPECRUN_CHECK(layer >= 0 && layer < layout_.num_layers) << "layer " << layer;
-  const int64_t pool =
-      layout_.num_blocks * layout_.block_size * layout_.num_kv_heads * layout_.head_dim;
-  return storage_ + (2 * layer) * pool;
+namespace {
+
+// Bytes of one layer's K (or V) pool.
+int64_t pool_bytes(const KvCacheLayout& layout) {
+  return layout.num_blocks * layout.block_size * layout.num_kv_heads * layout.head_dim *
+         static_cast<int64_t>(dtype_size(layout.dtype));
 }
 
-float* KvCache::values(int64_t layer) {
-  return keys(layer) +
-         layout_.num_blocks * layout_.block_size * layout_.num_kv_heads * layout_.head_dim;
+}  // namespace
+
+void* KvCache::keys(int64_t layer) {
+  SPECRUN_CHECK(layer >= 0 && layer < layout_.num_layers) << "layer " << layer;
+  return storage_ + (2 * layer) * pool_bytes(layout_);
+}
+
+void* KvCache::values(int64_t layer) {
+  return static_cast<char*>(keys(layer)) + pool_bytes(layout_);
+}
+
+uint64_t KvCache::bytes_per_token() const {
+  return 2 * static_cast<uint64_t>(layout_.num_layers) *
+         static_cast<uint64_t>(layout_.num_kv_heads) * static_cast<uint64_t>(layout_.head_dim) *
+         dtype_size(layout_.dtype);
 }
 
 }  // namespace specrun

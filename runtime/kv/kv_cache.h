@@ -30,6 +30,9 @@ struct KvCacheLayout {
   int64_t head_dim;      // channels per head
   int64_t block_size;    // tokens per block
   int64_t num_blocks;    // blocks in the pool
+  // Storage of keys and values (kernels::is_kv_cache_dtype): bf16 halves the memory and the bytes
+  // attention reads; f32 keeps them exact (the reference comparisons).
+  DType dtype = DType::kBF16;
 };
 
 using SequenceId = int64_t;
@@ -97,9 +100,12 @@ class KvCache {
   // Where position `position` of the sequence lives in the pool.
   int32_t slot(SequenceId sequence, int64_t position) const;
 
-  // The pools of one layer: [num_blocks * block_size, num_kv_heads, head_dim] f32 each.
-  float* keys(int64_t layer);
-  float* values(int64_t layer);
+  // The pools of one layer: [num_blocks * block_size, num_kv_heads, head_dim] each, in
+  // layout().dtype.
+  void* keys(int64_t layer);
+  void* values(int64_t layer);
+  // Bytes of K and V a position takes over all layers.
+  uint64_t bytes_per_token() const;
 
  private:
   // A block's identity: a 128-bit hash of its tokens chained with its prefix's key.
@@ -133,9 +139,9 @@ class KvCache {
   kernels::Backend& backend_;
   KvCacheLayout layout_;
   bool prefix_caching_;
-  BlockKey salt_;                      // per cache, so that no input can aim at a collision
-  float* storage_ = nullptr;           // [num_layers, 2, slots, num_kv_heads, head_dim]
-  std::vector<Block> blocks_;          // [num_blocks]
+  BlockKey salt_;              // per cache, so that no input can aim at a collision
+  char* storage_ = nullptr;    // [num_layers, 2, slots, num_kv_heads, head_dim] layout_.dtype
+  std::vector<Block> blocks_;  // [num_blocks]
   std::vector<int32_t> block_tokens_;  // [num_blocks, block_size] tokens of cached blocks
   std::vector<int32_t> free_;          // unused, uncached blocks: a stack, lowest ids first out
   std::set<std::pair<uint64_t, int32_t>> evictable_;  // cached, unreferenced: (released, block)

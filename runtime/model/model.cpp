@@ -106,6 +106,10 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
     throw Error("KV cache size must be in [0, " + std::to_string(kMaxKvTokens) + "] tokens, got " +
                 std::to_string(options.kv_cache_tokens));
   }
+  if (!kernels::is_kv_cache_dtype(options.kv_cache_dtype)) {
+    throw Error("KV cache dtype must be bf16 or f32, got " +
+                std::string(dtype_name(options.kv_cache_dtype)));
+  }
   if (options.kv_block_size > kMaxKvTokens) {
     throw Error("KV block size must be at most " + std::to_string(kMaxKvTokens) + ", got " +
                 std::to_string(options.kv_block_size));
@@ -148,11 +152,11 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
       "uploading RoPE frequencies");
 
   const int64_t blocks = kv_capacity_tokens(config, options) / options.kv_block_size;
-  kv_cache_ =
-      std::make_unique<KvCache>(backend_,
-                                KvCacheLayout{config.num_layers, config.num_kv_heads,
-                                              config.head_dim, options.kv_block_size, blocks},
-                                options.prefix_cache);
+  kv_cache_ = std::make_unique<KvCache>(
+      backend_,
+      KvCacheLayout{config.num_layers, config.num_kv_heads, config.head_dim, options.kv_block_size,
+                    blocks, options.kv_cache_dtype},
+      options.prefix_cache);
   spdlog::debug("loaded {} ({} layers, {:.1f}M parameters) on {}; KV cache {} tokens",
                 checkpoint_.paths.weights.string(), config.num_layers, parameter_count_ / 1e6,
                 backend_.name(), kv_cache_->capacity_tokens());
@@ -212,8 +216,8 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
             static_cast<uint64_t>(kernels::stored_columns(layout, c.hidden_size)) +
         static_cast<uint64_t>(c.vocab_size) * sizeof(float);
   }
-  needs.kv_bytes_per_token =
-      2 * static_cast<uint64_t>(c.num_layers) * c.num_kv_heads * c.head_dim * sizeof(float);
+  needs.kv_bytes_per_token = 2 * static_cast<uint64_t>(c.num_layers) * c.num_kv_heads * c.head_dim *
+                             dtype_size(options.kv_cache_dtype);
   needs.kv_tokens = kv_capacity_tokens(c, options);
   needs.kv_bytes = needs.kv_bytes_per_token * static_cast<uint64_t>(needs.kv_tokens);
   // A forward holds at most the cache's tokens; its buffers grow no further (ensure_workspace).
@@ -780,15 +784,16 @@ void Model::run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks)
                       w.positions, inv_freq_.as<float>(), q, k),
         layer_op("rope", layer));
     SPECRUN_CHECK_OK(
-        backend_.kv_write({num_tokens, c.num_kv_heads, c.head_dim, kv_cache_->capacity_tokens()}, k,
-                          v, w.slots, kv_cache_->keys(layer), kv_cache_->values(layer)),
+        backend_.kv_write({num_tokens, c.num_kv_heads, c.head_dim, kv_cache_->capacity_tokens(),
+                           kv_cache_->layout().dtype},
+                          k, v, w.slots, kv_cache_->keys(layer), kv_cache_->values(layer)),
         layer_op("KV cache write", layer));
     const kernels::AttentionParams attention_params{
-        num_seqs,        num_tokens,
-        c.num_heads,     c.num_kv_heads,
-        c.head_dim,      kv_cache_->layout().block_size,
-        max_blocks,      1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-        c.sliding_window};
+        num_seqs,         num_tokens,
+        c.num_heads,      c.num_kv_heads,
+        c.head_dim,       kv_cache_->layout().block_size,
+        max_blocks,       1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+        c.sliding_window, kv_cache_->layout().dtype};
     SPECRUN_CHECK_OK(
         backend_.attention(attention_params, q, kv_cache_->keys(layer), kv_cache_->values(layer),
                            w.query_start, w.context_lengths, w.block_tables, attention),

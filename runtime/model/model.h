@@ -32,7 +32,8 @@ enum class WeightQuantize {
 struct ModelOptions {
   int64_t kv_cache_tokens = 0;  // cache capacity in tokens; 0: the model's context, at most 8192
   int64_t kv_block_size = 16;   // tokens per KV-cache block
-  bool prefix_cache = true;     // sealed full blocks are reused by sequences with the same prefix
+  DType kv_cache_dtype = DType::kBF16;  // storage of keys and values: kBF16 or kF32 (exact)
+  bool prefix_cache = true;  // sealed full blocks are reused by sequences with the same prefix
   WeightQuantize quantize = WeightQuantize::kNone;  // quantize the linear layers at load
   bool quantize_output = false;  // the output projection (lm_head) too; it stays bf16 otherwise
   // Overrides the checkpoint's pairing (rotate-half for Hugging Face, interleaved for GGUF).
@@ -44,7 +45,7 @@ struct ModelOptions {
 struct MemoryNeeds {
   uint64_t weight_bytes = 0;        // as placed: stored bytes on the host, bf16 on a device, 8-bit
                                     // codes plus f32 scales where quantized (Model::weight_bytes)
-  uint64_t kv_bytes_per_token = 0;  // K and V of every layer, f32
+  uint64_t kv_bytes_per_token = 0;  // K and V of every layer, in the cache's dtype
   int64_t kv_tokens = 0;            // the cache's capacity, whole blocks
   uint64_t kv_bytes = 0;            // kv_bytes_per_token * kv_tokens
   uint64_t workspace_bytes = 0;     // activations of a forward filling the cache, and logits rows

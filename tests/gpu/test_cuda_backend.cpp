@@ -635,28 +635,56 @@ TEST_F(CudaBackendTest, RopeMatchesCpuInBothStyles) {
   }
 }
 
+// A cache of `slots * row` elements of `dtype` holding arbitrary earlier contents, as raw bytes.
+std::vector<uint8_t> cache_bytes(int64_t elements, DType dtype, uint64_t seed) {
+  const std::vector<float> values = random_floats(elements, seed);
+  std::vector<uint8_t> bytes(static_cast<size_t>(elements) * dtype_size(dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::kBF16) {
+      const uint16_t bits = f32_to_bf16(values[i]);
+      std::memcpy(bytes.data() + 2 * i, &bits, 2);
+    } else {
+      std::memcpy(bytes.data() + 4 * i, &values[i], 4);
+    }
+  }
+  return bytes;
+}
+
+// The CPU's kv_write is the reference: the device's cache must hold the same bytes, in f32 (a
+// copy) and in bf16 (each value rounded to nearest even, NaN and infinities included).
 TEST_F(CudaBackendTest, KvWriteStoresRowsAtSlots) {
-  for (const int64_t head_dim : {6, 64}) {  // 6: rows not a multiple of 4 floats
-    const int64_t kv_heads = 2, tokens = 5, slots_in_cache = 40;
-    const int64_t row = kv_heads * head_dim;
-    const std::vector<float> k = random_floats(tokens * row, 13);
-    const std::vector<float> v = random_floats(tokens * row, 14);
-    const std::vector<int32_t> slots = {39, 0, 17, 5, 18};
-    std::vector<float> k_cache = random_floats(slots_in_cache * row, 15);
-    std::vector<float> v_cache = random_floats(slots_in_cache * row, 16);
-    DeviceBuffer device_k = upload(*gpu_, k), device_v = upload(*gpu_, v);
-    DeviceBuffer device_slots = upload(*gpu_, slots);
-    DeviceBuffer device_k_cache = upload(*gpu_, k_cache), device_v_cache = upload(*gpu_, v_cache);
-    const KvWriteParams params{tokens, kv_heads, head_dim, slots_in_cache};
-    ASSERT_TRUE(
-        cpu_->kv_write(params, k.data(), v.data(), slots.data(), k_cache.data(), v_cache.data())
-            .is_ok());
-    ASSERT_TRUE(gpu_->kv_write(params, device_k.as<float>(), device_v.as<float>(),
-                               device_slots.as<int32_t>(), device_k_cache.as<float>(),
-                               device_v_cache.as<float>())
-                    .is_ok());
-    EXPECT_TRUE(bitwise_equal(download(*gpu_, device_k_cache, k_cache.size()), k_cache));
-    EXPECT_TRUE(bitwise_equal(download(*gpu_, device_v_cache, v_cache.size()), v_cache));
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const int64_t head_dim : {6, 64}) {  // 6: rows not a multiple of 4 elements
+      const int64_t kv_heads = 2, tokens = 5, slots_in_cache = 40;
+      const int64_t row = kv_heads * head_dim;
+      std::vector<float> k = random_floats(tokens * row, 13);
+      const std::vector<float> v = random_floats(tokens * row, 14);
+      k[0] = bit_cast_f32(0x3f808000u);  // halfway: to even, down
+      k[1] = bit_cast_f32(0x3f818000u);  // halfway: to even, up
+      k[2] = std::numeric_limits<float>::max();
+      k[3] = -std::numeric_limits<float>::infinity();
+      k[4] = std::numeric_limits<float>::quiet_NaN();
+      k[5] = 1e-40f;  // subnormal
+      const std::vector<int32_t> slots = {39, 0, 17, 5, 18};
+      std::vector<uint8_t> k_cache = cache_bytes(slots_in_cache * row, dtype, 15);
+      std::vector<uint8_t> v_cache = cache_bytes(slots_in_cache * row, dtype, 16);
+      DeviceBuffer device_k = upload(*gpu_, k), device_v = upload(*gpu_, v);
+      DeviceBuffer device_slots = upload(*gpu_, slots);
+      DeviceBuffer device_k_cache = upload(*gpu_, k_cache);
+      DeviceBuffer device_v_cache = upload(*gpu_, v_cache);
+      const KvWriteParams params{tokens, kv_heads, head_dim, slots_in_cache, dtype};
+      ASSERT_TRUE(
+          cpu_->kv_write(params, k.data(), v.data(), slots.data(), k_cache.data(), v_cache.data())
+              .is_ok());
+      ASSERT_TRUE(gpu_->kv_write(params, device_k.as<float>(), device_v.as<float>(),
+                                 device_slots.as<int32_t>(), device_k_cache.data(),
+                                 device_v_cache.data())
+                      .is_ok());
+      EXPECT_EQ(download<uint8_t>(*gpu_, device_k_cache, k_cache.size()), k_cache)
+          << dtype_name(dtype) << " head_dim " << head_dim;
+      EXPECT_EQ(download<uint8_t>(*gpu_, device_v_cache, v_cache.size()), v_cache)
+          << dtype_name(dtype) << " head_dim " << head_dim;
+    }
   }
 }
 
@@ -671,33 +699,37 @@ TEST_F(CudaBackendTest, FusedRopeAndKvWriteEqualsTheTwoOpsBitwise) {
   const std::vector<float> q = random_floats(tokens * heads * head_dim, 17);
   const std::vector<float> k = random_floats(tokens * kv_heads * head_dim, 18);
   const std::vector<float> v = random_floats(tokens * kv_heads * head_dim, 19);
-  const std::vector<float> cache = random_floats(slots_in_cache * kv_heads * head_dim, 20);
-  for (const RopeStyle style : {RopeStyle::kRotateHalf, RopeStyle::kInterleaved}) {
-    const RopeParams params{tokens, heads, kv_heads, head_dim, style};
-    DeviceBuffer positions_d = upload(*gpu_, positions), inv_freq_d = upload(*gpu_, inv_freq);
-    DeviceBuffer slots_d = upload(*gpu_, slots), v_d = upload(*gpu_, v);
-    DeviceBuffer q1 = upload(*gpu_, q), k1 = upload(*gpu_, k);
-    DeviceBuffer kc1 = upload(*gpu_, cache), vc1 = upload(*gpu_, cache);
-    ASSERT_TRUE(gpu_->rope(params, positions_d.as<int32_t>(), inv_freq_d.as<float>(),
-                           q1.as<float>(), k1.as<float>())
-                    .is_ok());
-    ASSERT_TRUE(gpu_->kv_write({tokens, kv_heads, head_dim, slots_in_cache}, k1.as<float>(),
-                               v_d.as<float>(), slots_d.as<int32_t>(), kc1.as<float>(),
-                               vc1.as<float>())
-                    .is_ok());
-    DeviceBuffer q2 = upload(*gpu_, q), k2 = upload(*gpu_, k);
-    DeviceBuffer kc2 = upload(*gpu_, cache), vc2 = upload(*gpu_, cache);
-    ASSERT_TRUE(gpu_->rope_and_kv_write(params, slots_in_cache, positions_d.as<int32_t>(),
-                                        inv_freq_d.as<float>(), slots_d.as<int32_t>(),
-                                        q2.as<float>(), k2.as<float>(), v_d.as<float>(),
-                                        kc2.as<float>(), vc2.as<float>())
-                    .is_ok());
-    EXPECT_TRUE(bitwise_equal(download(*gpu_, q1, q.size()), download(*gpu_, q2, q.size())));
-    EXPECT_TRUE(bitwise_equal(download(*gpu_, k1, k.size()), download(*gpu_, k2, k.size())));
-    EXPECT_TRUE(
-        bitwise_equal(download(*gpu_, kc1, cache.size()), download(*gpu_, kc2, cache.size())));
-    EXPECT_TRUE(
-        bitwise_equal(download(*gpu_, vc1, cache.size()), download(*gpu_, vc2, cache.size())));
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    const std::vector<uint8_t> cache = cache_bytes(slots_in_cache * kv_heads * head_dim, dtype, 20);
+    for (const RopeStyle style : {RopeStyle::kRotateHalf, RopeStyle::kInterleaved}) {
+      const RopeParams params{tokens, heads, kv_heads, head_dim, style};
+      DeviceBuffer positions_d = upload(*gpu_, positions), inv_freq_d = upload(*gpu_, inv_freq);
+      DeviceBuffer slots_d = upload(*gpu_, slots), v_d = upload(*gpu_, v);
+      DeviceBuffer q1 = upload(*gpu_, q), k1 = upload(*gpu_, k);
+      DeviceBuffer kc1 = upload(*gpu_, cache), vc1 = upload(*gpu_, cache);
+      ASSERT_TRUE(gpu_->rope(params, positions_d.as<int32_t>(), inv_freq_d.as<float>(),
+                             q1.as<float>(), k1.as<float>())
+                      .is_ok());
+      ASSERT_TRUE(gpu_->kv_write({tokens, kv_heads, head_dim, slots_in_cache, dtype},
+                                 k1.as<float>(), v_d.as<float>(), slots_d.as<int32_t>(), kc1.data(),
+                                 vc1.data())
+                      .is_ok());
+      DeviceBuffer q2 = upload(*gpu_, q), k2 = upload(*gpu_, k);
+      DeviceBuffer kc2 = upload(*gpu_, cache), vc2 = upload(*gpu_, cache);
+      ASSERT_TRUE(gpu_->rope_and_kv_write(params, slots_in_cache, dtype, positions_d.as<int32_t>(),
+                                          inv_freq_d.as<float>(), slots_d.as<int32_t>(),
+                                          q2.as<float>(), k2.as<float>(), v_d.as<float>(),
+                                          kc2.data(), vc2.data())
+                      .is_ok());
+      EXPECT_TRUE(bitwise_equal(download(*gpu_, q1, q.size()), download(*gpu_, q2, q.size())));
+      EXPECT_TRUE(bitwise_equal(download(*gpu_, k1, k.size()), download(*gpu_, k2, k.size())));
+      EXPECT_EQ(download<uint8_t>(*gpu_, kc1, cache.size()),
+                download<uint8_t>(*gpu_, kc2, cache.size()))
+          << dtype_name(dtype);
+      EXPECT_EQ(download<uint8_t>(*gpu_, vc1, cache.size()),
+                download<uint8_t>(*gpu_, vc2, cache.size()))
+          << dtype_name(dtype);
+    }
   }
 }
 
@@ -712,12 +744,15 @@ struct AttentionCase {
   std::vector<int64_t> new_tokens;  // per sequence
   std::vector<int64_t> context;     // per sequence, including the new tokens
   int64_t window = 0;
+  DType cache_dtype = DType::kF32;
 };
 
-// A paged cache with scattered blocks (and unused ones), as the CPU suite builds it.
+// A paged cache with scattered blocks (and unused ones), as the CPU suite builds it; the caches
+// are raw bytes of params.cache_dtype.
 struct PagedInputs {
   AttentionParams params{};
-  std::vector<float> q, k_cache, v_cache;
+  std::vector<float> q;
+  std::vector<uint8_t> k_cache, v_cache;
   std::vector<int32_t> query_start, lengths, tables;
   int64_t max_context = 0;
 };
@@ -738,8 +773,8 @@ PagedInputs make_paged_inputs(const AttentionCase& c, uint64_t seed) {
     std::swap(free_blocks[i], free_blocks[rng.next() % (i + 1)]);
   }
   const int64_t row = c.kv_heads * c.head_dim;
-  in.k_cache = random_floats(total_blocks * c.block_size * row, seed + 1);
-  in.v_cache = random_floats(total_blocks * c.block_size * row, seed + 2);
+  in.k_cache = cache_bytes(total_blocks * c.block_size * row, c.cache_dtype, seed + 1);
+  in.v_cache = cache_bytes(total_blocks * c.block_size * row, c.cache_dtype, seed + 2);
   in.tables.assign(std::max<int64_t>(seqs * max_blocks, 1), 0);
   in.query_start = {0};
   size_t next_free = 0;
@@ -755,7 +790,7 @@ PagedInputs make_paged_inputs(const AttentionCase& c, uint64_t seed) {
   in.params = {
       seqs,       tokens,       c.heads,    c.kv_heads,
       c.head_dim, c.block_size, max_blocks, 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-      c.window};
+      c.window,   c.cache_dtype};
   return in;
 }
 
@@ -766,9 +801,9 @@ std::vector<float> gpu_attention(CudaBackend& gpu, const PagedInputs& in) {
   const size_t count =
       static_cast<size_t>(in.params.num_tokens * in.params.num_heads * in.params.head_dim);
   DeviceBuffer out = poisoned(gpu, count);
-  const Status status = gpu.attention(in.params, q.as<float>(), k.as<float>(), v.as<float>(),
-                                      query_start.as<int32_t>(), lengths.as<int32_t>(),
-                                      tables.as<int32_t>(), out.as<float>());
+  const Status status =
+      gpu.attention(in.params, q.as<float>(), k.data(), v.data(), query_start.as<int32_t>(),
+                    lengths.as<int32_t>(), tables.as<int32_t>(), out.as<float>());
   EXPECT_TRUE(status.is_ok()) << status.to_string();
   const Status synced = gpu.synchronize();
   EXPECT_TRUE(synced.is_ok()) << synced.to_string();
@@ -806,53 +841,63 @@ TEST_F(CudaBackendTest, PagedAttentionMatchesCpu) {
       {4, 2, 256, 16, {2, 1}, {70, 800}},
   };
   uint64_t seed = 100;
-  for (const AttentionCase& c : cases) {
-    const PagedInputs in = make_paged_inputs(c, seed += 10);
-    const std::vector<float> ref = cpu_attention(*cpu_, in);
-    const std::vector<float> got = gpu_attention(*gpu_, in);
-    const double atol = 8.0 * static_cast<double>(c.head_dim + in.max_context + 16) * kUnitRoundoff;
-    EXPECT_TRUE(all_close(got, ref, atol, 0.0))
-        << "heads " << c.heads << "/" << c.kv_heads << " head_dim " << c.head_dim << " block "
-        << c.block_size << " window " << c.window;
+  // Both cache dtypes: bf16 keys and values widen exactly on both backends, so the tolerance is
+  // the f32 cache's.
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    for (AttentionCase c : cases) {
+      c.cache_dtype = dtype;
+      const PagedInputs in = make_paged_inputs(c, seed += 10);
+      const std::vector<float> ref = cpu_attention(*cpu_, in);
+      const std::vector<float> got = gpu_attention(*gpu_, in);
+      const double atol =
+          8.0 * static_cast<double>(c.head_dim + in.max_context + 16) * kUnitRoundoff;
+      EXPECT_TRUE(all_close(got, ref, atol, 0.0))
+          << dtype_name(dtype) << " cache, heads " << c.heads << "/" << c.kv_heads << " head_dim "
+          << c.head_dim << " block " << c.block_size << " window " << c.window;
+    }
   }
 }
 
 TEST_F(CudaBackendTest, AttentionIsBatchInvariantBitwise) {
   // Sequence A (context 1100, verification-shaped: 5 new tokens) alone runs the per-split
   // schedule; among 140 short sequences the grid is large and each block merges its splits in
-  // registers. Both, and A's rows fed one at a time (decode), give the same bits.
-  const int64_t heads = 8, kv_heads = 2, head_dim = 128, block_size = 16, fillers = 140;
-  AttentionCase all{heads, kv_heads, head_dim, block_size, {5}, {1100}};
-  for (int64_t i = 0; i < fillers; ++i) {
-    all.new_tokens.push_back(1);
-    all.context.push_back(30 + i % 17);
-  }
-  const PagedInputs batch = make_paged_inputs(all, 7);
-  const size_t a_values = static_cast<size_t>(5 * heads * head_dim);
-  const std::vector<float> in_batch = gpu_attention(*gpu_, batch);
+  // registers. Both, and A's rows fed one at a time (decode), give the same bits; with either
+  // cache dtype.
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + " cache");
+    const int64_t heads = 8, kv_heads = 2, head_dim = 128, block_size = 16, fillers = 140;
+    AttentionCase all{heads, kv_heads, head_dim, block_size, {5}, {1100}, 0, dtype};
+    for (int64_t i = 0; i < fillers; ++i) {
+      all.new_tokens.push_back(1);
+      all.context.push_back(30 + i % 17);
+    }
+    const PagedInputs batch = make_paged_inputs(all, 7);
+    const size_t a_values = static_cast<size_t>(5 * heads * head_dim);
+    const std::vector<float> in_batch = gpu_attention(*gpu_, batch);
 
-  auto only_a = [&](int64_t new_tokens, int64_t context, int64_t first_row) {
-    PagedInputs a = batch;
-    a.params.num_seqs = 1;
-    a.params.num_tokens = new_tokens;
-    a.query_start = {0, static_cast<int32_t>(new_tokens)};
-    a.lengths = {static_cast<int32_t>(context)};
-    a.tables.resize(static_cast<size_t>(batch.params.max_blocks_per_seq));  // A's row
-    a.q.assign(batch.q.begin() + first_row * heads * head_dim,
-               batch.q.begin() + (first_row + new_tokens) * heads * head_dim);
-    return gpu_attention(*gpu_, a);
-  };
-  const std::vector<float> alone = only_a(5, 1100, 0);
-  EXPECT_TRUE(bitwise_equal(alone, std::span<const float>(in_batch).subspan(0, a_values)));
-  for (int64_t i = 0; i < 5; ++i) {
-    const std::vector<float> decode = only_a(1, 1096 + i, i);
-    EXPECT_TRUE(bitwise_equal(
-        decode, std::span<const float>(alone).subspan(i * heads * head_dim, heads * head_dim)))
-        << "row " << i;
+    auto only_a = [&](int64_t new_tokens, int64_t context, int64_t first_row) {
+      PagedInputs a = batch;
+      a.params.num_seqs = 1;
+      a.params.num_tokens = new_tokens;
+      a.query_start = {0, static_cast<int32_t>(new_tokens)};
+      a.lengths = {static_cast<int32_t>(context)};
+      a.tables.resize(static_cast<size_t>(batch.params.max_blocks_per_seq));  // A's row
+      a.q.assign(batch.q.begin() + first_row * heads * head_dim,
+                 batch.q.begin() + (first_row + new_tokens) * heads * head_dim);
+      return gpu_attention(*gpu_, a);
+    };
+    const std::vector<float> alone = only_a(5, 1100, 0);
+    EXPECT_TRUE(bitwise_equal(alone, std::span<const float>(in_batch).subspan(0, a_values)));
+    for (int64_t i = 0; i < 5; ++i) {
+      const std::vector<float> decode = only_a(1, 1096 + i, i);
+      EXPECT_TRUE(bitwise_equal(
+          decode, std::span<const float>(alone).subspan(i * heads * head_dim, heads * head_dim)))
+          << "row " << i;
+    }
+    // And the batch against the CPU.
+    const double atol = 8.0 * static_cast<double>(head_dim + 1100 + 16) * kUnitRoundoff;
+    EXPECT_TRUE(all_close(in_batch, cpu_attention(*cpu_, batch), atol, 0.0));
   }
-  // And the batch against the CPU.
-  const double atol = 8.0 * static_cast<double>(head_dim + 1100 + 16) * kUnitRoundoff;
-  EXPECT_TRUE(all_close(in_batch, cpu_attention(*cpu_, batch), atol, 0.0));
 }
 
 // ---- SwiGLU and the residual add
@@ -930,23 +975,29 @@ TEST_F(CudaBackendTest, BadShapesGiveTheCpuStatusCodes) {
                               RopeParams{1, 1, 0, 4, RopeStyle::kInterleaved},
                               RopeParams{1, 1, 1, 0, RopeStyle::kRotateHalf}}) {
     same(cpu_->rope(p, ci, c, c, c), gpu_->rope(p, i32, f, mutable_f, mutable_f), "rope");
-    EXPECT_EQ(
-        gpu_->rope_and_kv_write(p, 8, i32, f, i32, mutable_f, mutable_f, f, mutable_f, mutable_f)
-            .code(),
-        StatusCode::kInvalidArgument);
+    EXPECT_EQ(gpu_->rope_and_kv_write(p, 8, DType::kF32, i32, f, i32, mutable_f, mutable_f, f,
+                                      mutable_f, mutable_f)
+                  .code(),
+              StatusCode::kInvalidArgument);
   }
+  EXPECT_EQ(gpu_->rope_and_kv_write({1, 1, 1, 4, RopeStyle::kRotateHalf}, 8, DType::kF16, i32, f,
+                                    i32, mutable_f, mutable_f, f, mutable_f, mutable_f)
+                .code(),
+            StatusCode::kInvalidArgument);
   for (const KvWriteParams& p :
-       {KvWriteParams{-1, 1, 4, 8}, KvWriteParams{1, 0, 4, 8}, KvWriteParams{1, 1, 0, 8}}) {
+       {KvWriteParams{-1, 1, 4, 8, DType::kF32}, KvWriteParams{1, 0, 4, 8, DType::kF32},
+        KvWriteParams{1, 1, 0, 8, DType::kBF16}, KvWriteParams{1, 1, 4, 8, DType::kF16}}) {
     same(cpu_->kv_write(p, c, c, ci, c, c), gpu_->kv_write(p, f, f, i32, mutable_f, mutable_f),
          "kv_write");
   }
-  for (const AttentionParams& p : {AttentionParams{-1, 1, 1, 1, 4, 4, 1, 0.5f, 0},
-                                   AttentionParams{1, -1, 1, 1, 4, 4, 1, 0.5f, 0},
-                                   AttentionParams{1, 1, 1, 1, 0, 4, 1, 0.5f, 0},
-                                   AttentionParams{1, 1, 3, 2, 4, 4, 1, 0.5f, 0},
-                                   AttentionParams{1, 1, 2, 0, 4, 4, 1, 0.5f, 0},
-                                   AttentionParams{1, 1, 1, 1, 4, 0, 1, 0.5f, 0},
-                                   AttentionParams{1, 1, 1, 1, 4, 4, 1, 0.5f, -1}}) {
+  for (const AttentionParams& p : {AttentionParams{-1, 1, 1, 1, 4, 4, 1, 0.5f, 0, DType::kF32},
+                                   AttentionParams{1, -1, 1, 1, 4, 4, 1, 0.5f, 0, DType::kF32},
+                                   AttentionParams{1, 1, 1, 1, 0, 4, 1, 0.5f, 0, DType::kF32},
+                                   AttentionParams{1, 1, 3, 2, 4, 4, 1, 0.5f, 0, DType::kF32},
+                                   AttentionParams{1, 1, 2, 0, 4, 4, 1, 0.5f, 0, DType::kBF16},
+                                   AttentionParams{1, 1, 1, 1, 4, 0, 1, 0.5f, 0, DType::kBF16},
+                                   AttentionParams{1, 1, 1, 1, 4, 4, 1, 0.5f, -1, DType::kF32},
+                                   AttentionParams{1, 1, 1, 1, 4, 4, 1, 0.5f, 0, DType::kI8}}) {
     same(cpu_->attention(p, c, c, c, ci, ci, ci, c),
          gpu_->attention(p, f, f, f, i32, i32, i32, mutable_f), "attention");
   }
@@ -994,24 +1045,23 @@ TEST_F(CudaBackendTest, BadIndexDataGivesTheCpuStatusCodes) {
       const std::vector<int32_t> slots = {3, 8};
       DeviceBuffer rows_d = upload(*gpu_, rows), cache_d = upload(*gpu_, cache);
       DeviceBuffer slots_d = upload(*gpu_, slots);
-      const KvWriteParams p{2, 1, 4, 8};
+      const KvWriteParams p{2, 1, 4, 8, DType::kF32};
       const StatusCode expected =
           cpu_->kv_write(p, rows.data(), rows.data(), slots.data(), cache.data(), cache.data())
               .code();
       EXPECT_EQ(expected, StatusCode::kOutOfRange);
       expect_code(gpu_->kv_write(p, rows_d.as<float>(), rows_d.as<float>(), slots_d.as<int32_t>(),
-                                 cache_d.as<float>(), cache_d.as<float>()),
+                                 cache_d.data(), cache_d.data()),
                   expected, "kv_write");
       const std::vector<int32_t> positions = {0, 1};
       const std::vector<float> inv_freq = {1.0f, 0.5f};
       DeviceBuffer positions_d = upload(*gpu_, positions), inv_freq_d = upload(*gpu_, inv_freq);
       DeviceBuffer q_d = upload(*gpu_, rows), k_d = upload(*gpu_, rows);
-      expect_code(
-          gpu_->rope_and_kv_write({2, 1, 1, 4, RopeStyle::kRotateHalf}, 8,
-                                  positions_d.as<int32_t>(), inv_freq_d.as<float>(),
-                                  slots_d.as<int32_t>(), q_d.as<float>(), k_d.as<float>(),
-                                  rows_d.as<float>(), cache_d.as<float>(), cache_d.as<float>()),
-          StatusCode::kOutOfRange, "rope_and_kv_write");
+      expect_code(gpu_->rope_and_kv_write({2, 1, 1, 4, RopeStyle::kRotateHalf}, 8, DType::kF32,
+                                          positions_d.as<int32_t>(), inv_freq_d.as<float>(),
+                                          slots_d.as<int32_t>(), q_d.as<float>(), k_d.as<float>(),
+                                          rows_d.as<float>(), cache_d.data(), cache_d.data()),
+                  StatusCode::kOutOfRange, "rope_and_kv_write");
     }
 
     // Attention metadata: query_start not covering the tokens, fewer cached positions than new
@@ -1028,7 +1078,7 @@ TEST_F(CudaBackendTest, BadIndexDataGivesTheCpuStatusCodes) {
         {{0, 1, 2}, {4, 9}, "context longer than the block table"},
     };
     for (const BadMetadata& b : bad) {
-      const AttentionParams p{2, 2, 2, 1, 4, 4, 2, 0.5f, 0};  // block table of 8 positions
+      const AttentionParams p{2, 2, 2, 1, 4, 4, 2, 0.5f, 0, DType::kF32};  // tables of 8 positions
       const std::vector<float> q(2 * 2 * 4, 0.25f), cache(4 * 4 * 4, 0.5f);
       const std::vector<int32_t> tables = {0, 1, 2, 3};
       std::vector<float> cpu_result(2 * 2 * 4);

@@ -58,6 +58,7 @@ TEST_P(CudaHfConformanceTest, LogitsAndGreedyContinuationMatchTransformers) {
   backend->set_batch_invariant(deterministic);
   ModelOptions options;
   options.kv_cache_tokens = 1024;
+  options.kv_cache_dtype = DType::kF32;  // the reference's exact keys and values
   auto model = Model::load(directory / name, *backend, options);
 
   const bool bf16 = name.ends_with("_bf16");

@@ -101,6 +101,12 @@ typedef enum specrun_quantization {
   SPECRUN_QUANTIZATION_INT8 = 2  /* int8 with one scale per output channel */
 } specrun_quantization;
 
+/* How both models' KV caches store keys and values (specrun.hpp's specrun::KvCacheDtype). */
+typedef enum specrun_kv_cache_dtype {
+  SPECRUN_KV_CACHE_BF16 = 0, /* bfloat16 (default): half the memory and attention's reads of f32 */
+  SPECRUN_KV_CACHE_F32 = 1   /* f32: exact */
+} specrun_kv_cache_dtype;
+
 /* Why a request finished. */
 typedef enum specrun_finish_reason {
   SPECRUN_FINISH_END_OF_SEQUENCE = 0, /* the model produced an end-of-sequence token */
@@ -161,6 +167,7 @@ typedef struct specrun_engine_config {
   int quantize_lm_head; /* nonzero: the output projections too (else they stay bf16); default 0 */
   int bf16_activations; /* nonzero: CPU matmuls with bf16 weights round activations to bf16
                          * (vdpbf16ps where there is AVX512-BF16); default 0 */
+  specrun_kv_cache_dtype kv_cache_dtype; /* both models' KV caches; default bf16 */
 } specrun_engine_config;
 
 specrun_status specrun_sampling_init(specrun_sampling* sampling);

@@ -70,6 +70,14 @@ enum class Quantization {
 };
 const char* to_string(Quantization quantization);  // "none", "fp8", "int8"
 
+// How both models' KV caches store keys and values.
+enum class KvCacheDtype {
+  kBF16,  // bfloat16, rounded to nearest even as written: half the memory and the bytes
+          // attention reads of f32
+  kF32,   // exact: the reference comparisons, or a model whose keys overflow bf16's precision
+};
+const char* to_string(KvCacheDtype dtype);  // "bf16", "f32"
+
 // The most drafts any step may verify (gamma_max's bound).
 inline constexpr int64_t kMaxGamma = 64;
 
@@ -105,6 +113,7 @@ struct EngineConfig {
   int threads = 0;                  // CPU threads; 0 uses every core
   int64_t kv_cache_tokens = 0;      // KV capacity per model; 0: the context, at most 8192
   int64_t kv_block_size = 16;       // tokens per KV-cache block
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kBF16;  // storage of both models' keys and values
   int64_t max_batch = 64;           // sequences decoded together in one step, at most
   std::string rope_style = "auto";  // RoPE pairing: "auto" (rotate-half, as Hugging Face
                                     // checkpoints), "rotate-half" or "interleaved" (Meta/GGUF)
