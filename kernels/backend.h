@@ -131,6 +131,16 @@ struct KvWriteParams {
   DType cache_dtype;     // storage dtype of the cache (is_kv_cache_dtype)
 };
 
+// rope_kv_write's two descriptions must be of the same tokens and heads.
+inline Status check_rope_kv_write(const RopeParams& rope, const KvWriteParams& cache) {
+  if (rope.num_tokens != cache.num_tokens || rope.num_kv_heads != cache.num_kv_heads ||
+      rope.head_dim != cache.head_dim) {
+    return Status::invalid_argument(
+        "rope_kv_write: the rotation and the cache write describe different tokens or heads");
+  }
+  return Status::ok();
+}
+
 struct AttentionParams {
   int64_t num_seqs;            // sequences in the batch
   int64_t num_tokens;          // query tokens over all sequences
@@ -242,6 +252,25 @@ class Backend {
                       float* q,                  // [num_tokens, num_heads, head_dim]
                       float* k) = 0;             // [num_tokens, num_kv_heads, head_dim]
 
+  // rope() on q and k, then kv_write() of the rotated k and of v: bitwise the two calls, in as few
+  // launches as the backend can (a device rotates and stores in one pass over k and v); this
+  // default makes the two calls. rope and cache describe the same tokens, KV heads and head_dim.
+  virtual Status rope_kv_write(const RopeParams& rope, const KvWriteParams& cache,
+                               const int32_t* positions,  // [num_tokens]
+                               const float* inv_freq,     // [head_dim / 2]
+                               const int32_t* slots,      // [num_tokens]
+                               float* q,                  // [num_tokens, num_heads, head_dim]
+                               float* k,                  // [num_tokens, num_kv_heads, head_dim]
+                               const float* v,            // [num_tokens, num_kv_heads, head_dim]
+                               void* k_cache,    // [num_slots, num_kv_heads, head_dim] cache_dtype
+                               void* v_cache) {  // [num_slots, num_kv_heads, head_dim] cache_dtype
+    if (Status status = check_rope_kv_write(rope, cache); !status.is_ok()) return status;
+    if (Status status = this->rope(rope, positions, inv_freq, q, k); !status.is_ok()) {
+      return status;
+    }
+    return kv_write(cache, k, v, slots, k_cache, v_cache);
+  }
+
   // Stores each token's k and v at its cache slot (block * block_size + offset), rounded to the
   // cache's dtype.
   virtual Status kv_write(const KvWriteParams& params,
@@ -277,6 +306,23 @@ class Backend {
   virtual Status add(int64_t count,
                      const float* addend,      // [count]
                      float* accumulator) = 0;  // [count]
+
+  // add() of the rows, then rmsnorm() of the sums into out (a residual connection and the norm
+  // after it): bitwise the two calls, in one launch where the backend can; this default makes the
+  // two calls. out must not alias accumulator or addend.
+  virtual Status add_rmsnorm(const RmsNormParams& params,
+                             const float* addend,  // [rows, dim]
+                             float* accumulator,   // [rows, dim]
+                             const void* weight,   // [dim] weight_dtype
+                             float* out) {         // [rows, dim]
+    if (params.rows < 0 || params.dim <= 0) {
+      return Status::invalid_argument("add_rmsnorm: bad shape");
+    }
+    if (Status status = add(params.rows * params.dim, addend, accumulator); !status.is_ok()) {
+      return status;
+    }
+    return rmsnorm(params, accumulator, weight, out);
+  }
 
  protected:
   void notice(std::string_view message) const {

@@ -461,6 +461,58 @@ TEST(MatmulGroup, IsEachTargetsMatmulAndRefusesMismatchedTargets) {
   EXPECT_EQ(backend->matmul_group(x.data(), targets, 0).code(), StatusCode::kInvalidArgument);
 }
 
+TEST(FusedOps, TheBackendNeutralOnesAreTheTwoOpsAndRefuseMismatchedShapes) {
+  // rope_kv_write and add_rmsnorm as the CPU backend runs them: the two calls each stands for.
+  auto backend = testing::make_cpu_backend(2);
+  const int64_t tokens = 3, heads = 4, kv_heads = 2, head_dim = 8, slots = 16;
+  const kernels::RopeParams rope{tokens, heads, kv_heads, head_dim,
+                                 kernels::RopeStyle::kRotateHalf};
+  const kernels::KvWriteParams cache{tokens, kv_heads, head_dim, slots, DType::kBF16};
+  const std::vector<int32_t> positions = {4, 5, 9}, slot_ids = {15, 0, 7};
+  const std::vector<float> inv_freq = {1.0f, 0.5f, 0.25f, 0.125f};
+  const std::vector<float> q = testing::random_floats(tokens * heads * head_dim, 5);
+  const std::vector<float> k = testing::random_floats(tokens * kv_heads * head_dim, 6);
+  const std::vector<float> v = testing::random_floats(tokens * kv_heads * head_dim, 7);
+  std::vector<float> q1 = q, k1 = k, q2 = q, k2 = k;
+  std::vector<uint16_t> kc1(slots * kv_heads * head_dim), vc1 = kc1, kc2 = kc1, vc2 = kc1;
+  ASSERT_TRUE(backend->rope(rope, positions.data(), inv_freq.data(), q1.data(), k1.data()).is_ok());
+  ASSERT_TRUE(backend->kv_write(cache, k1.data(), v.data(), slot_ids.data(), kc1.data(), vc1.data())
+                  .is_ok());
+  ASSERT_TRUE(backend
+                  ->rope_kv_write(rope, cache, positions.data(), inv_freq.data(), slot_ids.data(),
+                                  q2.data(), k2.data(), v.data(), kc2.data(), vc2.data())
+                  .is_ok());
+  EXPECT_EQ(q1, q2);
+  EXPECT_EQ(k1, k2);
+  EXPECT_EQ(kc1, kc2);
+  EXPECT_EQ(vc1, vc2);
+  kernels::KvWriteParams other = cache;
+  other.num_kv_heads = 1;
+  EXPECT_EQ(backend
+                ->rope_kv_write(rope, other, positions.data(), inv_freq.data(), slot_ids.data(),
+                                q2.data(), k2.data(), v.data(), kc2.data(), vc2.data())
+                .code(),
+            StatusCode::kInvalidArgument);
+
+  const kernels::RmsNormParams norm{tokens, 40, 1e-5f, DType::kBF16};
+  const testing::StoredTensor weight = testing::store(testing::random_floats(40, 8), DType::kBF16);
+  const std::vector<float> addend = testing::random_floats(tokens * 40, 9);
+  std::vector<float> x1 = testing::random_floats(tokens * 40, 10), x2 = x1;
+  std::vector<float> out1(x1.size()), out2(x1.size());
+  ASSERT_TRUE(backend->add(tokens * 40, addend.data(), x1.data()).is_ok());
+  ASSERT_TRUE(backend->rmsnorm(norm, x1.data(), weight.data(DType::kBF16), out1.data()).is_ok());
+  ASSERT_TRUE(
+      backend->add_rmsnorm(norm, addend.data(), x2.data(), weight.data(DType::kBF16), out2.data())
+          .is_ok());
+  EXPECT_EQ(x1, x2);
+  EXPECT_EQ(out1, out2);
+  EXPECT_EQ(backend
+                ->add_rmsnorm({tokens, 0, 1e-5f, DType::kBF16}, addend.data(), x2.data(),
+                              weight.data(DType::kBF16), out2.data())
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(SyntheticModel, PublishedShapesAndTheirSizes) {
   // Parameter counts of the published checkpoints these shapes stand for.
   const auto parameters = [](const ModelConfig& c) {

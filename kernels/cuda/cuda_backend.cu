@@ -385,6 +385,13 @@ Status CudaBackend::rmsnorm(const RmsNormParams& params, const float* x, const v
   return launch_rmsnorm(params, x, weight, out, stream_);
 }
 
+Status CudaBackend::add_rmsnorm(const RmsNormParams& params, const float* addend,
+                                float* accumulator, const void* weight, float* out) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return launch_add_rmsnorm(params, addend, accumulator, weight, out, stream_);
+}
+
 Status CudaBackend::matmul(const MatmulParams& params, const float* x, const void* weight,
                            const float* weight_scales, const void* bias, float* out) {
   const MatmulTarget target{params, weight, weight_scales, bias, out};
@@ -428,16 +435,17 @@ Status CudaBackend::rope(const RopeParams& params, const int32_t* positions, con
   return launch_rope(params, positions, inv_freq, q, k, stream_);
 }
 
-Status CudaBackend::rope_and_kv_write(const RopeParams& params, int64_t num_slots,
-                                      DType cache_dtype, const int32_t* positions,
-                                      const float* inv_freq, const int32_t* slots, float* q,
-                                      float* k, const float* v, void* k_cache, void* v_cache) {
+Status CudaBackend::rope_kv_write(const RopeParams& rope, const KvWriteParams& cache,
+                                  const int32_t* positions, const float* inv_freq,
+                                  const int32_t* slots, float* q, float* k, const float* v,
+                                  void* k_cache, void* v_cache) {
+  if (Status status = check_rope_kv_write(rope, cache); !status.is_ok()) return status;
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return after_checked_op(
-      launch_rope_and_kv_write({params, num_slots, cache_dtype}, positions, inv_freq, slots, q, k,
-                               v, k_cache, v_cache, device_errors_, stream_),
-      "rope_and_kv_write");
+      launch_rope_kv_write({rope, cache.num_slots, cache.cache_dtype}, positions, inv_freq, slots,
+                           q, k, v, k_cache, v_cache, device_errors_, stream_),
+      "rope_kv_write");
 }
 
 Status CudaBackend::kv_write(const KvWriteParams& params, const float* k, const float* v,

@@ -99,21 +99,12 @@ class CudaBackend final : public Backend {
                 float* out) override;
   Status add(int64_t count, const float* addend, float* accumulator) override;
   Status fill_uniform(const FillParams& params, void* out) override;
-
-  // rope, then kv_write, fused into one kernel (kernels/cuda/rope.h): bitwise the same results as
-  // the two calls, with one pass over k and v. Not part of the op interface yet; the runtime can
-  // adopt it where it knows it runs on CUDA.
-  Status rope_and_kv_write(const RopeParams& params,
-                           int64_t num_slots,         // capacity of the cache in tokens
-                           DType cache_dtype,         // storage dtype of the cache
-                           const int32_t* positions,  // [num_tokens]
-                           const float* inv_freq,     // [head_dim / 2]
-                           const int32_t* slots,      // [num_tokens]
-                           float* q,                  // [num_tokens, num_heads, head_dim]
-                           float* k,                  // [num_tokens, num_kv_heads, head_dim]
-                           const float* v,            // [num_tokens, num_kv_heads, head_dim]
-                           void* k_cache,   // [num_slots, num_kv_heads, head_dim] cache_dtype
-                           void* v_cache);  // [num_slots, num_kv_heads, head_dim] cache_dtype
+  // One kernel each (kernels/cuda/rope.h, kernels/cuda/rmsnorm.h), bitwise the two ops.
+  Status rope_kv_write(const RopeParams& rope, const KvWriteParams& cache, const int32_t* positions,
+                       const float* inv_freq, const int32_t* slots, float* q, float* k,
+                       const float* v, void* k_cache, void* v_cache) override;
+  Status add_rmsnorm(const RmsNormParams& params, const float* addend, float* accumulator,
+                     const void* weight, float* out) override;
 
  private:
   explicit CudaBackend(int device_index);

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise.h"
 
 namespace specrun::kernels::cuda {
 namespace {
@@ -25,23 +26,34 @@ __device__ __forceinline__ float4 load_four(const void* weight, int64_t first) {
   }
 }
 
-// x and out are not restrict: they may be the same buffer. Every element is read (both passes)
-// and written by the same thread, and the barrier inside the reduction separates the passes.
-template <DType kDType, bool kVector>
-__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const float* x,      // [rows, dim]
-                                                           const void* weight,  // [dim]
-                                                           float* out,          // [rows, dim]
+// x and out are not restrict: they may be the same buffer (without an addend). Every element is
+// read (both passes) and written by the same thread, and the barrier inside the reduction
+// separates the passes. kAdd: x += addend first, element by element, by the thread that then
+// squares and normalises the sum (add_kernel's one rounded add).
+template <DType kDType, bool kVector, bool kAdd>
+__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(float* x,             // [rows, dim]
+                                                           const float* addend,  // [rows, dim]
+                                                           const void* weight,   // [dim]
+                                                           float* out,           // [rows, dim]
                                                            int64_t dim, float eps) {
   __shared__ float warp_sums[kWarps];
   __shared__ float inverse_rms_shared;
   const int64_t row = blockIdx.x;
-  const float* source = x + row * dim;   // [dim]
+  float* source = x + row * dim;         // [dim]
   float* destination = out + row * dim;  // [dim]
 
   float sum = 0.0f;
   if constexpr (kVector) {
     for (int64_t v = threadIdx.x; v < dim / 4; v += kThreads) {
-      const float4 value = reinterpret_cast<const float4*>(source)[v];
+      float4 value = reinterpret_cast<const float4*>(source)[v];
+      if constexpr (kAdd) {
+        const float4 a = reinterpret_cast<const float4*>(addend + row * dim)[v];
+        value.x = __fadd_rn(value.x, a.x);
+        value.y = __fadd_rn(value.y, a.y);
+        value.z = __fadd_rn(value.z, a.z);
+        value.w = __fadd_rn(value.w, a.w);
+        reinterpret_cast<float4*>(source)[v] = value;
+      }
       sum = __fmaf_rn(value.x, value.x, sum);
       sum = __fmaf_rn(value.y, value.y, sum);
       sum = __fmaf_rn(value.z, value.z, sum);
@@ -49,6 +61,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const float* x,      
     }
   } else {
     for (int64_t c = threadIdx.x; c < dim; c += kThreads) {
+      if constexpr (kAdd) source[c] = __fadd_rn(source[c], addend[row * dim + c]);
       sum = __fmaf_rn(source[c], source[c], sum);
     }
   }
@@ -86,45 +99,76 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(const float* x,      
   }
 }
 
-template <DType kDType>
-void launch_typed(const RmsNormParams& params, const float* x, const void* weight, float* out,
-                  cudaStream_t stream) {
-  const bool vector = params.dim % 4 == 0 && is_aligned(x, 16) && is_aligned(out, 16) &&
-                      is_aligned(weight, 4 * dtype_size(kDType));
+// Whether launch_rmsnorm reads and writes 16 bytes at a time for these operands.
+bool vector_path(const RmsNormParams& params, const void* x, const void* weight, const void* out) {
+  return params.dim % 4 == 0 && is_aligned(x, 16) && is_aligned(out, 16) &&
+         is_aligned(weight, 4 * dtype_size(params.weight_dtype));
+}
+
+template <DType kDType, bool kAdd>
+void launch_typed(const RmsNormParams& params, const float* addend, float* x, const void* weight,
+                  float* out, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(params.rows));
-  if (vector) {
-    rmsnorm_kernel<kDType, true>
-        <<<grid, kThreads, 0, stream>>>(x, weight, out, params.dim, params.eps);
+  if (vector_path(params, x, weight, out)) {
+    rmsnorm_kernel<kDType, true, kAdd>
+        <<<grid, kThreads, 0, stream>>>(x, addend, weight, out, params.dim, params.eps);
   } else {
-    rmsnorm_kernel<kDType, false>
-        <<<grid, kThreads, 0, stream>>>(x, weight, out, params.dim, params.eps);
+    rmsnorm_kernel<kDType, false, kAdd>
+        <<<grid, kThreads, 0, stream>>>(x, addend, weight, out, params.dim, params.eps);
   }
+}
+
+// The norm of x into out, after x += addend when kAdd.
+template <bool kAdd>
+Status launch_norm(const RmsNormParams& params, const float* addend, float* x, const void* weight,
+                   float* out, cudaStream_t stream) {
+  switch (params.weight_dtype) {
+    case DType::kF32:
+      launch_typed<DType::kF32, kAdd>(params, addend, x, weight, out, stream);
+      break;
+    case DType::kF16:
+      launch_typed<DType::kF16, kAdd>(params, addend, x, weight, out, stream);
+      break;
+    case DType::kBF16:
+      launch_typed<DType::kBF16, kAdd>(params, addend, x, weight, out, stream);
+      break;
+    case DType::kF8E4M3:
+    case DType::kI8:
+      return Status::unsupported("rmsnorm: a quantized weight (norms stay unquantized)");
+  }
+  return launch_status(kAdd ? "add_rmsnorm kernel" : "rmsnorm kernel");
+}
+
+Status check_rmsnorm(const RmsNormParams& params) {
+  if (params.rows < 0 || params.dim <= 0 || !(params.eps >= 0.0f)) {
+    return Status::invalid_argument("rmsnorm: bad shape or eps");
+  }
+  if (params.rows > INT32_MAX) return Status::unsupported("rmsnorm: more than 2^31 - 1 rows");
+  return Status::ok();
 }
 
 }  // namespace
 
 Status launch_rmsnorm(const RmsNormParams& params, const float* x, const void* weight, float* out,
                       cudaStream_t stream) {
-  if (params.rows < 0 || params.dim <= 0 || !(params.eps >= 0.0f)) {
-    return Status::invalid_argument("rmsnorm: bad shape or eps");
-  }
+  if (Status status = check_rmsnorm(params); !status.is_ok()) return status;
   if (params.rows == 0) return Status::ok();
-  if (params.rows > INT32_MAX) return Status::unsupported("rmsnorm: more than 2^31 - 1 rows");
-  switch (params.weight_dtype) {
-    case DType::kF32:
-      launch_typed<DType::kF32>(params, x, weight, out, stream);
-      break;
-    case DType::kF16:
-      launch_typed<DType::kF16>(params, x, weight, out, stream);
-      break;
-    case DType::kBF16:
-      launch_typed<DType::kBF16>(params, x, weight, out, stream);
-      break;
-    case DType::kF8E4M3:
-    case DType::kI8:
-      return Status::unsupported("rmsnorm: a quantized weight (norms stay unquantized)");
+  // Without an addend the kernel only reads x (out may alias it).
+  return launch_norm<false>(params, nullptr, const_cast<float*>(x), weight, out, stream);
+}
+
+Status launch_add_rmsnorm(const RmsNormParams& params, const float* addend, float* accumulator,
+                          const void* weight, float* out, cudaStream_t stream) {
+  if (Status status = check_rmsnorm(params); !status.is_ok()) return status;
+  if (params.rows == 0) return Status::ok();
+  if (vector_path(params, accumulator, weight, out) && !is_aligned(addend, 16)) {
+    if (Status status = launch_add(params.rows * params.dim, addend, accumulator, stream);
+        !status.is_ok()) {
+      return status;
+    }
+    return launch_rmsnorm(params, accumulator, weight, out, stream);
   }
-  return launch_status("rmsnorm kernel");
+  return launch_norm<true>(params, addend, accumulator, weight, out, stream);
 }
 
 }  // namespace specrun::kernels::cuda

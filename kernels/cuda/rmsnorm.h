@@ -20,4 +20,17 @@ Status launch_rmsnorm(const RmsNormParams& params,
                       float* out,          // [rows, dim]
                       cudaStream_t stream);
 
+// accumulator += addend, then out = rmsnorm(accumulator): the residual add and the norm after it
+// in one kernel, bitwise what launch_add and launch_rmsnorm give. Each thread adds its elements
+// (one rounded add each, as launch_add), stores the sums and squares them in the order
+// launch_rmsnorm's thread would, so the path (16-byte or scalar) is the one launch_rmsnorm takes
+// for (accumulator, weight, out); where that is the 16-byte path and addend is not 16-byte aligned,
+// the two kernels run instead. out must not alias accumulator or addend.
+Status launch_add_rmsnorm(const RmsNormParams& params,
+                          const float* addend,  // [rows, dim]
+                          float* accumulator,   // [rows, dim]
+                          const void* weight,   // [dim] weight_dtype
+                          float* out,           // [rows, dim]
+                          cudaStream_t stream);
+
 }  // namespace specrun::kernels::cuda

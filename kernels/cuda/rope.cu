@@ -272,12 +272,12 @@ Status launch_kv_write(const KvWriteParams& params, const float* k, const float*
   return launch_status("kv_write kernel");
 }
 
-Status launch_rope_and_kv_write(const RopeKvWriteParams& params, const int32_t* positions,
-                                const float* inv_freq, const int32_t* slots, float* q, float* k,
-                                const float* v, void* k_cache, void* v_cache,
-                                DeviceErrorRecord* errors, cudaStream_t stream) {
+Status launch_rope_kv_write(const RopeKvWriteParams& params, const int32_t* positions,
+                            const float* inv_freq, const int32_t* slots, float* q, float* k,
+                            const float* v, void* k_cache, void* v_cache, DeviceErrorRecord* errors,
+                            cudaStream_t stream) {
   if (Status status = check_rope_shape(params.rope); !status.is_ok()) return status;
-  if (Status status = check_cache_dtype(params.cache_dtype, "rope_and_kv_write"); !status.is_ok()) {
+  if (Status status = check_cache_dtype(params.cache_dtype, "rope_kv_write"); !status.is_ok()) {
     return status;
   }
   if (params.rope.num_tokens == 0) return Status::ok();

@@ -46,16 +46,16 @@ struct RopeKvWriteParams {
 // rope, then kv_write, in one kernel: q and k are rotated in place, the rotated k and the
 // unchanged v are stored at each token's slot. Bitwise the same results as the two launches, with
 // one pass over k and v instead of two. Checks as launch_rope and launch_kv_write together.
-Status launch_rope_and_kv_write(const RopeKvWriteParams& params,
-                                const int32_t* positions,  // [num_tokens]
-                                const float* inv_freq,     // [head_dim / 2]
-                                const int32_t* slots,      // [num_tokens]
-                                float* q,                  // [num_tokens, num_heads, head_dim]
-                                float* k,                  // [num_tokens, num_kv_heads, head_dim]
-                                const float* v,            // [num_tokens, num_kv_heads, head_dim]
-                                void* k_cache,  // [num_slots, num_kv_heads, head_dim] cache_dtype
-                                void* v_cache,  // [num_slots, num_kv_heads, head_dim] cache_dtype
-                                DeviceErrorRecord* errors,  // may be null
-                                cudaStream_t stream);
+Status launch_rope_kv_write(const RopeKvWriteParams& params,
+                            const int32_t* positions,  // [num_tokens]
+                            const float* inv_freq,     // [head_dim / 2]
+                            const int32_t* slots,      // [num_tokens]
+                            float* q,                  // [num_tokens, num_heads, head_dim]
+                            float* k,                  // [num_tokens, num_kv_heads, head_dim]
+                            const float* v,            // [num_tokens, num_kv_heads, head_dim]
+                            void* k_cache,  // [num_slots, num_kv_heads, head_dim] cache_dtype
+                            void* v_cache,  // [num_slots, num_kv_heads, head_dim] cache_dtype
+                            DeviceErrorRecord* errors,  // may be null
+                            cudaStream_t stream);
 
 }  // namespace specrun::kernels::cuda

@@ -771,23 +771,26 @@ void Model::run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks)
                                        weights_.embedding.dtype, weights_.embedding.layout},
                                       w.tokens, weights_.embedding.data, x),
                    "embedding");
+  // Each residual add runs with the norm after it (one launch on a device); only the first layer's
+  // attention norm runs alone, and only the last residual add.
+  if (c.num_layers > 0) {
+    const WeightView& norm = weights_.layers[0].attention_norm;
+    SPECRUN_CHECK_OK(
+        backend_.rmsnorm({num_tokens, c.hidden_size, eps, norm.dtype}, x, norm.data, normed),
+        layer_op("attention norm", 0));
+  }
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     const LayerWeights& l = weights_.layers[static_cast<size_t>(layer)];
-    SPECRUN_CHECK_OK(backend_.rmsnorm({num_tokens, c.hidden_size, eps, l.attention_norm.dtype}, x,
-                                      l.attention_norm.data, normed),
-                     layer_op("attention norm", layer));
     matmul_group(
         normed, {{{&l.q_proj, &l.q_bias, q}, {&l.k_proj, &l.k_bias, k}, {&l.v_proj, &l.v_bias, v}}},
         num_tokens, "q/k/v projections", layer);
     SPECRUN_CHECK_OK(
-        backend_.rope({num_tokens, c.num_heads, c.num_kv_heads, c.head_dim, c.rope_style},
-                      w.positions, inv_freq_.as<float>(), q, k),
-        layer_op("rope", layer));
-    SPECRUN_CHECK_OK(
-        backend_.kv_write({num_tokens, c.num_kv_heads, c.head_dim, kv_cache_->capacity_tokens(),
-                           kv_cache_->layout().dtype},
-                          k, v, w.slots, kv_cache_->keys(layer), kv_cache_->values(layer)),
-        layer_op("KV cache write", layer));
+        backend_.rope_kv_write({num_tokens, c.num_heads, c.num_kv_heads, c.head_dim, c.rope_style},
+                               {num_tokens, c.num_kv_heads, c.head_dim,
+                                kv_cache_->capacity_tokens(), kv_cache_->layout().dtype},
+                               w.positions, inv_freq_.as<float>(), w.slots, q, k, v,
+                               kv_cache_->keys(layer), kv_cache_->values(layer)),
+        layer_op("rope and KV cache write", layer));
     const kernels::AttentionParams attention_params{
         num_seqs,         num_tokens,
         c.num_heads,      c.num_kv_heads,
@@ -799,19 +802,24 @@ void Model::run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks)
                            w.query_start, w.context_lengths, w.block_tables, attention),
         layer_op("attention", layer));
     matmul(attention, l.o_proj, l.o_bias, num_tokens, projected, "o_proj", layer);
-    SPECRUN_CHECK_OK(backend_.add(num_tokens * c.hidden_size, projected, x),
-                     layer_op("attention residual", layer));
+    SPECRUN_CHECK_OK(backend_.add_rmsnorm({num_tokens, c.hidden_size, eps, l.mlp_norm.dtype},
+                                          projected, x, l.mlp_norm.data, normed),
+                     layer_op("attention residual and mlp norm", layer));
 
-    SPECRUN_CHECK_OK(backend_.rmsnorm({num_tokens, c.hidden_size, eps, l.mlp_norm.dtype}, x,
-                                      l.mlp_norm.data, normed),
-                     layer_op("mlp norm", layer));
     matmul_group(normed, {{{&l.gate_proj, &l.gate_bias, gate}, {&l.up_proj, &l.up_bias, up}}},
                  num_tokens, "gate/up projections", layer);
     SPECRUN_CHECK_OK(backend_.swiglu({num_tokens, c.intermediate_size}, gate, up, gate),
                      layer_op("swiglu", layer));
     matmul(gate, l.down_proj, l.down_bias, num_tokens, projected, "down_proj", layer);
-    SPECRUN_CHECK_OK(backend_.add(num_tokens * c.hidden_size, projected, x),
-                     layer_op("mlp residual", layer));
+    if (layer + 1 < c.num_layers) {
+      const WeightView& next_norm = weights_.layers[static_cast<size_t>(layer) + 1].attention_norm;
+      SPECRUN_CHECK_OK(backend_.add_rmsnorm({num_tokens, c.hidden_size, eps, next_norm.dtype},
+                                            projected, x, next_norm.data, normed),
+                       layer_op("mlp residual and the next attention norm", layer));
+    } else {
+      SPECRUN_CHECK_OK(backend_.add(num_tokens * c.hidden_size, projected, x),
+                       layer_op("mlp residual", layer));
+    }
   }
 }
 

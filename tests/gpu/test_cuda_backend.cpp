@@ -279,6 +279,44 @@ TEST_F(CudaBackendTest, RmsNormMatchesCpu) {
   }
 }
 
+// The residual add fused with the norm after it: the sums and the normalised rows bitwise those of
+// add() then rmsnorm(), on the 16-byte path, the scalar one (dim 67), and with an addend that is
+// not 16-byte aligned while the rest is (the two kernels run then).
+TEST_F(CudaBackendTest, FusedAddRmsNormEqualsTheTwoOpsBitwise) {
+  const float eps = 1e-5f;
+  for (const int64_t rows : {1, 5, 17}) {
+    for (const int64_t dim : {67, 128, 4096}) {
+      const std::vector<float> x = random_floats(rows * dim, 5 + rows + dim, 3.0f);
+      const std::vector<float> addend = random_floats(rows * dim + 1, 6 + rows + dim, 2.0f);
+      for (const DType dtype : kAllDtypes) {
+        for (const size_t offset : {size_t{0}, size_t{1}}) {
+          const StoredTensor weight = store(random_floats(dim, 7 + dim), dtype);
+          const RmsNormParams params{rows, dim, eps, dtype};
+          DeviceBuffer device_weight = upload_bytes(*gpu_, weight.data(dtype), weight.bytes(dtype));
+          DeviceBuffer device_addend = upload(*gpu_, addend);
+          const float* addend_d = device_addend.as<float>() + offset;
+          DeviceBuffer x1 = upload(*gpu_, x), out1 = poisoned(*gpu_, x.size());
+          ASSERT_TRUE(gpu_->add(rows * dim, addend_d, x1.as<float>()).is_ok());
+          ASSERT_TRUE(gpu_->rmsnorm(params, x1.as<float>(), device_weight.data(), out1.as<float>())
+                          .is_ok());
+          DeviceBuffer x2 = upload(*gpu_, x), out2 = poisoned(*gpu_, x.size());
+          ASSERT_TRUE(gpu_->add_rmsnorm(params, addend_d, x2.as<float>(), device_weight.data(),
+                                        out2.as<float>())
+                          .is_ok());
+          const std::string what = std::to_string(rows) + "x" + std::to_string(dim) + " " +
+                                   std::string(dtype_name(dtype)) + " offset " +
+                                   std::to_string(offset);
+          EXPECT_TRUE(bitwise_equal(download(*gpu_, x1, x.size()), download(*gpu_, x2, x.size())))
+              << "sums, " << what;
+          EXPECT_TRUE(
+              bitwise_equal(download(*gpu_, out1, x.size()), download(*gpu_, out2, x.size())))
+              << "norms, " << what;
+        }
+      }
+    }
+  }
+}
+
 // ---- Matmul
 // --------------------------------------------------------------------------------------
 
@@ -716,10 +754,10 @@ TEST_F(CudaBackendTest, FusedRopeAndKvWriteEqualsTheTwoOpsBitwise) {
                       .is_ok());
       DeviceBuffer q2 = upload(*gpu_, q), k2 = upload(*gpu_, k);
       DeviceBuffer kc2 = upload(*gpu_, cache), vc2 = upload(*gpu_, cache);
-      ASSERT_TRUE(gpu_->rope_and_kv_write(params, slots_in_cache, dtype, positions_d.as<int32_t>(),
-                                          inv_freq_d.as<float>(), slots_d.as<int32_t>(),
-                                          q2.as<float>(), k2.as<float>(), v_d.as<float>(),
-                                          kc2.data(), vc2.data())
+      ASSERT_TRUE(gpu_->rope_kv_write(params, {tokens, kv_heads, head_dim, slots_in_cache, dtype},
+                                      positions_d.as<int32_t>(), inv_freq_d.as<float>(),
+                                      slots_d.as<int32_t>(), q2.as<float>(), k2.as<float>(),
+                                      v_d.as<float>(), kc2.data(), vc2.data())
                       .is_ok());
       EXPECT_TRUE(bitwise_equal(download(*gpu_, q1, q.size()), download(*gpu_, q2, q.size())));
       EXPECT_TRUE(bitwise_equal(download(*gpu_, k1, k.size()), download(*gpu_, k2, k.size())));
@@ -975,15 +1013,27 @@ TEST_F(CudaBackendTest, BadShapesGiveTheCpuStatusCodes) {
                               RopeParams{1, 1, 0, 4, RopeStyle::kInterleaved},
                               RopeParams{1, 1, 1, 0, RopeStyle::kRotateHalf}}) {
     same(cpu_->rope(p, ci, c, c, c), gpu_->rope(p, i32, f, mutable_f, mutable_f), "rope");
-    EXPECT_EQ(gpu_->rope_and_kv_write(p, 8, DType::kF32, i32, f, i32, mutable_f, mutable_f, f,
-                                      mutable_f, mutable_f)
-                  .code(),
-              StatusCode::kInvalidArgument);
+    const KvWriteParams cache{p.num_tokens, p.num_kv_heads, p.head_dim, 8, DType::kF32};
+    same(cpu_->rope_kv_write(p, cache, ci, c, ci, c, c, c, c, c),
+         gpu_->rope_kv_write(p, cache, i32, f, i32, mutable_f, mutable_f, f, mutable_f, mutable_f),
+         "rope_kv_write");
   }
-  EXPECT_EQ(gpu_->rope_and_kv_write({1, 1, 1, 4, RopeStyle::kRotateHalf}, 8, DType::kF16, i32, f,
-                                    i32, mutable_f, mutable_f, f, mutable_f, mutable_f)
-                .code(),
-            StatusCode::kInvalidArgument);
+  // A cache dtype other than bf16 and f32, and a cache write of other tokens or heads.
+  const RopeParams one_head{1, 1, 1, 4, RopeStyle::kRotateHalf};
+  for (const KvWriteParams& cache :
+       {KvWriteParams{1, 1, 4, 8, DType::kF16}, KvWriteParams{2, 1, 4, 8, DType::kF32},
+        KvWriteParams{1, 2, 4, 8, DType::kF32}, KvWriteParams{1, 1, 8, 8, DType::kBF16}}) {
+    same(cpu_->rope_kv_write(one_head, cache, ci, c, ci, c, c, c, c, c),
+         gpu_->rope_kv_write(one_head, cache, i32, f, i32, mutable_f, mutable_f, f, mutable_f,
+                             mutable_f),
+         "rope_kv_write");
+  }
+  for (const RmsNormParams& p :
+       {RmsNormParams{-1, 4, 1e-5f, DType::kF32}, RmsNormParams{1, 0, 1e-5f, DType::kBF16},
+        RmsNormParams{1, 4, std::numeric_limits<float>::quiet_NaN(), DType::kF32}}) {
+    same(cpu_->add_rmsnorm(p, c, c, c, c), gpu_->add_rmsnorm(p, f, mutable_f, f, mutable_f),
+         "add_rmsnorm");
+  }
   for (const KvWriteParams& p :
        {KvWriteParams{-1, 1, 4, 8, DType::kF32}, KvWriteParams{1, 0, 4, 8, DType::kF32},
         KvWriteParams{1, 1, 0, 8, DType::kBF16}, KvWriteParams{1, 1, 4, 8, DType::kF16}}) {
@@ -1057,11 +1107,11 @@ TEST_F(CudaBackendTest, BadIndexDataGivesTheCpuStatusCodes) {
       const std::vector<float> inv_freq = {1.0f, 0.5f};
       DeviceBuffer positions_d = upload(*gpu_, positions), inv_freq_d = upload(*gpu_, inv_freq);
       DeviceBuffer q_d = upload(*gpu_, rows), k_d = upload(*gpu_, rows);
-      expect_code(gpu_->rope_and_kv_write({2, 1, 1, 4, RopeStyle::kRotateHalf}, 8, DType::kF32,
-                                          positions_d.as<int32_t>(), inv_freq_d.as<float>(),
-                                          slots_d.as<int32_t>(), q_d.as<float>(), k_d.as<float>(),
-                                          rows_d.as<float>(), cache_d.data(), cache_d.data()),
-                  StatusCode::kOutOfRange, "rope_and_kv_write");
+      expect_code(
+          gpu_->rope_kv_write({2, 1, 1, 4, RopeStyle::kRotateHalf}, p, positions_d.as<int32_t>(),
+                              inv_freq_d.as<float>(), slots_d.as<int32_t>(), q_d.as<float>(),
+                              k_d.as<float>(), rows_d.as<float>(), cache_d.data(), cache_d.data()),
+          StatusCode::kOutOfRange, "rope_kv_write");
     }
 
     // Attention metadata: query_start not covering the tokens, fewer cached positions than new
