@@ -8,6 +8,7 @@
 #   tools/gpu-check.sh build|test|sanitize|bench|bench-quantized|bench-kv|profile|all   build, check
 #   tools/gpu-check.sh pack                              here: binaries for sm_90 into gpu-carry/
 #   tools/gpu-check.sh carried                           there: test, sanitize, bench on gpu-carry/
+#   tools/gpu-check.sh carried bench-ab                  there: this build's step against a baseline
 #
 # Device time is short and a 16-core build still costs minutes of it, so the usual path is to
 # build here (same nvcc, sm_90), `pack`, carry gpu-carry/ along and run `carried` there. The pack
@@ -231,6 +232,32 @@ bench_kv() {
   return $status
 }
 
+# This build against an earlier one in the same call: gpu-carry/specbench-baseline.xz (an earlier
+# build's bin/specbench, xz-compressed) and this build's specbench measure the 8B target alone in
+# turn, twice each (decode, verification up to 8 tokens, prefill), so that the machine's drift moves
+# both sides alike.
+bench_ab() {
+  if [[ ! -f gpu-carry/specbench-baseline.xz ]]; then
+    echo "bench-ab: no gpu-carry/specbench-baseline.xz"
+    return 1
+  fi
+  local status=0 round side binary baseline
+  baseline=$(mktemp -d)/specbench-baseline
+  xz -dc gpu-carry/specbench-baseline.xz >"$baseline" && chmod +x "$baseline"
+  for round in 1 2; do
+    for side in baseline build; do
+      binary=$bin_root/bin/specbench
+      [[ $side == baseline ]] && binary=$baseline
+      timeout "${BENCH_TIMEOUT:-200}" "$binary" --synthetic llama-3.1-8b --synthetic-draft "" \
+        --device cuda --max-verify-tokens 8 --json "$logs/bench-ab-$side-$round.json" \
+        >"$logs/bench-ab-$side-$round.txt" 2>&1 || status=1
+      echo "$side, round $round: $(grep -E '^target' "$logs/bench-ab-$side-$round.txt")"
+      grep -E '^verification' "$logs/bench-ab-$side-$round.txt" || true
+    done
+  done
+  return $status
+}
+
 # Where a decode or verification step's time goes: Nsight Compute's duration of every kernel in a
 # window of launches, one window among the 8B target's batch-1 decode steps and one among its
 # 5-token verification steps, under specbench's default options (a step is about 500 launches: the
@@ -276,6 +303,7 @@ case $stage in
   bench) bench ;;
   bench-quantized) bench_quantized ;;
   bench-kv) bench_kv ;;
+  bench-ab) bench_ab ;;
   profile) profile ;;
   all | carried)
     # `carried test sanitize` runs those steps alone. The benchmark comes before the sanitizers:
@@ -290,6 +318,7 @@ case $stage in
         bench) bench || status=1 ;;
         bench-quantized) bench_quantized || status=1 ;;
         bench-kv) bench_kv || status=1 ;;
+        bench-ab) bench_ab || status=1 ;;
         sanitize) sanitize || status=1 ;;
         profile) profile || status=1 ;;
         *) echo "unknown step $step" >&2; exit 2 ;;
@@ -298,7 +327,7 @@ case $stage in
     exit $status
     ;;
   *)
-    echo "usage: $0 build|test|sanitize|bench|bench-quantized|bench-kv|profile|all|pack|carried|packages" >&2
+    echo "usage: $0 build|test|sanitize|bench|bench-quantized|bench-kv|bench-ab|profile|all|pack|carried|packages" >&2
     exit 2
     ;;
 esac
