@@ -267,11 +267,12 @@ TEST_F(BatchEngineTest, CancelStopsARequestAndFreesItsBlocks) {
   UpdateCallback inner = collector.callback();
   EngineRequest r =
       request({1, 4, 5}, 400, 0.0f, SpeculationMethod::kDraftModel, GammaControl::kGoodput, 4);
-  // Cancelled from its own callback after a few updates.
+  // Cancelled from its own callback after a few updates, by the id the update carries: the
+  // scheduler can deliver them before submit() has returned the id to this thread.
   id = engine.submit(r, [&](const RequestUpdate& update) {
     inner(update);
     if (++seen == 3) {
-      EXPECT_TRUE(engine.cancel(id));
+      EXPECT_TRUE(engine.cancel(update.id));
     }
   });
   collector.wait();
