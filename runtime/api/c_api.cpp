@@ -348,7 +348,8 @@ specrun_result* owned(const specrun::Result& result) {
   return copy;
 }
 
-specrun::Quantization from_c(specrun_quantization quantization, const char* name) {
+// The enums by reference: their bytes are read by enum_value, never loaded as the enum type.
+specrun::Quantization from_c(const specrun_quantization& quantization, const char* name) {
   const int64_t value = enum_value(quantization);
   switch (value) {
     case SPECRUN_QUANTIZATION_NONE:
@@ -363,7 +364,7 @@ specrun::Quantization from_c(specrun_quantization quantization, const char* name
   }
 }
 
-specrun::KvCacheDtype from_c(specrun_kv_cache_dtype dtype, const char* name) {
+specrun::KvCacheDtype from_c(const specrun_kv_cache_dtype& dtype, const char* name) {
   const int64_t value = enum_value(dtype);
   switch (value) {
     case SPECRUN_KV_CACHE_BF16:
