@@ -398,6 +398,11 @@ TEST_F(CliTest, SpecbenchMeasuresQuantizedSyntheticTargetsAgainstBf16) {
                         {{"--quantize with --synthetic", "one of"}}, "specbench");
   expect_one_error_line(run_tool("specbench", "--synthetic tiny --device cpu --quantize fp4"),
                         {{"--quantize", "'fp4'"}}, "specbench");
+  const CommandResult bad_cache = run_tool("specbench", "--synthetic tiny --kv-cache-dtype f16");
+  EXPECT_NE(bad_cache.exit_code, 0);
+  EXPECT_NE(bad_cache.stderr_text.find("--kv-cache-dtype"), std::string::npos)
+      << bad_cache.stderr_text;
+  EXPECT_NE(bad_cache.stderr_text.find("bf16, f32"), std::string::npos) << bad_cache.stderr_text;
   expect_one_error_line(run_tool("specbench", "--synthetic tiny --device cpu --kv-cache-tokens 10"),
                         {{"--kv-cache-tokens 10", "below"}}, "specbench");
 }

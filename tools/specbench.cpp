@@ -24,6 +24,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "runtime/engine/batch_engine.h"
 #include "runtime/engine/pairing.h"
+#include "runtime/engine/settings.h"
 #include "runtime/model/model.h"
 #include "runtime/sampling/rng.h"
 #include "runtime/sampling/sampler.h"
@@ -586,10 +587,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-verify-tokens", device_bench.max_verify_tokens,
                  "With --synthetic: verification is measured for 2..this many tokens")
       ->capture_default_str();
-  std::string kv_cache_dtype = "bf16";
+  std::string kv_cache_dtype = specrun::to_string(specrun::KvCacheDtype::kBF16);
   app.add_option("--kv-cache-dtype", kv_cache_dtype,
                  "How the KV caches store keys and values: bf16 (specrun's default) or f32")
-      ->check(CLI::IsMember({"bf16", "f32"}))
+      ->check([](const std::string& name) {
+        return specrun::parse_kv_cache_dtype(name) ? std::string() : "not one of bf16, f32";
+      })
       ->capture_default_str();
   app.add_option("--kv-cache-tokens", device_bench.kv_cache_tokens,
                  "With --synthetic: each model's KV-cache capacity (0: what the measurements "
@@ -597,7 +600,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const specrun::DType kv_dtype =
-      kv_cache_dtype == "f32" ? specrun::DType::kF32 : specrun::DType::kBF16;
+      specrun::kernel_dtype(*specrun::parse_kv_cache_dtype(kv_cache_dtype));
   device_bench.kv_cache_dtype = kv_dtype;
 
   if (app.count("--sampling") > 0) {

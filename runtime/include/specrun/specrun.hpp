@@ -74,7 +74,7 @@ const char* to_string(Quantization quantization);  // "none", "fp8", "int8"
 enum class KvCacheDtype {
   kBF16,  // bfloat16, rounded to nearest even as written: half the memory and the bytes
           // attention reads of f32
-  kF32,   // exact: the reference comparisons, or a model whose keys overflow bf16's precision
+  kF32,   // exact: the reference comparisons
 };
 const char* to_string(KvCacheDtype dtype);  // "bf16", "f32"
 
@@ -107,13 +107,14 @@ struct SpeculationSettings {
 // Every field has a default member initializer, so designated initializers may name any subset
 // without -Wmissing-field-initializers warnings.
 struct EngineConfig {
-  std::string target{};             // checkpoint: a directory, .safetensors, index or .gguf file
-  std::string draft{};              // draft checkpoint sharing the target's tokenizer; "" none
-  std::string device = "cpu";       // where the models run: "cpu", "cuda" or "cuda:N"
-  int threads = 0;                  // CPU threads; 0 uses every core
-  int64_t kv_cache_tokens = 0;      // KV capacity per model; 0: the context, at most 8192
-  int64_t kv_block_size = 16;       // tokens per KV-cache block
-  KvCacheDtype kv_cache_dtype = KvCacheDtype::kBF16;  // storage of both models' keys and values
+  std::string target{};         // checkpoint: a directory, .safetensors, index or .gguf file
+  std::string draft{};          // draft checkpoint sharing the target's tokenizer; "" none
+  std::string device = "cpu";   // where the models run: "cpu", "cuda" or "cuda:N"
+  int threads = 0;              // CPU threads; 0 uses every core
+  int64_t kv_cache_tokens = 0;  // KV capacity per model; 0: the context, at most 8192
+  int64_t kv_block_size = 16;   // tokens per KV-cache block
+  // Storage of both models' keys and values.
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kBF16;
   int64_t max_batch = 64;           // sequences decoded together in one step, at most
   std::string rope_style = "auto";  // RoPE pairing: "auto" (rotate-half, as Hugging Face
                                     // checkpoints), "rotate-half" or "interleaved" (Meta/GGUF)
