@@ -56,7 +56,7 @@ struct MatmulParams {
   int64_t scale_block_rows = 0;  // quantized weights: output rows sharing a scale
   int64_t scale_block_cols = 0;  // quantized weights: input columns sharing a scale
   // How the weight's elements lie (kernels/core/weight_layout.h); a backend takes its own
-  // matmul_weight_layout() and kRows.
+  // matmul_weight_layout(weight_dtype) and kRows.
   WeightLayout weight_layout = WeightLayout::kRows;
 
   int64_t scale_grid_columns() const {
@@ -179,9 +179,12 @@ class Backend {
   virtual std::string_view name() const = 0;
   // True when device pointers are host pointers, so weights can be used in place.
   virtual bool uses_host_memory() const = 0;
-  // The layout this backend's matmul reads fastest; the model lays its matmul weights (and a
-  // table a tied head shares) out this way at load. Every backend also reads kRows.
-  virtual WeightLayout matmul_weight_layout() const { return WeightLayout::kRows; }
+  // The layout this backend's matmul reads weights of `weight_dtype` in fastest; the model lays
+  // its matmul weights (and a table a tied head shares) out this way at load. Every backend also
+  // reads kRows.
+  virtual WeightLayout matmul_weight_layout(DType /*weight_dtype*/) const {
+    return WeightLayout::kRows;
+  }
 
   // Returns null when the allocation fails. Memory is aligned for any dtype and for vector loads.
   virtual void* allocate(size_t bytes) = 0;

@@ -42,13 +42,36 @@ class CpuKernels : public ::testing::TestWithParam<int> {
   ThreadPool pool_{GetParam()};
 };
 
-// `weight` ([out_features, in_features] of `dtype`, row-major) laid out in tiles.
+// `weight` ([out_features, in_features] of `dtype`, row-major) laid out in `layout`.
+std::vector<uint8_t> laid_out(WeightLayout layout, const void* weight, int64_t out_features,
+                              int64_t in_features, DType dtype) {
+  std::vector<uint8_t> packed(stored_weight_bytes(layout, out_features, in_features, dtype), 0xAB);
+  EXPECT_TRUE(
+      lay_out_weight(layout, weight, out_features, in_features, dtype, packed.data()).is_ok());
+  return packed;
+}
+
 std::vector<uint8_t> tiled(const void* weight, int64_t out_features, int64_t in_features,
                            DType dtype) {
-  std::vector<uint8_t> packed(
-      stored_weight_bytes(WeightLayout::kTiled, out_features, in_features, dtype), 0xAB);
-  pack_tiled(weight, out_features, in_features, dtype, packed.data());
-  return packed;
+  return laid_out(WeightLayout::kTiled, weight, out_features, in_features, dtype);
+}
+
+// The amx copy of the matmul where this build has it and this CPU runs it, else null.
+const MatmulVariant* amx_variant() {
+  for (const MatmulVariant& variant : matmul_variants()) {
+    if (variant.bf16_pairs_layout == WeightLayout::kPairTiles && variant.supported()) {
+      return &variant;
+    }
+  }
+  return nullptr;
+}
+
+// The bf16-activation layouts this CPU's copies read, each with the copy that reads it.
+std::vector<std::pair<WeightLayout, const MatmulVariant*>> bf16_activation_layouts() {
+  std::vector<std::pair<WeightLayout, const MatmulVariant*>> layouts = {
+      {WeightLayout::kRows, nullptr}, {WeightLayout::kTiled, nullptr}};
+  if (const MatmulVariant* amx = amx_variant()) layouts.emplace_back(WeightLayout::kPairTiles, amx);
+  return layouts;
 }
 
 TEST_P(CpuKernels, EmbeddingGathersRowsInEveryDtype) {
@@ -742,31 +765,52 @@ TEST_P(CpuKernels, AMatmulGroupIsEachTargetsMatmulBitwise) {
 // ---- the tiled weight layout -------------------------------------------------------------------
 
 TEST(WeightLayoutTest, PackingPutsEveryElementAtItsOffsetAndPadsWithZeros) {
-  for (const int64_t out_features : {1, 3, 4, 5, 9}) {
-    for (const int64_t in_features : {1, 15, 16, 19, 48}) {
-      std::vector<uint16_t> weight(static_cast<size_t>(out_features * in_features));
-      std::iota(weight.begin(), weight.end(), uint16_t{1});
-      const std::vector<uint8_t> bytes =
-          tiled(weight.data(), out_features, in_features, DType::kBF16);
-      std::vector<uint16_t> packed(bytes.size() / 2);
-      std::memcpy(packed.data(), bytes.data(), bytes.size());
-      const int64_t padded = stored_columns(WeightLayout::kTiled, in_features);
-      ASSERT_EQ(static_cast<int64_t>(packed.size()), out_features * padded);
-      std::vector<bool> written(packed.size(), false);
-      for (int64_t row = 0; row < out_features; ++row) {
-        for (int64_t column = 0; column < in_features; ++column) {
-          const int64_t at =
-              element_offset(WeightLayout::kTiled, row, column, out_features, in_features);
-          ASSERT_EQ(packed[static_cast<size_t>(at)], weight[row * in_features + column])
-              << out_features << "x" << in_features << " at " << row << "," << column;
-          written[static_cast<size_t>(at)] = true;
+  for (const WeightLayout layout : {WeightLayout::kTiled, WeightLayout::kPairTiles}) {
+    for (const int64_t out_features : {1, 3, 4, 5, 9, 16, 17, 33}) {
+      for (const int64_t in_features : {1, 15, 16, 19, 32, 48, 70}) {
+        std::vector<uint16_t> weight(static_cast<size_t>(out_features * in_features));
+        std::iota(weight.begin(), weight.end(), uint16_t{1});
+        const std::vector<uint8_t> bytes =
+            laid_out(layout, weight.data(), out_features, in_features, DType::kBF16);
+        std::vector<uint16_t> packed(bytes.size() / 2);
+        std::memcpy(packed.data(), bytes.data(), bytes.size());
+        const int64_t padded_columns = stored_columns(layout, in_features);
+        const int64_t padded_rows = stored_rows(layout, out_features);
+        ASSERT_EQ(static_cast<int64_t>(packed.size()), padded_rows * padded_columns);
+        std::vector<bool> written(packed.size(), false);
+        for (int64_t row = 0; row < out_features; ++row) {
+          for (int64_t column = 0; column < in_features; ++column) {
+            const int64_t at = element_offset(layout, row, column, out_features, in_features);
+            ASSERT_FALSE(written[static_cast<size_t>(at)]) << "two elements at " << at;
+            ASSERT_EQ(packed[static_cast<size_t>(at)], weight[row * in_features + column])
+                << out_features << "x" << in_features << " at " << row << "," << column;
+            written[static_cast<size_t>(at)] = true;
+          }
+        }
+        for (size_t i = 0; i < packed.size(); ++i) {
+          if (!written[i]) {
+            ASSERT_EQ(packed[i], 0) << "padding at " << i;
+          }
         }
       }
-      for (size_t i = 0; i < packed.size(); ++i) {
-        if (!written[i]) {
-          ASSERT_EQ(packed[i], 0) << "padding at " << i;
-        }
-      }
+    }
+  }
+  // A pair tile is what the tile multiply reads as its second operand: 16 column pairs of 16
+  // rows, 64 bytes each.
+  EXPECT_EQ(element_offset(WeightLayout::kPairTiles, 0, 1, 16, 64), 1);
+  EXPECT_EQ(element_offset(WeightLayout::kPairTiles, 1, 0, 16, 64), 2);
+  EXPECT_EQ(element_offset(WeightLayout::kPairTiles, 0, 2, 16, 64), 32);
+  EXPECT_EQ(element_offset(WeightLayout::kPairTiles, 0, 32, 16, 64), 512);
+  EXPECT_EQ(element_offset(WeightLayout::kPairTiles, 16, 0, 32, 64), 1024);
+  std::vector<uint8_t> destination(
+      stored_weight_bytes(WeightLayout::kPairTiles, 4, 4, DType::kF32));
+  const std::vector<float> f32(16, 1.0f);
+  EXPECT_EQ(
+      lay_out_weight(WeightLayout::kPairTiles, f32.data(), 4, 4, DType::kF32, destination.data())
+          .code(),
+      StatusCode::kInvalidArgument);
+  for (const int64_t out_features : {1, 5, 9}) {
+    for (const int64_t in_features : {1, 19, 48}) {
       EXPECT_EQ(element_offset(WeightLayout::kRows, out_features - 1, in_features - 1, out_features,
                                in_features),
                 out_features * in_features - 1);
@@ -845,15 +889,18 @@ TEST_P(CpuKernels, EmbeddingGathersRowsOfATiledTable) {
   const int64_t vocab = 37, dim = 19;
   const std::vector<int32_t> tokens = {0, 36, 5, 5, 17, 35};
   const StoredTensor table = store(random_floats(vocab * dim, 70), DType::kBF16);
-  const std::vector<uint8_t> packed = tiled(table.data(DType::kBF16), vocab, dim, DType::kBF16);
-  std::vector<float> out(tokens.size() * dim);
-  ASSERT_TRUE(embedding({static_cast<int64_t>(tokens.size()), vocab, dim, DType::kBF16,
-                         WeightLayout::kTiled},
-                        tokens.data(), packed.data(), out.data(), pool_)
-                  .is_ok());
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    for (int64_t c = 0; c < dim; ++c) {
-      EXPECT_EQ(out[t * dim + c], table.floats[tokens[t] * dim + c]) << t << "," << c;
+  for (const WeightLayout layout : {WeightLayout::kTiled, WeightLayout::kPairTiles}) {
+    const std::vector<uint8_t> packed =
+        laid_out(layout, table.data(DType::kBF16), vocab, dim, DType::kBF16);
+    std::vector<float> out(tokens.size() * dim);
+    ASSERT_TRUE(embedding({static_cast<int64_t>(tokens.size()), vocab, dim, DType::kBF16, layout},
+                          tokens.data(), packed.data(), out.data(), pool_)
+                    .is_ok());
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      for (int64_t c = 0; c < dim; ++c) {
+        EXPECT_EQ(out[t * dim + c], table.floats[tokens[t] * dim + c])
+            << int(layout) << ": " << t << "," << c;
+      }
     }
   }
 }
@@ -864,22 +911,24 @@ TEST_P(CpuKernels, Bf16ActivationsAreTheRoundedActivationsExactProductsSummedInF
   // Rounding x to bf16 is the only change: products of two bf16 values are exact in f32, so
   // against the rounded activations in double the bound is f32 summation's, n * u * sum|terms|.
   // Against the f32 activations each term moves by up to 2^-9 of itself more (bf16 rounding).
-  const int64_t shapes[][3] = {{1, 16, 8}, {3, 37, 21}, {6, 64, 33}, {7, 100, 17}, {70, 48, 5}};
+  // The same bound holds for the tile multiply (pair tiles, where AMX runs), whatever order its
+  // sums take inside the unit. Shapes cover tails of 16-row activation blocks, of 16-row weight
+  // groups and of 32-column tiles.
+  const int64_t shapes[][3] = {{1, 16, 8},  {3, 37, 21},  {6, 64, 33},  {7, 100, 17},
+                               {70, 48, 5}, {33, 64, 48}, {17, 200, 40}};
   for (const auto& shape : shapes) {
     const int64_t rows = shape[0], in = shape[1], out_features = shape[2];
     const std::vector<float> x = random_floats(rows * in, 80);
     const StoredTensor weight = store(random_floats(out_features * in, 81), DType::kBF16);
-    const std::vector<uint8_t> packed =
-        tiled(weight.data(DType::kBF16), out_features, in, DType::kBF16);
     const StoredTensor bias = store(random_floats(out_features, 82), DType::kBF16);
-    for (const WeightLayout layout : {WeightLayout::kRows, WeightLayout::kTiled}) {
+    for (const auto& [layout, variant] : bf16_activation_layouts()) {
+      const std::vector<uint8_t> packed =
+          laid_out(layout, weight.data(DType::kBF16), out_features, in, DType::kBF16);
       MatmulParams params{rows, in, out_features, DType::kBF16, DType::kBF16};
       params.weight_layout = layout;
       std::vector<float> out(rows * out_features);
-      ASSERT_TRUE(matmul(params, x.data(),
-                         layout == WeightLayout::kTiled ? static_cast<const void*>(packed.data())
-                                                        : weight.data(DType::kBF16),
-                         nullptr, bias.data(DType::kBF16), out.data(), pool_, Activations::kBF16)
+      ASSERT_TRUE(matmul(params, x.data(), packed.data(), nullptr, bias.data(DType::kBF16),
+                         out.data(), pool_, Activations::kBF16, variant)
                       .is_ok());
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t f = 0; f < out_features; ++f) {
@@ -892,7 +941,8 @@ TEST_P(CpuKernels, Bf16ActivationsAreTheRoundedActivationsExactProductsSummedInF
           }
           const float value = out[r * out_features + f];
           ASSERT_NEAR(value, rounded, (in + 2) * kUnitRoundoff * 1.01 * magnitude)
-              << rows << "x" << in << "x" << out_features << " row " << r << " feature " << f;
+              << rows << "x" << in << "x" << out_features << " row " << r << " feature " << f
+              << " layout " << int(layout);
           ASSERT_NEAR(value, exact, (0x1.0p-9 + (in + 2) * kUnitRoundoff) * 1.01 * magnitude);
         }
       }
@@ -901,30 +951,123 @@ TEST_P(CpuKernels, Bf16ActivationsAreTheRoundedActivationsExactProductsSummedInF
 }
 
 TEST_P(CpuKernels, Bf16ActivationsAreBatchInvariantBitwise) {
-  // Rows alone and in batches of every size (the bf16-pair kernel takes six rows at a time).
-  const int64_t rows = 15, in = 83, out_features = 29;
+  // Rows alone and in batches of every size (the bf16-pair kernel takes six rows at a time, the
+  // tile multiply two blocks of 16).
+  const int64_t rows = 40, in = 83, out_features = 45;
   const std::vector<float> x = random_floats(rows * in, 83);
   const StoredTensor weight = store(random_floats(out_features * in, 84), DType::kBF16);
-  const std::vector<uint8_t> packed =
-      tiled(weight.data(DType::kBF16), out_features, in, DType::kBF16);
-  MatmulParams params{rows, in, out_features, DType::kBF16, DType::kF32};
-  params.weight_layout = WeightLayout::kTiled;
-  std::vector<float> all(rows * out_features);
-  ASSERT_TRUE(matmul(params, x.data(), packed.data(), nullptr, nullptr, all.data(), pool_,
-                     Activations::kBF16)
-                  .is_ok());
-  for (int64_t batch = 1; batch <= rows; ++batch) {
-    for (int64_t first = 0; first + batch <= rows; first += batch) {
-      std::vector<float> part(batch * out_features);
-      params.rows = batch;
-      ASSERT_TRUE(matmul(params, x.data() + first * in, packed.data(), nullptr, nullptr,
-                         part.data(), pool_, Activations::kBF16)
-                      .is_ok());
-      ASSERT_EQ(0, std::memcmp(part.data(), all.data() + first * out_features,
-                               part.size() * sizeof(float)))
-          << "rows " << first << ".." << first + batch;
+  for (const auto& [layout, variant] : bf16_activation_layouts()) {
+    const std::vector<uint8_t> packed =
+        laid_out(layout, weight.data(DType::kBF16), out_features, in, DType::kBF16);
+    MatmulParams params{rows, in, out_features, DType::kBF16, DType::kF32};
+    params.weight_layout = layout;
+    std::vector<float> all(rows * out_features);
+    ASSERT_TRUE(matmul(params, x.data(), packed.data(), nullptr, nullptr, all.data(), pool_,
+                       Activations::kBF16, variant)
+                    .is_ok());
+    for (int64_t batch = 1; batch <= rows; ++batch) {
+      for (int64_t first = 0; first + batch <= rows; first += batch) {
+        std::vector<float> part(batch * out_features);
+        params.rows = batch;
+        ASSERT_TRUE(matmul(params, x.data() + first * in, packed.data(), nullptr, nullptr,
+                           part.data(), pool_, Activations::kBF16, variant)
+                        .is_ok());
+        ASSERT_EQ(0, std::memcmp(part.data(), all.data() + first * out_features,
+                                 part.size() * sizeof(float)))
+            << "layout " << int(layout) << " rows " << first << ".." << first + batch;
+      }
     }
   }
+}
+
+// ---- the tile multiply (AMX) --------------------------------------------------------------------
+
+TEST_P(CpuKernels, AGroupOfPairTiledWeightsIsEachMatmulBitwise) {
+  // Widths that leave tails of 16-row groups and make thread ranges cross targets; a bias on
+  // one; rows in one block, two, and two and a tail.
+  const MatmulVariant* amx = amx_variant();
+  if (amx == nullptr) GTEST_SKIP() << "no AMX here";
+  const int64_t in = 72;
+  const int64_t widths[] = {37, 16, 5};
+  std::vector<StoredTensor> weights;
+  std::vector<std::vector<uint8_t>> packed;
+  for (int t = 0; t < 3; ++t) {
+    weights.push_back(store(random_floats(widths[t] * in, 20 + t), DType::kBF16));
+    packed.push_back(laid_out(WeightLayout::kPairTiles, weights[t].data(DType::kBF16), widths[t],
+                              in, DType::kBF16));
+  }
+  const StoredTensor bias = store(random_floats(widths[1], 24), DType::kBF16);
+  for (const int64_t rows : {1, 6, 32, 37}) {
+    const std::vector<float> x = random_floats(rows * in, 25 + rows);
+    std::vector<std::vector<float>> grouped(3), alone(3);
+    MatmulTarget targets[3];
+    for (int t = 0; t < 3; ++t) {
+      MatmulParams params{rows, in, widths[t], DType::kBF16, DType::kBF16};
+      params.weight_layout = WeightLayout::kPairTiles;
+      grouped[t].assign(static_cast<size_t>(rows * widths[t]), -1.0f);
+      alone[t].assign(static_cast<size_t>(rows * widths[t]), -2.0f);
+      targets[t] = {params, packed[t].data(), nullptr, t == 1 ? bias.data(DType::kBF16) : nullptr,
+                    grouped[t].data()};
+    }
+    ASSERT_TRUE(matmul_group(x.data(), targets, 3, pool_, Activations::kBF16, amx).is_ok());
+    for (int t = 0; t < 3; ++t) {
+      ASSERT_TRUE(matmul(targets[t].params, x.data(), targets[t].weight, nullptr, targets[t].bias,
+                         alone[t].data(), pool_, Activations::kBF16, amx)
+                      .is_ok());
+      EXPECT_EQ(grouped[t], alone[t]) << "target " << t << " rows " << rows;
+    }
+  }
+}
+
+TEST(CpuKernelsThreads, PairTiledMatmulIsThreadCountInvariantBitwise) {
+  const MatmulVariant* amx = amx_variant();
+  if (amx == nullptr) GTEST_SKIP() << "no AMX here";
+  const int64_t rows = 35, in = 130, out_features = 75;
+  const std::vector<float> x = random_floats(rows * in, 30);
+  const StoredTensor weight = store(random_floats(out_features * in, 31), DType::kBF16);
+  const std::vector<uint8_t> packed =
+      laid_out(WeightLayout::kPairTiles, weight.data(DType::kBF16), out_features, in, DType::kBF16);
+  MatmulParams params{rows, in, out_features, DType::kBF16, DType::kF32};
+  params.weight_layout = WeightLayout::kPairTiles;
+  std::vector<float> reference;
+  for (const int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    std::vector<float> out(rows * out_features);
+    ASSERT_TRUE(matmul(params, x.data(), packed.data(), nullptr, nullptr, out.data(), pool,
+                       Activations::kBF16, amx)
+                    .is_ok());
+    if (reference.empty()) reference = out;
+    ASSERT_EQ(0, std::memcmp(out.data(), reference.data(), out.size() * sizeof(float)))
+        << threads << " threads";
+  }
+}
+
+TEST_P(CpuKernels, PairTiledWeightsAreReadOnlyByTheTileMultiplyWithBf16Activations) {
+  const int64_t rows = 2, in = 32, out_features = 16;
+  const std::vector<float> x = random_floats(rows * in, 32);
+  const StoredTensor weight = store(random_floats(out_features * in, 33), DType::kBF16);
+  const std::vector<uint8_t> packed =
+      laid_out(WeightLayout::kPairTiles, weight.data(DType::kBF16), out_features, in, DType::kBF16);
+  MatmulParams params{rows, in, out_features, DType::kBF16, DType::kF32};
+  params.weight_layout = WeightLayout::kPairTiles;
+  std::vector<float> out(rows * out_features);
+  // Every other copy refuses them, whatever the activations.
+  for (const MatmulVariant& variant : matmul_variants()) {
+    if (variant.bf16_pairs_layout == WeightLayout::kPairTiles || !variant.supported()) continue;
+    for (const Activations activations : {Activations::kF32, Activations::kBF16}) {
+      const Status status = matmul(params, x.data(), packed.data(), nullptr, nullptr, out.data(),
+                                   pool_, activations, &variant);
+      EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << variant.name;
+      EXPECT_NE(status.message().find("pair tiles"), std::string::npos) << status.message();
+    }
+  }
+  const MatmulVariant* amx = amx_variant();
+  if (amx == nullptr) return;
+  // The amx copy refuses them with f32 activations (it has no exact-f32 tile multiply).
+  const Status status = matmul(params, x.data(), packed.data(), nullptr, nullptr, out.data(), pool_,
+                               Activations::kF32, amx);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("bf16 activations"), std::string::npos) << status.message();
 }
 
 TEST_P(CpuKernels, Bf16ActivationsLeaveOtherWeightDtypesExact) {

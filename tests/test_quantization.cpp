@@ -93,7 +93,7 @@ TEST_P(Fp8CheckpointTest, ComputesWhatItsDequantizedTwinComputes) {
   EXPECT_LT(model->weight_bytes(), twin->weight_bytes());
   // The memory plan, from headers alone, counts what the model holds (codes and f32 scales).
   EXPECT_EQ(
-      Model::plan_memory(open_checkpoint(dir / "fp8"), {}, true, kernels::WeightLayout::kTiled, 1)
+      Model::plan_memory(open_checkpoint(dir / "fp8"), {}, true, testing::layouts_of(*backend), 1)
           .weight_bytes,
       model->weight_bytes());
 
@@ -134,7 +134,7 @@ TEST_P(Fp8CheckpointTest, ADeviceUploadsTheCodesAsTheyAre) {
   const auto on_device = Model::load(dir / "fp8", device, options);
   EXPECT_EQ(on_device->weight_bytes(), on_host->weight_bytes());
   EXPECT_EQ(Model::plan_memory(open_checkpoint(dir / "fp8"), options, false,
-                               kernels::WeightLayout::kRows, 1)
+                               testing::layouts_of(device), 1)
                 .weight_bytes,
             on_device->weight_bytes());
   EXPECT_EQ(forward_logits(*on_device, kPrompt), forward_logits(*on_host, kPrompt));
@@ -323,7 +323,7 @@ TEST_P(QuantizeAtLoadTest, ADeviceQuantizesOnTheWayUpToTheHostsCodes) {
       const std::string what = std::string(tied ? "tied" : "untied") + (head ? ", head" : "");
       EXPECT_EQ(on_device->weight_bytes(), on_host->weight_bytes()) << what;
       EXPECT_EQ(Model::plan_memory(open_checkpoint(dir / "model"), options, false,
-                                   kernels::WeightLayout::kRows, 1)
+                                   testing::layouts_of(device), 1)
                     .weight_bytes,
                 on_device->weight_bytes())
           << what;

@@ -110,8 +110,9 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyForEveryGammaControllerAndProposer
 }
 
 TEST(SpeculativeBf16Activations, GreedyEqualsTargetOnlyWithBf16Dots) {
-  // bf16 weights meeting bf16-rounded activations (vdpbf16ps where the CPU has it): the kernels
-  // stay batch invariant, so verification scores each draft as decode would have.
+  // bf16 weights meeting bf16-rounded activations (AMX tile multiplies where the CPU has them,
+  // else vdpbf16ps where it has that): the kernels stay batch invariant, so verification scores
+  // each draft as decode would have.
   testing::TempDir dir;
   GeneratorOptions target_shape = small_model(3), draft_shape = small_model(4, 1);
   target_shape.dtype = draft_shape.dtype = DType::kBF16;

@@ -56,6 +56,10 @@ std::unique_ptr<kernels::cpu::CpuBackend> make_cpu_backend(int threads) {
       std::make_shared<kernels::cpu::ThreadPool>(threads));
 }
 
+std::function<kernels::WeightLayout(DType)> layouts_of(const kernels::Backend& backend) {
+  return [&backend](DType dtype) { return backend.matmul_weight_layout(dtype); };
+}
+
 void write_layer_skip_pair(const std::filesystem::path& directory) {
   fixtures::GeneratorOptions options;
   options.shallow_layers = 1;

@@ -46,6 +46,8 @@ std::string nested_json_arrays(size_t depth, const std::string& inner = "1");
 
 // A CPU backend over a pool of `threads` threads (0: one per core).
 std::unique_ptr<kernels::cpu::CpuBackend> make_cpu_backend(int threads = 0);
+// The layouts `backend` lays matmul weights out in, by dtype (Model::plan_memory's layout_of).
+std::function<kernels::WeightLayout(DType)> layouts_of(const kernels::Backend& backend);
 
 struct CommandResult {
   int exit_code;            // the process's exit status (-1 when it did not exit normally)

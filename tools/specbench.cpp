@@ -530,8 +530,9 @@ int main(int argc, char** argv) {
   app.add_option("--cpu-kernels", cpu_kernels,
                  "The copies of the CPU matmul kernels to measure, comma-separated, the first as "
                  "the baseline and each other with the weights as stored, in the same run "
-                 "(native, x86-64-v4+bf16, x86-64-v3, portable: those this build has and this CPU "
-                 "runs); default the best")
+                 "(amx, native, x86-64-v4+bf16, x86-64-v3, portable: those this build has and "
+                 "this CPU runs; amx differs from the next only for bf16 weights with "
+                 "--bf16-activations); default the best")
       ->delimiter(',');
   bool quantize_lm_head = false;
   app.add_flag("--quantize-lm-head", quantize_lm_head,
@@ -540,8 +541,8 @@ int main(int argc, char** argv) {
   bool bf16_activations = false;
   app.add_flag("--bf16-activations", bf16_activations,
                "Also measure the weights as stored with activations rounded to bf16 for bf16 "
-               "weights (vdpbf16ps where the kernels have AVX512-BF16), in the same run, with "
-               "their verification costs");
+               "weights (AMX tile multiplies with the amx kernels, vdpbf16ps where the kernels "
+               "have AVX512-BF16), in the same run, with their verification costs");
   int busy_cores = 0;
   app.add_option("--busy-cores", busy_cores,
                  "Also measure the weights as stored with this many processes spinning beside "
@@ -724,6 +725,10 @@ int main(int argc, char** argv) {
     for (size_t v = 1; v < variants.size(); ++v) {
       modes.push_back({specrun::WeightQuantize::kNone, Activations::kF32, variants[v],
                        std::string(variants[v]->name)});
+      if (bf16_activations) {
+        modes.push_back({specrun::WeightQuantize::kNone, Activations::kBF16, variants[v],
+                         std::string(variants[v]->name) + " bf16"});
+      }
     }
     if (busy_cores < 0) throw specrun::Error("--busy-cores must not be negative");
     if (busy_cores > 0) {
@@ -880,9 +885,13 @@ int main(int argc, char** argv) {
       return costs;
     };
     nlohmann::json verify = verify_costs(base);
+    // Every run with bf16 activations (one a copy of the kernels asked for) measured its own.
     nlohmann::json verify_bf16;
+    std::map<std::string, nlohmann::json> verify_of_run;
     for (const Measured& run : runs) {
-      if (&run != &base && !run.verify_ms.empty()) verify_bf16 = verify_costs(run);
+      if (&run == &base || run.verify_ms.empty()) continue;
+      verify_of_run[run.name] = verify_costs(run);
+      if (verify_bf16.is_null()) verify_bf16 = verify_of_run[run.name];
     }
     nlohmann::json quantized = nlohmann::json::array();
     if (runs.size() > 1) {
@@ -906,6 +915,9 @@ int main(int argc, char** argv) {
                              {"decode_fraction_of_floor", run_floor_ms / run.step_ms},
                              {"prefill_ms", run.prefill_ms},
                              {"prefill_speedup", base.prefill_ms / run.prefill_ms}});
+        if (const auto costs = verify_of_run.find(run.name); costs != verify_of_run.end()) {
+          quantized.back()["verify"] = costs->second;
+        }
       }
     }
     if (!json_path.empty()) {

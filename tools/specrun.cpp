@@ -406,8 +406,9 @@ int main(int argc, char** argv) {
                    "shares a batch, greedy speculative equal to greedy target-only bitwise");
   CLI::Option* bf16_activations = app.add_flag(
       "--bf16-activations", f.bf16_activations,
-      "CPU: bf16 weights meet activations rounded to bf16, by vdpbf16ps where the CPU has it "
-      "(runtime.bf16_activations): faster prefill and verification");
+      "CPU: bf16 weights meet activations rounded to bf16, by AMX tile multiplies where the CPU "
+      "has AMX, else vdpbf16ps where it has AVX512-BF16 (runtime.bf16_activations): faster "
+      "prefill and verification");
   bool no_prefix_cache = false;
   CLI::Option* prefix_cache = app.add_flag(
       "--no-prefix-cache", no_prefix_cache,

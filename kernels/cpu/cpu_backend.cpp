@@ -29,6 +29,12 @@ CpuBackend::CpuBackend(std::shared_ptr<ThreadPool> pool, Activations activations
       activations_(activations),
       variant_(variant != nullptr ? variant : &best_matmul_variant()) {}
 
+WeightLayout CpuBackend::matmul_weight_layout(DType weight_dtype) const {
+  return activations_ == Activations::kBF16 && weight_dtype == DType::kBF16
+             ? variant_->bf16_pairs_layout
+             : WeightLayout::kTiled;
+}
+
 void* CpuBackend::allocate(size_t bytes) {
   const size_t rounded = (std::max<size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
   return std::aligned_alloc(kAlignment, rounded);

@@ -20,8 +20,9 @@ class CpuBackend final : public Backend {
 
   std::string_view name() const override { return "cpu"; }
   bool uses_host_memory() const override { return true; }
-  // Tiles of four rows, one stream a micro-kernel (kernels/core/weight_layout.h).
-  WeightLayout matmul_weight_layout() const override { return WeightLayout::kTiled; }
+  // Tiles of four rows, one stream a micro-kernel (kernels/core/weight_layout.h); bf16 weights
+  // met by bf16 activations in the layout the matmul copy in use asks for (AMX's pair tiles).
+  WeightLayout matmul_weight_layout(DType weight_dtype) const override;
   ThreadPool& pool() { return *pool_; }
   // The copy of the matmul kernels in use (cpu::MatmulVariant): the best this CPU runs, unless
   // the constructor was given one.

@@ -23,10 +23,20 @@ Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const 
   const size_t element_size = dtype_size(params.table_dtype);
   pool.parallel_for(params.num_tokens, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
+      float* destination = out + t * params.dim;
+      if (params.table_layout == WeightLayout::kPairTiles) {
+        // A row lies two elements at a time, a tile's worth of rows apart.
+        for (int64_t c = 0; c < params.dim; ++c) {
+          destination[c] =
+              load_as_f32(table, params.table_dtype,
+                          static_cast<size_t>(element_offset(params.table_layout, token_ids[t], c,
+                                                             params.vocab_size, params.dim)));
+        }
+        continue;
+      }
       const RowAddress address =
           row_address(params.table_layout, token_ids[t], params.vocab_size, params.dim);
       const auto* row = static_cast<const char*>(table) + address.first * element_size;
-      float* destination = out + t * params.dim;
       // Column c of the row: in its chunk (the whole row when row-major), at chunk * step + rest.
       const int64_t chunk_columns =
           params.table_layout == WeightLayout::kTiled ? kTileColumns : params.dim;

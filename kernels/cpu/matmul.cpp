@@ -284,6 +284,9 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
     if (feature_kernel(targets[t].params.weight_dtype) == nullptr) {
       return Status::invalid_argument("matmul: unknown weight dtype");
     }
+    if (targets[t].params.weight_layout == WeightLayout::kPairTiles) {
+      return Status::invalid_argument("matmul: weights in pair tiles are read by the amx copy");
+    }
     features += targets[t].params.out_features;
     bf16_weights = bf16_weights || targets[t].params.weight_dtype == DType::kBF16;
   }

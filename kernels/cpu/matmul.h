@@ -13,19 +13,24 @@ enum class Activations : uint8_t {
   kF32,   // exactly: each f32 activation times the widened weight, f32 sums (the reference)
   kBF16,  // rounded to bf16 first, as llama.cpp and the GPUs' bf16 GEMMs do: then products of
           // two bf16 pairs a vdpbf16ps where the build has AVX512-BF16 (half the instructions,
-          // no widening), else widened to f32 as kF32 does. Other weight dtypes take kF32.
+          // no widening), AMX tile multiplies for weights in pair tiles (the "amx" copy), else
+          // widened to f32 as kF32 does. Other weight dtypes take kF32.
 };
 
 // One instruction set's copy of the matmul kernels. The matmul is the one loop whose best
 // instructions differ from CPU to CPU (AVX-512 and vdpbf16ps, or AVX2), so it is compiled once per
 // instruction set in the build's list (kernels/CMakeLists.txt) and chosen at run time: a binary
 // built on one machine runs on another. For f32 activations every copy gives the same bits (one
-// reduction order); bf16 activations differ between copies with and without AVX512-BF16.
+// reduction order); bf16 activations differ between copies with and without AVX512-BF16, and
+// with AMX.
 struct MatmulVariant {
-  std::string_view name;  // "native", "x86-64-v4+bf16", "x86-64-v3", "portable"
+  std::string_view name;  // "amx", "native", "x86-64-v4+bf16", "x86-64-v3", "portable"
   bool (*supported)();    // whether this CPU runs it
   Status (*group)(const float* x, const MatmulTarget* targets, size_t count, ThreadPool& pool,
                   Activations activations);
+  // The layout this copy reads bf16 weights in fastest when activations are bf16: kPairTiles for
+  // AMX's tile multiply, kTiled for the others (as every other weight).
+  WeightLayout bf16_pairs_layout = WeightLayout::kTiled;
 };
 
 // This build's copies, the preferred first: "native" where the build targets its own machine,

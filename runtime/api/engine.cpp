@@ -295,8 +295,9 @@ BackendOptions backend_options(const EngineConfig& config) {
 
 ModelMemory model_memory(const Checkpoint& checkpoint, const ModelOptions& options,
                          const kernels::Backend& backend, int64_t max_logit_rows) {
-  const MemoryNeeds needs = Model::plan_memory(checkpoint, options, backend.uses_host_memory(),
-                                               backend.matmul_weight_layout(), max_logit_rows);
+  const MemoryNeeds needs = Model::plan_memory(
+      checkpoint, options, backend.uses_host_memory(),
+      [&backend](DType dtype) { return backend.matmul_weight_layout(dtype); }, max_logit_rows);
   return {needs.weight_bytes, needs.kv_bytes_per_token, needs.kv_tokens, needs.kv_bytes,
           needs.workspace_bytes};
 }

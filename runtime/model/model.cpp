@@ -174,7 +174,8 @@ bool ends_with(const std::string& text, std::string_view suffix) {
 }  // namespace
 
 MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions& options,
-                               bool host_memory, kernels::WeightLayout layout,
+                               bool host_memory,
+                               const std::function<kernels::WeightLayout(DType)>& layout_of,
                                int64_t max_logit_rows) {
   const ModelConfig& c = checkpoint.config;
   MemoryNeeds needs;
@@ -189,13 +190,15 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
     const bool head = ends_with(name, "lm_head.weight") || name == "output.weight";
     has_head = has_head || head;
     const bool linear = ends_with(name, "_proj.weight") || (head && options.quantize_output);
-    // Matmul weights in the backend's layout (rows padded to whole tiles' columns).
+    // Matmul weights in the backend's layout for the dtype they are loaded in (padded to whole
+    // tiles).
     const bool laid_out =
         info->shape.size() == 2 && (ends_with(name, "_proj.weight") || head ||
                                     (table_is_head && ends_with(name, "embed_tokens.weight")));
+    const DType loaded_dtype =
+        quantizing && linear ? DType::kI8 : (host_memory ? info->dtype : DType::kBF16);
     const auto elements =
-        laid_out ? static_cast<uint64_t>(info->shape[0]) *
-                       static_cast<uint64_t>(kernels::stored_columns(layout, info->shape[1]))
+        laid_out ? kernels::stored_elements(layout_of(loaded_dtype), info->shape[0], info->shape[1])
                  : static_cast<uint64_t>(info->num_elements());
     if (ends_with(name, ".weight_scale") || ends_with(name, ".weight_scale_inv")) {
       needs.weight_bytes += elements * sizeof(float);  // placed as f32
@@ -212,8 +215,7 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
   if (quantizing && options.quantize_output && !has_head) {
     // A tied head quantized is a copy of the embedding table.
     needs.weight_bytes +=
-        static_cast<uint64_t>(c.vocab_size) *
-            static_cast<uint64_t>(kernels::stored_columns(layout, c.hidden_size)) +
+        kernels::stored_elements(layout_of(DType::kI8), c.vocab_size, c.hidden_size) +
         static_cast<uint64_t>(c.vocab_size) * sizeof(float);
   }
   needs.kv_bytes_per_token = 2 * static_cast<uint64_t>(c.num_layers) * c.num_kv_heads * c.head_dim *
@@ -467,19 +469,21 @@ void Model::place_weights() {
 }
 
 void Model::lay_out_weights() {
-  const kernels::WeightLayout layout = backend_.matmul_weight_layout();
-  if (layout == kernels::WeightLayout::kRows) return;
-  // Laid out from where the weights are: only a backend in host memory asks for another layout.
-  SPECRUN_CHECK(layout == kernels::WeightLayout::kTiled && backend_.uses_host_memory());
   const bool tied = weights_.output.data == weights_.embedding.data;
   std::vector<WeightView*> views = linear_weights(weights_);
   views.push_back(&weights_.output);
   for (WeightView* view : views) {
-    if (!*view || view->layout == layout) continue;
+    if (!*view) continue;
+    const kernels::WeightLayout layout = backend_.matmul_weight_layout(view->dtype);
+    if (view->layout == layout) continue;
+    // Laid out from where the weights are: only a backend in host memory asks for another layout.
+    SPECRUN_CHECK(backend_.uses_host_memory() && view->layout == kernels::WeightLayout::kRows);
     const int64_t rows = view->shape[0], columns = view->shape[1];
     const uint64_t bytes = kernels::stored_weight_bytes(layout, rows, columns, view->dtype);
     DeviceBuffer buffer(backend_, bytes, "laid-out weights");
-    kernels::pack_tiled(view->data, rows, columns, view->dtype, buffer.data());
+    SPECRUN_CHECK_OK(
+        kernels::lay_out_weight(layout, view->data, rows, columns, view->dtype, buffer.data()),
+        "laying out weights");
     // A copy made at load (quantized codes, a GGUF tensor dequantised) is not needed any more.
     std::erase_if(weight_buffers_,
                   [&](const DeviceBuffer& held) { return held.data() == view->data; });

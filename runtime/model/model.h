@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -105,10 +106,11 @@ class Model {
   // Parameters, for reports.
   int64_t parameter_count() const { return parameter_count_; }
   // What `checkpoint` would take on a backend (`host_memory`: the CPU's, where weights are used
-  // as stored; `layout`: its matmul_weight_layout) under `options`, with logits for at most
-  // `max_logit_rows` rows at once.
+  // as stored; `layout_of`: its matmul_weight_layout, by the weight's loaded dtype) under
+  // `options`, with logits for at most `max_logit_rows` rows at once.
   static MemoryNeeds plan_memory(const Checkpoint& checkpoint, const ModelOptions& options,
-                                 bool host_memory, kernels::WeightLayout layout,
+                                 bool host_memory,
+                                 const std::function<kernels::WeightLayout(DType)>& layout_of,
                                  int64_t max_logit_rows);
   // Bytes of weights one forward reads (each bound tensor once, a tied table once): a decode
   // step's floor is this over the memory bandwidth.

@@ -166,7 +166,8 @@ typedef struct specrun_engine_config {
   specrun_quantization draft_quantize; /* the draft's; default none */
   int quantize_lm_head; /* nonzero: the output projections too (else they stay bf16); default 0 */
   int bf16_activations; /* nonzero: CPU matmuls with bf16 weights round activations to bf16
-                         * (vdpbf16ps where there is AVX512-BF16); default 0 */
+                         * (AMX tile multiplies where there is AMX, else vdpbf16ps where there
+                         * is AVX512-BF16); default 0 */
   specrun_kv_cache_dtype kv_cache_dtype; /* both models' KV caches; default bf16 */
 } specrun_engine_config;
 

@@ -121,8 +121,9 @@ struct EngineConfig {
   bool deterministic = false;       // batch-invariant kernels on every backend (CUDA: slower
                                     // prefill), so output does not depend on batch mates
   bool bf16_activations = false;    // CPU: bf16 weights meet activations rounded to bf16
-                                    // (vdpbf16ps where there is AVX512-BF16): faster prefill
-                                    // and verification, logits within bf16 rounding of exact
+                                    // (AMX where there is AMX, else vdpbf16ps where there is
+                                    // AVX512-BF16): faster prefill and verification, logits
+                                    // within bf16 rounding of exact
   Quantization quantize = Quantization::kNone;        // the target's linear layers, at load
   Quantization draft_quantize = Quantization::kNone;  // the draft's
   bool quantize_lm_head = false;      // the output projections too (else they stay bf16)
