@@ -25,6 +25,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/vector_math.h"
 #include "runtime/sampling/rng.h"
 #include "tests/test_support.h"
 
@@ -694,6 +695,48 @@ TEST_P(CpuKernels, KvWriteToABf16CacheRoundsToNearestEven) {
   EXPECT_EQ(k_cache[3 * row + 1], 0x3f82);  // tie to even: up
   EXPECT_EQ(k_cache[3 * row + 2], 0x7f80);  // past bf16's largest finite value: infinity
   EXPECT_TRUE(std::isnan(bf16_to_f32(v_cache[3 * row + 1])));
+}
+
+TEST(VectorMath, ExpIsWithinTwoUlpAndSaturates) {
+  // Every 2^-10 step over the range where e^x is a normal f32, against e^x in double.
+  double worst_ulps = 0;
+  for (float x = -87.0f; x <= 88.5f; x += 0x1.0p-10f) {
+    const double exact = std::exp(double(x));
+    const double ulp = std::ldexp(1.0, std::ilogb(exact) - 23);
+    worst_ulps = std::max(worst_ulps, std::abs(double(exp_f32(x)) - exact) / ulp);
+  }
+  EXPECT_LE(worst_ulps, 2.0);
+  // Subnormal results within two of the smallest subnormal; beyond the range, 0 and infinity.
+  for (float x = -103.0f; x < -87.0f; x += 0.01f) {
+    EXPECT_NEAR(exp_f32(x), std::exp(double(x)), 2 * 0x1.0p-149) << x;
+  }
+  EXPECT_EQ(exp_f32(0.0f), 1.0f);
+  EXPECT_EQ(exp_f32(-0.0f), 1.0f);
+  EXPECT_EQ(exp_f32(-200.0f), 0.0f);
+  EXPECT_EQ(exp_f32(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(exp_f32(89.0f), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(exp_f32(std::numeric_limits<float>::infinity()),
+            std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(exp_f32(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST_P(CpuKernels, SwigluIsExpF32sFormulaBitwiseWhereverAnElementLands) {
+  // 16 at a time where the kernels have AVX-512 (exp_lanes), one at a time for the tails: the
+  // same bits as the formula with exp_f32, for every element; ranges with every tail length.
+  const int64_t rows = 1, dim = 16 * 40 + 7;
+  std::vector<float> gate = random_floats(rows * dim, 29, 12.0f);
+  gate[0] = -200.0f;  // e^200: infinity, and the product -0
+  gate[1] = 0.0f;
+  const std::vector<float> up = random_floats(rows * dim, 30);
+  std::vector<float> out(rows * dim);
+  for (const int64_t count : {dim, int64_t{15}, int64_t{17}, int64_t{33}}) {
+    ASSERT_TRUE(swiglu({1, count}, gate.data(), up.data(), out.data(), pool_).is_ok());
+    for (int64_t i = 0; i < count; ++i) {
+      const float expected = gate[i] / (1.0f + exp_f32(-gate[i])) * up[i];
+      ASSERT_EQ(std::memcmp(&out[i], &expected, sizeof(float)), 0)
+          << i << " of " << count << ": " << out[i] << " against " << expected;
+    }
+  }
 }
 
 TEST_P(CpuKernels, SwigluAndAddMatchReference) {

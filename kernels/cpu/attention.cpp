@@ -105,14 +105,21 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
     dot_block<kCache, kHeads, 1>(queries, keys, p.head_dim, dots);
     for (int h = 0; h < kHeads; ++h) keep(h, pos, dots[h][0]);
   }
-  // The softmax's weights, over the scores, and their sums, in position order.
+  // The softmax's weights, over the scores (16 at a time where there is AVX-512: exp_lanes and
+  // exp_f32 give the same bits), and their sums, in position order.
   float denominator[kHeads] = {};
   for (int h = 0; h < kHeads; ++h) {
     float* weights = scores.data() + h * count;
-    for (int64_t i = 0; i < count; ++i) {
-      weights[i] = std::exp(weights[i] - max_score[h]);
-      denominator[h] += weights[i];
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 max_lanes = _mm512_set1_ps(max_score[h]);
+    for (; i + 16 <= count; i += 16) {
+      _mm512_storeu_ps(weights + i,
+                       exp_lanes(_mm512_sub_ps(_mm512_loadu_ps(weights + i), max_lanes)));
     }
+#endif
+    for (; i < count; ++i) weights[i] = exp_f32(weights[i] - max_score[h]);
+    for (i = 0; i < count; ++i) denominator[h] += weights[i];
   }
   // Value rows are a few hundred bytes scattered over the cache's blocks, which the hardware's
   // prefetchers do not follow: each is fetched kValuesAhead positions before its turn (on the

@@ -30,6 +30,63 @@ inline float multiply_add(float a, float b, float acc) {
 #endif
 }
 
+// e^x in f32, the same bits from exp_f32 and from each lane of exp_lanes (AVX-512), so that a
+// kernel may take either for any element: x = n ln2 + r (two-part ln2, |r| <= ln2/2), e^r by its
+// Taylor polynomial of degree 7 in fused steps, times 2^n exactly (ldexp / vscalefps, one
+// rounding where the result is subnormal). Within 2 ulp of e^x for normal results (tested); x is
+// clamped to [-110, 90] first, so e^x is 0 below about -103.3 and infinity above about 88.7;
+// NaN stays NaN.
+namespace exp_detail {
+inline constexpr float kLowest = -110.0f, kHighest = 90.0f;
+inline constexpr float kLog2e = 1.44269502f;
+inline constexpr float kLn2High = 0.693145751953125f;  // few bits: n * kLn2High is exact
+inline constexpr float kLn2Low = 1.42860677e-06f;
+// 1/7!, 1/6!, ..., 1/2!, 1, 1: Horner's order.
+inline constexpr float kTaylor[8] = {1.98412701e-04f,
+                                     1.38888892e-03f,
+                                     8.33333377e-03f,
+                                     4.16666679e-02f,
+                                     1.66666672e-01f,
+                                     0.5f,
+                                     1.0f,
+                                     1.0f};
+}  // namespace exp_detail
+
+inline float exp_f32(float x) {
+  using namespace exp_detail;
+  if (std::isnan(x)) return x;
+  x = x < kLowest ? kLowest : (x > kHighest ? kHighest : x);
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(-n, kLn2High, x);
+  r = std::fma(-n, kLn2Low, r);
+  float p = kTaylor[0];
+  for (int i = 1; i < 8; ++i) p = std::fma(p, r, kTaylor[i]);
+  return std::ldexp(p, static_cast<int>(n));
+}
+
+#if defined(__AVX512F__)
+// GCC 12's intrinsic headers trip -Wmaybe-uninitialized in _mm512_max_ps and _mm512_min_ps, whose
+// "undefined" pass-through operand they read (GCC bug 105593).
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+inline __m512 exp_lanes(__m512 x) {
+  using namespace exp_detail;
+  // max/min return their second operand when either is NaN: a NaN lane passes through.
+  x = _mm512_min_ps(_mm512_set1_ps(kHighest), _mm512_max_ps(_mm512_set1_ps(kLowest), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), r);
+  __m512 p = _mm512_set1_ps(kTaylor[0]);
+  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kTaylor[i]));
+  return _mm512_scalef_ps(p, n);
+}
+#pragma GCC diagnostic pop
+#endif
+
 // Folds the lanes pairwise: ((0+8)+(4+12)) + ... in one fixed order.
 inline float fold_lanes(float (&lanes)[kLanes]) {
   for (int width = kLanes / 2; width >= 1; width /= 2) {
