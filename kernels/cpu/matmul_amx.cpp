@@ -7,7 +7,9 @@
 #include <cstring>
 #include <vector>
 
-#if !defined(__AMX_TILE__) || !defined(__AMX_BF16__) || !defined(__AVX512BF16__)
+// GCC names the AMX macros __AMX_TILE__ and __AMX_BF16__, Clang __AMXTILE__ and __AMXBF16__.
+#if !(defined(__AMX_TILE__) || defined(__AMXTILE__)) || \
+    !(defined(__AMX_BF16__) || defined(__AMXBF16__)) || !defined(__AVX512BF16__)
 #error "compiled with AMX-TILE, AMX-BF16 and AVX512-BF16 (kernels/CMakeLists.txt)"
 #endif
 
