@@ -5,7 +5,7 @@
 # is judged by. Logs go to $OUT when it is set (one archive and the benchmark JSON), else to
 # gpu-check-logs/.
 #
-#   tools/gpu-check.sh build|test|sanitize|bench|bench-quantized|bench-kv|profile|all   build, check
+#   tools/gpu-check.sh build|test|sanitize|bench|bench-quantized|bench-kv|profile|profile-detail|all
 #   tools/gpu-check.sh pack                              here: binaries for sm_90 into gpu-carry/
 #   tools/gpu-check.sh carried                           there: test, sanitize, bench on gpu-carry/
 #   tools/gpu-check.sh carried bench-ab                  there: this build's step against a baseline
@@ -288,9 +288,38 @@ profile() {
   return $status
 }
 
+# Why a kernel takes its time: Nsight Compute's full set of sections (throughput against the
+# roofline, occupancy, warp stalls, memory traffic) for the first PROFILE_DETAIL_LAUNCHES kernels
+# matching PROFILE_KERNELS after the same windows' skips: one decode step's and one 5-token
+# verification step's matmuls and attention.
+profile_detail() {
+  local ncu
+  ncu=$(command -v ncu || find /usr/local/cuda/bin /opt/nvidia -name ncu -type f -print -quit \
+    2>/dev/null || true)
+  if [[ -z $ncu ]]; then
+    echo "profile-detail: no ncu on this machine"
+    return 1
+  fi
+  local window status=0
+  local windows=()
+  IFS=, read -r -a windows <<<"${PROFILE_WINDOWS:-decode 3000,verify5 42000}"
+  for window in "${windows[@]}"; do
+    read -r what skip <<<"$window"
+    timeout "${PROFILE_TIMEOUT:-150}" "$ncu" --clock-control none --set full \
+      --kernel-name "regex:${PROFILE_KERNELS:-skinny_matmul|paged_attention|merge_splits}" \
+      --launch-skip-before-match "$skip" --launch-count "${PROFILE_DETAIL_LAUNCHES:-6}" \
+      "$bin_root/bin/specbench" --synthetic llama-3.1-8b --synthetic-draft "" --device cuda ${PROFILE_ARGS:-} \
+      >"$logs/ncu-detail-$what.txt" 2>&1 || status=1
+    echo "ncu detail $what: $(grep -cE '^  [a-z_]+.*\(([0-9]+, ){2}[0-9]+\)x' "$logs/ncu-detail-$what.txt") kernels"
+    grep -E '^  [a-z_]+.*\(|Duration|Registers Per|Achieved Occupancy|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput' \
+      "$logs/ncu-detail-$what.txt" | head -n 80 || true
+  done
+  return $status
+}
+
 finish() {
   if [[ -n ${OUT:-} ]]; then
-    cp "$logs"/bench-*.json "$logs"/ncu-*.json "$OUT"/ 2>/dev/null || true
+    cp "$logs"/bench-*.json "$logs"/ncu-*.json "$logs"/ncu-detail-*.txt "$OUT"/ 2>/dev/null || true
     tar -C "$(dirname "$logs")" -czf "$OUT/gpu-check-logs.tar.gz" logs
   fi
 }
@@ -305,6 +334,7 @@ case $stage in
   bench-kv) bench_kv ;;
   bench-ab) bench_ab ;;
   profile) profile ;;
+  profile-detail) profile_detail ;;
   all | carried)
     # `carried test sanitize` runs those steps alone. The benchmark comes before the sanitizers:
     # its figures are the ones a slow sanitizer must not cost.
@@ -321,13 +351,14 @@ case $stage in
         bench-ab) bench_ab || status=1 ;;
         sanitize) sanitize || status=1 ;;
         profile) profile || status=1 ;;
+        profile-detail) profile_detail || status=1 ;;
         *) echo "unknown step $step" >&2; exit 2 ;;
       esac
     done
     exit $status
     ;;
   *)
-    echo "usage: $0 build|test|sanitize|bench|bench-quantized|bench-kv|bench-ab|profile|all|pack|carried|packages" >&2
+    echo "usage: $0 build|test|sanitize|bench|bench-quantized|bench-kv|bench-ab|profile|profile-detail|all|pack|carried|packages" >&2
     exit 2
     ;;
 esac
