@@ -292,6 +292,53 @@ TEST_P(CpuKernels, QuantizedMatmulMatchesReference) {
   }
 }
 
+TEST_P(CpuKernels, QuantizedMatmulWidensEveryCodeExactly) {
+  // Every code but NaN, each at every position of a 16-code vector across the rows (rotations),
+  // against one-hot activations: each output is one code times its row's scale (a power of two,
+  // so exact), in every copy of the kernel and both layouts.
+  for (const DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    std::vector<uint8_t> codes_used;
+    for (int code = 0; code < 256; ++code) {
+      const bool nan = dtype == DType::kF8E4M3 && (code & 0x7f) == 0x7f;
+      if (!nan && !(dtype == DType::kI8 && code == 0x80)) codes_used.push_back(uint8_t(code));
+    }
+    const int64_t in = static_cast<int64_t>(codes_used.size()), out_features = 5;
+    std::vector<uint8_t> codes(static_cast<size_t>(out_features * in));
+    std::vector<float> scales(static_cast<size_t>(out_features));
+    for (int64_t f = 0; f < out_features; ++f) {
+      scales[f] = std::ldexp(1.0f, static_cast<int>(f) - 2);
+      for (int64_t i = 0; i < in; ++i) codes[f * in + i] = codes_used[(i + 3 * f) % in];
+    }
+    std::vector<float> identity(static_cast<size_t>(in * in), 0.0f);
+    for (int64_t i = 0; i < in; ++i) identity[i * in + i] = 1.0f;
+    const std::vector<uint8_t> packed = tiled(codes.data(), out_features, in, dtype);
+    for (const MatmulVariant& variant : matmul_variants()) {
+      if (!variant.supported()) continue;
+      for (const WeightLayout layout : {WeightLayout::kRows, WeightLayout::kTiled}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + std::string(variant.name));
+        MatmulParams params{in, in, out_features, dtype, DType::kF32, 1, in};
+        params.weight_layout = layout;
+        const void* weight = layout == WeightLayout::kTiled
+                                 ? static_cast<const void*>(packed.data())
+                                 : static_cast<const void*>(codes.data());
+        std::vector<float> out(static_cast<size_t>(in * out_features));
+        ASSERT_TRUE(matmul(params, identity.data(), weight, scales.data(), nullptr, out.data(),
+                           pool_, Activations::kF32, &variant)
+                        .is_ok());
+        for (int64_t i = 0; i < in; ++i) {
+          for (int64_t f = 0; f < out_features; ++f) {
+            const uint8_t code = codes[f * in + i];
+            const float value = dtype == DType::kI8 ? static_cast<float>(static_cast<int8_t>(code))
+                                                    : f8e4m3_to_f32(code);
+            ASSERT_EQ(out[i * out_features + f], value * scales[f])
+                << "code " << int(code) << " feature " << f;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(CpuKernels, QuantizedMatmulIsBatchInvariantBitwise) {
   // 37 rows: a block of more than 16 rows widens the codes once for all its row groups, which
   // must give the bits of each row alone (read directly); per-row and 16 x 16 block scales, both

@@ -167,14 +167,14 @@ inline __m512 load_widened(const void* row, int64_t at, __mmask16 mask) {
     const __m128i codes = _mm_maskz_loadu_epi8(mask, static_cast<const int8_t*>(row) + at);
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes));
   } else if constexpr (kDType == DType::kF8E4M3) {
-    // An E4M3 code is an f16 with a 4-bit exponent: in the top byte of a 16-bit lane, one
-    // arithmetic shift right puts exponent and mantissa where f16 has them and copies the sign
-    // into bit 14, which the mask clears; the hardware's f16 conversion then widens it exactly
-    // (subnormals included) to 2^-8 of its value. (NaN codes are refused at load.)
-    const __m256i high = _mm256_slli_epi16(
-        _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(mask, static_cast<const uint8_t*>(row) + at)), 8);
-    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(high, 1),
-                                            _mm256_set1_epi16(static_cast<int16_t>(0xBFFF))));
+    // An E4M3 code is an f16 with a 4-bit exponent. Sign-extended to 16 bits and shifted left by
+    // 7, its exponent and mantissa sit where f16 has them and its sign fills bits 15 and 14; the
+    // mask clears bit 14. The hardware's f16 conversion then widens it exactly (subnormals
+    // included) to 2^-8 of its value. (NaN codes are refused at load.)
+    const __m256i words =
+        _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(mask, static_cast<const int8_t*>(row) + at));
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(words, 7),
+                                            _mm256_set1_epi16(static_cast<int16_t>(0xBF80))));
   } else if constexpr (kDType == DType::kF32) {
     return _mm512_maskz_loadu_ps(mask, static_cast<const float*>(row) + at);
   } else {
@@ -209,12 +209,10 @@ inline __m256 avx2_load_weights(const void* row, int64_t at) {
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(row) + at))));
   } else {
     // E4M3 as on AVX-512: 2^-8 of the value, exactly, through the f16 conversion.
-    const __m128i high = _mm_slli_epi16(
-        _mm_cvtepu8_epi16(_mm_loadl_epi64(
-            reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(row) + at))),
-        8);
+    const __m128i words = _mm_cvtepi8_epi16(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(row) + at)));
     return _mm256_cvtph_ps(
-        _mm_and_si128(_mm_srai_epi16(high, 1), _mm_set1_epi16(static_cast<int16_t>(0xBFFF))));
+        _mm_and_si128(_mm_slli_epi16(words, 7), _mm_set1_epi16(static_cast<int16_t>(0xBF80))));
   }
 }
 
