@@ -11,6 +11,8 @@
 #include <optional>
 #include <string_view>
 
+#include "kernels/core/isa_namespace.h"
+
 namespace specrun {
 
 enum class DType : uint8_t {
@@ -20,6 +22,21 @@ enum class DType : uint8_t {
   kF8E4M3,  // OCP FP8 E4M3 ("E4M3FN"): no infinities, NaN at 0x7F/0xFF, largest finite 448
   kI8,      // signed 8-bit integer codes
 };
+
+// Parses the safetensors spelling; nullopt for anything else (including dtypes specrun does not
+// compute in, such as I64 or F64).
+std::optional<DType> parse_dtype(std::string_view name);
+
+// f32 to IEEE binary16, round to nearest even, overflow to infinity.
+uint16_t f32_to_f16(float value);
+
+// f32 to FP8 E4M3, round to nearest even; magnitudes past 448 saturate to 448 (quantization scales
+// keep values inside); NaN stays NaN.
+uint8_t f32_to_f8e4m3(float value);
+
+// The inline functions, compiled again by each copy of the CPU matmul
+// (kernels/core/isa_namespace.h).
+inline namespace SPECRUN_ISA_NAMESPACE {
 
 constexpr size_t dtype_size(DType dtype) {
   switch (dtype) {
@@ -56,10 +73,6 @@ constexpr std::string_view dtype_name(DType dtype) {
   }
   return "?";
 }
-
-// Parses the safetensors spelling; nullopt for anything else (including dtypes specrun does not
-// compute in, such as I64 or F64).
-std::optional<DType> parse_dtype(std::string_view name);
 
 inline float bit_cast_f32(uint32_t bits) {
   float value;
@@ -104,9 +117,6 @@ inline float f16_to_f32(uint16_t half) {
   return bit_cast_f32(sign | static_cast<uint32_t>(113 - shift) << 23 | (mantissa << 13));
 }
 
-// f32 to IEEE binary16, round to nearest even, overflow to infinity.
-uint16_t f32_to_f16(float value);
-
 // The largest finite FP8 E4M3 value.
 inline constexpr float kF8E4M3Max = 448.0f;
 
@@ -119,10 +129,6 @@ inline float f8e4m3_to_f32(uint8_t code) {
       (static_cast<uint32_t>(code & 0x80u) << 24) | (static_cast<uint32_t>(code & 0x7fu) << 20);
   return bit_cast_f32(bits) * 0x1.0p120f;
 }
-
-// f32 to FP8 E4M3, round to nearest even; magnitudes past 448 saturate to 448 (quantization scales
-// keep values inside); NaN stays NaN.
-uint8_t f32_to_f8e4m3(float value);
 
 // Reads element `index` of a buffer of `dtype` as f32.
 inline float load_as_f32(const void* data, DType dtype, size_t index) {
@@ -141,4 +147,5 @@ inline float load_as_f32(const void* data, DType dtype, size_t index) {
   return 0.0f;
 }
 
+}  // namespace SPECRUN_ISA_NAMESPACE
 }  // namespace specrun

@@ -1,6 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/vector_math.h"
@@ -98,18 +99,22 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
                      const float* scales, const void* bias, float* out, int64_t feature_begin,
                      int64_t feature_end) {
   const int64_t k = params.in_features;
-  // 8-bit codes take up to five instructions to widen, which compete with the multiply-adds once
+  // 8-bit codes take up to four instructions to widen, which compete with the multiply-adds once
   // per row group: where a block has many row groups (a prefill), each group of weight rows is
   // widened once for all of them (bitwise the same products). It costs a pass that does not
   // overlap the weights' stream with arithmetic, so fewer rows (a verification) and 16-bit
   // weights (one or two instructions) read the codes directly. On the 2-core EPYC: FP8 prefill
   // 1,210 -> 1,725 tokens/s, INT8 1,500 -> 1,775 (bf16: 1,767).
   constexpr int64_t kWidenAboveRows = 4 * kRowGroup;
-  std::vector<float> widened;
+  // Not a std::vector<float>: its members, compiled here with this copy's instructions, would share
+  // their names with every other file's (kernels/core/isa_namespace.h).
+  std::unique_ptr<float[]> widened;
   for (int64_t block = 0; block < params.rows; block += kRowBlock) {
     const int64_t block_end = std::min(params.rows, block + kRowBlock);
     const bool widen = is_quantized(kDType) && block_end - block > kWidenAboveRows;
-    if (widen) widened.resize(static_cast<size_t>(kFeatureGroup * k));
+    if (widen && widened == nullptr) {
+      widened.reset(new float[static_cast<size_t>(kFeatureGroup * k)]);
+    }
     for (int64_t feature = feature_begin; feature < feature_end;) {
       // A group of features never crosses a tile of a tiled weight: its rows are one stream.
       int64_t group_end = std::min<int64_t>(feature + kFeatureGroup, feature_end);
@@ -123,10 +128,10 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
               row_address(params.weight_layout, feature + f, params.out_features, k);
           widen_weights<kDType>(
               static_cast<const char*>(weight) + address.first * dtype_size(kDType),
-              address.column_step, k, widened.data() + f * k);
+              address.column_step, k, widened.get() + f * k);
         }
       }
-      const float* group_widened = widen ? widened.data() : nullptr;
+      const float* group_widened = widen ? widened.get() : nullptr;
       for (int64_t row = block; row < block_end; row += kRowGroup) {
         const int64_t rows = std::min<int64_t>(kRowGroup, block_end - row);
         switch (features) {

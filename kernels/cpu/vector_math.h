@@ -13,8 +13,12 @@
 #endif
 
 #include "kernels/core/dtype.h"
+#include "kernels/core/isa_namespace.h"
 
+// Compiled again by each copy of the matmul, with its instructions: SPECRUN_ISA_NAMESPACE keeps the
+// copies apart (kernels/core/isa_namespace.h).
 namespace specrun::kernels::cpu {
+inline namespace SPECRUN_ISA_NAMESPACE {
 
 inline constexpr int kLanes = 16;
 // How far ahead of each weight stream the AVX-512 loops prefetch (see dot_block).
@@ -659,4 +663,5 @@ inline float dot_f32(const float* a, const float* b, int64_t n) {
   return result[0][0];
 }
 
+}  // namespace SPECRUN_ISA_NAMESPACE
 }  // namespace specrun::kernels::cpu
