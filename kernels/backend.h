@@ -17,6 +17,7 @@
 #include <functional>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "kernels/core/dtype.h"
 #include "kernels/core/status.h"
@@ -152,6 +153,14 @@ struct SwigluParams {
   int64_t dim;   // intermediate width
 };
 
+// A model's forwards at their largest, for Backend::scratch_bytes_bound: what a backend's ops may
+// ask of memory beyond the buffers the model passes them.
+struct ForwardShape {
+  std::vector<MatmulParams> matmuls;  // each linear layer, rows the most one forward feeds it
+  AttentionParams attention;          // num_tokens the most one forward feeds, one sequence of the
+                                      // longest context (max_blocks_per_seq)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -184,6 +193,12 @@ class Backend {
   // host's available memory (MemAvailable) for a backend in host memory. kUnsupported where it
   // cannot be known.
   virtual Status available_memory(uint64_t* bytes) = 0;
+  // The most memory this backend's ops take for themselves (scratch, a library's workspace) while
+  // running forwards of these shapes, all models on it together: the memory plan counts it. 0 for
+  // a backend whose ops take nothing beyond what the caller passes.
+  virtual uint64_t scratch_bytes_bound(const std::vector<ForwardShape>& /*shapes*/) const {
+    return 0;
+  }
 
   // Where a backend's one-time notes go (a slower path taken, say): the runtime sends them to its
   // log. Without a handler they are dropped.

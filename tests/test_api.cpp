@@ -540,6 +540,7 @@ TEST_F(ApiTest, TheMemoryPlanCountsBothModelsAndRefusesWhatCannotFit) {
     EXPECT_EQ(m->kv_bytes, m->kv_bytes_per_token * 4096);
     EXPECT_GT(m->workspace_bytes, 0u);
   }
+  EXPECT_EQ(plan.scratch_bytes, 0u);  // the CPU's ops take nothing of their own
   EXPECT_EQ(plan.total_bytes, plan.target.weight_bytes + plan.target.kv_bytes +
                                   plan.target.workspace_bytes + plan.draft.weight_bytes +
                                   plan.draft.kv_bytes + plan.draft.workspace_bytes);

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <set>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -373,6 +375,73 @@ TEST_F(ModelTest, ABf16KvCacheStaysWithinItsRoundingOfTheF32Cache) {
   EXPECT_GT(largest_error, 0.0) << "the bf16 cache changed nothing: is it stored as bf16?";
   EXPECT_LT(largest_error, 0.01 * spread);
   EXPECT_GT(clear_margins, 10);
+}
+
+TEST(DeviceWeights, ThePlansForwardShapeIsEveryLinearLayerAtItsLargest) {
+  // What a backend's own scratch is planned from: every linear layer with the rows of a forward
+  // filling the cache (the head with the logits rows), in the dtype it is placed in, and attention
+  // over the whole cache.
+  testing::TempDir dir;
+  GeneratorOptions options;
+  options.vocab_size = 300;
+  options.hidden_size = 64;
+  options.intermediate_size = 128;
+  options.num_layers = 2;
+  options.num_heads = 4;
+  options.num_kv_heads = 2;
+  options.tie_word_embeddings = true;
+  fixtures::write_random_checkpoint(options, dir.path());
+  ModelOptions model_options;
+  model_options.kv_cache_tokens = 60;  // 64 in whole blocks of 16
+  const auto plan = [&](const ModelOptions& o, bool host_memory) {
+    return Model::plan_memory(
+               open_checkpoint(dir.path()), o, host_memory,
+               [](DType) { return kernels::WeightLayout::kRows; }, 6)
+        .forward;
+  };
+  const kernels::ForwardShape forward = plan(model_options, false);
+  ASSERT_EQ(forward.matmuls.size(), 7u * 2 + 1);  // q, k, v, o, gate, up, down; the tied head
+  std::multiset<std::array<int64_t, 3>> shapes;
+  for (const kernels::MatmulParams& m : forward.matmuls) {
+    shapes.insert({m.rows, m.in_features, m.out_features});
+    EXPECT_EQ(m.weight_dtype, DType::kBF16);  // a device holds bf16
+  }
+  // Per layer q, k, v, o, gate, up, down (rows, in, out); the head with the logits rows.
+  std::multiset<std::array<int64_t, 3>> expected = {{6, 64, 300}};
+  for (int layer = 0; layer < 2; ++layer) {
+    expected.insert({{64, 64, 64},
+                     {64, 64, 32},
+                     {64, 64, 32},
+                     {64, 64, 64},
+                     {64, 64, 128},
+                     {64, 64, 128},
+                     {64, 128, 64}});
+  }
+  EXPECT_EQ(shapes, expected);
+  EXPECT_EQ(forward.attention.num_tokens, 64);
+  EXPECT_EQ(forward.attention.num_seqs, 1);
+  EXPECT_EQ(forward.attention.num_heads, 4);
+  EXPECT_EQ(forward.attention.num_kv_heads, 2);
+  EXPECT_EQ(forward.attention.head_dim, 16);
+  EXPECT_EQ(forward.attention.block_size * forward.attention.max_blocks_per_seq, 64);
+  EXPECT_EQ(forward.attention.cache_dtype, DType::kBF16);
+  // Quantized at load: the linear layers as codes, the head too when asked.
+  ModelOptions int8 = model_options;
+  int8.quantize = WeightQuantize::kINT8;
+  for (const bool head : {false, true}) {
+    int8.quantize_output = head;
+    for (const kernels::MatmulParams& m : plan(int8, false).matmuls) {
+      const bool is_head = m.out_features == 300;
+      EXPECT_EQ(m.weight_dtype, is_head && !head ? DType::kBF16 : DType::kI8);
+    }
+  }
+  ModelOptions fp8 = model_options;
+  fp8.quantize = WeightQuantize::kFP8;
+  EXPECT_EQ(plan(fp8, false).matmuls.front().weight_dtype, DType::kF8E4M3);
+  // On the host the weights stay as stored.
+  for (const kernels::MatmulParams& m : plan(model_options, true).matmuls) {
+    EXPECT_EQ(m.weight_dtype, options.dtype);
+  }
 }
 
 TEST(DeviceWeights, F32AndF16CheckpointsAreUploadedAsBf16) {

@@ -74,11 +74,10 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
                             {"kv_bytes", m.kv_bytes},
                             {"workspace_bytes", m.workspace_bytes}};
     };
-    json["memory"] = {{"device", run.memory->device},
-                      {"target", model(run.memory->target)},
-                      {"draft", model(run.memory->draft)},
-                      {"total_bytes", run.memory->total_bytes},
-                      {"available_bytes", run.memory->available_bytes}};
+    json["memory"] = {
+        {"device", run.memory->device},           {"target", model(run.memory->target)},
+        {"draft", model(run.memory->draft)},      {"scratch_bytes", run.memory->scratch_bytes},
+        {"total_bytes", run.memory->total_bytes}, {"available_bytes", run.memory->available_bytes}};
   }
   if (run.baseline && !run.baseline->speedups.empty()) {
     const std::vector<double>& speedups = run.baseline->speedups;

@@ -331,6 +331,29 @@ Status CudaBackend::time_ms(const std::function<Status()>& work, double* millise
   return wait_and_take_device_error("timing");
 }
 
+uint64_t planned_scratch_bytes(const std::vector<ForwardShape>& shapes, int multiprocessor_count,
+                               bool batch_invariant) {
+  uint64_t most = 0;  // the one buffer grows to the largest single need
+  for (const ForwardShape& shape : shapes) {
+    for (const MatmulParams& params : shape.matmuls) {
+      most = std::max<uint64_t>(most, matmul_scratch_bytes(params, batch_invariant));
+    }
+    // Attention keeps per-split states only for few (sequence, head) pairs, so the most it asks
+    // for can come at a token count below the largest: every count is tried (host arithmetic).
+    AttentionParams attention = shape.attention;
+    for (int64_t tokens = 1; tokens <= shape.attention.num_tokens; ++tokens) {
+      attention.num_tokens = tokens;
+      most = std::max<uint64_t>(most, attention_scratch_bytes(attention, multiprocessor_count));
+    }
+  }
+  const uint64_t granules = (most + kScratchGranule - 1) / kScratchGranule;
+  return granules * kScratchGranule + kCublasWorkspaceBytes;
+}
+
+uint64_t CudaBackend::scratch_bytes_bound(const std::vector<ForwardShape>& shapes) const {
+  return planned_scratch_bytes(shapes, multiprocessor_count_, batch_invariant_);
+}
+
 Status CudaBackend::ensure_scratch(size_t bytes) {
   if (bytes <= scratch_bytes_) return Status::ok();
   // Ops already enqueued may still use the old buffer.

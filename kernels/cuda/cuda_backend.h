@@ -38,6 +38,18 @@ namespace specrun::kernels::cuda {
 
 struct DeviceErrorRecord;
 
+// cuBLAS's own workspace: its documented size for Hopper (4 MiB before), which it allocates for
+// itself and the memory plan counts.
+inline constexpr uint64_t kCublasWorkspaceBytes = uint64_t{32} << 20;
+
+// The memory CudaBackend's ops take for themselves running forwards of `shapes` on a device with
+// `multiprocessor_count` multiprocessors: its one scratch buffer, which grows to the largest single
+// need (activations rounded to bf16 for a GEMM, a quantized weight's dequantized tile, attention's
+// per-split states) in whole 2 MiB granules, plus cuBLAS's workspace. A function of shapes alone,
+// so that it is tested without a device.
+uint64_t planned_scratch_bytes(const std::vector<ForwardShape>& shapes, int multiprocessor_count,
+                               bool batch_invariant);
+
 class CudaBackend final : public Backend {
  public:
   // A backend on CUDA device `device_index`: kDeviceError when no device is visible or the device
@@ -80,6 +92,8 @@ class CudaBackend final : public Backend {
   Status time_ms(const std::function<Status()>& work, double* milliseconds) override;
   // cudaMemGetInfo's free memory.
   Status available_memory(uint64_t* bytes) override;
+  // planned_scratch_bytes on this device, in this backend's batch-invariance mode.
+  uint64_t scratch_bytes_bound(const std::vector<ForwardShape>& shapes) const override;
 
   Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
                    float* out) override;

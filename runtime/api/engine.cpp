@@ -293,11 +293,14 @@ BackendOptions backend_options(const EngineConfig& config) {
   return {config.deterministic, config.bf16_activations};
 }
 
-ModelMemory model_memory(const Checkpoint& checkpoint, const ModelOptions& options,
-                         const kernels::Backend& backend, int64_t max_logit_rows) {
-  const MemoryNeeds needs = Model::plan_memory(
+MemoryNeeds model_needs(const Checkpoint& checkpoint, const ModelOptions& options,
+                        const kernels::Backend& backend, int64_t max_logit_rows) {
+  return Model::plan_memory(
       checkpoint, options, backend.uses_host_memory(),
       [&backend](DType dtype) { return backend.matmul_weight_layout(dtype); }, max_logit_rows);
+}
+
+ModelMemory model_memory(const MemoryNeeds& needs) {
   return {needs.weight_bytes, needs.kv_bytes_per_token, needs.kv_tokens, needs.kv_bytes,
           needs.workspace_bytes};
 }
@@ -312,13 +315,19 @@ MemoryPlan plan_on(const EngineConfig& config, kernels::Backend& backend, const 
   plan.device = std::string(backend.name());
   // Verification scores gamma_max + 1 rows of every running sequence at once.
   const int64_t logit_rows = config.max_batch * (config.speculation.gamma_max + 1);
-  plan.target =
-      model_memory(target, model_options_for(config, config.quantize), backend, logit_rows);
+  std::vector<kernels::ForwardShape> forwards;
+  const MemoryNeeds target_needs =
+      model_needs(target, model_options_for(config, config.quantize), backend, logit_rows);
+  plan.target = model_memory(target_needs);
+  forwards.push_back(target_needs.forward);
   if (draft != nullptr) {
-    plan.draft =
-        model_memory(*draft, model_options_for(config, config.draft_quantize), backend, logit_rows);
+    const MemoryNeeds draft_needs =
+        model_needs(*draft, model_options_for(config, config.draft_quantize), backend, logit_rows);
+    plan.draft = model_memory(draft_needs);
+    forwards.push_back(draft_needs.forward);
   }
-  plan.total_bytes = model_total(plan.target) + model_total(plan.draft);
+  plan.scratch_bytes = backend.scratch_bytes_bound(forwards);
+  plan.total_bytes = model_total(plan.target) + model_total(plan.draft) + plan.scratch_bytes;
   uint64_t available = 0;
   if (backend.available_memory(&available).is_ok()) plan.available_bytes = available;
   return plan;
@@ -347,6 +356,7 @@ std::string model_line(const char* role, const ModelMemory& m) {
 std::string to_string(const MemoryPlan& plan) {
   std::string line = "memory plan on " + plan.device + ": " + model_line("target", plan.target);
   if (plan.draft.weight_bytes > 0) line += " + " + model_line("draft", plan.draft);
+  if (plan.scratch_bytes > 0) line += " + scratch " + gib(plan.scratch_bytes);
   line += " = " + gib(plan.total_bytes);
   line += plan.available_bytes > 0 ? " of " + gib(plan.available_bytes) + " available"
                                    : " (available memory unknown)";

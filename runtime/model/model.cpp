@@ -185,11 +185,26 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
   // The table is laid out as the head when the head is the table itself (tied, not quantized).
   const bool table_is_head = c.tie_word_embeddings && !(quantizing && options.quantize_output);
   bool has_head = false;
+  DType table_dtype = DType::kBF16;  // the embedding table's, as stored
+  needs.kv_tokens = kv_capacity_tokens(c, options);
+  // A forward holds at most the cache's tokens; its buffers grow no further (ensure_workspace).
+  const auto logit_rows = std::clamp<int64_t>(max_logit_rows, 1, needs.kv_tokens);
+  const DType quantized_to =
+      options.quantize == WeightQuantize::kINT8 ? DType::kI8 : DType::kF8E4M3;
   for (const TensorInfo* info : checkpoint.tensors.all()) {
     const std::string& name = info->name;
     const bool head = ends_with(name, "lm_head.weight") || name == "output.weight";
     has_head = has_head || head;
     const bool linear = ends_with(name, "_proj.weight") || (head && options.quantize_output);
+    if (ends_with(name, "embed_tokens.weight")) table_dtype = info->dtype;
+    if ((ends_with(name, "_proj.weight") || head) && info->shape.size() == 2) {
+      kernels::MatmulParams params{head ? logit_rows : needs.kv_tokens, info->shape[1],
+                                   info->shape[0], DType::kBF16, DType::kF32};
+      params.weight_dtype = linear && quantizing                       ? quantized_to
+                            : is_quantized(info->dtype) || host_memory ? info->dtype
+                                                                       : DType::kBF16;
+      needs.forward.matmuls.push_back(params);
+    }
     // Matmul weights in the backend's layout for the dtype they are loaded in (padded to whole
     // tiles).
     const bool laid_out =
@@ -218,20 +233,35 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
         kernels::stored_elements(layout_of(DType::kI8), c.vocab_size, c.hidden_size) +
         static_cast<uint64_t>(c.vocab_size) * sizeof(float);
   }
+  if (!has_head) {
+    // The tied head multiplies by the embedding table (or its quantized copy).
+    const DType table = quantizing && options.quantize_output ? quantized_to
+                        : host_memory                         ? table_dtype
+                                                              : DType::kBF16;
+    needs.forward.matmuls.push_back({logit_rows, c.hidden_size, c.vocab_size, table, DType::kF32});
+  }
+  const int64_t block = options.kv_block_size;
+  needs.forward.attention = {1,
+                             needs.kv_tokens,
+                             c.num_heads,
+                             c.num_kv_heads,
+                             c.head_dim,
+                             block,
+                             (needs.kv_tokens + block - 1) / block,
+                             1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                             c.sliding_window,
+                             options.kv_cache_dtype};
   needs.kv_bytes_per_token = 2 * static_cast<uint64_t>(c.num_layers) * c.num_kv_heads * c.head_dim *
                              dtype_size(options.kv_cache_dtype);
-  needs.kv_tokens = kv_capacity_tokens(c, options);
   needs.kv_bytes = needs.kv_bytes_per_token * static_cast<uint64_t>(needs.kv_tokens);
-  // A forward holds at most the cache's tokens; its buffers grow no further (ensure_workspace).
   const auto tokens = static_cast<uint64_t>(needs.kv_tokens);
   const uint64_t per_token = 3 * static_cast<uint64_t>(c.hidden_size) +
                              2 * static_cast<uint64_t>(c.num_heads) * c.head_dim +
                              2 * static_cast<uint64_t>(c.num_kv_heads) * c.head_dim +
                              2 * static_cast<uint64_t>(c.intermediate_size);
-  const auto logit_rows =
-      static_cast<uint64_t>(std::clamp<int64_t>(max_logit_rows, 1, needs.kv_tokens));
-  needs.workspace_bytes =
-      (tokens * per_token + logit_rows * static_cast<uint64_t>(c.vocab_size)) * sizeof(float);
+  needs.workspace_bytes = (tokens * per_token + static_cast<uint64_t>(logit_rows) *
+                                                    static_cast<uint64_t>(c.vocab_size)) *
+                          sizeof(float);
   return needs;
 }
 

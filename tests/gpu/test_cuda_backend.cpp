@@ -122,6 +122,52 @@ bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// The memory plan's count of what the backend's ops take for themselves: arithmetic on shapes,
+// no device needed.
+TEST(CudaScratchPlan, IsTheLargestSingleNeedInWholeGranulesPlusCublasWorkspace) {
+  constexpr uint64_t kGranule = uint64_t{2} << 20;
+  ForwardShape shape;
+  // A bf16 GEMM of 4,096 rows over 14,336 columns rounds its activations to bf16: 112 MiB.
+  shape.matmuls.push_back({4096, 14336, 4096, DType::kBF16, DType::kF32});
+  shape.attention = {1, 0, 32, 8, 128, 16, 8192 / 16, 0.088f, 0, DType::kBF16};  // no tokens
+  EXPECT_EQ(planned_scratch_bytes({shape}, 132, false),
+            (uint64_t{112} << 20) + kCublasWorkspaceBytes);
+  // Batch-invariant: the skinny kernel at every row count, which takes no scratch.
+  EXPECT_EQ(planned_scratch_bytes({shape}, 132, true), kCublasWorkspaceBytes);
+  // FP8 codes add the dequantized bf16 tile (whole 128-row multiples of at most 2^24 weights)
+  // after the rounded rows.
+  ForwardShape fp8 = shape;
+  fp8.matmuls[0].weight_dtype = DType::kF8E4M3;
+  const uint64_t tile_rows = (uint64_t{1} << 24) / 14336 / 128 * 128;
+  const uint64_t fp8_bytes = uint64_t{4096} * 14336 * 2 + tile_rows * 14336 * 2;
+  EXPECT_EQ(planned_scratch_bytes({fp8}, 132, false),
+            (fp8_bytes + kGranule - 1) / kGranule * kGranule + kCublasWorkspaceBytes);
+  // Two models share the one buffer: the larger need, not the sum.
+  EXPECT_EQ(planned_scratch_bytes({shape, fp8}, 132, false),
+            planned_scratch_bytes({fp8}, 132, false));
+}
+
+TEST(CudaScratchPlan, CoversAttentionsPerSplitStatesAtTheTokenCountThatNeedsMost) {
+  // Attention keeps per-split states (splits x tokens x heads x (head_dim + 2) floats) while its
+  // grid is small: one sequence, 8 KV heads and 4 query heads each fill 8 x ceil(tokens / 4)
+  // blocks, under 4 x 132 on 132 multiprocessors up to 260 tokens; and while the states fit 256
+  // MiB.
+  ForwardShape shape;
+  shape.attention = {1, 300, 32, 8, 128, 16, 1024 / 16, 0.088f, 0, DType::kBF16};
+  // 1,024 positions: 16 splits, 266,240 bytes a token; the most at 260 tokens (not at the 300 a
+  // forward can feed, which run without): 69,222,400 bytes, 34 granules of 2 MiB.
+  EXPECT_EQ(planned_scratch_bytes({shape}, 132, false),
+            uint64_t{34} * (uint64_t{2} << 20) + kCublasWorkspaceBytes);
+  // 8,192 positions: 128 splits, 2,129,920 bytes a token; the 256 MiB bound stops at 126 tokens
+  // (268,369,920 bytes), 128 granules.
+  shape.attention.max_blocks_per_seq = 8192 / 16;
+  EXPECT_EQ(planned_scratch_bytes({shape}, 132, false),
+            (uint64_t{256} << 20) + kCublasWorkspaceBytes);
+  // The states are the attention's own: a batch-invariant backend keeps them too.
+  EXPECT_EQ(planned_scratch_bytes({shape}, 132, true),
+            (uint64_t{256} << 20) + kCublasWorkspaceBytes);
+}
+
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -4,8 +4,10 @@
 // device.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device.h"
 #include "specrun/specrun.hpp"
 #include "tests/test_support.h"
@@ -133,6 +135,22 @@ TEST_F(CudaEngineTest, GreedyOutputFollowsTheCpuBackend) {
     const std::vector<int32_t> cpu_head(on_cpu.begin(), on_cpu.begin() + 8);
     EXPECT_EQ(gpu_head, cpu_head);
   }
+}
+
+TEST_F(CudaEngineTest, TheMemoryPlanCountsTheBackendsOwnScratch) {
+  // The device's scratch and cuBLAS's workspace are planned beside the models; the host's
+  // backend takes nothing of its own.
+  const MemoryPlan on_gpu = plan_memory(config("cuda", false));
+  const MemoryPlan on_cpu = plan_memory(config("cpu", false));
+  EXPECT_EQ(on_cpu.scratch_bytes, 0u);
+  EXPECT_GE(on_gpu.scratch_bytes, kernels::cuda::kCublasWorkspaceBytes);
+  EXPECT_EQ(on_gpu.total_bytes, on_gpu.target.weight_bytes + on_gpu.target.kv_bytes +
+                                    on_gpu.target.workspace_bytes + on_gpu.draft.weight_bytes +
+                                    on_gpu.draft.kv_bytes + on_gpu.draft.workspace_bytes +
+                                    on_gpu.scratch_bytes);
+  EXPECT_NE(to_string(on_gpu).find("scratch"), std::string::npos) << to_string(on_gpu);
+  EXPECT_EQ(Engine::create(config("cuda", false))->info().memory.scratch_bytes,
+            on_gpu.scratch_bytes);
 }
 
 TEST(CudaEngine, AMissingOrdinalIsOneClearError) {

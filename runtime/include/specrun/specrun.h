@@ -329,8 +329,9 @@ typedef struct specrun_model_memory {
   uint64_t workspace_bytes;    /* activations of the largest forward, and its logits */
 } specrun_model_memory;
 
-/* The memory plan (as specrun::MemoryPlan): both models, their total and the device's free memory
- * when planned (0 when unknown). */
+/* The memory plan (as specrun::MemoryPlan): both models, the total (the backend's own scratch
+ * included, which specrun::MemoryPlan gives apart) and the device's free memory when planned (0
+ * when unknown). */
 typedef struct specrun_memory_plan {
   specrun_model_memory target;
   specrun_model_memory draft; /* zero without a draft */

@@ -294,12 +294,14 @@ struct MemoryPlan {
   std::string device;            // "cpu", "cuda:0"
   ModelMemory target;            // the target's needs
   ModelMemory draft;             // the draft's; zero without a draft
+  uint64_t scratch_bytes = 0;    // what the backend's ops take for themselves, both models'
+                                 // forwards together (a GPU's scratch and cuBLAS's workspace)
   uint64_t total_bytes = 0;      // everything above
   uint64_t available_bytes = 0;  // free device memory (the host's MemAvailable on the CPU) when
                                  // planned; 0 when unknown
 };
 // One line: "memory plan on cuda:0: target 16.1 GiB (weights 15.0 GiB, KV 1.0 GiB = 128 KiB x
-// 8192 tokens, workspace 0.1 GiB) + draft ... = 17.4 GiB of 78.2 GiB free".
+// 8192 tokens, workspace 0.1 GiB) + draft ... + scratch 96.0 MiB = 17.5 GiB of 78.2 GiB free".
 std::string to_string(const MemoryPlan& plan);
 
 // Plans `config`'s memory from the checkpoints' configs and tensor headers, reading no weight.
