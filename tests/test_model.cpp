@@ -377,11 +377,9 @@ TEST_F(ModelTest, ABf16KvCacheStaysWithinItsRoundingOfTheF32Cache) {
   EXPECT_GT(clear_margins, 10);
 }
 
-TEST(DeviceWeights, ThePlansForwardShapeIsEveryLinearLayerAtItsLargest) {
-  // What a backend's own scratch is planned from: every linear layer with the rows of a forward
-  // filling the cache (the head with the logits rows), in the dtype it is placed in, and attention
-  // over the whole cache.
-  testing::TempDir dir;
+// The small model the device-placement tests load: 300 tokens (not a multiple of any tile), 64
+// wide, two layers of grouped-query attention.
+GeneratorOptions device_weights_shape(DType dtype) {
   GeneratorOptions options;
   options.vocab_size = 300;
   options.hidden_size = 64;
@@ -389,6 +387,16 @@ TEST(DeviceWeights, ThePlansForwardShapeIsEveryLinearLayerAtItsLargest) {
   options.num_layers = 2;
   options.num_heads = 4;
   options.num_kv_heads = 2;
+  options.dtype = dtype;
+  return options;
+}
+
+TEST(DeviceWeights, ThePlansForwardShapeIsEveryLinearLayerAtItsLargest) {
+  // What a backend's own scratch is planned from: every linear layer with the rows of a forward
+  // filling the cache (the head with the logits rows), in the dtype it is placed in, and attention
+  // over the whole cache.
+  testing::TempDir dir;
+  GeneratorOptions options = device_weights_shape(DType::kBF16);
   options.tie_word_embeddings = true;
   fixtures::write_random_checkpoint(options, dir.path());
   ModelOptions model_options;
@@ -450,14 +458,7 @@ TEST(DeviceWeights, F32AndF16CheckpointsAreUploadedAsBf16) {
   std::vector<std::vector<float>> logits;
   for (const DType dtype : {DType::kBF16, DType::kF32, DType::kF16}) {
     testing::TempDir dir;
-    GeneratorOptions options;
-    options.vocab_size = 300;
-    options.hidden_size = 64;
-    options.intermediate_size = 128;
-    options.num_layers = 2;
-    options.num_heads = 4;
-    options.num_kv_heads = 2;
-    options.dtype = dtype;
+    const GeneratorOptions options = device_weights_shape(dtype);
     fixtures::write_random_checkpoint(options, dir.path());
     testing::DeviceLikeBackend device(pool);
     ModelOptions model_options;

@@ -264,27 +264,36 @@ bench_ab() {
 # CSV names each kernel, so a window that drifted shows). Clocks are left as they are. PROFILE_ARGS
 # adds specbench options (e.g. "--quantize fp8 --max-verify-tokens 4": the FP8 target, with no
 # bf16 baseline before it, so the decode window falls where it does for bf16).
+# Nsight Compute's command line, where the machine has it.
+find_ncu() {
+  command -v ncu || find /usr/local/cuda/bin /opt/nvidia -name ncu -type f -print -quit \
+    2>/dev/null || true
+}
+
+# The launch windows both profiles skip to: "name launches-to-skip", comma-separated.
+profile_windows() {
+  local windows=()
+  IFS=, read -r -a windows <<<"${PROFILE_WINDOWS:-decode 3000,verify5 42000}"
+  printf '%s\n' "${windows[@]}"
+}
+
 profile() {
-  local ncu
-  ncu=$(command -v ncu || find /usr/local/cuda/bin /opt/nvidia -name ncu -type f -print -quit \
-    2>/dev/null || true)
+  local ncu window status=0
+  ncu=$(find_ncu)
   if [[ -z $ncu ]]; then
     echo "profile: no ncu on this machine"
     return 1
   fi
-  local window status=0
-  local windows=()
-  IFS=, read -r -a windows <<<"${PROFILE_WINDOWS:-decode 3000,verify5 42000}"
-  for window in "${windows[@]}"; do
+  while read -r window; do
     read -r what skip <<<"$window"
     timeout "${PROFILE_TIMEOUT:-150}" "$ncu" --clock-control none --metrics gpu__time_duration.sum \
       --csv --print-units base --launch-skip "$skip" --launch-count "${PROFILE_LAUNCHES:-1500}" \
       "$bin_root/bin/specbench" --synthetic llama-3.1-8b --synthetic-draft "" --device cuda ${PROFILE_ARGS:-} \
-      >"$logs/ncu-$what.csv" 2>"$logs/ncu-$what.err" || status=1
+      </dev/null >"$logs/ncu-$what.csv" 2>"$logs/ncu-$what.err" || status=1
     echo "ncu $what: $(grep -c gpu__time_duration "$logs/ncu-$what.csv") kernels"
     python3 tools/ncu_step_breakdown.py "$logs/ncu-$what.csv" --json "$logs/ncu-$what.json" ||
       status=1
-  done
+  done < <(profile_windows)
   return $status
 }
 
@@ -293,27 +302,23 @@ profile() {
 # matching PROFILE_KERNELS after the same windows' skips: one decode step's and one 5-token
 # verification step's matmuls and attention.
 profile_detail() {
-  local ncu
-  ncu=$(command -v ncu || find /usr/local/cuda/bin /opt/nvidia -name ncu -type f -print -quit \
-    2>/dev/null || true)
+  local ncu window status=0
+  ncu=$(find_ncu)
   if [[ -z $ncu ]]; then
     echo "profile-detail: no ncu on this machine"
     return 1
   fi
-  local window status=0
-  local windows=()
-  IFS=, read -r -a windows <<<"${PROFILE_WINDOWS:-decode 3000,verify5 42000}"
-  for window in "${windows[@]}"; do
+  while read -r window; do
     read -r what skip <<<"$window"
     timeout "${PROFILE_TIMEOUT:-150}" "$ncu" --clock-control none --set full \
       --kernel-name "regex:${PROFILE_KERNELS:-skinny_matmul|paged_attention|merge_splits}" \
       --launch-skip-before-match "$skip" --launch-count "${PROFILE_DETAIL_LAUNCHES:-6}" \
       "$bin_root/bin/specbench" --synthetic llama-3.1-8b --synthetic-draft "" --device cuda ${PROFILE_ARGS:-} \
-      >"$logs/ncu-detail-$what.txt" 2>&1 || status=1
+      </dev/null >"$logs/ncu-detail-$what.txt" 2>&1 || status=1
     echo "ncu detail $what: $(grep -cE '^  [a-z_]+.*\(([0-9]+, ){2}[0-9]+\)x' "$logs/ncu-detail-$what.txt") kernels"
     grep -E '^  [a-z_]+.*\(|Duration|Registers Per|Achieved Occupancy|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput' \
       "$logs/ncu-detail-$what.txt" | head -n 80 || true
-  done
+  done < <(profile_windows)
   return $status
 }
 
