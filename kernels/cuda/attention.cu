@@ -517,6 +517,21 @@ size_t attention_scratch_bytes(const AttentionParams& params, int multiprocessor
   return make_plan(params, multiprocessor_count).scratch_bytes;
 }
 
+size_t attention_scratch_bytes_at_most(const AttentionParams& params, int multiprocessor_count) {
+  // A count keeps per-split states only when its grid stays under the target of blocks: with at
+  // least one pair per token and kPairsPerPass pairs a pass, no count from kPairsPerPass x target
+  // on does, so the counts past it need not be tried (a cache of 2^31 tokens is planned too).
+  const int64_t target = kBlocksPerMultiprocessor * std::max(multiprocessor_count, 1);
+  const int64_t last = std::min<int64_t>(params.num_tokens, kPairsPerPass * target);
+  AttentionParams at = params;
+  size_t most = 0;
+  for (int64_t tokens = 1; tokens <= last; ++tokens) {
+    at.num_tokens = tokens;
+    most = std::max(most, attention_scratch_bytes(at, multiprocessor_count));
+  }
+  return most;
+}
+
 Status launch_attention(const AttentionParams& params, const float* q, const void* k_cache,
                         const void* v_cache, const int32_t* query_start,
                         const int32_t* context_lengths, const int32_t* block_tables, float* out,

@@ -57,6 +57,10 @@ struct AttentionWorkspace {
 
 // Scratch the launch needs for its per-split states (zero when it merges in registers).
 size_t attention_scratch_bytes(const AttentionParams& params, int multiprocessor_count);
+// The most attention_scratch_bytes asks for at any token count from 1 to params.num_tokens (the
+// other fields as given): per-split states are kept only while the grid is small, so the most can
+// come below the largest count.
+size_t attention_scratch_bytes_at_most(const AttentionParams& params, int multiprocessor_count);
 
 Status launch_attention(const AttentionParams& params,
                         const float* q,              // [num_tokens, num_heads, head_dim]

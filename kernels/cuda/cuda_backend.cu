@@ -338,13 +338,8 @@ uint64_t planned_scratch_bytes(const std::vector<ForwardShape>& shapes, int mult
     for (const MatmulParams& params : shape.matmuls) {
       most = std::max<uint64_t>(most, matmul_scratch_bytes(params, batch_invariant));
     }
-    // Attention keeps per-split states only for few (sequence, head) pairs, so the most it asks
-    // for can come at a token count below the largest: every count is tried (host arithmetic).
-    AttentionParams attention = shape.attention;
-    for (int64_t tokens = 1; tokens <= shape.attention.num_tokens; ++tokens) {
-      attention.num_tokens = tokens;
-      most = std::max<uint64_t>(most, attention_scratch_bytes(attention, multiprocessor_count));
-    }
+    most = std::max<uint64_t>(
+        most, attention_scratch_bytes_at_most(shape.attention, multiprocessor_count));
   }
   const uint64_t granules = (most + kScratchGranule - 1) / kScratchGranule;
   return granules * kScratchGranule + kCublasWorkspaceBytes;

@@ -240,7 +240,7 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
                                                               : DType::kBF16;
     needs.forward.matmuls.push_back({logit_rows, c.hidden_size, c.vocab_size, table, DType::kF32});
   }
-  const int64_t block = options.kv_block_size;
+  const int64_t block = std::max<int64_t>(options.kv_block_size, 1);  // as kv_capacity_tokens
   needs.forward.attention = {1,
                              needs.kv_tokens,
                              c.num_heads,

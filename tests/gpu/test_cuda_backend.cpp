@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -163,6 +164,11 @@ TEST(CudaScratchPlan, CoversAttentionsPerSplitStatesAtTheTokenCountThatNeedsMost
   shape.attention.max_blocks_per_seq = 8192 / 16;
   EXPECT_EQ(planned_scratch_bytes({shape}, 132, false),
             (uint64_t{256} << 20) + kCublasWorkspaceBytes);
+  // Counts past 16 x 4 x 132 tokens keep no per-split states, so a cache of 2^31 tokens plans as
+  // fast, and the same.
+  ForwardShape huge = shape;
+  huge.attention.num_tokens = INT32_MAX;
+  EXPECT_EQ(planned_scratch_bytes({huge}, 132, false), planned_scratch_bytes({shape}, 132, false));
   // The states are the attention's own: a batch-invariant backend keeps them too.
   EXPECT_EQ(planned_scratch_bytes({shape}, 132, true),
             (uint64_t{256} << 20) + kCublasWorkspaceBytes);
