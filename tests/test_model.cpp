@@ -446,6 +446,10 @@ TEST(DeviceWeights, ThePlansForwardShapeIsEveryLinearLayerAtItsLargest) {
   ModelOptions fp8 = model_options;
   fp8.quantize = WeightQuantize::kFP8;
   EXPECT_EQ(plan(fp8, false).matmuls.front().weight_dtype, DType::kF8E4M3);
+  // Options the load refuses, the plan refuses alike.
+  ModelOptions no_blocks = model_options;
+  no_blocks.kv_block_size = 0;
+  testing::expect_error([&] { plan(no_blocks, false); }, {"KV block size must be positive"});
   // On the host the weights stay as stored.
   for (const kernels::MatmulParams& m : plan(model_options, true).matmuls) {
     EXPECT_EQ(m.weight_dtype, options.dtype);

@@ -33,6 +33,25 @@ int64_t kv_capacity_tokens(const ModelConfig& config, const ModelOptions& option
   return (tokens + block - 1) / block * block;
 }
 
+// The KV cache's options, checked the same way for a plan and for a load.
+void check_cache_options(const ModelOptions& options) {
+  if (options.kv_block_size <= 0) {
+    throw Error("KV block size must be positive, got " + std::to_string(options.kv_block_size));
+  }
+  if (options.kv_cache_tokens < 0 || options.kv_cache_tokens > kMaxKvTokens) {
+    throw Error("KV cache size must be in [0, " + std::to_string(kMaxKvTokens) + "] tokens, got " +
+                std::to_string(options.kv_cache_tokens));
+  }
+  if (!kernels::is_kv_cache_dtype(options.kv_cache_dtype)) {
+    throw Error("KV cache dtype must be bf16 or f32, got " +
+                std::string(dtype_name(options.kv_cache_dtype)));
+  }
+  if (options.kv_block_size > kMaxKvTokens) {
+    throw Error("KV block size must be at most " + std::to_string(kMaxKvTokens) + ", got " +
+                std::to_string(options.kv_block_size));
+  }
+}
+
 std::string layer_op(const char* what, int64_t layer) {
   return layer < 0 ? std::string(what) : "layer " + std::to_string(layer) + " " + what;
 }
@@ -99,21 +118,7 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
       parameter_count_ -= config.vocab_size * config.hidden_size;
     }
   }
-  if (options.kv_block_size <= 0) {
-    throw Error("KV block size must be positive, got " + std::to_string(options.kv_block_size));
-  }
-  if (options.kv_cache_tokens < 0 || options.kv_cache_tokens > kMaxKvTokens) {
-    throw Error("KV cache size must be in [0, " + std::to_string(kMaxKvTokens) + "] tokens, got " +
-                std::to_string(options.kv_cache_tokens));
-  }
-  if (!kernels::is_kv_cache_dtype(options.kv_cache_dtype)) {
-    throw Error("KV cache dtype must be bf16 or f32, got " +
-                std::string(dtype_name(options.kv_cache_dtype)));
-  }
-  if (options.kv_block_size > kMaxKvTokens) {
-    throw Error("KV block size must be at most " + std::to_string(kMaxKvTokens) + ", got " +
-                std::to_string(options.kv_block_size));
-  }
+  check_cache_options(options);
   if (synthetic_seed) {
     write_synthetic_weights(*synthetic_seed);
   } else {
@@ -177,6 +182,7 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
                                bool host_memory,
                                const std::function<kernels::WeightLayout(DType)>& layout_of,
                                int64_t max_logit_rows) {
+  check_cache_options(options);
   const ModelConfig& c = checkpoint.config;
   MemoryNeeds needs;
   // Quantized at load: the linear layers (and the head, when asked) become one byte a weight and
@@ -240,7 +246,7 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
                                                               : DType::kBF16;
     needs.forward.matmuls.push_back({logit_rows, c.hidden_size, c.vocab_size, table, DType::kF32});
   }
-  const int64_t block = std::max<int64_t>(options.kv_block_size, 1);  // as kv_capacity_tokens
+  const int64_t block = options.kv_block_size;
   needs.forward.attention = {1,
                              needs.kv_tokens,
                              c.num_heads,
