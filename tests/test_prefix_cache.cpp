@@ -245,15 +245,15 @@ TEST_F(PrefixCacheTest, CancelledRequestsLeaveTheCacheConsistent) {
       done.notify_all();
     });
     std::thread([&] { EXPECT_TRUE(engine.cancel(id)); }).join();
-    // Cancelled from its own callback after two updates, mid-decode.
+    // Cancelled from its own callback after two updates, mid-decode. By the update's id: the
+    // scheduler may deliver both before submit() has returned the id.
     std::atomic<int> updates{0};
     std::vector<int32_t> partial;
-    std::atomic<RequestId> second{0};
-    second = engine.submit(request(prompt, 200, 3, 5), [&](const RequestUpdate& u) {
+    engine.submit(request(prompt, 200, 3, 5), [&](const RequestUpdate& u) {
       std::lock_guard lock(mutex);
       partial.insert(partial.end(), u.tokens.begin(), u.tokens.end());
       if (++updates == 2) {
-        EXPECT_TRUE(engine.cancel(second));
+        EXPECT_TRUE(engine.cancel(u.id));
       }
       if (!u.finished) return;
       finished += 1;
