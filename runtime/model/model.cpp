@@ -203,21 +203,19 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
     has_head = has_head || head;
     const bool linear = ends_with(name, "_proj.weight") || (head && options.quantize_output);
     if (ends_with(name, "embed_tokens.weight")) table_dtype = info->dtype;
-    if ((ends_with(name, "_proj.weight") || head) && info->shape.size() == 2) {
-      kernels::MatmulParams params{head ? logit_rows : needs.kv_tokens, info->shape[1],
-                                   info->shape[0], DType::kBF16, DType::kF32};
-      params.weight_dtype = linear && quantizing                       ? quantized_to
-                            : is_quantized(info->dtype) || host_memory ? info->dtype
-                                                                       : DType::kBF16;
-      needs.forward.matmuls.push_back(params);
-    }
     // Matmul weights in the backend's layout for the dtype they are loaded in (padded to whole
     // tiles).
     const bool laid_out =
         info->shape.size() == 2 && (ends_with(name, "_proj.weight") || head ||
                                     (table_is_head && ends_with(name, "embed_tokens.weight")));
     const DType loaded_dtype =
-        quantizing && linear ? DType::kI8 : (host_memory ? info->dtype : DType::kBF16);
+        quantizing && linear ? quantized_to : (host_memory ? info->dtype : DType::kBF16);
+    if ((ends_with(name, "_proj.weight") || head) && info->shape.size() == 2) {
+      // A pre-quantized checkpoint's codes are multiplied as they are.
+      needs.forward.matmuls.push_back(
+          {head ? logit_rows : needs.kv_tokens, info->shape[1], info->shape[0],
+           is_quantized(info->dtype) ? info->dtype : loaded_dtype, DType::kF32});
+    }
     const auto elements =
         laid_out ? kernels::stored_elements(layout_of(loaded_dtype), info->shape[0], info->shape[1])
                  : static_cast<uint64_t>(info->num_elements());
