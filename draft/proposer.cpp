@@ -53,6 +53,11 @@ int64_t ModelProposer::skipped(int64_t sequence) const {
 }
 
 void ModelProposer::rollback(int64_t sequence, int64_t committed_prefix) {
+  rollback_keeping(sequence, committed_prefix, 0);
+}
+
+void ModelProposer::rollback_keeping(int64_t sequence, int64_t committed_prefix, int64_t drafts) {
+  SPECRUN_CHECK(drafts >= 0);
   DraftSequence& entry = state(sequence);
   KvCache& cache = draft_.kv_cache();
   const int64_t keep = committed_prefix - entry.offset;
@@ -62,9 +67,11 @@ void ModelProposer::rollback(int64_t sequence, int64_t committed_prefix) {
     entry.offset = committed_prefix;
     return;
   }
-  cache.truncate(entry.kv, std::min(cache.length(entry.kv), keep));
-  // What the cache still holds is committed text: its full blocks become reusable.
-  cache.seal(entry.kv, cache.length(entry.kv));
+  const int64_t length = cache.length(entry.kv);
+  cache.truncate(entry.kv, std::min(length, keep + drafts));
+  // What the cache holds up to the committed prefix is committed text: its full blocks become
+  // reusable. Drafts past it are not final, so they stay unsealed.
+  cache.seal(entry.kv, std::min(length, keep));
 }
 
 Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {

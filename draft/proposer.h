@@ -54,6 +54,9 @@ class ModelProposer : public Proposer {
   void remove_sequence(int64_t sequence) override;
   Proposals propose(std::span<const DraftRequest> requests) override;
   void rollback(int64_t sequence, int64_t committed_prefix) override;
+  // As rollback(), but keeps up to `drafts` cached positions past the committed prefix: drafts
+  // proposed ahead that are still wanted (overlapped drafting). They are not sealed.
+  void rollback_keeping(int64_t sequence, int64_t committed_prefix, int64_t drafts);
   // Committed tokens the draft has accounted for: those its cache holds plus those a bounded
   // catch-up skipped. The next proposal reads the committed tokens past this.
   int64_t cached_length(int64_t sequence) const;

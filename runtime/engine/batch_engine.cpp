@@ -26,6 +26,31 @@ double milliseconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double, std::milli>(to - from).count();
 }
 
+// Row `row` of `from`, alone: its drafts and their q.
+Proposals one_row(const Proposals& from, int64_t row) {
+  const int64_t count = from.counts[static_cast<size_t>(row)];
+  Proposals proposals;
+  proposals.batch = 1;
+  proposals.gamma = count;
+  proposals.vocab = from.vocab;
+  const auto tokens = from.tokens.begin() + row * from.gamma;
+  proposals.tokens.assign(tokens, tokens + count);
+  proposals.counts.assign(1, static_cast<int32_t>(count));
+  if (!from.point_masses()) {
+    const auto probs = from.probs.begin() + row * from.gamma * from.vocab;
+    proposals.probs.assign(probs, probs + count * from.vocab);
+  }
+  return proposals;
+}
+
+// `committed` followed by `drafts`: the text a draft continues from, as if they were accepted.
+std::vector<int32_t> followed_by(std::span<const int32_t> committed,
+                                 std::span<const int32_t> drafts) {
+  std::vector<int32_t> text(committed.begin(), committed.end());
+  text.insert(text.end(), drafts.begin(), drafts.end());
+  return text;
+}
+
 }  // namespace
 
 // One request, from submit() to its final update.
@@ -44,12 +69,23 @@ struct Sequence {
   int64_t reserved_draft_blocks = 0;   // the same in the draft's cache
   RandomStream random;                 // its random numbers, keyed by its seed
   SequenceStats stats;                 // its figures so far
+  // Overlapped drafting: the drafts proposed past the last step's, kept because that step
+  // accepted all of its drafts and added the first of these. One row [1, count]: that token (now
+  // the pending one), then the next proposals with their q. Empty when none are kept.
+  Proposals ahead;
+  bool ahead_complete = false;  // drafting ahead gave every draft asked for (no confidence stop)
 };
 
 // What one step carries from phase to phase; rows are the running sequences, in order.
 struct StepWork {
   std::vector<DraftPlan> plans;                         // [batch]
   std::vector<int64_t> catch_up;                        // [batch] tokens the draft read first
+  std::vector<Proposals> kept;                          // [batch] drafts kept ahead (Sequence)
+  std::vector<int64_t> from_kept;                       // [batch] proposals taken from `kept`
+  std::vector<std::vector<int32_t>> draft_text;         // [batch] what a draft request reads
+  Proposals ahead;                                      // [rows drafting ahead, gamma + 1]
+  std::vector<int64_t> ahead_row;                       // [batch] its row in `ahead`, -1: none
+  std::vector<int64_t> ahead_wanted;                    // [rows drafting ahead] drafts asked for
   Proposals proposals;                                  // [batch, gamma]
   Verdict verdict;                                      // [batch, gamma + 1]
   std::vector<std::optional<FinishReason>> stops;       // [batch] why a row ends with this step
@@ -106,6 +142,7 @@ struct BatchEngine::State {
   void propose(StepWork& work);
   void assemble(StepWork& work, const Proposals& from_model, std::span<const int64_t> model_rows,
                 std::span<const std::pair<int64_t, Proposals>> point_mass);
+  void draft_ahead(StepWork& work);
   void score_and_verify(StepWork& work);
   void commit(StepWork& work);
   void deliver(StepWork& work);
@@ -125,7 +162,12 @@ struct BatchEngine::State {
     counters.kv_tokens_free = cache.free_blocks() * cache.layout().block_size;
     counters.kv_tokens_cached = cache.cached_blocks() * cache.layout().block_size;
   }
-  int64_t cap(const Sequence& sequence) const;
+  // The most drafts the sequence may verify in a step that starts with `length` committed tokens
+  // and `generated` of them generated.
+  int64_t cap(const Sequence& sequence, int64_t length, int64_t generated) const;
+  int64_t cap(const Sequence& sequence) const {
+    return cap(sequence, static_cast<int64_t>(sequence.committed.size()), sequence.generated);
+  }
   GammaPolicy& policy(GammaControl kind);
 };
 
@@ -311,14 +353,14 @@ void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishReason
   }
 }
 
-// The most drafts the sequence may verify this step: its gamma_max, the tokens still to come
+// The most drafts the sequence may verify in a step: its gamma_max, the tokens still to come
 // (a step commits up to gamma + 1), and room in both models' contexts.
-int64_t BatchEngine::State::cap(const Sequence& sequence) const {
+int64_t BatchEngine::State::cap(const Sequence& sequence, int64_t length, int64_t generated) const {
   const SpeculationSettings& speculation = sequence.request.speculation;
   const bool lookup = speculation.method == SpeculationMethod::kPromptLookup;
   if (!sequence.drafts_with_model && !lookup) return 0;
-  const int64_t n = static_cast<int64_t>(sequence.committed.size());
-  const int64_t remaining = sequence.request.sampling.max_tokens - sequence.generated;
+  const int64_t n = length;
+  const int64_t remaining = sequence.request.sampling.max_tokens - generated;
   int64_t gamma = std::min({speculation.gamma_max, remaining - 1, target.context_limit() - n});
   if (sequence.drafts_with_model) gamma = std::min(gamma, draft->context_limit() - n + 1);
   return std::max<int64_t>(gamma, 0);
@@ -450,6 +492,7 @@ void BatchEngine::State::step() {
   StepWork work;
   plan(work);
   propose(work);
+  if (work.failure.empty()) draft_ahead(work);
   if (work.failure.empty()) score_and_verify(work);
   if (!work.failure.empty()) {
     // Forwards leave the caches as they were on error; the batch cannot go on, so every running
@@ -513,19 +556,46 @@ void BatchEngine::State::propose(StepWork& work) {
   std::vector<int64_t> model_rows;
   std::vector<std::pair<int64_t, Proposals>> point_mass;
   work.catch_up.assign(static_cast<size_t>(batch), 0);
+  work.kept.assign(static_cast<size_t>(batch), Proposals{});
+  work.from_kept.assign(static_cast<size_t>(batch), 0);
+  work.draft_text.assign(static_cast<size_t>(batch), {});
   for (int64_t b = 0; b < batch; ++b) {
     Sequence& sequence = *running[static_cast<size_t>(b)];
     const DraftPlan& plan = work.plans[static_cast<size_t>(b)];
+    const auto row = static_cast<size_t>(b);
+    // Drafts kept ahead are this step's first proposals when it drafts with the model, as far as
+    // it wants them; the draft's cache keeps what it has fed of those taken (all but the last, as
+    // if it had proposed them now) and drops the rest.
+    int64_t rest = plan.gamma;
+    if (!sequence.ahead.tokens.empty()) {
+      Proposals& kept = work.kept[row];
+      kept = std::move(sequence.ahead);
+      sequence.ahead = Proposals{};
+      const int64_t available = kept.counts[0] - 1;
+      int64_t& taken = work.from_kept[row];
+      if (!plan.filler && plan.max_catch_up == 0) taken = std::min(plan.gamma, available);
+      draft_proposer->rollback_keeping(static_cast<int64_t>(sequence.id),
+                                       static_cast<int64_t>(sequence.committed.size()) - 1, taken);
+      // The draft model proposes the rest, unless its confidence floor stopped drafting ahead.
+      rest = taken == 0 ? plan.gamma : (sequence.ahead_complete ? plan.gamma - taken : 0);
+    }
+    sequence.ahead_complete = false;
     if (plan.gamma == 0) continue;
     const SpeculationSettings& speculation = sequence.request.speculation;
     if (sequence.drafts_with_model && !plan.filler) {
-      model_requests.push_back({static_cast<int64_t>(sequence.id), sequence.committed, plan.gamma,
-                                sequence.random, sequence.generated, &sequence.sampling,
+      if (rest == 0) continue;  // every proposal is a kept one
+      const int64_t taken = work.from_kept[row];
+      std::vector<int32_t>& text = work.draft_text[row];
+      text = followed_by(sequence.committed,
+                         work.kept[row].tokens.empty()
+                             ? std::span<const int32_t>{}
+                             : work.kept[row].row_tokens(0).subspan(1, static_cast<size_t>(taken)));
+      model_requests.push_back({static_cast<int64_t>(sequence.id), text, rest, sequence.random,
+                                sequence.generated + taken, &sequence.sampling,
                                 speculation.draft_p_min, plan.max_catch_up});
       model_rows.push_back(b);
-      work.catch_up[static_cast<size_t>(b)] =
-          static_cast<int64_t>(sequence.committed.size()) -
-          draft_proposer->cached_length(static_cast<int64_t>(sequence.id));
+      work.catch_up[row] = static_cast<int64_t>(text.size()) -
+                           draft_proposer->cached_length(static_cast<int64_t>(sequence.id));
     } else {
       PromptLookupProposer lookup(speculation.lookup_min_ngram, speculation.lookup_max_ngram,
                                   /*pad_to_gamma=*/plan.filler);
@@ -556,31 +626,86 @@ void BatchEngine::State::assemble(StepWork& work, const Proposals& from_model,
   for (const DraftPlan& plan : work.plans) proposals.gamma = std::max(proposals.gamma, plan.gamma);
   proposals.tokens.assign(static_cast<size_t>(batch * proposals.gamma), -1);
   proposals.counts.assign(static_cast<size_t>(batch), 0);
-  const bool materialise = !model_rows.empty();
+  const bool any_kept = std::any_of(work.from_kept.begin(), work.from_kept.end(),
+                                    [](int64_t taken) { return taken > 0; });
+  const bool materialise = !model_rows.empty() || any_kept;
   if (materialise) {
     proposals.vocab = std::max(from_model.vocab, target.config().vocab_size);
+    for (const Proposals& kept : work.kept) proposals.vocab = std::max(proposals.vocab, kept.vocab);
     proposals.probs.assign(static_cast<size_t>(batch * proposals.gamma * proposals.vocab), 0.0f);
   }
-  auto place = [&](int64_t b, const Proposals& source, int64_t source_row) {
-    const std::span<const int32_t> tokens = source.row_tokens(source_row);
-    proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(tokens.size());
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      proposals.tokens[static_cast<size_t>(b * proposals.gamma) + i] = tokens[i];
+  // Row b's proposals from `offset` on are `source`'s row `source_row` from its draft `first` on.
+  auto place = [&](int64_t b, const Proposals& source, int64_t source_row, int64_t first,
+                   int64_t count, int64_t offset) {
+    const std::span<const int32_t> tokens =
+        source.row_tokens(source_row)
+            .subspan(static_cast<size_t>(first), static_cast<size_t>(count));
+    proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(offset + count);
+    for (int64_t i = 0; i < count; ++i) {
+      const int32_t token = tokens[static_cast<size_t>(i)];
+      proposals.tokens[static_cast<size_t>(b * proposals.gamma + offset + i)] = token;
       if (!materialise) continue;
-      float* q = proposals.probs.data() +
-                 (b * proposals.gamma + static_cast<int64_t>(i)) * proposals.vocab;
+      float* q = proposals.probs.data() + (b * proposals.gamma + offset + i) * proposals.vocab;
       if (source.point_masses()) {
-        q[tokens[i]] = 1.0f;
+        q[token] = 1.0f;
       } else {
-        const std::span<const float> from = source.q(source_row, static_cast<int64_t>(i));
+        const std::span<const float> from = source.q(source_row, first + i);
         std::copy(from.begin(), from.end(), q);
       }
     }
   };
-  for (size_t r = 0; r < model_rows.size(); ++r) {
-    place(model_rows[r], from_model, static_cast<int64_t>(r));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t taken = work.from_kept[static_cast<size_t>(b)];
+    if (taken > 0) place(b, work.kept[static_cast<size_t>(b)], 0, 1, taken, 0);
   }
-  for (const auto& [b, source] : point_mass) place(b, source, 0);
+  for (size_t r = 0; r < model_rows.size(); ++r) {
+    const auto row = static_cast<int64_t>(r);
+    const int64_t b = model_rows[r];
+    place(b, from_model, row, 0, from_model.counts[r], work.from_kept[static_cast<size_t>(b)]);
+  }
+  for (const auto& [b, source] : point_mass) place(b, source, 0, 0, source.counts[0], 0);
+}
+
+// Overlapped drafting: every row the draft model proposed for in full goes on drafting past its
+// last draft as if all were accepted: first the token verification would then add, then as many
+// drafts as the next step could verify (this step's gamma at most). A backend with a stream per
+// model runs this beside score_and_verify; here it runs before it, as its own batched proposal.
+void BatchEngine::State::draft_ahead(StepWork& work) {
+  if (draft_proposer == nullptr || options.overlap != OverlapDrafting::kOn) return;
+  const auto start = Clock::now();
+  const int64_t batch = static_cast<int64_t>(running.size());
+  std::vector<DraftRequest> requests;
+  work.ahead_row.assign(static_cast<size_t>(batch), -1);
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto row = static_cast<size_t>(b);
+    Sequence& sequence = *running[row];
+    const DraftPlan& plan = work.plans[row];
+    const int64_t drafted = work.proposals.counts[row];
+    // A row stopped by the confidence floor has fed its last draft and found the draft unsure.
+    if (!sequence.drafts_with_model || plan.filler || plan.max_catch_up > 0 || drafted == 0 ||
+        drafted < plan.gamma) {
+      continue;
+    }
+    const int64_t length = static_cast<int64_t>(sequence.committed.size()) + drafted + 1;
+    const int64_t wanted =
+        std::min(plan.gamma, cap(sequence, length, sequence.generated + drafted + 1)) + 1;
+    if (wanted < 2) continue;  // the next step could verify none of them
+    std::vector<int32_t>& text = work.draft_text[row];
+    text = followed_by(sequence.committed, work.proposals.row_tokens(b));
+    work.ahead_row[row] = static_cast<int64_t>(requests.size());
+    work.ahead_wanted.push_back(wanted);
+    requests.push_back({static_cast<int64_t>(sequence.id), text, wanted, sequence.random,
+                        sequence.generated + drafted, &sequence.sampling,
+                        sequence.request.speculation.draft_p_min, 0});
+  }
+  if (requests.empty()) return;
+  try {
+    work.ahead = draft_proposer->propose(requests);
+  } catch (const std::exception& error) {
+    work.failure = std::string("drafting ahead failed: ") + error.what();
+    return;
+  }
+  work.draft_ms += milliseconds(start, Clock::now());
 }
 
 // Score and verify: one target forward scores every row; each row is verified by its own
@@ -624,6 +749,7 @@ void BatchEngine::State::commit(StepWork& work) {
   work.stops.assign(batch, std::nullopt);
   work.first_new.assign(batch, 0);
   int64_t emitted_total = 0, drafted_total = 0, accepted_total = 0, continuing = 0;
+  int64_t drafted_ahead = 0, ahead_taken = 0;
   const std::vector<int32_t>& eos = target.config().eos_token_ids;
   const auto now = Clock::now();
   for (size_t b = 0; b < batch; ++b) {
@@ -662,7 +788,20 @@ void BatchEngine::State::commit(StepWork& work) {
     target.kv_cache().truncate(sequence.target_kv, keep);
     target.kv_cache().seal(sequence.target_kv, keep);
     if (sequence.drafts_with_model) {
-      draft_proposer->rollback(static_cast<int64_t>(sequence.id), keep);
+      // Drafts ahead are kept when every draft was accepted and the new token is their first.
+      const int64_t ahead = work.ahead_row.empty() ? -1 : work.ahead_row[b];
+      if (ahead >= 0) drafted_ahead += 1;
+      if (ahead >= 0 && !stop && accepted == drafted && work.ahead.counts[ahead] >= 2 &&
+          work.ahead.tokens[ahead * work.ahead.gamma] == sequence.committed.back()) {
+        sequence.ahead = one_row(work.ahead, ahead);
+        sequence.ahead_complete =
+            work.ahead.counts[ahead] == work.ahead_wanted[static_cast<size_t>(ahead)];
+        draft_proposer->rollback_keeping(static_cast<int64_t>(sequence.id), keep,
+                                         sequence.ahead.counts[0]);
+        ahead_taken += 1;
+      } else {
+        draft_proposer->rollback(static_cast<int64_t>(sequence.id), keep);
+      }
     }
     if (!stop) continuing += 1;
   }
@@ -676,6 +815,8 @@ void BatchEngine::State::commit(StepWork& work) {
   counters.tokens_generated += emitted_total;
   counters.drafted += drafted_total;
   counters.accepted += accepted_total;
+  counters.drafted_ahead += drafted_ahead;
+  counters.ahead_taken += ahead_taken;
   counters.draft_ms += work.draft_ms;
   counters.target_ms += work.verify_ms;
   counters.running = continuing;

@@ -10,6 +10,13 @@
 // caches per sequence, deliver. The policies see every step's outcome and costs, so gamma falls
 // as the batch grows and speculation stops paying, and rises again as load drops.
 //
+// With overlapped drafting, the draft proposes past each row's drafts (as if all were accepted)
+// between proposing and verifying, where a backend with a stream per model would run it beside
+// the verification. A row whose drafts are all accepted, and whose new token is the draft's own
+// next one, takes the drafts after it as its next proposals; every other row drops them and the
+// draft's cache rolls back. Each draft is drawn with the random numbers of the output position it
+// is proposed for, so the output is bitwise the same with overlap on and off.
+//
 // KV room is reserved at admission for a request's worst case (prompt + max_tokens, or the
 // context limit, which counts the cache), so a running sequence never runs out and the rest wait;
 // a prompt longer than the context limit is refused at submit(). A prompt starts from the cached
@@ -62,6 +69,9 @@ struct BatchEngineOptions {
   // deliberately broken ones to show that the distribution checks catch them. Must outlive the
   // engine.
   const Verifier* verifier = nullptr;
+  // Drafting ahead while the target verifies (specrun.hpp's OverlapDrafting). kAuto is off on
+  // every backend today: each runs the draft and the target one after the other.
+  OverlapDrafting overlap = OverlapDrafting::kAuto;
 };
 
 struct BatchEngineStats {
@@ -74,6 +84,8 @@ struct BatchEngineStats {
   int64_t sequence_steps = 0;        // sum over steps of the sequences in them
   int64_t drafted = 0;               // drafts verified
   int64_t accepted = 0;              // drafts accepted
+  int64_t drafted_ahead = 0;         // rows that drafted ahead of their verification (overlap)
+  int64_t ahead_taken = 0;           // of those, rows whose drafts ahead the next step proposed
   double draft_ms = 0.0;             // time proposing
   double target_ms = 0.0;            // time in target forwards (prefill and scoring)
   int64_t prompt_tokens = 0;         // prompt tokens of the requests admitted

@@ -15,6 +15,8 @@ constexpr Verification kVerifications[] = {Verification::kSharedNoise, Verificat
 constexpr Quantization kQuantizations[] = {Quantization::kNone, Quantization::kFP8,
                                            Quantization::kINT8};
 constexpr KvCacheDtype kKvCacheDtypes[] = {KvCacheDtype::kBF16, KvCacheDtype::kF32};
+constexpr OverlapDrafting kOverlaps[] = {OverlapDrafting::kAuto, OverlapDrafting::kOn,
+                                         OverlapDrafting::kOff};
 
 }  // namespace
 
@@ -70,6 +72,18 @@ const char* to_string(KvCacheDtype dtype) {
       return "bf16";
     case KvCacheDtype::kF32:
       return "f32";
+  }
+  return "unknown";
+}
+
+const char* to_string(OverlapDrafting overlap) {
+  switch (overlap) {
+    case OverlapDrafting::kAuto:
+      return "auto";
+    case OverlapDrafting::kOn:
+      return "on";
+    case OverlapDrafting::kOff:
+      return "off";
   }
   return "unknown";
 }
@@ -133,6 +147,17 @@ std::optional<KvCacheDtype> parse_kv_cache_dtype(std::string_view name) {
 
 std::span<const KvCacheDtype> kv_cache_dtypes() {
   return kKvCacheDtypes;
+}
+
+std::optional<OverlapDrafting> parse_overlap_drafting(std::string_view name) {
+  for (const OverlapDrafting overlap : kOverlaps) {
+    if (name == to_string(overlap)) return overlap;
+  }
+  return std::nullopt;
+}
+
+std::span<const OverlapDrafting> overlap_draftings() {
+  return kOverlaps;
 }
 
 DType kernel_dtype(KvCacheDtype dtype) {

@@ -78,6 +78,19 @@ enum class KvCacheDtype {
 };
 const char* to_string(KvCacheDtype dtype);  // "bf16", "f32"
 
+// Overlapped drafting: while the target verifies a step's drafts, the draft model goes on
+// proposing past them as if all were accepted. When they all are and the token verification adds
+// is the draft's own next one, those drafts (with their q) are the next step's proposals, so that
+// step starts with its drafting done; otherwise they are dropped. Output is the same either way.
+enum class OverlapDrafting {
+  kAuto,  // where it pays: only a backend that runs the draft beside the target's verification
+          // hides the time it costs, and both run them one after the other today (the CPU on the
+          // same cores, CUDA on one stream), so this is off on both
+  kOn,    // always, also where the drafts ahead cost time of their own (tests, measurements)
+  kOff,   // never
+};
+const char* to_string(OverlapDrafting overlap);  // "auto", "on", "off"
+
 // The most drafts any step may verify (gamma_max's bound).
 inline constexpr int64_t kMaxGamma = 64;
 
