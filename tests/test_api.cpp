@@ -315,6 +315,33 @@ TEST_F(ApiTest, RepeatedPromptsComeFromThePrefixCache) {
   EXPECT_EQ(outputs[0], outputs[1]);
 }
 
+TEST_F(ApiTest, OverlappedDraftingIsTheSameOutputAndCountsItsDraftsAhead) {
+  // On, the engine drafts ahead and keeps some of those drafts; off and auto (off on the CPU,
+  // where nothing runs beside the verification), it never drafts ahead. The tokens are the same.
+  Request request;
+  request.prompt_ids = {1, 5, 9, 13};
+  request.sampling = greedy(24);
+  std::vector<std::vector<int32_t>> outputs;
+  for (const OverlapDrafting overlap :
+       {OverlapDrafting::kOn, OverlapDrafting::kOff, OverlapDrafting::kAuto}) {
+    EngineConfig settings = config();
+    settings.overlap_drafting = overlap;
+    const auto engine = Engine::create(settings);
+    outputs.push_back(engine->submit(request).wait().tokens);
+    const EngineStats stats = engine->stats();
+    if (overlap == OverlapDrafting::kOn) {
+      EXPECT_GT(stats.drafted_ahead, 0);
+      EXPECT_LE(stats.ahead_taken, stats.drafted_ahead);
+    } else {
+      EXPECT_EQ(stats.drafted_ahead, 0) << to_string(overlap);
+      EXPECT_EQ(stats.ahead_taken, 0) << to_string(overlap);
+    }
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+  EXPECT_EQ(outputs[0], outputs[2]);
+  EXPECT_EQ(outputs[0], greedy_alone(request.prompt_ids, *request.sampling).first);
+}
+
 TEST_F(ApiTest, TextStreamsInWholeCharactersAndAddsUpToTheResult) {
   for (const char* model : {"target", "draft"}) {
     testing::write_file(dir_ / model / "tokenizer.json", testing::byte_tokenizer_json());

@@ -118,6 +118,7 @@ TEST_F(CApiTest, InitSetsTheCppDefaults) {
   EXPECT_EQ(config.draft_quantize, SPECRUN_QUANTIZATION_NONE);
   EXPECT_EQ(config.quantize_lm_head, 0);
   EXPECT_EQ(config.kv_cache_dtype, SPECRUN_KV_CACHE_BF16);
+  EXPECT_EQ(config.overlap_drafting, SPECRUN_OVERLAP_AUTO);
   EXPECT_EQ(config.threads, defaults.threads);
   EXPECT_EQ(config.kv_cache_tokens, defaults.kv_cache_tokens);
   EXPECT_EQ(config.kv_block_size, defaults.kv_block_size);
@@ -338,6 +339,8 @@ TEST_F(CApiTest, StreamsThroughTheCallbackAndReturnsTheResult) {
   EXPECT_GT(engine_stats.prompt_tokens, 0);
   EXPECT_EQ(engine_stats.cached_prompt_tokens, 0);  // one request: nothing to reuse yet
   EXPECT_DOUBLE_EQ(engine_stats.prefix_cache_hit_rate, 0.0);
+  EXPECT_EQ(engine_stats.drafted_ahead, 0);  // overlap is auto: off on the CPU
+  EXPECT_EQ(engine_stats.ahead_taken, 0);
   specrun_engine_info info;
   ASSERT_EQ(specrun_engine_info_get(engine, &info), SPECRUN_OK);
   EXPECT_EQ(fs::path(info.target), fs::path(target_));
@@ -548,6 +551,11 @@ TEST_F(CApiTest, RefusedRequestsAndConfigsReturnTheirCodeAndMessage) {
   store_int(&settings.kv_cache_dtype, 2);
   expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_INVALID_ARGUMENT,
                  "specrun_engine_create", {"config->kv_cache_dtype 2", "specrun_kv_cache_dtype"});
+  settings = config();
+  store_int(&settings.overlap_drafting, 3);
+  expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_INVALID_ARGUMENT,
+                 "specrun_engine_create",
+                 {"config->overlap_drafting 3", "specrun_overlap_drafting"});
   settings = config();
   settings.max_batch = 0;
   expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_FAILED,

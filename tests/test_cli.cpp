@@ -449,9 +449,10 @@ class CliSpeculativeTest : public CliTest {
 
 TEST_F(CliSpeculativeTest, HelpDocumentsTheSpeculativeFlags) {
   const CommandResult result = run_tool("specrun", "--help");
-  for (const char* flag : {"--draft", "--gamma", "--no-draft", "--stats-json", "--prompt ",
-                           "--config", "--method", "--controller", "--verification", "--quantize",
-                           "--draft-quantize", "--quantize-lm-head", "--kv-cache-dtype"}) {
+  for (const char* flag :
+       {"--draft", "--gamma", "--no-draft", "--stats-json", "--prompt ", "--config", "--method",
+        "--controller", "--verification", "--quantize", "--draft-quantize", "--quantize-lm-head",
+        "--kv-cache-dtype", "--overlap-drafting"}) {
     EXPECT_NE(result.stdout_text.find(flag), std::string::npos) << flag;
   }
 }
@@ -462,7 +463,8 @@ TEST_F(CliSpeculativeTest, SpeculativeOutputEqualsTargetAlone) {
   EXPECT_EQ(parse_ids(alone.stdout_text).size(), 30u);
   for (const std::string flags :
        {"--controller goodput", "--controller heuristic --gamma 6", "--controller fixed --gamma 3",
-        "--method prompt_lookup", "--no-prefix-cache"}) {
+        "--method prompt_lookup", "--no-prefix-cache", "--overlap-drafting on --gamma 3",
+        "--overlap-drafting off"}) {
     const CommandResult speculative =
         run("--draft " + quote((dir_ / "draft").string()) + " --quiet " + flags);
     ASSERT_EQ(speculative.exit_code, 0) << flags << ": " << speculative.stderr_text;
@@ -485,6 +487,10 @@ TEST_F(CliSpeculativeTest, AnF32KvCacheSpeculatesLosslesslyAndABadDtypeIsRefused
   const CommandResult unknown = run("--kv-cache-dtype f16");
   EXPECT_NE(unknown.exit_code, 0);
   EXPECT_NE(unknown.stderr_text.find("--kv-cache-dtype"), std::string::npos) << unknown.stderr_text;
+  const CommandResult overlap = run("--overlap-drafting sometimes");
+  EXPECT_NE(overlap.exit_code, 0);
+  EXPECT_NE(overlap.stderr_text.find("--overlap-drafting"), std::string::npos)
+      << overlap.stderr_text;
 }
 
 TEST_F(CliSpeculativeTest, QuantizedTargetSpeculatesLosslessly) {

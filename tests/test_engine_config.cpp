@@ -52,6 +52,7 @@ TEST(EngineConfigFile, DefaultFileDocumentsTheBuiltInDefaults) {
   EXPECT_EQ(loaded.deterministic, built_in.deterministic);
   EXPECT_EQ(loaded.bf16_activations, built_in.bf16_activations);
   EXPECT_EQ(loaded.prefix_cache, built_in.prefix_cache);
+  EXPECT_EQ(loaded.overlap_drafting, built_in.overlap_drafting);
   EXPECT_EQ(loaded.target, built_in.target);
   EXPECT_EQ(loaded.draft, built_in.draft);
   EXPECT_EQ(loaded.quantize, built_in.quantize);
@@ -88,6 +89,20 @@ TEST(EngineConfigFile, ReadsTheKvCacheDtypeAndNamesABadOne) {
   EXPECT_EQ(EngineConfig::from_toml((dir / "kv.toml").string()).kv_cache_dtype, KvCacheDtype::kF32);
   expect_config_error("[runtime]\nkv_cache_dtype = \"fp8\"\n",
                       {":2:", "runtime.kv_cache_dtype", "fp8", "bf16", "f32"});
+}
+
+TEST(EngineConfigFile, ReadsOverlapDraftingAndNamesABadValue) {
+  EXPECT_EQ(EngineConfig{}.overlap_drafting, OverlapDrafting::kAuto);
+  testing::TempDir dir;
+  for (const OverlapDrafting overlap : {OverlapDrafting::kOn, OverlapDrafting::kOff}) {
+    testing::write_file(dir / "o.toml", std::string("[runtime]\noverlap_drafting = \"") +
+                                            to_string(overlap) + "\"\n");
+    EXPECT_EQ(EngineConfig::from_toml((dir / "o.toml").string()).overlap_drafting, overlap);
+  }
+  expect_config_error("[runtime]\noverlap_drafting = true\n",
+                      {":2:", "runtime.overlap_drafting", "must be a string"});
+  expect_config_error("[runtime]\noverlap_drafting = \"sometimes\"\n",
+                      {":2:", "runtime.overlap_drafting", "sometimes", "auto", "on", "off"});
 }
 
 TEST(EngineConfigFile, ReadsEveryKeyAndKeepsDefaultsForAbsentOnes) {

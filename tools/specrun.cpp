@@ -409,6 +409,15 @@ int main(int argc, char** argv) {
       "CPU: bf16 weights meet activations rounded to bf16, by AMX tile multiplies where the CPU "
       "has AMX, else vdpbf16ps where it has AVX512-BF16 (runtime.bf16_activations): faster "
       "prefill and verification");
+  CLI::Option* overlap = app.add_option(
+      "--overlap-drafting", f.overlap_drafting,
+      "Draft ahead while the target verifies (runtime.overlap_drafting): auto (where the draft "
+      "runs beside the verification, which no backend does yet), on or off; output is the same "
+      "either way");
+  overlap
+      ->transform(choices({specrun::OverlapDrafting::kAuto, specrun::OverlapDrafting::kOn,
+                           specrun::OverlapDrafting::kOff}))
+      ->type_name("auto|on|off");
   bool no_prefix_cache = false;
   CLI::Option* prefix_cache = app.add_flag(
       "--no-prefix-cache", no_prefix_cache,
@@ -477,6 +486,7 @@ int main(int argc, char** argv) {
     if (given(deterministic)) config.deterministic = f.deterministic;
     if (given(bf16_activations)) config.bf16_activations = f.bf16_activations;
     if (given(prefix_cache)) config.prefix_cache = !no_prefix_cache;
+    if (given(overlap)) config.overlap_drafting = f.overlap_drafting;
     if (given(method)) config.speculation.method = f.speculation.method;
     if (given(controller)) config.speculation.controller = f.speculation.controller;
     if (given(verification)) config.speculation.verification = f.speculation.verification;

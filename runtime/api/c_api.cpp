@@ -377,6 +377,33 @@ specrun::KvCacheDtype from_c(const specrun_kv_cache_dtype& dtype, const char* na
   }
 }
 
+specrun::OverlapDrafting from_c(const specrun_overlap_drafting& overlap, const char* name) {
+  const int64_t value = enum_value(overlap);
+  switch (value) {
+    case SPECRUN_OVERLAP_AUTO:
+      return specrun::OverlapDrafting::kAuto;
+    case SPECRUN_OVERLAP_ON:
+      return specrun::OverlapDrafting::kOn;
+    case SPECRUN_OVERLAP_OFF:
+      return specrun::OverlapDrafting::kOff;
+    default:
+      throw InvalidArgument(std::string(name) + " " + std::to_string(value) +
+                            " is not a specrun_overlap_drafting");
+  }
+}
+
+specrun_overlap_drafting to_c(specrun::OverlapDrafting overlap) {
+  switch (overlap) {
+    case specrun::OverlapDrafting::kOn:
+      return SPECRUN_OVERLAP_ON;
+    case specrun::OverlapDrafting::kOff:
+      return SPECRUN_OVERLAP_OFF;
+    case specrun::OverlapDrafting::kAuto:
+      break;
+  }
+  return SPECRUN_OVERLAP_AUTO;
+}
+
 // The C settings as specrun::EngineConfig; throws naming the field that is wrong.
 specrun::EngineConfig from_c(const specrun_engine_config& config) {
   require(config.target, "config->target");
@@ -400,6 +427,7 @@ specrun::EngineConfig from_c(const specrun_engine_config& config) {
   settings.draft_quantize = from_c(config.draft_quantize, "config->draft_quantize");
   settings.quantize_lm_head = config.quantize_lm_head != 0;
   settings.kv_cache_dtype = from_c(config.kv_cache_dtype, "config->kv_cache_dtype");
+  settings.overlap_drafting = from_c(config.overlap_drafting, "config->overlap_drafting");
   return settings;
 }
 
@@ -494,6 +522,7 @@ specrun_status specrun_engine_config_init(specrun_engine_config* config) {
     config->kv_cache_dtype = defaults.kv_cache_dtype == specrun::KvCacheDtype::kF32
                                  ? SPECRUN_KV_CACHE_F32
                                  : SPECRUN_KV_CACHE_BF16;
+    config->overlap_drafting = to_c(defaults.overlap_drafting);
   });
 }
 
@@ -723,6 +752,8 @@ specrun_status specrun_engine_stats_get(const specrun_engine* engine, specrun_en
     stats->prompt_tokens = s.prompt_tokens;
     stats->cached_prompt_tokens = s.cached_prompt_tokens;
     stats->prefix_cache_hit_rate = s.prefix_cache_hit_rate;
+    stats->drafted_ahead = s.drafted_ahead;
+    stats->ahead_taken = s.ahead_taken;
   });
 }
 

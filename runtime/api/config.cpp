@@ -262,7 +262,7 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
     TableReader reader(path, *runtime, "runtime");
     reader.reject_unknown({"device", "threads", "kv_cache_tokens", "kv_block_size",
                            "kv_cache_dtype", "max_batch", "deterministic", "bf16_activations",
-                           "prefix_cache"});
+                           "prefix_cache", "overlap_drafting"});
     reader.device("device", &config.device);
     reader.integer("threads", &config.threads, 0, kMaxThreads);
     reader.integer("kv_cache_tokens", &config.kv_cache_tokens, 0,
@@ -274,6 +274,8 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
     reader.boolean("deterministic", &config.deterministic);
     reader.boolean("bf16_activations", &config.bf16_activations);
     reader.boolean("prefix_cache", &config.prefix_cache);
+    reader.choice("overlap_drafting", &config.overlap_drafting, parse_overlap_drafting,
+                  overlap_draftings());
   }
   return config;
 }

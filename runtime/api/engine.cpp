@@ -450,6 +450,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
 
   BatchEngineOptions batch_options;
   batch_options.max_batch = config.max_batch;
+  batch_options.overlap = config.overlap_drafting;
   core->batch = std::make_unique<BatchEngine>(*core->target, core->draft.get(), batch_options);
   return std::unique_ptr<Engine>(new Engine(std::make_unique<Impl>(std::move(core))));
 }
@@ -520,6 +521,8 @@ EngineStats Engine::stats() const {
   stats.kv_tokens_cached = batch.kv_tokens_cached;
   stats.prompt_tokens = batch.prompt_tokens;
   stats.cached_prompt_tokens = batch.cached_prompt_tokens;
+  stats.drafted_ahead = batch.drafted_ahead;
+  stats.ahead_taken = batch.ahead_taken;
   stats.prefix_cache_hit_rate = batch.prompt_tokens > 0
                                     ? static_cast<double>(batch.cached_prompt_tokens) /
                                           static_cast<double>(batch.prompt_tokens)

@@ -107,6 +107,15 @@ typedef enum specrun_kv_cache_dtype {
   SPECRUN_KV_CACHE_F32 = 1   /* f32: exact */
 } specrun_kv_cache_dtype;
 
+/* Drafting ahead while the target verifies (specrun.hpp's specrun::OverlapDrafting); output is
+ * the same either way. */
+typedef enum specrun_overlap_drafting {
+  SPECRUN_OVERLAP_AUTO = 0, /* where it pays (default): off on both backends today, which run the
+                             * draft and the target one after the other */
+  SPECRUN_OVERLAP_ON = 1,   /* always */
+  SPECRUN_OVERLAP_OFF = 2   /* never */
+} specrun_overlap_drafting;
+
 /* Why a request finished. */
 typedef enum specrun_finish_reason {
   SPECRUN_FINISH_END_OF_SEQUENCE = 0, /* the model produced an end-of-sequence token */
@@ -169,6 +178,7 @@ typedef struct specrun_engine_config {
                          * (AMX tile multiplies where there is AMX, else vdpbf16ps where there
                          * is AVX512-BF16); default 0 */
   specrun_kv_cache_dtype kv_cache_dtype; /* both models' KV caches; default bf16 */
+  specrun_overlap_drafting overlap_drafting; /* drafting ahead while verifying; default auto */
 } specrun_engine_config;
 
 specrun_status specrun_sampling_init(specrun_sampling* sampling);
@@ -314,6 +324,8 @@ typedef struct specrun_engine_stats {
   int64_t prompt_tokens;        /* prompt tokens of the requests started */
   int64_t cached_prompt_tokens; /* of those, taken from the prefix cache */
   double prefix_cache_hit_rate; /* cached_prompt_tokens / prompt_tokens */
+  int64_t drafted_ahead; /* sequence steps that drafted ahead of verification (overlap) */
+  int64_t ahead_taken;   /* of those, the ones whose drafts ahead the next step proposed */
 } specrun_engine_stats;
 
 specrun_status specrun_engine_stats_get(const specrun_engine* engine, specrun_engine_stats* stats);

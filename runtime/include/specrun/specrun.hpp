@@ -139,10 +139,12 @@ struct EngineConfig {
                                     // within bf16 rounding of exact
   Quantization quantize = Quantization::kNone;        // the target's linear layers, at load
   Quantization draft_quantize = Quantization::kNone;  // the draft's
-  bool quantize_lm_head = false;      // the output projections too (else they stay bf16)
-  bool prefix_cache = true;           // a prompt starts from the cached KV blocks of an earlier
-                                      // sequence with the same prefix (both models); output is
-                                      // the same either way
+  bool quantize_lm_head = false;  // the output projections too (else they stay bf16)
+  bool prefix_cache = true;       // a prompt starts from the cached KV blocks of an earlier
+                                  // sequence with the same prefix (both models); output is
+                                  // the same either way
+  // Drafting ahead while the target verifies; output is the same either way.
+  OverlapDrafting overlap_drafting = OverlapDrafting::kAuto;
   SamplingSettings sampling{};        // defaults of requests that give none
   SpeculationSettings speculation{};  // defaults of requests that give none
 
@@ -288,6 +290,8 @@ struct EngineStats {
   int64_t prompt_tokens = 0;           // prompt tokens of the requests started
   int64_t cached_prompt_tokens = 0;    // of those, taken from the prefix cache
   double prefix_cache_hit_rate = 0.0;  // cached_prompt_tokens / prompt_tokens
+  int64_t drafted_ahead = 0;  // sequence steps that drafted ahead of verification (overlap)
+  int64_t ahead_taken = 0;    // of those, the ones whose drafts ahead the next step proposed
 };
 
 // What the engine runs on.
