@@ -65,6 +65,16 @@ class SpeculativeTest : public ::testing::Test {
     return Model::load(dir_ / name, *backend_, options);
   }
 
+  // skip-target, whose second layer changes the logits only a little, and skip-draft, its first
+  // layer: a draft accepted often but not always.
+  void write_layer_skip_pair() {
+    GeneratorOptions target_options = small_model(5);
+    target_options.shallow_layers = 1;
+    target_options.deep_layer_scale = 0.4f;
+    fixtures::write_random_checkpoint(target_options, dir_ / "skip-target");
+    fixtures::write_truncated_checkpoint(dir_ / "skip-target", 1, dir_ / "skip-draft");
+  }
+
   testing::TempDir dir_;
   std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(2);
   std::unique_ptr<Model> target_, self_draft_, foreign_draft_;
@@ -165,11 +175,7 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyWithAPartlyAgreeingLayerSkipDraft)
   // A target whose second layer changes the logits only a little, and its first layer as the
   // draft: drafts are accepted often but not always, so every step mixes acceptance, rejection
   // and rollback.
-  GeneratorOptions target_options = small_model(5);
-  target_options.shallow_layers = 1;
-  target_options.deep_layer_scale = 0.4f;
-  fixtures::write_random_checkpoint(target_options, dir_ / "skip-target");
-  fixtures::write_truncated_checkpoint(dir_ / "skip-target", 1, dir_ / "skip-draft");
+  write_layer_skip_pair();
   auto target = load("skip-target");
   auto draft = load("skip-draft");
   check_pairing(*target, *draft);
@@ -559,11 +565,7 @@ TEST_F(SpeculativeTest, OverlappedDraftingChangesNoOutputBit) {
   // under the controllers that decide from outcomes alone; with the draft's confidence floor
   // stopping drafts (ahead too) and without; with a draft that always agrees, one that partly
   // does and one that rarely does.
-  GeneratorOptions target_options = small_model(5);
-  target_options.shallow_layers = 1;
-  target_options.deep_layer_scale = 0.4f;
-  fixtures::write_random_checkpoint(target_options, dir_ / "skip-target");
-  fixtures::write_truncated_checkpoint(dir_ / "skip-target", 1, dir_ / "skip-draft");
+  write_layer_skip_pair();
   auto skip_target = load("skip-target");
   auto skip_draft = load("skip-draft");
   struct Pair {
@@ -708,11 +710,7 @@ TEST_F(SpeculativeTest, OverlappedDraftingInABatchChangesNoOutputBit) {
   // Rows keep and drop their drafts ahead independently within one batch, as a server runs them:
   // seeded rejection sampling (whose tokens depend on what was drafted) and greedy rows give the
   // same tokens with overlap on and off.
-  GeneratorOptions target_options = small_model(5);
-  target_options.shallow_layers = 1;
-  target_options.deep_layer_scale = 0.4f;
-  fixtures::write_random_checkpoint(target_options, dir_ / "skip-target");
-  fixtures::write_truncated_checkpoint(dir_ / "skip-target", 1, dir_ / "skip-draft");
+  write_layer_skip_pair();
   auto target = load("skip-target");
   auto draft = load("skip-draft");
   std::vector<EngineRequest> requests;
