@@ -169,6 +169,10 @@ class Backend {
   virtual std::string_view name() const = 0;
   // True when device pointers are host pointers, so weights can be used in place.
   virtual bool uses_host_memory() const = 0;
+  // Whether work for two models (the draft's and the target's) would run at the same time, on a
+  // stream each, so that drafting ahead hides behind a verification (OverlapDrafting::kAuto). No
+  // backend does yet: the CPU runs every op on one pool of threads, CUDA on one stream.
+  virtual bool runs_models_concurrently() const { return false; }
   // The layout this backend's matmul reads weights of `weight_dtype` in fastest; the model lays
   // its matmul weights (and a table a tied head shares) out this way at load. Every backend also
   // reads kRows.

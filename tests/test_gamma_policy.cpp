@@ -429,6 +429,68 @@ TEST(GoodputPolicy, CatchUpIsNotADraftCost) {
   EXPECT_NEAR(controller.costs().draft_round_ms(1), 1.0, 1e-9);
 }
 
+TEST(GoodputPolicy, DraftsKeptAndDraftedAheadCountAsTheRoundsThatRan) {
+  // Overlapped drafting: a step whose four drafts were all kept from the step before ran no round
+  // for them, and its five drafts ahead ran five; one whose first two were kept ran two rounds
+  // for the rest. At 1 ms a round, the line must say 1 ms, not 5/4 or 7/4.
+  GoodputPolicy controller(8);
+  const GammaRow row[] = {{0, 4, 4, 4, 4}};
+  for (int step = 0; step < 8; ++step) {
+    const bool calibration = plan(controller, row)[0].filler;
+    const int64_t kept = calibration ? 0 : (step % 2 == 0 ? 4 : 2);
+    DraftOutcome outcome[] = {{0, 4, 4, calibration, 1, kept, calibration ? 0 : 5}};
+    const double rounds = calibration ? 0.0 : static_cast<double>(4 - kept + 5);
+    controller.observe(outcome, rounds * 1.0, 10.0);
+  }
+  EXPECT_NEAR(controller.costs().draft_round_ms(1), 1.0, 1e-9);
+  // Bad counts are refused.
+  const DraftOutcome more_kept_than_drafted[] = {{0, 2, 1, false, 1, 3, 0}};
+  EXPECT_THROW(controller.observe(more_kept_than_drafted, 1.0, 1.0), std::exception);
+}
+
+TEST(GammaPolicies, DraftAheadOnlyWhereTheBackendWouldHideIt) {
+  // Fixed and heuristic have no costs to weigh: hidden drafting ahead costs the step nothing, so
+  // they draft ahead exactly where it would be hidden.
+  for (const GammaControl kind : {GammaControl::kFixed, GammaControl::kHeuristic}) {
+    const auto policy = make_gamma_policy(kind, 8);
+    for (const bool hidden : {false, true}) {
+      GammaRow row[] = {{1, 8, 0, 8, 3}};
+      row[0].ahead_hidden = hidden;
+      EXPECT_EQ(plan(*policy, row)[0].draft_ahead, hidden) << to_string(kind);
+    }
+  }
+}
+
+// A goodput policy that has measured `accept_every` (1: every draft accepted, 0: none) with
+// draft rounds of `round_ms` and verifications of `verify_ms`, then plans one row of gamma 4.
+DraftPlan goodput_plan_after(double round_ms, double verify_ms, bool accept_every, bool hidden) {
+  GoodputPolicy policy(8);
+  const GammaRow row[] = {{1, 8, 4, 8, 4}};  // gamma_min 4: always drafts 4
+  for (int step = 0; step < 12; ++step) {
+    const DraftPlan p = plan(policy, row)[0];
+    const int64_t accepted = p.filler || !accept_every ? 0 : p.gamma;
+    const DraftOutcome outcome[] = {{1, p.gamma, accepted, p.filler, 1}};
+    policy.observe(outcome, p.filler ? 0.0 : round_ms * static_cast<double>(p.gamma), verify_ms);
+  }
+  GammaRow asked[] = {{1, 8, 4, 8, 4}};
+  asked[0].ahead_hidden = hidden;
+  return plan(policy, asked)[0];
+}
+
+TEST(GoodputPolicy, DraftsAheadWhenTheRoundsItSparesOutweighWhatTheVerificationDoesNotHide) {
+  // Rounds of 1 ms beside a 10 ms verification: the five rounds ahead hide entirely, and any
+  // chance of keeping them pays.
+  EXPECT_TRUE(goodput_plan_after(1.0, 10.0, true, true).draft_ahead);
+  EXPECT_FALSE(goodput_plan_after(1.0, 10.0, true, false).draft_ahead);
+  // Rounds of 2.5 ms beside a 10 ms verification: 2.5 ms of the 12.5 show. With every draft
+  // accepted so far (the fifth depth unobserved, near its prior of 0.6), they are kept about half
+  // the time and spare 10 ms then: they pay. With none accepted, they are never kept.
+  EXPECT_TRUE(goodput_plan_after(2.5, 10.0, true, true).draft_ahead);
+  EXPECT_FALSE(goodput_plan_after(2.5, 10.0, false, true).draft_ahead);
+  // Rounds of 6 ms: 20 of the 30 ms show, more than the 24 ms they could spare.
+  EXPECT_FALSE(goodput_plan_after(6.0, 10.0, true, true).draft_ahead);
+}
+
 TEST(GoodputPolicy, APreemptedStepDoesNotFlattenTheVerifyLine) {
   // Compute-bound: T tokens cost T ms. Plain steps, then one plain step that took 60 ms (the OS
   // preempted it): the line must stay steep enough that drafting still does not pay.

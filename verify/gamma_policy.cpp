@@ -14,7 +14,11 @@ namespace {
 class FixedPolicy : public GammaPolicy {
  public:
   void plan(std::span<const GammaRow> rows, std::span<DraftPlan> plans) override {
-    for (size_t i = 0; i < rows.size(); ++i) plans[i] = {std::min(rows[i].first, rows[i].cap)};
+    // Drafting ahead that the verification hides costs the step nothing.
+    for (size_t i = 0; i < rows.size(); ++i) {
+      plans[i] = {std::min(rows[i].first, rows[i].cap)};
+      plans[i].draft_ahead = rows[i].ahead_hidden;
+    }
   }
   void observe(std::span<const DraftOutcome>, double, double) override {}
   void forget(int64_t) override {}
@@ -31,6 +35,7 @@ class HeuristicPolicy : public GammaPolicy {
       const auto [it, fresh] = state_.try_emplace(row.sequence, State{row.first, row.min, row.max});
       it->second.chosen = it->second.gamma;
       plans[i] = {std::min(it->second.gamma, row.cap)};
+      plans[i].draft_ahead = row.ahead_hidden;
       planned_.insert(row.sequence);
     }
   }

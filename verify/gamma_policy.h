@@ -25,6 +25,9 @@ struct GammaRow {
   int64_t min = 0;       // fewest wanted: its gamma_min, clipped to cap
   int64_t max = 0;       // its gamma_max, whatever this step's cap
   int64_t first = 0;     // its gamma: the depth of its first drafting step
+  // Overlapped drafting is the policy's call (OverlapDrafting::kAuto) and the backend would run
+  // the drafts ahead beside the verification: only then may a plan draft ahead.
+  bool ahead_hidden = false;
 };
 
 // What a sequence drafts in the step.
@@ -37,6 +40,9 @@ struct DraftPlan {
   // Bound on the committed tokens the draft model reads before drafting (DraftRequest's
   // max_catch_up); 0 reads all of them.
   int64_t max_catch_up = 0;
+  // Draft past this step's drafts while they are verified (overlapped drafting, where the row's
+  // ahead_hidden allows it).
+  bool draft_ahead = false;
 };
 
 // What a sequence did in the step.
@@ -48,6 +54,10 @@ struct DraftOutcome {
   // Committed tokens the draft model read before its first draft (normally 1 or 2; more after
   // plain steps). Reading a backlog is not part of a draft round's steady cost.
   int64_t catch_up = 0;
+  // Overlapped drafting: of `drafted`, those the step before proposed ahead (no draft round of this
+  // step made them), and the drafts this step proposed ahead for the next (rounds it did run).
+  int64_t kept = 0;
+  int64_t ahead = 0;
 };
 
 class GammaPolicy {

@@ -77,6 +77,25 @@ double GoodputPolicy::goodput(std::span<const GammaRow> rows, std::span<const in
   return tokens / costs_.step_ms(gammas);
 }
 
+bool GoodputPolicy::ahead_pays(std::span<const GammaRow> rows, std::span<const int64_t> gammas,
+                               size_t i) const {
+  const int64_t gamma = gammas[i];
+  if (gamma == 0 || !costs_.draft_known() || !costs_.verify_known()) return false;
+  double kept = 1.0;
+  for (int64_t j = 1; j <= gamma + 1; ++j) {
+    kept *= estimate(rows[i].sequence, std::min(j, gamma_limit_)).mean;
+  }
+  int64_t tokens = 0, drafting = 0;
+  for (const int64_t g : gammas) {
+    tokens += g + 1;
+    drafting += g > 0 ? 1 : 0;
+  }
+  const double round_ms = costs_.draft_round_ms(drafting);
+  const double unhidden =
+      std::max(0.0, static_cast<double>(gamma + 1) * round_ms - costs_.verify_ms(tokens));
+  return kept * static_cast<double>(gamma) * round_ms > unhidden;
+}
+
 std::vector<int64_t> GoodputPolicy::best_gammas(std::span<const GammaRow> rows,
                                                 std::vector<int64_t> start, bool optimistic) const {
   // Greedy: add the draft (one row's, or one more for every row at once) that raises expected
@@ -226,22 +245,28 @@ void GoodputPolicy::plan(std::span<const GammaRow> rows, std::span<DraftPlan> pl
     }
     plans[i] = {gammas[i], calibrating_ && gammas[i] > 0,
                 probing_model_ ? kProbeCatchUp : int64_t{0}};
+    plans[i].draft_ahead = row.ahead_hidden && !plans[i].filler && ahead_pays(rows, gammas, i);
     if (remember_) previous_[row.sequence] = gammas[i];
   }
 }
 
 void GoodputPolicy::observe(std::span<const DraftOutcome> step, double draft_ms, double verify_ms) {
   steps_ += 1;
-  int64_t tokens = 0, rounds = 0, drafts = 0;
+  // The draft's batched rounds: those proposing the drafts verified (less those kept from drafting
+  // ahead), then those drafting ahead; the draft time covers both.
+  int64_t tokens = 0, proposing_rounds = 0, ahead_rounds = 0, drafts = 0;
   bool steady = true;  // no drafting row read a backlog first
   for (const DraftOutcome& outcome : step) {
     SPECRUN_CHECK(outcome.accepted >= 0 && outcome.accepted <= outcome.drafted &&
-                  outcome.drafted <= gamma_limit_)
-        << "outcome " << outcome.accepted << " of " << outcome.drafted;
+                  outcome.drafted <= gamma_limit_ && outcome.kept >= 0 &&
+                  outcome.kept <= outcome.drafted && outcome.ahead >= 0)
+        << "outcome " << outcome.accepted << " of " << outcome.drafted << ", " << outcome.kept
+        << " kept, " << outcome.ahead << " ahead";
     tokens += outcome.drafted + 1;
     if (outcome.drafted == 0 || outcome.filler) continue;
-    rounds = std::max(rounds, outcome.drafted);
-    drafts += outcome.drafted;
+    proposing_rounds = std::max(proposing_rounds, outcome.drafted - outcome.kept);
+    ahead_rounds = std::max(ahead_rounds, outcome.ahead);
+    drafts += outcome.drafted - outcome.kept + outcome.ahead;
     steady = steady && outcome.catch_up <= kSteadyCatchUp;
     // Another policy's rows are load on the step's costs; their acceptance is theirs.
     if (planned_.count(outcome.sequence) == 0) continue;
@@ -269,7 +294,8 @@ void GoodputPolicy::observe(std::span<const DraftOutcome> step, double draft_ms,
       }
     }
   }
-  costs_.observe(steps_, tokens, verify_ms, rounds, drafts, steady, draft_ms);
+  costs_.observe(steps_, tokens, verify_ms, proposing_rounds + ahead_rounds, drafts, steady,
+                 draft_ms);
 }
 
 void GoodputPolicy::forget(int64_t sequence) {

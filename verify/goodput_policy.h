@@ -32,6 +32,15 @@
 // A sequence's first drafting step drafts its configured gamma (GammaRow::first; 0 leaves the
 // depth to the policy): the user's gamma is where drafting starts, and what is measured from
 // there moves it.
+//
+// Overlapped drafting, where the backend would hide it (GammaRow::ahead_hidden): drafting ahead
+// runs gamma + 1 more draft rounds beside the verification and, when its drafts are kept (every
+// draft accepted and the draft's next token the target's new one, taken to be as likely as an
+// acceptance at depth gamma + 1), spares the next step gamma rounds. A row drafts ahead when the
+// rounds spared, weighed by that chance, outweigh the part of the rounds ahead that the
+// verification's own time does not hide. (Where the rounds run after the verification instead,
+// nothing is hidden and the rounds spared never outweigh the gamma + 1 run: the engine does not
+// ask.)
 #pragma once
 
 #include <cstdint>
@@ -115,6 +124,8 @@ class GoodputPolicy : public GammaPolicy {
                                    bool optimistic) const;
   double goodput(std::span<const GammaRow> rows, std::span<const int64_t> gammas,
                  bool optimistic) const;
+  // Whether drafting ahead pays for row `i` of a step with these gammas (see plan()).
+  bool ahead_pays(std::span<const GammaRow> rows, std::span<const int64_t> gammas, size_t i) const;
   // The gammas of the step; sets calibrating_, probing_model_ and remember_.
   std::vector<int64_t> choose(std::span<const GammaRow> rows);
 

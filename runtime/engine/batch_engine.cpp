@@ -523,6 +523,9 @@ void BatchEngine::State::retire_full_contexts() {
 void BatchEngine::State::plan(StepWork& work) {
   const size_t batch = running.size();
   work.plans.assign(batch, DraftPlan{});
+  // Drafting ahead is the policies' call only where the backend would hide it.
+  const bool ahead_hidden = options.overlap == OverlapDrafting::kAuto && draft != nullptr &&
+                            draft->backend().runs_models_concurrently();
   for (size_t b = 0; b < batch; ++b) {
     work.rows_of[running[b]->request.speculation.controller].push_back(b);
   }
@@ -535,7 +538,7 @@ void BatchEngine::State::plan(StepWork& work) {
       const int64_t limit = cap(sequence);
       rows.push_back({static_cast<int64_t>(sequence.id), limit,
                       std::min(speculation.gamma_min, limit), speculation.gamma_max,
-                      speculation.gamma});
+                      speculation.gamma, sequence.drafts_with_model && ahead_hidden});
     }
     std::vector<DraftPlan> plans(rows.size());
     policy(kind).plan(rows, plans);
@@ -671,7 +674,7 @@ void BatchEngine::State::assemble(StepWork& work, const Proposals& from_model,
 // drafts as the next step could verify (this step's gamma at most). A backend with a stream per
 // model runs this beside score_and_verify; here it runs before it, as its own batched proposal.
 void BatchEngine::State::draft_ahead(StepWork& work) {
-  if (draft_proposer == nullptr || options.overlap != OverlapDrafting::kOn) return;
+  if (draft_proposer == nullptr || options.overlap == OverlapDrafting::kOff) return;
   const auto start = Clock::now();
   const int64_t batch = static_cast<int64_t>(running.size());
   std::vector<DraftRequest> requests;
@@ -683,7 +686,7 @@ void BatchEngine::State::draft_ahead(StepWork& work) {
     const int64_t drafted = work.proposals.counts[row];
     // A row stopped by the confidence floor has fed its last draft and found the draft unsure.
     if (!sequence.drafts_with_model || plan.filler || plan.max_catch_up > 0 || drafted == 0 ||
-        drafted < plan.gamma) {
+        drafted < plan.gamma || (options.overlap == OverlapDrafting::kAuto && !plan.draft_ahead)) {
       continue;
     }
     const int64_t length = static_cast<int64_t>(sequence.committed.size()) + drafted + 1;
@@ -756,8 +759,14 @@ void BatchEngine::State::commit(StepWork& work) {
     Sequence& sequence = *running[b];
     const int64_t drafted = work.proposals.counts[b];
     const int64_t accepted = work.verdict.accepted[b];
-    outcomes[b] = {static_cast<int64_t>(sequence.id), drafted, accepted, work.plans[b].filler,
-                   work.catch_up[b]};
+    const int64_t ahead_row = work.ahead_row.empty() ? -1 : work.ahead_row[b];
+    outcomes[b] = {static_cast<int64_t>(sequence.id),
+                   drafted,
+                   accepted,
+                   work.plans[b].filler,
+                   work.catch_up[b],
+                   work.from_kept[b],
+                   ahead_row >= 0 ? work.ahead.counts[static_cast<size_t>(ahead_row)] : 0};
     drafted_total += drafted;
     accepted_total += accepted;
     SequenceStats& stats = sequence.stats;
@@ -789,13 +798,14 @@ void BatchEngine::State::commit(StepWork& work) {
     target.kv_cache().seal(sequence.target_kv, keep);
     if (sequence.drafts_with_model) {
       // Drafts ahead are kept when every draft was accepted and the new token is their first.
-      const int64_t ahead = work.ahead_row.empty() ? -1 : work.ahead_row[b];
-      if (ahead >= 0) drafted_ahead += 1;
-      if (ahead >= 0 && !stop && accepted == drafted && work.ahead.counts[ahead] >= 2 &&
-          work.ahead.tokens[ahead * work.ahead.gamma] == sequence.committed.back()) {
-        sequence.ahead = one_row(work.ahead, ahead);
-        sequence.ahead_complete =
-            work.ahead.counts[ahead] == work.ahead_wanted[static_cast<size_t>(ahead)];
+      const int64_t ahead_count =
+          ahead_row >= 0 ? work.ahead.counts[static_cast<size_t>(ahead_row)] : 0;
+      if (ahead_row >= 0) drafted_ahead += 1;
+      if (ahead_row >= 0 && !stop && accepted == drafted && ahead_count >= 2 &&
+          work.ahead.tokens[static_cast<size_t>(ahead_row * work.ahead.gamma)] ==
+              sequence.committed.back()) {
+        sequence.ahead = one_row(work.ahead, ahead_row);
+        sequence.ahead_complete = ahead_count == work.ahead_wanted[static_cast<size_t>(ahead_row)];
         draft_proposer->rollback_keeping(static_cast<int64_t>(sequence.id), keep,
                                          sequence.ahead.counts[0]);
         ahead_taken += 1;

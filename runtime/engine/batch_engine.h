@@ -69,8 +69,8 @@ struct BatchEngineOptions {
   // deliberately broken ones to show that the distribution checks catch them. Must outlive the
   // engine.
   const Verifier* verifier = nullptr;
-  // Drafting ahead while the target verifies (specrun.hpp's OverlapDrafting). kAuto is off on
-  // every backend today: each runs the draft and the target one after the other.
+  // Drafting ahead while the target verifies (specrun.hpp's OverlapDrafting). kAuto leaves it to
+  // each row's gamma policy where the backend runs the models concurrently, which none does yet.
   OverlapDrafting overlap = OverlapDrafting::kAuto;
 };
 

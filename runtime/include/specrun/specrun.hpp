@@ -84,8 +84,9 @@ const char* to_string(KvCacheDtype dtype);  // "bf16", "f32"
 // step starts with its drafting done; otherwise they are dropped. Output is the same either way.
 enum class OverlapDrafting {
   kAuto,  // where it pays: only a backend that runs the draft beside the target's verification
-          // hides the time it costs, and both run them one after the other today (the CPU on the
-          // same cores, CUDA on one stream), so this is off on both
+          // hides the time it costs, and there each row's gamma policy decides (goodput from the
+          // measured costs and acceptance); both backends run them one after the other today
+          // (the CPU on the same cores, CUDA on one stream), so this is off on both
   kOn,    // always, also where the drafts ahead cost time of their own (tests, measurements)
   kOff,   // never
 };
