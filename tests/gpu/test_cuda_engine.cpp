@@ -121,6 +121,26 @@ TEST_F(CudaEngineTest, ConcurrentRequestsInDeterministicModeEqualTheirRunsAlone)
   }
 }
 
+TEST_F(CudaEngineTest, DeterministicGreedySpeculationWithDraftingAheadEqualsTheTargetAlone) {
+  // Overlapped drafting forced on (auto is off on one stream): drafts proposed ahead and kept are
+  // the drafts the device would have proposed, so the output is still the target's alone.
+  EngineConfig settings = config("cuda", true);
+  settings.overlap_drafting = OverlapDrafting::kOn;
+  const auto engine = Engine::create(settings);
+  for (const std::vector<int32_t>& prompt : prompts()) {
+    const Result alone = engine->submit(greedy_request(prompt, SpeculationMethod::kNone, 0)).wait();
+    ASSERT_EQ(alone.reason, FinishReason::kMaxTokens) << alone.error;
+    for (const int64_t gamma : {1, 3, 6}) {
+      const Result speculative =
+          engine->submit(greedy_request(prompt, SpeculationMethod::kDraftModel, gamma)).wait();
+      ASSERT_EQ(speculative.reason, FinishReason::kMaxTokens) << speculative.error;
+      EXPECT_EQ(speculative.tokens, alone.tokens) << "gamma " << gamma;
+    }
+  }
+  EXPECT_GT(engine->stats().drafted_ahead, 0);
+  EXPECT_GT(engine->stats().ahead_taken, 0);
+}
+
 TEST_F(CudaEngineTest, GreedyOutputFollowsTheCpuBackend) {
   // The backends round differently, so a near tie may go either way; the layer-skip pair's
   // logits are well separated, so the first tokens agree.
