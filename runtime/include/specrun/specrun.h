@@ -177,7 +177,7 @@ typedef struct specrun_engine_config {
   int bf16_activations; /* nonzero: CPU matmuls with bf16 weights round activations to bf16
                          * (AMX tile multiplies where there is AMX, else vdpbf16ps where there
                          * is AVX512-BF16); default 0 */
-  specrun_kv_cache_dtype kv_cache_dtype; /* both models' KV caches; default bf16 */
+  specrun_kv_cache_dtype kv_cache_dtype;     /* both models' KV caches; default bf16 */
   specrun_overlap_drafting overlap_drafting; /* drafting ahead while verifying; default auto */
 } specrun_engine_config;
 
@@ -324,8 +324,8 @@ typedef struct specrun_engine_stats {
   int64_t prompt_tokens;        /* prompt tokens of the requests started */
   int64_t cached_prompt_tokens; /* of those, taken from the prefix cache */
   double prefix_cache_hit_rate; /* cached_prompt_tokens / prompt_tokens */
-  int64_t drafted_ahead; /* sequence steps that drafted ahead of verification (overlap) */
-  int64_t ahead_taken;   /* of those, the ones whose drafts ahead the next step proposed */
+  int64_t drafted_ahead;        /* sequence steps that drafted ahead of verification (overlap) */
+  int64_t ahead_taken;          /* of those, the ones whose drafts ahead the next step proposed */
 } specrun_engine_stats;
 
 specrun_status specrun_engine_stats_get(const specrun_engine* engine, specrun_engine_stats* stats);
