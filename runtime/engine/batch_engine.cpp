@@ -359,10 +359,9 @@ int64_t BatchEngine::State::cap(const Sequence& sequence, int64_t length, int64_
   const SpeculationSettings& speculation = sequence.request.speculation;
   const bool lookup = speculation.method == SpeculationMethod::kPromptLookup;
   if (!sequence.drafts_with_model && !lookup) return 0;
-  const int64_t n = length;
   const int64_t remaining = sequence.request.sampling.max_tokens - generated;
-  int64_t gamma = std::min({speculation.gamma_max, remaining - 1, target.context_limit() - n});
-  if (sequence.drafts_with_model) gamma = std::min(gamma, draft->context_limit() - n + 1);
+  int64_t gamma = std::min({speculation.gamma_max, remaining - 1, target.context_limit() - length});
+  if (sequence.drafts_with_model) gamma = std::min(gamma, draft->context_limit() - length + 1);
   return std::max<int64_t>(gamma, 0);
 }
 
@@ -587,12 +586,14 @@ void BatchEngine::State::propose(StepWork& work) {
     const SpeculationSettings& speculation = sequence.request.speculation;
     if (sequence.drafts_with_model && !plan.filler) {
       if (rest == 0) continue;  // every proposal is a kept one
+      // After kept drafts, the draft continues from them as if they were committed.
       const int64_t taken = work.from_kept[row];
-      std::vector<int32_t>& text = work.draft_text[row];
-      text = followed_by(sequence.committed,
-                         work.kept[row].tokens.empty()
-                             ? std::span<const int32_t>{}
-                             : work.kept[row].row_tokens(0).subspan(1, static_cast<size_t>(taken)));
+      std::span<const int32_t> text = sequence.committed;
+      if (taken > 0) {
+        work.draft_text[row] = followed_by(sequence.committed, work.kept[row].row_tokens(0).subspan(
+                                                                   1, static_cast<size_t>(taken)));
+        text = work.draft_text[row];
+      }
       model_requests.push_back({static_cast<int64_t>(sequence.id), text, rest, sequence.random,
                                 sequence.generated + taken, &sequence.sampling,
                                 speculation.draft_p_min, plan.max_catch_up});
