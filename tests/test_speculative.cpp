@@ -749,73 +749,10 @@ TEST_F(SpeculativeTest, OverlappedDraftingInABatchChangesNoOutputBit) {
 
 // The CPU backend, claiming to run two models' work concurrently: where drafting ahead would hide
 // behind verification, kAuto leaves it to each row's gamma policy.
-class ConcurrentClaimingBackend final : public kernels::Backend {
+class ConcurrentClaimingBackend final : public testing::ForwardingBackend {
  public:
-  explicit ConcurrentClaimingBackend(kernels::Backend& inner) : inner_(inner) {}
-  std::string_view name() const override { return inner_.name(); }
-  bool uses_host_memory() const override { return inner_.uses_host_memory(); }
+  using ForwardingBackend::ForwardingBackend;
   bool runs_models_concurrently() const override { return true; }
-  kernels::WeightLayout matmul_weight_layout(DType dtype) const override {
-    return inner_.matmul_weight_layout(dtype);
-  }
-  void* allocate(size_t bytes) override { return inner_.allocate(bytes); }
-  void deallocate(void* pointer) noexcept override { inner_.deallocate(pointer); }
-  Status copy_to_device(void* dst, const void* src, size_t bytes) override {
-    return inner_.copy_to_device(dst, src, bytes);
-  }
-  Status copy_to_host(void* dst, const void* src, size_t bytes) override {
-    return inner_.copy_to_host(dst, src, bytes);
-  }
-  Status copy_on_device(void* dst, const void* src, size_t bytes) override {
-    return inner_.copy_on_device(dst, src, bytes);
-  }
-  Status synchronize() override { return inner_.synchronize(); }
-  Status time_ms(const std::function<Status()>& work, double* ms) override {
-    return inner_.time_ms(work, ms);
-  }
-  Status available_memory(uint64_t* bytes) override { return inner_.available_memory(bytes); }
-  Status embedding(const kernels::EmbeddingParams& params, const int32_t* ids, const void* table,
-                   float* out) override {
-    return inner_.embedding(params, ids, table, out);
-  }
-  Status rmsnorm(const kernels::RmsNormParams& params, const float* x, const void* weight,
-                 float* out) override {
-    return inner_.rmsnorm(params, x, weight, out);
-  }
-  Status matmul(const kernels::MatmulParams& params, const float* x, const void* weight,
-                const float* scales, const void* bias, float* out) override {
-    return inner_.matmul(params, x, weight, scales, bias, out);
-  }
-  Status matmul_group(const float* x, const kernels::MatmulTarget* targets, size_t count) override {
-    return inner_.matmul_group(x, targets, count);
-  }
-  Status rope(const kernels::RopeParams& params, const int32_t* positions, const float* inv_freq,
-              float* q, float* k) override {
-    return inner_.rope(params, positions, inv_freq, q, k);
-  }
-  Status kv_write(const kernels::KvWriteParams& params, const float* k, const float* v,
-                  const int32_t* slots, void* k_cache, void* v_cache) override {
-    return inner_.kv_write(params, k, v, slots, k_cache, v_cache);
-  }
-  Status attention(const kernels::AttentionParams& params, const float* q, const void* k_cache,
-                   const void* v_cache, const int32_t* query_start, const int32_t* context_lengths,
-                   const int32_t* block_tables, float* out) override {
-    return inner_.attention(params, q, k_cache, v_cache, query_start, context_lengths, block_tables,
-                            out);
-  }
-  Status swiglu(const kernels::SwigluParams& params, const float* gate, const float* up,
-                float* out) override {
-    return inner_.swiglu(params, gate, up, out);
-  }
-  Status fill_uniform(const kernels::FillParams& params, void* out) override {
-    return inner_.fill_uniform(params, out);
-  }
-  Status add(int64_t count, const float* addend, float* accumulator) override {
-    return inner_.add(count, addend, accumulator);
-  }
-
- private:
-  kernels::Backend& inner_;
 };
 
 TEST_F(SpeculativeTest, AutoOverlapIsEachRowsPolicysCallWhereTheBackendWouldHideIt) {

@@ -12,6 +12,7 @@
 #include <ostream>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/core/dtype.h"
@@ -179,69 +180,115 @@ void PrintTo(const Fp8Layout& layout, std::ostream* out);
 void write_fp8_checkpoint(const std::filesystem::path& directory, const std::filesystem::path& twin,
                           const Fp8Layout& layout);
 
-// The CPU backend posing as a device: memory it hands out must be written through
-// copy_to_device, as on a GPU, so the model uploads (and converts) its weights.
-class DeviceLikeBackend final : public kernels::Backend {
+// Forwards every op to another backend; a test backend derives from it and overrides only what
+// it changes.
+class ForwardingBackend : public kernels::Backend {
  public:
-  explicit DeviceLikeBackend(std::shared_ptr<kernels::cpu::ThreadPool> pool) : cpu_(pool) {}
-  std::string_view name() const override { return "device-like"; }
-  bool uses_host_memory() const override { return false; }
-  void* allocate(size_t bytes) override { return cpu_.allocate(bytes); }
-  void deallocate(void* pointer) noexcept override { cpu_.deallocate(pointer); }
+  explicit ForwardingBackend(kernels::Backend& inner) : inner_(inner) {}
+  std::string_view name() const override { return inner_.name(); }
+  bool uses_host_memory() const override { return inner_.uses_host_memory(); }
+  bool runs_models_concurrently() const override { return inner_.runs_models_concurrently(); }
+  kernels::WeightLayout matmul_weight_layout(DType dtype) const override {
+    return inner_.matmul_weight_layout(dtype);
+  }
+  void* allocate(size_t bytes) override { return inner_.allocate(bytes); }
+  void deallocate(void* pointer) noexcept override { inner_.deallocate(pointer); }
   Status copy_to_device(void* dst, const void* src, size_t bytes) override {
-    uploaded += bytes;
-    return cpu_.copy_to_device(dst, src, bytes);
+    return inner_.copy_to_device(dst, src, bytes);
   }
   Status copy_to_host(void* dst, const void* src, size_t bytes) override {
-    return cpu_.copy_to_host(dst, src, bytes);
+    return inner_.copy_to_host(dst, src, bytes);
   }
   Status copy_on_device(void* dst, const void* src, size_t bytes) override {
-    return cpu_.copy_on_device(dst, src, bytes);
+    return inner_.copy_on_device(dst, src, bytes);
   }
-  Status synchronize() override { return cpu_.synchronize(); }
+  Status synchronize() override { return inner_.synchronize(); }
   Status time_ms(const std::function<Status()>& work, double* milliseconds) override {
-    return cpu_.time_ms(work, milliseconds);
+    return inner_.time_ms(work, milliseconds);
   }
-  Status available_memory(uint64_t* bytes) override { return cpu_.available_memory(bytes); }
+  Status available_memory(uint64_t* bytes) override { return inner_.available_memory(bytes); }
+  uint64_t scratch_bytes_bound(const std::vector<kernels::ForwardShape>& shapes) const override {
+    return inner_.scratch_bytes_bound(shapes);
+  }
   Status embedding(const kernels::EmbeddingParams& p, const int32_t* ids, const void* table,
                    float* out) override {
-    return cpu_.embedding(p, ids, table, out);
+    return inner_.embedding(p, ids, table, out);
   }
   Status rmsnorm(const kernels::RmsNormParams& p, const float* x, const void* w,
                  float* out) override {
-    return cpu_.rmsnorm(p, x, w, out);
+    return inner_.rmsnorm(p, x, w, out);
   }
   Status matmul(const kernels::MatmulParams& p, const float* x, const void* w, const float* scales,
                 const void* bias, float* out) override {
-    return cpu_.matmul(p, x, w, scales, bias, out);
+    return inner_.matmul(p, x, w, scales, bias, out);
+  }
+  Status matmul_group(const float* x, const kernels::MatmulTarget* targets, size_t count) override {
+    return inner_.matmul_group(x, targets, count);
   }
   Status rope(const kernels::RopeParams& p, const int32_t* positions, const float* inv_freq,
               float* q, float* k) override {
-    return cpu_.rope(p, positions, inv_freq, q, k);
+    return inner_.rope(p, positions, inv_freq, q, k);
+  }
+  Status rope_kv_write(const kernels::RopeParams& rope, const kernels::KvWriteParams& cache,
+                       const int32_t* positions, const float* inv_freq, const int32_t* slots,
+                       float* q, float* k, const float* v, void* k_cache, void* v_cache) override {
+    return inner_.rope_kv_write(rope, cache, positions, inv_freq, slots, q, k, v, k_cache, v_cache);
   }
   Status kv_write(const kernels::KvWriteParams& p, const float* k, const float* v,
                   const int32_t* slots, void* k_cache, void* v_cache) override {
-    return cpu_.kv_write(p, k, v, slots, k_cache, v_cache);
+    return inner_.kv_write(p, k, v, slots, k_cache, v_cache);
   }
   Status attention(const kernels::AttentionParams& p, const float* q, const void* k_cache,
                    const void* v_cache, const int32_t* query_start, const int32_t* context,
                    const int32_t* tables, float* out) override {
-    return cpu_.attention(p, q, k_cache, v_cache, query_start, context, tables, out);
+    return inner_.attention(p, q, k_cache, v_cache, query_start, context, tables, out);
   }
   Status swiglu(const kernels::SwigluParams& p, const float* gate, const float* up,
                 float* out) override {
-    return cpu_.swiglu(p, gate, up, out);
-  }
-  Status add(int64_t count, const float* addend, float* accumulator) override {
-    return cpu_.add(count, addend, accumulator);
+    return inner_.swiglu(p, gate, up, out);
   }
   Status fill_uniform(const kernels::FillParams& p, void* out) override {
-    return cpu_.fill_uniform(p, out);
+    return inner_.fill_uniform(p, out);
   }
-  uint64_t uploaded = 0;  // bytes through copy_to_device
+  Status add(int64_t count, const float* addend, float* accumulator) override {
+    return inner_.add(count, addend, accumulator);
+  }
+  Status add_rmsnorm(const kernels::RmsNormParams& p, const float* addend, float* accumulator,
+                     const void* weight, float* out) override {
+    return inner_.add_rmsnorm(p, addend, accumulator, weight, out);
+  }
 
  private:
-  kernels::cpu::CpuBackend cpu_;
+  kernels::Backend& inner_;
+};
+
+// Holds the CPU backend a test backend forwards to; a base listed before ForwardingBackend, so
+// that the CPU backend is constructed first.
+struct OwnsCpuBackend {
+  explicit OwnsCpuBackend(std::shared_ptr<kernels::cpu::ThreadPool> pool) : cpu(std::move(pool)) {}
+  kernels::cpu::CpuBackend cpu;
+};
+
+// The CPU backend posing as a device: memory it hands out must be written through
+// copy_to_device, as on a GPU, so the model uploads (and converts) its weights. It reads weights
+// as a device does by default (kRows, matmuls one by one), not in the CPU's packed layouts.
+class DeviceLikeBackend final : private OwnsCpuBackend, public ForwardingBackend {
+ public:
+  explicit DeviceLikeBackend(std::shared_ptr<kernels::cpu::ThreadPool> pool)
+      : OwnsCpuBackend(std::move(pool)), ForwardingBackend(cpu) {}
+  std::string_view name() const override { return "device-like"; }
+  bool uses_host_memory() const override { return false; }
+  kernels::WeightLayout matmul_weight_layout(DType dtype) const override {
+    return kernels::Backend::matmul_weight_layout(dtype);
+  }
+  Status matmul_group(const float* x, const kernels::MatmulTarget* targets, size_t count) override {
+    return kernels::Backend::matmul_group(x, targets, count);
+  }
+  Status copy_to_device(void* dst, const void* src, size_t bytes) override {
+    uploaded += bytes;
+    return ForwardingBackend::copy_to_device(dst, src, bytes);
+  }
+  uint64_t uploaded = 0;  // bytes through copy_to_device
 };
 
 }  // namespace specrun::testing
