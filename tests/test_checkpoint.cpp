@@ -577,7 +577,7 @@ TEST(CheckpointModelLoadTest, OverflowingDimensionsAreOneError) {
   // Within the limit but not what the tensors hold: the shapes are checked against the file.
   edit_config(checkpoint, [](json& c) {
     c["num_key_value_heads"] = 2;
-    c["head_dim"] = kMaxModelDimension - 1;
+    c["head_dim"] = kMaxHeadDim;
   });
   expect_error([&] { Model::load(checkpoint, *backend); }, {"q_proj.weight", "has shape"});
 }

@@ -489,6 +489,21 @@ TEST(ConfigErrorTest, OddHeadDim) {
   expect_config_error(document, {"key 'head_dim'", "even"});
 }
 
+TEST(ConfigErrorTest, HeadDimBeyondAnyModelsIsRefused) {
+  // Found by fuzz_model_config: RoPE's table of head_dim / 2 frequencies took 3.8 GB before any
+  // weight was read.
+  json document = json::parse(kLlama31_8B);
+  document["head_dim"] = 1888888888;
+  expect_config_error(document,
+                      {"key 'head_dim'", "gives 1888888888 channels per head", "limit of 1024"});
+  document["head_dim"] = kMaxHeadDim;
+  EXPECT_EQ(parse_model_config(document, kSource).head_dim, kMaxHeadDim);
+  // Derived from hidden_size / heads: 65600 / 32 = 2050.
+  document.erase("head_dim");
+  document["hidden_size"] = 65600;
+  expect_config_error(document, {"key 'hidden_size'", "gives 2050 channels per head"});
+}
+
 TEST(ConfigErrorTest, HiddenSizeNotMultipleOfHeadsWithoutHeadDim) {
   json document = json::parse(kLlama2_7B);
   document["hidden_size"] = 4100;
@@ -615,10 +630,11 @@ TEST(ConfigErrorTest, DimensionsBeyondTheLimit) {
     expect_config_error(document, {std::string("key '") + key + "'", std::to_string(huge),
                                    "beyond the limit of 2147483647"});
   }
-  // At the limit it parses (the tensors are checked against it at load).
+  // At the limit it parses (the tensors are checked against it at load); head_dim has its own,
+  // lower limit (HeadDimBeyondAnyModelsIsRefused).
   json document = json::parse(kLlama2_7B);
-  document["head_dim"] = kMaxModelDimension - 1;
-  EXPECT_EQ(parse_model_config(document, kSource).head_dim, kMaxModelDimension - 1);
+  document["intermediate_size"] = kMaxModelDimension - 1;
+  EXPECT_EQ(parse_model_config(document, kSource).intermediate_size, kMaxModelDimension - 1);
 }
 
 TEST(ConfigErrorTest, HugeMaxPositionEmbeddingsParses) {

@@ -683,6 +683,14 @@ TEST_F(GgufModelTest, ArchitectureAndKeysAreChecked) {
                      [](GgufWriter& w) { w.kv_u32("llama.attention.head_count_kv", 3); }});
       },
       {"key 'llama.attention.head_count_kv' (3) must divide"});
+  // A head wider than any model's is refused before a table is sized by it.
+  expect_error(
+      [&] {
+        load_edited({"llama.attention.key_length",
+                     [](GgufWriter& w) { w.kv_u32("llama.attention.key_length", 1888888888); }});
+      },
+      {"edited.gguf", "key 'llama.attention.key_length' gives 1888888888 channels per head",
+       "limit of 1024"});
   expect_error(
       [&] {
         load_edited({"tokenizer.ggml.eos_token_id",

@@ -356,6 +356,11 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
     }
     config.head_dim = config.hidden_size / config.num_heads;
   }
+  if (config.head_dim > kMaxHeadDim) {
+    keys.fail(keys.find("head_dim") != nullptr ? "head_dim" : "hidden_size",
+              "gives " + std::to_string(config.head_dim) +
+                  " channels per head, beyond the limit of " + std::to_string(kMaxHeadDim));
+  }
   if (config.head_dim % 2 != 0) keys.fail("head_dim", "must be even for rotary embeddings");
 
   config.rms_norm_eps = keys.positive_number("rms_norm_eps", 1e-6);

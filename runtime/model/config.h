@@ -55,6 +55,10 @@ struct WeightQuantization {
 // num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim), as GGUF's loader bounds
 // its own.
 inline constexpr int64_t kMaxModelDimension = INT32_MAX;
+// The most channels per head a model may have. Published Llama-family models use 64 to 256 (the
+// CUDA attention kernel's own limit is 256); tables sized by it (RoPE's frequencies, attention's
+// per-head rows) are made before any weight is read, so an absurd head_dim must be refused first.
+inline constexpr int64_t kMaxHeadDim = 1024;
 
 struct ModelConfig {
   Architecture architecture = Architecture::kLlama;  // which family's rules apply

@@ -300,6 +300,12 @@ ModelConfig gguf_model_config(const GgufFile& file) {
     }
     c.head_dim = c.hidden_size / c.num_heads;
   }
+  if (c.head_dim > kMaxHeadDim) {
+    file.fail_key(file.find("llama.attention.key_length") != nullptr ? "llama.attention.key_length"
+                                                                     : "llama.embedding_length",
+                  "gives " + std::to_string(c.head_dim) +
+                      " channels per head, beyond the limit of " + std::to_string(kMaxHeadDim));
+  }
   if (c.head_dim % 2 != 0) file.fail_key("llama.attention.key_length", "must be even for RoPE");
   if (file.find("llama.rope.dimension_count") != nullptr &&
       positive(file, "llama.rope.dimension_count") != c.head_dim) {

@@ -216,6 +216,8 @@ def config_corpus():
     write("fuzz_model_config", "deep-value",
           json.dumps(llama)[:-1] + ', "rope_scaling": ' + deep_object(5000) + "}")
     write("fuzz_model_config", "huge-numbers", json.dumps(dict(llama, vocab_size=10**30, rope_theta=1e308)))
+    # Found by fuzzing: a head_dim within the dimension limit sized RoPE's table at 3.8 GB.
+    write("fuzz_model_config", "huge-head-dim", json.dumps(dict(llama, head_dim=1888888888)))
 
 
 # ---- tokenizer.json --------------------------------------------------------------------------
