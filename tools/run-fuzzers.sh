@@ -2,7 +2,7 @@
 # Fuzzes specrun's readers of untrusted input (tests/fuzz: safetensors and GGUF files, config.json,
 # tokenizer.json with encode and streaming decode, the TOML settings, chat templates compiled and
 # rendered, the server's request bodies) with libFuzzer under AddressSanitizer and UndefinedBehaviorSanitizer, each for SECONDS
-# (default 60), starting from the seed corpus in tests/fuzz/corpus/.
+# (default 60), starting from the seed corpus in tests/fuzz/corpus/, one harness per core at a time.
 # Usage: tools/run-fuzzers.sh [SECONDS] [HARNESS...]
 #
 # A finding (a crash, a sanitizer report, a leak, an input taking over 10 s, an allocation past
@@ -27,23 +27,46 @@ CC=clang CXX=clang++ SPECRUN_BUILD_DIR="$build_dir" SPECRUN_SANITIZE=address,und
   SPECRUN_CUDA=OFF SPECRUN_CMAKE_ARGS="-DSPECRUN_FUZZ=ON" SPECRUN_TARGETS="${harnesses[*]}" \
   bash tools/build.sh
 
-failed=()
-for harness in "${harnesses[@]}"; do
-  seeds=tests/fuzz/corpus/$harness
-  corpus=$build_dir/fuzz-corpus/$harness
-  findings=$build_dir/fuzz-findings
+# One harness: its libFuzzer run, output in BUILD/fuzz-HARNESS.log, exit status in .status.
+fuzz_one() {
+  local harness=$1
+  local seeds=tests/fuzz/corpus/$harness corpus=$build_dir/fuzz-corpus/$harness
+  local findings=$build_dir/fuzz-findings log=$build_dir/fuzz-$harness.log
   mkdir -p "$corpus" "$findings"
-  extra=()
+  local extra=()
   # The real checkpoint beside the project, when present, reaches further than handmade seeds.
   if [[ $harness == fuzz_gguf && -f ../shared/models/stories260K/stories260K.gguf ]]; then
     extra=(../shared/models/stories260K)
   fi
+  local status=0
+  "$build_dir/fuzz/$harness" -max_total_time="$seconds" -max_len=2097152 -timeout=10 \
+    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$findings/$harness-" \
+    "$corpus" "$seeds" "${extra[@]}" >"$log" 2>&1 || status=$?
+  echo "$status" >"$log.status"
+}
+
+# libFuzzer runs one process on one core: the harnesses run SPECRUN_FUZZ_JOBS at a time (default:
+# one per core), each for the whole SECONDS.
+jobs=${SPECRUN_FUZZ_JOBS:-$(nproc)}
+running=0
+for harness in "${harnesses[@]}"; do
+  if ((running >= jobs)); then
+    wait -n
+    running=$((running - 1))
+  fi
   echo "=== $harness: ${seconds}s ==="
+  fuzz_one "$harness" &
+  running=$((running + 1))
+done
+wait
+
+failed=()
+for harness in "${harnesses[@]}"; do
   log=$build_dir/fuzz-$harness.log
-  if ! "$build_dir/fuzz/$harness" -max_total_time="$seconds" -max_len=2097152 -timeout=10 \
-      -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$findings/$harness-" \
-      "$corpus" "$seeds" "${extra[@]}" >"$log" 2>&1; then
+  findings=$build_dir/fuzz-findings
+  if [[ $(cat "$log.status") != 0 ]]; then
     failed+=("$harness")
+    echo "=== $harness: finding ==="
     tail -n 60 "$log"
     for reproducer in "$findings/$harness"-*; do
       [[ -f $reproducer ]] || continue
@@ -52,6 +75,7 @@ for harness in "${harnesses[@]}"; do
       echo "--- replay: $build_dir/fuzz/$harness $reproducer"
     done
   else
+    echo "=== $harness ==="
     grep -E "^(stat::number_of_executed_units|stat::peak_rss_mb|#[0-9]+ +DONE)" "$log" || true
   fi
 done
