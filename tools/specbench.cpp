@@ -829,7 +829,7 @@ int main(int argc, char** argv) {
     const int64_t parameters = base.parameters;
     const uint64_t weight_bytes = base.weight_bytes;
     const uint64_t decode_read_bytes = base.decode_read_bytes;
-    const Bandwidth bandwidth = measure_bandwidth(*pool, size_t{512} << 20, 5);
+    const Bandwidth bandwidth = measure_bandwidth(*pool, size_t{512} << 20, repeats);
     const double prefill_tps = 1e3 * static_cast<double>(prompt_tokens) / base.prefill_ms;
     const double step_ms = base.step_ms;
     const double decode_tps = 1e3 / step_ms;
