@@ -69,8 +69,8 @@ inline float exp_f32(float x) {
 }
 
 #if defined(__AVX512F__)
-// GCC 12's intrinsic headers trip -Wmaybe-uninitialized in _mm512_max_ps and _mm512_min_ps, whose
-// "undefined" pass-through operand they read (GCC bug 105593).
+// GCC 12's intrinsic headers trip -Wmaybe-uninitialized in _mm512_max_ps, _mm512_min_ps and the
+// unmasked shuffles, whose "undefined" pass-through operand they read (GCC bug 105593).
 #pragma GCC diagnostic push
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -87,6 +87,35 @@ inline __m512 exp_lanes(__m512 x) {
   __m512 p = _mm512_set1_ps(kTaylor[0]);
   for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kTaylor[i]));
   return _mm512_scalef_ps(p, n);
+}
+
+// Folds a register's 16 lanes in fold_lanes' order.
+inline float fold_register(__m512 v) {
+  const __m256 eight = _mm256_add_ps(
+      _mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+  return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55)));
+}
+
+// Folds four registers' lanes, each in fold_lanes' order (bitwise fold_register's four results),
+// the four folds sharing their shuffles and adds: 14 instructions rather than 4 x 8. A block of
+// several rows against a tile of 4 features folds 4 x rows registers per tile, and those
+// instructions take the FP ports from the multiplies: a 5-row bf16-pair block over 768 columns
+// ran about 6% faster on Zen 5.
+inline void fold_four_registers(__m512 a, __m512 b, __m512 c, __m512 d, float (&out)[4]) {
+  // lane l += lane l + 8: [a 0..7 | b 0..7] and [c 0..7 | d 0..7], each of 128-bit blocks.
+  const __m512 ab =
+      _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd =
+      _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  // lane l += lane l + 4: one 128-bit block each of a, b, c and d.
+  __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));  // lane l += lane l + 2
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));  // lane l += lane l + 1
+  alignas(64) float lanes[kLanes];
+  _mm512_store_ps(lanes, v);
+  for (int i = 0; i < 4; ++i) out[i] = lanes[4 * i];
 }
 #pragma GCC diagnostic pop
 #endif
@@ -348,44 +377,6 @@ inline void avx2_dot_sub_blocks(const float* const* x, const void* const* weight
     }
   }
 }
-#endif
-
-#if defined(__AVX512F__)
-// GCC 12 reads the undefined source of the unmasked shuffles' intrinsics as uninitialised.
-#pragma GCC diagnostic push
-#if !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-// Folds a register's 16 lanes in fold_lanes' order.
-inline float fold_register(__m512 v) {
-  const __m256 eight = _mm256_add_ps(
-      _mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
-  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-  return _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55)));
-}
-
-// Folds four registers' lanes, each in fold_lanes' order (bitwise fold_register's four results),
-// the four folds sharing their shuffles and adds: 14 instructions rather than 4 x 8. A block of
-// several rows against a tile of 4 features folds 4 x rows registers per tile, and those
-// instructions take the FP ports from the multiplies: a 5-row bf16-pair block over 768 columns
-// ran about 6% faster on Zen 5.
-inline void fold_four_registers(__m512 a, __m512 b, __m512 c, __m512 d, float (&out)[4]) {
-  // lane l += lane l + 8: [a 0..7 | b 0..7] and [c 0..7 | d 0..7], each of 128-bit blocks.
-  const __m512 ab =
-      _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-  const __m512 cd =
-      _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
-  // lane l += lane l + 4: one 128-bit block each of a, b, c and d.
-  __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));  // lane l += lane l + 2
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));  // lane l += lane l + 1
-  alignas(64) float lanes[kLanes];
-  _mm512_store_ps(lanes, v);
-  for (int i = 0; i < 4; ++i) out[i] = lanes[4 * i];
-}
-#pragma GCC diagnostic pop
 #endif
 
 // results[r][f] = dot(x[r], weight_rows[f]) for kRows activation rows against kFeatures weight
