@@ -101,8 +101,8 @@ inline float fold_register(__m512 v) {
 // Folds four registers' lanes, each in fold_lanes' order (bitwise fold_register's four results),
 // the four folds sharing their shuffles and adds: 14 instructions rather than 4 x 8. A block of
 // several rows against a tile of 4 features folds 4 x rows registers per tile, and those
-// instructions take the FP ports from the multiplies: a 5-row bf16-pair block over 768 columns
-// ran about 6% faster on Zen 5.
+// instructions take the FP ports from the multiplies (`specbench --model <a 5.4M model>
+// --bf16-activations`, 2-core Zen 5: prefill 3-6% faster with either activations).
 inline void fold_four_registers(__m512 a, __m512 b, __m512 c, __m512 d, float (&out)[4]) {
   // lane l += lane l + 8: [a 0..7 | b 0..7] and [c 0..7 | d 0..7], each of 128-bit blocks.
   const __m512 ab =
@@ -116,6 +116,16 @@ inline void fold_four_registers(__m512 a, __m512 b, __m512 c, __m512 d, float (&
   alignas(64) float lanes[kLanes];
   _mm512_store_ps(lanes, v);
   for (int i = 0; i < 4; ++i) out[i] = lanes[4 * i];
+}
+
+// One row's kFeatures accumulators folded, each in fold_lanes' order.
+template <int kFeatures>
+inline void fold_row(const __m512 (&v)[kFeatures], float (&out)[kFeatures]) {
+  if constexpr (kFeatures == 4) {
+    fold_four_registers(v[0], v[1], v[2], v[3], out);
+  } else {
+    for (int f = 0; f < kFeatures; ++f) out[f] = fold_register(v[f]);
+  }
 }
 #pragma GCC diagnostic pop
 #endif
@@ -476,14 +486,10 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
 // Fold in registers, in fold_lanes' order: lane l += lane l+8, then l+4, l+2, l+1.
 #pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {
-    if constexpr (kFeatures == 4) {
-      fold_four_registers(vacc[r][0], vacc[r][1], vacc[r][2], vacc[r][3], results[r]);
-    }
-#pragma GCC unroll 4
-    for (int f = 0; f < kFeatures; ++f) {
-      if constexpr (kFeatures != 4) results[r][f] = fold_register(vacc[r][f]);
-      if constexpr (kQuantized) {
-        if (one_scale_per_row) results[r][f] *= scales[f].row[0] * kWidenedUnit;
+    fold_row<kFeatures>(vacc[r], results[r]);
+    if constexpr (kQuantized) {
+      if (one_scale_per_row) {
+        for (int f = 0; f < kFeatures; ++f) results[r][f] *= scales[f].row[0] * kWidenedUnit;
       }
     }
   }
@@ -608,14 +614,7 @@ inline void dot_block_bf16_pairs(const uint16_t* const (&x)[kRows],
     }
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < kRows; ++r) {
-    if constexpr (kFeatures == 4) {
-      fold_four_registers(vacc[r][0], vacc[r][1], vacc[r][2], vacc[r][3], results[r]);
-    } else {
-#pragma GCC unroll 4
-      for (int f = 0; f < kFeatures; ++f) results[r][f] = fold_register(vacc[r][f]);
-    }
-  }
+  for (int r = 0; r < kRows; ++r) fold_row<kFeatures>(vacc[r], results[r]);
 #pragma GCC diagnostic pop
 }
 #endif
