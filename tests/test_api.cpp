@@ -318,9 +318,15 @@ TEST_F(ApiTest, RepeatedPromptsComeFromThePrefixCache) {
 TEST_F(ApiTest, OverlappedDraftingIsTheSameOutputAndCountsItsDraftsAhead) {
   // On, the engine drafts ahead and keeps some of those drafts; off and auto (off on the CPU,
   // where nothing runs beside the verification), it never drafts ahead. The tokens are the same.
+  // A fixed gamma: the goodput controller decodes plainly where the steps it timed say drafting
+  // does not pay, and a step slowed by a busy machine could say so.
   Request request;
   request.prompt_ids = {1, 5, 9, 13};
   request.sampling = greedy(24);
+  SpeculationSettings speculation;
+  speculation.controller = GammaControl::kFixed;
+  speculation.gamma = 3;
+  request.speculation = speculation;
   std::vector<std::vector<int32_t>> outputs;
   for (const OverlapDrafting overlap :
        {OverlapDrafting::kOn, OverlapDrafting::kOff, OverlapDrafting::kAuto}) {
