@@ -122,7 +122,7 @@ class ApiTest : public ::testing::Test {
   }
 
   testing::TempDir dir_;
-  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(1);
+  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_engine_cpu_backend(1);
   std::unique_ptr<Model> reference_;
 };
 
@@ -313,6 +313,42 @@ TEST_F(ApiTest, RepeatedPromptsComeFromThePrefixCache) {
     outputs.push_back(second.tokens);
   }
   EXPECT_EQ(outputs[0], outputs[1]);
+}
+
+TEST_F(ApiTest, EachActivationPrecisionGivesItsOwnBackendsGreedyOutput) {
+  // The engine's activations setting reaches the kernels: f32 gives what the exact CPU backend
+  // gives alone, bf16 what a backend rounding activations to bf16 gives, speculating or not, on a
+  // prompt whose greedy continuations under the two differ.
+  const std::pair<ActivationPrecision, kernels::cpu::Activations> precisions[] = {
+      {ActivationPrecision::kF32, kernels::cpu::Activations::kF32},
+      {ActivationPrecision::kBF16, kernels::cpu::Activations::kBF16}};
+  std::vector<std::unique_ptr<kernels::cpu::CpuBackend>> backends;
+  std::vector<std::unique_ptr<Model>> models;
+  for (const auto& [precision, activations] : precisions) {
+    backends.push_back(std::make_unique<kernels::cpu::CpuBackend>(
+        std::make_shared<kernels::cpu::ThreadPool>(1), activations));
+    models.push_back(Model::load(dir_ / "target", *backends.back()));
+  }
+  Request request;
+  request.sampling = greedy(32);
+  request.sampling->stop_at_eos = false;
+  std::vector<std::vector<int32_t>> expected(2);
+  for (int32_t first = 3; first < 250 && expected[0] == expected[1]; first += 7) {
+    request.prompt_ids = {1, first, 200, 5};
+    for (size_t i = 0; i < 2; ++i) {
+      expected[i] =
+          testing::reference_decode(*models[i], request.prompt_ids, *request.sampling).tokens;
+    }
+  }
+  ASSERT_NE(expected[0], expected[1]) << "no prompt tells the two precisions apart";
+  for (size_t i = 0; i < 2; ++i) {
+    SCOPED_TRACE(to_string(precisions[i].first));
+    for (const bool with_draft : {false, true}) {
+      EngineConfig settings = config(with_draft);
+      settings.activations = precisions[i].first;
+      EXPECT_EQ(Engine::create(settings)->submit(request).wait().tokens, expected[i]) << with_draft;
+    }
+  }
 }
 
 TEST_F(ApiTest, OverlappedDraftingIsTheSameOutputAndCountsItsDraftsAhead) {

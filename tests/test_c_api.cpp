@@ -93,7 +93,7 @@ class CApiTest : public ::testing::Test {
   }
 
   std::vector<int32_t> greedy_alone(const std::vector<int32_t>& prompt, int64_t max_tokens) {
-    auto backend = testing::make_cpu_backend(1);
+    auto backend = testing::make_engine_cpu_backend(1);
     auto model = Model::load(target_, *backend);
     return testing::reference_decode(*model, prompt, testing::greedy(max_tokens)).tokens;
   }
@@ -112,7 +112,7 @@ TEST_F(CApiTest, InitSetsTheCppDefaults) {
   EXPECT_EQ(config.device, nullptr);
   EXPECT_EQ(config.rope_style, nullptr);
   EXPECT_EQ(config.deterministic, 0);
-  EXPECT_EQ(config.bf16_activations, 0);
+  EXPECT_EQ(config.activations, SPECRUN_ACTIVATIONS_AUTO);
   EXPECT_EQ(config.prefix_cache, 1);
   EXPECT_EQ(config.quantize, SPECRUN_QUANTIZATION_NONE);
   EXPECT_EQ(config.draft_quantize, SPECRUN_QUANTIZATION_NONE);
@@ -556,6 +556,10 @@ TEST_F(CApiTest, RefusedRequestsAndConfigsReturnTheirCodeAndMessage) {
   expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_INVALID_ARGUMENT,
                  "specrun_engine_create",
                  {"config->overlap_drafting 3", "specrun_overlap_drafting"});
+  settings = config();
+  store_int(&settings.activations, 3);
+  expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_INVALID_ARGUMENT,
+                 "specrun_engine_create", {"config->activations 3", "specrun_activations"});
   settings = config();
   settings.max_batch = 0;
   expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_FAILED,

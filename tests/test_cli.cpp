@@ -452,7 +452,7 @@ TEST_F(CliSpeculativeTest, HelpDocumentsTheSpeculativeFlags) {
   for (const char* flag :
        {"--draft", "--gamma", "--no-draft", "--stats-json", "--prompt ", "--config", "--method",
         "--controller", "--verification", "--quantize", "--draft-quantize", "--quantize-lm-head",
-        "--kv-cache-dtype", "--overlap-drafting"}) {
+        "--kv-cache-dtype", "--overlap-drafting", "--activations"}) {
     EXPECT_NE(result.stdout_text.find(flag), std::string::npos) << flag;
   }
 }
@@ -491,6 +491,24 @@ TEST_F(CliSpeculativeTest, AnF32KvCacheSpeculatesLosslesslyAndABadDtypeIsRefused
   EXPECT_NE(overlap.exit_code, 0);
   EXPECT_NE(overlap.stderr_text.find("--overlap-drafting"), std::string::npos)
       << overlap.stderr_text;
+}
+
+TEST_F(CliSpeculativeTest, EitherActivationPrecisionSpeculatesLosslesslyAndABadOneIsRefused) {
+  // bf16 weights met by f32 and by bf16 activations (and auto, one of them): each run's
+  // speculative output equals its own target-only output.
+  for (const std::string activations :
+       {"--activations f32", "--activations bf16", "--activations auto"}) {
+    const CommandResult alone = run("--no-draft --quiet " + activations);
+    ASSERT_EQ(alone.exit_code, 0) << activations << ": " << alone.stderr_text;
+    EXPECT_EQ(parse_ids(alone.stdout_text).size(), 30u);
+    const CommandResult speculative =
+        run("--draft " + quote((dir_ / "draft").string()) + " --quiet --gamma 4 " + activations);
+    ASSERT_EQ(speculative.exit_code, 0) << activations << ": " << speculative.stderr_text;
+    EXPECT_EQ(speculative.stdout_text, alone.stdout_text) << activations;
+  }
+  const CommandResult unknown = run("--activations f16");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.stderr_text.find("--activations"), std::string::npos) << unknown.stderr_text;
 }
 
 TEST_F(CliSpeculativeTest, QuantizedTargetSpeculatesLosslessly) {

@@ -50,7 +50,7 @@ TEST(EngineConfigFile, DefaultFileDocumentsTheBuiltInDefaults) {
   EXPECT_EQ(loaded.device, built_in.device);
   EXPECT_EQ(loaded.max_batch, built_in.max_batch);
   EXPECT_EQ(loaded.deterministic, built_in.deterministic);
-  EXPECT_EQ(loaded.bf16_activations, built_in.bf16_activations);
+  EXPECT_EQ(loaded.activations, built_in.activations);
   EXPECT_EQ(loaded.prefix_cache, built_in.prefix_cache);
   EXPECT_EQ(loaded.overlap_drafting, built_in.overlap_drafting);
   EXPECT_EQ(loaded.target, built_in.target);
@@ -91,6 +91,34 @@ TEST(EngineConfigFile, ReadsTheKvCacheDtypeAndNamesABadOne) {
                       {":2:", "runtime.kv_cache_dtype", "fp8", "bf16", "f32"});
 }
 
+TEST(EngineConfigFile, ReadsActivationsWhichDefaultToAuto) {
+  EXPECT_EQ(EngineConfig{}.activations, ActivationPrecision::kAuto);
+  testing::TempDir dir;
+  for (const ActivationPrecision precision :
+       {ActivationPrecision::kAuto, ActivationPrecision::kF32, ActivationPrecision::kBF16}) {
+    testing::write_file(dir / "a.toml",
+                        std::string("[runtime]\nactivations = \"") + to_string(precision) + "\"\n");
+    EXPECT_EQ(EngineConfig::from_toml((dir / "a.toml").string()).activations, precision);
+  }
+}
+
+TEST(EngineConfigFile, AutoActivationsAreBf16ExactlyWhereTheMatmulMultipliesBf16Pairs) {
+  using kernels::cpu::Activations;
+  for (const kernels::cpu::MatmulVariant& variant : kernels::cpu::matmul_variants()) {
+    SCOPED_TRACE(std::string(variant.name));
+    // Copies named for their instruction set say so of themselves; native is the build machine's.
+    if (variant.name == "amx" || variant.name == "x86-64-v4+bf16") {
+      EXPECT_TRUE(variant.multiplies_bf16_pairs());
+    } else if (variant.name == "x86-64-v3" || variant.name == "portable") {
+      EXPECT_FALSE(variant.multiplies_bf16_pairs());
+    }
+    EXPECT_EQ(cpu_activations(ActivationPrecision::kAuto, variant),
+              variant.multiplies_bf16_pairs() ? Activations::kBF16 : Activations::kF32);
+    EXPECT_EQ(cpu_activations(ActivationPrecision::kF32, variant), Activations::kF32);
+    EXPECT_EQ(cpu_activations(ActivationPrecision::kBF16, variant), Activations::kBF16);
+  }
+}
+
 TEST(EngineConfigFile, ReadsOverlapDraftingAndNamesABadValue) {
   EXPECT_EQ(EngineConfig{}.overlap_drafting, OverlapDrafting::kAuto);
   testing::TempDir dir;
@@ -111,10 +139,10 @@ TEST(EngineConfigFile, ReadsEveryKeyAndKeepsDefaultsForAbsentOnes) {
                       "[sampling]\ntemperature = 0.7\ntop_k = 40\ntop_p = 0.9\nmin_p = 0.05\n"
                       "seed = 12345\nmax_tokens = 99\n[runtime]\nthreads = 3\n"
                       "kv_cache_tokens = 4096\nkv_block_size = 32\ndevice = \"cpu\"\n"
-                      "deterministic = true\nprefix_cache = false\nbf16_activations = true\n");
+                      "deterministic = true\nprefix_cache = false\nactivations = \"bf16\"\n");
   const EngineConfig config = EngineConfig::from_toml((dir / "c.toml").string());
   EXPECT_TRUE(config.deterministic);
-  EXPECT_TRUE(config.bf16_activations);
+  EXPECT_EQ(config.activations, ActivationPrecision::kBF16);
   EXPECT_FALSE(config.prefix_cache);
   EXPECT_FLOAT_EQ(config.sampling.temperature, 0.7f);
   EXPECT_EQ(config.sampling.top_k, 40);
@@ -201,8 +229,13 @@ TEST(EngineConfigFile, RejectsOutOfRangeValues) {
                       {":2:", "runtime.deterministic", "true or false"});
   expect_config_error("[runtime]\nprefix_cache = \"on\"\n",
                       {":2:", "runtime.prefix_cache", "true or false"});
-  expect_config_error("[runtime]\nbf16_activations = \"yes\"\n",
-                      {":2:", "runtime.bf16_activations", "true or false"});
+  expect_config_error("[runtime]\nactivations = true\n",
+                      {":2:", "runtime.activations", "must be a string"});
+  expect_config_error("[runtime]\nactivations = \"fp8\"\n",
+                      {":2:", "runtime.activations", "fp8", "auto", "f32", "bf16"});
+  // The boolean this setting replaced is an unknown key, not silently ignored.
+  expect_config_error("[runtime]\nbf16_activations = true\n",
+                      {":2:", "runtime.bf16_activations", "not a known key"});
   expect_config_error("[runtime]\ndevice = \"cuda:x\"\n", {":2:", "runtime.device", "cuda:N"});
   expect_config_error("[runtime]\ndevice = \"cuda:-1\"\n", {"runtime.device", "'cuda:-1'"});
 }

@@ -79,7 +79,7 @@ class PackageTest : public ::testing::Test {
   }
 
   std::vector<int32_t> greedy_alone(int64_t max_tokens) const {
-    auto backend = testing::make_cpu_backend(1);
+    auto backend = testing::make_engine_cpu_backend(1);
     auto model = Model::load(dir_ / "target", *backend);
     SamplingSettings sampling = testing::greedy(max_tokens);
     sampling.stop_at_eos = true;

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/base/check.h"
+#include "runtime/engine/device.h"
 #include "runtime/engine/settings.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/sampling/rng.h"
@@ -54,6 +55,13 @@ std::string nested_json_arrays(size_t depth, const std::string& inner) {
 std::unique_ptr<kernels::cpu::CpuBackend> make_cpu_backend(int threads) {
   return std::make_unique<kernels::cpu::CpuBackend>(
       std::make_shared<kernels::cpu::ThreadPool>(threads));
+}
+
+std::unique_ptr<kernels::cpu::CpuBackend> make_engine_cpu_backend(int threads) {
+  const kernels::cpu::MatmulVariant& variant = kernels::cpu::best_matmul_variant();
+  return std::make_unique<kernels::cpu::CpuBackend>(
+      std::make_shared<kernels::cpu::ThreadPool>(threads),
+      cpu_activations(EngineConfig{}.activations, variant), &variant);
 }
 
 std::function<kernels::WeightLayout(DType)> layouts_of(const kernels::Backend& backend) {

@@ -404,11 +404,15 @@ int main(int argc, char** argv) {
       app.add_flag("--deterministic", f.deterministic,
                    "Batch-invariant kernels (runtime.deterministic): output independent of what "
                    "shares a batch, greedy speculative equal to greedy target-only bitwise");
-  CLI::Option* bf16_activations = app.add_flag(
-      "--bf16-activations", f.bf16_activations,
-      "CPU: bf16 weights meet activations rounded to bf16, by AMX tile multiplies where the CPU "
-      "has AMX, else vdpbf16ps where it has AVX512-BF16 (runtime.bf16_activations): faster "
-      "prefill and verification");
+  CLI::Option* activations = app.add_option(
+      "--activations", f.activations,
+      "CPU: what bf16 weights meet (runtime.activations): bf16 (rounded activations, multiplied "
+      "by AMX tiles or vdpbf16ps: faster prefill and verification), f32 (exact) or auto (bf16 "
+      "where the CPU multiplies bf16 pairs in hardware, else f32)");
+  activations
+      ->transform(choices({specrun::ActivationPrecision::kAuto, specrun::ActivationPrecision::kF32,
+                           specrun::ActivationPrecision::kBF16}))
+      ->type_name("auto|f32|bf16");
   CLI::Option* overlap = app.add_option(
       "--overlap-drafting", f.overlap_drafting,
       "Draft ahead while the target verifies (runtime.overlap_drafting): auto (where the draft "
@@ -484,7 +488,7 @@ int main(int argc, char** argv) {
     if (given(kv_dtype)) config.kv_cache_dtype = f.kv_cache_dtype;
     if (given(device)) config.device = f.device;
     if (given(deterministic)) config.deterministic = f.deterministic;
-    if (given(bf16_activations)) config.bf16_activations = f.bf16_activations;
+    if (given(activations)) config.activations = f.activations;
     if (given(prefix_cache)) config.prefix_cache = !no_prefix_cache;
     if (given(overlap)) config.overlap_drafting = f.overlap_drafting;
     if (given(method)) config.speculation.method = f.speculation.method;

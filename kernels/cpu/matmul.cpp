@@ -279,6 +279,14 @@ FeatureKernel feature_kernel(DType dtype) {
 
 }  // namespace
 
+bool multiplies_bf16_pairs() {
+#if defined(SPECRUN_CPU_BF16_PAIRS)
+  return true;
+#else
+  return false;
+#endif
+}
+
 Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, ThreadPool& pool,
                     Activations activations) {
   if (Status status = check_matmul_group(targets, count); !status.is_ok()) return status;

@@ -28,6 +28,9 @@ struct MatmulVariant {
   bool (*supported)();    // whether this CPU runs it
   Status (*group)(const float* x, const MatmulTarget* targets, size_t count, ThreadPool& pool,
                   Activations activations);
+  // Whether this copy multiplies bf16 pairs in hardware (AMX tiles, or vdpbf16ps where it has
+  // AVX512-BF16): only there do bf16 activations save time.
+  bool (*multiplies_bf16_pairs)();
   // The layout this copy reads bf16 weights in fastest when activations are bf16: kPairTiles for
   // AMX's tile multiply, kTiled for the others (as every other weight).
   WeightLayout bf16_pairs_layout = WeightLayout::kTiled;

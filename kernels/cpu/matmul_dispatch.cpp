@@ -12,6 +12,7 @@
   namespace specrun::kernels::cpu::variant {                                                       \
   Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, ThreadPool& pool, \
                       Activations activations);                                                    \
+  bool multiplies_bf16_pairs();                                                                    \
   }
 
 #if defined(SPECRUN_HAVE_MATMUL_NATIVE)
@@ -45,19 +46,20 @@ Status amx_group(const float* x, const MatmulTarget* targets, size_t count, Thre
 
 constexpr auto kVariants = std::to_array<MatmulVariant>({
 #if defined(SPECRUN_HAVE_MATMUL_AMX)
-  {"amx", amx_supported, amx_group, WeightLayout::kPairTiles},
+  {"amx", amx_supported, amx_group, always, WeightLayout::kPairTiles},
 #endif
 #if defined(SPECRUN_HAVE_MATMUL_NATIVE)
-      {"native", always, native::matmul_group},
+      {"native", always, native::matmul_group, native::multiplies_bf16_pairs},
 #endif
 #if defined(SPECRUN_HAVE_MATMUL_X86_64_V4_BF16)
-      {"x86-64-v4+bf16", has_x86_64_v4_bf16, x86_64_v4_bf16::matmul_group},
+      {"x86-64-v4+bf16", has_x86_64_v4_bf16, x86_64_v4_bf16::matmul_group,
+       x86_64_v4_bf16::multiplies_bf16_pairs},
 #endif
 #if defined(SPECRUN_HAVE_MATMUL_X86_64_V3)
-      {"x86-64-v3", has_x86_64_v3, x86_64_v3::matmul_group},
+      {"x86-64-v3", has_x86_64_v3, x86_64_v3::matmul_group, x86_64_v3::multiplies_bf16_pairs},
 #endif
 #if defined(SPECRUN_HAVE_MATMUL_PORTABLE)
-      {"portable", always, portable::matmul_group},
+      {"portable", always, portable::matmul_group, portable::multiplies_bf16_pairs},
 #endif
 });
 static_assert(!kVariants.empty(), "the build compiles at least one copy of the matmul");

@@ -404,6 +404,33 @@ specrun_overlap_drafting to_c(specrun::OverlapDrafting overlap) {
   return SPECRUN_OVERLAP_AUTO;
 }
 
+specrun::ActivationPrecision from_c(const specrun_activations& activations, const char* name) {
+  const int64_t value = enum_value(activations);
+  switch (value) {
+    case SPECRUN_ACTIVATIONS_AUTO:
+      return specrun::ActivationPrecision::kAuto;
+    case SPECRUN_ACTIVATIONS_F32:
+      return specrun::ActivationPrecision::kF32;
+    case SPECRUN_ACTIVATIONS_BF16:
+      return specrun::ActivationPrecision::kBF16;
+    default:
+      throw InvalidArgument(std::string(name) + " " + std::to_string(value) +
+                            " is not a specrun_activations");
+  }
+}
+
+specrun_activations to_c(specrun::ActivationPrecision activations) {
+  switch (activations) {
+    case specrun::ActivationPrecision::kF32:
+      return SPECRUN_ACTIVATIONS_F32;
+    case specrun::ActivationPrecision::kBF16:
+      return SPECRUN_ACTIVATIONS_BF16;
+    case specrun::ActivationPrecision::kAuto:
+      break;
+  }
+  return SPECRUN_ACTIVATIONS_AUTO;
+}
+
 // The C settings as specrun::EngineConfig; throws naming the field that is wrong.
 specrun::EngineConfig from_c(const specrun_engine_config& config) {
   require(config.target, "config->target");
@@ -419,7 +446,7 @@ specrun::EngineConfig from_c(const specrun_engine_config& config) {
     settings.rope_style = config.rope_style;
   }
   settings.deterministic = config.deterministic != 0;
-  settings.bf16_activations = config.bf16_activations != 0;
+  settings.activations = from_c(config.activations, "config->activations");
   settings.sampling = from_c(config.sampling);
   settings.speculation = from_c(config.speculation, "config->speculation");
   settings.prefix_cache = config.prefix_cache != 0;
@@ -512,7 +539,7 @@ specrun_status specrun_engine_config_init(specrun_engine_config* config) {
     config->max_batch = defaults.max_batch;
     config->rope_style = nullptr;
     config->deterministic = defaults.deterministic ? 1 : 0;
-    config->bf16_activations = defaults.bf16_activations ? 1 : 0;
+    config->activations = to_c(defaults.activations);
     config->sampling = to_c(defaults.sampling);
     config->speculation = to_c(defaults.speculation);
     config->prefix_cache = defaults.prefix_cache ? 1 : 0;

@@ -261,7 +261,7 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
   if (const toml::table* runtime = document["runtime"].as_table()) {
     TableReader reader(path, *runtime, "runtime");
     reader.reject_unknown({"device", "threads", "kv_cache_tokens", "kv_block_size",
-                           "kv_cache_dtype", "max_batch", "deterministic", "bf16_activations",
+                           "kv_cache_dtype", "max_batch", "deterministic", "activations",
                            "prefix_cache", "overlap_drafting"});
     reader.device("device", &config.device);
     reader.integer("threads", &config.threads, 0, kMaxThreads);
@@ -272,7 +272,8 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
                   kv_cache_dtypes());
     reader.integer("max_batch", &config.max_batch, 1, kMaxBatch);
     reader.boolean("deterministic", &config.deterministic);
-    reader.boolean("bf16_activations", &config.bf16_activations);
+    reader.choice("activations", &config.activations, parse_activation_precision,
+                  activation_precisions());
     reader.boolean("prefix_cache", &config.prefix_cache);
     reader.choice("overlap_drafting", &config.overlap_drafting, parse_overlap_drafting,
                   overlap_draftings());

@@ -290,7 +290,7 @@ ModelOptions model_options_for(const EngineConfig& config, Quantization quantiza
 }
 
 BackendOptions backend_options(const EngineConfig& config) {
-  return {config.deterministic, config.bf16_activations};
+  return {config.deterministic, config.activations};
 }
 
 MemoryNeeds model_needs(const Checkpoint& checkpoint, const ModelOptions& options,

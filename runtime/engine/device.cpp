@@ -27,6 +27,20 @@ DeviceSpec parse_device(const std::string& text) {
   throw Error("device '" + text + "' is not cpu, cuda or cuda:N");
 }
 
+kernels::cpu::Activations cpu_activations(ActivationPrecision precision,
+                                          const kernels::cpu::MatmulVariant& variant) {
+  switch (precision) {
+    case ActivationPrecision::kF32:
+      return kernels::cpu::Activations::kF32;
+    case ActivationPrecision::kBF16:
+      return kernels::cpu::Activations::kBF16;
+    case ActivationPrecision::kAuto:
+      break;
+  }
+  return variant.multiplies_bf16_pairs() ? kernels::cpu::Activations::kBF16
+                                         : kernels::cpu::Activations::kF32;
+}
+
 bool cuda_backend_built() {
   return SPECRUN_HAVE_CUDA != 0;
 }
@@ -36,9 +50,11 @@ std::unique_ptr<kernels::Backend> make_backend(const std::string& device,
                                                const BackendOptions& options) {
   const DeviceSpec spec = parse_device(device);
   if (spec.kind == DeviceSpec::Kind::kCpu) {
-    return std::make_unique<kernels::cpu::CpuBackend>(
-        std::move(pool), options.bf16_activations ? kernels::cpu::Activations::kBF16
-                                                  : kernels::cpu::Activations::kF32);
+    const kernels::cpu::MatmulVariant& variant = kernels::cpu::best_matmul_variant();
+    const kernels::cpu::Activations activations = cpu_activations(options.activations, variant);
+    spdlog::debug("cpu: the '{}' matmul kernels, {} activations with bf16 weights", variant.name,
+                  activations == kernels::cpu::Activations::kBF16 ? "bf16" : "f32");
+    return std::make_unique<kernels::cpu::CpuBackend>(std::move(pool), activations, &variant);
   }
 #if SPECRUN_HAVE_CUDA
   std::unique_ptr<kernels::cuda::CudaBackend> backend;

@@ -6,7 +6,9 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
+#include "specrun/specrun.hpp"
 
 namespace specrun {
 
@@ -24,9 +26,15 @@ struct BackendOptions {
   // shares the call (the CPU backend always is; CUDA then runs every matmul through its skinny
   // kernel instead of cuBLAS, slower for prefill).
   bool deterministic = false;
-  // CPU: matmuls with bf16 weights round activations to bf16 (kernels::cpu::Activations::kBF16).
-  bool bf16_activations = false;
+  // CPU: how matmuls with bf16 weights treat their activations; auto is resolved against the
+  // matmul copy this CPU runs (cpu_activations).
+  ActivationPrecision activations = ActivationPrecision::kAuto;
 };
+
+// What `precision` means for the CPU backend's kernels with the matmul copy `variant`: auto is
+// bf16 where that copy multiplies bf16 pairs in hardware, else f32.
+kernels::cpu::Activations cpu_activations(ActivationPrecision precision,
+                                          const kernels::cpu::MatmulVariant& variant);
 
 // Whether this build has the CUDA backend (nvcc was found when it was configured).
 bool cuda_backend_built();

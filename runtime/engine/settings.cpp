@@ -17,6 +17,8 @@ constexpr Quantization kQuantizations[] = {Quantization::kNone, Quantization::kF
 constexpr KvCacheDtype kKvCacheDtypes[] = {KvCacheDtype::kBF16, KvCacheDtype::kF32};
 constexpr OverlapDrafting kOverlaps[] = {OverlapDrafting::kAuto, OverlapDrafting::kOn,
                                          OverlapDrafting::kOff};
+constexpr ActivationPrecision kActivationPrecisions[] = {
+    ActivationPrecision::kAuto, ActivationPrecision::kF32, ActivationPrecision::kBF16};
 
 }  // namespace
 
@@ -84,6 +86,18 @@ const char* to_string(OverlapDrafting overlap) {
       return "on";
     case OverlapDrafting::kOff:
       return "off";
+  }
+  return "unknown";
+}
+
+const char* to_string(ActivationPrecision precision) {
+  switch (precision) {
+    case ActivationPrecision::kAuto:
+      return "auto";
+    case ActivationPrecision::kF32:
+      return "f32";
+    case ActivationPrecision::kBF16:
+      return "bf16";
   }
   return "unknown";
 }
@@ -158,6 +172,17 @@ std::optional<OverlapDrafting> parse_overlap_drafting(std::string_view name) {
 
 std::span<const OverlapDrafting> overlap_draftings() {
   return kOverlaps;
+}
+
+std::optional<ActivationPrecision> parse_activation_precision(std::string_view name) {
+  for (const ActivationPrecision precision : kActivationPrecisions) {
+    if (name == to_string(precision)) return precision;
+  }
+  return std::nullopt;
+}
+
+std::span<const ActivationPrecision> activation_precisions() {
+  return kActivationPrecisions;
 }
 
 DType kernel_dtype(KvCacheDtype dtype) {

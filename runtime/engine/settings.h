@@ -21,6 +21,7 @@ std::optional<Verification> parse_verification(std::string_view name);
 std::optional<Quantization> parse_quantization(std::string_view name);
 std::optional<KvCacheDtype> parse_kv_cache_dtype(std::string_view name);
 std::optional<OverlapDrafting> parse_overlap_drafting(std::string_view name);
+std::optional<ActivationPrecision> parse_activation_precision(std::string_view name);
 // Every method, controller and verification, for lists of choices.
 std::span<const SpeculationMethod> speculation_methods();
 std::span<const GammaControl> gamma_controls();
@@ -28,6 +29,7 @@ std::span<const Verification> verifications();
 std::span<const Quantization> quantizations();
 std::span<const KvCacheDtype> kv_cache_dtypes();
 std::span<const OverlapDrafting> overlap_draftings();
+std::span<const ActivationPrecision> activation_precisions();
 // The kernels' dtype for a KV cache stored as `dtype`.
 DType kernel_dtype(KvCacheDtype dtype);
 

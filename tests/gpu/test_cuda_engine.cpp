@@ -33,6 +33,7 @@ class CudaEngineTest : public ::testing::Test {
     config.draft = (dir_ / "draft").string();
     config.device = device;
     config.deterministic = deterministic;
+    config.activations = ActivationPrecision::kF32;  // on the CPU, the exact reference
     config.kv_cache_tokens = 2048;
     config.max_batch = 16;
     return config;

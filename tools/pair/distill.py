@@ -92,7 +92,7 @@ def generate(args):
     # Port 0: the server picks a free one and names it in its first line on stderr.
     server = subprocess.Popen(
         [args.specrun, "serve", "--target", args.target, "--port", "0", "--model-name", "target",
-         "--bf16-activations", "--max-requests", str(4 * args.batch)] + args.specrun_args,
+         "--activations", "bf16", "--max-requests", str(4 * args.batch)] + args.specrun_args,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     announced = re.search(r"listening on (http://\S+)", server.stderr.readline())
     if not announced:

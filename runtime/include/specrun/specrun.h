@@ -116,6 +116,15 @@ typedef enum specrun_overlap_drafting {
   SPECRUN_OVERLAP_OFF = 2   /* never */
 } specrun_overlap_drafting;
 
+/* How the CPU backend's matmuls with bf16 weights treat their activations (specrun.hpp's
+ * specrun::ActivationPrecision). */
+typedef enum specrun_activations {
+  SPECRUN_ACTIVATIONS_AUTO = 0, /* bf16 where the CPU multiplies bf16 pairs in hardware (AMX,
+                                 * AVX512-BF16), else f32 (default) */
+  SPECRUN_ACTIVATIONS_F32 = 1,  /* f32: exact, the reference */
+  SPECRUN_ACTIVATIONS_BF16 = 2  /* rounded to bf16, as llama.cpp and GPU bf16 GEMMs do */
+} specrun_activations;
+
 /* Why a request finished. */
 typedef enum specrun_finish_reason {
   SPECRUN_FINISH_END_OF_SEQUENCE = 0, /* the model produced an end-of-sequence token */
@@ -174,10 +183,9 @@ typedef struct specrun_engine_config {
   specrun_quantization quantize;       /* the target's linear layers, at load; default none */
   specrun_quantization draft_quantize; /* the draft's; default none */
   int quantize_lm_head; /* nonzero: the output projections too (else they stay bf16); default 0 */
-  int bf16_activations; /* nonzero: CPU matmuls with bf16 weights round activations to bf16
-                         * (AMX tile multiplies where there is AMX, else vdpbf16ps where there
-                         * is AVX512-BF16); default 0 */
-  specrun_kv_cache_dtype kv_cache_dtype;     /* both models' KV caches; default bf16 */
+  specrun_activations activations;       /* CPU matmuls with bf16 weights: activations in bf16 or
+                                          * f32; default auto (bf16 where the CPU multiplies bf16) */
+  specrun_kv_cache_dtype kv_cache_dtype; /* both models' KV caches; default bf16 */
   specrun_overlap_drafting overlap_drafting; /* drafting ahead while verifying; default auto */
 } specrun_engine_config;
 

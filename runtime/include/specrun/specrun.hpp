@@ -92,6 +92,20 @@ enum class OverlapDrafting {
 };
 const char* to_string(OverlapDrafting overlap);  // "auto", "on", "off"
 
+// How the CPU backend's matmuls with bf16 weights treat their activations. bf16 is how llama.cpp
+// and the GPUs' bf16 GEMMs run them: each activation rounded to bf16, products of bf16 pairs
+// (exact in f32) summed in f32, logits within bf16 rounding of exact; f32 multiplies every f32
+// activation by the widened weight, the reference that the NumPy and transformers comparisons
+// use. Other weight dtypes (and the CUDA backend, which multiplies bf16 by bf16) ignore this.
+enum class ActivationPrecision {
+  kAuto,  // bf16 where the matmul in use multiplies bf16 pairs in hardware (AMX tiles, or
+          // vdpbf16ps with AVX512-BF16), which makes prefill and verification faster; f32 on
+          // other CPUs, where rounding would cost precision and save no time
+  kF32,   // always f32: exact
+  kBF16,  // always bf16 (widened to f32 on CPUs without bf16 dot products)
+};
+const char* to_string(ActivationPrecision precision);  // "auto", "f32", "bf16"
+
 // The most drafts any step may verify (gamma_max's bound).
 inline constexpr int64_t kMaxGamma = 64;
 
@@ -134,10 +148,8 @@ struct EngineConfig {
                                     // checkpoints), "rotate-half" or "interleaved" (Meta/GGUF)
   bool deterministic = false;       // batch-invariant kernels on every backend (CUDA: slower
                                     // prefill), so output does not depend on batch mates
-  bool bf16_activations = false;    // CPU: bf16 weights meet activations rounded to bf16
-                                    // (AMX where there is AMX, else vdpbf16ps where there is
-                                    // AVX512-BF16): faster prefill and verification, logits
-                                    // within bf16 rounding of exact
+  // CPU: how matmuls with bf16 weights treat their activations (ActivationPrecision).
+  ActivationPrecision activations = ActivationPrecision::kAuto;
   Quantization quantize = Quantization::kNone;        // the target's linear layers, at load
   Quantization draft_quantize = Quantization::kNone;  // the draft's
   bool quantize_lm_head = false;  // the output projections too (else they stay bf16)
