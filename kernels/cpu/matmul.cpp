@@ -168,8 +168,6 @@ constexpr int kPairRowGroup = 6;
 template <int kRows, int kFeatures>
 void pair_tile(const MatmulParams& params, const uint16_t* x, int64_t x_stride, int64_t first_row,
                const void* weight, const void* bias, int64_t first_feature, float* out) {
-  const uint16_t* rows[kRows];
-  for (int r = 0; r < kRows; ++r) rows[r] = x + (first_row + r) * x_stride;
   const void* weight_rows[kFeatures];
   int64_t column_step = 1;
   for (int f = 0; f < kFeatures; ++f) {
@@ -178,9 +176,22 @@ void pair_tile(const MatmulParams& params, const uint16_t* x, int64_t x_stride, 
     weight_rows[f] = static_cast<const uint16_t*>(weight) + address.first;
     column_step = address.column_step;
   }
+  const uint16_t* rows = x + first_row * x_stride;
   float results[kRows][kFeatures];
-  dot_block_bf16_pairs<kRows, kFeatures>(rows, weight_rows, params.in_features, results,
-                                         column_step);
+  if constexpr (kFeatures == kTileRows) {
+    // Four features of the tiled layout are one whole tile: pair_features ends every group at a
+    // tile's end, so a group of four starts at one, and a tile of width four is whole.
+    if (params.weight_layout == WeightLayout::kTiled && column_step == kFeatures) {
+      dot_block_bf16_pairs<kRows, kFeatures, true>(rows, x_stride, weight_rows, params.in_features,
+                                                   results, column_step);
+    } else {
+      dot_block_bf16_pairs<kRows, kFeatures, false>(rows, x_stride, weight_rows, params.in_features,
+                                                    results, column_step);
+    }
+  } else {
+    dot_block_bf16_pairs<kRows, kFeatures, false>(rows, x_stride, weight_rows, params.in_features,
+                                                  results, column_step);
+  }
   for (int f = 0; f < kFeatures; ++f) {
     const float bias_value =
         bias ? load_as_f32(bias, params.bias_dtype, static_cast<size_t>(first_feature + f)) : 0.0f;

@@ -14,6 +14,7 @@
 
 #include "kernels/core/dtype.h"
 #include "kernels/core/isa_namespace.h"
+#include "kernels/core/weight_layout.h"
 
 // Compiled again by each copy of the matmul, with its instructions: SPECRUN_ISA_NAMESPACE keeps the
 // copies apart (kernels/core/isa_namespace.h).
@@ -557,16 +558,21 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
 // Where the build has AVX512-BF16: dot_block_bf16_pairs below.
 #define SPECRUN_CPU_BF16_PAIRS 1
 
-// results[r][f] = dot(x[r], weight_rows[f]) for bf16 activations (x rows of bf16, zero-padded to
-// a multiple of 32 columns) against bf16 weights, by vdpbf16ps: lane l of each accumulator adds
-// the products of columns 32c + 2l + 1 and 32c + 2l of every 32-column chunk c, in the
-// instruction's fixed order (products exact, sums rounded to nearest even, denormals flushed),
-// and the lanes fold as fold_lanes does. Half the multiply instructions of the f32 path and no
-// widening of the weights. Weight columns are addressed as in dot_block (column_step).
-template <int kRows, int kFeatures>
-inline void dot_block_bf16_pairs(const uint16_t* const (&x)[kRows],
+// results[r][f] = dot(x row r, weight_rows[f]) for bf16 activations (row r of x at
+// x + r * x_stride, zero-padded to a multiple of 32 columns) against bf16 weights, by vdpbf16ps:
+// lane l of each accumulator adds the products of columns 32c + 2l + 1 and 32c + 2l of every
+// 32-column chunk c, in the instruction's fixed order (products exact, sums rounded to nearest
+// even, denormals flushed), and the lanes fold as fold_lanes does. Half the multiply instructions
+// of the f32 path and no widening of the weights. Weight columns are addressed as in dot_block
+// (column_step). kWholeTile: the features are the rows of one whole tile of the tiled layout
+// (weight_rows[f] = weight_rows[0] + f * kTileColumns, column_step = kFeatures), so that one
+// pointer and constant offsets address them all; the same sums, with the loop's pointers kept in
+// registers (prefill about 1.2x faster on Zen 5 than with four row pointers and a run-time step).
+template <int kRows, int kFeatures, bool kWholeTile>
+inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
                                  const void* const (&weight_rows)[kFeatures], int64_t n,
                                  float (&results)[kRows][kFeatures], int64_t column_step) {
+  static_assert(!kWholeTile || kFeatures == kTileRows, "a whole tile's rows");
 #pragma GCC diagnostic push
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -580,39 +586,57 @@ inline void dot_block_bf16_pairs(const uint16_t* const (&x)[kRows],
 #pragma GCC unroll 4
     for (int f = 0; f < kFeatures; ++f) vacc[r][f] = _mm512_setzero_ps();
   }
-  for (int64_t i = 0; i < n; i += 2 * kLanes) {
-    // The chunk's two 16-column halves (apart when tiled); columns past n read as zero.
-    const int64_t remaining = n - i;
-    const __mmask16 low =
-        remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
-    const __mmask16 high = remaining >= 2 * kLanes ? __mmask16(0xffff)
-                           : remaining > kLanes    ? __mmask16((1u << (remaining - kLanes)) - 1u)
-                                                   : __mmask16(0);
-    if (column_step == 1) {
+  const auto* tile = static_cast<const uint16_t*>(weight_rows[0]);
+  // Element offset of column `column` (a multiple of 16) of feature f.
+  const auto at = [&](int f, int64_t column) __attribute__((always_inline)) {
+    if constexpr (kWholeTile) {
+      return tile + f * kTileColumns + column * kFeatures;
+    } else {
+      return static_cast<const uint16_t*>(weight_rows[f]) + column * column_step;
+    }
+  };
+  // One 32-column chunk: its two 16-column halves (apart when tiled), then every row's pairs
+  // against every feature's. Whole chunks load without masks; the last, partial chunk reads
+  // columns past n as zero, so it adds the same sums.
+  const auto add_chunk = [&]<bool kPartial>(int64_t i) __attribute__((always_inline)) {
+    if (!kWholeTile && column_step == 1) {
       for (int f = 0; f < kFeatures; ++f) {
-        _mm_prefetch(static_cast<const char*>(weight_rows[f]) + 2 * i + kPrefetchBytes,
-                     _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(at(f, i)) + kPrefetchBytes, _MM_HINT_T0);
       }
     } else {
-      const char* chunk = static_cast<const char*>(weight_rows[0]) + 2 * i * column_step;
+      const char* chunk = reinterpret_cast<const char*>(at(0, i));
       for (int64_t line = 0; line < 2 * kFeatures * kLanes * 2; line += 64) {
         _mm_prefetch(chunk + line + kPrefetchBytes, _MM_HINT_T0);
       }
     }
     __m512bh w[kFeatures];
+#pragma GCC unroll 4
     for (int f = 0; f < kFeatures; ++f) {
-      const uint16_t* row = static_cast<const uint16_t*>(weight_rows[f]);
-      const __m256i first = _mm256_maskz_loadu_epi16(low, row + i * column_step);
-      const __m256i second = _mm256_maskz_loadu_epi16(high, row + (i + kLanes) * column_step);
+      __m256i first, second;
+      if constexpr (kPartial) {
+        const int64_t remaining = n - i;
+        const __mmask16 low =
+            remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
+        const __mmask16 high =
+            remaining > kLanes ? __mmask16((1u << (remaining - kLanes)) - 1u) : __mmask16(0);
+        first = _mm256_maskz_loadu_epi16(low, at(f, i));
+        second = _mm256_maskz_loadu_epi16(high, at(f, i + kLanes));
+      } else {
+        first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(f, i)));
+        second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(f, i + kLanes)));
+      }
       w[f] = (__m512bh)_mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
-      const __m512bh xr = (__m512bh)_mm512_loadu_si512(x[r] + i);
+      const __m512bh xr = (__m512bh)_mm512_loadu_si512(x + r * x_stride + i);
 #pragma GCC unroll 4
       for (int f = 0; f < kFeatures; ++f) vacc[r][f] = _mm512_dpbf16_ps(vacc[r][f], xr, w[f]);
     }
-  }
+  };
+  const int64_t whole = n / (2 * kLanes) * (2 * kLanes);
+  for (int64_t i = 0; i < whole; i += 2 * kLanes) add_chunk.template operator()<false>(i);
+  if (whole < n) add_chunk.template operator()<true>(whole);
 #pragma GCC unroll 8
   for (int r = 0; r < kRows; ++r) fold_row<kFeatures>(vacc[r], results[r]);
 #pragma GCC diagnostic pop
