@@ -15,6 +15,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/core/uniform_hash.h"
@@ -1040,31 +1041,111 @@ TEST_P(CpuKernels, Bf16ActivationsAreTheRoundedActivationsExactProductsSummedInF
   }
 }
 
+TEST_P(CpuKernels, Bf16ActivationsMeetEightBitCodesWithOneScalePerRowExactly) {
+  // INT8 and FP8 weights with one scale per row (per channel, per tensor): the codes' values are
+  // exact in bf16, so a result is the scale times the rounded activations' exact products with
+  // the code values, summed in f32 (the bound of the bf16 test above, with one more rounding for
+  // the scale). Block-wise scales keep f32 activations: bitwise the f32 call's result. Both
+  // layouts; shapes with tails of 16-row activation blocks and of 32-column chunks.
+  struct Layout {
+    int64_t block_rows, block_cols;
+  };
+  for (const DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    for (const auto& shape : std::vector<std::array<int64_t, 3>>{
+             {1, 64, 9}, {5, 83, 9}, {7, 100, 17}, {70, 48, 5}, {17, 300, 40}}) {
+      const int64_t rows = shape[0], in = shape[1], out_features = shape[2];
+      for (const Layout scales : {Layout{1, in}, Layout{out_features, in}, Layout{16, 16}}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + std::to_string(rows) + "x" +
+                     std::to_string(in) + "x" + std::to_string(out_features) + " blocks " +
+                     std::to_string(scales.block_rows) + "x" + std::to_string(scales.block_cols));
+        const QuantizedTensor w =
+            quantized(dtype, out_features, in, scales.block_rows, scales.block_cols, 60 + in);
+        const std::vector<float> x = random_floats(rows * in, 61);
+        const std::vector<float> bias = random_floats(out_features, 62);
+        for (const MatmulVariant& variant : matmul_variants()) {
+          if (!variant.supported()) continue;
+          SCOPED_TRACE(std::string(variant.name));
+          for (const WeightLayout layout : {WeightLayout::kRows, WeightLayout::kTiled}) {
+            const std::vector<uint8_t> packed =
+                laid_out(layout, w.codes.data(), out_features, in, dtype);
+            MatmulParams params = w.params(rows);
+            params.weight_layout = layout;
+            std::vector<float> out(rows * out_features), f32(rows * out_features);
+            ASSERT_TRUE(matmul(params, x.data(), packed.data(), w.scales.data(), bias.data(),
+                               out.data(), pool_, Activations::kBF16, &variant)
+                            .is_ok());
+            ASSERT_TRUE(matmul(params, x.data(), packed.data(), w.scales.data(), bias.data(),
+                               f32.data(), pool_, Activations::kF32, &variant)
+                            .is_ok());
+            if (scales.block_cols < in) {
+              ASSERT_EQ(0, std::memcmp(out.data(), f32.data(), out.size() * sizeof(float)));
+              continue;
+            }
+            for (int64_t r = 0; r < rows; ++r) {
+              for (int64_t f = 0; f < out_features; ++f) {
+                const double scale = w.scales[f / scales.block_rows];
+                double sum = 0, magnitude = 0;
+                for (int64_t i = 0; i < in; ++i) {
+                  const uint8_t code = w.codes[f * in + i];
+                  const double value = dtype == DType::kI8
+                                           ? static_cast<double>(static_cast<int8_t>(code))
+                                           : static_cast<double>(f8e4m3_to_f32(code));
+                  const double term = double(bf16_to_f32(f32_to_bf16(x[r * in + i]))) * value;
+                  sum += term;
+                  magnitude += std::abs(term);
+                }
+                ASSERT_NEAR(
+                    out[r * out_features + f], sum * scale + bias[f],
+                    (in + 3) * kUnitRoundoff * 1.01 * (magnitude * scale + std::abs(bias[f])))
+                    << "layout " << int(layout) << " row " << r << " feature " << f;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(CpuKernels, Bf16ActivationsAreBatchInvariantBitwise) {
   // Rows alone and in batches of every size (the bf16-pair kernel takes six rows at a time, the
-  // tile multiply two blocks of 16).
+  // tile multiply two blocks of 16), for bf16 weights and for 8-bit ones with one scale per row.
   const int64_t rows = 40, in = 83, out_features = 45;
   const std::vector<float> x = random_floats(rows * in, 83);
   const StoredTensor weight = store(random_floats(out_features * in, 84), DType::kBF16);
+  std::vector<std::tuple<DType, WeightLayout, const MatmulVariant*>> cases;
   for (const auto& [layout, variant] : bf16_activation_layouts()) {
+    cases.emplace_back(DType::kBF16, layout, variant);
+  }
+  for (const DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    for (const WeightLayout layout : {WeightLayout::kRows, WeightLayout::kTiled}) {
+      cases.emplace_back(dtype, layout, nullptr);
+    }
+  }
+  for (const auto& [dtype, layout, variant] : cases) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + " layout " + std::to_string(int(layout)));
+    const QuantizedTensor codes =
+        is_quantized(dtype) ? quantized(dtype, out_features, in, 1, in, 85) : QuantizedTensor{};
     const std::vector<uint8_t> packed =
-        laid_out(layout, weight.data(DType::kBF16), out_features, in, DType::kBF16);
-    MatmulParams params{rows, in, out_features, DType::kBF16, DType::kF32};
+        is_quantized(dtype) ? laid_out(layout, codes.codes.data(), out_features, in, dtype)
+                            : laid_out(layout, weight.data(dtype), out_features, in, dtype);
+    const float* scales = is_quantized(dtype) ? codes.scales.data() : nullptr;
+    MatmulParams params{rows, in, out_features, dtype, DType::kF32, 1, in};
     params.weight_layout = layout;
     std::vector<float> all(rows * out_features);
-    ASSERT_TRUE(matmul(params, x.data(), packed.data(), nullptr, nullptr, all.data(), pool_,
+    ASSERT_TRUE(matmul(params, x.data(), packed.data(), scales, nullptr, all.data(), pool_,
                        Activations::kBF16, variant)
                     .is_ok());
     for (int64_t batch = 1; batch <= rows; ++batch) {
       for (int64_t first = 0; first + batch <= rows; first += batch) {
         std::vector<float> part(batch * out_features);
         params.rows = batch;
-        ASSERT_TRUE(matmul(params, x.data() + first * in, packed.data(), nullptr, nullptr,
+        ASSERT_TRUE(matmul(params, x.data() + first * in, packed.data(), scales, nullptr,
                            part.data(), pool_, Activations::kBF16, variant)
                         .is_ok());
         ASSERT_EQ(0, std::memcmp(part.data(), all.data() + first * out_features,
                                  part.size() * sizeof(float)))
-            << "layout " << int(layout) << " rows " << first << ".." << first + batch;
+            << "rows " << first << ".." << first + batch;
       }
     }
   }

@@ -542,7 +542,8 @@ int main(int argc, char** argv) {
   app.add_flag("--bf16-activations", bf16_activations,
                "Also measure the weights as stored with activations rounded to bf16 for bf16 "
                "weights (AMX tile multiplies with the amx kernels, vdpbf16ps where the kernels "
-               "have AVX512-BF16), in the same run, with their verification costs");
+               "have AVX512-BF16), in the same run, with their verification costs; with "
+               "--quantize, each quantization with bf16 activations too");
   int busy_cores = 0;
   app.add_option("--busy-cores", busy_cores,
                  "Also measure the weights as stored with this many processes spinning beside "
@@ -736,12 +737,18 @@ int main(int argc, char** argv) {
                        std::to_string(busy_cores) + " busy", busy_cores});
     }
     for (const std::string& name : quantize) {
+      specrun::WeightQuantize format;
       if (name == "fp8") {
-        modes.push_back({specrun::WeightQuantize::kFP8, Activations::kF32, baseline, "fp8"});
+        format = specrun::WeightQuantize::kFP8;
       } else if (name == "int8") {
-        modes.push_back({specrun::WeightQuantize::kINT8, Activations::kF32, baseline, "int8"});
+        format = specrun::WeightQuantize::kINT8;
       } else {
         throw specrun::Error("--quantize takes fp8 and int8, got '" + name + "'");
+      }
+      modes.push_back({format, Activations::kF32, baseline, name});
+      // 8-bit weights with one scale per row meet bf16 activations as bf16 weights do.
+      if (bf16_activations) {
+        modes.push_back({format, Activations::kBF16, baseline, name + " bf16"});
       }
     }
 

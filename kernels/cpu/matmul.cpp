@@ -25,6 +25,13 @@ static_assert(kFeatureGroup == kTileRows, "a feature group reads one tile");
 constexpr int64_t kRowBlock = 64;
 // Weight rows per scheduling grain.
 constexpr int64_t kFeatureGrain = 16;
+// 8-bit codes take up to four instructions to widen, which compete with the multiply-adds once
+// per row group: where a block has more rows than this (a prefill), each group of weight rows is
+// widened once for all of them (bitwise the same products). It costs a pass that does not overlap
+// the weights' stream with arithmetic, so fewer rows (a decode step, a verification) read the
+// codes directly. On the 2-core EPYC, f32 activations: FP8 prefill 1,210 -> 1,725 tokens/s, INT8
+// 1,500 -> 1,775 (bf16: 1,767).
+constexpr int64_t kWidenAboveRows = 16;
 
 // `widened`: null, or the group's weight rows widened (widen_weights), [kFeatures, k] from
 // first_feature on.
@@ -99,13 +106,8 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
                      const float* scales, const void* bias, float* out, int64_t feature_begin,
                      int64_t feature_end) {
   const int64_t k = params.in_features;
-  // 8-bit codes take up to four instructions to widen, which compete with the multiply-adds once
-  // per row group: where a block has many row groups (a prefill), each group of weight rows is
-  // widened once for all of them (bitwise the same products). It costs a pass that does not
-  // overlap the weights' stream with arithmetic, so fewer rows (a verification) and 16-bit
-  // weights (one or two instructions) read the codes directly. On the 2-core EPYC: FP8 prefill
-  // 1,210 -> 1,725 tokens/s, INT8 1,500 -> 1,775 (bf16: 1,767).
-  constexpr int64_t kWidenAboveRows = 4 * kRowGroup;
+  // 8-bit codes widen once per block of many rows (kWidenAboveRows); 16-bit weights (one or two
+  // instructions) are always read directly.
   // Not a std::vector<float>: its members, compiled here with this copy's instructions, would share
   // their names with every other file's (kernels/core/isa_namespace.h).
   std::unique_ptr<float[]> widened;
@@ -160,73 +162,144 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
   }
 }
 
+// Whether a weight meets activations rounded to bf16 when a call's activations are bf16: bf16
+// weights, and 8-bit weights with one scale per row, whose sums of code values times activations
+// are scaled once (their codes widen to bf16 exactly: an INT8 code's value has at most 8
+// significant bits, an FP8 code's value times 2^-8 at most 4 and an exponent bf16 holds, so they
+// are multiplied as bf16 weights are). Block-wise scales multiply the codes first: f32.
+bool meets_bf16_activations(const MatmulParams& params) {
+  return params.weight_dtype == DType::kBF16 ||
+         (is_quantized(params.weight_dtype) && params.scale_block_cols >= params.in_features);
+}
+
 #if defined(SPECRUN_CPU_BF16_PAIRS)
 // Activation rows per block of the bf16-pair kernel: 6 x 4 accumulators and 4 weight registers
 // fit the 32 vector registers, and verifying 5 drafts (6 rows) reads each weight tile once.
 constexpr int kPairRowGroup = 6;
 
-template <int kRows, int kFeatures>
-void pair_tile(const MatmulParams& params, const uint16_t* x, int64_t x_stride, int64_t first_row,
-               const void* weight, const void* bias, int64_t first_feature, float* out) {
-  const void* weight_rows[kFeatures];
-  int64_t column_step = 1;
+// Where a group of kFeatures weight rows lies as bf16, for the bf16-pair kernel.
+template <int kFeatures>
+struct PairRows {
+  const void* rows[kFeatures];  // each row's column 0
+  int64_t column_step = 1;      // as RowAddress's
+  // The rows are one whole tile of the tiled layout (rows[f] = rows[0] + f * kTileColumns,
+  // column_step = kFeatures): the kernel addresses them from one pointer.
+  bool whole_tile = false;
+  const float* scales = nullptr;  // [kFeatures] each row's sum times this; null: unscaled (bf16)
+};
+
+// The group's rows of a bf16 weight (or of 8-bit codes), where they lie. Four features of the
+// tiled layout are one whole tile: the feature loops end every group at a tile's end, so a group
+// of four starts at one, and a tile of width four is whole.
+template <int kFeatures>
+PairRows<kFeatures> stored_rows(const MatmulParams& params, const void* weight,
+                                int64_t first_feature) {
+  PairRows<kFeatures> rows;
+  const auto element_bytes = static_cast<int64_t>(dtype_size(params.weight_dtype));
   for (int f = 0; f < kFeatures; ++f) {
     const RowAddress address = row_address(params.weight_layout, first_feature + f,
                                            params.out_features, params.in_features);
-    weight_rows[f] = static_cast<const uint16_t*>(weight) + address.first;
-    column_step = address.column_step;
+    rows.rows[f] = static_cast<const char*>(weight) + address.first * element_bytes;
+    rows.column_step = address.column_step;
   }
+  rows.whole_tile = kFeatures == kTileRows && params.weight_layout == WeightLayout::kTiled &&
+                    rows.column_step == kFeatures;
+  return rows;
+}
+
+// kWeights: what the rows hold, bf16 weights or 8-bit codes (dot_block_bf16_pairs).
+template <DType kWeights, int kRows, int kFeatures>
+void pair_tile(const MatmulParams& params, const uint16_t* x, int64_t x_stride, int64_t first_row,
+               const PairRows<kFeatures>& weights, const void* bias, int64_t first_feature,
+               float* out) {
   const uint16_t* rows = x + first_row * x_stride;
   float results[kRows][kFeatures];
   if constexpr (kFeatures == kTileRows) {
-    // Four features of the tiled layout are one whole tile: pair_features ends every group at a
-    // tile's end, so a group of four starts at one, and a tile of width four is whole.
-    if (params.weight_layout == WeightLayout::kTiled && column_step == kFeatures) {
-      dot_block_bf16_pairs<kRows, kFeatures, true>(rows, x_stride, weight_rows, params.in_features,
-                                                   results, column_step);
+    if (weights.whole_tile) {
+      dot_block_bf16_pairs<kRows, kFeatures, true, kWeights>(
+          rows, x_stride, weights.rows, params.in_features, results, weights.column_step);
     } else {
-      dot_block_bf16_pairs<kRows, kFeatures, false>(rows, x_stride, weight_rows, params.in_features,
-                                                    results, column_step);
+      dot_block_bf16_pairs<kRows, kFeatures, false, kWeights>(
+          rows, x_stride, weights.rows, params.in_features, results, weights.column_step);
     }
   } else {
-    dot_block_bf16_pairs<kRows, kFeatures, false>(rows, x_stride, weight_rows, params.in_features,
-                                                  results, column_step);
+    dot_block_bf16_pairs<kRows, kFeatures, false, kWeights>(
+        rows, x_stride, weights.rows, params.in_features, results, weights.column_step);
   }
   for (int f = 0; f < kFeatures; ++f) {
     const float bias_value =
         bias ? load_as_f32(bias, params.bias_dtype, static_cast<size_t>(first_feature + f)) : 0.0f;
     for (int r = 0; r < kRows; ++r) {
-      out[(first_row + r) * params.out_features + first_feature + f] = results[r][f] + bias_value;
+      const float sum = weights.scales ? results[r][f] * weights.scales[f] : results[r][f];
+      out[(first_row + r) * params.out_features + first_feature + f] = sum + bias_value;
     }
   }
 }
 
-template <int kFeatures>
+template <DType kWeights, int kFeatures>
 void pair_rows_tile(int64_t rows, const MatmulParams& params, const uint16_t* x, int64_t x_stride,
-                    int64_t first_row, const void* weight, const void* bias, int64_t first_feature,
-                    float* out) {
+                    int64_t first_row, const PairRows<kFeatures>& weights, const void* bias,
+                    int64_t first_feature, float* out) {
   switch (rows) {
     case 6:
-      return pair_tile<6, kFeatures>(params, x, x_stride, first_row, weight, bias, first_feature,
-                                     out);
+      return pair_tile<kWeights, 6, kFeatures>(params, x, x_stride, first_row, weights, bias,
+                                               first_feature, out);
     case 5:
-      return pair_tile<5, kFeatures>(params, x, x_stride, first_row, weight, bias, first_feature,
-                                     out);
+      return pair_tile<kWeights, 5, kFeatures>(params, x, x_stride, first_row, weights, bias,
+                                               first_feature, out);
     case 4:
-      return pair_tile<4, kFeatures>(params, x, x_stride, first_row, weight, bias, first_feature,
-                                     out);
+      return pair_tile<kWeights, 4, kFeatures>(params, x, x_stride, first_row, weights, bias,
+                                               first_feature, out);
     case 3:
-      return pair_tile<3, kFeatures>(params, x, x_stride, first_row, weight, bias, first_feature,
-                                     out);
+      return pair_tile<kWeights, 3, kFeatures>(params, x, x_stride, first_row, weights, bias,
+                                               first_feature, out);
     case 2:
-      return pair_tile<2, kFeatures>(params, x, x_stride, first_row, weight, bias, first_feature,
-                                     out);
+      return pair_tile<kWeights, 2, kFeatures>(params, x, x_stride, first_row, weights, bias,
+                                               first_feature, out);
     case 1:
-      return pair_tile<1, kFeatures>(params, x, x_stride, first_row, weight, bias, first_feature,
-                                     out);
+      return pair_tile<kWeights, 1, kFeatures>(params, x, x_stride, first_row, weights, bias,
+                                               first_feature, out);
     default:
       return;
   }
+}
+
+// Every row group of a row block against one group of `features` weight rows; `rows_of(kF)` gives
+// the group's PairRows<kF>.
+template <DType kWeights, typename RowsOf>
+void pair_row_groups(const MatmulParams& params, const uint16_t* x, int64_t x_stride, int64_t block,
+                     int64_t block_end, int64_t features, const RowsOf& rows_of, const void* bias,
+                     int64_t feature, float* out) {
+  const auto each_row_group = [&]<int kFeatures>() {
+    const PairRows<kFeatures> weights = rows_of.template operator()<kFeatures>();
+    for (int64_t row = block; row < block_end; row += kPairRowGroup) {
+      const int64_t rows = std::min<int64_t>(kPairRowGroup, block_end - row);
+      pair_rows_tile<kWeights, kFeatures>(rows, params, x, x_stride, row, weights, bias, feature,
+                                          out);
+    }
+  };
+  switch (features) {
+    case 4:
+      return each_row_group.template operator()<4>();
+    case 3:
+      return each_row_group.template operator()<3>();
+    case 2:
+      return each_row_group.template operator()<2>();
+    case 1:
+      return each_row_group.template operator()<1>();
+    default:
+      return;
+  }
+}
+
+// The end of the feature group that starts at `feature`: kFeatureGroup features, never crossing
+// a tile of a tiled weight (its rows are one stream).
+int64_t feature_group_end(const MatmulParams& params, int64_t feature, int64_t feature_end) {
+  int64_t group_end = std::min<int64_t>(feature + kFeatureGroup, feature_end);
+  if (params.weight_layout == WeightLayout::kTiled) {
+    group_end = std::min(group_end, (feature / kTileRows + 1) * kTileRows);
+  }
+  return group_end;
 }
 
 // matmul_features for bf16 weights and bf16 activations (`x`: rows of x_stride elements).
@@ -236,29 +309,86 @@ void pair_features(const MatmulParams& params, const uint16_t* x, int64_t x_stri
   for (int64_t block = 0; block < params.rows; block += kRowBlock) {
     const int64_t block_end = std::min(params.rows, block + kRowBlock);
     for (int64_t feature = feature_begin; feature < feature_end;) {
-      int64_t group_end = std::min<int64_t>(feature + kFeatureGroup, feature_end);
-      if (params.weight_layout == WeightLayout::kTiled) {
-        group_end = std::min(group_end, (feature / kTileRows + 1) * kTileRows);
+      const int64_t group_end = feature_group_end(params, feature, feature_end);
+      const auto rows_of = [&]<int kFeatures>() {
+        return stored_rows<kFeatures>(params, weight, feature);
+      };
+      pair_row_groups<DType::kBF16>(params, x, x_stride, block, block_end, group_end - feature,
+                                    rows_of, bias, feature, out);
+      feature = group_end;
+    }
+  }
+}
+
+// matmul_features for INT8 and FP8 weights with one scale per row and bf16 activations: the codes
+// widened to bf16 (exactly) and multiplied by the rows of x as bf16 weights are, each sum scaled
+// once as dot_block scales it (its code values' sum times scale x kWidenedUnit). A block of more
+// than kWidenAboveRows rows widens each feature group once, into a copy laid out as the group's
+// weights are (a whole tile as a tile, so the kernel reads it alike); fewer rows widen the codes
+// in registers as they are read. Both give the same bits.
+template <DType kDType>
+void quantized_pair_features(const MatmulParams& params, const uint16_t* x, int64_t x_stride,
+                             const void* weight, const float* scales, const void* bias, float* out,
+                             int64_t feature_begin, int64_t feature_end) {
+  const int64_t k = params.in_features;
+  // Not std::vectors: see matmul_features.
+  std::unique_ptr<uint16_t[]> group;
+  for (int64_t block = 0; block < params.rows; block += kRowBlock) {
+    const int64_t block_end = std::min(params.rows, block + kRowBlock);
+    const bool widen = block_end - block > kWidenAboveRows;
+    if (widen && group == nullptr) {
+      group.reset(new uint16_t[static_cast<size_t>(kFeatureGroup * x_stride)]);
+    }
+    for (int64_t feature = feature_begin; feature < feature_end;) {
+      const int64_t group_end = feature_group_end(params, feature, feature_end);
+      const int64_t features = group_end - feature;
+      float row_scales[kFeatureGroup];
+      for (int64_t f = 0; f < features; ++f) {
+        row_scales[f] =
+            scales[(feature + f) / params.scale_block_rows * params.scale_grid_columns()] *
+            kWidenedUnit<kDType>;
       }
-      for (int64_t row = block; row < block_end; row += kPairRowGroup) {
-        const int64_t rows = std::min<int64_t>(kPairRowGroup, block_end - row);
-        switch (group_end - feature) {
-          case 4:
-            pair_rows_tile<4>(rows, params, x, x_stride, row, weight, bias, feature, out);
-            break;
-          case 3:
-            pair_rows_tile<3>(rows, params, x, x_stride, row, weight, bias, feature, out);
-            break;
-          case 2:
-            pair_rows_tile<2>(rows, params, x, x_stride, row, weight, bias, feature, out);
-            break;
-          case 1:
-            pair_rows_tile<1>(rows, params, x, x_stride, row, weight, bias, feature, out);
-            break;
-          default:
-            break;
+      if (!widen) {
+        const auto rows_of = [&]<int kFeatures>() {
+          PairRows<kFeatures> rows = stored_rows<kFeatures>(params, weight, feature);
+          rows.scales = row_scales;
+          return rows;
+        };
+        pair_row_groups<kDType>(params, x, x_stride, block, block_end, features, rows_of, bias,
+                                feature, out);
+        feature = group_end;
+        continue;
+      }
+      const bool whole_tile = features == kTileRows && params.weight_layout == WeightLayout::kTiled;
+      // Row f's 16 columns from `column` on: in a tile's chunk, or in row f of x_stride columns.
+      const auto chunk = [&](int64_t f, int64_t column) {
+        return group.get() +
+               (whole_tile ? column * kTileRows + f * kTileColumns : f * x_stride + column);
+      };
+      for (int64_t f = 0; f < features; ++f) {
+        const RowAddress address =
+            row_address(params.weight_layout, feature + f, params.out_features, k);
+        const char* codes = static_cast<const char*>(weight) + address.first;
+        // 16 codes at a time, widened as the kernel's loads widen them, rounded (exactly) to bf16.
+        for (int64_t i = 0; i < k; i += kLanes) {
+          const int64_t remaining = k - i;
+          const __mmask16 mask =
+              remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
+          const __m256bh values =
+              _mm512_cvtneps_pbh(load_widened<kDType>(codes, i * address.column_step, mask));
+          _mm256_mask_storeu_epi16(chunk(f, i), mask, (__m256i)values);
         }
       }
+      const auto rows_of = [&]<int kFeatures>() {
+        PairRows<kFeatures> rows;
+        for (int f = 0; f < kFeatures; ++f) rows.rows[f] = chunk(f, 0);
+        rows.column_step = whole_tile ? kTileRows : 1;
+        rows.whole_tile = whole_tile;
+        rows.scales = row_scales;
+        return rows;
+      };
+      pair_row_groups<DType::kBF16>(params, x, x_stride, block, block_end, features, rows_of, bias,
+                                    feature, out);
       feature = group_end;
     }
   }
@@ -302,8 +432,8 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
                     Activations activations) {
   if (Status status = check_matmul_group(targets, count); !status.is_ok()) return status;
   static_assert(kLanes == 16, "check_matmul_group's scale blocks are whole lane groups");
-  int64_t features = 0;  // over the whole group
-  bool bf16_weights = false;
+  int64_t features = 0;         // over the whole group
+  bool any_meets_bf16 = false;  // a target that meets_bf16_activations
   for (size_t t = 0; t < count; ++t) {
     if (feature_kernel(targets[t].params.weight_dtype) == nullptr) {
       return Status::invalid_argument("matmul: unknown weight dtype");
@@ -312,12 +442,12 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
       return Status::invalid_argument("matmul: weights in pair tiles are read by the amx copy");
     }
     features += targets[t].params.out_features;
-    bf16_weights = bf16_weights || targets[t].params.weight_dtype == DType::kBF16;
+    any_meets_bf16 = any_meets_bf16 || meets_bf16_activations(targets[t].params);
   }
   const int64_t rows = targets[0].params.rows, in_features = targets[0].params.in_features;
   if (rows == 0) return Status::ok();
-  // bf16 weights with bf16 activations read x rounded to bf16 once per call, for every target.
-  const bool rounded = activations == Activations::kBF16 && bf16_weights;
+  // Weights that meet bf16 activations read x rounded to bf16 once per call, for every target.
+  const bool rounded = activations == Activations::kBF16 && any_meets_bf16;
 #if defined(SPECRUN_CPU_BF16_PAIRS)
   // As bf16, rows zero-padded to whole 32-column chunks.
   const int64_t x_stride = (in_features + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
@@ -346,14 +476,23 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
       const MatmulTarget& target = targets[t];
       const int64_t last = first + target.params.out_features;
       const int64_t from = std::max(begin, first), to = std::min(end, last);
-      const bool bf16_pairs = rounded && target.params.weight_dtype == DType::kBF16;
-      if (from < to && bf16_pairs) {
+      const DType dtype = target.params.weight_dtype;
+      if (from < to && rounded && meets_bf16_activations(target.params)) {
 #if defined(SPECRUN_CPU_BF16_PAIRS)
-        pair_features(target.params, x_bf16.data(), x_stride, target.weight, target.bias,
-                      target.out, from - first, to - first);
+        if (dtype == DType::kBF16) {
+          pair_features(target.params, x_bf16.data(), x_stride, target.weight, target.bias,
+                        target.out, from - first, to - first);
+        } else {
+          (dtype == DType::kI8
+               ? quantized_pair_features<DType::kI8>
+               : quantized_pair_features<DType::kF8E4M3>)(target.params, x_bf16.data(), x_stride,
+                                                          target.weight, target.weight_scales,
+                                                          target.bias, target.out, from - first,
+                                                          to - first);
+        }
 #else
-        matmul_features<DType::kBF16>(target.params, x_rounded.data(), target.weight, nullptr,
-                                      target.bias, target.out, from - first, to - first);
+        feature_kernel(dtype)(target.params, x_rounded.data(), target.weight, target.weight_scales,
+                              target.bias, target.out, from - first, to - first);
 #endif
       } else if (from < to) {
         feature_kernel(target.params.weight_dtype)(target.params, x, target.weight,

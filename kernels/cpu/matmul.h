@@ -8,13 +8,15 @@
 
 namespace specrun::kernels::cpu {
 
-// How activations meet bf16 weights.
+// How activations meet bf16 weights, and INT8 and FP8 weights with one scale per row (their
+// codes' values are exact in bf16 and their sums are scaled once, so they are multiplied as bf16
+// weights are).
 enum class Activations : uint8_t {
   kF32,   // exactly: each f32 activation times the widened weight, f32 sums (the reference)
   kBF16,  // rounded to bf16 first, as llama.cpp and the GPUs' bf16 GEMMs do: then products of
           // two bf16 pairs a vdpbf16ps where the build has AVX512-BF16 (half the instructions,
           // no widening), AMX tile multiplies for weights in pair tiles (the "amx" copy), else
-          // widened to f32 as kF32 does. Other weight dtypes take kF32.
+          // widened to f32 as kF32 does. Other weights (f32, f16, block-wise scales) take kF32.
 };
 
 // One instruction set's copy of the matmul kernels. The matmul is the one loop whose best

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -195,6 +196,11 @@ inline void load_full_lanes(const void* row, int64_t offset, float (&out)[kLanes
   }
 }
 
+// What the vector loads below widen a code to, as a multiple of its value: FP8 codes widen
+// (exactly) to 2^-8 of their values, which their scales are multiplied by this to make up for.
+template <DType kDType>
+inline constexpr float kWidenedUnit = kDType == DType::kF8E4M3 ? 256.0f : 1.0f;
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
 // Elements at..at+15 of a weight row (lanes off in `mask` read as zero), widened to f32 exactly:
 // 8-bit codes as their values, FP8's times 2^-8 (the scales make up for it).
@@ -266,7 +272,7 @@ inline void avx2_dot_block(const float* const* x, const void* const* weight_rows
                            bool one_scale_per_row) {
   static_assert(kRows * kFeatures <= 4, "eight accumulators at most");
   constexpr bool kQuantized = is_quantized(kDType);
-  constexpr float kWidenedUnit = kDType == DType::kF8E4M3 ? 256.0f : 1.0f;
+  constexpr float kUnit = kWidenedUnit<kDType>;
   constexpr DType kLoad = kWidened ? DType::kF32 : kDType;  // codes, or their widened values
   constexpr auto kElementBytes = static_cast<int64_t>(dtype_size(kLoad));
   __m256 acc[kRows][kFeatures][2];
@@ -283,7 +289,7 @@ inline void avx2_dot_block(const float* const* x, const void* const* weight_rows
       if (!one_scale_per_row && i >= block_end) {
         const int64_t block = i / scales[0].block_cols;
         for (int f = 0; f < kFeatures; ++f) {
-          block_scale[f] = _mm256_set1_ps(scales[f].row[block] * kWidenedUnit);
+          block_scale[f] = _mm256_set1_ps(scales[f].row[block] * kUnit);
         }
         block_end = (block + 1) * scales[0].block_cols;
       }
@@ -355,7 +361,7 @@ inline void avx2_dot_block(const float* const* x, const void* const* weight_rows
       const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
       float result = _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps(two, two, 0x55)));
       if constexpr (kQuantized) {
-        if (one_scale_per_row) result *= scales[f].row[0] * kWidenedUnit;
+        if (one_scale_per_row) result *= scales[f].row[0] * kUnit;
       }
       results[r][f] = result;
     }
@@ -419,8 +425,7 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
   [[maybe_unused]] const bool one_scale_per_row = kQuantized && scales[0].block_cols >= n;
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
   static_assert(kLanes == 16, "one zmm register per accumulator");
-  // FP8 codes widen (exactly) to 2^-8 of their values, which the scales make up for.
-  [[maybe_unused]] constexpr float kWidenedUnit = kDType == DType::kF8E4M3 ? 256.0f : 1.0f;
+  [[maybe_unused]] constexpr float kUnit = kWidenedUnit<kDType>;
 #pragma GCC diagnostic push
   // GCC 12's own intrinsic headers trip these warnings in _mm512_cvtepu16_epi32 and
   // _mm512_extractf64x4_pd, whose "undefined" operands they read (GCC bug 105593).
@@ -447,7 +452,7 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
       if (!one_scale_per_row && i >= block_end) {
         const int64_t block = i / scales[0].block_cols;
         for (int f = 0; f < kFeatures; ++f) {
-          block_scale[f] = _mm512_set1_ps(scales[f].row[block] * kWidenedUnit);
+          block_scale[f] = _mm512_set1_ps(scales[f].row[block] * kUnit);
         }
         block_end = (block + 1) * scales[0].block_cols;
       }
@@ -490,7 +495,7 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
     fold_row<kFeatures>(vacc[r], results[r]);
     if constexpr (kQuantized) {
       if (one_scale_per_row) {
-        for (int f = 0; f < kFeatures; ++f) results[r][f] *= scales[f].row[0] * kWidenedUnit;
+        for (int f = 0; f < kFeatures; ++f) results[r][f] *= scales[f].row[0] * kUnit;
       }
     }
   }
@@ -568,12 +573,16 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
 // (weight_rows[f] = weight_rows[0] + f * kTileColumns, column_step = kFeatures), so that one
 // pointer and constant offsets address them all; the same sums, with the loop's pointers kept in
 // registers (on Zen 5 the 6 x 4 block 1.2x as fast as with four row pointers and a run-time
-// step, prefill 1.1x-1.2x).
-template <int kRows, int kFeatures, bool kWholeTile>
+// step, prefill 1.1x-1.2x). kWeights kI8 or kF8E4M3: the weight rows hold 8-bit codes, widened
+// in registers as load_widened widens them (values exact in bf16) and paired as bf16 weights are,
+// so the sums are bitwise those of the codes widened to bf16 beforehand.
+template <int kRows, int kFeatures, bool kWholeTile, DType kWeights = DType::kBF16>
 inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
                                  const void* const (&weight_rows)[kFeatures], int64_t n,
                                  float (&results)[kRows][kFeatures], int64_t column_step) {
   static_assert(!kWholeTile || kFeatures == kTileRows, "a whole tile's rows");
+  static_assert(kWeights == DType::kBF16 || is_quantized(kWeights), "bf16 weights or 8-bit codes");
+  using Element = std::conditional_t<kWeights == DType::kBF16, uint16_t, uint8_t>;
 #pragma GCC diagnostic push
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -587,13 +596,13 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
 #pragma GCC unroll 4
     for (int f = 0; f < kFeatures; ++f) vacc[r][f] = _mm512_setzero_ps();
   }
-  const auto* tile = static_cast<const uint16_t*>(weight_rows[0]);
+  const auto* tile = static_cast<const Element*>(weight_rows[0]);
   // Element offset of column `column` (a multiple of 16) of feature f.
   const auto at = [&](int f, int64_t column) __attribute__((always_inline)) {
     if constexpr (kWholeTile) {
       return tile + f * kTileColumns + column * kFeatures;
     } else {
-      return static_cast<const uint16_t*>(weight_rows[f]) + column * column_step;
+      return static_cast<const Element*>(weight_rows[f]) + column * column_step;
     }
   };
   // One 32-column chunk: its two 16-column halves (apart when tiled), then every row's pairs
@@ -606,27 +615,40 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
       }
     } else {
       const char* chunk = reinterpret_cast<const char*>(at(0, i));
-      for (int64_t line = 0; line < 2 * kFeatures * kLanes * 2; line += 64) {
+      constexpr int64_t kChunkBytes = 2 * kFeatures * kLanes * sizeof(Element);
+      for (int64_t line = 0; line < kChunkBytes; line += 64) {
         _mm_prefetch(chunk + line + kPrefetchBytes, _MM_HINT_T0);
       }
     }
     __m512bh w[kFeatures];
 #pragma GCC unroll 4
     for (int f = 0; f < kFeatures; ++f) {
-      __m256i first, second;
-      if constexpr (kPartial) {
-        const int64_t remaining = n - i;
+      if constexpr (kWeights != DType::kBF16) {
+        const int64_t remaining = kPartial ? n - i : 2 * kLanes;
         const __mmask16 low =
             remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
-        const __mmask16 high =
-            remaining > kLanes ? __mmask16((1u << (remaining - kLanes)) - 1u) : __mmask16(0);
-        first = _mm256_maskz_loadu_epi16(low, at(f, i));
-        second = _mm256_maskz_loadu_epi16(high, at(f, i + kLanes));
+        const __mmask16 high = remaining >= 2 * kLanes ? __mmask16(0xffff)
+                               : remaining > kLanes ? __mmask16((1u << (remaining - kLanes)) - 1u)
+                                                    : __mmask16(0);
+        // vcvtne2ps2bf16 puts its second operand's 16 values first: the columns keep their order.
+        w[f] = _mm512_cvtne2ps_pbh(load_widened<kWeights>(at(f, i + kLanes), 0, high),
+                                   load_widened<kWeights>(at(f, i), 0, low));
       } else {
-        first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(f, i)));
-        second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(f, i + kLanes)));
+        __m256i first, second;
+        if constexpr (kPartial) {
+          const int64_t remaining = n - i;
+          const __mmask16 low =
+              remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
+          const __mmask16 high =
+              remaining > kLanes ? __mmask16((1u << (remaining - kLanes)) - 1u) : __mmask16(0);
+          first = _mm256_maskz_loadu_epi16(low, at(f, i));
+          second = _mm256_maskz_loadu_epi16(high, at(f, i + kLanes));
+        } else {
+          first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(f, i)));
+          second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at(f, i + kLanes)));
+        }
+        w[f] = (__m512bh)_mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
       }
-      w[f] = (__m512bh)_mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {

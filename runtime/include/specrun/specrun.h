@@ -116,8 +116,8 @@ typedef enum specrun_overlap_drafting {
   SPECRUN_OVERLAP_OFF = 2   /* never */
 } specrun_overlap_drafting;
 
-/* How the CPU backend's matmuls with bf16 weights treat their activations (specrun.hpp's
- * specrun::ActivationPrecision). */
+/* How the CPU backend's matmuls with bf16 weights (and 8-bit weights with one scale per row)
+ * treat their activations (specrun.hpp's specrun::ActivationPrecision). */
 typedef enum specrun_activations {
   SPECRUN_ACTIVATIONS_AUTO = 0, /* bf16 where the CPU multiplies bf16 pairs in hardware (AMX,
                                  * AVX512-BF16), else f32 (default) */

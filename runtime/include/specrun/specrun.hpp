@@ -92,11 +92,12 @@ enum class OverlapDrafting {
 };
 const char* to_string(OverlapDrafting overlap);  // "auto", "on", "off"
 
-// How the CPU backend's matmuls with bf16 weights treat their activations. bf16 is how llama.cpp
-// and the GPUs' bf16 GEMMs run them: each activation rounded to bf16, products of bf16 pairs
-// (exact in f32) summed in f32, logits within bf16 rounding of exact; f32 multiplies every f32
-// activation by the widened weight, the reference that the NumPy and transformers comparisons
-// use. Other weight dtypes (and the CUDA backend, which multiplies bf16 by bf16) ignore this.
+// How the CPU backend's matmuls with bf16 weights (and INT8 or FP8 weights with one scale per
+// row, whose codes are exact in bf16) treat their activations. bf16 is how llama.cpp and the
+// GPUs' bf16 GEMMs run them: each activation rounded to bf16, products of bf16 pairs (exact in
+// f32) summed in f32, logits within bf16 rounding of exact; f32 multiplies every f32 activation by
+// the widened weight, the reference that the NumPy and transformers comparisons use. Other weights
+// (and the CUDA backend, which multiplies bf16 by bf16) ignore this.
 enum class ActivationPrecision {
   kAuto,  // bf16 where the matmul in use multiplies bf16 pairs in hardware (AMX tiles, or
           // vdpbf16ps with AVX512-BF16), which makes prefill and verification faster; f32 on
@@ -148,7 +149,7 @@ struct EngineConfig {
                                     // checkpoints), "rotate-half" or "interleaved" (Meta/GGUF)
   bool deterministic = false;       // batch-invariant kernels on every backend (CUDA: slower
                                     // prefill), so output does not depend on batch mates
-  // CPU: how matmuls with bf16 weights treat their activations (ActivationPrecision).
+  // CPU: how matmuls with bf16 (or 8-bit) weights treat their activations (ActivationPrecision).
   ActivationPrecision activations = ActivationPrecision::kAuto;
   Quantization quantize = Quantization::kNone;        // the target's linear layers, at load
   Quantization draft_quantize = Quantization::kNone;  // the draft's
