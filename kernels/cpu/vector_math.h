@@ -608,16 +608,20 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
   // One 32-column chunk: its two 16-column halves (apart when tiled), then every row's pairs
   // against every feature's. Whole chunks load without masks; the last, partial chunk reads
   // columns past n as zero, so it adds the same sums.
+  // Twice dot_block's lead: this loop takes a tile's bytes in fewer instructions, and with the
+  // 4 KiB lead a decode step read about 7% below the f32 path's bandwidth when the memory was at
+  // its fastest (80-88 GB/s on the 2-core EPYC; with 8 KiB, 1-5% above it).
+  constexpr int64_t kLeadBytes = 2 * kPrefetchBytes;
   const auto add_chunk = [&]<bool kPartial>(int64_t i) __attribute__((always_inline)) {
     if (!kWholeTile && column_step == 1) {
       for (int f = 0; f < kFeatures; ++f) {
-        _mm_prefetch(reinterpret_cast<const char*>(at(f, i)) + kPrefetchBytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(at(f, i)) + kLeadBytes, _MM_HINT_T0);
       }
     } else {
       const char* chunk = reinterpret_cast<const char*>(at(0, i));
       constexpr int64_t kChunkBytes = 2 * kFeatures * kLanes * sizeof(Element);
       for (int64_t line = 0; line < kChunkBytes; line += 64) {
-        _mm_prefetch(chunk + line + kPrefetchBytes, _MM_HINT_T0);
+        _mm_prefetch(chunk + line + kLeadBytes, _MM_HINT_T0);
       }
     }
     __m512bh w[kFeatures];
