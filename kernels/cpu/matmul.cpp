@@ -333,8 +333,13 @@ void quantized_pair_features(const MatmulParams& params, const uint16_t* x, int6
   const int64_t k = params.in_features;
   // Not std::vectors: see matmul_features.
   std::unique_ptr<uint16_t[]> group;
-  for (int64_t block = 0; block < params.rows; block += kRowBlock) {
-    const int64_t block_end = std::min(params.rows, block + kRowBlock);
+  // Blocks of rows as large as half an L2 of 1 MiB holds as bf16 (at least kRowBlock): each block
+  // widens every group again, and the kernel streams the block's rows from L2 either way. On the
+  // 2-core EPYC, a 256-token prefill of the ~100M model (three alternating runs): FP8 0.81x-0.88x
+  // of bf16 weights' with 64-row blocks, 0.95x-0.96x with these; INT8 0.82x-0.85x, 0.87x-0.89x.
+  const int64_t block_rows = std::max<int64_t>(kRowBlock, (int64_t{512} << 10) / (2 * x_stride));
+  for (int64_t block = 0; block < params.rows; block += block_rows) {
+    const int64_t block_end = std::min(params.rows, block + block_rows);
     const bool widen = block_end - block > kWidenAboveRows;
     if (widen && group == nullptr) {
       group.reset(new uint16_t[static_cast<size_t>(kFeatureGroup * x_stride)]);
