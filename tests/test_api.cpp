@@ -122,7 +122,7 @@ class ApiTest : public ::testing::Test {
   }
 
   testing::TempDir dir_;
-  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_engine_cpu_backend(1);
+  std::unique_ptr<kernels::Backend> backend_ = testing::make_engine_cpu_backend(1);
   std::unique_ptr<Model> reference_;
 };
 

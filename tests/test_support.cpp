@@ -57,11 +57,8 @@ std::unique_ptr<kernels::cpu::CpuBackend> make_cpu_backend(int threads) {
       std::make_shared<kernels::cpu::ThreadPool>(threads));
 }
 
-std::unique_ptr<kernels::cpu::CpuBackend> make_engine_cpu_backend(int threads) {
-  const kernels::cpu::MatmulVariant& variant = kernels::cpu::best_matmul_variant();
-  return std::make_unique<kernels::cpu::CpuBackend>(
-      std::make_shared<kernels::cpu::ThreadPool>(threads),
-      cpu_activations(EngineConfig{}.activations, variant), &variant);
+std::unique_ptr<kernels::Backend> make_engine_cpu_backend(int threads) {
+  return make_backend("cpu", std::make_shared<kernels::cpu::ThreadPool>(threads));
 }
 
 std::function<kernels::WeightLayout(DType)> layouts_of(const kernels::Backend& backend) {

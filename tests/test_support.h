@@ -47,9 +47,9 @@ std::string nested_json_arrays(size_t depth, const std::string& inner = "1");
 
 // A CPU backend over a pool of `threads` threads (0: one per core), with f32 activations.
 std::unique_ptr<kernels::cpu::CpuBackend> make_cpu_backend(int threads = 0);
-// The CPU backend an engine with the default settings runs on (activations "auto", resolved for
-// this CPU): what an engine's output is compared against.
-std::unique_ptr<kernels::cpu::CpuBackend> make_engine_cpu_backend(int threads = 0);
+// The CPU backend an engine with the default settings runs on (make_backend's, activations
+// "auto" resolved for this CPU): what an engine's output is compared against.
+std::unique_ptr<kernels::Backend> make_engine_cpu_backend(int threads = 0);
 // The layouts `backend` lays matmul weights out in, by dtype (Model::plan_memory's layout_of).
 std::function<kernels::WeightLayout(DType)> layouts_of(const kernels::Backend& backend);
 

@@ -376,9 +376,7 @@ void quantized_pair_features(const MatmulParams& params, const uint16_t* x, int6
         const char* codes = static_cast<const char*>(weight) + address.first;
         // 16 codes at a time, widened as the kernel's loads widen them, rounded (exactly) to bf16.
         for (int64_t i = 0; i < k; i += kLanes) {
-          const int64_t remaining = k - i;
-          const __mmask16 mask =
-              remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
+          const __mmask16 mask = first_lanes(k - i);
           const __m256bh values =
               _mm512_cvtneps_pbh(load_widened<kDType>(codes, i * address.column_step, mask));
           _mm256_mask_storeu_epi16(chunk(f, i), mask, (__m256i)values);
@@ -460,9 +458,7 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
   for (int64_t r = 0; rounded && r < rows; ++r) {
     // Rounded to nearest even (denormals to zero, as vdpbf16ps reads them anyway).
     for (int64_t i = 0; i < in_features; i += kLanes) {
-      const int64_t remaining = in_features - i;
-      const __mmask16 mask =
-          remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
+      const __mmask16 mask = first_lanes(in_features - i);
       const __m256bh rounded_lanes =
           _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, x + r * in_features + i));
       _mm256_mask_storeu_epi16(x_bf16.data() + r * x_stride + i, mask, (__m256i)rounded_lanes);

@@ -202,6 +202,13 @@ template <DType kDType>
 inline constexpr float kWidenedUnit = kDType == DType::kF8E4M3 ? 256.0f : 1.0f;
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
+// The first `count` of a register's 16 lanes: all of them from 16 on, none from 0 down.
+inline __mmask16 first_lanes(int64_t count) {
+  return count >= kLanes ? __mmask16(0xffff)
+         : count > 0     ? __mmask16((1u << count) - 1u)
+                         : __mmask16(0);
+}
+
 // Elements at..at+15 of a weight row (lanes off in `mask` read as zero), widened to f32 exactly:
 // 8-bit codes as their values, FP8's times 2^-8 (the scales make up for it).
 // GCC 12's own intrinsic headers trip -Wmaybe-uninitialized in _mm512_cvtepu16_epi32 and
@@ -445,9 +452,7 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
   int64_t block_end = 0;
   // The tail runs the same loop body on masked loads: lanes past n read as zero and add zero.
   for (; i < n; i += kLanes) {
-    const int64_t remaining = n - i;
-    const __mmask16 mask =
-        remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
+    const __mmask16 mask = first_lanes(n - i);
     if constexpr (kQuantized) {
       if (!one_scale_per_row && i >= block_end) {
         const int64_t block = i / scales[0].block_cols;
@@ -605,13 +610,13 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
       return static_cast<const Element*>(weight_rows[f]) + column * column_step;
     }
   };
-  // One 32-column chunk: its two 16-column halves (apart when tiled), then every row's pairs
-  // against every feature's. Whole chunks load without masks; the last, partial chunk reads
-  // columns past n as zero, so it adds the same sums.
   // Twice dot_block's lead: this loop takes a tile's bytes in fewer instructions, and with the
   // 4 KiB lead a decode step read about 7% below the f32 path's bandwidth when the memory was at
   // its fastest (80-88 GB/s on the 2-core EPYC; with 8 KiB, 1-5% above it).
   constexpr int64_t kLeadBytes = 2 * kPrefetchBytes;
+  // One 32-column chunk: its two 16-column halves (apart when tiled), then every row's pairs
+  // against every feature's. Whole chunks load without masks; the last, partial chunk reads
+  // columns past n as zero, so it adds the same sums.
   const auto add_chunk = [&]<bool kPartial>(int64_t i) __attribute__((always_inline)) {
     if (!kWholeTile && column_step == 1) {
       for (int f = 0; f < kFeatures; ++f) {
@@ -624,27 +629,18 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
         _mm_prefetch(chunk + line + kLeadBytes, _MM_HINT_T0);
       }
     }
+    const int64_t remaining = kPartial ? n - i : 2 * kLanes;
+    const __mmask16 low = first_lanes(remaining), high = first_lanes(remaining - kLanes);
     __m512bh w[kFeatures];
 #pragma GCC unroll 4
     for (int f = 0; f < kFeatures; ++f) {
       if constexpr (kWeights != DType::kBF16) {
-        const int64_t remaining = kPartial ? n - i : 2 * kLanes;
-        const __mmask16 low =
-            remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
-        const __mmask16 high = remaining >= 2 * kLanes ? __mmask16(0xffff)
-                               : remaining > kLanes ? __mmask16((1u << (remaining - kLanes)) - 1u)
-                                                    : __mmask16(0);
         // vcvtne2ps2bf16 puts its second operand's 16 values first: the columns keep their order.
         w[f] = _mm512_cvtne2ps_pbh(load_widened<kWeights>(at(f, i + kLanes), 0, high),
                                    load_widened<kWeights>(at(f, i), 0, low));
       } else {
         __m256i first, second;
         if constexpr (kPartial) {
-          const int64_t remaining = n - i;
-          const __mmask16 low =
-              remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
-          const __mmask16 high =
-              remaining > kLanes ? __mmask16((1u << (remaining - kLanes)) - 1u) : __mmask16(0);
           first = _mm256_maskz_loadu_epi16(low, at(f, i));
           second = _mm256_maskz_loadu_epi16(high, at(f, i + kLanes));
         } else {
@@ -684,9 +680,7 @@ inline void widen_weights(const void* row, int64_t column_step, int64_t n, float
   [[maybe_unused]] constexpr auto kElementBytes = static_cast<int64_t>(dtype_size(kDType));
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
   for (int64_t i = 0; i < n; i += kLanes) {
-    const int64_t remaining = n - i;
-    const __mmask16 mask =
-        remaining >= kLanes ? __mmask16(0xffff) : __mmask16((1u << remaining) - 1u);
+    const __mmask16 mask = first_lanes(n - i);
     // The codes come from memory: prefetched as dot_block's are.
     _mm_prefetch(static_cast<const char*>(row) + i * column_step * kElementBytes + kPrefetchBytes,
                  _MM_HINT_T0);

@@ -52,8 +52,10 @@ std::unique_ptr<kernels::Backend> make_backend(const std::string& device,
   if (spec.kind == DeviceSpec::Kind::kCpu) {
     const kernels::cpu::MatmulVariant& variant = kernels::cpu::best_matmul_variant();
     const kernels::cpu::Activations activations = cpu_activations(options.activations, variant);
-    spdlog::debug("cpu: the '{}' matmul kernels, {} activations with bf16 weights", variant.name,
-                  activations == kernels::cpu::Activations::kBF16 ? "bf16" : "f32");
+    spdlog::debug(
+        "cpu: the '{}' matmul kernels, {} activations for bf16 weights (and 8-bit ones "
+        "with a scale per row)",
+        variant.name, activations == kernels::cpu::Activations::kBF16 ? "bf16" : "f32");
     return std::make_unique<kernels::cpu::CpuBackend>(std::move(pool), activations, &variant);
   }
 #if SPECRUN_HAVE_CUDA
