@@ -577,8 +577,9 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
 // (column_step). kWholeTile: the features are the rows of one whole tile of the tiled layout
 // (weight_rows[f] = weight_rows[0] + f * kTileColumns, column_step = kFeatures), so that one
 // pointer and constant offsets address them all; the same sums, with the loop's pointers kept in
-// registers (on Zen 5 the 6 x 4 block 1.2x as fast as with four row pointers and a run-time
-// step, prefill 1.1x-1.2x). kWeights kI8 or kF8E4M3: the weight rows hold 8-bit codes, widened
+// registers (with four row pointers and a run-time step, GCC spilled them; `specbench
+// --bf16-activations` on the 2-core EPYC, alternating runs: prefill 1.04x-1.19x llama.cpp's where
+// it was 0.91x-1.07x). kWeights kI8 or kF8E4M3: the weight rows hold 8-bit codes, widened
 // in registers as load_widened widens them (values exact in bf16) and paired as bf16 weights are,
 // so the sums are bitwise those of the codes widened to bf16 beforehand.
 template <int kRows, int kFeatures, bool kWholeTile, DType kWeights = DType::kBF16>
@@ -611,8 +612,9 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
     }
   };
   // Twice dot_block's lead: this loop takes a tile's bytes in fewer instructions, and with the
-  // 4 KiB lead a decode step read about 7% below the f32 path's bandwidth when the memory was at
-  // its fastest (80-88 GB/s on the 2-core EPYC; with 8 KiB, 1-5% above it).
+  // 4 KiB lead a decode step fell behind the f32 path's when the memory was fast (`specbench
+  // --bf16-activations` on the 2-core EPYC at 71-72 GB/s: 276-290 against 309-317 tokens/s;
+  // with 8 KiB, alternating runs at 70-72 GB/s, 307-327 against 312-329).
   constexpr int64_t kLeadBytes = 2 * kPrefetchBytes;
   // One 32-column chunk: its two 16-column halves (apart when tiled), then every row's pairs
   // against every feature's. Whole chunks load without masks; the last, partial chunk reads
