@@ -1046,13 +1046,15 @@ TEST_P(CpuKernels, Bf16ActivationsMeetEightBitCodesWithOneScalePerRowExactly) {
   // exact in bf16, so a result is the scale times the rounded activations' exact products with
   // the code values, summed in f32 (the bound of the bf16 test above, with one more rounding for
   // the scale). Block-wise scales keep f32 activations: bitwise the f32 call's result. Both
-  // layouts; shapes with tails of 16-row activation blocks and of 32-column chunks.
+  // layouts; shapes with tails of 16-row activation blocks and of 32-column chunks, and 90 rows of
+  // 4,100 columns: two blocks of the bf16-pair kernel's rows (64 and 26), each widening the codes
+  // again.
   struct Layout {
     int64_t block_rows, block_cols;
   };
   for (const DType dtype : {DType::kI8, DType::kF8E4M3}) {
     for (const auto& shape : std::vector<std::array<int64_t, 3>>{
-             {1, 64, 9}, {5, 83, 9}, {7, 100, 17}, {70, 48, 5}, {17, 300, 40}}) {
+             {1, 64, 9}, {5, 83, 9}, {7, 100, 17}, {70, 48, 5}, {17, 300, 40}, {90, 4100, 9}}) {
       const int64_t rows = shape[0], in = shape[1], out_features = shape[2];
       for (const Layout scales : {Layout{1, in}, Layout{out_features, in}, Layout{16, 16}}) {
         SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + std::to_string(rows) + "x" +

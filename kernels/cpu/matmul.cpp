@@ -186,6 +186,10 @@ struct PairRows {
   // column_step = kFeatures): the kernel addresses them from one pointer.
   bool whole_tile = false;
   const float* scales = nullptr;  // [kFeatures] each row's sum times this; null: unscaled (bf16)
+  // 8-bit codes: where the kernel also leaves them widened to bf16 (dot_block_bf16_pairs'
+  // kKeepWidened), rows keep_stride apart unless whole_tile; null: nowhere.
+  uint16_t* keep = nullptr;
+  int64_t keep_stride = 0;
 };
 
 // The group's rows of a bf16 weight (or of 8-bit codes), where they lie. Four features of the
@@ -214,17 +218,20 @@ void pair_tile(const MatmulParams& params, const uint16_t* x, int64_t x_stride, 
                float* out) {
   const uint16_t* rows = x + first_row * x_stride;
   float results[kRows][kFeatures];
-  if constexpr (kFeatures == kTileRows) {
-    if (weights.whole_tile) {
-      dot_block_bf16_pairs<kRows, kFeatures, true, kWeights>(
-          rows, x_stride, weights.rows, params.in_features, results, weights.column_step);
-    } else {
-      dot_block_bf16_pairs<kRows, kFeatures, false, kWeights>(
-          rows, x_stride, weights.rows, params.in_features, results, weights.column_step);
+  const auto dot = [&]<bool kWholeTile, bool kKeep>() {
+    dot_block_bf16_pairs<kRows, kFeatures, kWholeTile, kWeights, kKeep>(
+        rows, x_stride, weights.rows, params.in_features, results, weights.column_step,
+        weights.keep, weights.keep_stride);
+  };
+  // Only a block's first row group keeps codes widened, and it is whole (quantized_pair_features).
+  constexpr bool kMayKeep = kWeights != DType::kBF16 && kRows == kPairRowGroup;
+  const bool keep = kMayKeep && weights.keep != nullptr;
+  if (kFeatures == kTileRows && weights.whole_tile) {
+    if constexpr (kFeatures == kTileRows) {
+      keep ? dot.template operator()<true, kMayKeep>() : dot.template operator()<true, false>();
     }
   } else {
-    dot_block_bf16_pairs<kRows, kFeatures, false, kWeights>(
-        rows, x_stride, weights.rows, params.in_features, results, weights.column_step);
+    keep ? dot.template operator()<false, kMayKeep>() : dot.template operator()<false, false>();
   }
   for (int f = 0; f < kFeatures; ++f) {
     const float bias_value =
@@ -302,12 +309,23 @@ int64_t feature_group_end(const MatmulParams& params, int64_t feature, int64_t f
   return group_end;
 }
 
+// Activation rows per block of the bf16-pair kernel (rows of x_stride bf16 elements): as many as
+// half an L2 of 1 MiB holds, at least kRowBlock. A block reads each weight group once (8-bit codes
+// widen once per block), and the kernel streams the block's rows from L2 whatever their number.
+// With 64-row blocks, 8-bit weights prefilled at 0.81x-0.88x of bf16 weights' on the 2-core EPYC
+// (256 tokens of the ~100M model, specbench --bf16-activations); bf16 weights prefill alike with
+// either.
+int64_t pair_block_rows(int64_t x_stride) {
+  return std::max<int64_t>(kRowBlock, (int64_t{512} << 10) / (2 * x_stride));
+}
+
 // matmul_features for bf16 weights and bf16 activations (`x`: rows of x_stride elements).
 void pair_features(const MatmulParams& params, const uint16_t* x, int64_t x_stride,
                    const void* weight, const void* bias, float* out, int64_t feature_begin,
                    int64_t feature_end) {
-  for (int64_t block = 0; block < params.rows; block += kRowBlock) {
-    const int64_t block_end = std::min(params.rows, block + kRowBlock);
+  const int64_t block_rows = pair_block_rows(x_stride);
+  for (int64_t block = 0; block < params.rows; block += block_rows) {
+    const int64_t block_end = std::min(params.rows, block + block_rows);
     for (int64_t feature = feature_begin; feature < feature_end;) {
       const int64_t group_end = feature_group_end(params, feature, feature_end);
       const auto rows_of = [&]<int kFeatures>() {
@@ -322,26 +340,26 @@ void pair_features(const MatmulParams& params, const uint16_t* x, int64_t x_stri
 
 // matmul_features for INT8 and FP8 weights with one scale per row and bf16 activations: the codes
 // widened to bf16 (exactly) and multiplied by the rows of x as bf16 weights are, each sum scaled
-// once as dot_block scales it (its code values' sum times scale x kWidenedUnit). A block of more
-// than kWidenAboveRows rows widens each feature group once, into a copy laid out as the group's
-// weights are (a whole tile as a tile, so the kernel reads it alike); fewer rows widen the codes
-// in registers as they are read. Both give the same bits.
+// once as dot_block scales it (its code values' sum times scale x kWidenedUnit). The kernel widens
+// codes in registers as it reads them; in a block of more than kWidenAboveRows rows, the first
+// row group also leaves each feature group widened, laid out as the group's weights are (a whole
+// tile as a tile), and the other row groups read that copy as bf16 weights. Both give the same
+// bits. (On the 2-core EPYC, three alternating rounds of specbench --bf16-activations --quantize
+// fp8,int8: INT8 and FP8 weights prefill at 0.91x-0.97x of bf16 weights' so, at 0.89x-0.92x with
+// a widening pass of its own before the first row group.)
 template <DType kDType>
 void quantized_pair_features(const MatmulParams& params, const uint16_t* x, int64_t x_stride,
                              const void* weight, const float* scales, const void* bias, float* out,
                              int64_t feature_begin, int64_t feature_end) {
-  const int64_t k = params.in_features;
   // Not std::vectors: see matmul_features.
   std::unique_ptr<uint16_t[]> group;
-  // Blocks of rows as large as half an L2 of 1 MiB holds as bf16 (at least kRowBlock): each block
-  // widens every group again, and the kernel streams the block's rows from L2 either way. On the
-  // 2-core EPYC, a 256-token prefill of the ~100M model (three alternating runs): FP8 0.81x-0.88x
-  // of bf16 weights' with 64-row blocks, 0.95x-0.96x with these; INT8 0.82x-0.85x, 0.87x-0.89x.
-  const int64_t block_rows = std::max<int64_t>(kRowBlock, (int64_t{512} << 10) / (2 * x_stride));
+  const int64_t block_rows = pair_block_rows(x_stride);
   for (int64_t block = 0; block < params.rows; block += block_rows) {
     const int64_t block_end = std::min(params.rows, block + block_rows);
     const bool widen = block_end - block > kWidenAboveRows;
+    static_assert(kWidenAboveRows >= kPairRowGroup, "the row group that widens is whole");
     if (widen && group == nullptr) {
+      // As the kernel leaves it: four rows of x_stride columns, or a tile of as many.
       group.reset(new uint16_t[static_cast<size_t>(kFeatureGroup * x_stride)]);
     }
     for (int64_t feature = feature_begin; feature < feature_end;) {
@@ -353,45 +371,33 @@ void quantized_pair_features(const MatmulParams& params, const uint16_t* x, int6
             scales[(feature + f) / params.scale_block_rows * params.scale_grid_columns()] *
             kWidenedUnit<kDType>;
       }
-      if (!widen) {
-        const auto rows_of = [&]<int kFeatures>() {
-          PairRows<kFeatures> rows = stored_rows<kFeatures>(params, weight, feature);
+      const auto codes_of = [&]<int kFeatures>() {
+        PairRows<kFeatures> rows = stored_rows<kFeatures>(params, weight, feature);
+        rows.scales = row_scales;
+        if (widen) {
+          rows.keep = group.get();
+          rows.keep_stride = x_stride;
+        }
+        return rows;
+      };
+      const int64_t codes_end = widen ? block + kPairRowGroup : block_end;
+      pair_row_groups<kDType>(params, x, x_stride, block, codes_end, features, codes_of, bias,
+                              feature, out);
+      if (widen) {
+        const auto widened_of = [&]<int kFeatures>() {
+          const PairRows<kFeatures> codes = codes_of.template operator()<kFeatures>();
+          PairRows<kFeatures> rows;
+          for (int f = 0; f < kFeatures; ++f) {
+            rows.rows[f] = group.get() + (codes.whole_tile ? f * kTileColumns : f * x_stride);
+          }
+          rows.column_step = codes.whole_tile ? kTileRows : 1;
+          rows.whole_tile = codes.whole_tile;
           rows.scales = row_scales;
           return rows;
         };
-        pair_row_groups<kDType>(params, x, x_stride, block, block_end, features, rows_of, bias,
-                                feature, out);
-        feature = group_end;
-        continue;
+        pair_row_groups<DType::kBF16>(params, x, x_stride, codes_end, block_end, features,
+                                      widened_of, bias, feature, out);
       }
-      const bool whole_tile = features == kTileRows && params.weight_layout == WeightLayout::kTiled;
-      // Row f's 16 columns from `column` on: in a tile's chunk, or in row f of x_stride columns.
-      const auto chunk = [&](int64_t f, int64_t column) {
-        return group.get() +
-               (whole_tile ? column * kTileRows + f * kTileColumns : f * x_stride + column);
-      };
-      for (int64_t f = 0; f < features; ++f) {
-        const RowAddress address =
-            row_address(params.weight_layout, feature + f, params.out_features, k);
-        const char* codes = static_cast<const char*>(weight) + address.first;
-        // 16 codes at a time, widened as the kernel's loads widen them, rounded (exactly) to bf16.
-        for (int64_t i = 0; i < k; i += kLanes) {
-          const __mmask16 mask = first_lanes(k - i);
-          const __m256bh values =
-              _mm512_cvtneps_pbh(load_widened<kDType>(codes, i * address.column_step, mask));
-          _mm256_mask_storeu_epi16(chunk(f, i), mask, (__m256i)values);
-        }
-      }
-      const auto rows_of = [&]<int kFeatures>() {
-        PairRows<kFeatures> rows;
-        for (int f = 0; f < kFeatures; ++f) rows.rows[f] = chunk(f, 0);
-        rows.column_step = whole_tile ? kTileRows : 1;
-        rows.whole_tile = whole_tile;
-        rows.scales = row_scales;
-        return rows;
-      };
-      pair_row_groups<DType::kBF16>(params, x, x_stride, block, block_end, features, rows_of, bias,
-                                    feature, out);
       feature = group_end;
     }
   }

@@ -581,13 +581,21 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
 // --bf16-activations` on the 2-core EPYC, alternating runs: prefill 1.04x-1.19x llama.cpp's where
 // it was 0.91x-1.07x). kWeights kI8 or kF8E4M3: the weight rows hold 8-bit codes, widened
 // in registers as load_widened widens them (values exact in bf16) and paired as bf16 weights are,
-// so the sums are bitwise those of the codes widened to bf16 beforehand.
-template <int kRows, int kFeatures, bool kWholeTile, DType kWeights = DType::kBF16>
+// so the sums are bitwise those of the codes widened to bf16 beforehand. kKeepWidened (codes
+// only): the kernel also stores the codes it widened at `widened`, as bf16 weights laid out for
+// this kernel to read back: a whole tile as a tile (kWholeTile, column_step kFeatures), other rows
+// one after another, `widened_stride` apart (column_step 1); every 32-column chunk whole, columns
+// past n zero. The first rows that meet a group of codes leave it widened for the rest, at the
+// cost of a few stores beside the multiplies rather than a pass of its own.
+template <int kRows, int kFeatures, bool kWholeTile, DType kWeights = DType::kBF16,
+          bool kKeepWidened = false>
 inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
                                  const void* const (&weight_rows)[kFeatures], int64_t n,
-                                 float (&results)[kRows][kFeatures], int64_t column_step) {
+                                 float (&results)[kRows][kFeatures], int64_t column_step,
+                                 uint16_t* widened = nullptr, int64_t widened_stride = 0) {
   static_assert(!kWholeTile || kFeatures == kTileRows, "a whole tile's rows");
   static_assert(kWeights == DType::kBF16 || is_quantized(kWeights), "bf16 weights or 8-bit codes");
+  static_assert(!kKeepWidened || kWeights != DType::kBF16, "only codes are widened");
   using Element = std::conditional_t<kWeights == DType::kBF16, uint16_t, uint8_t>;
 #pragma GCC diagnostic push
 #if !defined(__clang__)
@@ -640,6 +648,20 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
         // vcvtne2ps2bf16 puts its second operand's 16 values first: the columns keep their order.
         w[f] = _mm512_cvtne2ps_pbh(load_widened<kWeights>(at(f, i + kLanes), 0, high),
                                    load_widened<kWeights>(at(f, i), 0, low));
+        if constexpr (kKeepWidened) {
+          const auto chunk = (__m512i)w[f];
+          if constexpr (kWholeTile) {
+            // A tile's chunk holds 16 columns of each of its rows: the two halves lie apart.
+            _mm256_storeu_si256(
+                reinterpret_cast<__m256i*>(widened + f * kTileColumns + i * kFeatures),
+                _mm512_castsi512_si256(chunk));
+            _mm256_storeu_si256(
+                reinterpret_cast<__m256i*>(widened + f * kTileColumns + (i + kLanes) * kFeatures),
+                _mm512_extracti64x4_epi64(chunk, 1));
+          } else {
+            _mm512_storeu_si512(widened + f * widened_stride + i, chunk);
+          }
+        }
       } else {
         __m256i first, second;
         if constexpr (kPartial) {
