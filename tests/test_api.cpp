@@ -318,35 +318,53 @@ TEST_F(ApiTest, RepeatedPromptsComeFromThePrefixCache) {
 TEST_F(ApiTest, EachActivationPrecisionGivesItsOwnBackendsGreedyOutput) {
   // The engine's activations setting reaches the kernels: f32 gives what the exact CPU backend
   // gives alone, bf16 what a backend rounding activations to bf16 gives, speculating or not, on a
-  // prompt whose greedy continuations under the two differ.
-  const std::pair<ActivationPrecision, kernels::cpu::Activations> precisions[] = {
-      {ActivationPrecision::kF32, kernels::cpu::Activations::kF32},
-      {ActivationPrecision::kBF16, kernels::cpu::Activations::kBF16}};
-  std::vector<std::unique_ptr<kernels::cpu::CpuBackend>> backends;
-  std::vector<std::unique_ptr<Model>> models;
-  for (const auto& [precision, activations] : precisions) {
-    backends.push_back(std::make_unique<kernels::cpu::CpuBackend>(
-        std::make_shared<kernels::cpu::ThreadPool>(1), activations));
-    models.push_back(Model::load(dir_ / "target", *backends.back()));
-  }
-  Request request;
-  request.sampling = greedy(32);
-  request.sampling->stop_at_eos = false;
-  std::vector<std::vector<int32_t>> expected(2);
-  for (int32_t first = 3; first < 250 && expected[0] == expected[1]; first += 7) {
-    request.prompt_ids = {1, first, 200, 5};
-    for (size_t i = 0; i < 2; ++i) {
-      expected[i] =
-          testing::reference_decode(*models[i], request.prompt_ids, *request.sampling).tokens;
+  // prompt whose greedy continuations under the two differ; and for a target quantized to INT8,
+  // int8 what a backend quantizing activations to int8 gives, on a prompt where it differs from
+  // bf16.
+  struct Precision {
+    ActivationPrecision setting;
+    kernels::cpu::Activations activations;
+    Quantization quantize;
+  };
+  const std::pair<Precision, Precision> pairs[] = {
+      {{ActivationPrecision::kF32, kernels::cpu::Activations::kF32, Quantization::kNone},
+       {ActivationPrecision::kBF16, kernels::cpu::Activations::kBF16, Quantization::kNone}},
+      {{ActivationPrecision::kBF16, kernels::cpu::Activations::kBF16, Quantization::kINT8},
+       {ActivationPrecision::kInt8, kernels::cpu::Activations::kInt8, Quantization::kINT8}}};
+  for (const auto& pair : pairs) {
+    const Precision precisions[] = {pair.first, pair.second};
+    std::vector<std::unique_ptr<kernels::cpu::CpuBackend>> backends;
+    std::vector<std::unique_ptr<Model>> models;
+    for (const Precision& precision : precisions) {
+      backends.push_back(std::make_unique<kernels::cpu::CpuBackend>(
+          std::make_shared<kernels::cpu::ThreadPool>(1), precision.activations));
+      ModelOptions options;
+      options.quantize =
+          precision.quantize == Quantization::kINT8 ? WeightQuantize::kINT8 : WeightQuantize::kNone;
+      models.push_back(Model::load(dir_ / "target", *backends.back(), options));
     }
-  }
-  ASSERT_NE(expected[0], expected[1]) << "no prompt tells the two precisions apart";
-  for (size_t i = 0; i < 2; ++i) {
-    SCOPED_TRACE(to_string(precisions[i].first));
-    for (const bool with_draft : {false, true}) {
-      EngineConfig settings = config(with_draft);
-      settings.activations = precisions[i].first;
-      EXPECT_EQ(Engine::create(settings)->submit(request).wait().tokens, expected[i]) << with_draft;
+    Request request;
+    request.sampling = greedy(32);
+    request.sampling->stop_at_eos = false;
+    std::vector<std::vector<int32_t>> expected(2);
+    for (int32_t first = 3; first < 250 && expected[0] == expected[1]; first += 7) {
+      request.prompt_ids = {1, first, 200, 5};
+      for (size_t i = 0; i < 2; ++i) {
+        expected[i] =
+            testing::reference_decode(*models[i], request.prompt_ids, *request.sampling).tokens;
+      }
+    }
+    ASSERT_NE(expected[0], expected[1]) << "no prompt tells two precisions apart";
+    for (size_t i = 0; i < 2; ++i) {
+      SCOPED_TRACE(std::string(to_string(precisions[i].setting)) + " " +
+                   to_string(precisions[i].quantize));
+      for (const bool with_draft : {false, true}) {
+        EngineConfig settings = config(with_draft);
+        settings.activations = precisions[i].setting;
+        settings.quantize = precisions[i].quantize;
+        EXPECT_EQ(Engine::create(settings)->submit(request).wait().tokens, expected[i])
+            << with_draft;
+      }
     }
   }
 }

@@ -557,9 +557,9 @@ TEST_F(CApiTest, RefusedRequestsAndConfigsReturnTheirCodeAndMessage) {
                  "specrun_engine_create",
                  {"config->overlap_drafting 3", "specrun_overlap_drafting"});
   settings = config();
-  store_int(&settings.activations, 3);
+  store_int(&settings.activations, 4);
   expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_INVALID_ARGUMENT,
-                 "specrun_engine_create", {"config->activations 3", "specrun_activations"});
+                 "specrun_engine_create", {"config->activations 4", "specrun_activations"});
   settings = config();
   settings.max_batch = 0;
   expect_failure(specrun_engine_create(&settings, &engine), SPECRUN_ERROR_FAILED,

@@ -513,9 +513,11 @@ TEST_F(CliSpeculativeTest, EitherActivationPrecisionSpeculatesLosslesslyAndABadO
 
 TEST_F(CliSpeculativeTest, QuantizedTargetSpeculatesLosslessly) {
   // With the same quantized target, greedy speculation (with a bf16 or a quantized draft) gives
-  // what the quantized target gives alone; an unknown quantization is refused.
+  // what the quantized target gives alone, INT8 weights meeting int8 activations too; an unknown
+  // quantization is refused.
   for (const std::string target :
-       {"--quantize int8", "--quantize fp8", "--quantize int8 --quantize-lm-head"}) {
+       {"--quantize int8", "--quantize fp8", "--quantize int8 --quantize-lm-head",
+        "--quantize int8 --activations int8"}) {
     const CommandResult alone = run("--no-draft --quiet " + target);
     ASSERT_EQ(alone.exit_code, 0) << target << ": " << alone.stderr_text;
     EXPECT_EQ(parse_ids(alone.stdout_text).size(), 30u);

@@ -1109,23 +1109,32 @@ TEST_P(CpuKernels, Bf16ActivationsMeetEightBitCodesWithOneScalePerRowExactly) {
   }
 }
 
-TEST_P(CpuKernels, Bf16ActivationsAreBatchInvariantBitwise) {
+TEST_P(CpuKernels, Bf16AndInt8ActivationsAreBatchInvariantBitwise) {
   // Rows alone and in batches of every size (the bf16-pair kernel takes six rows at a time, the
-  // tile multiply two blocks of 16), for bf16 weights and for 8-bit ones with one scale per row.
+  // tile multiply two blocks of 16), for bf16 weights and for 8-bit ones with one scale per row;
+  // INT8 ones against int8 activations too.
   const int64_t rows = 40, in = 83, out_features = 45;
   const std::vector<float> x = random_floats(rows * in, 83);
   const StoredTensor weight = store(random_floats(out_features * in, 84), DType::kBF16);
-  std::vector<std::tuple<DType, WeightLayout, const MatmulVariant*>> cases;
+  std::vector<std::tuple<DType, WeightLayout, const MatmulVariant*, Activations>> cases;
   for (const auto& [layout, variant] : bf16_activation_layouts()) {
-    cases.emplace_back(DType::kBF16, layout, variant);
+    cases.emplace_back(DType::kBF16, layout, variant, Activations::kBF16);
   }
   for (const DType dtype : {DType::kI8, DType::kF8E4M3}) {
     for (const WeightLayout layout : {WeightLayout::kRows, WeightLayout::kTiled}) {
-      cases.emplace_back(dtype, layout, nullptr);
+      cases.emplace_back(dtype, layout, nullptr, Activations::kBF16);
     }
   }
-  for (const auto& [dtype, layout, variant] : cases) {
-    SCOPED_TRACE(std::string(dtype_name(dtype)) + " layout " + std::to_string(int(layout)));
+  // And INT8 weights meeting int8 activations, in every copy of the kernels.
+  for (const MatmulVariant& variant : matmul_variants()) {
+    if (!variant.supported()) continue;
+    for (const WeightLayout layout : {WeightLayout::kRows, WeightLayout::kTiled}) {
+      cases.emplace_back(DType::kI8, layout, &variant, Activations::kInt8);
+    }
+  }
+  for (const auto& [dtype, layout, variant, activations] : cases) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)) + " layout " + std::to_string(int(layout)) +
+                 (activations == Activations::kInt8 ? " int8 activations" : ""));
     const QuantizedTensor codes =
         is_quantized(dtype) ? quantized(dtype, out_features, in, 1, in, 85) : QuantizedTensor{};
     const std::vector<uint8_t> packed =
@@ -1136,14 +1145,14 @@ TEST_P(CpuKernels, Bf16ActivationsAreBatchInvariantBitwise) {
     params.weight_layout = layout;
     std::vector<float> all(rows * out_features);
     ASSERT_TRUE(matmul(params, x.data(), packed.data(), scales, nullptr, all.data(), pool_,
-                       Activations::kBF16, variant)
+                       activations, variant)
                     .is_ok());
     for (int64_t batch = 1; batch <= rows; ++batch) {
       for (int64_t first = 0; first + batch <= rows; first += batch) {
         std::vector<float> part(batch * out_features);
         params.rows = batch;
         ASSERT_TRUE(matmul(params, x.data() + first * in, packed.data(), scales, nullptr,
-                           part.data(), pool_, Activations::kBF16, variant)
+                           part.data(), pool_, activations, variant)
                         .is_ok());
         ASSERT_EQ(0, std::memcmp(part.data(), all.data() + first * out_features,
                                  part.size() * sizeof(float)))
@@ -1151,6 +1160,174 @@ TEST_P(CpuKernels, Bf16ActivationsAreBatchInvariantBitwise) {
       }
     }
   }
+}
+
+// ---- int8 activations ---------------------------------------------------------------------------
+
+// Activations::kInt8's quantization of one row, as documented: codes round(x * 127 / max |x|) to
+// nearest even, scale max |x| / 127.
+struct Int8Row {
+  std::vector<int32_t> codes;
+  float scale = 0.0f;
+};
+
+Int8Row quantize_row(const float* x, int64_t k) {
+  Int8Row row;
+  float largest = 0.0f;
+  for (int64_t i = 0; i < k; ++i) largest = std::max(largest, std::fabs(x[i]));
+  const float inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
+  for (int64_t i = 0; i < k; ++i) {
+    row.codes.push_back(static_cast<int32_t>(std::nearbyint(x[i] * inverse)));
+  }
+  row.scale = largest / 127.0f;
+  return row;
+}
+
+// x ([rows, w.columns]) times w (INT8, laid out tiled) with int8 activations, through the best
+// copy of the kernels.
+std::vector<float> int8_activations_matmul(const std::vector<float>& x, int64_t rows,
+                                           const QuantizedTensor& w, ThreadPool& pool) {
+  const std::vector<uint8_t> packed = tiled(w.codes.data(), w.rows, w.columns, DType::kI8);
+  MatmulParams params = w.params(rows);
+  params.weight_layout = WeightLayout::kTiled;
+  std::vector<float> out(rows * w.rows);
+  EXPECT_TRUE(matmul(params, x.data(), packed.data(), w.scales.data(), nullptr, out.data(), pool,
+                     Activations::kInt8)
+                  .is_ok());
+  return out;
+}
+
+TEST_P(CpuKernels, Int8ActivationsMeetInt8WeightsAsExactIntegerSumsScaledOnce) {
+  // INT8 weights with one scale per row against rows quantized per token: each result is the
+  // exact sum of code products, as an f32, times (the row's scale times the weight row's), plus
+  // the bias: bitwise, in every copy of the kernels (VNNI or not) and both layouts. Shapes with
+  // tails of 16-column chunks, of tiles and of the kernel's 6-row groups, thread ranges that
+  // start inside a tile, and rows in two blocks (140 rows of 4,100 columns).
+  for (const auto& shape : std::vector<std::array<int64_t, 3>>{
+           {1, 64, 16}, {1, 83, 9}, {5, 100, 17}, {7, 48, 40}, {13, 300, 45}, {140, 4100, 18}}) {
+    const int64_t rows = shape[0], in = shape[1], out_features = shape[2];
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(in) + "x" +
+                 std::to_string(out_features));
+    for (const int64_t scale_rows : {int64_t{1}, out_features}) {
+      const QuantizedTensor w = quantized(DType::kI8, out_features, in, scale_rows, in, 90 + in);
+      std::vector<float> x = random_floats(rows * in, 91);
+      // A row of zeros, and rows whose largest element repeats (codes of +-127 at once).
+      std::fill(x.begin(), x.begin() + in, 0.0f);
+      if (rows > 1) x[in + in / 2] = -x[in + 1] * 1.5f;
+      const std::vector<float> bias = random_floats(out_features, 92);
+      std::vector<float> expected(rows * out_features);
+      for (int64_t r = 0; r < rows; ++r) {
+        const Int8Row row = quantize_row(x.data() + r * in, in);
+        for (int64_t f = 0; f < out_features; ++f) {
+          int64_t sum = 0;
+          for (int64_t i = 0; i < in; ++i) {
+            sum += row.codes[i] * int64_t{static_cast<int8_t>(w.codes[f * in + i])};
+          }
+          const float scale = row.scale * w.scales[f / scale_rows];
+          expected[r * out_features + f] = static_cast<float>(sum) * scale + bias[f];
+        }
+      }
+      for (const MatmulVariant& variant : matmul_variants()) {
+        if (!variant.supported()) continue;
+        SCOPED_TRACE(std::string(variant.name));
+        for (const WeightLayout layout : {WeightLayout::kRows, WeightLayout::kTiled}) {
+          const std::vector<uint8_t> packed =
+              laid_out(layout, w.codes.data(), out_features, in, DType::kI8);
+          MatmulParams params = w.params(rows);
+          params.weight_layout = layout;
+          std::vector<float> out(rows * out_features);
+          ASSERT_TRUE(matmul(params, x.data(), packed.data(), w.scales.data(), bias.data(),
+                             out.data(), pool_, Activations::kInt8, &variant)
+                          .is_ok());
+          ASSERT_EQ(0, std::memcmp(out.data(), expected.data(), out.size() * sizeof(float)))
+              << "layout " << int(layout);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(CpuKernels, Int8ActivationsStayWithinTheirQuantizationErrorOfTheExactProduct) {
+  // The stated tolerance: a code is within half a step (the row's scale) of x * 127 / max |x|, so
+  // a result is within scale_x / 2 x sum |code value x weight scale| of the exact product of the
+  // f32 row and the weight's values (plus f32 rounding). Rows with an outlier 50 times their
+  // other elements, where per-token scales are at their coarsest, too.
+  const int64_t rows = 9, in = 512, out_features = 24;
+  const QuantizedTensor w = quantized(DType::kI8, out_features, in, 1, in, 93);
+  std::vector<float> x = random_floats(rows * in, 94);
+  for (int64_t r = 0; r < rows; r += 2) x[r * in + 7 * r] = 50.0f;
+  const std::vector<float> out = int8_activations_matmul(x, rows, w, pool_);
+  double worst = 0;  // the largest error as a share of its bound
+  for (int64_t r = 0; r < rows; ++r) {
+    const Int8Row row = quantize_row(x.data() + r * in, in);
+    for (int64_t f = 0; f < out_features; ++f) {
+      double exact = 0, weight_sum = 0, magnitude = 0;
+      for (int64_t i = 0; i < in; ++i) {
+        const double value = static_cast<int8_t>(w.codes[f * in + i]) * double(w.scales[f]);
+        exact += x[r * in + i] * value;
+        weight_sum += std::abs(value);
+        magnitude += std::abs(x[r * in + i] * value);
+      }
+      const double bound = 0.5 * row.scale * weight_sum + 4 * kUnitRoundoff * magnitude;
+      const double error = std::abs(out[r * out_features + f] - exact);
+      ASSERT_LE(error, bound) << "row " << r << " feature " << f;
+      worst = std::max(worst, error / bound);
+    }
+  }
+  // Rounding errors that do not cancel: the bound is not loose by orders of magnitude.
+  EXPECT_GT(worst, 0.01);
+}
+
+TEST_P(CpuKernels, Int8ActivationsLeaveOtherWeightsToBf16AndF32AndRefuseTooLongRows) {
+  // kInt8 is kBF16 for bf16 and FP8 weights, and f32 for block-wise INT8 scales, bitwise; a row
+  // with a NaN or an infinity gives NaN results in that row alone; rows of more than 133,000
+  // columns (whose code sums int32 might not hold) are refused.
+  const int64_t rows = 8, in = 70, out_features = 12;
+  std::vector<float> x = random_floats(rows * in, 95);
+  x[2 * in + 5] = std::numeric_limits<float>::quiet_NaN();
+  x[5 * in + 9] = std::numeric_limits<float>::infinity();
+  const StoredTensor bf16 = store(random_floats(out_features * in, 96), DType::kBF16);
+  struct Case {
+    DType dtype;
+    int64_t block_cols;
+    Activations same_as;
+  };
+  for (const Case c :
+       {Case{DType::kBF16, 0, Activations::kBF16}, Case{DType::kF8E4M3, in, Activations::kBF16},
+        Case{DType::kI8, 16, Activations::kF32}}) {
+    SCOPED_TRACE(dtype_name(c.dtype));
+    const QuantizedTensor q = is_quantized(c.dtype)
+                                  ? quantized(c.dtype, out_features, in, 1, c.block_cols, 97)
+                                  : QuantizedTensor{};
+    const void* weight = is_quantized(c.dtype) ? q.codes.data() : bf16.data(DType::kBF16);
+    const std::vector<uint8_t> packed = tiled(weight, out_features, in, c.dtype);
+    MatmulParams params{rows, in, out_features, c.dtype, DType::kF32, 1, c.block_cols};
+    params.weight_layout = WeightLayout::kTiled;
+    const float* scales = is_quantized(c.dtype) ? q.scales.data() : nullptr;
+    std::vector<float> int8(rows * out_features), other(rows * out_features);
+    ASSERT_TRUE(matmul(params, x.data(), packed.data(), scales, nullptr, int8.data(), pool_,
+                       Activations::kInt8)
+                    .is_ok());
+    ASSERT_TRUE(
+        matmul(params, x.data(), packed.data(), scales, nullptr, other.data(), pool_, c.same_as)
+            .is_ok());
+    ASSERT_EQ(0, std::memcmp(int8.data(), other.data(), int8.size() * sizeof(float)));
+  }
+  const QuantizedTensor w = quantized(DType::kI8, out_features, in, 1, in, 98);
+  const std::vector<float> out = int8_activations_matmul(x, rows, w, pool_);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t f = 0; f < out_features; ++f) {
+      EXPECT_EQ(r == 2 || r == 5, std::isnan(out[r * out_features + f])) << r << " " << f;
+    }
+  }
+  const int64_t long_row = 133'001;
+  const QuantizedTensor wide = quantized(DType::kI8, 1, long_row, 1, long_row, 99);
+  const std::vector<float> long_x(long_row, 1.0f);
+  float one_out = 0;
+  const Status status = matmul(wide.params(1), long_x.data(), wide.codes.data(), wide.scales.data(),
+                               nullptr, &one_out, pool_, Activations::kInt8);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("133,000 columns"), std::string::npos) << status.message();
 }
 
 // ---- the tile multiply (AMX) --------------------------------------------------------------------

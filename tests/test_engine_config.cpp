@@ -95,7 +95,8 @@ TEST(EngineConfigFile, ReadsActivationsWhichDefaultToAuto) {
   EXPECT_EQ(EngineConfig{}.activations, ActivationPrecision::kAuto);
   testing::TempDir dir;
   for (const ActivationPrecision precision :
-       {ActivationPrecision::kAuto, ActivationPrecision::kF32, ActivationPrecision::kBF16}) {
+       {ActivationPrecision::kAuto, ActivationPrecision::kF32, ActivationPrecision::kBF16,
+        ActivationPrecision::kInt8}) {
     testing::write_file(dir / "a.toml",
                         std::string("[runtime]\nactivations = \"") + to_string(precision) + "\"\n");
     EXPECT_EQ(EngineConfig::from_toml((dir / "a.toml").string()).activations, precision);
@@ -116,6 +117,7 @@ TEST(EngineConfigFile, AutoActivationsAreBf16ExactlyWhereTheMatmulMultipliesBf16
               variant.multiplies_bf16_pairs() ? Activations::kBF16 : Activations::kF32);
     EXPECT_EQ(cpu_activations(ActivationPrecision::kF32, variant), Activations::kF32);
     EXPECT_EQ(cpu_activations(ActivationPrecision::kBF16, variant), Activations::kBF16);
+    EXPECT_EQ(cpu_activations(ActivationPrecision::kInt8, variant), Activations::kInt8);
   }
 }
 
@@ -232,7 +234,7 @@ TEST(EngineConfigFile, RejectsOutOfRangeValues) {
   expect_config_error("[runtime]\nactivations = true\n",
                       {":2:", "runtime.activations", "must be a string"});
   expect_config_error("[runtime]\nactivations = \"fp8\"\n",
-                      {":2:", "runtime.activations", "fp8", "auto", "f32", "bf16"});
+                      {":2:", "runtime.activations", "fp8", "auto", "f32", "bf16", "int8"});
   // The boolean this setting replaced is an unknown key, not silently ignored.
   expect_config_error("[runtime]\nbf16_activations = true\n",
                       {":2:", "runtime.bf16_activations", "not a known key"});

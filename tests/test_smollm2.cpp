@@ -409,5 +409,56 @@ TEST_F(SmolLm2Test, LogitsAndGreedyContinuationMatchTransformers) {
   }
 }
 
+// INT8 weights on a real 135M model, with bf16 activations and with activations quantized to
+// int8 per token (W8A8): cross-entropy on answers the model samples itself (temperature 1, four
+// held-out questions, so their loss is its entropy plus how far a quantized model's distribution
+// moved) within 1% of the weights as loaded (f32 activations, the reference), and the greedy
+// answer to the capital question unchanged. Figures print as "[ SmolLM2 quantized ]" lines.
+TEST_F(SmolLm2Test, Int8WeightsKeepTheirLossWithInt8Activations) {
+  const std::vector<std::string> prompts = held_out_prompts();
+  std::vector<std::vector<int32_t>> answers;
+  for (size_t p = 0; p < 4 && p < prompts.size(); ++p) {
+    SamplingSettings sampling;
+    sampling.temperature = 1.0f;
+    sampling.seed = 7 + p;
+    sampling.max_tokens = 96;
+    sampling.stop_at_eos = false;
+    std::vector<int32_t> text = tokenizer_->encode(prompts[p], true);
+    const std::vector<int32_t> drawn = testing::reference_decode(*model_, text, sampling).tokens;
+    text.insert(text.end(), drawn.begin(), drawn.end());
+    answers.push_back(std::move(text));
+  }
+  const auto loss = [&](Model& model) {
+    double total = 0.0;
+    for (const std::vector<int32_t>& text : answers) {
+      total += testing::cross_entropy(model, text) / double(answers.size());
+    }
+    return total;
+  };
+  const std::vector<int32_t> question = tokenizer_->encode(
+      "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n", true);
+  const SamplingSettings greedy = testing::greedy(16);
+  const std::vector<int32_t> reference =
+      testing::reference_decode(*model_, question, greedy).tokens;
+  const double reference_loss = loss(*model_);
+  for (const kernels::cpu::Activations activations :
+       {kernels::cpu::Activations::kBF16, kernels::cpu::Activations::kInt8}) {
+    const char* name = activations == kernels::cpu::Activations::kBF16 ? "bf16" : "int8";
+    kernels::cpu::CpuBackend backend(std::make_shared<kernels::cpu::ThreadPool>(2), activations);
+    ModelOptions options;
+    options.quantize = WeightQuantize::kINT8;
+    const auto quantized = Model::load(*path_, backend, options);
+    const double quantized_loss = loss(*quantized);
+    const std::vector<int32_t> answer =
+        testing::reference_decode(*quantized, question, greedy).tokens;
+    std::cout << "[ SmolLM2 quantized ] INT8 weights, " << name << " activations: loss "
+              << quantized_loss << " (as loaded, f32 activations " << reference_loss << ", "
+              << 100.0 * (quantized_loss / reference_loss - 1.0) << "%); \""
+              << tokenizer_->decode(answer, true) << "\"\n";
+    EXPECT_LT(quantized_loss, 1.01 * reference_loss) << name;
+    EXPECT_EQ(answer, reference) << name;
+  }
+}
+
 }  // namespace
 }  // namespace specrun

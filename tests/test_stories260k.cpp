@@ -249,7 +249,8 @@ TEST_F(Stories260kTest, QuantizedModelsKeepTheirLossGreedyTokensAndAcceptance) {
   // the f32 model samples itself (temperature 1, so their loss under a model is the f32 model's
   // entropy plus how far that model's distribution moved: held-out text from the distribution
   // that matters), greedy tokens equal to f32's, and greedy acceptance of the first-3-layers
-  // draft with a quantized target and with a quantized draft.
+  // draft with a quantized target and with a quantized draft. INT8 also with activations quantized
+  // to int8 per token, on a backend that does so.
   specrun::fixtures::write_truncated_checkpoint(dir_ / "hf", 3, dir_ / "skip3");
   auto target = load("hf");
   auto draft = Model::load(dir_ / "skip3", *backend_);
@@ -296,12 +297,15 @@ TEST_F(Stories260kTest, QuantizedModelsKeepTheirLossGreedyTokensAndAcceptance) {
       testing::speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, 3);
   const double f32_loss = loss(*target);
   const std::vector<int32_t> f32_picks = argmaxes(*target);
-  for (const WeightQuantize mode : {WeightQuantize::kFP8, WeightQuantize::kINT8}) {
-    const char* name = mode == WeightQuantize::kFP8 ? "fp8" : "int8";
+  kernels::cpu::CpuBackend int8_activations(std::make_shared<kernels::cpu::ThreadPool>(2),
+                                            kernels::cpu::Activations::kInt8);
+  for (const testing::QuantizedVariant& mode :
+       testing::quantized_variants(*backend_, int8_activations)) {
+    const char* name = mode.name;
     ModelOptions options;
-    options.quantize = mode;
-    const auto quantized_target = Model::load(dir_ / "hf", *backend_, options);
-    const auto quantized_draft = Model::load(dir_ / "skip3", *backend_, options);
+    options.quantize = mode.quantize;
+    const auto quantized_target = Model::load(dir_ / "hf", *mode.backend, options);
+    const auto quantized_draft = Model::load(dir_ / "skip3", *mode.backend, options);
     const double quantized_loss = loss(*quantized_target);
     const std::vector<int32_t> picks = argmaxes(*quantized_target);
     int64_t same_picks = 0;

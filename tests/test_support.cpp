@@ -52,6 +52,13 @@ std::string nested_json_arrays(size_t depth, const std::string& inner) {
   return std::string(depth, '[') + inner + std::string(depth, ']');
 }
 
+std::vector<QuantizedVariant> quantized_variants(kernels::cpu::CpuBackend& stored,
+                                                 kernels::cpu::CpuBackend& int8_activations) {
+  return {{WeightQuantize::kFP8, &stored, "fp8"},
+          {WeightQuantize::kINT8, &stored, "int8"},
+          {WeightQuantize::kINT8, &int8_activations, "int8 (int8 activations)"}};
+}
+
 std::unique_ptr<kernels::cpu::CpuBackend> make_cpu_backend(int threads) {
   return std::make_unique<kernels::cpu::CpuBackend>(
       std::make_shared<kernels::cpu::ThreadPool>(threads));

@@ -47,6 +47,17 @@ std::string nested_json_arrays(size_t depth, const std::string& inner = "1");
 
 // A CPU backend over a pool of `threads` threads (0: one per core), with f32 activations.
 std::unique_ptr<kernels::cpu::CpuBackend> make_cpu_backend(int threads = 0);
+
+// One quantization a quality test measures: the weights quantized at load, on a backend.
+struct QuantizedVariant {
+  WeightQuantize quantize;
+  kernels::cpu::CpuBackend* backend;
+  const char* name;  // "fp8", "int8", "int8 (int8 activations)"
+};
+// FP8 and INT8 weights on `stored` (the backend the weights as stored run on), and INT8 on
+// `int8_activations`, a backend quantizing activations to int8 (kernels::cpu::Activations::kInt8).
+std::vector<QuantizedVariant> quantized_variants(kernels::cpu::CpuBackend& stored,
+                                                 kernels::cpu::CpuBackend& int8_activations);
 // The CPU backend an engine with the default settings runs on (make_backend's, activations
 // "auto" resolved for this CPU): what an engine's output is compared against.
 std::unique_ptr<kernels::Backend> make_engine_cpu_backend(int threads = 0);

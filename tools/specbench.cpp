@@ -532,18 +532,23 @@ int main(int argc, char** argv) {
                  "the baseline and each other with the weights as stored, in the same run "
                  "(amx, native, x86-64-v4+bf16, x86-64-v3, portable: those this build has and "
                  "this CPU runs; amx differs from the next only for bf16 weights with "
-                 "--bf16-activations); default the best")
+                 "--activations bf16); default the best")
       ->delimiter(',');
   bool quantize_lm_head = false;
   app.add_flag("--quantize-lm-head", quantize_lm_head,
                "With --quantize: the output projection too (a tied one as a quantized copy), as "
                "specrun --quantize-lm-head");
-  bool bf16_activations = false;
-  app.add_flag("--bf16-activations", bf16_activations,
-               "Also measure the weights as stored with activations rounded to bf16 for bf16 "
-               "weights (AMX tile multiplies with the amx kernels, vdpbf16ps where the kernels "
-               "have AVX512-BF16), in the same run, with their verification costs; with "
-               "--quantize, each quantization with bf16 activations too");
+  std::vector<std::string> activation_names;
+  app.add_option("--activations", activation_names,
+                 "Also measure with these activations (runtime.activations), comma-separated, in "
+                 "the same run: bf16, the weights as stored (and each copy of the kernels asked "
+                 "for, and each --quantize format) with activations rounded to bf16 (AMX tile "
+                 "multiplies with the amx kernels, vdpbf16ps where the kernels have AVX512-BF16), "
+                 "with their verification costs; int8, --quantize int8 with activations "
+                 "quantized to int8 per token (vpdpbusd where the kernels have AVX512-VNNI), with "
+                 "its verification costs")
+      ->check(CLI::IsMember({"bf16", "int8"}))
+      ->delimiter(',');
   int busy_cores = 0;
   app.add_option("--busy-cores", busy_cores,
                  "Also measure the weights as stored with this many processes spinning beside "
@@ -718,6 +723,14 @@ int main(int argc, char** argv) {
       int busy_cores = 0;  // processes spinning beside the measurement
     };
     const MatmulVariant* baseline = variants.front();
+    const auto asked = [&](const char* name) {
+      return std::find(activation_names.begin(), activation_names.end(), name) !=
+             activation_names.end();
+    };
+    const bool bf16_activations = asked("bf16"), int8_activations = asked("int8");
+    if (int8_activations && std::find(quantize.begin(), quantize.end(), "int8") == quantize.end()) {
+      throw specrun::Error("--activations int8 measures --quantize int8: add it");
+    }
     std::vector<Mode> modes = {
         {specrun::WeightQuantize::kNone, Activations::kF32, baseline, "as stored"}};
     if (bf16_activations) {
@@ -750,6 +763,9 @@ int main(int argc, char** argv) {
       if (bf16_activations) {
         modes.push_back({format, Activations::kBF16, baseline, name + " bf16"});
       }
+      if (int8_activations && format == specrun::WeightQuantize::kINT8) {
+        modes.push_back({format, Activations::kInt8, baseline, name + " int8"});
+      }
     }
 
     struct Measured {
@@ -762,6 +778,7 @@ int main(int argc, char** argv) {
       // Median forward over k = 1..kMaxVerifyTokens new tokens with logits for each (the
       // verification of k - 1 drafts), on the prompt's context: [k - 1].
       std::vector<double> verify_ms;
+      Activations activations = Activations::kF32;  // the mode's
     };
     constexpr int64_t kMaxVerifyTokens = 16;
     const auto measure = [&](const Mode& mode) {
@@ -810,9 +827,11 @@ int main(int argc, char** argv) {
                         model->decode_read_bytes(),
                         median(prefill_ms),
                         median(decode_ms),
-                        {}};
-      if (mode.quantize == specrun::WeightQuantize::kNone && mode.busy_cores == 0 &&
-          (mode.activations == Activations::kBF16 || mode.variant == baseline)) {
+                        {},
+                        mode.activations};
+      if ((mode.quantize == specrun::WeightQuantize::kNone && mode.busy_cores == 0 &&
+           (mode.activations == Activations::kBF16 || mode.variant == baseline)) ||
+          mode.activations == Activations::kInt8) {
         const specrun::SequenceId sequence = cache.add_sequence();
         const specrun::SequenceInput prefill[] = {{sequence, prompt, false}};
         model->forward(prefill, &logits);
@@ -892,13 +911,16 @@ int main(int argc, char** argv) {
       return costs;
     };
     nlohmann::json verify = verify_costs(base);
-    // Every run with bf16 activations (one a copy of the kernels asked for) measured its own.
+    // Every run with bf16 activations (one a copy of the kernels asked for) and with int8 ones
+    // measured its own; the first with bf16 activations is the JSON's verify_bf16_activations.
     nlohmann::json verify_bf16;
     std::map<std::string, nlohmann::json> verify_of_run;
     for (const Measured& run : runs) {
       if (&run == &base || run.verify_ms.empty()) continue;
       verify_of_run[run.name] = verify_costs(run);
-      if (verify_bf16.is_null()) verify_bf16 = verify_of_run[run.name];
+      if (verify_bf16.is_null() && run.activations == Activations::kBF16) {
+        verify_bf16 = verify_of_run[run.name];
+      }
     }
     nlohmann::json quantized = nlohmann::json::array();
     if (runs.size() > 1) {

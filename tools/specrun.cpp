@@ -407,12 +407,15 @@ int main(int argc, char** argv) {
   CLI::Option* activations = app.add_option(
       "--activations", f.activations,
       "CPU: what bf16 weights meet (runtime.activations): bf16 (rounded activations, multiplied "
-      "by AMX tiles or vdpbf16ps: faster prefill and verification), f32 (exact) or auto (bf16 "
-      "where the CPU multiplies bf16 pairs in hardware, else f32)");
+      "by AMX tiles or vdpbf16ps: faster prefill and verification), f32 (exact), int8 (bf16, and "
+      "with --quantize int8 the activations quantized to int8 per token, integer dot products: "
+      "about twice bf16's prefill, approximate) or auto (bf16 where the CPU multiplies bf16 pairs "
+      "in hardware, else f32)");
   activations
-      ->transform(choices({specrun::ActivationPrecision::kAuto, specrun::ActivationPrecision::kF32,
-                           specrun::ActivationPrecision::kBF16}))
-      ->type_name("auto|f32|bf16");
+      ->transform(
+          choices({specrun::ActivationPrecision::kAuto, specrun::ActivationPrecision::kF32,
+                   specrun::ActivationPrecision::kBF16, specrun::ActivationPrecision::kInt8}))
+      ->type_name("auto|f32|bf16|int8");
   CLI::Option* overlap = app.add_option(
       "--overlap-drafting", f.overlap_drafting,
       "Draft ahead while the target verifies (runtime.overlap_drafting): auto (where the draft "

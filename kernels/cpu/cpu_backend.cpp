@@ -30,7 +30,7 @@ CpuBackend::CpuBackend(std::shared_ptr<ThreadPool> pool, Activations activations
       variant_(variant != nullptr ? variant : &best_matmul_variant()) {}
 
 WeightLayout CpuBackend::matmul_weight_layout(DType weight_dtype) const {
-  return activations_ == Activations::kBF16 && weight_dtype == DType::kBF16
+  return activations_ != Activations::kF32 && weight_dtype == DType::kBF16
              ? variant_->bf16_pairs_layout
              : WeightLayout::kTiled;
 }

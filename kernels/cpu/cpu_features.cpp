@@ -28,7 +28,8 @@ bool has_x86_64_v4() {
 }
 
 bool has_x86_64_v4_bf16() {
-  return has_x86_64_v4() && __builtin_cpu_supports("avx512bf16");
+  return has_x86_64_v4() && __builtin_cpu_supports("avx512bf16") &&
+         __builtin_cpu_supports("avx512vnni");
 }
 
 bool has_amx_bf16() {

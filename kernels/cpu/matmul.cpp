@@ -1,6 +1,9 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -101,6 +104,16 @@ void dot_rows_tile(int64_t rows, const MatmulParams& params, const float* x, int
   }
 }
 
+// The end of the feature group that starts at `feature`: kFeatureGroup features, never crossing
+// a tile of a tiled weight (its rows are one stream).
+int64_t feature_group_end(const MatmulParams& params, int64_t feature, int64_t feature_end) {
+  int64_t group_end = std::min<int64_t>(feature + kFeatureGroup, feature_end);
+  if (params.weight_layout == WeightLayout::kTiled) {
+    group_end = std::min(group_end, (feature / kTileRows + 1) * kTileRows);
+  }
+  return group_end;
+}
+
 template <DType kDType>
 void matmul_features(const MatmulParams& params, const float* x, const void* weight,
                      const float* scales, const void* bias, float* out, int64_t feature_begin,
@@ -118,11 +131,7 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
       widened.reset(new float[static_cast<size_t>(kFeatureGroup * k)]);
     }
     for (int64_t feature = feature_begin; feature < feature_end;) {
-      // A group of features never crosses a tile of a tiled weight: its rows are one stream.
-      int64_t group_end = std::min<int64_t>(feature + kFeatureGroup, feature_end);
-      if (params.weight_layout == WeightLayout::kTiled) {
-        group_end = std::min(group_end, (feature / kTileRows + 1) * kTileRows);
-      }
+      const int64_t group_end = feature_group_end(params, feature, feature_end);
       const int64_t features = group_end - feature;
       if (widen) {
         for (int64_t f = 0; f < features; ++f) {
@@ -170,6 +179,219 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
 bool meets_bf16_activations(const MatmulParams& params) {
   return params.weight_dtype == DType::kBF16 ||
          (is_quantized(params.weight_dtype) && params.scale_block_cols >= params.in_features);
+}
+
+// Whether a weight meets activations quantized to int8 when a call's activations are kInt8: INT8
+// weights with one scale per row (the sums of code products are scaled once).
+bool meets_int8_activations(const MatmulParams& params) {
+  return params.weight_dtype == DType::kI8 && params.scale_block_cols >= params.in_features;
+}
+
+// The most columns an int8 activation row may have: |sum of code products| <= 127^2 x columns
+// stays within int32.
+constexpr int64_t kInt8MaxColumns = 133'000;
+static_assert(127 * 127 * kInt8MaxColumns <= std::numeric_limits<int32_t>::max());
+
+// Activation rows quantized per token for Activations::kInt8 (quantize_rows_int8).
+struct Int8Rows {
+  // Not std::vectors: see matmul_features.
+  std::unique_ptr<int8_t[]> codes;       // [rows, stride]: round(x * 127 / max |x|), zero past k
+  std::unique_ptr<float[]> scales;       // [rows]: max |x| / 127, NaN where a row is not finite
+  std::unique_ptr<int32_t[]> code_sums;  // [rows]: each row's codes summed
+  int64_t stride = 0;                    // in_features in whole 16-column chunks
+};
+
+// Rows of x quantized to int8 per token. A row with a NaN or an infinity has a NaN scale, so its
+// results are NaN as f32 arithmetic's would be; a row of zeros has codes and scale zero. Every
+// copy computes the same codes: round-to-nearest-even of one f32 product each.
+// GCC 12's intrinsic headers trip -Wmaybe-uninitialized in the reductions and _mm512_abs_ps, whose
+// "undefined" operands they read (GCC bug 105593).
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+Int8Rows quantize_rows_int8(const float* x, int64_t rows, int64_t k) {
+  Int8Rows q;
+  q.stride = (k + kTileColumns - 1) / kTileColumns * kTileColumns;
+  q.codes.reset(new int8_t[static_cast<size_t>(rows * q.stride)]());
+  q.scales.reset(new float[static_cast<size_t>(rows)]);
+  q.code_sums.reset(new int32_t[static_cast<size_t>(rows)]);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * k;
+    int8_t* codes = q.codes.get() + r * q.stride;
+    float largest = 0.0f;
+    bool finite = true;
+    int32_t code_sum = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+    __m512 largest_lanes = _mm512_setzero_ps();
+    __mmask16 not_finite = 0;
+    for (int64_t i = 0; i < k; i += kLanes) {
+      const __mmask16 mask = first_lanes(k - i);
+      const __m512 v = _mm512_maskz_loadu_ps(mask, row + i);
+      largest_lanes = _mm512_max_ps(largest_lanes, _mm512_abs_ps(v));
+      not_finite |= _mm512_fpclass_ps_mask(v, 0x99);  // either NaN, either infinity
+    }
+    largest = _mm512_reduce_max_ps(largest_lanes);
+    finite = not_finite == 0;
+    const __m512 inverse = _mm512_set1_ps(largest > 0.0f ? 127.0f / largest : 0.0f);
+    __m512i sums = _mm512_setzero_si512();
+    for (int64_t i = 0; finite && i < k; i += kLanes) {
+      const __mmask16 mask = first_lanes(k - i);
+      // The default rounding: to nearest, ties to even, as std::nearbyint.
+      const __m512i code =
+          _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, row + i), inverse));
+      sums = _mm512_add_epi32(sums, code);
+      _mm512_mask_cvtsepi32_storeu_epi8(codes + i, mask, code);
+    }
+    code_sum = _mm512_reduce_add_epi32(sums);
+#else
+    for (int64_t i = 0; i < k; ++i) {
+      largest = std::max(largest, std::fabs(row[i]));
+      finite = finite && std::isfinite(row[i]);
+    }
+    const float inverse = largest > 0.0f ? 127.0f / largest : 0.0f;
+    for (int64_t i = 0; finite && i < k; ++i) {
+      const auto code = static_cast<int32_t>(std::nearbyint(row[i] * inverse));
+      codes[i] = static_cast<int8_t>(code);
+      code_sum += code;
+    }
+#endif
+    q.scales[r] = finite ? largest / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    q.code_sums[r] = finite ? code_sum : 0;
+  }
+  return q;
+}
+#pragma GCC diagnostic pop
+
+// Activation rows and whole tiles of weights the int8 kernel takes together: 6 x 4 accumulators,
+// four weight registers and one of activations fit the 32 vector registers. Blocks of
+// kWidenAboveRows rows or fewer (a decode step, a verification), whose weights come from memory,
+// take one tile at a time instead: one stream, as the bf16-pair kernel reads. (Four tiles at a
+// time are four streams, and a decode step of the ~100M model took 2.8 ms against 2.0 so:
+// `specbench --activations int8 --quantize int8` on the 2-core EPYC.)
+constexpr int kInt8RowGroup = 6;
+constexpr int kInt8Tiles = 4;
+
+template <int kRows, int kTiles>
+void int8_tile(const MatmulParams& params, const Int8Rows& x, int64_t first_row,
+               const int8_t* tiles, int64_t features, const float* scales, const void* bias,
+               int64_t first_feature, float* out) {
+  int32_t sums[kRows][kTiles * kTileRows];
+  dot_block_int8<kRows, kTiles>(x.codes.get() + first_row * x.stride, x.stride,
+                                x.code_sums.get() + first_row, tiles, x.stride, sums);
+  for (int64_t f = 0; f < features; ++f) {
+    const int64_t feature = first_feature + f;
+    const float weight_scale =
+        scales[feature / params.scale_block_rows * params.scale_grid_columns()];
+    const float bias_value =
+        bias ? load_as_f32(bias, params.bias_dtype, static_cast<size_t>(feature)) : 0.0f;
+    for (int r = 0; r < kRows; ++r) {
+      const float scale = x.scales[first_row + r] * weight_scale;
+      out[(first_row + r) * params.out_features + feature] =
+          static_cast<float>(sums[r][f]) * scale + bias_value;
+    }
+  }
+}
+
+// Rows [block, block_end) against kTiles tiles, kInt8RowGroup rows at a time.
+template <int kTiles>
+void int8_row_groups(const MatmulParams& params, const Int8Rows& x, int64_t block,
+                     int64_t block_end, const int8_t* tiles, int64_t features, const float* scales,
+                     const void* bias, int64_t first_feature, float* out) {
+  for (int64_t row = block; row < block_end; row += kInt8RowGroup) {
+    const auto tile = [&]<int kRows>() {
+      int8_tile<kRows, kTiles>(params, x, row, tiles, features, scales, bias, first_feature, out);
+    };
+    switch (std::min<int64_t>(kInt8RowGroup, block_end - row)) {
+      case 6:
+        tile.template operator()<6>();
+        break;
+      case 5:
+        tile.template operator()<5>();
+        break;
+      case 4:
+        tile.template operator()<4>();
+        break;
+      case 3:
+        tile.template operator()<3>();
+        break;
+      case 2:
+        tile.template operator()<2>();
+        break;
+      default:
+        tile.template operator()<1>();
+        break;
+    }
+  }
+}
+
+// matmul_features for INT8 weights with one scale per row and activations quantized to int8
+// (Activations::kInt8). Whole tiles of the tiled layout are read where they lie, up to kInt8Tiles
+// at a time; features that are not one (a row-major weight, a narrow last tile, a thread's range
+// starting inside a tile) are copied into one first, a group of at most a tile's rows at a time.
+void int8_features(const MatmulParams& params, const Int8Rows& x, const void* weight,
+                   const float* scales, const void* bias, float* out, int64_t feature_begin,
+                   int64_t feature_end) {
+  const int64_t k = params.in_features;
+  std::unique_ptr<int8_t[]> loose;  // [x.stride / 16 chunks, kTileRows, 16]: a tile's layout
+  // As the bf16-pair kernel's blocks: the block's codes stay in L2 while its features stream.
+  const int64_t block_rows = std::max<int64_t>(kRowBlock, (int64_t{512} << 10) / x.stride);
+  for (int64_t block = 0; block < params.rows; block += block_rows) {
+    const int64_t block_end = std::min(params.rows, block + block_rows);
+    for (int64_t feature = feature_begin; feature < feature_end;) {
+      const int64_t most_tiles = block_end - block > kWidenAboveRows ? kInt8Tiles : 1;
+      const int64_t whole_tiles =
+          params.weight_layout == WeightLayout::kTiled && feature % kTileRows == 0
+              ? std::min<int64_t>(most_tiles, (feature_end - feature) / kTileRows)
+              : 0;
+      if (whole_tiles == 0) {
+        const int64_t group_end = feature_group_end(params, feature, feature_end);
+        const int64_t features = group_end - feature;
+        if (loose == nullptr) loose.reset(new int8_t[static_cast<size_t>(kTileRows * x.stride)]);
+        for (int64_t f = 0; f < kTileRows; ++f) {
+          const RowAddress address =
+              f < features ? row_address(params.weight_layout, feature + f, params.out_features, k)
+                           : RowAddress{};
+          for (int64_t c = 0; c < x.stride; c += kTileColumns) {
+            int8_t* chunk = loose.get() + c * kTileRows + f * kTileColumns;
+            const int64_t count = f < features ? std::min<int64_t>(kTileColumns, k - c) : 0;
+            std::memcpy(
+                chunk, static_cast<const int8_t*>(weight) + address.first + c * address.column_step,
+                static_cast<size_t>(count));
+            std::memset(chunk + count, 0, static_cast<size_t>(kTileColumns - count));
+          }
+        }
+        int8_row_groups<1>(params, x, block, block_end, loose.get(), features, scales, bias,
+                           feature, out);
+        feature = group_end;
+        continue;
+      }
+      const auto run = [&]<int kTiles>() {
+        // A tiled weight's tiles lie one after another.
+        const int8_t* tiles =
+            static_cast<const int8_t*>(weight) +
+            row_address(params.weight_layout, feature, params.out_features, k).first;
+        int8_row_groups<kTiles>(params, x, block, block_end, tiles, kTiles * kTileRows, scales,
+                                bias, feature, out);
+      };
+      switch (whole_tiles) {
+        case 4:
+          run.template operator()<4>();
+          break;
+        case 3:
+          run.template operator()<3>();
+          break;
+        case 2:
+          run.template operator()<2>();
+          break;
+        default:
+          run.template operator()<1>();
+          break;
+      }
+      feature += whole_tiles * kTileRows;
+    }
+  }
 }
 
 #if defined(SPECRUN_CPU_BF16_PAIRS)
@@ -299,21 +521,11 @@ void pair_row_groups(const MatmulParams& params, const uint16_t* x, int64_t x_st
   }
 }
 
-// The end of the feature group that starts at `feature`: kFeatureGroup features, never crossing
-// a tile of a tiled weight (its rows are one stream).
-int64_t feature_group_end(const MatmulParams& params, int64_t feature, int64_t feature_end) {
-  int64_t group_end = std::min<int64_t>(feature + kFeatureGroup, feature_end);
-  if (params.weight_layout == WeightLayout::kTiled) {
-    group_end = std::min(group_end, (feature / kTileRows + 1) * kTileRows);
-  }
-  return group_end;
-}
-
 // Activation rows per block of the bf16-pair kernel (rows of x_stride bf16 elements): as many as
 // half an L2 of 1 MiB holds, at least kRowBlock. A block reads each weight group once (8-bit codes
 // widen once per block), and the kernel streams the block's rows from L2 whatever their number.
 // With 64-row blocks, 8-bit weights prefilled at 0.81x-0.88x of bf16 weights' on the 2-core EPYC
-// (256 tokens of the ~100M model, specbench --bf16-activations); bf16 weights prefill alike with
+// (256 tokens of the ~100M model, specbench --activations bf16); bf16 weights prefill alike with
 // either.
 int64_t pair_block_rows(int64_t x_stride) {
   return std::max<int64_t>(kRowBlock, (int64_t{512} << 10) / (2 * x_stride));
@@ -344,7 +556,7 @@ void pair_features(const MatmulParams& params, const uint16_t* x, int64_t x_stri
 // codes in registers as it reads them; in a block of more than kWidenAboveRows rows, the first
 // row group also leaves each feature group widened, laid out as the group's weights are (a whole
 // tile as a tile), and the other row groups read that copy as bf16 weights. Both give the same
-// bits. (On the 2-core EPYC, three alternating rounds of specbench --bf16-activations --quantize
+// bits. (On the 2-core EPYC, three alternating rounds of specbench --activations bf16 --quantize
 // fp8,int8: INT8 and FP8 weights prefill at 0.91x-0.97x of bf16 weights' so, at 0.89x-0.92x with
 // a widening pass of its own before the first row group.)
 template <DType kDType>
@@ -441,8 +653,18 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
                     Activations activations) {
   if (Status status = check_matmul_group(targets, count); !status.is_ok()) return status;
   static_assert(kLanes == 16, "check_matmul_group's scale blocks are whole lane groups");
+  // Which activations a target's weight meets: int8 codes (kInt8 and INT8 weights with one scale
+  // per row), else bf16 (kBF16 or kInt8, and weights that meet them), else f32.
+  const auto meets_int8 = [&](const MatmulParams& params) {
+    return activations == Activations::kInt8 && meets_int8_activations(params);
+  };
+  const auto meets_bf16 = [&](const MatmulParams& params) {
+    return activations != Activations::kF32 && meets_bf16_activations(params) &&
+           !meets_int8(params);
+  };
   int64_t features = 0;         // over the whole group
-  bool any_meets_bf16 = false;  // a target that meets_bf16_activations
+  bool any_meets_bf16 = false;  // a target that meets_bf16
+  bool any_meets_int8 = false;  // a target that meets_int8
   for (size_t t = 0; t < count; ++t) {
     if (feature_kernel(targets[t].params.weight_dtype) == nullptr) {
       return Status::invalid_argument("matmul: unknown weight dtype");
@@ -451,12 +673,18 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
       return Status::invalid_argument("matmul: weights in pair tiles are read by the amx copy");
     }
     features += targets[t].params.out_features;
-    any_meets_bf16 = any_meets_bf16 || meets_bf16_activations(targets[t].params);
+    any_meets_bf16 = any_meets_bf16 || meets_bf16(targets[t].params);
+    any_meets_int8 = any_meets_int8 || meets_int8(targets[t].params);
   }
   const int64_t rows = targets[0].params.rows, in_features = targets[0].params.in_features;
+  if (any_meets_int8 && in_features > kInt8MaxColumns) {
+    return Status::invalid_argument("matmul: int8 activations take at most 133,000 columns");
+  }
   if (rows == 0) return Status::ok();
+  // x quantized once per call for the targets that meet int8 activations.
+  const Int8Rows x_int8 = any_meets_int8 ? quantize_rows_int8(x, rows, in_features) : Int8Rows{};
   // Weights that meet bf16 activations read x rounded to bf16 once per call, for every target.
-  const bool rounded = activations == Activations::kBF16 && any_meets_bf16;
+  const bool rounded = any_meets_bf16;
 #if defined(SPECRUN_CPU_BF16_PAIRS)
   // As bf16, rows zero-padded to whole 32-column chunks.
   const int64_t x_stride = (in_features + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
@@ -484,7 +712,10 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
       const int64_t last = first + target.params.out_features;
       const int64_t from = std::max(begin, first), to = std::min(end, last);
       const DType dtype = target.params.weight_dtype;
-      if (from < to && rounded && meets_bf16_activations(target.params)) {
+      if (from < to && meets_int8(target.params)) {
+        int8_features(target.params, x_int8, target.weight, target.weight_scales, target.bias,
+                      target.out, from - first, to - first);
+      } else if (from < to && meets_bf16(target.params)) {
 #if defined(SPECRUN_CPU_BF16_PAIRS)
         if (dtype == DType::kBF16) {
           pair_features(target.params, x_bf16.data(), x_stride, target.weight, target.bias,

@@ -104,7 +104,7 @@ inline float fold_register(__m512 v) {
 // the four folds sharing their shuffles and adds: 14 instructions rather than 4 x 8. A block of
 // several rows against a tile of 4 features folds 4 x rows registers per tile, and those
 // instructions take the FP ports from the multiplies (`specbench --model <a 5.4M model>
-// --bf16-activations`, 2-core Zen 5: prefill 3-6% faster with either activations).
+// --activations bf16`, 2-core Zen 5: prefill 3-6% faster with either activations).
 inline void fold_four_registers(__m512 a, __m512 b, __m512 c, __m512 d, float (&out)[4]) {
   // lane l += lane l + 8: [a 0..7 | b 0..7] and [c 0..7 | d 0..7], each of 128-bit blocks.
   const __m512 ab =
@@ -578,7 +578,7 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
 // (weight_rows[f] = weight_rows[0] + f * kTileColumns, column_step = kFeatures), so that one
 // pointer and constant offsets address them all; the same sums, with the loop's pointers kept in
 // registers (with four row pointers and a run-time step, GCC spilled them; `specbench
-// --bf16-activations` on the 2-core EPYC, alternating runs: prefill 1.04x-1.19x llama.cpp's where
+// --activations bf16` on the 2-core EPYC, alternating runs: prefill 1.04x-1.19x llama.cpp's where
 // it was 0.91x-1.07x). kWeights kI8 or kF8E4M3: the weight rows hold 8-bit codes, widened
 // in registers as load_widened widens them (values exact in bf16) and paired as bf16 weights are,
 // so the sums are bitwise those of the codes widened to bf16 beforehand. kKeepWidened (codes
@@ -621,7 +621,7 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
   };
   // Twice dot_block's lead: this loop takes a tile's bytes in fewer instructions, and with the
   // 4 KiB lead a decode step fell behind the f32 path's when the memory was fast (`specbench
-  // --bf16-activations` on the 2-core EPYC at 71-72 GB/s: 276-290 against 309-317 tokens/s;
+  // --activations bf16` on the 2-core EPYC at 71-72 GB/s: 276-290 against 309-317 tokens/s;
   // with 8 KiB, alternating runs at 70-72 GB/s, 307-327 against 312-329).
   constexpr int64_t kLeadBytes = 2 * kPrefetchBytes;
   // One 32-column chunk: its two 16-column halves (apart when tiled), then every row's pairs
@@ -689,6 +689,93 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
 #pragma GCC diagnostic pop
 }
 #endif
+
+// sums[r][t * kTileRows + f] = the exact sum over columns of x row r (codes at x + r * x_stride)
+// times row f of tile t, for INT8 weights meeting activations quantized to int8 per token. The
+// tiles are whole tiles of the tiled layout, one after another as kTiled lays out 8-bit codes:
+// tile t at tiles + t x 4 padded_n, its 16-column chunk at column c (a multiple of 16) holding
+// the four rows' codes one after another at + 4 c. `padded_n` (a multiple of 16) columns are read;
+// x's codes past the row's end are zero, so the tiles' padding adds nothing. Integer sums are
+// exact: every copy of the kernel gives the same bits, however it orders them (|sum| < 127^2 n,
+// which int32 holds for n < 133,000). With AVX512-VNNI, vpdpbusd multiplies unsigned bytes by
+// signed ones: the weights go in as unsigned (code + 128, their sign bit flipped) against the
+// activations' signed codes, and 128 x (the row's code sum) comes off each sum at the end
+// (two's-complement arithmetic, exact wherever the result is). One instruction takes a whole chunk
+// of a tile (16 columns of its four rows) against the row's 16 codes repeated four times: 64
+// products.
+template <int kRows, int kTiles>
+inline void dot_block_int8(const int8_t* x, int64_t x_stride, const int32_t* x_code_sums,
+                           const int8_t* tiles, int64_t padded_n,
+                           int32_t (&sums)[kRows][kTiles * kTileRows]) {
+#if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#pragma GCC diagnostic push
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+  static_assert(kTileRows * kTileColumns == 64, "a chunk of a tile is one register");
+  __m512i acc[kRows][kTiles];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
+    for (int t = 0; t < kTiles; ++t) acc[r][t] = _mm512_setzero_si512();
+  }
+  const __m512i sign_bits = _mm512_set1_epi8(static_cast<char>(0x80));
+  // As the bf16-pair kernel's: each tile is one stream, a cache line a chunk.
+  constexpr int64_t kLeadBytes = 2 * kPrefetchBytes;
+  for (int64_t c = 0; c < padded_n; c += kTileColumns) {
+    __m512i w[kTiles];
+#pragma GCC unroll 4
+    for (int t = 0; t < kTiles; ++t) {
+      const int8_t* chunk = tiles + (t * padded_n + c) * kTileRows;
+      _mm_prefetch(reinterpret_cast<const char*>(chunk) + kLeadBytes, _MM_HINT_T0);
+      w[t] = _mm512_xor_si512(_mm512_loadu_si512(chunk), sign_bits);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const __m512i xr = _mm512_broadcast_i32x4(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + r * x_stride + c)));
+#pragma GCC unroll 4
+      for (int t = 0; t < kTiles; ++t) acc[r][t] = _mm512_dpbusd_epi32(acc[r][t], w[t], xr);
+    }
+  }
+  // Lanes 4f..4f+3 of a tile's accumulator (its 128-bit block f) hold row f's sums. Two
+  // horizontal adds of its halves leave block f's total in lane kFolded[f]. (Folded with 512-bit
+  // shuffles instead, GCC 12 kept the accumulators in memory, a store of each per chunk.)
+  constexpr int kFolded[kTileRows] = {0, 4, 1, 5};
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    const uint32_t offset = 128u * static_cast<uint32_t>(x_code_sums[r]);
+#pragma GCC unroll 4
+    for (int t = 0; t < kTiles; ++t) {
+      const __m256i pairs = _mm256_hadd_epi32(_mm512_extracti64x4_epi64(acc[r][t], 0),
+                                              _mm512_extracti64x4_epi64(acc[r][t], 1));
+      alignas(32) uint32_t folded[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(folded), _mm256_hadd_epi32(pairs, pairs));
+#pragma GCC unroll 4
+      for (int f = 0; f < kTileRows; ++f) {
+        sums[r][t * kTileRows + f] = static_cast<int32_t>(folded[kFolded[f]] - offset);
+      }
+    }
+  }
+#pragma GCC diagnostic pop
+#else
+  (void)x_code_sums;
+  for (int r = 0; r < kRows; ++r) {
+    const int8_t* row = x + r * x_stride;
+    for (int t = 0; t < kTiles; ++t) {
+      for (int f = 0; f < kTileRows; ++f) {
+        int32_t sum = 0;
+        for (int64_t c = 0; c < padded_n; c += kTileColumns) {
+          const int8_t* codes = tiles + (t * padded_n + c) * kTileRows + f * kTileColumns;
+          for (int j = 0; j < kTileColumns; ++j) sum += int32_t{row[c + j]} * int32_t{codes[j]};
+        }
+        sums[r][t * kTileRows + f] = sum;
+      }
+    }
+  }
+#endif
+}
 
 // out[0..n) = columns 0..n of a weight row (column c at row + c * column_step for a chunk's first
 // column, as in dot_block) widened to f32 exactly as dot_block's loads widen them: what

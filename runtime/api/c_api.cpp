@@ -413,6 +413,8 @@ specrun::ActivationPrecision from_c(const specrun_activations& activations, cons
       return specrun::ActivationPrecision::kF32;
     case SPECRUN_ACTIVATIONS_BF16:
       return specrun::ActivationPrecision::kBF16;
+    case SPECRUN_ACTIVATIONS_INT8:
+      return specrun::ActivationPrecision::kInt8;
     default:
       throw InvalidArgument(std::string(name) + " " + std::to_string(value) +
                             " is not a specrun_activations");
@@ -425,6 +427,8 @@ specrun_activations to_c(specrun::ActivationPrecision activations) {
       return SPECRUN_ACTIVATIONS_F32;
     case specrun::ActivationPrecision::kBF16:
       return SPECRUN_ACTIVATIONS_BF16;
+    case specrun::ActivationPrecision::kInt8:
+      return SPECRUN_ACTIVATIONS_INT8;
     case specrun::ActivationPrecision::kAuto:
       break;
   }

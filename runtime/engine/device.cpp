@@ -34,6 +34,8 @@ kernels::cpu::Activations cpu_activations(ActivationPrecision precision,
       return kernels::cpu::Activations::kF32;
     case ActivationPrecision::kBF16:
       return kernels::cpu::Activations::kBF16;
+    case ActivationPrecision::kInt8:
+      return kernels::cpu::Activations::kInt8;
     case ActivationPrecision::kAuto:
       break;
   }
@@ -52,10 +54,12 @@ std::unique_ptr<kernels::Backend> make_backend(const std::string& device,
   if (spec.kind == DeviceSpec::Kind::kCpu) {
     const kernels::cpu::MatmulVariant& variant = kernels::cpu::best_matmul_variant();
     const kernels::cpu::Activations activations = cpu_activations(options.activations, variant);
-    spdlog::debug(
-        "cpu: the '{}' matmul kernels, {} activations for bf16 weights (and 8-bit ones "
-        "with a scale per row)",
-        variant.name, activations == kernels::cpu::Activations::kBF16 ? "bf16" : "f32");
+    const char* described =
+        activations == kernels::cpu::Activations::kF32 ? "f32 activations"
+        : activations == kernels::cpu::Activations::kBF16
+            ? "bf16 activations for bf16 weights and 8-bit ones with a scale per row"
+            : "int8 activations for INT8 weights with a scale per row, bf16 for bf16 and FP8 ones";
+    spdlog::debug("cpu: the '{}' matmul kernels, {}", variant.name, described);
     return std::make_unique<kernels::cpu::CpuBackend>(std::move(pool), activations, &variant);
   }
 #if SPECRUN_HAVE_CUDA

@@ -18,7 +18,8 @@ constexpr KvCacheDtype kKvCacheDtypes[] = {KvCacheDtype::kBF16, KvCacheDtype::kF
 constexpr OverlapDrafting kOverlaps[] = {OverlapDrafting::kAuto, OverlapDrafting::kOn,
                                          OverlapDrafting::kOff};
 constexpr ActivationPrecision kActivationPrecisions[] = {
-    ActivationPrecision::kAuto, ActivationPrecision::kF32, ActivationPrecision::kBF16};
+    ActivationPrecision::kAuto, ActivationPrecision::kF32, ActivationPrecision::kBF16,
+    ActivationPrecision::kInt8};
 
 }  // namespace
 
@@ -98,6 +99,8 @@ const char* to_string(ActivationPrecision precision) {
       return "f32";
     case ActivationPrecision::kBF16:
       return "bf16";
+    case ActivationPrecision::kInt8:
+      return "int8";
   }
   return "unknown";
 }

@@ -122,7 +122,9 @@ typedef enum specrun_activations {
   SPECRUN_ACTIVATIONS_AUTO = 0, /* bf16 where the CPU multiplies bf16 pairs in hardware (AMX,
                                  * AVX512-BF16), else f32 (default) */
   SPECRUN_ACTIVATIONS_F32 = 1,  /* f32: exact, the reference */
-  SPECRUN_ACTIVATIONS_BF16 = 2  /* rounded to bf16, as llama.cpp and GPU bf16 GEMMs do */
+  SPECRUN_ACTIVATIONS_BF16 = 2, /* rounded to bf16, as llama.cpp and GPU bf16 GEMMs do */
+  SPECRUN_ACTIVATIONS_INT8 = 3  /* bf16, and int8 codes per token for INT8 weights with one
+                                 * scale per row (W8A8, integer sums) */
 } specrun_activations;
 
 /* Why a request finished. */
@@ -183,9 +185,10 @@ typedef struct specrun_engine_config {
   specrun_quantization quantize;       /* the target's linear layers, at load; default none */
   specrun_quantization draft_quantize; /* the draft's; default none */
   int quantize_lm_head; /* nonzero: the output projections too (else they stay bf16); default 0 */
-  specrun_activations activations;       /* CPU matmuls with bf16 weights: activations in bf16 or
-                                          * f32; default auto (bf16 where the CPU multiplies bf16) */
-  specrun_kv_cache_dtype kv_cache_dtype; /* both models' KV caches; default bf16 */
+  specrun_activations activations;           /* CPU matmuls: activations in bf16, f32 or int8 (INT8
+                                              * weights); default auto (bf16 where the CPU multiplies
+                                              * bf16, else f32) */
+  specrun_kv_cache_dtype kv_cache_dtype;     /* both models' KV caches; default bf16 */
   specrun_overlap_drafting overlap_drafting; /* drafting ahead while verifying; default auto */
 } specrun_engine_config;
 
