@@ -546,7 +546,7 @@ int main(int argc, char** argv) {
                  "multiplies with the amx kernels, vdpbf16ps where the kernels have AVX512-BF16), "
                  "with their verification costs; int8, --quantize int8 with activations "
                  "quantized to int8 per token (vpdpbusd where the kernels have AVX512-VNNI), with "
-                 "its verification costs")
+                 "its verification costs, in each copy of the kernels asked for")
       ->check(CLI::IsMember({"bf16", "int8"}))
       ->delimiter(',');
   int busy_cores = 0;
@@ -765,6 +765,11 @@ int main(int argc, char** argv) {
       }
       if (int8_activations && format == specrun::WeightQuantize::kINT8) {
         modes.push_back({format, Activations::kInt8, baseline, name + " int8"});
+        // And in each other copy of the kernels asked for (vpdpbusd or not).
+        for (size_t v = 1; v < variants.size(); ++v) {
+          modes.push_back({format, Activations::kInt8, variants[v],
+                           name + " int8 " + std::string(variants[v]->name)});
+        }
       }
     }
 

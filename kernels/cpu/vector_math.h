@@ -759,6 +759,46 @@ inline void dot_block_int8(const int8_t* x, int64_t x_stride, const int32_t* x_c
     }
   }
 #pragma GCC diagnostic pop
+#elif defined(__AVX2__)
+  // Without VNNI: codes widened to 16 bits and multiplied in pairs by vpmaddwd, exactly (the
+  // 8-bit vpmaddubsw's 16-bit sums of two products would saturate). Two rows against one tile at
+  // a time: eight accumulators, the tile's four rows and the two rows' codes fit 16 registers.
+  (void)x_code_sums;
+  const auto widen = [](const int8_t* codes) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  };
+  const auto add_rows = [&]<int kPair>(int first_row, int t) {
+    __m256i acc[kPair][kTileRows];
+    for (int r = 0; r < kPair; ++r) {
+      for (int f = 0; f < kTileRows; ++f) acc[r][f] = _mm256_setzero_si256();
+    }
+    for (int64_t c = 0; c < padded_n; c += kTileColumns) {
+      const int8_t* chunk = tiles + (t * padded_n + c) * kTileRows;
+      _mm_prefetch(reinterpret_cast<const char*>(chunk) + 2 * kPrefetchBytes, _MM_HINT_T0);
+      __m256i w[kTileRows];
+      for (int f = 0; f < kTileRows; ++f) w[f] = widen(chunk + f * kTileColumns);
+      for (int r = 0; r < kPair; ++r) {
+        const __m256i xr = widen(x + (first_row + r) * x_stride + c);
+        for (int f = 0; f < kTileRows; ++f) {
+          acc[r][f] = _mm256_add_epi32(acc[r][f], _mm256_madd_epi16(xr, w[f]));
+        }
+      }
+    }
+    for (int r = 0; r < kPair; ++r) {
+      for (int f = 0; f < kTileRows; ++f) {
+        alignas(32) int32_t lanes[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[r][f]);
+        uint32_t sum = 0;  // wrapping, as the exact result fits
+        for (int l = 0; l < 8; ++l) sum += static_cast<uint32_t>(lanes[l]);
+        sums[first_row + r][t * kTileRows + f] = static_cast<int32_t>(sum);
+      }
+    }
+  };
+  for (int t = 0; t < kTiles; ++t) {
+    int r = 0;
+    for (; r + 2 <= kRows; r += 2) add_rows.template operator()<2>(r, t);
+    if (r < kRows) add_rows.template operator()<1>(r, t);
+  }
 #else
   (void)x_code_sums;
   for (int r = 0; r < kRows; ++r) {
