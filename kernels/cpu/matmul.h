@@ -20,10 +20,10 @@ enum class Activations : uint8_t {
   kInt8,  // as kBF16, and INT8 weights with one scale per row meet the rows quantized to int8
           // per token (symmetric: a row's codes are round(x * 127 / max |x|), its scale
           // max |x| / 127), as W8A8 deployments do: each result is the exact integer sum of code
-          // products times the row's scale times the weight row's, vpdpbusd (AVX512-VNNI)
-          // multiplying 64 code pairs an instruction where the copy has it. Integer sums: the same
-          // bits from every copy of the kernels. Approximate, unlike kBF16's rounding of the
-          // activations alone: a row's error is about max |x| / 127 an element.
+          // products times the row's scale times the weight row's (vpdpbusd, 64 code pairs an
+          // instruction, where the copy has AVX512-VNNI; vpmaddwd in the AVX2 copy). Integer
+          // sums: the same bits from every copy of the kernels. Coarser than kBF16: each
+          // activation within half a step, max |x| / 254, of its value.
 };
 
 // One instruction set's copy of the matmul kernels. The matmul is the one loop whose best
