@@ -5,7 +5,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <vector>
 
 #include "kernels/cpu/vector_math.h"
 
@@ -688,20 +687,25 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
 #if defined(SPECRUN_CPU_BF16_PAIRS)
   // As bf16, rows zero-padded to whole 32-column chunks.
   const int64_t x_stride = (in_features + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
-  std::vector<uint16_t> x_bf16(rounded ? static_cast<size_t>(rows * x_stride) : 0, 0);
+  // Not a std::vector: see matmul_features.
+  const std::unique_ptr<uint16_t[]> x_bf16(
+      rounded ? new uint16_t[static_cast<size_t>(rows * x_stride)]() : nullptr);
   for (int64_t r = 0; rounded && r < rows; ++r) {
     // Rounded to nearest even (denormals to zero, as vdpbf16ps reads them anyway).
     for (int64_t i = 0; i < in_features; i += kLanes) {
       const __mmask16 mask = first_lanes(in_features - i);
       const __m256bh rounded_lanes =
           _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, x + r * in_features + i));
-      _mm256_mask_storeu_epi16(x_bf16.data() + r * x_stride + i, mask, (__m256i)rounded_lanes);
+      _mm256_mask_storeu_epi16(x_bf16.get() + r * x_stride + i, mask, (__m256i)rounded_lanes);
     }
   }
 #else
   // Rounded to bf16 and widened back: the f32 path then multiplies bf16 by bf16.
-  std::vector<float> x_rounded(rounded ? static_cast<size_t>(rows * in_features) : 0);
-  for (size_t i = 0; i < x_rounded.size(); ++i) x_rounded[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  // Not a std::vector: see matmul_features.
+  const int64_t rounded_count = rounded ? rows * in_features : 0;
+  const std::unique_ptr<float[]> x_rounded(rounded ? new float[static_cast<size_t>(rounded_count)]
+                                                   : nullptr);
+  for (int64_t i = 0; i < rounded_count; ++i) x_rounded[i] = bf16_to_f32(f32_to_bf16(x[i]));
 #endif
   // One parallel region over the group's features laid end to end: a range that crosses targets
   // is split at their boundaries, and each part is its target's own kernel over its own rows.
@@ -718,18 +722,18 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
       } else if (from < to && meets_bf16(target.params)) {
 #if defined(SPECRUN_CPU_BF16_PAIRS)
         if (dtype == DType::kBF16) {
-          pair_features(target.params, x_bf16.data(), x_stride, target.weight, target.bias,
+          pair_features(target.params, x_bf16.get(), x_stride, target.weight, target.bias,
                         target.out, from - first, to - first);
         } else {
           (dtype == DType::kI8
                ? quantized_pair_features<DType::kI8>
-               : quantized_pair_features<DType::kF8E4M3>)(target.params, x_bf16.data(), x_stride,
+               : quantized_pair_features<DType::kF8E4M3>)(target.params, x_bf16.get(), x_stride,
                                                           target.weight, target.weight_scales,
                                                           target.bias, target.out, from - first,
                                                           to - first);
         }
 #else
-        feature_kernel(dtype)(target.params, x_rounded.data(), target.weight, target.weight_scales,
+        feature_kernel(dtype)(target.params, x_rounded.get(), target.weight, target.weight_scales,
                               target.bias, target.out, from - first, to - first);
 #endif
       } else if (from < to) {
