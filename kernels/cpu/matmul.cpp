@@ -222,7 +222,7 @@ Int8Rows quantize_rows_int8(const float* x, int64_t rows, int64_t k) {
     float largest = 0.0f;
     bool finite = true;
     int32_t code_sum = 0;
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
     __m512 largest_lanes = _mm512_setzero_ps();
     __mmask16 not_finite = 0;
     for (int64_t i = 0; i < k; i += kLanes) {
