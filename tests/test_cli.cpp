@@ -398,6 +398,14 @@ TEST_F(CliTest, SpecbenchMeasuresQuantizedSyntheticTargetsAgainstBf16) {
                         {{"--quantize with --synthetic", "one of"}}, "specbench");
   expect_one_error_line(run_tool("specbench", "--synthetic tiny --device cpu --quantize fp4"),
                         {{"--quantize", "'fp4'"}}, "specbench");
+  // The CPU measurement's activations: a known name, and int8 only beside the INT8 weights it
+  // measures (refused before any model is generated).
+  expect_one_error_line(run_tool("specbench", "--activations int8 --quantize fp8"),
+                        {{"--activations int8", "--quantize int8"}}, "specbench");
+  const CommandResult bad_activations = run_tool("specbench", "--activations fp16");
+  EXPECT_NE(bad_activations.exit_code, 0);
+  EXPECT_NE(bad_activations.stderr_text.find("--activations"), std::string::npos)
+      << bad_activations.stderr_text;
   const CommandResult bad_cache = run_tool("specbench", "--synthetic tiny --kv-cache-dtype f16");
   EXPECT_NE(bad_cache.exit_code, 0);
   EXPECT_NE(bad_cache.stderr_text.find("--kv-cache-dtype"), std::string::npos)

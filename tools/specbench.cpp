@@ -685,6 +685,14 @@ int main(int argc, char** argv) {
     if (prompt_tokens < 1 || decode_tokens < 1 || repeats < 1) {
       throw specrun::Error("--prompt-tokens, --decode-tokens and --repeats must be positive");
     }
+    const auto asked = [&](const char* name) {
+      return std::find(activation_names.begin(), activation_names.end(), name) !=
+             activation_names.end();
+    };
+    const bool bf16_activations = asked("bf16"), int8_activations = asked("int8");
+    if (int8_activations && std::find(quantize.begin(), quantize.end(), "int8") == quantize.end()) {
+      throw specrun::Error("--activations int8 measures --quantize int8: add it");
+    }
     std::filesystem::path generated;
     if (model_path.empty()) {
       generated =
@@ -723,14 +731,6 @@ int main(int argc, char** argv) {
       int busy_cores = 0;  // processes spinning beside the measurement
     };
     const MatmulVariant* baseline = variants.front();
-    const auto asked = [&](const char* name) {
-      return std::find(activation_names.begin(), activation_names.end(), name) !=
-             activation_names.end();
-    };
-    const bool bf16_activations = asked("bf16"), int8_activations = asked("int8");
-    if (int8_activations && std::find(quantize.begin(), quantize.end(), "int8") == quantize.end()) {
-      throw specrun::Error("--activations int8 measures --quantize int8: add it");
-    }
     std::vector<Mode> modes = {
         {specrun::WeightQuantize::kNone, Activations::kF32, baseline, "as stored"}};
     if (bf16_activations) {

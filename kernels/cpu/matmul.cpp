@@ -170,6 +170,16 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
   }
 }
 
+// Activation rows per block of the bf16-pair and int8 kernels, rows of `row_bytes` each: as many
+// as half an L2 of 1 MiB holds, at least kRowBlock. A block reads each weight group once (8-bit
+// codes widen once per block), and the kernels stream the block's rows from L2 whatever their
+// number. With 64-row blocks, 8-bit weights with bf16 activations prefilled at 0.81x-0.88x of
+// bf16 weights' on the 2-core EPYC (256 tokens of the ~100M model, specbench --activations bf16);
+// bf16 weights prefill alike with either.
+int64_t rows_per_block(int64_t row_bytes) {
+  return std::max<int64_t>(kRowBlock, (int64_t{512} << 10) / row_bytes);
+}
+
 // Whether a weight meets activations rounded to bf16 when a call's activations are bf16: bf16
 // weights, and 8-bit weights with one scale per row, whose sums of code values times activations
 // are scaled once (their codes widen to bf16 exactly: an INT8 code's value has at most 8
@@ -334,8 +344,7 @@ void int8_features(const MatmulParams& params, const Int8Rows& x, const void* we
                    int64_t feature_end) {
   const int64_t k = params.in_features;
   std::unique_ptr<int8_t[]> loose;  // [x.stride / 16 chunks, kTileRows, 16]: a tile's layout
-  // As the bf16-pair kernel's blocks: the block's codes stay in L2 while its features stream.
-  const int64_t block_rows = std::max<int64_t>(kRowBlock, (int64_t{512} << 10) / x.stride);
+  const int64_t block_rows = rows_per_block(x.stride);  // a byte a code
   for (int64_t block = 0; block < params.rows; block += block_rows) {
     const int64_t block_end = std::min(params.rows, block + block_rows);
     for (int64_t feature = feature_begin; feature < feature_end;) {
@@ -520,21 +529,11 @@ void pair_row_groups(const MatmulParams& params, const uint16_t* x, int64_t x_st
   }
 }
 
-// Activation rows per block of the bf16-pair kernel (rows of x_stride bf16 elements): as many as
-// half an L2 of 1 MiB holds, at least kRowBlock. A block reads each weight group once (8-bit codes
-// widen once per block), and the kernel streams the block's rows from L2 whatever their number.
-// With 64-row blocks, 8-bit weights prefilled at 0.81x-0.88x of bf16 weights' on the 2-core EPYC
-// (256 tokens of the ~100M model, specbench --activations bf16); bf16 weights prefill alike with
-// either.
-int64_t pair_block_rows(int64_t x_stride) {
-  return std::max<int64_t>(kRowBlock, (int64_t{512} << 10) / (2 * x_stride));
-}
-
 // matmul_features for bf16 weights and bf16 activations (`x`: rows of x_stride elements).
 void pair_features(const MatmulParams& params, const uint16_t* x, int64_t x_stride,
                    const void* weight, const void* bias, float* out, int64_t feature_begin,
                    int64_t feature_end) {
-  const int64_t block_rows = pair_block_rows(x_stride);
+  const int64_t block_rows = rows_per_block(2 * x_stride);
   for (int64_t block = 0; block < params.rows; block += block_rows) {
     const int64_t block_end = std::min(params.rows, block + block_rows);
     for (int64_t feature = feature_begin; feature < feature_end;) {
@@ -564,7 +563,7 @@ void quantized_pair_features(const MatmulParams& params, const uint16_t* x, int6
                              int64_t feature_begin, int64_t feature_end) {
   // Not std::vectors: see matmul_features.
   std::unique_ptr<uint16_t[]> group;
-  const int64_t block_rows = pair_block_rows(x_stride);
+  const int64_t block_rows = rows_per_block(2 * x_stride);
   for (int64_t block = 0; block < params.rows; block += block_rows) {
     const int64_t block_end = std::min(params.rows, block + block_rows);
     const bool widen = block_end - block > kWidenAboveRows;
@@ -661,8 +660,9 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
     return activations != Activations::kF32 && meets_bf16_activations(params) &&
            !meets_int8(params);
   };
-  int64_t features = 0;         // over the whole group
-  bool any_meets_bf16 = false;  // a target that meets_bf16
+  int64_t features = 0;  // over the whole group
+  // A target meets_bf16: x is rounded to bf16 once per call, for every such target.
+  bool rounded = false;
   bool any_meets_int8 = false;  // a target that meets_int8
   for (size_t t = 0; t < count; ++t) {
     if (feature_kernel(targets[t].params.weight_dtype) == nullptr) {
@@ -672,7 +672,7 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
       return Status::invalid_argument("matmul: weights in pair tiles are read by the amx copy");
     }
     features += targets[t].params.out_features;
-    any_meets_bf16 = any_meets_bf16 || meets_bf16(targets[t].params);
+    rounded = rounded || meets_bf16(targets[t].params);
     any_meets_int8 = any_meets_int8 || meets_int8(targets[t].params);
   }
   const int64_t rows = targets[0].params.rows, in_features = targets[0].params.in_features;
@@ -682,8 +682,6 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
   if (rows == 0) return Status::ok();
   // x quantized once per call for the targets that meet int8 activations.
   const Int8Rows x_int8 = any_meets_int8 ? quantize_rows_int8(x, rows, in_features) : Int8Rows{};
-  // Weights that meet bf16 activations read x rounded to bf16 once per call, for every target.
-  const bool rounded = any_meets_bf16;
 #if defined(SPECRUN_CPU_BF16_PAIRS)
   // As bf16, rows zero-padded to whole 32-column chunks.
   const int64_t x_stride = (in_features + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
