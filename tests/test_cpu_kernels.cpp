@@ -296,7 +296,10 @@ TEST_P(CpuKernels, QuantizedMatmulMatchesReference) {
 TEST_P(CpuKernels, QuantizedMatmulWidensEveryCodeExactly) {
   // Every code but NaN, each at every position of a 16-code vector across the rows (rotations),
   // against one-hot activations: each output is one code times its row's scale (a power of two,
-  // so exact), in every copy of the kernel and both layouts.
+  // so exact), in every copy of the kernel, both layouts and f32 and bf16 activations (one-hot
+  // rows are exact in bf16; FP8 codes widen there by table lookups where the kernel has VBMI, in
+  // whole 32-column chunks of whole tiles, and as f32 do elsewhere; 254 rows also widen a block's
+  // codes once for its other row groups).
   for (const DType dtype : {DType::kI8, DType::kF8E4M3}) {
     std::vector<uint8_t> codes_used;
     for (int code = 0; code < 256; ++code) {
@@ -315,8 +318,13 @@ TEST_P(CpuKernels, QuantizedMatmulWidensEveryCodeExactly) {
     const std::vector<uint8_t> packed = tiled(codes.data(), out_features, in, dtype);
     for (const MatmulVariant& variant : matmul_variants()) {
       if (!variant.supported()) continue;
-      for (const WeightLayout layout : {WeightLayout::kRows, WeightLayout::kTiled}) {
-        SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + std::string(variant.name));
+      for (const auto& [layout, activations] :
+           {std::pair{WeightLayout::kRows, Activations::kF32},
+            std::pair{WeightLayout::kTiled, Activations::kF32},
+            std::pair{WeightLayout::kRows, Activations::kBF16},
+            std::pair{WeightLayout::kTiled, Activations::kBF16}}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + std::string(variant.name) +
+                     (activations == Activations::kBF16 ? " bf16" : " f32"));
         MatmulParams params{in, in, out_features, dtype, DType::kF32, 1, in};
         params.weight_layout = layout;
         const void* weight = layout == WeightLayout::kTiled
@@ -324,7 +332,7 @@ TEST_P(CpuKernels, QuantizedMatmulWidensEveryCodeExactly) {
                                  : static_cast<const void*>(codes.data());
         std::vector<float> out(static_cast<size_t>(in * out_features));
         ASSERT_TRUE(matmul(params, identity.data(), weight, scales.data(), nullptr, out.data(),
-                           pool_, Activations::kF32, &variant)
+                           pool_, activations, &variant)
                         .is_ok());
         for (int64_t i = 0; i < in; ++i) {
           for (int64_t f = 0; f < out_features; ++f) {
