@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -251,6 +252,44 @@ TEST(Fp8, EveryCodeDecodesExactlyAndRoundTrips) {
   EXPECT_EQ(f32_to_f8e4m3(1.1875f), 0x3a);     // halfway between 1.125 and 1.25: to even (1.25)
   EXPECT_EQ(f32_to_f8e4m3(0x1.0p-10f), 0x00);  // half the smallest subnormal: to even (0)
   EXPECT_EQ(f32_to_f8e4m3(0x1.8p-10f), 0x01);  // three quarters: up
+}
+
+TEST(Fp8, RoundsEveryValueToTheNearestCodeTiesToEven) {
+  // Against the definition, by search over the 127 finite magnitudes: the nearest, a tie to the
+  // code with an even mantissa, 448 and beyond saturating. At every midpoint between neighbouring
+  // codes and one f32 step either side, and at values of every magnitude from 2^-12 to 2^9.
+  const auto nearest = [](float value) {
+    const float magnitude = std::fabs(value);
+    int best = 0;
+    for (int code = 1; code < 0x7f; ++code) {
+      const double distance = std::fabs(double(f8e4m3_to_f32(uint8_t(code))) - magnitude);
+      const double best_distance = std::fabs(double(f8e4m3_to_f32(uint8_t(best))) - magnitude);
+      if (distance < best_distance || (distance == best_distance && code % 2 == 0)) best = code;
+    }
+    if (magnitude >= kF8E4M3Max) best = 0x7e;
+    return static_cast<uint8_t>((std::signbit(value) ? 0x80 : 0) | best);
+  };
+  std::vector<float> values;
+  for (int code = 0; code < 0x7e; ++code) {
+    const float midpoint = static_cast<float>(
+        (double(f8e4m3_to_f32(uint8_t(code))) + double(f8e4m3_to_f32(uint8_t(code + 1)))) / 2);
+    for (const float v :
+         {std::nextafter(midpoint, 0.0f), midpoint, std::nextafter(midpoint, 1000.0f)}) {
+      values.push_back(v);
+      values.push_back(-v);
+    }
+  }
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  for (int i = 0; i < 20000; ++i) {
+    const float v = std::ldexp(mantissa(rng), static_cast<int>(rng() % 22) - 12);
+    values.push_back(rng() % 2 ? v : -v);
+  }
+  values.push_back(std::numeric_limits<float>::denorm_min());
+  values.push_back(std::numeric_limits<float>::infinity());
+  for (const float value : values) {
+    ASSERT_EQ(f32_to_f8e4m3(value), nearest(value)) << std::hexfloat << value;
+  }
 }
 
 TEST_P(CpuKernels, QuantizedMatmulMatchesReference) {

@@ -17,25 +17,20 @@ uint8_t f32_to_f8e4m3(float value) {
   const uint32_t bits = bit_cast_u32(value);
   const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
   const uint32_t abs_bits = bits & 0x7fffffffu;
-  if (abs_bits > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);  // NaN
-  const float magnitude = bit_cast_f32(abs_bits);
-  if (magnitude >= kF8E4M3Max) return static_cast<uint8_t>(sign | 0x7eu);  // saturate
-  // Normal E4M3 numbers have f32 exponents 121..135 (2^-6 .. 2^8); below, the subnormal steps are
-  // 2^-9 apart. Both are rounded to nearest even by scaling the step to 1 and using the FPU.
-  const int exponent = static_cast<int>(abs_bits >> 23) - 127;
-  const int step_exponent = exponent >= -6 ? exponent - 3 : -9;  // value of one mantissa step
-  const float steps = std::nearbyint(std::ldexp(magnitude, -step_exponent));
-  // `steps` counts units of 2^step_exponent; rebuild the code from the rounded value (which may
-  // have carried into the next binade).
-  const float rounded = std::ldexp(steps, step_exponent);
-  if (rounded >= kF8E4M3Max) return static_cast<uint8_t>(sign | 0x7eu);
-  if (rounded < 0x1.0p-6f) {
-    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::ldexp(rounded, 9)));
+  if (abs_bits > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);                // NaN
+  if (abs_bits >= bit_cast_u32(kF8E4M3Max)) return static_cast<uint8_t>(sign | 0x7eu);  // saturate
+  if (abs_bits >= 0x3c800000u) {
+    // Normal E4M3 (2^-6 up): the f32 mantissa rounded to its top 3 bits, to nearest even, in the
+    // integer bits (a carry into the exponent is the next binade's first value, as it should be;
+    // nothing below 448 rounds past it), then the exponent rebiased from 127 to 7.
+    const uint32_t rounded = abs_bits + 0x7ffffu + ((abs_bits >> 20) & 1u);
+    return static_cast<uint8_t>(sign | ((rounded >> 20) - (120u << 3)));
   }
-  const uint32_t rounded_bits = bit_cast_u32(rounded);
-  const uint32_t e = ((rounded_bits >> 23) & 0xffu) - 127u + 7u;  // 1..15
-  const uint32_t m = (rounded_bits >> 20) & 0x7u;
-  return static_cast<uint8_t>(sign | (e << 3) | m);
+  // Subnormal E4M3: steps of 2^-9, 0 to 8 of them (8 is 2^-6, the smallest normal's code). The
+  // magnitude in steps is below 8, so adding 2^23 leaves the f32 unit at 1 and the hardware rounds
+  // to the nearest step, ties to even.
+  const float steps = bit_cast_f32(abs_bits) * 512.0f + 0x1.0p23f;
+  return static_cast<uint8_t>(sign | (bit_cast_u32(steps) - bit_cast_u32(0x1.0p23f)));
 }
 
 uint16_t f32_to_f16(float value) {
