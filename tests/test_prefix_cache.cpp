@@ -232,19 +232,29 @@ TEST_F(PrefixCacheTest, CancelledRequestsLeaveTheCacheConsistent) {
   for (const bool prefix_cache : {true, false}) {
     Pair pair = load(prefix_cache);
     BatchEngine engine(*pair.target, pair.draft.get(), {});
-    // Cancelled at once, from another thread: queued, or just prefilled.
+    // Cancelled at once, from another thread: queued, or just prefilled. Its updates wait for
+    // the cancellation to be sent, so that it cannot finish first (200 tokens of the test pair
+    // take a few milliseconds, less than a busy machine may take to start a thread).
     std::mutex mutex;
     std::condition_variable done;
     int finished = 0;
     FinishReason reason = FinishReason::kMaxTokens;
+    std::atomic<bool> cancel_sent{false};
     const RequestId id = engine.submit(request(prompt, 200, 1, 0), [&](const RequestUpdate& u) {
-      if (!u.finished) return;
+      if (!u.finished) {
+        cancel_sent.wait(false);
+        return;
+      }
       std::lock_guard lock(mutex);
       reason = u.reason;
       finished += 1;
       done.notify_all();
     });
-    std::thread([&] { EXPECT_TRUE(engine.cancel(id)); }).join();
+    std::thread([&] {
+      EXPECT_TRUE(engine.cancel(id));
+      cancel_sent = true;
+      cancel_sent.notify_all();
+    }).join();
     // Cancelled from its own callback after two updates, mid-decode. By the update's id: the
     // scheduler may deliver both before submit() has returned the id.
     std::atomic<int> updates{0};
