@@ -169,6 +169,11 @@ class Backend {
   virtual std::string_view name() const = 0;
   // True when device pointers are host pointers, so weights can be used in place.
   virtual bool uses_host_memory() const = 0;
+  // For reports: which copy of the matmul kernels runs ("native", "x86-64-v4+bf16", ...) and what
+  // the activations meet the weights as ("f32", "bf16", "int8"); empty where the backend has no
+  // such choice.
+  virtual std::string_view matmul_kernels() const { return {}; }
+  virtual std::string_view matmul_activations() const { return {}; }
   // Whether work for two models (the draft's and the target's) would run at the same time, on a
   // stream each, so that drafting ahead hides behind a verification (OverlapDrafting::kAuto). No
   // backend does yet: the CPU runs every op on one pool of threads, CUDA on one stream.

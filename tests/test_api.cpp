@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "kernels/cpu/matmul.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
 #include "specrun/specrun.hpp"
@@ -362,8 +363,11 @@ TEST_F(ApiTest, EachActivationPrecisionGivesItsOwnBackendsGreedyOutput) {
         EngineConfig settings = config(with_draft);
         settings.activations = precisions[i].setting;
         settings.quantize = precisions[i].quantize;
-        EXPECT_EQ(Engine::create(settings)->submit(request).wait().tokens, expected[i])
-            << with_draft;
+        const auto engine = Engine::create(settings);
+        EXPECT_EQ(engine->submit(request).wait().tokens, expected[i]) << with_draft;
+        // And the engine says which it ran, with the kernels' copy.
+        EXPECT_EQ(engine->info().activations, to_string(precisions[i].setting));
+        EXPECT_EQ(engine->info().cpu_kernels, kernels::cpu::best_matmul_variant().name);
       }
     }
   }
@@ -725,6 +729,9 @@ TEST_F(ApiTest, FromTomlReadsTheModelsAndSettings) {
   EXPECT_FALSE(info.has_tokenizer);
   EXPECT_EQ(info.device, "cpu");
   EXPECT_EQ(info.threads, 1);
+  // runtime.activations "auto": bf16 where the kernels multiply bf16 pairs, else f32.
+  EXPECT_EQ(info.activations,
+            kernels::cpu::best_matmul_variant().multiplies_bf16_pairs() ? "bf16" : "f32");
   Request request;
   request.prompt_ids = {1, 2, 3};
   const Result result = engine->submit(request).wait();  // the file's sampling defaults

@@ -583,6 +583,14 @@ TEST_F(CliSpeculativeTest, StatsOnStderrAndAsJson) {
   EXPECT_EQ(stats["tokens_generated"], 30);
   EXPECT_EQ(stats["method"], "draft");
   EXPECT_EQ(stats["verification"], "shared_noise");
+  // What the CPU multiplied with, in the JSON and on stderr.
+  const std::string activations = stats["activations"].get<std::string>();
+  EXPECT_TRUE(activations == "bf16" || activations == "f32") << activations;
+  EXPECT_FALSE(stats["cpu_kernels"].get<std::string>().empty());
+  EXPECT_NE(result.stderr_text.find("on cpu (" + stats["cpu_kernels"].get<std::string>() +
+                                    " kernels, " + activations + " activations) with"),
+            std::string::npos)
+      << result.stderr_text;
   // The memory plan: both models counted, on stderr and in the JSON.
   EXPECT_NE(result.stderr_text.find("specrun: memory plan on cpu: target"), std::string::npos)
       << result.stderr_text;

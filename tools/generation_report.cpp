@@ -66,6 +66,8 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
                          {"verification", to_string(run.verification)},
                          {"backend", run.backend},
                          {"threads", run.threads}};
+  if (!run.cpu_kernels.empty()) json["cpu_kernels"] = run.cpu_kernels;
+  if (!run.activations.empty()) json["activations"] = run.activations;
   if (run.memory) {
     const auto model = [](const ModelMemory& m) {
       return nlohmann::json{{"weight_bytes", m.weight_bytes},
@@ -96,12 +98,17 @@ void print_stats(std::FILE* stream, const RequestStats& stats, const RunDescript
       stats.cached_prompt_tokens > 0
           ? " (" + std::to_string(stats.cached_prompt_tokens) + " from the prefix cache)"
           : "";
+  // "cpu (native kernels, bf16 activations)": what a CPU figure was measured with.
+  const std::string backend =
+      run.cpu_kernels.empty()
+          ? run.backend
+          : run.backend + " (" + run.cpu_kernels + " kernels, " + run.activations + " activations)";
   std::fprintf(stream,
                "specrun: %lld prompt tokens%s, %lld generated (finished: %s) in %.1f ms on %s with "
                "%d threads: %.1f tokens/s\n",
                static_cast<long long>(stats.prompt_tokens), cached.c_str(),
                static_cast<long long>(stats.tokens_generated), to_string(run.reason),
-               stats.total_ms, run.backend.c_str(), run.threads, stats.tokens_per_second);
+               stats.total_ms, backend.c_str(), run.threads, stats.tokens_per_second);
   std::fprintf(stream,
                "specrun: time to first token %.1f ms; inter-token latency mean %.2f ms, p50 "
                "%.2f ms, p99 %.2f ms\n",

@@ -22,8 +22,10 @@ struct Baseline {
 };
 
 struct RunDescription {
-  std::string backend;                                     // "cpu"
-  int threads = 0;                                         // CPU threads
+  std::string backend;      // "cpu"
+  int threads = 0;          // CPU threads
+  std::string cpu_kernels;  // EngineInfo's: the CPU's matmul kernels ("" on a GPU)
+  std::string activations;  // EngineInfo's: what activations meet the weights as ("" on a GPU)
   SpeculationMethod method = SpeculationMethod::kNone;     // who proposed
   GammaControl controller = GammaControl::kGoodput;        // how gamma adapted
   Verification verification = Verification::kSharedNoise;  // how sampled drafts were verified
@@ -38,7 +40,8 @@ double median(std::vector<double> values);
 // Keys: tokens_generated, ttft_ms, itl_ms_mean, itl_ms_p50, itl_ms_p99, tokens_per_second,
 // acceptance_rate, mean_accepted_length, gamma_histogram ({"gamma": steps}), draft_ms, target_ms,
 // and for context prompt_tokens, cached_prompt_tokens, finish_reason, steps, drafted, accepted,
-// method, controller, verification, backend, threads; with a memory plan "memory" (device,
+// method, controller, verification, backend, threads, on the CPU cpu_kernels and activations;
+// with a memory plan "memory" (device,
 // scratch_bytes, total_bytes, available_bytes, and per model weight_bytes, kv_bytes_per_token,
 // kv_tokens, kv_bytes, workspace_bytes); with a baseline also baseline_tokens_per_second, speedup
 // (the median of the rounds), speedup_min, speedup_max, speedups (per round) and

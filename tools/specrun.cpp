@@ -233,14 +233,16 @@ int run(const Options& options) {
   std::printf("\n");
   std::fflush(stdout);
 
-  specrun::tools::RunDescription run{info.device,
-                                     info.threads,
-                                     engine_config.speculation.method,
-                                     engine_config.speculation.controller,
-                                     engine_config.speculation.verification,
-                                     finish_reason(result),
-                                     std::nullopt,
-                                     info.memory};
+  specrun::tools::RunDescription run{.backend = info.device,
+                                     .threads = info.threads,
+                                     .cpu_kernels = info.cpu_kernels,
+                                     .activations = info.activations,
+                                     .method = engine_config.speculation.method,
+                                     .controller = engine_config.speculation.controller,
+                                     .verification = engine_config.speculation.verification,
+                                     .reason = finish_reason(result),
+                                     .baseline = std::nullopt,
+                                     .memory = info.memory};
   if (compare) {
     // The same request (prompt, sampling settings and seed) on the target alone, not shown,
     // alternating with speculative reruns (not shown either): one ratio a round, so that a machine

@@ -29,6 +29,18 @@ CpuBackend::CpuBackend(std::shared_ptr<ThreadPool> pool, Activations activations
       activations_(activations),
       variant_(variant != nullptr ? variant : &best_matmul_variant()) {}
 
+std::string_view CpuBackend::matmul_activations() const {
+  switch (activations_) {
+    case Activations::kF32:
+      return "f32";
+    case Activations::kBF16:
+      return "bf16";
+    case Activations::kInt8:
+      return "int8";
+  }
+  return "f32";
+}
+
 WeightLayout CpuBackend::matmul_weight_layout(DType weight_dtype) const {
   return activations_ != Activations::kF32 && weight_dtype == DType::kBF16
              ? variant_->bf16_pairs_layout

@@ -19,6 +19,8 @@ class CpuBackend final : public Backend {
   Activations activations() const { return activations_; }
 
   std::string_view name() const override { return "cpu"; }
+  std::string_view matmul_kernels() const override { return variant_->name; }
+  std::string_view matmul_activations() const override;
   bool uses_host_memory() const override { return true; }
   // Tiles of four rows, one stream a micro-kernel (kernels/core/weight_layout.h); bf16 weights
   // met by bf16 activations in the layout the matmul copy in use asks for (AMX's pair tiles).

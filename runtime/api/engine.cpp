@@ -447,6 +447,8 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   }
   info.device = std::string(core->backend->name());
   info.threads = core->pool->num_threads();
+  info.cpu_kernels = std::string(core->backend->matmul_kernels());
+  info.activations = std::string(core->backend->matmul_activations());
 
   BatchEngineOptions batch_options;
   batch_options.max_batch = config.max_batch;

@@ -361,7 +361,12 @@ struct EngineInfo {
   std::string eos_token;          // the text of the (first) end-of-sequence token
   std::string device;             // "cpu", "cuda:0"
   int threads = 0;                // CPU threads
-  MemoryPlan memory;              // the plan the engine was checked against
+  // The CPU's matmul: the copy of its kernels that runs ("native", "x86-64-v4+bf16", ...) and
+  // what activations meet the weights as, runtime.activations resolved ("f32", "bf16", "int8");
+  // both "" on a GPU.
+  std::string cpu_kernels;
+  std::string activations;
+  MemoryPlan memory;  // the plan the engine was checked against
 };
 
 class Engine {
