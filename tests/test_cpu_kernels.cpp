@@ -336,9 +336,9 @@ TEST_P(CpuKernels, QuantizedMatmulWidensEveryCodeExactly) {
   // Every code but NaN, each at every position of a 16-code vector across the rows (rotations),
   // against one-hot activations: each output is one code times its row's scale (a power of two,
   // so exact), in every copy of the kernel, both layouts and f32 and bf16 activations (one-hot
-  // rows are exact in bf16; FP8 codes widen there by table lookups where the kernel has VBMI, in
-  // whole 32-column chunks of whole tiles, and as f32 do elsewhere; 254 rows also widen a block's
-  // codes once for its other row groups).
+  // rows are exact in bf16). Where the kernels have VBMI, FP8 codes of whole tiles widen by table
+  // lookups, to bf16 pairs and to f32 alike; 254 rows also widen a block's codes once for its
+  // other row groups.
   for (const DType dtype : {DType::kI8, DType::kF8E4M3}) {
     std::vector<uint8_t> codes_used;
     for (int code = 0; code < 256; ++code) {
@@ -369,10 +369,22 @@ TEST_P(CpuKernels, QuantizedMatmulWidensEveryCodeExactly) {
         const void* weight = layout == WeightLayout::kTiled
                                  ? static_cast<const void*>(packed.data())
                                  : static_cast<const void*>(codes.data());
+        // All rows in one call (blocks that widen their codes once), and 16 at a time (the codes
+        // read directly, as a decode or a verification reads them); the same results.
         std::vector<float> out(static_cast<size_t>(in * out_features));
         ASSERT_TRUE(matmul(params, identity.data(), weight, scales.data(), nullptr, out.data(),
                            pool_, activations, &variant)
                         .is_ok());
+        std::vector<float> in_sixteens(out.size());
+        for (int64_t first = 0; first < in; first += 16) {
+          MatmulParams slice = params;
+          slice.rows = std::min<int64_t>(16, in - first);
+          ASSERT_TRUE(matmul(slice, identity.data() + first * in, weight, scales.data(), nullptr,
+                             in_sixteens.data() + first * out_features, pool_, activations,
+                             &variant)
+                          .is_ok());
+        }
+        ASSERT_EQ(0, std::memcmp(out.data(), in_sixteens.data(), out.size() * sizeof(float)));
         for (int64_t i = 0; i < in; ++i) {
           for (int64_t f = 0; f < out_features; ++f) {
             const uint8_t code = codes[f * in + i];

@@ -247,6 +247,111 @@ inline __m512 load_widened(const void* row, int64_t at, __mmask16 mask) {
 #pragma GCC diagnostic pop
 #endif
 
+// The bf16 bits of 2^-8 times the value of FP8 E4M3 code `code` (its sign bit clear): the
+// widening load_widened does, as a table. Every such value is a normal bf16 (2^-17 to 1.75), so
+// vdpbf16ps, which flushes denormals, reads it as it is; shifted into an f32's high half it is
+// load_widened's f32.
+constexpr uint16_t e4m3_widened_bf16_bits(unsigned code) {
+  const unsigned exponent = (code >> 3) & 0xfu, mantissa = code & 7u;
+  // Subnormal codes: mantissa x 2^-9; normal ones (8 + mantissa) x 2^(exponent - 10). Powers of
+  // two are exact, so these are the values times 2^-8 exactly.
+  float value = exponent == 0 ? static_cast<float>(mantissa) : static_cast<float>(8 + mantissa);
+  for (unsigned halvings = exponent == 0 ? 17 : 18 - exponent; halvings > 0; --halvings) {
+    value *= 0.5f;
+  }
+  return static_cast<uint16_t>(std::bit_cast<uint32_t>(value) >> 16);
+}
+
+#if defined(__AVX512VBMI__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__FMA__)
+// Where the build has AVX512-VBMI, whole tiles of FP8 codes widen by table lookups (vpermi2b)
+// rather than through the f16 conversion: dot_block_bf16_pairs to bf16 pairs, dot_block to f32,
+// each in about a third of the instructions, to the same values.
+#define SPECRUN_CPU_E4M3_TABLES 1
+
+// The tables and byte permutes of the lookups, as bytes.
+struct E4m3TableBytes {
+  alignas(64) uint8_t low[128];   // the low bytes of the 128 magnitudes' widened bf16 bits
+  alignas(64) uint8_t high[128];  // their high bytes (sign clear)
+  // vpermt2b indices over (low, high) lookups of a two-row register ([row 0: columns 0-15][row 1:
+  // 0-15][row 0: 16-31][row 1: 16-31]): row 0's, then row 1's, 32 bf16 words in column order.
+  alignas(64) uint8_t pair_rows[2][64];
+  // vpermt2b indices over (low, high) lookups of a chunk of a tile ([row 0: columns 0-15][row 1]
+  // [row 2][row 3]): row f's 16 columns as f32 bits (the bf16 bits in the high half; the low
+  // half's bytes are masked to zero).
+  alignas(64) uint8_t f32_rows[kTileRows][64];
+};
+
+constexpr E4m3TableBytes make_e4m3_table_bytes() {
+  E4m3TableBytes bytes{};
+  for (unsigned code = 0; code < 128; ++code) {
+    const uint16_t bits = e4m3_widened_bf16_bits(code);
+    bytes.low[code] = static_cast<uint8_t>(bits & 0xffu);
+    bytes.high[code] = static_cast<uint8_t>(bits >> 8);
+  }
+  // Indices 0-63 pick a lookup's low byte, 64-127 its high byte.
+  for (unsigned k = 0; k < 32; ++k) {
+    const unsigned at = k < 16 ? k : 32 + (k - 16);
+    for (unsigned row = 0; row < 2; ++row) {
+      bytes.pair_rows[row][2 * k] = static_cast<uint8_t>(16 * row + at);
+      bytes.pair_rows[row][2 * k + 1] = static_cast<uint8_t>(64 + 16 * row + at);
+    }
+  }
+  for (unsigned row = 0; row < kTileRows; ++row) {
+    for (unsigned lane = 0; lane < 16; ++lane) {
+      bytes.f32_rows[row][4 * lane + 2] = static_cast<uint8_t>(16 * row + lane);
+      bytes.f32_rows[row][4 * lane + 3] = static_cast<uint8_t>(64 + 16 * row + lane);
+    }
+  }
+  return bytes;
+}
+
+inline constexpr E4m3TableBytes kE4m3TableBytes = make_e4m3_table_bytes();
+
+// The tables in registers, for the length of a kernel's loop.
+struct E4m3Tables {
+  __m512i low[2];           // kE4m3TableBytes.low: codes 0-63, 64-127
+  __m512i high[2];          // kE4m3TableBytes.high
+  __m512i pair_first_row;   // kE4m3TableBytes.pair_rows[0] (the bf16 kernel's)
+  __m512i pair_second_row;  // kE4m3TableBytes.pair_rows[1]
+};
+
+inline E4m3Tables e4m3_tables() {
+  const E4m3TableBytes& bytes = kE4m3TableBytes;
+  return {{_mm512_load_si512(bytes.low), _mm512_load_si512(bytes.low + 64)},
+          {_mm512_load_si512(bytes.high), _mm512_load_si512(bytes.high + 64)},
+          _mm512_load_si512(bytes.pair_rows[0]),
+          _mm512_load_si512(bytes.pair_rows[1])};
+}
+
+// The low and high bytes of 64 codes' widened bf16 bits, the code's sign in the high byte's.
+struct E4m3Bytes {
+  __m512i low, high;
+};
+
+inline E4m3Bytes look_up_e4m3(__m512i codes, const E4m3Tables& tables) {
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  // vpermi2b reads an index's low 7 bits: the sign bit picks nothing.
+  return {_mm512_permutex2var_epi8(tables.low[0], codes, tables.low[1]),
+          // high | (codes & sign)
+          _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tables.high[0], codes, tables.high[1]),
+                                    codes, sign, 0xf8)};
+}
+
+// One 64-byte chunk of a whole tile of FP8 codes (16 columns of its four rows) widened to f32,
+// row f in rows[f]: bitwise load_widened's values.
+inline void widen_e4m3_tile_f32(const uint8_t* chunk, const E4m3Tables& tables,
+                                __m512 (&rows)[kTileRows]) {
+  const E4m3Bytes bytes = look_up_e4m3(_mm512_loadu_si512(chunk), tables);
+  constexpr __mmask64 kHighHalves = 0xccccccccccccccccull;  // bytes 2 and 3 of each f32
+#pragma GCC unroll 4
+  for (int f = 0; f < kTileRows; ++f) {
+    rows[f] = _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(
+        kHighHalves, bytes.low, _mm512_load_si512(kE4m3TableBytes.f32_rows[f]), bytes.high));
+  }
+}
+#endif
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 // The AVX2 path of dot_block, kRows activation rows against kFeatures weight rows (at most four
 // products): the 16 lanes of each reduction as two 8-lane halves (ymm), eight accumulators that
@@ -451,6 +556,20 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
   // each block boundary; one scale per row is applied to the finished sums instead.
   __m512 block_scale[kFeatures];
   int64_t block_end = 0;
+  // The rows of one whole tile of FP8 codes widen a chunk at a time by table lookups (the tiled
+  // layout pads every chunk with zero codes, so the last one loads whole too).
+#if defined(SPECRUN_CPU_E4M3_TABLES)
+  constexpr bool kE4m3Tile = kDType == DType::kF8E4M3 && !kWidened && kFeatures == kTileRows;
+  bool whole_tile = kE4m3Tile && column_step == kTileRows;
+  for (int f = 1; f < kFeatures && whole_tile; ++f) {
+    whole_tile = static_cast<const uint8_t*>(weight_rows[f]) ==
+                 static_cast<const uint8_t*>(weight_rows[0]) + f * kTileColumns;
+  }
+  E4m3Tables tables;
+  if constexpr (kE4m3Tile) tables = e4m3_tables();
+#else
+  constexpr bool whole_tile = false;
+#endif
   // The tail runs the same loop body on masked loads: lanes past n read as zero and add zero.
   for (; i < n; i += kLanes) {
     const __mmask16 mask = first_lanes(n - i);
@@ -481,9 +600,18 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
       }
     }
     __m512 w[kFeatures];
+#if defined(SPECRUN_CPU_E4M3_TABLES)
+    if constexpr (kE4m3Tile) {
+      if (whole_tile) {
+        widen_e4m3_tile_f32(static_cast<const uint8_t*>(weight_rows[0]) + i * kTileRows, tables, w);
+      }
+    }
+#endif
     for (int f = 0; f < kFeatures; ++f) {
-      const int64_t at = i * column_step;  // element offset of the chunk in row f
-      w[f] = load_widened<kLoad>(weight_rows[f], at, mask);
+      if (!whole_tile) {
+        const int64_t at = i * column_step;  // element offset of the chunk in row f
+        w[f] = load_widened<kLoad>(weight_rows[f], at, mask);
+      }
       if constexpr (kQuantized) {
         if (!one_scale_per_row) w[f] = _mm512_mul_ps(w[f], block_scale[f]);
       }
@@ -569,92 +697,25 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
 // Where the build has AVX512-BF16: dot_block_bf16_pairs below.
 #define SPECRUN_CPU_BF16_PAIRS 1
 
-// The bf16 bits of 2^-8 times the value of FP8 E4M3 code `code` (its sign bit clear): the
-// widening load_widened does, as a table. Every such value is a normal bf16 (2^-17 to 1.75), so
-// vdpbf16ps, which flushes denormals, reads it as it is.
-constexpr uint16_t e4m3_widened_bf16_bits(unsigned code) {
-  const unsigned exponent = (code >> 3) & 0xfu, mantissa = code & 7u;
-  // Subnormal codes: mantissa x 2^-9; normal ones (8 + mantissa) x 2^(exponent - 10). Powers of
-  // two are exact, so these are the values times 2^-8 exactly.
-  float value = exponent == 0 ? static_cast<float>(mantissa) : static_cast<float>(8 + mantissa);
-  for (unsigned halvings = exponent == 0 ? 17 : 18 - exponent; halvings > 0; --halvings) {
-    value *= 0.5f;
-  }
-  return static_cast<uint16_t>(std::bit_cast<uint32_t>(value) >> 16);
-}
-
-#if defined(__AVX512VBMI__)
-// Where the build has AVX512-VBMI, dot_block_bf16_pairs widens whole chunks of whole tiles of
-// FP8 codes by two table lookups (vpermi2b) rather than through f32: about a third of the
-// instructions, for the same bits.
-#define SPECRUN_CPU_E4M3_TABLES 1
-
-// The tables widen_e4m3_tile_chunk looks codes up in, as bytes.
-struct E4m3TableBytes {
-  alignas(64) uint8_t low[128];        // the low bytes of the 128 codes' bf16 bits
-  alignas(64) uint8_t high[128];       // their high bytes (sign clear)
-  alignas(64) uint8_t first_row[64];   // vpermt2b indices: row 0 of a two-row register's codes
-  alignas(64) uint8_t second_row[64];  // the same for row 1
-};
-
-constexpr E4m3TableBytes make_e4m3_table_bytes() {
-  E4m3TableBytes bytes{};
-  for (unsigned code = 0; code < 128; ++code) {
-    const uint16_t bits = e4m3_widened_bf16_bits(code);
-    bytes.low[code] = static_cast<uint8_t>(bits & 0xffu);
-    bytes.high[code] = static_cast<uint8_t>(bits >> 8);
-  }
-  // A two-row register holds [row 0: columns 0-15][row 1: 0-15][row 0: 16-31][row 1: 16-31] as
-  // codes, looked up into the low and high tables' bytes alike; word k of a row takes its column
-  // k's low byte from the low lookup (vpermt2b indices 0-63) and its high byte from the high one
-  // (64-127).
-  for (unsigned k = 0; k < 32; ++k) {
-    const unsigned at = k < 16 ? k : 32 + (k - 16);
-    bytes.first_row[2 * k] = static_cast<uint8_t>(at);
-    bytes.first_row[2 * k + 1] = static_cast<uint8_t>(64 + at);
-    bytes.second_row[2 * k] = static_cast<uint8_t>(16 + at);
-    bytes.second_row[2 * k + 1] = static_cast<uint8_t>(64 + 16 + at);
-  }
-  return bytes;
-}
-
-inline constexpr E4m3TableBytes kE4m3TableBytes = make_e4m3_table_bytes();
-
-// The tables in registers, for the length of a kernel's loop.
-struct E4m3Tables {
-  __m512i low[2];      // kE4m3TableBytes.low: codes 0-63, 64-127
-  __m512i high[2];     // kE4m3TableBytes.high
-  __m512i first_row;   // kE4m3TableBytes.first_row
-  __m512i second_row;  // kE4m3TableBytes.second_row
-};
-
-inline E4m3Tables e4m3_tables() {
-  const E4m3TableBytes& bytes = kE4m3TableBytes;
-  return {{_mm512_load_si512(bytes.low), _mm512_load_si512(bytes.low + 64)},
-          {_mm512_load_si512(bytes.high), _mm512_load_si512(bytes.high + 64)},
-          _mm512_load_si512(bytes.first_row),
-          _mm512_load_si512(bytes.second_row)};
-}
-
+#if defined(SPECRUN_CPU_E4M3_TABLES)
 // The 32 columns at `columns` of a whole tile of FP8 codes (two 64-byte chunks of the tiled
 // layout, 16 columns of its four rows each) as each row's 32 bf16 weights, paired as
-// dot_block_bf16_pairs pairs them: bitwise load_widened's values rounded to bf16 (exact).
+// dot_block_bf16_pairs pairs them: bitwise load_widened's values rounded to bf16 (exact). Two
+// rows at a time: [first's row 2p, 2p+1][second's 2p, 2p+1], looked up, then each row's words
+// gathered (vpermt2b) from the low and high bytes.
 inline void widen_e4m3_tile_chunk(const uint8_t* columns, const E4m3Tables& tables,
                                   __m512bh (&rows)[kTileRows]) {
   const __m512i first = _mm512_loadu_si512(columns);                              // columns 0-15
   const __m512i second = _mm512_loadu_si512(columns + kTileRows * kTileColumns);  // 16-31
-  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
 #pragma GCC unroll 2
   for (int pair = 0; pair < 2; ++pair) {
-    // Rows 2 pair and 2 pair + 1, both chunks: [first's 2p, 2p+1][second's 2p, 2p+1].
     const __m512i codes = pair == 0 ? _mm512_shuffle_i64x2(first, second, _MM_SHUFFLE(1, 0, 1, 0))
                                     : _mm512_shuffle_i64x2(first, second, _MM_SHUFFLE(3, 2, 3, 2));
-    const __m512i low = _mm512_permutex2var_epi8(tables.low[0], codes, tables.low[1]);
-    // high | (codes & sign): the code's sign bit is the bf16's.
-    const __m512i high = _mm512_ternarylogic_epi32(
-        _mm512_permutex2var_epi8(tables.high[0], codes, tables.high[1]), codes, sign, 0xf8);
-    rows[2 * pair] = (__m512bh)_mm512_permutex2var_epi8(low, tables.first_row, high);
-    rows[2 * pair + 1] = (__m512bh)_mm512_permutex2var_epi8(low, tables.second_row, high);
+    const E4m3Bytes bytes = look_up_e4m3(codes, tables);
+    rows[2 * pair] =
+        (__m512bh)_mm512_permutex2var_epi8(bytes.low, tables.pair_first_row, bytes.high);
+    rows[2 * pair + 1] =
+        (__m512bh)_mm512_permutex2var_epi8(bytes.low, tables.pair_second_row, bytes.high);
   }
 }
 #endif
