@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/matmul.h"
 #include "runtime/model/model.h"
 #include "specrun/specrun.hpp"
 #include "tests/test_support.h"
@@ -349,6 +350,12 @@ TEST_F(CApiTest, StreamsThroughTheCallbackAndReturnsTheResult) {
   EXPECT_EQ(info.has_tokenizer, 0);
   EXPECT_STREQ(info.device, "cpu");
   EXPECT_EQ(info.threads, 2);
+  // activations "auto" resolved as the C++ engine resolves it, and the kernels named.
+  EXPECT_STREQ(info.cpu_kernels,
+               std::string(specrun::kernels::cpu::best_matmul_variant().name).c_str());
+  EXPECT_STREQ(
+      info.activations,
+      specrun::kernels::cpu::best_matmul_variant().multiplies_bf16_pairs() ? "bf16" : "f32");
   specrun_engine_destroy(engine);
 }
 

@@ -803,6 +803,8 @@ specrun_status specrun_engine_info_get(const specrun_engine* engine, specrun_eng
     info->has_tokenizer = i.has_tokenizer ? 1 : 0;
     info->device = i.device.c_str();
     info->threads = i.threads;
+    info->cpu_kernels = i.cpu_kernels.c_str();
+    info->activations = i.activations.c_str();
   });
 }
 

@@ -381,6 +381,11 @@ typedef struct specrun_engine_info {
   int has_tokenizer;         /* nonzero: text in and out (else token ids only) */
   const char* device;        /* "cpu", "cuda:0" */
   int threads;               /* CPU threads */
+  /* The CPU's matmul: the copy of its kernels that runs ("native", "x86-64-v4+bf16", ...) and what
+   * activations meet the weights as, the config's activations resolved ("f32", "bf16", "int8");
+   * both "" on a GPU. */
+  const char* cpu_kernels;
+  const char* activations;
 } specrun_engine_info;
 
 specrun_status specrun_engine_info_get(const specrun_engine* engine, specrun_engine_info* info);
