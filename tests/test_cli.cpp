@@ -8,6 +8,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -379,6 +380,39 @@ TEST_F(CliTest, SpecbenchMeasuresSamplingPerRow) {
                         "specbench");
   expect_one_error_line(run_tool("specbench", "--sampling 100 --repeats 0"), {{"--repeats"}},
                         "specbench");
+}
+
+TEST_F(CliTest, SpecbenchMeasuresOneMatmulPerWeightFormatAndActivations) {
+  const fs::path json_path = dir_ / "matmul.json";
+  const CommandResult result =
+      run_tool("specbench",
+               "--matmul 3x70x9 --quantize fp8,int8 --activations bf16,int8 "
+               "--threads 1 --repeats 1 --json " +
+                   quote(json_path.string()));
+  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_NE(result.stdout_text.find("matmul: [3, 70] x [9, 70]^T"), std::string::npos)
+      << result.stdout_text;
+  const nlohmann::json report = nlohmann::json::parse(testing::read_file(json_path));
+  // bf16, FP8 and INT8 weights with f32 and bf16 activations; bf16 and INT8 ones with int8 (FP8
+  // weights meet int8's bf16 activations, measured already).
+  std::set<std::pair<std::string, std::string>> measured;
+  for (const nlohmann::json& row : report["results"]) {
+    EXPECT_GT(row["us_per_call"].get<double>(), 0.0);
+    measured.emplace(row["weights"], row["activations"]);
+    if (row["weights"] == "bf16") {
+      EXPECT_EQ(row["speedup_vs_bf16_weights"].get<double>(), 1.0);
+    }
+  }
+  const std::set<std::pair<std::string, std::string>> expected = {
+      {"bf16", "f32"}, {"fp8", "f32"},   {"int8", "f32"},  {"bf16", "bf16"},
+      {"fp8", "bf16"}, {"int8", "bf16"}, {"bf16", "int8"}, {"int8", "int8"}};
+  EXPECT_EQ(measured, expected);
+  for (const char* shape : {"1x40x", "0x4x4", "1x4x4x4", "axbxc"}) {
+    expect_one_error_line(run_tool("specbench", std::string("--matmul ") + shape),
+                          {{"--matmul", "ROWSxINxOUT", shape}}, "specbench");
+  }
+  expect_one_error_line(run_tool("specbench", "--matmul 1x8x8 --quantize nf4"),
+                        {{"--quantize", "'nf4'"}}, "specbench");
 }
 
 TEST_F(CliTest, SpecbenchMeasuresQuantizedSyntheticTargetsAgainstBf16) {

@@ -21,6 +21,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "kernels/core/weight_layout.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "runtime/engine/batch_engine.h"
 #include "runtime/engine/pairing.h"
@@ -465,6 +466,150 @@ nlohmann::json sampling_bench(int64_t vocab, int64_t repeats) {
   return {{"vocab", vocab}, {"repeats", repeats}, {"rows", kRows}, {"settings", results}};
 }
 
+// One CPU matmul of `shape` ("ROWSxINxOUT": activation rows, reduction length, weight rows),
+// nothing else: the weights in bf16 and in each of `formats` (quantized per row, as at load),
+// laid out as the CPU backend lays them out, against f32 activations and each of
+// `activation_names`; each call the median of `repeats` runs of enough calls to last about 20 ms,
+// after a warm-up. Weights of a few MiB stay in the caches, where a kernel's instructions, not
+// the memory, set its speed; weights far larger than the last-level cache measure the stream.
+nlohmann::json matmul_bench(const std::string& shape, const std::vector<std::string>& formats,
+                            const std::vector<std::string>& activation_names, int threads,
+                            int repeats) {
+  namespace cpu = specrun::kernels::cpu;
+  using specrun::DType;
+  int64_t rows = 0, in = 0, out = 0;
+  char extra = 0;
+  if (std::sscanf(shape.c_str(), "%ldx%ldx%ld%c", &rows, &in, &out, &extra) != 3 || rows < 1 ||
+      in < 1 || out < 1 || rows * in > (int64_t{1} << 28) || out * in > (int64_t{1} << 31)) {
+    throw specrun::Error("--matmul takes ROWSxINxOUT, each at least 1 (e.g. 1x4096x2048), got '" +
+                         shape + "'");
+  }
+  if (repeats < 1) throw specrun::Error("--repeats must be at least 1");
+  auto pool = std::make_shared<cpu::ThreadPool>(threads);
+  specrun::Rng rng(23);
+  const auto normal = [&] {  // about normal: twelve uniforms' sum, less six
+    double sum = -6.0;
+    for (int i = 0; i < 12; ++i) sum += rng.uniform();
+    return static_cast<float>(sum);
+  };
+  std::vector<float> x(static_cast<size_t>(rows * in)), weights(static_cast<size_t>(out * in));
+  for (float& value : x) value = normal();
+  for (float& value : weights) value = 0.05f * normal();
+  struct Weight {
+    std::string name;
+    DType dtype;
+    std::vector<uint8_t> row_major;  // [out, in] elements of dtype
+    std::vector<float> scales;       // [out] for codes
+  };
+  std::vector<Weight> stored;
+  {
+    Weight bf16{"bf16", DType::kBF16, std::vector<uint8_t>(weights.size() * 2), {}};
+    auto* bits = reinterpret_cast<uint16_t*>(bf16.row_major.data());
+    for (size_t i = 0; i < weights.size(); ++i) bits[i] = specrun::f32_to_bf16(weights[i]);
+    stored.push_back(std::move(bf16));
+  }
+  for (const std::string& format : formats) {
+    if (format != "fp8" && format != "int8") {
+      throw specrun::Error("--quantize takes fp8 and int8, got '" + format + "'");
+    }
+    const DType dtype = format == "fp8" ? DType::kF8E4M3 : DType::kI8;
+    Weight codes{format, dtype, std::vector<uint8_t>(weights.size()),
+                 std::vector<float>(static_cast<size_t>(out))};
+    const float code_max = dtype == DType::kI8 ? 127.0f : specrun::kF8E4M3Max;
+    for (int64_t f = 0; f < out; ++f) {
+      float largest = 0.0f;
+      for (int64_t i = 0; i < in; ++i) largest = std::max(largest, std::fabs(weights[f * in + i]));
+      const float scale = largest > 0.0f ? largest / code_max : 1.0f;
+      codes.scales[f] = scale;
+      for (int64_t i = 0; i < in; ++i) {
+        const float scaled = weights[f * in + i] / scale;
+        codes.row_major[f * in + i] = dtype == DType::kI8
+                                          ? static_cast<uint8_t>(static_cast<int8_t>(std::clamp(
+                                                std::nearbyint(scaled), -127.0f, 127.0f)))
+                                          : specrun::f32_to_f8e4m3(scaled);
+      }
+    }
+    stored.push_back(std::move(codes));
+  }
+  std::vector<std::pair<std::string, cpu::Activations>> activations = {
+      {"f32", cpu::Activations::kF32}};
+  for (const std::string& name : activation_names) {
+    activations.emplace_back(name,
+                             name == "int8" ? cpu::Activations::kInt8 : cpu::Activations::kBF16);
+  }
+  const cpu::MatmulVariant& variant = cpu::best_matmul_variant();
+  std::printf("matmul: [%ld, %ld] x [%ld, %ld]^T, %d threads, kernels: %s; median of %d runs\n",
+              static_cast<long>(rows), static_cast<long>(in), static_cast<long>(out),
+              static_cast<long>(in), pool->num_threads(), std::string(variant.name).c_str(),
+              repeats);
+  std::printf("%-8s %-12s %10s %12s %10s %14s\n", "weights", "activations", "us/call", "GFLOP/s",
+              "GB/s", "vs bf16 weights");
+  std::vector<float> result(static_cast<size_t>(rows * out));
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& [activation_name, activation] : activations) {
+    const cpu::CpuBackend backend(pool, activation, &variant);
+    double bf16_us = 0.0;
+    for (const Weight& weight : stored) {
+      // int8 activations meet INT8 weights alone: FP8 ones take bf16 activations (measured with
+      // them), bf16 weights too (measured again here, as the ratio's baseline).
+      if (activation == cpu::Activations::kInt8 && weight.dtype == DType::kF8E4M3) continue;
+      const specrun::kernels::WeightLayout layout = backend.matmul_weight_layout(weight.dtype);
+      std::vector<uint8_t> laid_out(
+          specrun::kernels::stored_weight_bytes(layout, out, in, weight.dtype));
+      const specrun::Status laid = specrun::kernels::lay_out_weight(
+          layout, weight.row_major.data(), out, in, weight.dtype, laid_out.data());
+      if (!laid.is_ok()) throw specrun::Error("laying out the weights: " + laid.to_string());
+      specrun::kernels::MatmulParams params{rows, in, out, weight.dtype, DType::kF32};
+      params.weight_layout = layout;
+      if (!weight.scales.empty()) {
+        params.scale_block_rows = 1;
+        params.scale_block_cols = in;
+      }
+      const auto call = [&] {
+        const specrun::Status status =
+            cpu::matmul(params, x.data(), laid_out.data(),
+                        weight.scales.empty() ? nullptr : weight.scales.data(), nullptr,
+                        result.data(), *pool, activation, &variant);
+        if (!status.is_ok()) throw specrun::Error("matmul: " + status.to_string());
+      };
+      // Calls per run: as many as take about 20 ms, from the warm-up's.
+      const auto warm = Clock::now();
+      int64_t calls = 0;
+      do {
+        call();
+        ++calls;
+      } while (milliseconds(warm) < 20.0);
+      std::vector<double> us;
+      for (int r = 0; r < repeats; ++r) {
+        const auto start = Clock::now();
+        for (int64_t c = 0; c < calls; ++c) call();
+        us.push_back(1000.0 * milliseconds(start) / static_cast<double>(calls));
+      }
+      const double per_call = median(us);
+      if (weight.dtype == DType::kBF16) bf16_us = per_call;
+      const double bytes = static_cast<double>(laid_out.size());
+      const double gflops = 2.0 * rows * in * out / per_call / 1e3;
+      std::printf("%-8s %-12s %10.2f %12.1f %10.1f %13.2fx\n", weight.name.c_str(),
+                  activation_name.c_str(), per_call, gflops, bytes / per_call / 1e3,
+                  bf16_us / per_call);
+      results.push_back({{"weights", weight.name},
+                         {"activations", activation_name},
+                         {"us_per_call", per_call},
+                         {"calls_per_run", calls},
+                         {"gflops", gflops},
+                         {"weight_bytes", laid_out.size()},
+                         {"speedup_vs_bf16_weights", bf16_us / per_call}});
+    }
+  }
+  return {{"rows", rows},
+          {"in_features", in},
+          {"out_features", out},
+          {"threads", pool->num_threads()},
+          {"kernels", std::string(variant.name)},
+          {"repeats", repeats},
+          {"results", results}};
+}
+
 // `count` processes that spin on the CPU while this object lives: other work on the machine,
 // sharing its cores with the measurement (they die with specbench if it is killed).
 class BusyProcesses {
@@ -557,6 +702,11 @@ int main(int argc, char** argv) {
   app.add_option("--sampling", sampling_vocab,
                  "Measure the host's logits processing and shared-noise draw per row of this many "
                  "logits (e.g. 49152), for greedy, T 0.7, top-p and top-k, and nothing else");
+  std::string matmul_shape;
+  app.add_option("--matmul", matmul_shape,
+                 "Measure one CPU matmul of this shape, ROWSxINxOUT (e.g. 1x4096x2048: a decode "
+                 "row against 2048 weight rows of 4096), the weights in bf16 and in each "
+                 "--quantize format, with f32 and each --activations, and nothing else");
   bool speculative = false;
   std::string target_path, draft_path;
   int64_t spec_tokens = 256, spec_prompts = 3;
@@ -613,6 +763,15 @@ int main(int argc, char** argv) {
   if (app.count("--sampling") > 0) {
     return specrun::tools::run_reporting_errors("specbench", "warn", [&] {
       const nlohmann::json result = sampling_bench(sampling_vocab, repeats);
+      if (!json_path.empty()) std::ofstream(json_path) << result.dump(2) << "\n";
+      return 0;
+    });
+  }
+
+  if (app.count("--matmul") > 0) {
+    return specrun::tools::run_reporting_errors("specbench", "warn", [&] {
+      const nlohmann::json result =
+          matmul_bench(matmul_shape, quantize, activation_names, threads, repeats);
       if (!json_path.empty()) std::ofstream(json_path) << result.dump(2) << "\n";
       return 0;
     });
