@@ -336,9 +336,9 @@ TEST_P(CpuKernels, QuantizedMatmulWidensEveryCodeExactly) {
   // Every code but NaN, each at every position of a 16-code vector across the rows (rotations),
   // against one-hot activations: each output is one code times its row's scale (a power of two,
   // so exact), in every copy of the kernel, both layouts and f32 and bf16 activations (one-hot
-  // rows are exact in bf16). Where the kernels have VBMI, FP8 codes of whole tiles widen by table
-  // lookups, to bf16 pairs and to f32 alike; 254 rows also widen a block's codes once for its
-  // other row groups.
+  // rows are exact in bf16). Where the kernels have VBMI, codes of whole tiles widen by table
+  // lookups: FP8 to bf16 pairs and to f32, INT8 to bf16 pairs (up to 4 rows); 254 rows also widen a
+  // block's codes once for its other row groups.
   for (const DType dtype : {DType::kI8, DType::kF8E4M3}) {
     std::vector<uint8_t> codes_used;
     for (int code = 0; code < 256; ++code) {

@@ -247,30 +247,35 @@ inline __m512 load_widened(const void* row, int64_t at, __mmask16 mask) {
 #pragma GCC diagnostic pop
 #endif
 
-// The bf16 bits of 2^-8 times the value of FP8 E4M3 code `code` (its sign bit clear): the
-// widening load_widened does, as a table. Every such value is a normal bf16 (2^-17 to 1.75), so
-// vdpbf16ps, which flushes denormals, reads it as it is; shifted into an f32's high half it is
-// load_widened's f32.
-constexpr uint16_t e4m3_widened_bf16_bits(unsigned code) {
-  const unsigned exponent = (code >> 3) & 0xfu, mantissa = code & 7u;
-  // Subnormal codes: mantissa x 2^-9; normal ones (8 + mantissa) x 2^(exponent - 10). Powers of
-  // two are exact, so these are the values times 2^-8 exactly.
-  float value = exponent == 0 ? static_cast<float>(mantissa) : static_cast<float>(8 + mantissa);
-  for (unsigned halvings = exponent == 0 ? 17 : 18 - exponent; halvings > 0; --halvings) {
-    value *= 0.5f;
+// The bf16 bits of what load_widened widens an 8-bit code of magnitude `magnitude` (0-127, its sign
+// bit clear) to: an INT8 code's value, an FP8 E4M3 code's value times 2^-8. Every such value is a
+// normal bf16 (FP8: 2^-17 to 1.75), so vdpbf16ps, which flushes denormals, reads it as it is;
+// shifted into an f32's high half it is load_widened's f32.
+template <DType kDType>
+constexpr uint16_t widened_bf16_bits(unsigned magnitude) {
+  static_assert(is_quantized(kDType), "8-bit codes");
+  float value = static_cast<float>(magnitude);  // INT8: at most 7 significant bits, exact
+  if constexpr (kDType == DType::kF8E4M3) {
+    const unsigned exponent = (magnitude >> 3) & 0xfu, mantissa = magnitude & 7u;
+    // Subnormal codes: mantissa x 2^-9; normal ones (8 + mantissa) x 2^(exponent - 10). Powers of
+    // two are exact, so these are the values times 2^-8 exactly.
+    value = exponent == 0 ? static_cast<float>(mantissa) : static_cast<float>(8 + mantissa);
+    for (unsigned halvings = exponent == 0 ? 17 : 18 - exponent; halvings > 0; --halvings) {
+      value *= 0.5f;
+    }
   }
   return static_cast<uint16_t>(std::bit_cast<uint32_t>(value) >> 16);
 }
 
 #if defined(__AVX512VBMI__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
     defined(__AVX512VL__) && defined(__FMA__)
-// Where the build has AVX512-VBMI, whole tiles of FP8 codes widen by table lookups (vpermi2b)
-// rather than through the f16 conversion: dot_block_bf16_pairs to bf16 pairs, dot_block to f32,
-// each in about a third of the instructions, to the same values.
-#define SPECRUN_CPU_E4M3_TABLES 1
+// Where the build has AVX512-VBMI, whole tiles of 8-bit codes widen by table lookups (vpermi2b)
+// of their magnitudes rather than by conversions: dot_block_bf16_pairs to bf16 pairs (FP8 and
+// INT8), dot_block to f32 (FP8, whose conversion is the dearer), to the same values.
+#define SPECRUN_CPU_CODE_TABLES 1
 
 // The tables and byte permutes of the lookups, as bytes.
-struct E4m3TableBytes {
+struct CodeTableBytes {
   alignas(64) uint8_t low[128];   // the low bytes of the 128 magnitudes' widened bf16 bits
   alignas(64) uint8_t high[128];  // their high bytes (sign clear)
   // vpermt2b indices over (low, high) lookups of a two-row register ([row 0: columns 0-15][row 1:
@@ -282,12 +287,13 @@ struct E4m3TableBytes {
   alignas(64) uint8_t f32_rows[kTileRows][64];
 };
 
-constexpr E4m3TableBytes make_e4m3_table_bytes() {
-  E4m3TableBytes bytes{};
-  for (unsigned code = 0; code < 128; ++code) {
-    const uint16_t bits = e4m3_widened_bf16_bits(code);
-    bytes.low[code] = static_cast<uint8_t>(bits & 0xffu);
-    bytes.high[code] = static_cast<uint8_t>(bits >> 8);
+template <DType kDType>
+constexpr CodeTableBytes make_code_table_bytes() {
+  CodeTableBytes bytes{};
+  for (unsigned magnitude = 0; magnitude < 128; ++magnitude) {
+    const uint16_t bits = widened_bf16_bits<kDType>(magnitude);
+    bytes.low[magnitude] = static_cast<uint8_t>(bits & 0xffu);
+    bytes.high[magnitude] = static_cast<uint8_t>(bits >> 8);
   }
   // Indices 0-63 pick a lookup's low byte, 64-127 its high byte.
   for (unsigned k = 0; k < 32; ++k) {
@@ -306,18 +312,20 @@ constexpr E4m3TableBytes make_e4m3_table_bytes() {
   return bytes;
 }
 
-inline constexpr E4m3TableBytes kE4m3TableBytes = make_e4m3_table_bytes();
+template <DType kDType>
+inline constexpr CodeTableBytes kCodeTableBytes = make_code_table_bytes<kDType>();
 
 // The tables in registers, for the length of a kernel's loop.
-struct E4m3Tables {
-  __m512i low[2];           // kE4m3TableBytes.low: codes 0-63, 64-127
-  __m512i high[2];          // kE4m3TableBytes.high
-  __m512i pair_first_row;   // kE4m3TableBytes.pair_rows[0] (the bf16 kernel's)
-  __m512i pair_second_row;  // kE4m3TableBytes.pair_rows[1]
+struct CodeTables {
+  __m512i low[2];           // CodeTableBytes::low: magnitudes 0-63, 64-127
+  __m512i high[2];          // CodeTableBytes::high
+  __m512i pair_first_row;   // CodeTableBytes::pair_rows[0] (the bf16 kernel's)
+  __m512i pair_second_row;  // CodeTableBytes::pair_rows[1]
 };
 
-inline E4m3Tables e4m3_tables() {
-  const E4m3TableBytes& bytes = kE4m3TableBytes;
+template <DType kDType>
+inline CodeTables code_tables() {
+  const CodeTableBytes& bytes = kCodeTableBytes<kDType>;
   return {{_mm512_load_si512(bytes.low), _mm512_load_si512(bytes.low + 64)},
           {_mm512_load_si512(bytes.high), _mm512_load_si512(bytes.high + 64)},
           _mm512_load_si512(bytes.pair_rows[0]),
@@ -325,29 +333,35 @@ inline E4m3Tables e4m3_tables() {
 }
 
 // The low and high bytes of 64 codes' widened bf16 bits, the code's sign in the high byte's.
-struct E4m3Bytes {
+struct WidenedBytes {
   __m512i low, high;
 };
 
-inline E4m3Bytes look_up_e4m3(__m512i codes, const E4m3Tables& tables) {
+template <DType kDType>
+inline WidenedBytes look_up_codes(__m512i codes, const CodeTables& tables) {
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
-  // vpermi2b reads an index's low 7 bits: the sign bit picks nothing.
-  return {_mm512_permutex2var_epi8(tables.low[0], codes, tables.low[1]),
-          // high | (codes & sign)
-          _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tables.high[0], codes, tables.high[1]),
-                                    codes, sign, 0xf8)};
+  // An FP8 code's magnitude is its low 7 bits, which are all vpermi2b reads of an index; an INT8
+  // code's is its absolute value (quantization keeps codes in [-127, 127]).
+  const __m512i magnitudes = kDType == DType::kI8 ? _mm512_abs_epi8(codes) : codes;
+  return {
+      _mm512_permutex2var_epi8(tables.low[0], magnitudes, tables.low[1]),
+      // high | (codes & sign)
+      _mm512_ternarylogic_epi32(
+          _mm512_permutex2var_epi8(tables.high[0], magnitudes, tables.high[1]), codes, sign, 0xf8)};
 }
 
-// One 64-byte chunk of a whole tile of FP8 codes (16 columns of its four rows) widened to f32,
-// row f in rows[f]: bitwise load_widened's values.
-inline void widen_e4m3_tile_f32(const uint8_t* chunk, const E4m3Tables& tables,
-                                __m512 (&rows)[kTileRows]) {
-  const E4m3Bytes bytes = look_up_e4m3(_mm512_loadu_si512(chunk), tables);
+// One 64-byte chunk of a whole tile of codes (16 columns of its four rows) widened to f32, row f
+// in rows[f]: bitwise load_widened's values.
+template <DType kDType>
+inline void widen_tile_chunk_f32(const uint8_t* chunk, const CodeTables& tables,
+                                 __m512 (&rows)[kTileRows]) {
+  const WidenedBytes bytes = look_up_codes<kDType>(_mm512_loadu_si512(chunk), tables);
   constexpr __mmask64 kHighHalves = 0xccccccccccccccccull;  // bytes 2 and 3 of each f32
 #pragma GCC unroll 4
   for (int f = 0; f < kTileRows; ++f) {
     rows[f] = _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(
-        kHighHalves, bytes.low, _mm512_load_si512(kE4m3TableBytes.f32_rows[f]), bytes.high));
+        kHighHalves, bytes.low, _mm512_load_si512(kCodeTableBytes<kDType>.f32_rows[f]),
+        bytes.high));
   }
 }
 #endif
@@ -558,15 +572,15 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
   int64_t block_end = 0;
   // The rows of one whole tile of FP8 codes widen a chunk at a time by table lookups (the tiled
   // layout pads every chunk with zero codes, so the last one loads whole too).
-#if defined(SPECRUN_CPU_E4M3_TABLES)
+#if defined(SPECRUN_CPU_CODE_TABLES)
   constexpr bool kE4m3Tile = kDType == DType::kF8E4M3 && !kWidened && kFeatures == kTileRows;
   bool whole_tile = kE4m3Tile && column_step == kTileRows;
   for (int f = 1; f < kFeatures && whole_tile; ++f) {
     whole_tile = static_cast<const uint8_t*>(weight_rows[f]) ==
                  static_cast<const uint8_t*>(weight_rows[0]) + f * kTileColumns;
   }
-  E4m3Tables tables;
-  if constexpr (kE4m3Tile) tables = e4m3_tables();
+  CodeTables tables;
+  if constexpr (kE4m3Tile) tables = code_tables<kDType>();
 #else
   constexpr bool whole_tile = false;
 #endif
@@ -600,10 +614,11 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
       }
     }
     __m512 w[kFeatures];
-#if defined(SPECRUN_CPU_E4M3_TABLES)
+#if defined(SPECRUN_CPU_CODE_TABLES)
     if constexpr (kE4m3Tile) {
       if (whole_tile) {
-        widen_e4m3_tile_f32(static_cast<const uint8_t*>(weight_rows[0]) + i * kTileRows, tables, w);
+        widen_tile_chunk_f32<kDType>(static_cast<const uint8_t*>(weight_rows[0]) + i * kTileRows,
+                                     tables, w);
       }
     }
 #endif
@@ -697,13 +712,14 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
 // Where the build has AVX512-BF16: dot_block_bf16_pairs below.
 #define SPECRUN_CPU_BF16_PAIRS 1
 
-#if defined(SPECRUN_CPU_E4M3_TABLES)
-// The 32 columns at `columns` of a whole tile of FP8 codes (two 64-byte chunks of the tiled
+#if defined(SPECRUN_CPU_CODE_TABLES)
+// The 32 columns at `columns` of a whole tile of 8-bit codes (two 64-byte chunks of the tiled
 // layout, 16 columns of its four rows each) as each row's 32 bf16 weights, paired as
 // dot_block_bf16_pairs pairs them: bitwise load_widened's values rounded to bf16 (exact). Two
 // rows at a time: [first's row 2p, 2p+1][second's 2p, 2p+1], looked up, then each row's words
 // gathered (vpermt2b) from the low and high bytes.
-inline void widen_e4m3_tile_chunk(const uint8_t* columns, const E4m3Tables& tables,
+template <DType kDType>
+inline void widen_tile_chunk_bf16(const uint8_t* columns, const CodeTables& tables,
                                   __m512bh (&rows)[kTileRows]) {
   const __m512i first = _mm512_loadu_si512(columns);                              // columns 0-15
   const __m512i second = _mm512_loadu_si512(columns + kTileRows * kTileColumns);  // 16-31
@@ -711,7 +727,7 @@ inline void widen_e4m3_tile_chunk(const uint8_t* columns, const E4m3Tables& tabl
   for (int pair = 0; pair < 2; ++pair) {
     const __m512i codes = pair == 0 ? _mm512_shuffle_i64x2(first, second, _MM_SHUFFLE(1, 0, 1, 0))
                                     : _mm512_shuffle_i64x2(first, second, _MM_SHUFFLE(3, 2, 3, 2));
-    const E4m3Bytes bytes = look_up_e4m3(codes, tables);
+    const WidenedBytes bytes = look_up_codes<kDType>(codes, tables);
     rows[2 * pair] =
         (__m512bh)_mm512_permutex2var_epi8(bytes.low, tables.pair_first_row, bytes.high);
     rows[2 * pair + 1] =
@@ -763,12 +779,17 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
     for (int f = 0; f < kFeatures; ++f) vacc[r][f] = _mm512_setzero_ps();
   }
   const auto* tile = static_cast<const Element*>(weight_rows[0]);
-  // Whole 32-column chunks of a whole tile of FP8 codes widen by table lookups (the last, partial
-  // chunk as other codes do: its second half may lie past the tile).
-#if defined(SPECRUN_CPU_E4M3_TABLES)
-  constexpr bool kTableWidening = kWeights == DType::kF8E4M3 && kWholeTile;
-  E4m3Tables tables;
-  if constexpr (kTableWidening) tables = e4m3_tables();
+  // Whole 32-column chunks of a whole tile of codes widen by table lookups (the last, partial
+  // chunk as other codes do: its second half may lie past the tile). FP8 codes always; INT8 codes
+  // up to 4 rows, beyond which the tables' registers cost more than the conversion they save
+  // (`specbench --matmul Nx4096x2048 --quantize int8 --activations bf16` on the 2-core EPYC, the
+  // weights in the caches: 1 row 85 -> 69 us, 2 rows 97 -> 86, 3 rows 107 -> 103, 4 alike, 6
+  // rows 150 -> 170 with the tables).
+#if defined(SPECRUN_CPU_CODE_TABLES)
+  constexpr bool kTableWidening =
+      kWholeTile && (kWeights == DType::kF8E4M3 || (kWeights == DType::kI8 && kRows <= 4));
+  CodeTables tables;
+  if constexpr (kTableWidening) tables = code_tables<kWeights>();
 #else
   constexpr bool kTableWidening = false;
 #endif
@@ -803,8 +824,10 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
     const int64_t remaining = kPartial ? n - i : 2 * kLanes;
     const __mmask16 low = first_lanes(remaining), high = first_lanes(remaining - kLanes);
     __m512bh w[kFeatures];
-#if defined(SPECRUN_CPU_E4M3_TABLES)
-    if constexpr (kTableWidening && !kPartial) widen_e4m3_tile_chunk(at(0, i), tables, w);
+#if defined(SPECRUN_CPU_CODE_TABLES)
+    if constexpr (kTableWidening && !kPartial) {
+      widen_tile_chunk_bf16<kWeights>(at(0, i), tables, w);
+    }
 #endif
 #pragma GCC unroll 4
     for (int f = 0; f < kFeatures; ++f) {
