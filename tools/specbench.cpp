@@ -546,7 +546,10 @@ nlohmann::json matmul_bench(const std::string& shape, const std::vector<std::str
               "GB/s", "vs bf16 weights");
   std::vector<float> result(static_cast<size_t>(rows * out));
   nlohmann::json results = nlohmann::json::array();
-  for (const auto& [activation_name, activation] : activations) {
+  for (const auto& named : activations) {
+    // Not a structured binding: the lambda below captures it (Clang 14 refuses bindings there).
+    const std::string& activation_name = named.first;
+    const cpu::Activations activation = named.second;
     const cpu::CpuBackend backend(pool, activation, &variant);
     double bf16_us = 0.0;
     for (const Weight& weight : stored) {

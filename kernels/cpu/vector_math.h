@@ -825,8 +825,10 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
     const __mmask16 low = first_lanes(remaining), high = first_lanes(remaining - kLanes);
     __m512bh w[kFeatures];
 #if defined(SPECRUN_CPU_CODE_TABLES)
-    if constexpr (kTableWidening && !kPartial) {
-      widen_tile_chunk_bf16<kWeights>(at(0, i), tables, w);
+    // Nested: Clang checks a call that does not depend on kPartial against every instantiation
+    // the outer condition does not discard (bf16 weights, narrow tiles).
+    if constexpr (kTableWidening) {
+      if constexpr (!kPartial) widen_tile_chunk_bf16<kWeights>(at(0, i), tables, w);
     }
 #endif
 #pragma GCC unroll 4
