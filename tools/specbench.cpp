@@ -23,6 +23,7 @@
 
 #include "kernels/core/weight_layout.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/fill.h"
 #include "runtime/engine/batch_engine.h"
 #include "runtime/engine/pairing.h"
 #include "runtime/engine/settings.h"
@@ -467,7 +468,7 @@ nlohmann::json sampling_bench(int64_t vocab, int64_t repeats) {
 }
 
 // One CPU matmul of `shape` ("ROWSxINxOUT": activation rows, reduction length, weight rows),
-// nothing else: the weights in bf16 and in each of `formats` (quantized per row, as at load),
+// nothing else: the weights in bf16 and in each of `formats` (codes with one scale a row),
 // laid out as the CPU backend lays them out, against f32 activations and each of
 // `activation_names`; each call the median of `repeats` runs of enough calls to last about 20 ms,
 // after a warm-up. Weights of a few MiB stay in the caches, where a kernel's instructions, not
@@ -486,15 +487,16 @@ nlohmann::json matmul_bench(const std::string& shape, const std::vector<std::str
   }
   if (repeats < 1) throw specrun::Error("--repeats must be at least 1");
   auto pool = std::make_shared<cpu::ThreadPool>(threads);
-  specrun::Rng rng(23);
-  const auto normal = [&] {  // about normal: twelve uniforms' sum, less six
-    double sum = -6.0;
-    for (int i = 0; i < 12; ++i) sum += rng.uniform();
-    return static_cast<float>(sum);
+  // Written as the synthetic models' weights are (Model::write_synthetic_weights): uniform values,
+  // and for 8-bit formats codes uniform over the code range with one scale a row.
+  const auto fill = [&](void* to, int64_t count, DType dtype, uint64_t seed, float range) {
+    const specrun::Status status =
+        cpu::fill_uniform({count, dtype, seed, -range, range}, to, *pool);
+    if (!status.is_ok()) throw specrun::Error("writing the operands: " + status.to_string());
   };
-  std::vector<float> x(static_cast<size_t>(rows * in)), weights(static_cast<size_t>(out * in));
-  for (float& value : x) value = normal();
-  for (float& value : weights) value = 0.05f * normal();
+  const float bound = std::sqrt(3.0f / static_cast<float>(in));
+  std::vector<float> x(static_cast<size_t>(rows * in));
+  fill(x.data(), rows * in, DType::kF32, 1, 1.0f);
   struct Weight {
     std::string name;
     DType dtype;
@@ -502,34 +504,18 @@ nlohmann::json matmul_bench(const std::string& shape, const std::vector<std::str
     std::vector<float> scales;       // [out] for codes
   };
   std::vector<Weight> stored;
-  {
-    Weight bf16{"bf16", DType::kBF16, std::vector<uint8_t>(weights.size() * 2), {}};
-    auto* bits = reinterpret_cast<uint16_t*>(bf16.row_major.data());
-    for (size_t i = 0; i < weights.size(); ++i) bits[i] = specrun::f32_to_bf16(weights[i]);
-    stored.push_back(std::move(bf16));
-  }
+  stored.push_back(
+      {"bf16", DType::kBF16, std::vector<uint8_t>(static_cast<size_t>(out * in) * 2), {}});
+  fill(stored.back().row_major.data(), out * in, DType::kBF16, 2, bound);
   for (const std::string& format : formats) {
     if (format != "fp8" && format != "int8") {
       throw specrun::Error("--quantize takes fp8 and int8, got '" + format + "'");
     }
     const DType dtype = format == "fp8" ? DType::kF8E4M3 : DType::kI8;
-    Weight codes{format, dtype, std::vector<uint8_t>(weights.size()),
-                 std::vector<float>(static_cast<size_t>(out))};
     const float code_max = dtype == DType::kI8 ? 127.0f : specrun::kF8E4M3Max;
-    for (int64_t f = 0; f < out; ++f) {
-      float largest = 0.0f;
-      for (int64_t i = 0; i < in; ++i) largest = std::max(largest, std::fabs(weights[f * in + i]));
-      const float scale = largest > 0.0f ? largest / code_max : 1.0f;
-      codes.scales[f] = scale;
-      for (int64_t i = 0; i < in; ++i) {
-        const float scaled = weights[f * in + i] / scale;
-        codes.row_major[f * in + i] = dtype == DType::kI8
-                                          ? static_cast<uint8_t>(static_cast<int8_t>(std::clamp(
-                                                std::nearbyint(scaled), -127.0f, 127.0f)))
-                                          : specrun::f32_to_f8e4m3(scaled);
-      }
-    }
-    stored.push_back(std::move(codes));
+    stored.push_back({format, dtype, std::vector<uint8_t>(static_cast<size_t>(out * in)),
+                      std::vector<float>(static_cast<size_t>(out), bound / code_max)});
+    fill(stored.back().row_major.data(), out * in, dtype, 3, code_max);
   }
   std::vector<std::pair<std::string, cpu::Activations>> activations = {
       {"f32", cpu::Activations::kF32}};
