@@ -243,12 +243,15 @@ def batches(items, tokens_per_batch, generator):
 
 def answer_loss(model, ids, labels):
     """Mean cross-entropy and argmax agreement over the answer positions."""
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = model(input_ids=ids).logits  # [batch, width, vocab]
-    logits = logits.float()
     mask = labels != -100
-    loss = F.cross_entropy(logits[mask], labels[mask])
-    agree = (logits[mask].argmax(-1) == labels[mask]).float().mean()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = model.model(input_ids=ids).last_hidden_state  # [batch, width, hidden]
+        # The head (most of the draft's arithmetic) only where a loss is taken: not on the prompt
+        # or the padding.
+        logits = model.lm_head(hidden[mask])  # [answer tokens, vocab]
+    logits = logits.float()
+    loss = F.cross_entropy(logits, labels[mask])
+    agree = (logits.argmax(-1) == labels[mask]).float().mean()
     return loss, agree
 
 
@@ -436,12 +439,12 @@ def main():
     parser.add_argument("--out", help="export: the draft's GGUF file")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--questions", type=int, default=2400, help="generate: how many")
-    parser.add_argument("--batch", type=int, default=32, help="generate: requests at once")
+    parser.add_argument("--questions", type=int, default=9600, help="generate: how many")
+    parser.add_argument("--batch", type=int, default=48, help="generate: requests at once")
     parser.add_argument("--max-new-tokens", type=int, default=192, help="generate: answer cap")
     parser.add_argument("--specrun", default="build/bin/specrun", help="generate: the binary")
     parser.add_argument("--specrun-args", nargs="*", default=[], help="generate: more flags")
-    parser.add_argument("--steps", type=int, default=1000, help="train: optimizer steps")
+    parser.add_argument("--steps", type=int, default=1500, help="train: optimizer steps")
     parser.add_argument("--tokens-per-step", type=int, default=4096, help="train: batch size")
     parser.add_argument("--learning-rate", type=float, default=2e-3, help="train: peak")
     args = parser.parse_args()
