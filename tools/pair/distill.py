@@ -444,7 +444,7 @@ def main():
     parser.add_argument("--max-new-tokens", type=int, default=192, help="generate: answer cap")
     parser.add_argument("--specrun", default="build/bin/specrun", help="generate: the binary")
     parser.add_argument("--specrun-args", nargs="*", default=[], help="generate: more flags")
-    parser.add_argument("--steps", type=int, default=1500, help="train: optimizer steps")
+    parser.add_argument("--steps", type=int, default=1200, help="train: optimizer steps")
     parser.add_argument("--tokens-per-step", type=int, default=4096, help="train: batch size")
     parser.add_argument("--learning-rate", type=float, default=2e-3, help="train: peak")
     args = parser.parse_args()
