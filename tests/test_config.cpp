@@ -350,6 +350,31 @@ TEST(ConfigTest, BosTokenIdAsListIsAccepted) {
   EXPECT_EQ(parse_model_config(document, kSource).bos_token_ids, (std::vector<int32_t>{1, 3}));
 }
 
+TEST(ConfigTest, OutputTokenIdsReduceTheHead) {
+  json document = json::parse(kLlama2_7B);
+  EXPECT_TRUE(parse_model_config(document, kSource).output_token_ids.empty());
+  document["output_token_ids"] = {0, 2, 31999};
+  EXPECT_EQ(parse_model_config(document, kSource).output_token_ids,
+            (std::vector<int32_t>{0, 2, 31999}));
+}
+
+TEST(ConfigErrorTest, OutputTokenIdsMustBeIncreasingIdsOfAnUntiedHead) {
+  json document = json::parse(kLlama2_7B);
+  document["output_token_ids"] = {0, 5, 5};
+  expect_config_error(document,
+                      {"'output_token_ids'", "strictly increasing", "entry 2 (5) follows 5"});
+  document["output_token_ids"] = {3, 32000};
+  expect_config_error(
+      document, {"'output_token_ids'", "holds 32000 (entry 1)", "outside the vocabulary of 32000"});
+  document["output_token_ids"] = json::array();
+  expect_config_error(document, {"'output_token_ids'", "is empty"});
+  document["output_token_ids"] = {1, "two"};
+  expect_config_error(document, {"'output_token_ids'", "list of token ids"});
+  document["output_token_ids"] = {1, 2};
+  document["tie_word_embeddings"] = true;
+  expect_config_error(document, {"'output_token_ids'", "tie_word_embeddings is true"});
+}
+
 TEST(ConfigTest, RopeScalingDefaultAndLinear) {
   json document = json::parse(kLlama2_7B);
   document["rope_scaling"] = {{"type", "default"}};

@@ -7,9 +7,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -731,6 +733,75 @@ TEST_F(GgufModelTest, MissingMisshapedUnexpectedAndUnsupportedTensorsAreErrors) 
       {"edited.gguf", "tensor 'extra.weight' has ggml type Q5_K", "cannot dequantise"});
   // Nothing was left half-loaded: the good file still loads.
   EXPECT_NO_THROW(Model::load(good, *backend_));
+}
+
+TEST_F(GgufModelTest, AReducedHeadScoresItsTokensAndItsListIsChecked) {
+  const fs::path good = convert();
+  const GgufFile file(good);
+  const GgufTensorInfo& head = *file.find_tensor("output.weight");  // F32, ne [hidden, 256]
+  const auto hidden = static_cast<size_t>(head.ne[0]);
+  const std::vector<int32_t> kept = {0, 1, 2, 7, 40, 41, 200, 255};
+  std::string rows;
+  for (const int32_t id : kept) {
+    rows.append(reinterpret_cast<const char*>(head.data) + id * hidden * sizeof(float),
+                hidden * sizeof(float));
+  }
+  auto reduced = [&](const std::vector<int32_t>& ids, bool with_head = true) {
+    return Edit(
+        "",
+        [=](GgufWriter& w) {
+          w.kv_i32s(std::string(kOutputTokenIdsKey), ids);
+          if (with_head) w.tensor("output.weight", kGgmlF32, {hidden, kept.size()}, rows);
+        },
+        "output.weight");
+  };
+  const fs::path path = rewrite(good, dir_ / "reduced.gguf", reduced(kept));
+  auto model = Model::load(path, *backend_);
+  EXPECT_EQ(model->config().output_token_ids, kept);
+  auto full = Model::load(good, *backend_);
+  const std::vector<int32_t> tokens = {1, 17, 200, 3, 99};
+  auto run = [&](Model& m) {
+    const SequenceInput input{m.kv_cache().add_sequence(), tokens, /*all_logits=*/true};
+    Logits logits;
+    m.forward(std::span<const SequenceInput>(&input, 1), &logits);
+    return logits.values;
+  };
+  const std::vector<float> expected = run(*full), got = run(*model);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool scored =
+        std::find(kept.begin(), kept.end(), static_cast<int32_t>(i % 256)) != kept.end();
+    ASSERT_EQ(got[i], scored ? expected[i] : -std::numeric_limits<float>::infinity()) << i;
+  }
+
+  auto load_edited = [&](const Edit& edit) {
+    auto m = Model::load(rewrite(good, dir_ / "edited.gguf", edit), *backend_);
+  };
+  expect_error(
+      [&] {
+        load_edited(reduced({0, 1, 2, 7, 40, 41, 255, 200}));
+      },
+      {"edited.gguf", "key 'specrun.output_token_ids' must be strictly increasing",
+       "entry 7 (200) follows 255"});
+  expect_error(
+      [&] {
+        load_edited(reduced({0, 1, 2, 7, 40, 41, 200, 256}));
+      },
+      {"edited.gguf", "holds 256 (entry 7), outside the vocabulary of 256"});
+  expect_error(
+      [&] {
+        load_edited(reduced({0, 1, 2, 7, 40, 41, 200}));
+      },
+      {"edited.gguf", "tensor 'output.weight' has shape", "one row per output_token_ids entry"});
+  expect_error([&] { load_edited(reduced(kept, /*with_head=*/false)); },
+               {"edited.gguf", "key 'specrun.output_token_ids' needs an output.weight tensor"});
+  expect_error(
+      [&] {
+        load_edited(Edit("", [](GgufWriter& w) {
+          w.kv_strings(std::string(kOutputTokenIdsKey), {"a", "b"});
+        }));
+      },
+      {"edited.gguf", "specrun.output_token_ids"});
 }
 
 TEST_F(GgufModelTest, ResolvesAFileOrAFolderHoldingOne) {

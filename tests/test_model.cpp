@@ -7,9 +7,12 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "runtime/model/model.h"
@@ -333,6 +336,72 @@ TEST_F(ModelTest, TheMemoryPlanIsWhatTheModelHolds) {
                                                testing::layouts_of(*backend_), 8);
   EXPECT_EQ(needs.kv_bytes_per_token, 2u * 3 * 2 * 16 * sizeof(float));
   EXPECT_EQ(needs.kv_bytes_per_token, model->kv_cache().bytes_per_token());
+}
+
+TEST_F(ModelTest, AReducedHeadScoresItsTokensAsTheFullHeadAndBansTheRest) {
+  // A draft's head reduced to some tokens: their logits are the full head's rows (the same
+  // weights, multiplied alone), every other token's is -infinity, and the model holds and plans
+  // only the rows it keeps, in each weight format.
+  std::vector<int32_t> kept;
+  for (int32_t id = 0; id < 300; id += 3) kept.push_back(id);
+  kept.push_back(299);
+  const auto reduced_dir = dir_.path() / "reduced";
+  fixtures::write_reduced_head_checkpoint(dir_.path(), kept, reduced_dir);
+  const std::vector<int32_t> tokens = token_run(5, 9, 300);
+  for (const WeightQuantize quantize : {WeightQuantize::kNone, WeightQuantize::kINT8}) {
+    SCOPED_TRACE(int(quantize));
+    ModelOptions options;
+    options.kv_cache_tokens = 64;
+    options.quantize = quantize;
+    options.quantize_output = quantize != WeightQuantize::kNone;
+    const auto full = Model::load(dir_.path(), *backend_, options);
+    const auto reduced = Model::load(reduced_dir, *backend_, options);
+    EXPECT_EQ(reduced->config().output_token_ids, kept);
+    const std::vector<float> expected = prefill_logits(*full, tokens);  // [9, 300]
+    const std::vector<float> got = prefill_logits(*reduced, tokens);    // [9, 300]
+    ASSERT_EQ(got.size(), expected.size());
+    const std::set<int32_t> scored(kept.begin(), kept.end());
+    int64_t compared = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (scored.count(static_cast<int32_t>(i % 300)) != 0) {
+        // Each output row is its own dot product: the same bits whatever rows share the head.
+        ASSERT_EQ(got[i], expected[i]) << "row " << i / 300 << ", token " << i % 300;
+        ++compared;
+      } else {
+        ASSERT_EQ(got[i], -std::numeric_limits<float>::infinity()) << "token " << i % 300;
+      }
+    }
+    EXPECT_EQ(compared, 9 * static_cast<int64_t>(kept.size()));
+    EXPECT_LT(reduced->weight_bytes(), full->weight_bytes());
+    EXPECT_EQ(Model::plan_memory(open_checkpoint(reduced_dir), options, true,
+                                 testing::layouts_of(*backend_), 8)
+                  .weight_bytes,
+              reduced->weight_bytes());
+    EXPECT_EQ(reduced->parameter_count(),
+              full->parameter_count() - (300 - static_cast<int64_t>(kept.size())) * 96);
+  }
+}
+
+TEST_F(ModelTest, AReducedHeadMustMatchItsTokenList) {
+  const auto reduced_dir = dir_.path() / "reduced";
+  fixtures::write_reduced_head_checkpoint(dir_.path(), {1, 5, 7}, reduced_dir);
+  // config.json's list and the head's rows disagree: the tensor is named.
+  const auto config_path = reduced_dir / "config.json";
+  nlohmann::json config = nlohmann::json::parse(testing::read_file(config_path));
+  config["output_token_ids"] = {1, 5, 7, 9};
+  testing::write_file(config_path, config.dump());
+  testing::expect_error([&] { Model::load(reduced_dir, *backend_); },
+                        {"model.safetensors", "tensor 'lm_head.weight' has shape [3, 96]",
+                         "one row per output_token_ids entry"});
+  // Nothing to reduce from a tied head.
+  GeneratorOptions tied;
+  tied.tie_word_embeddings = true;
+  fixtures::write_random_checkpoint(tied, dir_.path() / "tied");
+  testing::expect_error(
+      [&] {
+        fixtures::write_reduced_head_checkpoint(dir_.path() / "tied", {1}, dir_.path() / "x");
+      },
+      {"ties its output projection"});
 }
 
 TEST_F(ModelTest, ABf16KvCacheStaysWithinItsRoundingOfTheF32Cache) {

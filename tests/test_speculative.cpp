@@ -10,6 +10,9 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -197,6 +200,47 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyWithAPartlyAgreeingLayerSkipDraft)
   const double acceptance = static_cast<double>(accepted) / static_cast<double>(drafted);
   EXPECT_GT(acceptance, 0.05);
   EXPECT_LT(acceptance, 0.98);
+}
+
+TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyWithADraftScoringPartOfTheVocabulary) {
+  // The target drafting for itself through a head that leaves out a third of the tokens, among
+  // them the two it picks least often: its drafts are the target's own choices where those are
+  // scored and never the others, so steps mix full acceptance with rejections that the target's
+  // token repairs.
+  std::map<int32_t, int64_t> picked;  // token -> times the target picks it
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& prompt : prompts()) {
+    expected.push_back(reference_decode(*target_, prompt, greedy(40)).tokens);
+    for (const int32_t token : expected.back()) ++picked[token];
+  }
+  std::vector<std::pair<int64_t, int32_t>> by_count;
+  for (const auto& [token, count] : picked) by_count.emplace_back(count, token);
+  std::sort(by_count.begin(), by_count.end());
+  ASSERT_GE(by_count.size(), 3u);
+  const std::set<int32_t> left_out = {by_count[0].second, by_count[1].second};
+  std::vector<int32_t> kept;
+  for (int32_t id = 0; id < 96; ++id) {
+    const bool unpicked_third = id % 3 == 1 && picked.count(id) == 0;
+    if (!unpicked_third && left_out.count(id) == 0) kept.push_back(id);
+  }
+  fixtures::write_reduced_head_checkpoint(dir_ / "target", kept, dir_ / "reduced");
+  auto draft = load("reduced");
+  check_pairing(*target_, *draft);
+  int64_t drafted = 0, accepted = 0;
+  for (size_t p = 0; p < prompts().size(); ++p) {
+    for (const int64_t gamma : {1, 3, 6}) {
+      const Completion result =
+          decode(*target_, draft.get(), prompts()[p], greedy(40),
+                 speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, gamma));
+      ASSERT_EQ(result.tokens, expected[p]) << "gamma " << gamma;
+      drafted += result.stats.drafted;
+      accepted += result.stats.accepted;
+    }
+  }
+  ASSERT_GT(drafted, 0);
+  const double acceptance = static_cast<double>(accepted) / static_cast<double>(drafted);
+  EXPECT_GT(acceptance, 0.5);
+  EXPECT_LT(acceptance, 1.0);  // the left-out tokens were never proposed
 }
 
 TEST_F(SpeculativeTest, MethodNoneIsPlainDecodingEvenWhenSampling) {
@@ -950,6 +994,22 @@ TEST_F(LosslessnessTest, MatchesTheTargetWithOverlappedDrafting) {
   sampling.top_k = 4;
   const auto shared_noise =
       check(sampling, nullptr, 1, Verification::kSharedNoise, OverlapDrafting::kOn);
+  EXPECT_LT(shared_noise.statistic, shared_noise.critical()) << "df " << shared_noise.degrees;
+}
+
+TEST_F(LosslessnessTest, MatchesTheTargetWithADraftScoringPartOfTheVocabulary) {
+  // A draft whose head scores four of the six tokens: q is zero on the other two, which the
+  // target must still produce at their own rates, under both rules.
+  fixtures::write_reduced_head_checkpoint(dir_ / "draft", {0, 2, 3, 5}, dir_ / "reduced");
+  ModelOptions options;
+  options.kv_cache_tokens = 4096;
+  draft_ = Model::load(dir_ / "reduced", *backend_, options);
+  SamplingSettings sampling;
+  const auto rejection = check(sampling, nullptr, 2);
+  EXPECT_LT(rejection.statistic, rejection.critical()) << "df " << rejection.degrees;
+  sampling.temperature = 0.6f;
+  sampling.top_p = 0.9f;
+  const auto shared_noise = check(sampling, nullptr, 2, Verification::kSharedNoise);
   EXPECT_LT(shared_noise.statistic, shared_noise.critical()) << "df " << shared_noise.degrees;
 }
 

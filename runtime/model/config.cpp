@@ -421,7 +421,32 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
       }
     }
   }
+  if (keys.find("output_token_ids") != nullptr) {
+    config.output_token_ids = keys.token_ids("output_token_ids");
+    if (const auto problem = output_token_ids_problem(config.output_token_ids, config.vocab_size)) {
+      keys.fail("output_token_ids", *problem);
+    }
+    if (config.tie_word_embeddings) {
+      keys.fail("output_token_ids", "needs an lm_head of its own, but tie_word_embeddings is true");
+    }
+  }
   return config;
+}
+
+std::optional<std::string> output_token_ids_problem(std::span<const int32_t> ids,
+                                                    int64_t vocab_size) {
+  if (ids.empty()) return "is empty: a reduced output projection scores at least one token";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size) {
+      return "holds " + std::to_string(ids[i]) + " (entry " + std::to_string(i) +
+             "), outside the vocabulary of " + std::to_string(vocab_size);
+    }
+    if (i > 0 && ids[i] <= ids[i - 1]) {
+      return "must be strictly increasing, but entry " + std::to_string(i) + " (" +
+             std::to_string(ids[i]) + ") follows " + std::to_string(ids[i - 1]);
+    }
+  }
+  return std::nullopt;
 }
 
 ModelConfig load_model_config(const std::filesystem::path& path) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -82,9 +83,19 @@ struct ModelConfig {
   int64_t sliding_window = 0;              // attend to this many latest positions; 0: all
   std::vector<int32_t> bos_token_ids;      // beginning-of-sequence ids (may be empty)
   std::vector<int32_t> eos_token_ids;      // any of these ends generation (may be empty)
+  // The token each row of the output projection scores, when it scores only part of the
+  // vocabulary (a draft's reduced head: the tokens outside it are never proposed, which costs
+  // acceptance only where the target would pick them). Strictly increasing ids below vocab_size;
+  // empty: every token, in order. Needs an untied output projection of [size, hidden_size].
+  std::vector<int32_t> output_token_ids;
   std::string chat_template;  // the Jinja chat template a GGUF file carries; empty when none
   std::optional<WeightQuantization> quantization;  // a pre-quantized checkpoint's layout
 };
+
+// Why `ids` cannot be a model's output_token_ids (empty, not strictly increasing, or outside
+// [0, vocab_size)); nullopt when they can.
+std::optional<std::string> output_token_ids_problem(std::span<const int32_t> ids,
+                                                    int64_t vocab_size);
 
 // Parses a config.json document; `source` names it in errors. Unknown keys are ignored; a missing
 // or ill-typed key the model needs, or an unsupported architecture or option, is an Error naming

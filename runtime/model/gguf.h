@@ -159,6 +159,9 @@ std::string hf_to_gguf_tensor_name(std::string_view hf_name);
 // Throws Error naming the file and key for another architecture, a missing or ill-typed key, or
 // an unsupported option.
 ModelConfig gguf_model_config(const GgufFile& file);
+// The metadata key of ModelConfig::output_token_ids in a GGUF file (an array of int32): the token
+// each row of output.weight scores, for a draft with a reduced head.
+inline constexpr std::string_view kOutputTokenIdsKey = "specrun.output_token_ids";
 
 // The tokenizer.json document equivalent to the file's tokenizer.* metadata (`llama`:
 // SentencePiece as byte-fallback BPE with merges derived from the scores, as Hugging Face's

@@ -338,6 +338,22 @@ ModelConfig gguf_model_config(const GgufFile& file) {
   c.max_position_embeddings = positive(file, "llama.context_length");
   c.vocab_size = vocabulary_size(file);
   c.tie_word_embeddings = file.find_tensor("output.weight") == nullptr;
+  if (const GgufValue* ids = file.get_array(kOutputTokenIdsKey, GgufType::kInt32)) {
+    for (const GgufValue& id : ids->array) {
+      if (!id.is_integer() || static_cast<int64_t>(id.bits) < INT32_MIN ||
+          static_cast<int64_t>(id.bits) > INT32_MAX) {
+        file.fail_key(kOutputTokenIdsKey, "must hold token ids (integers)");
+      }
+      c.output_token_ids.push_back(static_cast<int32_t>(static_cast<int64_t>(id.bits)));
+    }
+    if (const auto problem = output_token_ids_problem(c.output_token_ids, c.vocab_size)) {
+      file.fail_key(kOutputTokenIdsKey, *problem);
+    }
+    if (c.tie_word_embeddings) {
+      file.fail_key(kOutputTokenIdsKey,
+                    "needs an output.weight tensor of its own (none is stored)");
+    }
+  }
   if (const auto bos = token_id(file, "tokenizer.ggml.bos_token_id", c.vocab_size)) {
     c.bos_token_ids = {*bos};
   }

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <set>
 #include <string>
 #include <thread>
@@ -59,20 +60,21 @@ std::string layer_op(const char* what, int64_t layer) {
 
 // Activation buffers, grown to the largest call seen.
 struct Model::Workspace {
-  int64_t token_capacity = 0;     // rows the activation buffers hold
-  int64_t logit_capacity = 0;     // rows the logits buffer holds
-  int64_t metadata_capacity = 0;  // int32 entries of the metadata buffer
-  DeviceBuffer x;                 // [tokens, hidden]: the residual stream
-  DeviceBuffer normed;            // [tokens, hidden]
-  DeviceBuffer q;                 // [tokens, heads * head_dim]
-  DeviceBuffer k;                 // [tokens, kv_heads * head_dim]
-  DeviceBuffer v;                 // [tokens, kv_heads * head_dim]
-  DeviceBuffer attention;         // [tokens, heads * head_dim]
-  DeviceBuffer projected;         // [tokens, hidden]
-  DeviceBuffer gate;              // [tokens, intermediate]
-  DeviceBuffer up;                // [tokens, intermediate]
-  DeviceBuffer logits;            // [logit rows, vocab]
-  DeviceBuffer metadata;          // int32: tokens, positions, slots, query_start, context, blocks
+  int64_t token_capacity = 0;      // rows the activation buffers hold
+  int64_t logit_capacity = 0;      // rows the logits buffer holds
+  int64_t metadata_capacity = 0;   // int32 entries of the metadata buffer
+  DeviceBuffer x;                  // [tokens, hidden]: the residual stream
+  DeviceBuffer normed;             // [tokens, hidden]
+  DeviceBuffer q;                  // [tokens, heads * head_dim]
+  DeviceBuffer k;                  // [tokens, kv_heads * head_dim]
+  DeviceBuffer v;                  // [tokens, kv_heads * head_dim]
+  DeviceBuffer attention;          // [tokens, heads * head_dim]
+  DeviceBuffer projected;          // [tokens, hidden]
+  DeviceBuffer gate;               // [tokens, intermediate]
+  DeviceBuffer up;                 // [tokens, intermediate]
+  DeviceBuffer logits;             // [logit rows, output rows]: vocab, or a reduced head's
+  std::vector<float> head_logits;  // host: [logit rows, output_token_ids] of a reduced head
+  DeviceBuffer metadata;           // int32: tokens, positions, slots, query_start, context, blocks
   // This call's slices of `metadata`.
   int32_t* tokens = nullptr;           // [tokens]
   int32_t* positions = nullptr;        // [tokens]
@@ -780,10 +782,30 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits) {
     matmul(gathered, weights_.output, WeightView{}, logit_rows, w.logits.as<float>(), "lm_head",
            -1);
     logits->values.resize(static_cast<size_t>(logit_rows * c.vocab_size));
-    SPECRUN_CHECK_OK(backend_.copy_to_host(logits->values.data(), w.logits.data(),
-                                           logits->values.size() * sizeof(float)),
-                     "reading logits");
-    SPECRUN_CHECK_OK(backend_.synchronize(), "forward");
+    if (c.output_token_ids.empty()) {
+      SPECRUN_CHECK_OK(backend_.copy_to_host(logits->values.data(), w.logits.data(),
+                                             logits->values.size() * sizeof(float)),
+                       "reading logits");
+      SPECRUN_CHECK_OK(backend_.synchronize(), "forward");
+    } else {
+      // A reduced head scores its tokens only; every other token's logit is -infinity, so it is
+      // never drawn and its probability is exactly zero.
+      const auto head_rows = static_cast<int64_t>(c.output_token_ids.size());
+      w.head_logits.resize(static_cast<size_t>(logit_rows * head_rows));  // [rows, head rows]
+      SPECRUN_CHECK_OK(backend_.copy_to_host(w.head_logits.data(), w.logits.data(),
+                                             w.head_logits.size() * sizeof(float)),
+                       "reading logits");
+      SPECRUN_CHECK_OK(backend_.synchronize(), "forward");
+      std::fill(logits->values.begin(), logits->values.end(),
+                -std::numeric_limits<float>::infinity());
+      for (int64_t row = 0; row < logit_rows; ++row) {
+        const float* scored = w.head_logits.data() + row * head_rows;
+        float* full = logits->values.data() + row * c.vocab_size;
+        for (int64_t i = 0; i < head_rows; ++i) {
+          full[c.output_token_ids[static_cast<size_t>(i)]] = scored[i];
+        }
+      }
+    }
   } catch (...) {
     for (size_t s = 0; s < batch.size(); ++s)
       kv_cache_->truncate(batch[s].sequence, old_lengths[s]);

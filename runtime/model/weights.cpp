@@ -254,8 +254,14 @@ ModelWeights bind_weights(const Checkpoint& checkpoint) {
       binder.mark("lm_head.weight");
     }
   } else {
-    weights.output = binder.linear("lm_head", {c.vocab_size, c.hidden_size},
-                                   "vocab_size, hidden_size; tie_word_embeddings is false");
+    if (c.output_token_ids.empty()) {
+      weights.output = binder.linear("lm_head", {c.vocab_size, c.hidden_size},
+                                     "vocab_size, hidden_size; tie_word_embeddings is false");
+    } else {
+      weights.output =
+          binder.linear("lm_head", {static_cast<int64_t>(c.output_token_ids.size()), c.hidden_size},
+                        "one row per output_token_ids entry, hidden_size");
+    }
   }
   binder.reject_unbound(c.architecture_name + " with " + std::to_string(c.num_layers) + " layers" +
                         (c.qkv_bias ? "" : " and no q/k/v bias"));
