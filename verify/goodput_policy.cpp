@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <spdlog/spdlog.h>
+
 #include "runtime/base/check.h"
 
 namespace specrun {
@@ -29,7 +31,9 @@ GoodputPolicy::GoodputPolicy(int64_t gamma_limit, const Tuning& tuning)
 
 GoodputPolicy::Estimate GoodputPolicy::estimate(int64_t sequence, int64_t position) const {
   // The prior counts as prior_weight drafts: the pooled figure's own prior is prior_acceptance,
-  // a sequence's is the pooled figure.
+  // a sequence's is the pooled figure, unless that holds nothing but the sequence's own evidence
+  // (one stream): counted twice, its first few rejections would take alpha to near zero and
+  // drafting with it, at acceptances where drafting pays.
   const auto mean_of = [&](const Evidence& evidence, double prior) {
     return (tuning_.prior_weight * prior + evidence.accepted) /
            (tuning_.prior_weight + evidence.drafted);
@@ -39,6 +43,7 @@ GoodputPolicy::Estimate GoodputPolicy::estimate(int64_t sequence, int64_t positi
   double counted = tuning_.prior_weight + pooled_[index].drafted;
   const auto it = own_.find(sequence);
   if (it != own_.end()) {
+    if (pooled_sole_ == sequence) mean = tuning_.prior_acceptance;
     mean = mean_of(it->second[index], mean);
     counted = tuning_.prior_weight + it->second[index].drafted;
   }
@@ -163,6 +168,7 @@ std::vector<int64_t> GoodputPolicy::choose(std::span<const GammaRow> rows) {
     interval_ = tuning_.probe_interval;
     next_probe_ = steps_ + interval_;
     next_calibration_ = steps_;
+    regime_calibrations_ = 0;
     probing_ = false;
   }
   // A calibration step: `depth` free drafts per row, within its limits.
@@ -175,8 +181,13 @@ std::vector<int64_t> GoodputPolicy::choose(std::span<const GammaRow> rows) {
     calibrating_ = any;
     calibration_steps_ += any ? 1 : 0;
     // Rows held at their minima may score the plain step's T again; then the line stays flat
-    // until the next attempt rather than calibrating every step.
-    if (any) next_calibration_ = steps_ + interval_;
+    // until the next attempt rather than calibrating every step. A regime's first calibration
+    // pays the larger step's one-time costs, so the next step calibrates again (the cost model
+    // keeps the lower sample).
+    if (any) {
+      regime_calibrations_ += 1;
+      next_calibration_ = steps_ + (regime_calibrations_ == 1 ? 0 : interval_);
+    }
     return gammas;
   };
   if (!costs_.verify_known()) {
@@ -184,7 +195,7 @@ std::vector<int64_t> GoodputPolicy::choose(std::span<const GammaRow> rows) {
     // The previous choice is kept for after calibration.
     return gammas;
   }
-  if (costs_.verify_points() < 2 && steps_ >= next_calibration_) {
+  if ((costs_.verify_points() < 2 || regime_calibrations_ == 1) && steps_ >= next_calibration_) {
     // The second scores gamma + 1 tokens per row with free proposals, for the line's slope.
     return calibrate([](size_t) { return kCalibrationDepth; });
   }
@@ -248,6 +259,22 @@ void GoodputPolicy::plan(std::span<const GammaRow> rows, std::span<DraftPlan> pl
     plans[i].draft_ahead = row.ahead_hidden && !plans[i].filler && ahead_pays(rows, gammas, i);
     if (remember_) previous_[row.sequence] = gammas[i];
   }
+  if (spdlog::should_log(spdlog::level::debug) && !rows.empty()) {
+    // What the choice rests on, for tuning (--log-level debug): the first row's estimates.
+    std::string alphas;
+    for (int64_t j = 1; j <= std::min<int64_t>(gamma_limit_, 4); ++j) {
+      alphas += fmt::format("{}{:.2f}", j == 1 ? "" : " ", estimate(rows[0].sequence, j).mean);
+    }
+    spdlog::debug(
+        "goodput step {}: gamma {}{} for sequence {} (alpha by position {}); verify {:.2f} + "
+        "{:.2f} ms a token, draft round {:.2f} ms",
+        steps_, gammas[0],
+        calibrating_     ? " (calibration)"
+        : probing_model_ ? " (probe)"
+                         : "",
+        rows[0].sequence, alphas, costs_.verify_ms(0), costs_.verify_ms(1) - costs_.verify_ms(0),
+        costs_.draft_round_ms(1));
+  }
 }
 
 void GoodputPolicy::observe(std::span<const DraftOutcome> step, double draft_ms, double verify_ms) {
@@ -270,6 +297,9 @@ void GoodputPolicy::observe(std::span<const DraftOutcome> step, double draft_ms,
     steady = steady && outcome.catch_up <= kSteadyCatchUp;
     // Another policy's rows are load on the step's costs; their acceptance is theirs.
     if (planned_.count(outcome.sequence) == 0) continue;
+    pooled_sole_ = pooled_sole_ == kNoSequence || pooled_sole_ == outcome.sequence
+                       ? outcome.sequence
+                       : kSeveralSequences;
     std::vector<Evidence>& own = own_[outcome.sequence];
     if (own.empty()) own.resize(static_cast<size_t>(gamma_limit_) + 1);
     // Positions 1..accepted were accepted; accepted + 1 (if drafted) was rejected.

@@ -19,8 +19,9 @@
 // Falling back must cost little where speculation cannot pay, and the draft model is what costs:
 // its first proposal for a sequence (and any after a run of plain steps) reads every committed
 // token it has not seen. So the verify line is measured before the draft runs: a new regime's
-// first step decodes plainly (T = rows), its second is a calibration step that scores
-// kCalibrationDepth + 1 tokens per row whose proposals cost nothing (DraftPlan::filler). The
+// first step decodes plainly (T = rows), its second and third are calibration steps that score
+// kCalibrationDepth + 1 tokens per row whose proposals cost nothing (DraftPlan::filler): the
+// first of them pays the larger step's one-time costs, the second measures it. The
 // draft runs only when the line says it could pay with optimistic acceptance (each alpha at least
 // optimistic_acceptance) and the draft cost known so far (zero before it was measured). While
 // every row decodes plainly and that optimistic choice is still plain decoding, probes are
@@ -143,8 +144,13 @@ class GoodputPolicy : public GammaPolicy {
   bool remember_ = false;
   int64_t next_calibration_ = 0;  // no calibration step before this step
   int64_t calibration_steps_ = 0;
-  int64_t regime_batch_ = 0;      // batch size when the cost points were started
-  std::vector<Evidence> pooled_;  // [gamma_limit + 1] by position, every sequence
+  int64_t regime_calibrations_ = 0;  // calibration steps since the regime started
+  int64_t regime_batch_ = 0;         // batch size when the cost points were started
+  std::vector<Evidence> pooled_;     // [gamma_limit + 1] by position, every sequence
+  // The one sequence whose outcomes pooled_ holds (engine ids are not negative), or one of these.
+  static constexpr int64_t kNoSequence = -1;
+  static constexpr int64_t kSeveralSequences = -2;
+  int64_t pooled_sole_ = kNoSequence;
   std::unordered_map<int64_t, std::vector<Evidence>> own_;  // sequence -> [gamma_limit + 1]
   std::unordered_map<int64_t, int64_t> previous_;           // sequence -> last chosen gamma
   std::unordered_map<int64_t, int64_t> last_choice_;        // the choice before a probe

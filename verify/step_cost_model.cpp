@@ -12,9 +12,16 @@ constexpr double kMinimumMs = 1e-6;  // keeps a fitted cost positive
 
 StepCostModel::Line StepCostModel::fit(const std::map<int64_t, Point>& points) const {
   // Least squares over the points measured within the window; one point (or one x) is flat.
+  // Where two or more of them were measured more than once, only those: a point measured once
+  // holds its step's one-time costs, and the steps that would measure it again may never come.
+  int64_t confirmed = 0;
+  for (const auto& [x, point] : points) {
+    if (step_ - point.updated <= tuning_.window && point.samples >= 2) ++confirmed;
+  }
   double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (const auto& [x, point] : points) {
     if (step_ - point.updated > tuning_.window) continue;
+    if (confirmed >= 2 && point.samples < 2) continue;
     const double xd = static_cast<double>(x);
     n += 1;
     sx += xd;
@@ -62,15 +69,23 @@ StepCostModel::Line StepCostModel::refit(std::map<int64_t, Point>& points, int64
 }
 
 void StepCostModel::update(std::map<int64_t, Point>& points, int64_t x, double ms) {
-  const auto [it, inserted] = points.try_emplace(x, Point{ms, step_});
+  const auto [it, inserted] = points.try_emplace(x, Point{ms, step_, 1});
   if (!inserted) {
-    // A point not refreshed within the window starts over rather than blending a stale regime.
-    const bool stale = step_ - it->second.updated > tuning_.window;
-    // A step the OS preempted can take ten times its cost; one such sample would otherwise move
-    // the average (and the line's slope, which decides everything) for dozens of steps.
-    const double sample = std::min(ms, tuning_.outlier * it->second.ms);
-    it->second.ms = stale ? ms : (1 - tuning_.ema) * it->second.ms + tuning_.ema * sample;
-    it->second.updated = step_;
+    Point& point = it->second;
+    // A point not refreshed within the window starts over rather than blending a stale regime;
+    // a first sample, one-time costs included, gives way to a lower second one.
+    const bool restart = step_ - point.updated > tuning_.window;
+    if (restart || (point.samples == 1 && ms < point.ms)) {
+      point.ms = ms;
+      point.samples = restart ? 1 : 2;
+    } else {
+      // A step the OS preempted can take ten times its cost; one such sample would otherwise
+      // move the average (and the line's slope, which decides everything) for dozens of steps.
+      const double sample = std::min(ms, tuning_.outlier * point.ms);
+      point.ms = (1 - tuning_.ema) * point.ms + tuning_.ema * sample;
+      point.samples += 1;
+    }
+    point.updated = step_;
   }
   // Drop what aged out, so the maps stay small.
   for (auto p = points.begin(); p != points.end();) {

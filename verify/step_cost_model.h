@@ -4,7 +4,10 @@
 // c + e * rows (rows = sequences still drafting at that depth). Both lines are fitted by least
 // squares to moving averages of the measured costs, kept per T and per row count, that age out
 // after `window` steps (costs change with load); a single measured point is flat, and a line that
-// would fall loses its stalest points (see refit).
+// would fall loses its stalest points (see refit). A point's first sample pays the one-time costs
+// of a step of that size (buffers grown and paged in: on the 2-core EPYC the demo target's first
+// 3-token verification took 16.6 ms, later ones 13.9), so a lower second sample replaces it, and
+// points measured once are left out of a line that has two measured more often.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +47,7 @@ class StepCostModel {
   struct Point {
     double ms = 0.0;      // moving average
     int64_t updated = 0;  // the step that last measured it
+    int64_t samples = 0;  // measurements behind it (since it last started over)
   };
   struct Line {
     double intercept = 0.0;
