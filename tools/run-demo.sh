@@ -38,9 +38,10 @@ print(chat_prompts.HELD_OUT[int(sys.argv[1]) % len(chat_prompts.HELD_OUT)])' "$i
   fi
   given --prompt-ids || args=(--chat "${args[@]}")
   args=(--target "$target" --draft models/smollm2-draft/draft.gguf "${args[@]}")
-  # The draft's matrices in INT8 halve what it reads, and int8 activations multiply them in
-  # integer dot products (they touch only INT8 weights: the target's numbers stay its own).
-  given --draft-quantize || args=(--draft-quantize int8 "${args[@]}")
+  # The draft's matrices in INT8, its output projection too, halve what it reads, and int8
+  # activations multiply them in integer dot products (they touch only INT8 weights: the target,
+  # not quantized, keeps its own numbers).
+  given --draft-quantize || args=(--draft-quantize int8 --quantize-lm-head "${args[@]}")
   given --activations || args=(--activations int8 "${args[@]}")
   given --max-tokens || args=(--max-tokens 200 "${args[@]}")
 else

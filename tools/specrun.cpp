@@ -363,7 +363,8 @@ int main(int argc, char** argv) {
   }
   CLI::Option* quantize_lm_head =
       app.add_flag("--quantize-lm-head", f.quantize_lm_head,
-                   "Quantize the output projections too (model.quantize_lm_head)");
+                   "Quantize the output projections of the models quantized at load too "
+                   "(model.quantize_lm_head): with --draft-quantize alone, the draft's only");
   app.add_option("--stats-json", options.stats_json,
                  "Also write the run's stats as JSON to this file");
   CLI::Option* gamma_min =

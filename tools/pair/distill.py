@@ -12,7 +12,8 @@
                                                  DIR/metrics.json
   distill.py export --target GGUF --work DIR --out FILE
                                                  the draft as GGUF (Q8_0 matrices), with the
-                                                 target's tokenizer metadata copied verbatim
+                                                 target's tokenizer metadata copied verbatim and
+                                                 a head reduced to --head-tokens tokens
 
 tools/pair/distill.sh runs the four steps. Needs the project's virtual environment with the
 smollm2, transformers and gguf groups of tools/setup-python.sh, and a built specrun.
@@ -361,6 +362,26 @@ def evaluate(args):
     log(f"held out: {json.dumps({k: metrics[k] for k in ['float', 'q8_0']})}")
 
 
+def head_token_ids(work, count):
+    """The `count` tokens most frequent in the training split's answers (ties to the lower id),
+    in increasing order; logs the share of held-out answer tokens they cover."""
+    import collections
+    with open(os.path.join(work, "data.json")) as file:
+        records = json.load(file)["records"]
+    train_counts, held_out = collections.Counter(), []
+    for index, record in enumerate(records):
+        if index % 40 in (18, 19):  # load_split's held-out answers
+            held_out.extend(record["answer"])
+        else:
+            train_counts.update(record["answer"])
+    ranked = sorted(train_counts, key=lambda token: (-train_counts[token], token))[:count]
+    chosen = set(ranked)
+    coverage = sum(token in chosen for token in held_out) / max(len(held_out), 1)
+    log(f"reduced head: {len(ranked)} tokens (of {len(train_counts)} in the training answers) "
+        f"cover {coverage:.4f} of the held-out answer tokens")
+    return sorted(ranked)
+
+
 def interleave_rope(weight, heads):
     """Hugging Face's rotate-half rows of q/k to GGUF's interleaved pairs, per head."""
     rows, columns = weight.shape
@@ -369,9 +390,10 @@ def interleave_rope(weight, heads):
 
 
 def export(args):
-    """The draft as a GGUF file that specrun (and llama.cpp) load: llama architecture keys for its
-    shape, the target's tokenizer keys copied verbatim (so the pair check sees one tokenizer),
-    Q8_0 matrices and f32 norms."""
+    """The draft as a GGUF file that specrun loads: llama architecture keys for its shape, the
+    target's tokenizer keys copied verbatim (so the pair check sees one tokenizer), Q8_0 matrices
+    and f32 norms; with --head-tokens, an output projection reduced to those tokens
+    (specrun.output_token_ids; llama.cpp, which wants a row per token, cannot load that file)."""
     import gguf
     if not args.out:
         raise SystemExit("distill: export needs --out FILE")
@@ -405,6 +427,13 @@ def export(args):
                           raw_dtype=gguf.GGMLQuantizationType.Q8_0)
 
     matrix("token_embd.weight", state["model.embed_tokens.weight"])
+    if args.head_tokens:
+        # A reduced head: the draft scores only the tokens the target's training answers use most
+        # (its output projection, tied in training, is those rows of the embedding), which makes
+        # its step cheaper; a token outside is never proposed, and the target supplies it.
+        ids = head_token_ids(args.work, args.head_tokens)
+        matrix("output.weight", state["model.embed_tokens.weight"][ids])
+        writer.add_array("specrun.output_token_ids", ids)
     writer.add_tensor("output_norm.weight", state["model.norm.weight"].numpy())
     for i in range(config.num_hidden_layers):
         prefix = f"model.layers.{i}."
@@ -447,6 +476,8 @@ def main():
     parser.add_argument("--steps", type=int, default=1200, help="train: optimizer steps")
     parser.add_argument("--tokens-per-step", type=int, default=4096, help="train: batch size")
     parser.add_argument("--learning-rate", type=float, default=2e-3, help="train: peak")
+    parser.add_argument("--head-tokens", type=int, default=16384,
+                        help="export: tokens the draft's head scores (0: the whole vocabulary)")
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
     globals()[args.step](args)

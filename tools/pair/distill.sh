@@ -4,7 +4,8 @@
 #   tools/pair/distill.sh [WORK_DIR]
 # The target answers 9,600 generated questions through `specrun serve` (greedy and at T 0.7,
 # top-p 0.9); the draft, initialised from the target's embeddings and first layers, learns those
-# answers; the result is exported as GGUF with the target's tokenizer. About 110 minutes on two
+# answers; the result is exported as GGUF with the target's tokenizer and a head that scores the
+# 16,384 tokens most frequent in the answers (distill.py --head-tokens). About 110 minutes on two
 # otherwise idle CPU cores (answers ~46, training ~63).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)

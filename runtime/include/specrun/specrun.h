@@ -184,7 +184,7 @@ typedef struct specrun_engine_config {
   int prefix_cache; /* nonzero (default): prompts start from cached KV blocks of the same prefix */
   specrun_quantization quantize;       /* the target's linear layers, at load; default none */
   specrun_quantization draft_quantize; /* the draft's; default none */
-  int quantize_lm_head; /* nonzero: the output projections too (else they stay bf16); default 0 */
+  int quantize_lm_head; /* nonzero: the quantized models' output projections too; default 0 */
   specrun_activations activations;           /* CPU matmuls: activations in bf16, f32 or int8 (INT8
                                               * weights); default auto (bf16 where the CPU multiplies
                                               * bf16, else f32) */

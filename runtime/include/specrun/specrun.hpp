@@ -160,7 +160,7 @@ struct EngineConfig {
   ActivationPrecision activations = ActivationPrecision::kAuto;
   Quantization quantize = Quantization::kNone;        // the target's linear layers, at load
   Quantization draft_quantize = Quantization::kNone;  // the draft's
-  bool quantize_lm_head = false;  // the output projections too (else they stay bf16)
+  bool quantize_lm_head = false;  // the quantized models' output projections too (else bf16)
   bool prefix_cache = true;       // a prompt starts from the cached KV blocks of an earlier
                                   // sequence with the same prefix (both models); output is
                                   // the same either way
