@@ -6,7 +6,9 @@
                                                  and at the demo's settings: DIR/data.json
   distill.py train --target GGUF --work DIR      a narrow draft, initialised from the target's
                                                  embeddings and first layers, learns to predict
-                                                 those answers: DIR/draft.pt
+                                                 those answers: DIR/draft.pt (--init-from FILE:
+                                                 a second phase from a saved draft.pt, kept only
+                                                 where it beats its start on held-out answers)
   distill.py evaluate --target GGUF --work DIR   held-out loss and agreement with the target's
                                                  tokens, as trained and as exported (Q8_0):
                                                  DIR/metrics.json
@@ -277,15 +279,24 @@ def train(args):
     from transformers import LlamaForCausalLM
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    target = load_target(args.target)
-    draft = LlamaForCausalLM(draft_config(target.config))
-    initialise_from_target(draft, target)
-    del target
+    if args.init_from:
+        # A second phase: the draft goes on from a saved checkpoint (its own schedule, a new order
+        # of batches).
+        saved = torch.load(args.init_from)
+        from transformers import LlamaConfig
+        draft = LlamaForCausalLM(LlamaConfig.from_dict(saved["config"]))
+        draft.load_state_dict(saved["state"])
+    else:
+        target = load_target(args.target)
+        draft = LlamaForCausalLM(draft_config(target.config))
+        initialise_from_target(draft, target)
+        del target
     train_set, held_out = load_split(args.work, 512)
     log(f"{len(train_set)} training answers "
         f"({sum(len(i[0]) - i[1] for i in train_set)} answer tokens), {len(held_out)} held out; "
         f"draft {sum(p.numel() for p in draft.parameters()) / 1e6:.2f}M parameters")
-    log(f"held out at initialisation: {held_out_metrics(draft, held_out, args.tokens_per_step)}")
+    start_metrics = held_out_metrics(draft, held_out, args.tokens_per_step)
+    log(f"held out at initialisation: {start_metrics}")
     optimizer = torch.optim.AdamW(draft.parameters(), lr=args.learning_rate, betas=(0.9, 0.95),
                                   weight_decay=0.0)
     warmup = max(1, min(50, args.steps // 10))
@@ -293,7 +304,10 @@ def train(args):
         optimizer, lambda step: min(1.0, (step + 1) / warmup) *
         (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, args.steps) / args.steps))))
     generator = torch.Generator().manual_seed(args.seed)
-    step, start, history, best = 0, time.time(), [], None
+    # From a checkpoint, the kept draft must beat where it started.
+    best = (start_metrics["greedy"]["loss"] + start_metrics["sampled"]["loss"]
+            if args.init_from else None)
+    step, start, history = 0, time.time(), []
     draft.train()
     while step < args.steps:
         for ids, labels in batches(train_set, args.tokens_per_step, generator):
@@ -476,6 +490,7 @@ def main():
     parser.add_argument("--steps", type=int, default=1200, help="train: optimizer steps")
     parser.add_argument("--tokens-per-step", type=int, default=4096, help="train: batch size")
     parser.add_argument("--learning-rate", type=float, default=2e-3, help="train: peak")
+    parser.add_argument("--init-from", help="train: start from this draft.pt, not the target")
     parser.add_argument("--head-tokens", type=int, default=16384,
                         help="export: tokens the draft's head scores (0: the whole vocabulary)")
     args = parser.parse_args()
