@@ -204,6 +204,11 @@ def initialise_from_target(draft, target):
             mine.post_attention_layernorm.weight.fill_(1.0)
 
 
+def is_held_out(index):
+    """Whether answer `index` of data.json is held out: 1 in 20."""
+    return index % 40 in (18, 19)
+
+
 def load_split(work, context):
     """Training and held-out sequences: (ids, first answer position, greedy) triples; 1 in 20
     held out, greedy and sampled answers alike."""
@@ -213,7 +218,7 @@ def load_split(work, context):
     for index, record in enumerate(records):
         ids = (record["prompt"] + record["answer"])[:context]
         item = (torch.tensor(ids, dtype=torch.long), len(record["prompt"]), record["greedy"])
-        (held_out if index % 40 in (18, 19) else train_set).append(item)
+        (held_out if is_held_out(index) else train_set).append(item)
     return train_set, held_out
 
 
@@ -384,7 +389,7 @@ def head_token_ids(work, count):
         records = json.load(file)["records"]
     train_counts, held_out = collections.Counter(), []
     for index, record in enumerate(records):
-        if index % 40 in (18, 19):  # load_split's held-out answers
+        if is_held_out(index):
             held_out.extend(record["answer"])
         else:
             train_counts.update(record["answer"])
