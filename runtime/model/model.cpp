@@ -781,28 +781,24 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits) {
         "final norm");
     matmul(gathered, weights_.output, WeightView{}, logit_rows, w.logits.as<float>(), "lm_head",
            -1);
-    logits->values.resize(static_cast<size_t>(logit_rows * c.vocab_size));
-    if (c.output_token_ids.empty()) {
-      SPECRUN_CHECK_OK(backend_.copy_to_host(logits->values.data(), w.logits.data(),
-                                             logits->values.size() * sizeof(float)),
-                       "reading logits");
-      SPECRUN_CHECK_OK(backend_.synchronize(), "forward");
-    } else {
-      // A reduced head scores its tokens only; every other token's logit is -infinity, so it is
-      // never drawn and its probability is exactly zero.
-      const auto head_rows = static_cast<int64_t>(c.output_token_ids.size());
-      w.head_logits.resize(static_cast<size_t>(logit_rows * head_rows));  // [rows, head rows]
-      SPECRUN_CHECK_OK(backend_.copy_to_host(w.head_logits.data(), w.logits.data(),
-                                             w.head_logits.size() * sizeof(float)),
-                       "reading logits");
-      SPECRUN_CHECK_OK(backend_.synchronize(), "forward");
-      std::fill(logits->values.begin(), logits->values.end(),
-                -std::numeric_limits<float>::infinity());
+    // A reduced head scores its tokens only; every other token's logit is -infinity, so it is
+    // never drawn and its probability is exactly zero.
+    const bool reduced = !c.output_token_ids.empty();
+    const int64_t output_rows = weights_.output.shape[0];  // vocab, or the reduced head's tokens
+    std::vector<float>& scored = reduced ? w.head_logits : logits->values;
+    scored.resize(static_cast<size_t>(logit_rows * output_rows));  // [rows, output rows]
+    SPECRUN_CHECK_OK(
+        backend_.copy_to_host(scored.data(), w.logits.data(), scored.size() * sizeof(float)),
+        "reading logits");
+    SPECRUN_CHECK_OK(backend_.synchronize(), "forward");
+    if (reduced) {
+      logits->values.assign(static_cast<size_t>(logit_rows * c.vocab_size),
+                            -std::numeric_limits<float>::infinity());
       for (int64_t row = 0; row < logit_rows; ++row) {
-        const float* scored = w.head_logits.data() + row * head_rows;
+        const float* head = scored.data() + row * output_rows;
         float* full = logits->values.data() + row * c.vocab_size;
-        for (int64_t i = 0; i < head_rows; ++i) {
-          full[c.output_token_ids[static_cast<size_t>(i)]] = scored[i];
+        for (int64_t i = 0; i < output_rows; ++i) {
+          full[c.output_token_ids[static_cast<size_t>(i)]] = head[i];
         }
       }
     }
