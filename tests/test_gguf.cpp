@@ -802,6 +802,13 @@ TEST_F(GgufModelTest, AReducedHeadScoresItsTokensAndItsListIsChecked) {
         }));
       },
       {"edited.gguf", "specrun.output_token_ids"});
+  expect_error(
+      [&] {
+        load_edited(Edit("", [](GgufWriter& w) {
+          w.kv_f32s(std::string(kOutputTokenIdsKey), {0.0f, 1.5f});
+        }));
+      },
+      {"edited.gguf", "key 'specrun.output_token_ids' must hold token ids (integers)"});
 }
 
 TEST_F(GgufModelTest, ResolvesAFileOrAFolderHoldingOne) {

@@ -324,6 +324,8 @@ void GoodputPolicy::observe(std::span<const DraftOutcome> step, double draft_ms,
       }
     }
   }
+  spdlog::debug("goodput step {}: scored {} tokens in {:.2f} ms, drafted in {:.2f} ms", steps_,
+                tokens, verify_ms, draft_ms);
   costs_.observe(steps_, tokens, verify_ms, proposing_rounds + ahead_rounds, drafts, steady,
                  draft_ms);
 }
