@@ -121,11 +121,55 @@ TOPICS = [
 ]
 
 
+# Questions on topics that no training topic (nor demo question) shares a content word with
+# (new_topic_questions checks): how a draft does on a question unlike any it trained on. The
+# held-out answers overstate that: their topics were trained on, under other templates.
+NEW_TOPICS = [
+    "Give me three tips for keeping houseplants alive.",
+    "Write a short poem about a lighthouse.",
+    "What is the difference between a virus and a bacterium?",
+    "Why do we dream?",
+    "How does a compass work?",
+    "Write a short poem about a winter morning.",
+    "What is the difference between a lake and a pond?",
+    "Explain how a bicycle gear works.",
+    "What causes thunder?",
+    "What is inflation?",
+    "Explain how a camera captures a photo.",
+    "What is the difference between a crocodile and an alligator?",
+    "How do fireflies glow?",
+    "Why do onions make us cry?",
+    "What is the difference between a sprain and a fracture?",
+    "Give me three tips for packing a suitcase.",
+    "Write a short poem about a kitten.",
+    "Why do zebras have stripes?",
+    "How does a thermostat work?",
+    "What causes hiccups?",
+    "Give me three tips for caring for a puppy.",
+    "Explain how a lock and key work.",
+    "What is the difference between a frog and a toad?",
+    "Why do we yawn?",
+    "Write a short poem about a candle.",
+    "Explain how an elevator works.",
+    "What is the difference between a hurricane and a tornado?",
+    "Write a short poem about a teapot.",
+    "What causes rust?",
+    "Give me three tips for a long flight.",
+    "Explain how a zipper works.",
+    "What is the difference between jam and jelly?",
+    "Why do roosters crow?",
+]
+# Words of a question that say how it is asked, not what about.
+FORM_WORDS = {"what", "the", "on", "me", "for", "to", "a", "an", "how", "is", "of", "and", "about",
+              "between", "give", "write", "short", "explain", "three", "tips", "do", "does",
+              "why", "we", "us", "make", "in", "are", "work", "works", "causes", "difference",
+              "poem"}
+
+
 def held_out_words():
     """Lower-case words of the held-out questions that would make a training question too close."""
-    stop = {"what", "the", "on", "me", "for", "to", "a", "how", "is", "of", "and", "about",
-            "between", "give", "write", "short", "explain", "three", "tips", "learning", "play",
-            "causes", "forms", "difference", "poem"}
+    # And three words of the demo's questions too common to keep out of training topics.
+    stop = FORM_WORDS | {"learning", "play", "forms"}
     words = set()
     for question in HELD_OUT:
         for word in question.lower().replace("?", " ").replace(".", " ").split():
@@ -144,3 +188,14 @@ def training_prompts(count, seed):
     if count > len(pairs):
         raise SystemExit(f"chat_prompts: asked for {count} questions, only {len(pairs)} exist")
     return [template.format(t=topic) for template, topic in pairs[:count]]
+
+
+def new_topic_questions():
+    """NEW_TOPICS, refused if a training topic or a demo question shares a content word with one."""
+    taken = {word for topic in TOPICS for word in topic.lower().split()} | held_out_words()
+    for question in NEW_TOPICS:
+        words = {w.strip("?.,") for w in question.lower().split()} - FORM_WORDS
+        if words & taken:
+            raise SystemExit(f"chat_prompts: '{question}' shares {sorted(words & taken)} with the "
+                             "training topics or the demo's questions")
+    return NEW_TOPICS

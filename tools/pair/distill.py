@@ -10,7 +10,8 @@
                                                  a second phase from a saved draft.pt, kept only
                                                  where it beats its start on held-out answers)
   distill.py evaluate --target GGUF --work DIR   held-out loss and agreement with the target's
-                                                 tokens, as trained and as exported (Q8_0):
+                                                 tokens, as trained and as exported (Q8_0), and
+                                                 on its answers to questions on new topics:
                                                  DIR/metrics.json
   distill.py export --target GGUF --work DIR --out FILE
                                                  the draft as GGUF (Q8_0 matrices), with the
@@ -83,15 +84,17 @@ def chat_ids(tokenizer, question):
 # generate
 
 
-def generate(args):
-    """The target's answers, from `specrun serve` (the runtime the draft is for), many at once."""
+def target_answers(args, questions, is_greedy):
+    """The target's answers to `questions`, from `specrun serve` (the runtime the draft is for),
+    many at once: a record per question, {"prompt": ids, "answer": ids (<|im_end|> appended where
+    the answer ended), "greedy": bool}; is_greedy(index) says which are greedy, the rest are at
+    the demo's settings (T 0.7, top-p 0.9)."""
     import concurrent.futures
     import signal
     import subprocess
     import urllib.request
 
     tokenizer, eos = load_tokenizer(args.target)
-    questions = chat_prompts.training_prompts(args.questions, args.seed)
     # Port 0: the server picks a free one and names it in its first line on stderr.
     server = subprocess.Popen(
         [args.specrun, "serve", "--target", args.target, "--port", "0", "--model-name", "target",
@@ -113,9 +116,7 @@ def generate(args):
                 time.sleep(0.5)
 
         def ask(index):
-            # One question in four is answered greedily, the rest at the demo's settings
-            # (T 0.7, top-p 0.9): the draft must follow the target both ways.
-            greedy = index % 4 == 3
+            greedy = is_greedy(index)
             body = {"model": "target", "max_tokens": args.max_new_tokens,
                     "messages": [{"role": "user", "content": questions[index]}],
                     "temperature": 0.0 if greedy else 0.7, "top_p": 1.0 if greedy else 0.9,
@@ -145,6 +146,14 @@ def generate(args):
     finally:
         server.send_signal(signal.SIGINT)
         server.wait()
+    return records
+
+
+def generate(args):
+    """The target's answers to the training questions: one in four greedy, the rest at the
+    demo's settings (the draft must follow the target both ways)."""
+    questions = chat_prompts.training_prompts(args.questions, args.seed)
+    records = target_answers(args, questions, lambda index: index % 4 == 3)
     with open(os.path.join(args.work, "data.json"), "w") as file:
         json.dump({"questions": questions, "seed": args.seed, "records": records}, file)
     log(f"wrote {os.path.join(args.work, 'data.json')}")
@@ -216,10 +225,27 @@ def load_split(work, context):
         records = json.load(file)["records"]
     train_set, held_out = [], []
     for index, record in enumerate(records):
-        ids = (record["prompt"] + record["answer"])[:context]
-        item = (torch.tensor(ids, dtype=torch.long), len(record["prompt"]), record["greedy"])
-        (held_out if is_held_out(index) else train_set).append(item)
+        (held_out if is_held_out(index) else train_set).append(as_item(record, context))
     return train_set, held_out
+
+
+def as_item(record, context):
+    """A record of target_answers as an (ids, first answer position, greedy) triple."""
+    ids = (record["prompt"] + record["answer"])[:context]
+    return torch.tensor(ids, dtype=torch.long), len(record["prompt"]), record["greedy"]
+
+
+def new_topic_items(args, context):
+    """The target's greedy answers to chat_prompts.new_topic_questions() as items, asked once
+    and kept in DIR/new_topics.json."""
+    path = os.path.join(args.work, "new_topics.json")
+    if not os.path.exists(path):
+        questions = chat_prompts.new_topic_questions()
+        records = target_answers(args, questions, lambda index: True)
+        with open(path, "w") as file:
+            json.dump({"questions": questions, "records": records}, file)
+    with open(path) as file:
+        return [as_item(record, context) for record in json.load(file)["records"]]
 
 
 def batches(items, tokens_per_batch, generator):
@@ -358,13 +384,16 @@ def load_draft(work):
 
 
 def evaluate(args):
-    """Held-out loss and argmax agreement of the saved draft, with its weights rounded as the
-    export stores them (Q8_0), into DIR/metrics.json."""
+    """Held-out loss and argmax agreement of the saved draft, as trained and with its weights
+    rounded as the export stores them (Q8_0), and on the target's greedy answers to questions on
+    topics it never trained on (new_topic_items; needs --specrun), into DIR/metrics.json."""
     import gguf
     torch.set_num_threads(args.threads)
     draft, saved = load_draft(args.work)
     _, held_out = load_split(args.work, 512)
-    metrics = {"float": held_out_metrics(draft, held_out, args.tokens_per_step)}
+    new_topics = new_topic_items(args, 512)
+    metrics = {"float": held_out_metrics(draft, held_out, args.tokens_per_step),
+               "new_topics": held_out_metrics(draft, new_topics, args.tokens_per_step)["greedy"]}
     with torch.no_grad():
         for name, parameter in draft.named_parameters():
             if parameter.dim() == 2:
@@ -378,7 +407,7 @@ def evaluate(args):
         metrics["history"] = json.load(file)
     with open(os.path.join(args.work, "metrics.json"), "w") as file:
         json.dump(metrics, file, indent=1)
-    log(f"held out: {json.dumps({k: metrics[k] for k in ['float', 'q8_0']})}")
+    log(f"held out: {json.dumps({k: metrics[k] for k in ['float', 'q8_0', 'new_topics']})}")
 
 
 def head_token_ids(work, count):
@@ -488,10 +517,14 @@ def main():
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--questions", type=int, default=9600, help="generate: how many")
-    parser.add_argument("--batch", type=int, default=48, help="generate: requests at once")
-    parser.add_argument("--max-new-tokens", type=int, default=192, help="generate: answer cap")
-    parser.add_argument("--specrun", default="build/bin/specrun", help="generate: the binary")
-    parser.add_argument("--specrun-args", nargs="*", default=[], help="generate: more flags")
+    parser.add_argument("--batch", type=int, default=48,
+                        help="generate, evaluate: requests at once")
+    parser.add_argument("--max-new-tokens", type=int, default=192,
+                        help="generate, evaluate: answer cap")
+    parser.add_argument("--specrun", default="build/bin/specrun",
+                        help="generate, evaluate: the binary that runs the target")
+    parser.add_argument("--specrun-args", nargs="*", default=[],
+                        help="generate, evaluate: more flags for it")
     parser.add_argument("--steps", type=int, default=1200, help="train: optimizer steps")
     parser.add_argument("--tokens-per-step", type=int, default=4096, help="train: batch size")
     parser.add_argument("--learning-rate", type=float, default=2e-3, help="train: peak")

@@ -19,7 +19,7 @@ mkdir -p "$work"
 distill=("$python" "$root/tools/pair/distill.py" --target "$target" --work "$work")
 "${distill[@]}" generate --specrun "${SPECRUN_BUILD_DIR:-build}/bin/specrun"
 "${distill[@]}" train
-"${distill[@]}" evaluate
+"${distill[@]}" evaluate --specrun "${SPECRUN_BUILD_DIR:-build}/bin/specrun"
 mkdir -p "$root/models/smollm2-draft"
 "${distill[@]}" export --out "$root/models/smollm2-draft/draft.gguf"
 echo "installed models/smollm2-draft/draft.gguf"
