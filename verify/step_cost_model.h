@@ -7,8 +7,8 @@
 // would fall loses its stalest points (see refit). A point's first sample pays the one-time costs
 // of a step of that size (buffers grown and paged in: on the 2-core EPYC the demo target's first
 // 3-token verification took 16.6 ms, later ones 13.9, by specrun --log-level debug), so a lower
-// second sample replaces it, and
-// points measured once are left out of a line that has two measured more often.
+// second sample replaces it, and points measured once are left out of a line that has two
+// measured more often.
 #pragma once
 
 #include <cstdint>

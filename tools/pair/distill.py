@@ -236,16 +236,20 @@ def as_item(record, context):
 
 
 def new_topic_items(args, context):
-    """The target's greedy answers to chat_prompts.new_topic_questions() as items, asked once
-    and kept in DIR/new_topics.json."""
+    """The target's greedy answers to chat_prompts.new_topic_questions() as items, kept in
+    DIR/new_topics.json and asked again only when the questions change."""
     path = os.path.join(args.work, "new_topics.json")
-    if not os.path.exists(path):
-        questions = chat_prompts.new_topic_questions()
-        records = target_answers(args, questions, lambda index: True)
+    questions = chat_prompts.new_topic_questions()
+    kept = None
+    if os.path.exists(path):
+        with open(path) as file:
+            kept = json.load(file)
+    if kept is None or kept["questions"] != questions:
+        kept = {"questions": questions,
+                "records": target_answers(args, questions, lambda index: True)}
         with open(path, "w") as file:
-            json.dump({"questions": questions, "records": records}, file)
-    with open(path) as file:
-        return [as_item(record, context) for record in json.load(file)["records"]]
+            json.dump(kept, file)
+    return [as_item(record, context) for record in kept["records"]]
 
 
 def batches(items, tokens_per_batch, generator):
@@ -313,10 +317,7 @@ def train(args):
     if args.init_from:
         # A second phase: the draft goes on from a saved checkpoint (its own schedule, a new order
         # of batches).
-        saved = torch.load(args.init_from)
-        from transformers import LlamaConfig
-        draft = LlamaForCausalLM(LlamaConfig.from_dict(saved["config"]))
-        draft.load_state_dict(saved["state"])
+        draft, _ = load_draft(args.init_from)
     else:
         target = load_target(args.target)
         draft = LlamaForCausalLM(draft_config(target.config))
@@ -374,9 +375,10 @@ def train(args):
 # evaluate, export
 
 
-def load_draft(work):
+def load_draft(path):
+    """A draft.pt that train saved: the model, and what was saved with it."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    saved = torch.load(os.path.join(work, "draft.pt"))
+    saved = torch.load(path)
     config = LlamaConfig.from_dict(saved["config"])
     draft = LlamaForCausalLM(config)
     draft.load_state_dict(saved["state"])
@@ -389,7 +391,7 @@ def evaluate(args):
     topics it never trained on (new_topic_items; needs --specrun), into DIR/metrics.json."""
     import gguf
     torch.set_num_threads(args.threads)
-    draft, saved = load_draft(args.work)
+    draft, saved = load_draft(os.path.join(args.work, "draft.pt"))
     _, held_out = load_split(args.work, 512)
     new_topics = new_topic_items(args, 512)
     metrics = {"float": held_out_metrics(draft, held_out, args.tokens_per_step),
@@ -445,7 +447,7 @@ def export(args):
     import gguf
     if not args.out:
         raise SystemExit("distill: export needs --out FILE")
-    draft, saved = load_draft(args.work)
+    draft, saved = load_draft(os.path.join(args.work, "draft.pt"))
     config = draft.config
     reader = gguf.GGUFReader(args.target)
     writer = gguf.GGUFWriter(args.out, "llama")
