@@ -27,6 +27,20 @@ inline constexpr int kLanes = 16;
 // How far ahead of each weight stream the AVX-512 loops prefetch (see dot_block).
 inline constexpr int64_t kPrefetchBytes = 4096;
 
+#if defined(__AVX512F__) || defined(__AVX2__)
+// Software prefetch of a weight stream's cache line at `address`, kPrefetchBytes or more ahead of
+// its loads. Into L2 (T1), not L1: a decode step or a verification reads each weight once, and
+// lines fetched into L1 that far ahead likely hold the L1's few miss buffers from the loads. On the
+// 2-core EPYC, in an hour when its memory was slow (SmolLM2-135M decoding at 10-12 ms a token),
+// verifying 2-6 tokens cost 0.8-1.1 decode steps with T1 against 1.0-1.4 with T0, and the demo's
+// speedup on two of its questions rose by about 0.1x; in a later hour, the memory faster, the two
+// measured alike. Neither was slower in any alternating measurement, prefill included
+// (bench/results/cpu-epyc-2c-prefetch-l2.json).
+inline void prefetch_weights(const void* address) {
+  _mm_prefetch(static_cast<const char*>(address), _MM_HINT_T1);
+}
+#endif
+
 // acc + a * b, fused where the target has FMA (one rounding), otherwise two roundings; either
 // way the same everywhere in one build.
 inline float multiply_add(float a, float b, float acc) {
@@ -445,14 +459,14 @@ inline void avx2_dot_block(const float* const* x, const void* const* weight_rows
       // In the caches already.
     } else if (column_step == 1) {
       for (int f = 0; f < kFeatures; ++f) {
-        _mm_prefetch(static_cast<const char*>(weight_rows[f]) + i * kElementBytes + kPrefetchBytes,
-                     _MM_HINT_T0);
+        prefetch_weights(static_cast<const char*>(weight_rows[f]) + i * kElementBytes +
+                         kPrefetchBytes);
       }
     } else {
       const char* chunk =
           static_cast<const char*>(weight_rows[0]) + i * column_step * kElementBytes;
       for (int64_t line = 0; line < kFeatures * kLanes * kElementBytes; line += 64) {
-        _mm_prefetch(chunk + line + kPrefetchBytes, _MM_HINT_T0);
+        prefetch_weights(chunk + line + kPrefetchBytes);
       }
     }
     for (int f = 0; f < kFeatures; ++f) at[f] = i * column_step;
@@ -603,14 +617,14 @@ inline void dot_block(const float* const (&x)[kRows], const void* const (&weight
     if (kWidened) {
     } else if (column_step == 1) {
       for (int f = 0; f < kFeatures; ++f) {
-        _mm_prefetch(static_cast<const char*>(weight_rows[f]) + i * kElementBytes + kPrefetchBytes,
-                     _MM_HINT_T0);
+        prefetch_weights(static_cast<const char*>(weight_rows[f]) + i * kElementBytes +
+                         kPrefetchBytes);
       }
     } else {
       const char* chunk =
           static_cast<const char*>(weight_rows[0]) + i * column_step * kElementBytes;
       for (int64_t line = 0; line < kFeatures * kLanes * kElementBytes; line += 64) {
-        _mm_prefetch(chunk + line + kPrefetchBytes, _MM_HINT_T0);
+        prefetch_weights(chunk + line + kPrefetchBytes);
       }
     }
     __m512 w[kFeatures];
@@ -812,13 +826,13 @@ inline void dot_block_bf16_pairs(const uint16_t* x, int64_t x_stride,
   const auto add_chunk = [&]<bool kPartial>(int64_t i) __attribute__((always_inline)) {
     if (!kWholeTile && column_step == 1) {
       for (int f = 0; f < kFeatures; ++f) {
-        _mm_prefetch(reinterpret_cast<const char*>(at(f, i)) + kLeadBytes, _MM_HINT_T0);
+        prefetch_weights(reinterpret_cast<const char*>(at(f, i)) + kLeadBytes);
       }
     } else {
       const char* chunk = reinterpret_cast<const char*>(at(0, i));
       constexpr int64_t kChunkBytes = 2 * kFeatures * kLanes * sizeof(Element);
       for (int64_t line = 0; line < kChunkBytes; line += 64) {
-        _mm_prefetch(chunk + line + kLeadBytes, _MM_HINT_T0);
+        prefetch_weights(chunk + line + kLeadBytes);
       }
     }
     const int64_t remaining = kPartial ? n - i : 2 * kLanes;
@@ -920,7 +934,7 @@ inline void dot_block_int8(const int8_t* x, int64_t x_stride, const int32_t* x_c
 #pragma GCC unroll 4
     for (int t = 0; t < kTiles; ++t) {
       const int8_t* chunk = tiles + (t * padded_n + c) * kTileRows;
-      _mm_prefetch(reinterpret_cast<const char*>(chunk) + kLeadBytes, _MM_HINT_T0);
+      prefetch_weights(reinterpret_cast<const char*>(chunk) + kLeadBytes);
       w[t] = _mm512_xor_si512(_mm512_loadu_si512(chunk), sign_bits);
     }
 #pragma GCC unroll 8
@@ -966,7 +980,7 @@ inline void dot_block_int8(const int8_t* x, int64_t x_stride, const int32_t* x_c
     }
     for (int64_t c = 0; c < padded_n; c += kTileColumns) {
       const int8_t* chunk = tiles + (t * padded_n + c) * kTileRows;
-      _mm_prefetch(reinterpret_cast<const char*>(chunk) + 2 * kPrefetchBytes, _MM_HINT_T0);
+      prefetch_weights(reinterpret_cast<const char*>(chunk) + 2 * kPrefetchBytes);
       __m256i w[kTileRows];
       for (int f = 0; f < kTileRows; ++f) w[f] = widen(chunk + f * kTileColumns);
       for (int r = 0; r < kPair; ++r) {
@@ -1025,15 +1039,15 @@ inline void widen_weights(const void* row, int64_t column_step, int64_t n, float
   for (int64_t i = 0; i < n; i += kLanes) {
     const __mmask16 mask = first_lanes(n - i);
     // The codes come from memory: prefetched as dot_block's are.
-    _mm_prefetch(static_cast<const char*>(row) + i * column_step * kElementBytes + kPrefetchBytes,
-                 _MM_HINT_T0);
+    prefetch_weights(static_cast<const char*>(row) + i * column_step * kElementBytes +
+                     kPrefetchBytes);
     _mm512_mask_storeu_ps(out + i, mask, load_widened<kDType>(row, i * column_step, mask));
   }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    _mm_prefetch(static_cast<const char*>(row) + i * column_step * kElementBytes + kPrefetchBytes,
-                 _MM_HINT_T0);
+    prefetch_weights(static_cast<const char*>(row) + i * column_step * kElementBytes +
+                     kPrefetchBytes);
     for (int half = 0; half < 2; ++half) {
       _mm256_storeu_ps(out + i + 8 * half,
                        avx2_load_weights<kDType>(row, i * column_step + 8 * half));
