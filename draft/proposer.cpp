@@ -1,7 +1,6 @@
 #include "draft/proposer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "runtime/base/check.h"
@@ -86,6 +85,11 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
   proposals.tokens.assign(static_cast<size_t>(batch * proposals.gamma), -1);
   proposals.counts.assign(static_cast<size_t>(batch), 0);
   proposals.probs.assign(static_cast<size_t>(batch * proposals.gamma * vocab), 0.0f);
+  if (std::any_of(requests.begin(), requests.end(),
+                  [](const DraftRequest& request) { return request.lookup_min_ngram > 0; })) {
+    proposals.model_offers.assign(static_cast<size_t>(batch * proposals.gamma), -1);
+    proposals.lookup_offers.assign(static_cast<size_t>(batch * proposals.gamma), -1);
+  }
 
   // Each round feeds every row still drafting: first its unseen committed tokens, then its
   // previous draft. Rows drafting the same round share one batched forward.
@@ -94,9 +98,11 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
     if (requests[static_cast<size_t>(b)].gamma > 0) active.push_back(b);
   }
   std::vector<std::vector<int32_t>> inputs(static_cast<size_t>(batch));
+  // Each looking-up row's text so far: its committed tokens, then this call's drafts.
+  std::vector<std::vector<int32_t>> texts(static_cast<size_t>(batch));
   std::vector<SequenceInput> forward_batch;
   Logits logits;
-  std::vector<double> softmax(static_cast<size_t>(vocab));
+  std::vector<float> weights;  // scratch for the draft's confidence, when a row needs it
   for (int64_t round = 0; !active.empty(); ++round) {
     forward_batch.clear();
     for (const int64_t b : active) {
@@ -129,6 +135,9 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
                                             static_cast<size_t>(committed - seen - 1)));
         }
         input.assign(request.committed.begin() + seen, request.committed.end());
+        if (request.lookup_min_ngram > 0) {
+          texts[static_cast<size_t>(b)].assign(request.committed.begin(), request.committed.end());
+        }
       } else {
         input.assign(1, proposals.tokens[static_cast<size_t>(b * proposals.gamma + round - 1)]);
       }
@@ -141,23 +150,54 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
       const int64_t b = active[row];
       const DraftRequest& request = requests[static_cast<size_t>(b)];
       const std::span<const float> row_logits = logits.last(static_cast<int64_t>(row));
-      const float p_min = request.draft_p_min >= 0.0f ? request.draft_p_min : draft_p_min_;
-      if (p_min > 0.0f) {
-        // The draft model's own confidence: its unprocessed top probability.
-        const float top = *std::max_element(row_logits.begin(), row_logits.end());
-        double total = 0.0;
-        for (const float logit : row_logits) total += std::exp(static_cast<double>(logit - top));
-        if (1.0 / total < p_min) continue;  // stop this row without drafting
+      // The draft model's own confidence, its unprocessed top probability, computed when asked.
+      double confidence = -1.0;
+      const auto confidence_of_model = [&] {
+        if (confidence < 0.0) {
+          weights.resize(row_logits.size());
+          confidence = top_probability(row_logits, weights);
+        }
+        return confidence;
+      };
+      // Prompt lookup offers a token where the text so far repeats itself and the model is not
+      // sure of its own.
+      int32_t looked_up = -1;
+      if (request.lookup_min_ngram > 0) {
+        const std::vector<int32_t>& text = texts[static_cast<size_t>(b)];
+        const int64_t follow =
+            lookup_continuation(text, request.lookup_min_ngram, request.lookup_max_ngram);
+        if (follow >= 0 && text[static_cast<size_t>(follow)] < vocab &&
+            (request.lookup_below >= 1.0f || confidence_of_model() < request.lookup_below)) {
+          looked_up = text[static_cast<size_t>(follow)];
+        }
       }
-      float* q = proposals.probs.data() + (b * proposals.gamma + round) * vocab;
+      const float p_min = request.draft_p_min >= 0.0f ? request.draft_p_min : draft_p_min_;
+      if (looked_up < 0 && p_min > 0.0f && confidence_of_model() < p_min) {
+        continue;  // stop this row without drafting
+      }
+      const auto slot = static_cast<size_t>(b * proposals.gamma + round);
+      float* q = proposals.probs.data() + static_cast<int64_t>(slot) * vocab;
       const SamplingParams& sampling = request.sampling ? *request.sampling : sampling_;
       process_logits(sampling, row_logits, std::span<float>(q, static_cast<size_t>(vocab)));
-      const int32_t token =
+      int32_t token =
           sampling.temperature == 0.0f
               ? argmax(row_logits)
               : draw_token(sampling, std::span<const float>(q, static_cast<size_t>(vocab)),
                            request.stream, request.position + round, Draw::kDraft);
-      proposals.tokens[static_cast<size_t>(b * proposals.gamma + round)] = token;
+      if (looked_up >= 0 && looked_up != token) {
+        // A contest: the engine learns from the verdict which of the two to prefer.
+        proposals.model_offers[slot] = token;
+        proposals.lookup_offers[slot] = looked_up;
+      }
+      if (looked_up >= 0 && request.prefer_lookup) {
+        // Lookup's token whatever the model drew: its q is a point mass, which verification
+        // handles exactly.
+        std::fill(q, q + vocab, 0.0f);
+        q[looked_up] = 1.0f;
+        token = looked_up;
+      }
+      proposals.tokens[slot] = token;
+      if (request.lookup_min_ngram > 0) texts[static_cast<size_t>(b)].push_back(token);
       proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(round + 1);
       // The last draft is never fed: its logits would only serve a draft beyond gamma.
       if (round + 1 < request.gamma) still_active.push_back(b);
@@ -165,6 +205,29 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
     active.swap(still_active);
   }
   return proposals;
+}
+
+int64_t lookup_continuation(std::span<const int32_t> text, int64_t min_ngram, int64_t max_ngram) {
+  const int64_t length = static_cast<int64_t>(text.size());
+  const int64_t longest = std::min(max_ngram, length - 1);
+  if (min_ngram < 1 || longest < min_ngram) return -1;
+  // One backward pass over the occurrences' last tokens, text[end] with text[end + 1] after it:
+  // the first (latest) to match the most suffix tokens wins, and one matching `longest` ends it.
+  int64_t best = 0;
+  int64_t follow = -1;
+  const auto at = [&](int64_t i) { return text[static_cast<size_t>(i)]; };
+  for (int64_t end = length - 2; end >= 0; --end) {
+    int64_t matched = 0;
+    while (matched < longest && matched <= end && at(end - matched) == at(length - 1 - matched)) {
+      ++matched;
+    }
+    if (matched > best) {
+      best = matched;
+      follow = end + 1;
+      if (matched == longest) break;
+    }
+  }
+  return best >= min_ngram ? follow : -1;
 }
 
 PromptLookupProposer::PromptLookupProposer(int64_t min_ngram, int64_t max_ngram, bool pad_to_gamma)
@@ -188,25 +251,14 @@ Proposals PromptLookupProposer::propose(std::span<const DraftRequest> requests) 
     const std::span<const int32_t> text = request.committed;
     const int64_t length = static_cast<int64_t>(text.size());
     if (request.gamma == 0) continue;
-    for (int64_t n = std::min(max_ngram_, length - 1); n >= min_ngram_; --n) {
-      const std::span<const int32_t> suffix = text.subspan(static_cast<size_t>(length - n));
-      // The latest earlier occurrence that has at least one token after it.
-      int64_t match = -1;
-      for (int64_t start = length - n - 1; start >= 0; --start) {
-        if (std::equal(suffix.begin(), suffix.end(), text.begin() + start)) {
-          match = start;
-          break;
-        }
-      }
-      if (match < 0) continue;
-      const int64_t follow = match + n;
+    const int64_t follow = lookup_continuation(text, min_ngram_, max_ngram_);
+    if (follow >= 0) {
       const int64_t count = std::min(request.gamma, length - follow);
       for (int64_t i = 0; i < count; ++i) {
         proposals.tokens[static_cast<size_t>(b * proposals.gamma + i)] =
             text[static_cast<size_t>(follow + i)];
       }
       proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(count);
-      break;
     }
     if (pad_to_gamma_ && length > 0) {
       int32_t* row = proposals.tokens.data() + b * proposals.gamma;

@@ -27,7 +27,23 @@ struct DraftRequest {
   // cost as much as having drafted all along). 0: read every unseen token, and the whole context
   // again if an earlier bound cut it.
   int64_t max_catch_up = 0;
+  // Where the text so far (this call's drafts included) ends in an n-gram of lookup_min_ngram to
+  // lookup_max_ngram tokens that occurred before and the draft model's top probability is below
+  // lookup_below (1: whatever it is), the model gives way to prompt lookup: the token that
+  // followed the latest such occurrence is proposed with a point-mass q (repeated names and
+  // phrases, which a small draft rarely copies). lookup_min_ngram 0: the model's tokens only.
+  int64_t lookup_min_ngram = 0;
+  int64_t lookup_max_ngram = 0;
+  float lookup_below = 1.0f;
+  // Where both offer a token and they differ (a contest, recorded in Proposals::model_offers and
+  // lookup_offers): propose lookup's, else the model's. The engine decides from past contests.
+  bool prefer_lookup = true;
 };
+
+// Prompt lookup's match: the index of the token after the latest earlier occurrence of the
+// longest suffix n-gram of `text` (max_ngram tokens down to min_ngram) that has a token after it;
+// -1 when no suffix of min_ngram tokens or more occurred before.
+int64_t lookup_continuation(std::span<const int32_t> text, int64_t min_ngram, int64_t max_ngram);
 
 class Proposer {
  public:
@@ -44,7 +60,9 @@ class Proposer {
 // processed distribution q (the same settings as the target's for that sequence) with the numbers
 // of the position it proposes (Draw::kDraft, or the shared noise), batched across sequences.
 // Drafting stops early for a row when the draft model's own top probability (its unprocessed
-// softmax) falls below `draft_p_min`: a draft it does not believe in is rarely accepted.
+// softmax) falls below `draft_p_min`: a draft it does not believe in is rarely accepted. A request
+// may have prompt lookup propose in the model's place where the text repeats itself
+// (DraftRequest::lookup_min_ngram); the model then reads the looked-up token as its own draft.
 class ModelProposer : public Proposer {
  public:
   ModelProposer(Model& draft, const SamplingParams& sampling, float draft_p_min);

@@ -606,6 +606,11 @@ TEST_F(ApiTest, BadRequestsAreOneClearError) {
                         {"gamma_min <= gamma <= gamma_max", "gamma 9"});
   testing::expect_error(with_speculation([](SpeculationSettings& s) { s.draft_p_min = 2.0f; }),
                         {"draft_p_min"});
+  testing::expect_error(
+      with_speculation([](SpeculationSettings& s) { s.draft_lookup_below = 0.0f; }),
+      {"draft_lookup_below", "(0, 1]"});
+  testing::expect_error(with_speculation([](SpeculationSettings& s) { s.draft_lookup_ngram = 9; }),
+                        {"draft_lookup_ngram", "lookup_max_ngram 3", "got 9"});
   testing::expect_error(with_speculation([](SpeculationSettings& s) {
                           s.method = static_cast<SpeculationMethod>(7);
                         }),

@@ -140,6 +140,8 @@ TEST_F(CApiTest, InitSetsTheCppDefaults) {
   EXPECT_EQ(config.speculation.draft_p_min, defaults.speculation.draft_p_min);
   EXPECT_EQ(config.speculation.lookup_min_ngram, defaults.speculation.lookup_min_ngram);
   EXPECT_EQ(config.speculation.lookup_max_ngram, defaults.speculation.lookup_max_ngram);
+  EXPECT_EQ(config.speculation.draft_lookup_ngram, defaults.speculation.draft_lookup_ngram);
+  EXPECT_EQ(config.speculation.draft_lookup_below, defaults.speculation.draft_lookup_below);
 
   specrun_request_params params;
   std::memset(&params, 0xAB, sizeof(params));
@@ -318,6 +320,8 @@ TEST_F(CApiTest, StreamsThroughTheCallbackAndReturnsTheResult) {
   }
   EXPECT_EQ(steps, stats.steps);
   EXPECT_LE(stats.accepted, stats.drafted);
+  EXPECT_LE(stats.looked_up, stats.drafted);
+  EXPECT_LE(stats.looked_up_accepted, stats.looked_up);
   specrun_result_free(result);
 
   // A request with a callback has nothing to pull.

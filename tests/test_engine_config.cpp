@@ -262,7 +262,8 @@ TEST(EngineConfigFile, ReadsTheSpeculativeTable) {
   testing::write_file(dir / "c.toml",
                       "[speculative]\nmethod = \"prompt_lookup\"\ngamma = 3\ngamma_min = 1\n"
                       "gamma_max = 6\ncontroller = \"heuristic\"\ndraft_p_min = 0.25\n"
-                      "lookup_min_ngram = 2\nlookup_max_ngram = 4\nverification = \"rejection\"\n");
+                      "lookup_min_ngram = 2\nlookup_max_ngram = 4\nverification = \"rejection\"\n"
+                      "draft_lookup_ngram = 3\ndraft_lookup_below = 0.5\n");
   const EngineConfig config = EngineConfig::from_toml((dir / "c.toml").string());
   EXPECT_EQ(config.speculation.method, SpeculationMethod::kPromptLookup);
   EXPECT_EQ(config.speculation.gamma, 3);
@@ -273,6 +274,8 @@ TEST(EngineConfigFile, ReadsTheSpeculativeTable) {
   EXPECT_FLOAT_EQ(config.speculation.draft_p_min, 0.25f);
   EXPECT_EQ(config.speculation.lookup_min_ngram, 2);
   EXPECT_EQ(config.speculation.lookup_max_ngram, 4);
+  EXPECT_EQ(config.speculation.draft_lookup_ngram, 3);
+  EXPECT_FLOAT_EQ(config.speculation.draft_lookup_below, 0.5f);
 }
 
 TEST(EngineConfigFile, RejectsBadSpeculativeSettings) {
@@ -290,6 +293,12 @@ TEST(EngineConfigFile, RejectsBadSpeculativeSettings) {
                       {":2:", "[speculative]", "gamma_min <= gamma <= gamma_max"});
   expect_config_error("[speculative]\nlookup_min_ngram = 3\nlookup_max_ngram = 2\n",
                       {"[speculative]", "n-gram"});
+  expect_config_error("[speculative]\ndraft_lookup_below = 0\n",
+                      {":2:", "speculative.draft_lookup_below", "(0, 1]"});
+  expect_config_error("[speculative]\ndraft_lookup_ngram = -1\n",
+                      {":2:", "speculative.draft_lookup_ngram"});
+  expect_config_error("[speculative]\ndraft_lookup_ngram = 4\nlookup_max_ngram = 3\n",
+                      {"[speculative]", "draft_lookup_ngram", "lookup_max_ngram 3", "got 4"});
 }
 
 TEST(EngineConfigFile, ReadsTheModelTableRelativeToTheFile) {

@@ -52,7 +52,8 @@ TEST(OpenAiRequest, ReadsEveryFieldOverTheEngineDefaults) {
     "top_k": 40, "min_p": 0.05, "seed": 7, "stop": ["\n\n", "END"], "n": 1, "stream": true,
     "stream_options": {"include_usage": true}, "user": "someone",
     "speculative": {"method": "prompt_lookup", "gamma": 12, "controller": "fixed",
-                    "verification": "rejection"}})");
+                    "verification": "rejection", "draft_lookup_ngram": 3,
+                    "draft_lookup_below": 0.5}})");
   EXPECT_EQ(request.prompt, "hello");
   EXPECT_EQ(request.sampling.max_tokens, 12);
   EXPECT_EQ(request.sampling.temperature, 0.0f);
@@ -69,6 +70,8 @@ TEST(OpenAiRequest, ReadsEveryFieldOverTheEngineDefaults) {
   EXPECT_EQ(request.speculation.verification, Verification::kRejection);
   EXPECT_EQ(request.speculation.gamma, 12);
   EXPECT_EQ(request.speculation.gamma_max, 12);  // moved to admit the gamma asked for
+  EXPECT_EQ(request.speculation.draft_lookup_ngram, 3);
+  EXPECT_FLOAT_EQ(request.speculation.draft_lookup_below, 0.5f);
 
   const CompletionRequest plain = parse(R"({"model": "m", "prompt": "x", "stop": "END",
                                             "max_completion_tokens": 3, "speculative": false,
@@ -134,6 +137,8 @@ TEST(OpenAiRequest, MalformedBodiesAndWrongTypes) {
                  "speculative.method", {"draft, prompt_lookup, none"});
   expect_refused(R"({"model": "m", "prompt": "x", "speculative": {"depth": 3}})", 400,
                  "speculative.depth", {"not a known field"});
+  expect_refused(R"({"model": "m", "prompt": "x", "speculative": {"draft_lookup_ngram": -1}})", 400,
+                 "speculative.draft_lookup_ngram", {});
   expect_refused(R"({"model": "m", "prompt": "x", "stream_options": {"include_usage": true}})", 400,
                  "stream_options", {"only allowed with"});
 }

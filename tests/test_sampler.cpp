@@ -51,6 +51,26 @@ TEST(Sampler, PlainSoftmaxWithoutFilters) {
   for (size_t i = 0; i < probs.size(); ++i) EXPECT_NEAR(probs[i], kProbabilities[i], 1e-6);
 }
 
+TEST(Sampler, TopProbabilityIsTheLargestOfTheUnprocessedSoftmax) {
+  std::vector<float> scratch(kProbabilities.size());
+  EXPECT_NEAR(top_probability(logits_of(kProbabilities), scratch), 0.50, 1e-6);
+  // Against a long-double softmax over a wide row with banned tokens; the scratch holds weights.
+  std::mt19937 random(3);
+  std::uniform_real_distribution<float> uniform(-10.0f, 10.0f);
+  std::vector<float> logits(50000);
+  for (float& logit : logits) logit = uniform(random);
+  logits[7] = -INFINITY;
+  logits[123] = 12.5f;
+  long double total = 0.0L;
+  for (const float logit : logits) total += std::exp(static_cast<long double>(logit) - 12.5L);
+  scratch.resize(logits.size());
+  EXPECT_NEAR(top_probability(logits, scratch), static_cast<double>(1.0L / total), 1e-12);
+  EXPECT_EQ(scratch[123], 1.0f);
+  EXPECT_EQ(scratch[7], 0.0f);
+  logits[9] = NAN;
+  EXPECT_THROW(top_probability(logits, scratch), Error);
+}
+
 TEST(Sampler, TopKKeepsExactlyTheKMostProbable) {
   const auto logits = logits_of(kProbabilities);
   for (int64_t k = 1; k <= 6; ++k) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <utility>
@@ -92,27 +93,45 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyForEveryGammaControllerAndProposer
     const char* name;
     SpeculationMethod method;
     Model* draft;
+    int64_t draft_lookup_ngram;  // prompt lookup in the draft model's place; 0: never
+    float draft_lookup_below;
   };
   const Proposer proposers[] = {
-      {"self draft", SpeculationMethod::kDraftModel, self_draft_.get()},
-      {"foreign draft", SpeculationMethod::kDraftModel, foreign_draft_.get()},
-      {"prompt lookup", SpeculationMethod::kPromptLookup, nullptr}};
-  int64_t total_accepted = 0;
+      {"self draft", SpeculationMethod::kDraftModel, self_draft_.get(), 0, 1.0f},
+      {"self draft with lookup", SpeculationMethod::kDraftModel, self_draft_.get(), 1, 1.0f},
+      {"foreign draft", SpeculationMethod::kDraftModel, foreign_draft_.get(), 0, 1.0f},
+      {"foreign draft with lookup", SpeculationMethod::kDraftModel, foreign_draft_.get(), 2, 0.8f},
+      {"prompt lookup", SpeculationMethod::kPromptLookup, nullptr, 0, 1.0f}};
+  int64_t total_accepted = 0, looked_up = 0;
   for (const auto& prompt : prompts()) {
     const std::vector<int32_t> expected = reference_decode(*target_, prompt, greedy(40)).tokens;
     for (const Proposer& proposer : proposers) {
       for (const GammaControl controller : kControls) {
         for (int64_t gamma = 1; gamma <= 8; ++gamma) {
-          const Completion result = decode(*target_, proposer.draft, prompt, greedy(40),
-                                           speculation(proposer.method, controller, gamma));
+          SpeculationSettings settings = speculation(proposer.method, controller, gamma);
+          settings.draft_lookup_ngram = proposer.draft_lookup_ngram;
+          settings.draft_lookup_below = proposer.draft_lookup_below;
+          const Completion result = decode(*target_, proposer.draft, prompt, greedy(40), settings);
           ASSERT_EQ(result.tokens, expected)
               << proposer.name << ", " << to_string(controller) << ", gamma " << gamma
               << ", prompt of " << prompt.size();
           EXPECT_EQ(result.stats.tokens_generated, 40);
           total_accepted += result.stats.accepted;
+          looked_up += result.stats.looked_up;
+          if (proposer.draft_lookup_ngram == 0) {
+            EXPECT_EQ(result.stats.looked_up, 0);
+          }
           if (proposer.draft == self_draft_.get() && controller == GammaControl::kFixed) {
-            EXPECT_EQ(result.stats.accepted, result.stats.drafted)
-                << "a model must accept its own greedy drafts";
+            if (proposer.draft_lookup_ngram == 0) {
+              EXPECT_EQ(result.stats.accepted, result.stats.drafted)
+                  << "a model must accept its own greedy drafts";
+            } else {
+              // Lookup, preferred until the model has won more of their contests, loses the
+              // first; the steps proposed before that verdict counts (the one proposing with
+              // it, and the one proposed alongside) may lose one more.
+              EXPECT_LE(result.stats.rejections, 2) << "prompt of " << prompt.size();
+              EXPECT_LE(result.stats.looked_up, 2) << "prompt of " << prompt.size();
+            }
           }
         }
       }
@@ -121,6 +140,7 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyForEveryGammaControllerAndProposer
     EXPECT_EQ(self_draft_->kv_cache().num_sequences(), 0);
   }
   EXPECT_GT(total_accepted, 0);
+  EXPECT_GT(looked_up, 0);
 }
 
 TEST(SpeculativeBf16Activations, GreedyEqualsTargetOnlyWithBf16Dots) {
@@ -623,7 +643,7 @@ TEST_F(SpeculativeTest, OverlappedDraftingChangesNoOutputBit) {
                         {"foreign draft", target_.get(), foreign_draft_.get()}};
   const BatchEngineOptions on{.overlap = OverlapDrafting::kOn};
   const BatchEngineOptions off{.overlap = OverlapDrafting::kOff};
-  int64_t drafted_ahead = 0, ahead_taken = 0;
+  int64_t drafted_ahead = 0, ahead_taken = 0, looked_up = 0;
   for (const Pair& pair : pairs) {
     for (const auto& prompt : prompts()) {
       for (const Verification verification :
@@ -635,6 +655,8 @@ TEST_F(SpeculativeTest, OverlappedDraftingChangesNoOutputBit) {
               continue;  // its gammas follow measured times, and rejection sampling's draws them
             }
             for (const int64_t gamma : {2, 5}) {
+              // Without the confidence floor and prompt lookup, and with both (lookup offers a
+              // token wherever the last token occurred before; the floor stops drafts elsewhere).
               for (const float p_min : {0.0f, 0.25f}) {
                 SamplingSettings sampling = greedy(36);
                 sampling.temperature = temperature;
@@ -643,6 +665,8 @@ TEST_F(SpeculativeTest, OverlappedDraftingChangesNoOutputBit) {
                     speculation(SpeculationMethod::kDraftModel, controller, gamma);
                 settings.verification = verification;
                 settings.draft_p_min = p_min;
+                settings.draft_lookup_ngram = p_min > 0.0f ? 1 : 0;
+                settings.draft_lookup_below = 1.0f;
                 const EngineRequest request = request_for(prompt, sampling, settings);
                 const EngineRun with = run_alone(*pair.target, pair.draft, request, on);
                 const EngineRun without = run_alone(*pair.target, pair.draft, request, off);
@@ -652,8 +676,17 @@ TEST_F(SpeculativeTest, OverlappedDraftingChangesNoOutputBit) {
                     << ", prompt of " << prompt.size();
                 ASSERT_EQ(with.completion.tokens.size(), 36u) << with.completion.error;
                 EXPECT_EQ(without.stats.drafted_ahead, 0);
+                if (controller != GammaControl::kGoodput) {
+                  // The same proposals (goodput's gammas follow measured times, which drafting
+                  // ahead changes).
+                  EXPECT_EQ(with.completion.stats.looked_up, without.completion.stats.looked_up)
+                      << pair.name << ", " << to_string(verification) << ", T " << temperature
+                      << ", " << to_string(controller) << ", gamma " << gamma << ", prompt of "
+                      << prompt.size();
+                }
                 drafted_ahead += with.stats.drafted_ahead;
                 ahead_taken += with.stats.ahead_taken;
+                looked_up += with.completion.stats.looked_up;
               }
             }
           }
@@ -665,6 +698,7 @@ TEST_F(SpeculativeTest, OverlappedDraftingChangesNoOutputBit) {
   }
   EXPECT_GT(ahead_taken, 0);
   EXPECT_LT(ahead_taken, drafted_ahead);
+  EXPECT_GT(looked_up, 0);
 }
 
 // Accepts every draft, then adds argmax p_n shifted by `shift` tokens: the draft's own next token
@@ -725,9 +759,11 @@ TEST_F(SpeculativeTest, DraftsAheadAreKeptOnlyWhenAllAreAcceptedAndTheNewTokenIs
   };
   for (const Case& test : cases) {
     for (const auto& prompt : prompts()) {
-      const EngineRequest request =
-          request_for(prompt, greedy(40),
-                      speculation(SpeculationMethod::kDraftModel, test.controller, test.gamma));
+      // The draft model's own drafts: prompt lookup would make the draft's next token another.
+      SpeculationSettings settings =
+          speculation(SpeculationMethod::kDraftModel, test.controller, test.gamma);
+      settings.draft_lookup_ngram = 0;
+      const EngineRequest request = request_for(prompt, greedy(40), settings);
       const EngineRun with =
           run_alone(*target_, self_draft_.get(), request,
                     {.verifier = test.verifier, .overlap = OverlapDrafting::kOn});
@@ -917,10 +953,11 @@ class LosslessnessTest : public ::testing::Test {
   testing::ChiSquare check(const SamplingSettings& sampling, const Verifier* verifier,
                            int64_t gamma, Verification verification = Verification::kRejection,
                            OverlapDrafting overlap = OverlapDrafting::kOff) {
-    const std::vector<int32_t> prompt = {1, 4};
+    const std::vector<int32_t>& prompt = prompt_;
     const std::map<int64_t, double> exact =
         enumerate_target(*target_, prompt, sampling_params(sampling, verification), kVocab);
     std::map<int64_t, int64_t> counts;
+    int64_t looked_up = 0;
     BatchEngine engine(*target_, draft_.get(),
                        {.max_batch = 64, .verifier = verifier, .overlap = overlap});
     constexpr int64_t kChunk = 4096;  // requests in flight at once, to bound memory
@@ -938,9 +975,14 @@ class LosslessnessTest : public ::testing::Test {
         request.speculation =
             testing::speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, gamma);
         request.speculation.verification = verification;
+        if (lookup_everywhere_) {
+          request.speculation.draft_lookup_ngram = 1;
+          request.speculation.draft_lookup_below = 1.0f;
+        }
         requests.push_back(std::move(request));
       }
       for (const Completion& completion : engine.run(std::move(requests))) {
+        looked_up += completion.stats.looked_up;
         const std::vector<int32_t>& tokens = completion.tokens;
         EXPECT_GE(tokens.size(), 3u) << completion.error;
         if (tokens.size() < 3) continue;
@@ -950,10 +992,18 @@ class LosslessnessTest : public ::testing::Test {
     if (overlap != OverlapDrafting::kOff) {
       // About 1 to 3% of these requests keep drafts ahead (this pair agrees rarely); that the
       // tokens are bitwise those without overlap is OverlappedDraftingChangesNoOutputBit's.
-      EXPECT_GT(engine.stats().ahead_taken, kSamples / 200) << "few drafts ahead were kept";
+      EXPECT_GT(engine.stats().ahead_taken, kSamples / 200)
+          << "few drafts ahead were kept, of " << engine.stats().drafted_ahead;
+    }
+    if (lookup_everywhere_) {
+      EXPECT_GT(looked_up, kSamples / 2) << "prompt lookup seldom proposed";
     }
     return testing::chi_square(counts, exact, kSamples);
   }
+
+  std::vector<int32_t> prompt_ = {1, 4};
+  // Prompt lookup in the draft model's place wherever the last token occurred before.
+  bool lookup_everywhere_ = false;
 
   testing::TempDir dir_;
   std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(1);
@@ -1011,6 +1061,25 @@ TEST_F(LosslessnessTest, MatchesTheTargetWithADraftScoringPartOfTheVocabulary) {
   sampling.top_p = 0.9f;
   const auto shared_noise = check(sampling, nullptr, 2, Verification::kSharedNoise);
   EXPECT_LT(shared_noise.statistic, shared_noise.critical()) << "df " << shared_noise.degrees;
+}
+
+TEST_F(LosslessnessTest, MatchesTheTargetWithPromptLookupInTheDraftModelsPlace) {
+  // Lookup's drafts, point masses among the model's, under both rules, with overlap too. Every
+  // token of the vocabulary occurs in the prompt, so lookup offers a token at every draft (after
+  // the final 2, "3 5 2 ..."), and this target takes that continuation often enough for drafts
+  // ahead to be kept.
+  prompt_ = {1, 4, 0, 2, 3, 5, 2};
+  lookup_everywhere_ = true;
+  SamplingSettings sampling;
+  const auto rejection = check(sampling, nullptr, 2);
+  EXPECT_LT(rejection.statistic, rejection.critical()) << "df " << rejection.degrees;
+  sampling.temperature = 0.6f;
+  sampling.top_k = 4;
+  const auto shared_noise = check(sampling, nullptr, 3, Verification::kSharedNoise);
+  EXPECT_LT(shared_noise.statistic, shared_noise.critical()) << "df " << shared_noise.degrees;
+  const auto overlapped =
+      check(sampling, nullptr, 1, Verification::kRejection, OverlapDrafting::kOn);
+  EXPECT_LT(overlapped.statistic, overlapped.critical()) << "df " << overlapped.degrees;
 }
 
 TEST_F(LosslessnessTest, BrokenVerifiersFailTheSameCheck) {
@@ -1162,6 +1231,98 @@ TEST(PromptLookupProposer, ProposesWhatFollowedTheLatestMatch) {
   const std::span<const int32_t> row = proposals.row_tokens(0);
   EXPECT_EQ(std::vector<int32_t>(row.begin(), row.end()), (std::vector<int32_t>{8, 9, 2, 6}));
   EXPECT_TRUE(proposals.row_tokens(1).empty());
+}
+
+TEST(PromptLookupProposer, ContinuationIsTheLatestOccurrenceOfTheLongestSuffix) {
+  // Against the definition, n-gram by n-gram, on random texts over three tokens (many matches,
+  // overlapping ones too).
+  const auto by_definition = [](std::span<const int32_t> text, int64_t min_ngram,
+                                int64_t max_ngram) -> int64_t {
+    const int64_t length = static_cast<int64_t>(text.size());
+    for (int64_t n = std::min(max_ngram, length - 1); n >= min_ngram; --n) {
+      for (int64_t start = length - n - 1; start >= 0; --start) {
+        if (std::equal(text.end() - n, text.end(), text.begin() + start)) return start + n;
+      }
+    }
+    return -1;
+  };
+  Rng rng(21);
+  int64_t found = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::vector<int32_t> text(rng.next() % 14);
+    for (int32_t& token : text) token = static_cast<int32_t>(rng.next() % 3);
+    for (const auto& [min_ngram, max_ngram] :
+         {std::pair<int64_t, int64_t>{1, 1}, {1, 3}, {2, 4}, {3, 3}}) {
+      const int64_t expected = by_definition(text, min_ngram, max_ngram);
+      ASSERT_EQ(lookup_continuation(text, min_ngram, max_ngram), expected)
+          << "text of " << text.size() << ", n-grams " << min_ngram << " to " << max_ngram;
+      found += expected >= 0;
+    }
+  }
+  EXPECT_GT(found, 3000);
+}
+
+TEST_F(SpeculativeTest, PromptLookupProposesInTheDraftModelsPlaceWhereItIsPreferred) {
+  // "5 6 7" recurs: after "5 6", lookup offers 7, then (text "... 5 6 7") 8, then 9.
+  const std::vector<int32_t> text = {1, 5, 6, 7, 8, 9, 2, 5, 6};
+  SamplingParams greedy_params;
+  greedy_params.temperature = 0.0f;
+  const auto propose = [&](int64_t lookup_min_ngram, float lookup_below, bool prefer_lookup) {
+    ModelProposer proposer(*foreign_draft_, greedy_params, 0.0f);
+    proposer.add_sequence(0);
+    DraftRequest request{0, text, 3};
+    request.lookup_min_ngram = lookup_min_ngram;
+    request.lookup_max_ngram = 3;
+    request.lookup_below = lookup_below;
+    request.prefer_lookup = prefer_lookup;
+    return proposer.propose(std::span<const DraftRequest>(&request, 1));
+  };
+  const Proposals model_only = propose(0, 1.0f, true);
+  EXPECT_FALSE(model_only.has_contests());
+  const std::span<const int32_t> model_tokens = model_only.row_tokens(0);
+  ASSERT_EQ(model_tokens.size(), 3u);
+
+  const Proposals preferred = propose(2, 1.0f, true);
+  ASSERT_TRUE(preferred.has_contests());
+  const std::span<const int32_t> looked_up = preferred.row_tokens(0);
+  EXPECT_EQ(std::vector<int32_t>(looked_up.begin(), looked_up.end()),
+            (std::vector<int32_t>{7, 8, 9}));
+  // Where the model offered another token, both offers are recorded; lookup's q is a point mass.
+  int64_t contests = 0;
+  for (int64_t i = 0; i < 3; ++i) {
+    const std::span<const float> q = preferred.q(0, i);
+    EXPECT_EQ(q[static_cast<size_t>(looked_up[static_cast<size_t>(i)])], 1.0f);
+    EXPECT_EQ(std::accumulate(q.begin(), q.end(), 0.0), 1.0);
+    const auto slot = static_cast<size_t>(i);
+    if (preferred.model_offers[slot] < 0) continue;
+    contests += 1;
+    EXPECT_EQ(preferred.lookup_offers[slot], looked_up[slot]);
+    EXPECT_NE(preferred.model_offers[slot], looked_up[slot]);
+  }
+  // The model's first offer is what it proposes alone (later ones read lookup's tokens).
+  ASSERT_GT(contests, 0) << "this draft happens to continue the text as lookup does";
+  if (preferred.model_offers[0] >= 0) {
+    EXPECT_EQ(preferred.model_offers[0], model_tokens[0]);
+  }
+
+  // Not preferred: the model's tokens and q, as without lookup, with the contests still
+  // recorded for the engine to learn from.
+  const Proposals declined = propose(2, 1.0f, false);
+  EXPECT_EQ(declined.tokens, model_only.tokens);
+  EXPECT_EQ(declined.probs, model_only.probs);
+  ASSERT_TRUE(declined.has_contests());
+  if (model_tokens[0] != 7) {
+    EXPECT_EQ(declined.model_offers[0], model_tokens[0]);
+    EXPECT_EQ(declined.lookup_offers[0], 7);
+  }
+
+  // A model surer of its token than lookup_below keeps it (a top probability over 96 tokens is at
+  // least 1/96).
+  const Proposals confident = propose(2, 1e-6f, true);
+  EXPECT_EQ(confident.tokens, model_only.tokens);
+  EXPECT_EQ(confident.probs, model_only.probs);
+  EXPECT_TRUE(std::all_of(confident.model_offers.begin(), confident.model_offers.end(),
+                          [](int32_t offer) { return offer < 0; }));
 }
 
 TEST(PromptLookupProposer, PadsToGammaForCalibration) {

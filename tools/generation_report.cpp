@@ -60,6 +60,8 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
                          {"drafted", stats.drafted},
                          {"accepted", stats.accepted},
                          {"rejections", stats.rejections},
+                         {"looked_up", stats.looked_up},
+                         {"looked_up_accepted", stats.looked_up_accepted},
                          {"total_ms", stats.total_ms},
                          {"method", to_string(run.method)},
                          {"controller", to_string(run.controller)},
@@ -130,6 +132,13 @@ void print_stats(std::FILE* stream, const RequestStats& stats, const RunDescript
                to_string(run.method), to_string(run.controller), to_string(run.verification),
                stats.acceptance_rate, stats.mean_accepted_length,
                static_cast<long long>(stats.steps), histogram.c_str());
+  if (stats.looked_up > 0) {
+    std::fprintf(stream,
+                 "specrun: prompt lookup proposed %lld drafts in the draft model's place, %lld "
+                 "accepted\n",
+                 static_cast<long long>(stats.looked_up),
+                 static_cast<long long>(stats.looked_up_accepted));
+  }
   const double busy = stats.draft_ms + stats.target_ms;
   std::fprintf(stream, "specrun: time split: draft %.1f ms (%.0f%%), target %.1f ms (%.0f%%)\n",
                stats.draft_ms, busy > 0 ? 100.0 * stats.draft_ms / busy : 0.0, stats.target_ms,

@@ -373,6 +373,11 @@ int main(int argc, char** argv) {
   CLI::Option* gamma_max =
       app.add_option("--gamma-max", f.speculation.gamma_max,
                      "Most drafts per step, at most " + std::to_string(specrun::kMaxGamma));
+  CLI::Option* draft_lookup = app.add_option(
+      "--draft-lookup-ngram", f.speculation.draft_lookup_ngram,
+      "With --draft: where the text so far ends in an n-gram of at least this many tokens seen "
+      "before (speculative.draft_lookup_ngram), propose what followed it in the draft's place; "
+      "0 never");
   CLI::Option* max_tokens =
       app.add_option("--max-tokens", f.sampling.max_tokens, "Most new tokens to generate");
   CLI::Option* temperature =
@@ -398,8 +403,8 @@ int main(int argc, char** argv) {
       ->type_name("bf16|f32");
   CLI::Option* device = app.add_option("--device", f.device,
                                        "Where the models run: cpu, cuda (the first GPU) or cuda:N");
-  for (CLI::Option* option : {gamma_min, gamma_max, max_tokens, temperature, top_k, top_p, min_p,
-                              seed, threads, kv_tokens, device}) {
+  for (CLI::Option* option : {gamma_min, gamma_max, draft_lookup, max_tokens, temperature, top_k,
+                              top_p, min_p, seed, threads, kv_tokens, device}) {
     option->capture_default_str();
   }
   app.add_flag("--ignore-eos", options.ignore_eos, "Keep generating past end-of-sequence tokens");
@@ -483,6 +488,8 @@ int main(int argc, char** argv) {
   options.apply_flags = [&](specrun::EngineConfig& config) {
     if (given(gamma_min)) config.speculation.gamma_min = f.speculation.gamma_min;
     if (given(gamma_max)) config.speculation.gamma_max = f.speculation.gamma_max;
+    if (given(draft_lookup))
+      config.speculation.draft_lookup_ngram = f.speculation.draft_lookup_ngram;
     if (given(max_tokens)) config.sampling.max_tokens = f.sampling.max_tokens;
     if (given(temperature)) config.sampling.temperature = f.sampling.temperature;
     if (given(top_k)) config.sampling.top_k = f.sampling.top_k;

@@ -148,6 +148,8 @@ specrun_speculation to_c(const specrun::SpeculationSettings& settings) {
   speculation.draft_p_min = settings.draft_p_min;
   speculation.lookup_min_ngram = settings.lookup_min_ngram;
   speculation.lookup_max_ngram = settings.lookup_max_ngram;
+  speculation.draft_lookup_ngram = settings.draft_lookup_ngram;
+  speculation.draft_lookup_below = settings.draft_lookup_below;
   speculation.verification = static_cast<specrun_verification>(settings.verification);
   return speculation;
 }
@@ -202,6 +204,8 @@ specrun::SpeculationSettings from_c(const specrun_speculation& speculation, cons
   settings.draft_p_min = speculation.draft_p_min;
   settings.lookup_min_ngram = speculation.lookup_min_ngram;
   settings.lookup_max_ngram = speculation.lookup_max_ngram;
+  settings.draft_lookup_ngram = speculation.draft_lookup_ngram;
+  settings.draft_lookup_below = speculation.draft_lookup_below;
   return settings;
 }
 
@@ -316,6 +320,8 @@ specrun_request_stats to_c(const specrun::RequestStats& stats) {
   c.drafted = stats.drafted;
   c.accepted = stats.accepted;
   c.rejections = stats.rejections;
+  c.looked_up = stats.looked_up;
+  c.looked_up_accepted = stats.looked_up_accepted;
   c.acceptance_rate = stats.acceptance_rate;
   c.mean_accepted_length = stats.mean_accepted_length;
   // Gamma never exceeds SPECRUN_MAX_GAMMA, the C spelling of specrun::kMaxGamma.

@@ -131,6 +131,8 @@ RequestStats request_stats(const detail::RequestState& state, const SequenceStat
     stats.drafted = engine->drafted;
     stats.accepted = engine->accepted;
     stats.rejections = engine->rejections;
+    stats.looked_up = engine->looked_up;
+    stats.looked_up_accepted = engine->looked_up_accepted;
     stats.acceptance_rate = engine->acceptance_rate();
     stats.mean_accepted_length = engine->mean_accepted_length();
     stats.gamma_histogram = engine->gamma_histogram;

@@ -40,8 +40,24 @@ Proposals one_row(const Proposals& from, int64_t row) {
     const auto probs = from.probs.begin() + row * from.gamma * from.vocab;
     proposals.probs.assign(probs, probs + count * from.vocab);
   }
+  if (from.has_contests()) {
+    const auto model = from.model_offers.begin() + row * from.gamma;
+    const auto lookup = from.lookup_offers.begin() + row * from.gamma;
+    proposals.model_offers.assign(model, model + count);
+    proposals.lookup_offers.assign(lookup, lookup + count);
+  }
   return proposals;
 }
+
+// How often prompt lookup and the draft model, offering different tokens for a draft, offered
+// the one the target committed. Lookup is preferred until the model has won more often: a draft
+// that agrees with its target soon keeps its own tokens; one that cannot copy from its context
+// gives way where the text repeats itself.
+struct LookupContests {
+  int64_t lookup_won = 0;  // contests where lookup's token was the target's
+  int64_t model_won = 0;   // contests where the model's was
+  bool prefer_lookup() const { return lookup_won >= model_won; }
+};
 
 // `committed` followed by `drafts`: the text a draft continues from, as if they were accepted.
 std::vector<int32_t> followed_by(std::span<const int32_t> committed,
@@ -74,6 +90,12 @@ struct Sequence {
   // the pending one), then the next proposals with their q. Empty when none are kept.
   Proposals ahead;
   bool ahead_complete = false;  // drafting ahead gave every draft asked for (no confidence stop)
+  // Prompt lookup against the draft model where they offered different tokens (Proposals'
+  // contests): which offered the token the target committed, over every step verified so far
+  // (`contests`) and over all but the last (`contests_before`). A step's proposals follow
+  // contests_before, so that drafts proposed ahead of it, before the last verdict, are those the
+  // step itself would propose.
+  LookupContests contests, contests_before;
 };
 
 // What one step carries from phase to phase; rows are the running sequences, in order.
@@ -145,6 +167,7 @@ struct BatchEngine::State {
   void draft_ahead(StepWork& work);
   void score_and_verify(StepWork& work);
   void commit(StepWork& work);
+  void tally_contests(Sequence& sequence, const StepWork& work, int64_t b);
   void deliver(StepWork& work);
 
   // The rule a row with these settings is verified by (the test's replacement, when set).
@@ -594,9 +617,11 @@ void BatchEngine::State::propose(StepWork& work) {
                                                                    1, static_cast<size_t>(taken)));
         text = work.draft_text[row];
       }
-      model_requests.push_back({static_cast<int64_t>(sequence.id), text, rest, sequence.random,
-                                sequence.generated + taken, &sequence.sampling,
-                                speculation.draft_p_min, plan.max_catch_up});
+      model_requests.push_back(
+          {static_cast<int64_t>(sequence.id), text, rest, sequence.random,
+           sequence.generated + taken, &sequence.sampling, speculation.draft_p_min,
+           plan.max_catch_up, speculation.draft_lookup_ngram, speculation.lookup_max_ngram,
+           speculation.draft_lookup_below, sequence.contests_before.prefer_lookup()});
       model_rows.push_back(b);
       work.catch_up[row] = static_cast<int64_t>(text.size()) -
                            draft_proposer->cached_length(static_cast<int64_t>(sequence.id));
@@ -645,9 +670,19 @@ void BatchEngine::State::assemble(StepWork& work, const Proposals& from_model,
         source.row_tokens(source_row)
             .subspan(static_cast<size_t>(first), static_cast<size_t>(count));
     proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(offset + count);
+    if (source.has_contests() && !proposals.has_contests()) {
+      proposals.model_offers.assign(proposals.tokens.size(), -1);
+      proposals.lookup_offers.assign(proposals.tokens.size(), -1);
+    }
     for (int64_t i = 0; i < count; ++i) {
       const int32_t token = tokens[static_cast<size_t>(i)];
-      proposals.tokens[static_cast<size_t>(b * proposals.gamma + offset + i)] = token;
+      const auto slot = static_cast<size_t>(b * proposals.gamma + offset + i);
+      proposals.tokens[slot] = token;
+      if (source.has_contests()) {
+        const auto from = static_cast<size_t>(source_row * source.gamma + first + i);
+        proposals.model_offers[slot] = source.model_offers[from];
+        proposals.lookup_offers[slot] = source.lookup_offers[from];
+      }
       if (!materialise) continue;
       float* q = proposals.probs.data() + (b * proposals.gamma + offset + i) * proposals.vocab;
       if (source.point_masses()) {
@@ -698,9 +733,12 @@ void BatchEngine::State::draft_ahead(StepWork& work) {
     text = followed_by(sequence.committed, work.proposals.row_tokens(b));
     work.ahead_row[row] = static_cast<int64_t>(requests.size());
     work.ahead_wanted.push_back(wanted);
-    requests.push_back({static_cast<int64_t>(sequence.id), text, wanted, sequence.random,
-                        sequence.generated + drafted, &sequence.sampling,
-                        sequence.request.speculation.draft_p_min, 0});
+    requests.push_back(
+        {static_cast<int64_t>(sequence.id), text, wanted, sequence.random,
+         sequence.generated + drafted, &sequence.sampling, sequence.request.speculation.draft_p_min,
+         0, sequence.request.speculation.draft_lookup_ngram,
+         sequence.request.speculation.lookup_max_ngram,
+         sequence.request.speculation.draft_lookup_below, sequence.contests.prefer_lookup()});
   }
   if (requests.empty()) return;
   try {
@@ -772,6 +810,7 @@ void BatchEngine::State::commit(StepWork& work) {
     accepted_total += accepted;
     SequenceStats& stats = sequence.stats;
     stats.record_step(drafted, accepted, work.draft_ms, work.verify_ms);
+    tally_contests(sequence, work, static_cast<int64_t>(b));
 
     const SamplingSettings& sampling = sequence.request.sampling;
     std::optional<FinishReason>& stop = work.stops[b];
@@ -832,6 +871,30 @@ void BatchEngine::State::commit(StepWork& work) {
   counters.target_ms += work.verify_ms;
   counters.running = continuing;
   count_kv(cache);
+}
+
+// Each draft the verdict decided (those accepted and the first rejected) on which prompt lookup
+// and the draft model offered different tokens counts for the one that offered the target's.
+void BatchEngine::State::tally_contests(Sequence& sequence, const StepWork& work, int64_t b) {
+  sequence.contests_before = sequence.contests;
+  const Proposals& proposals = work.proposals;
+  if (!proposals.has_contests()) return;
+  const std::span<const int32_t> decided = work.verdict.row(b);
+  const int64_t accepted = work.verdict.accepted[static_cast<size_t>(b)];
+  const int64_t drafted = proposals.counts[static_cast<size_t>(b)];
+  for (int64_t i = 0; i < std::min(drafted, accepted + 1); ++i) {
+    const auto slot = static_cast<size_t>(b * proposals.gamma + i);
+    const int32_t model = proposals.model_offers[slot];
+    const int32_t lookup = proposals.lookup_offers[slot];
+    if (model < 0) continue;
+    const int32_t target_token = decided[static_cast<size_t>(i)];
+    if (target_token == lookup) sequence.contests.lookup_won += 1;
+    if (target_token == model) sequence.contests.model_won += 1;
+    if (proposals.tokens[slot] == lookup) {
+      sequence.stats.looked_up += 1;
+      if (i < accepted) sequence.stats.looked_up_accepted += 1;
+    }
+  }
 }
 
 // Deliver: each request gets the step's tokens; those that stopped finish with them.

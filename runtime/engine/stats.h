@@ -9,16 +9,19 @@
 namespace specrun {
 
 struct SequenceStats {
-  int64_t tokens_generated = 0;                // tokens emitted (EOS excluded)
-  double total_ms = 0.0;                       // from submit to the last update
-  double ttft_ms = 0.0;                        // time to the first token
-  int64_t cached_prompt_tokens = 0;            // prompt positions taken from the prefix cache
-  std::vector<double> token_ms;                // each token's arrival, from submit
-  int64_t steps = 0;                           // target forwards after the prefill
-  int64_t drafted = 0;                         // drafts verified (calibration filler included)
-  int64_t accepted = 0;                        // drafts accepted
-  int64_t rejections = 0;                      // steps that rejected a draft (accepted < drafted)
-  int64_t committed_in_steps = 0;              // tokens committed by the steps (accepted + 1 each)
+  int64_t tokens_generated = 0;      // tokens emitted (EOS excluded)
+  double total_ms = 0.0;             // from submit to the last update
+  double ttft_ms = 0.0;              // time to the first token
+  int64_t cached_prompt_tokens = 0;  // prompt positions taken from the prefix cache
+  std::vector<double> token_ms;      // each token's arrival, from submit
+  int64_t steps = 0;                 // target forwards after the prefill
+  int64_t drafted = 0;               // drafts verified (calibration filler included)
+  int64_t accepted = 0;              // drafts accepted
+  int64_t rejections = 0;            // steps that rejected a draft (accepted < drafted)
+  int64_t looked_up = 0;             // drafts prompt lookup proposed where the draft model offered
+                                     // another token (DraftRequest::prefer_lookup)
+  int64_t looked_up_accepted = 0;    // of those, accepted
+  int64_t committed_in_steps = 0;    // tokens committed by the steps (accepted + 1 each)
   std::map<int64_t, int64_t> gamma_histogram;  // drafts per step -> steps
   double draft_ms = 0.0;                       // time proposing (shared with the batch)
   double target_ms = 0.0;  // time in the target: prefill, scoring, verification (shared)

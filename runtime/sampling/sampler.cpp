@@ -141,6 +141,15 @@ constexpr double kCandidateFloors[] = {0x1.0p-16, 0x1.0p-40, 0.0};
 
 }  // namespace
 
+double top_probability(std::span<const float> logits, std::span<float> scratch) {
+  SPECRUN_CHECK(scratch.size() == logits.size() && !logits.empty());
+  const LogitScan scan = scan_logits(logits);
+  if (scan.corrupt) throw Error("logits hold NaN or +infinity: the model's output is corrupt");
+  if (scan.max == -INFINITY) throw Error("every token's logit is -infinity");
+  // The top weight is exp(0) = 1.
+  return 1.0 / exponentiate(logits, scan.max, 1.0, scratch.data());
+}
+
 int32_t argmax(std::span<const float> logits) {
   SPECRUN_CHECK(!logits.empty());
   // The maximum, then its first index: two passes that vectorise, where one pass keeping the best

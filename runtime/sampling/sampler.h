@@ -41,6 +41,11 @@ int32_t argmax(std::span<const float> logits);
 void process_logits(const SamplingParams& params, std::span<const float> logits,
                     std::span<float> probs);
 
+// The largest probability of softmax(logits) as they are (no temperature, no filters): a model's
+// confidence in its own top token. `scratch` (as long as `logits`) receives the row's weights.
+// Throws Error, as process_logits does, when the logits have no finite maximum.
+double top_probability(std::span<const float> logits, std::span<float> scratch);
+
 // Draws a token from a distribution (need not be normalised) by inverse CDF with `uniform`, in
 // [0, 1).
 int32_t sample_from(std::span<const float> probs, double uniform);

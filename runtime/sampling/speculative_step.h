@@ -19,8 +19,14 @@ struct Proposals {
   // [batch, gamma, vocab] processed distributions q_1..q_gamma. Empty when the proposer's q is a
   // point mass on each draft token (prompt lookup): q_i(x) = [x == d_i].
   std::vector<float> probs;
+  // Contests (DraftRequest::lookup_min_ngram): where prompt lookup and the draft model offered
+  // different tokens for a draft, what each offered (the draft is one of the two); -1 elsewhere.
+  // [batch, gamma] each; empty when no row had a contest.
+  std::vector<int32_t> model_offers;
+  std::vector<int32_t> lookup_offers;
 
   bool point_masses() const { return probs.empty(); }
+  bool has_contests() const { return !model_offers.empty(); }
   std::span<const int32_t> row_tokens(int64_t b) const {
     return {tokens.data() + b * gamma, static_cast<size_t>(counts[static_cast<size_t>(b)])};
   }

@@ -126,7 +126,8 @@ void apply_speculative(const json& value, SpeculationSettings& settings) {
   const Fields fields(value, "speculative.");
   for (const auto& [key, unused] : value.items()) {
     if (key != "method" && key != "controller" && key != "verification" && key != "gamma" &&
-        key != "gamma_min" && key != "gamma_max" && key != "draft_p_min") {
+        key != "gamma_min" && key != "gamma_max" && key != "draft_p_min" &&
+        key != "draft_lookup_ngram" && key != "draft_lookup_below") {
       refuse("speculative." + key, "'speculative." + key + "' is not a known field");
     }
   }
@@ -149,6 +150,11 @@ void apply_speculative(const json& value, SpeculationSettings& settings) {
   if (auto maximum = fields.integer("gamma_max", 0, kMaxGamma)) settings.gamma_max = *maximum;
   if (auto floor = fields.number("draft_p_min", 0.0, 1.0)) {
     settings.draft_p_min = static_cast<float>(*floor);
+  }
+  if (auto ngram = fields.integer("draft_lookup_ngram", 0, 64))
+    settings.draft_lookup_ngram = *ngram;
+  if (auto below = fields.number("draft_lookup_below", 0.0, 1.0)) {
+    settings.draft_lookup_below = static_cast<float>(*below);
   }
 }
 

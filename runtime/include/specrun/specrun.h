@@ -165,6 +165,11 @@ typedef struct specrun_speculation {
   int64_t lookup_min_ngram;          /* prompt lookup: shortest suffix matched; default 1 */
   int64_t lookup_max_ngram;          /* prompt lookup: longest suffix matched; default 3 */
   specrun_verification verification; /* default SPECRUN_VERIFICATION_SHARED_NOISE */
+  int64_t draft_lookup_ngram;        /* with the draft model, where the text ends in an n-gram of at
+                                        least this many tokens (at most lookup_max_ngram) seen before,
+                                        propose what followed it instead, where the draft's top
+                                        probability is below draft_lookup_below; 0 never; default 2 */
+  float draft_lookup_below; /* in (0, 1]; 1 looks up wherever the text repeats; default 0.8 */
 } specrun_speculation;
 
 /* An engine's settings, as specrun::EngineConfig. specrun_engine_config_init sets the defaults;
@@ -281,6 +286,9 @@ typedef struct specrun_request_stats {
   double draft_ms;              /* time in the steps' drafting (shared with the batch) */
   double target_ms;             /* time in the steps' target passes (shared with the batch) */
   int64_t cached_prompt_tokens; /* of the prompt's tokens, taken from the prefix cache */
+  int64_t looked_up;            /* drafts prompt lookup proposed in the draft model's place, where
+                                   the two differed (draft_lookup_ngram) */
+  int64_t looked_up_accepted;   /* of those, accepted */
 } specrun_request_stats;
 
 /* A finished request. */

@@ -138,6 +138,11 @@ struct SpeculationSettings {
   float draft_p_min = 0.0f;      // stop drafting when the draft's top probability falls below this
   int64_t lookup_min_ngram = 1;  // prompt lookup: shortest suffix matched
   int64_t lookup_max_ngram = 3;  // prompt lookup: longest suffix matched
+  // With the draft model: where the text so far ends in an n-gram of at least this many tokens
+  // (at most lookup_max_ngram) that occurred before and the draft's top probability is below
+  // draft_lookup_below, propose what followed it in the draft's place; 0 never does.
+  int64_t draft_lookup_ngram = 2;
+  float draft_lookup_below = 0.8f;  // in (0, 1]; 1 looks up wherever the text repeats itself
 };
 
 // Every field has a default member initializer, so designated initializers may name any subset
@@ -231,6 +236,9 @@ struct RequestStats {
   int64_t drafted = 0;                // drafts verified
   int64_t accepted = 0;               // drafts accepted
   int64_t rejections = 0;             // steps that rejected a draft (accepted < drafted)
+  int64_t looked_up = 0;              // drafts prompt lookup proposed in the draft model's place
+                                      // (speculative.draft_lookup_ngram), where they differed
+  int64_t looked_up_accepted = 0;     // of those, accepted
   double acceptance_rate = 0.0;       // accepted / drafted
   double mean_accepted_length = 0.0;  // tokens committed per step
   std::map<int64_t, int64_t> gamma_histogram;  // drafts in a step -> steps
