@@ -196,6 +196,13 @@ TEST_F(ServerTest, CompletionsStreamedAddUpToTheResponseAndGreedyEqualsTheCli) {
   EXPECT_EQ(response["usage"]["completion_tokens"], 24);
   EXPECT_EQ(response["usage"]["prompt_tokens"], 1 + static_cast<int>(prompt.size()));
   EXPECT_EQ(response["usage"]["total_tokens"], 25 + static_cast<int>(prompt.size()));
+  // What speculation did for the request.
+  const json& speculation = response["speculative"];
+  EXPECT_GT(speculation["steps"].get<int64_t>(), 0);
+  EXPECT_LE(speculation["accepted"].get<int64_t>(), speculation["drafted"].get<int64_t>());
+  EXPECT_LE(speculation["looked_up"].get<int64_t>(), speculation["drafted"].get<int64_t>());
+  EXPECT_LE(speculation["looked_up_accepted"].get<int64_t>(),
+            speculation["looked_up"].get<int64_t>());
   // The command line on the same checkpoint and prompt.
   const testing::CommandResult cli = testing::run_command(
       "'" + testing::tool_path("specrun").string() + "' --target '" + (dir_ / "target").string() +

@@ -170,7 +170,9 @@ bool finish(Exchange& exchange, httplib::DataSink& sink) {
     response["speculative"] = {{"drafted", result.stats.drafted},
                                {"accepted", result.stats.accepted},
                                {"acceptance_rate", result.stats.acceptance_rate},
-                               {"steps", result.stats.steps}};
+                               {"steps", result.stats.steps},
+                               {"looked_up", result.stats.looked_up},
+                               {"looked_up_accepted", result.stats.looked_up_accepted}};
     written = write(sink, dump(response));
   }
   sink.done();
