@@ -245,7 +245,8 @@ void validate(const SpeculationSettings& s) {
   if (s.draft_lookup_ngram < 0 || s.draft_lookup_ngram > s.lookup_max_ngram) {
     throw Error("draft_lookup_ngram must be 0 (off) or within [1, lookup_max_ngram " +
                 std::to_string(s.lookup_max_ngram) + "], got " +
-                std::to_string(s.draft_lookup_ngram));
+                std::to_string(s.draft_lookup_ngram) +
+                ": lower it, set it to 0, or raise lookup_max_ngram");
   }
   if (!(s.draft_lookup_below > 0.0f && s.draft_lookup_below <= 1.0f)) {
     throw Error("draft_lookup_below must be in (0, 1], got " +
