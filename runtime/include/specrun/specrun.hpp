@@ -140,7 +140,9 @@ struct SpeculationSettings {
   int64_t lookup_max_ngram = 3;  // prompt lookup: longest suffix matched
   // With the draft model: where the text so far ends in an n-gram of at least this many tokens
   // (at most lookup_max_ngram) that occurred before and the draft's top probability is below
-  // draft_lookup_below, propose what followed it in the draft's place; 0 never does.
+  // draft_lookup_below, prompt lookup offers what followed it, proposed in the draft's place
+  // while it has won at least as many of their contests as the draft (README, "Prompt lookup
+  // beside the draft"); 0 never.
   int64_t draft_lookup_ngram = 2;
   float draft_lookup_below = 0.8f;  // in (0, 1]; 1 looks up wherever the text repeats itself
 };
