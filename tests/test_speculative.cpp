@@ -126,9 +126,9 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyForEveryGammaControllerAndProposer
               EXPECT_EQ(result.stats.accepted, result.stats.drafted)
                   << "a model must accept its own greedy drafts";
             } else {
-              // Lookup, preferred until the model has won more of their contests, loses the
-              // first; the steps proposed before that verdict counts (the one proposing with
-              // it, and the one proposed alongside) may lose one more.
+              // Lookup is preferred until the model has won more of their contests: it loses
+              // the first, and the next step, proposed by the tallies before that verdict, may
+              // lose one more.
               EXPECT_LE(result.stats.rejections, 2) << "prompt of " << prompt.size();
               EXPECT_LE(result.stats.looked_up, 2) << "prompt of " << prompt.size();
             }
