@@ -98,6 +98,27 @@ struct Sequence {
   LookupContests contests, contests_before;
 };
 
+// What the draft model is asked for `sequence`: `gamma` drafts continuing `text` from output
+// `position`, with the request's confidence floor and prompt lookup, preferring lookup's offers
+// as `contests` say.
+DraftRequest draft_request(const Sequence& sequence, std::span<const int32_t> text, int64_t gamma,
+                           int64_t position, int64_t max_catch_up, const LookupContests& contests) {
+  const SpeculationSettings& speculation = sequence.request.speculation;
+  DraftRequest request{static_cast<int64_t>(sequence.id),
+                       text,
+                       gamma,
+                       sequence.random,
+                       position,
+                       &sequence.sampling};
+  request.draft_p_min = speculation.draft_p_min;
+  request.max_catch_up = max_catch_up;
+  request.lookup_min_ngram = speculation.draft_lookup_ngram;
+  request.lookup_max_ngram = speculation.lookup_max_ngram;
+  request.lookup_below = speculation.draft_lookup_below;
+  request.prefer_lookup = contests.prefer_lookup();
+  return request;
+}
+
 // What one step carries from phase to phase; rows are the running sequences, in order.
 struct StepWork {
   std::vector<DraftPlan> plans;                         // [batch]
@@ -617,11 +638,8 @@ void BatchEngine::State::propose(StepWork& work) {
                                                                    1, static_cast<size_t>(taken)));
         text = work.draft_text[row];
       }
-      model_requests.push_back(
-          {static_cast<int64_t>(sequence.id), text, rest, sequence.random,
-           sequence.generated + taken, &sequence.sampling, speculation.draft_p_min,
-           plan.max_catch_up, speculation.draft_lookup_ngram, speculation.lookup_max_ngram,
-           speculation.draft_lookup_below, sequence.contests_before.prefer_lookup()});
+      model_requests.push_back(draft_request(sequence, text, rest, sequence.generated + taken,
+                                             plan.max_catch_up, sequence.contests_before));
       model_rows.push_back(b);
       work.catch_up[row] = static_cast<int64_t>(text.size()) -
                            draft_proposer->cached_length(static_cast<int64_t>(sequence.id));
@@ -734,11 +752,7 @@ void BatchEngine::State::draft_ahead(StepWork& work) {
     work.ahead_row[row] = static_cast<int64_t>(requests.size());
     work.ahead_wanted.push_back(wanted);
     requests.push_back(
-        {static_cast<int64_t>(sequence.id), text, wanted, sequence.random,
-         sequence.generated + drafted, &sequence.sampling, sequence.request.speculation.draft_p_min,
-         0, sequence.request.speculation.draft_lookup_ngram,
-         sequence.request.speculation.lookup_max_ngram,
-         sequence.request.speculation.draft_lookup_below, sequence.contests.prefer_lookup()});
+        draft_request(sequence, text, wanted, sequence.generated + drafted, 0, sequence.contests));
   }
   if (requests.empty()) return;
   try {

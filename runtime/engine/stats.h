@@ -18,8 +18,7 @@ struct SequenceStats {
   int64_t drafted = 0;               // drafts verified (calibration filler included)
   int64_t accepted = 0;              // drafts accepted
   int64_t rejections = 0;            // steps that rejected a draft (accepted < drafted)
-  int64_t looked_up = 0;             // drafts prompt lookup proposed where the draft model offered
-                                     // another token (DraftRequest::prefer_lookup)
+  int64_t looked_up = 0;             // drafts lookup proposed where the draft offered another token
   int64_t looked_up_accepted = 0;    // of those, accepted
   int64_t committed_in_steps = 0;    // tokens committed by the steps (accepted + 1 each)
   std::map<int64_t, int64_t> gamma_histogram;  // drafts per step -> steps

@@ -151,8 +151,9 @@ void apply_speculative(const json& value, SpeculationSettings& settings) {
   if (auto floor = fields.number("draft_p_min", 0.0, 1.0)) {
     settings.draft_p_min = static_cast<float>(*floor);
   }
-  if (auto ngram = fields.integer("draft_lookup_ngram", 0, 64))
+  if (auto ngram = fields.integer("draft_lookup_ngram", 0, 64)) {
     settings.draft_lookup_ngram = *ngram;
+  }
   if (auto below = fields.number("draft_lookup_below", 0.0, 1.0)) {
     settings.draft_lookup_below = static_cast<float>(*below);
   }

@@ -167,8 +167,10 @@ typedef struct specrun_speculation {
   specrun_verification verification; /* default SPECRUN_VERIFICATION_SHARED_NOISE */
   int64_t draft_lookup_ngram;        /* with the draft model, where the text ends in an n-gram of at
                                         least this many tokens (at most lookup_max_ngram) seen before,
-                                        propose what followed it instead, where the draft's top
-                                        probability is below draft_lookup_below; 0 never; default 2 */
+                                        and the draft's top probability is below draft_lookup_below,
+                                        lookup offers what followed it, proposed in the draft's
+                                        place while it wins as many contests (README); 0 never;
+                                        default 2 */
   float draft_lookup_below; /* in (0, 1]; 1 looks up wherever the text repeats; default 0.8 */
 } specrun_speculation;
 
