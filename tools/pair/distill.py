@@ -13,6 +13,11 @@
                                                  tokens, as trained and as exported (Q8_0), and
                                                  on its answers to questions on new topics:
                                                  DIR/metrics.json
+  distill.py lookup --target GGUF --work DIR     agreement with the target's greedy answers on
+                                                 new topics, teacher-forced, of the saved draft
+                                                 and of the target as its own draft, alone and
+                                                 with prompt lookup in their place (specrun's
+                                                 speculative.draft_lookup_ngram, fixed on)
   distill.py export --target GGUF --work DIR --out FILE
                                                  the draft as GGUF (Q8_0 matrices), with the
                                                  target's tokenizer metadata copied verbatim and
@@ -412,6 +417,58 @@ def evaluate(args):
     log(f"held out: {json.dumps({k: metrics[k] for k in ['float', 'q8_0', 'new_topics']})}")
 
 
+def lookup_continuation(text, min_ngram, max_ngram):
+    """What followed the latest earlier occurrence of the longest suffix n-gram of `text`
+    (max_ngram down to min_ngram tokens), or None: specrun's lookup_continuation."""
+    for n in range(min(max_ngram, len(text) - 1), min_ngram - 1, -1):
+        suffix = text[len(text) - n:]
+        for start in range(len(text) - n - 1, -1, -1):
+            if text[start:start + n] == suffix:
+                return text[start + n]
+    return None
+
+
+def lookup(args):
+    """Teacher-forced agreement on the new-topic answers (new_topic_items) of the saved draft
+    (its reduced head, as exported) and of the target drafting for itself: each model's argmax
+    alone, and with prompt lookup's token in its place wherever the text so far ends in an n-gram
+    of `min` to 3 tokens seen before and the model's top probability is below `below` (the rule
+    specrun applies while lookup wins its contests). Prints one line per model and rule."""
+    torch.set_num_threads(args.threads)
+    draft, _ = load_draft(os.path.join(args.work, "draft.pt"))
+    draft.eval()
+    target = load_target(args.target)
+    head = torch.tensor(head_token_ids(args.work, args.head_tokens))
+    items = new_topic_items(args, 512)
+    rules = [(0, 1.0), (1, 0.8), (2, 0.8), (2, 1.01)]  # (min n-gram, below); 0: no lookup
+    for name, model, reduced in (("draft", draft, head), ("target", target, None)):
+        agree = {rule: 0 for rule in rules}
+        total = 0
+        with torch.no_grad():
+            for ids, start, _ in items:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    hidden = model.model(input_ids=ids[None]).last_hidden_state[0]
+                    logits = model.lm_head(hidden[start - 1:-1]).float()
+                if reduced is not None:
+                    logits = logits[:, reduced]
+                top, best = logits.softmax(-1).max(-1)
+                tokens = reduced[best] if reduced is not None else best
+                text = ids.tolist()
+                for k in range(len(text) - start):
+                    truth = text[start + k]
+                    total += 1
+                    for min_ngram, below in rules:
+                        guess = int(tokens[k])
+                        if min_ngram and float(top[k]) < below:
+                            looked_up = lookup_continuation(text[:start + k], min_ngram, 3)
+                            if looked_up is not None:
+                                guess = looked_up
+                        agree[(min_ngram, below)] += guess == truth
+        for (min_ngram, below), count in agree.items():
+            rule = f"lookup {min_ngram}-3-grams below {below}" if min_ngram else "alone"
+            log(f"{name}, {rule}: agreement {count / total:.3f} over {total} answer tokens")
+
+
 def head_token_ids(work, count):
     """The `count` tokens most frequent in the training split's answers (ties to the lower id),
     in increasing order; logs the share of held-out answer tokens they cover."""
@@ -512,7 +569,7 @@ def export(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=["generate", "train", "evaluate", "export"])
+    parser.add_argument("step", choices=["generate", "train", "evaluate", "lookup", "export"])
     parser.add_argument("--target", required=True, help="the target's GGUF file")
     parser.add_argument("--work", required=True, help="folder for data, checkpoints and logs")
     parser.add_argument("--out", help="export: the draft's GGUF file")
