@@ -7,8 +7,10 @@
   distill.py train --target GGUF --work DIR      a narrow draft, initialised from the target's
                                                  embeddings and first layers, learns to predict
                                                  those answers: DIR/draft.pt (--init-from FILE:
-                                                 a second phase from a saved draft.pt, kept only
-                                                 where it beats its start on held-out answers)
+                                                 a second phase from a saved draft.pt or an
+                                                 exported draft.gguf, kept only where it beats
+                                                 its start on held-out answers; --kl-weight W:
+                                                 partly on the target's own distributions)
   distill.py evaluate --target GGUF --work DIR   held-out loss and agreement with the target's
                                                  tokens, as trained and as exported (Q8_0), and
                                                  on its answers to questions on new topics:
@@ -284,18 +286,39 @@ def batches(items, tokens_per_batch, generator):
         yield ids, labels
 
 
-def answer_loss(model, ids, labels):
-    """Mean cross-entropy and argmax agreement over the answer positions."""
+def answer_logits(model, ids, labels):
+    """The model's logits at the answer positions: [answer tokens, vocab]."""
     mask = labels != -100
     with torch.autocast("cpu", dtype=torch.bfloat16):
         hidden = model.model(input_ids=ids).last_hidden_state  # [batch, width, hidden]
         # The head (most of the draft's arithmetic) only where a loss is taken: not on the prompt
         # or the padding.
         logits = model.lm_head(hidden[mask])  # [answer tokens, vocab]
-    logits = logits.float()
-    loss = F.cross_entropy(logits, labels[mask])
-    agree = (logits.argmax(-1) == labels[mask]).float().mean()
+    return logits.float()
+
+
+def answer_loss(model, ids, labels):
+    """Mean cross-entropy and argmax agreement over the answer positions."""
+    logits = answer_logits(model, ids, labels)
+    answers = labels[labels != -100]
+    loss = F.cross_entropy(logits, answers)
+    agree = (logits.argmax(-1) == answers).float().mean()
     return loss, agree
+
+
+def distillation_loss(draft, target, ids, labels, kl_weight):
+    """(1 - kl_weight) x cross-entropy on the target's tokens + kl_weight x KL(p || q) from the
+    target's own distributions p (computed here, at temperature 1) to the draft's q, over the
+    answer positions; and the draft's argmax agreement with the target's tokens."""
+    logits = answer_logits(draft, ids, labels)
+    answers = labels[labels != -100]
+    with torch.no_grad():
+        target_log_p = F.log_softmax(answer_logits(target, ids, labels), -1)
+    log_q = F.log_softmax(logits, -1)
+    cross_entropy = F.nll_loss(log_q, answers)
+    kl = F.kl_div(log_q, target_log_p, log_target=True, reduction="batchmean")
+    agree = (logits.argmax(-1) == answers).float().mean()
+    return (1.0 - kl_weight) * cross_entropy + kl_weight * kl, agree
 
 
 def held_out_metrics(model, held_out, tokens_per_batch):
@@ -319,15 +342,18 @@ def train(args):
     from transformers import LlamaForCausalLM
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
+    target = load_target(args.target) if args.kl_weight > 0 or not args.init_from else None
     if args.init_from:
         # A second phase: the draft goes on from a saved checkpoint (its own schedule, a new order
         # of batches).
-        draft, _ = load_draft(args.init_from)
+        draft, _ = load_draft(args.init_from, args.target)
     else:
-        target = load_target(args.target)
         draft = LlamaForCausalLM(draft_config(target.config))
         initialise_from_target(draft, target)
-        del target
+    if args.kl_weight > 0:
+        target.requires_grad_(False)
+    else:
+        target = None
     train_set, held_out = load_split(args.work, 512)
     log(f"{len(train_set)} training answers "
         f"({sum(len(i[0]) - i[1] for i in train_set)} answer tokens), {len(held_out)} held out; "
@@ -348,7 +374,10 @@ def train(args):
     draft.train()
     while step < args.steps:
         for ids, labels in batches(train_set, args.tokens_per_step, generator):
-            loss, agree = answer_loss(draft, ids, labels)
+            if target is not None:
+                loss, agree = distillation_loss(draft, target, ids, labels, args.kl_weight)
+            else:
+                loss, agree = answer_loss(draft, ids, labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -380,14 +409,62 @@ def train(args):
 # evaluate, export
 
 
-def load_draft(path):
-    """A draft.pt that train saved: the model, and what was saved with it."""
+def load_draft(path, target_path=None):
+    """A draft.pt that train saved, or a draft.gguf that export wrote (its Q8_0 matrices
+    dequantised; its reduced head dropped, the head being tied to the embedding in training; the
+    target's GGUF gives the rest of the configuration): the model, and what was saved with it."""
     from transformers import LlamaConfig, LlamaForCausalLM
+    if path.endswith(".gguf"):
+        return load_draft_gguf(path, target_path), {"step": 0, "from": path}
     saved = torch.load(path)
     config = LlamaConfig.from_dict(saved["config"])
     draft = LlamaForCausalLM(config)
     draft.load_state_dict(saved["state"])
     return draft, saved
+
+
+def load_draft_gguf(path, target_path):
+    """The inverse of export: a LlamaForCausalLM with the GGUF draft's weights."""
+    import gguf
+    from transformers import AutoConfig, LlamaForCausalLM
+    import transformers
+    transformers.logging.set_verbosity_error()
+    if target_path is None:
+        raise SystemExit("distill: a GGUF draft needs --target for its configuration")
+    folder, name = os.path.split(os.path.abspath(target_path))
+    draft = LlamaForCausalLM(draft_config(AutoConfig.from_pretrained(folder, gguf_file=name)))
+    config = draft.config
+    tensors = {}
+    for tensor in gguf.GGUFReader(path).tensors:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        tensors[tensor.name] = torch.from_numpy(values.copy()).float()
+
+    def deinterleave(weight, heads):  # GGUF's interleaved pairs to rotate-half rows, per head
+        rows, columns = weight.shape
+        return (weight.reshape(heads, rows // heads // 2, 2, columns).swapaxes(1, 2)
+                .reshape(rows, columns))
+
+    state = {"model.embed_tokens.weight": tensors["token_embd.weight"],
+             "model.norm.weight": tensors["output_norm.weight"]}
+    for i in range(config.num_hidden_layers):
+        prefix, block = f"model.layers.{i}.", f"blk.{i}."
+        state[prefix + "input_layernorm.weight"] = tensors[block + "attn_norm.weight"]
+        state[prefix + "post_attention_layernorm.weight"] = tensors[block + "ffn_norm.weight"]
+        state[prefix + "self_attn.q_proj.weight"] = deinterleave(
+            tensors[block + "attn_q.weight"], config.num_attention_heads)
+        state[prefix + "self_attn.k_proj.weight"] = deinterleave(
+            tensors[block + "attn_k.weight"], config.num_key_value_heads)
+        state[prefix + "self_attn.v_proj.weight"] = tensors[block + "attn_v.weight"]
+        state[prefix + "self_attn.o_proj.weight"] = tensors[block + "attn_output.weight"]
+        state[prefix + "mlp.gate_proj.weight"] = tensors[block + "ffn_gate.weight"]
+        state[prefix + "mlp.up_proj.weight"] = tensors[block + "ffn_up.weight"]
+        state[prefix + "mlp.down_proj.weight"] = tensors[block + "ffn_down.weight"]
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    if unexpected or [key for key in missing if "rotary" not in key]:
+        raise SystemExit(f"distill: {path} does not match the draft's shape: missing {missing}, "
+                         f"unexpected {unexpected}")
+    return draft
 
 
 def evaluate(args):
@@ -587,7 +664,13 @@ def main():
     parser.add_argument("--steps", type=int, default=1200, help="train: optimizer steps")
     parser.add_argument("--tokens-per-step", type=int, default=4096, help="train: batch size")
     parser.add_argument("--learning-rate", type=float, default=2e-3, help="train: peak")
-    parser.add_argument("--init-from", help="train: start from this draft.pt, not the target")
+    parser.add_argument("--init-from",
+                        help="train: start from this draft.pt or exported draft.gguf, not the "
+                        "target")
+    parser.add_argument("--kl-weight", type=float, default=0.0,
+                        help="train: weight of KL(target || draft) on the target's own "
+                        "distributions (computed by the target as it trains), the rest "
+                        "cross-entropy on the target's tokens; 0: cross-entropy alone")
     parser.add_argument("--head-tokens", type=int, default=16384,
                         help="export: tokens the draft's head scores (0: the whole vocabulary)")
     args = parser.parse_args()
