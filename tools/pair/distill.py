@@ -439,6 +439,12 @@ def load_draft_gguf(path, target_path):
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         tensors[tensor.name] = torch.from_numpy(values.copy()).float()
 
+    class Tensors(dict):
+        def __missing__(self, name):
+            raise SystemExit(f"distill: {path} has no tensor {name}: not a draft that export wrote")
+
+    tensors = Tensors(tensors)
+
     def deinterleave(weight, heads):  # GGUF's interleaved pairs to rotate-half rows, per head
         rows, columns = weight.shape
         return (weight.reshape(heads, rows // heads // 2, 2, columns).swapaxes(1, 2)
@@ -460,7 +466,10 @@ def load_draft_gguf(path, target_path):
         state[prefix + "mlp.up_proj.weight"] = tensors[block + "ffn_up.weight"]
         state[prefix + "mlp.down_proj.weight"] = tensors[block + "ffn_down.weight"]
     state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    missing, unexpected = draft.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = draft.load_state_dict(state, strict=False)
+    except RuntimeError as error:
+        raise SystemExit(f"distill: {path} does not match the draft's shape: {error}")
     if unexpected or [key for key in missing if "rotary" not in key]:
         raise SystemExit(f"distill: {path} does not match the draft's shape: missing {missing}, "
                          f"unexpected {unexpected}")
