@@ -434,37 +434,16 @@ def load_draft_gguf(path, target_path):
     folder, name = os.path.split(os.path.abspath(target_path))
     draft = LlamaForCausalLM(draft_config(AutoConfig.from_pretrained(folder, gguf_file=name)))
     config = draft.config
-    tensors = {}
-    for tensor in gguf.GGUFReader(path).tensors:
+    tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(path).tensors}
+    state = {}
+    for gguf_name, hf_name, heads in draft_tensor_names(config):
+        if gguf_name not in tensors:
+            raise SystemExit(f"distill: {path} has no tensor {gguf_name}: not a draft that "
+                             "export wrote")
+        tensor = tensors[gguf_name]
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        tensors[tensor.name] = torch.from_numpy(values.copy()).float()
-
-    class Tensors(dict):
-        def __missing__(self, name):
-            raise SystemExit(f"distill: {path} has no tensor {name}: not a draft that export wrote")
-
-    tensors = Tensors(tensors)
-
-    def deinterleave(weight, heads):  # GGUF's interleaved pairs to rotate-half rows, per head
-        rows, columns = weight.shape
-        return (weight.reshape(heads, rows // heads // 2, 2, columns).swapaxes(1, 2)
-                .reshape(rows, columns))
-
-    state = {"model.embed_tokens.weight": tensors["token_embd.weight"],
-             "model.norm.weight": tensors["output_norm.weight"]}
-    for i in range(config.num_hidden_layers):
-        prefix, block = f"model.layers.{i}.", f"blk.{i}."
-        state[prefix + "input_layernorm.weight"] = tensors[block + "attn_norm.weight"]
-        state[prefix + "post_attention_layernorm.weight"] = tensors[block + "ffn_norm.weight"]
-        state[prefix + "self_attn.q_proj.weight"] = deinterleave(
-            tensors[block + "attn_q.weight"], config.num_attention_heads)
-        state[prefix + "self_attn.k_proj.weight"] = deinterleave(
-            tensors[block + "attn_k.weight"], config.num_key_value_heads)
-        state[prefix + "self_attn.v_proj.weight"] = tensors[block + "attn_v.weight"]
-        state[prefix + "self_attn.o_proj.weight"] = tensors[block + "attn_output.weight"]
-        state[prefix + "mlp.gate_proj.weight"] = tensors[block + "ffn_gate.weight"]
-        state[prefix + "mlp.up_proj.weight"] = tensors[block + "ffn_up.weight"]
-        state[prefix + "mlp.down_proj.weight"] = tensors[block + "ffn_down.weight"]
+        weight = torch.from_numpy(values.copy()).float()
+        state[hf_name] = deinterleave_rope(weight, heads) if heads else weight
     state["lm_head.weight"] = state["model.embed_tokens.weight"]
     try:
         missing, unexpected = draft.load_state_dict(state, strict=False)
@@ -582,6 +561,35 @@ def interleave_rope(weight, heads):
             .reshape(rows, columns))
 
 
+def deinterleave_rope(weight, heads):
+    """The inverse of interleave_rope."""
+    rows, columns = weight.shape
+    return (weight.reshape(heads, rows // heads // 2, 2, columns).swapaxes(1, 2)
+            .reshape(rows, columns))
+
+
+def draft_tensor_names(config):
+    """(GGUF name, Hugging Face name, heads) for each of the draft's tensors, in the order export
+    writes them; heads is the head count whose q/k rows GGUF interleaves for rotary pairs, else
+    None. The output projection is tied to the embedding (export may write a reduced one)."""
+    names = [("token_embd.weight", "model.embed_tokens.weight", None),
+             ("output_norm.weight", "model.norm.weight", None)]
+    for i in range(config.num_hidden_layers):
+        block, prefix = f"blk.{i}.", f"model.layers.{i}."
+        names += [(block + "attn_norm.weight", prefix + "input_layernorm.weight", None),
+                  (block + "ffn_norm.weight", prefix + "post_attention_layernorm.weight", None),
+                  (block + "attn_q.weight", prefix + "self_attn.q_proj.weight",
+                   config.num_attention_heads),
+                  (block + "attn_k.weight", prefix + "self_attn.k_proj.weight",
+                   config.num_key_value_heads),
+                  (block + "attn_v.weight", prefix + "self_attn.v_proj.weight", None),
+                  (block + "attn_output.weight", prefix + "self_attn.o_proj.weight", None),
+                  (block + "ffn_gate.weight", prefix + "mlp.gate_proj.weight", None),
+                  (block + "ffn_up.weight", prefix + "mlp.up_proj.weight", None),
+                  (block + "ffn_down.weight", prefix + "mlp.down_proj.weight", None)]
+    return names
+
+
 def export(args):
     """The draft as a GGUF file that specrun loads: llama architecture keys for its shape, the
     target's tokenizer keys copied verbatim (so the pair check sees one tokenizer), Q8_0 matrices
@@ -619,30 +627,19 @@ def export(args):
         writer.add_tensor(name, codes, raw_shape=codes.shape,
                           raw_dtype=gguf.GGMLQuantizationType.Q8_0)
 
-    matrix("token_embd.weight", state["model.embed_tokens.weight"])
-    if args.head_tokens:
-        # A reduced head: the draft scores only the tokens the target's training answers use most
-        # (its output projection, tied in training, is those rows of the embedding), which makes
-        # its step cheaper; a token outside is never proposed, and the target supplies it.
-        ids = head_token_ids(args.work, args.head_tokens)
-        matrix("output.weight", state["model.embed_tokens.weight"][ids])
-        writer.add_array("specrun.output_token_ids", ids)
-    writer.add_tensor("output_norm.weight", state["model.norm.weight"].numpy())
-    for i in range(config.num_hidden_layers):
-        prefix = f"model.layers.{i}."
-        writer.add_tensor(f"blk.{i}.attn_norm.weight",
-                          state[prefix + "input_layernorm.weight"].numpy())
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight",
-                          state[prefix + "post_attention_layernorm.weight"].numpy())
-        matrix(f"blk.{i}.attn_q.weight", interleave_rope(state[prefix + "self_attn.q_proj.weight"],
-                                                         config.num_attention_heads))
-        matrix(f"blk.{i}.attn_k.weight", interleave_rope(state[prefix + "self_attn.k_proj.weight"],
-                                                         config.num_key_value_heads))
-        matrix(f"blk.{i}.attn_v.weight", state[prefix + "self_attn.v_proj.weight"])
-        matrix(f"blk.{i}.attn_output.weight", state[prefix + "self_attn.o_proj.weight"])
-        matrix(f"blk.{i}.ffn_gate.weight", state[prefix + "mlp.gate_proj.weight"])
-        matrix(f"blk.{i}.ffn_up.weight", state[prefix + "mlp.up_proj.weight"])
-        matrix(f"blk.{i}.ffn_down.weight", state[prefix + "mlp.down_proj.weight"])
+    for gguf_name, hf_name, heads in draft_tensor_names(config):
+        weight = state[hf_name]
+        if weight.dim() == 1:  # norms stay f32
+            writer.add_tensor(gguf_name, weight.numpy())
+            continue
+        matrix(gguf_name, interleave_rope(weight, heads) if heads else weight)
+        if gguf_name == "token_embd.weight" and args.head_tokens:
+            # A reduced head: the draft scores only the tokens the target's training answers use
+            # most (its output projection, tied in training, is those rows of the embedding), which
+            # makes its step cheaper; a token outside is never proposed, and the target supplies it.
+            ids = head_token_ids(args.work, args.head_tokens)
+            matrix("output.weight", weight[ids])
+            writer.add_array("specrun.output_token_ids", ids)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
