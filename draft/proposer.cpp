@@ -64,13 +64,48 @@ void ModelProposer::rollback_keeping(int64_t sequence, int64_t committed_prefix,
     // Back before where a bounded catch-up started: nothing cached is still wanted.
     cache.truncate(entry.kv, 0);
     entry.offset = committed_prefix;
+    entry.read_target_features = 0;
     return;
   }
-  const int64_t length = cache.length(entry.kv);
+  // A feature-reading draft keeps only the positions it computed from the target's features: at
+  // the others it read its own, and a committed token there is read again.
+  const int64_t length = reads_features()
+                             ? std::min(cache.length(entry.kv), entry.read_target_features)
+                             : cache.length(entry.kv);
   cache.truncate(entry.kv, std::min(length, keep + drafts));
   // What the cache holds up to the committed prefix is committed text: its full blocks become
   // reusable. Drafts past it are not final, so they stay unsealed.
   cache.seal(entry.kv, std::min(length, keep));
+  entry.read_target_features = std::min(entry.read_target_features, cache.length(entry.kv));
+}
+
+void ModelProposer::observe_features(int64_t sequence, int64_t first_position,
+                                     std::span<const float> rows) {
+  DraftSequence& entry = state(sequence);
+  const auto width = static_cast<size_t>(draft_.config().feature_width);
+  SPECRUN_CHECK(width > 0 && rows.size() % width == 0 && first_position >= 0);
+  const auto first = static_cast<size_t>(first_position);
+  const size_t known = entry.features.size() / width;
+  if (known == 0) {
+    // The first features of the sequence: the positions before were served from the target's
+    // prefix cache.
+    entry.features_from = first_position;
+  }
+  SPECRUN_CHECK(first <= known || known == 0)
+      << "the target's features at positions " << known << " to " << first - 1 << " were skipped";
+  entry.features.resize(std::max(known, first + rows.size() / width) * width);
+  std::copy(rows.begin(), rows.end(),
+            entry.features.begin() + static_cast<ptrdiff_t>(first * width));
+}
+
+int64_t ModelProposer::reuse_prefix(int64_t sequence, std::span<const int32_t> prompt) {
+  DraftSequence& entry = state(sequence);
+  KvCache& cache = draft_.kv_cache();
+  SPECRUN_CHECK(cache.length(entry.kv) == 0 && entry.offset == 0);
+  if (prompt.size() < 2) return 0;
+  const int64_t reused = cache.reuse_prefix(entry.kv, prompt.first(prompt.size() - 1));
+  entry.read_target_features = reused;
+  return reused;
 }
 
 Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
@@ -102,6 +137,11 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
   std::vector<std::vector<int32_t>> texts(static_cast<size_t>(batch));
   std::vector<SequenceInput> forward_batch;
   Logits logits;
+  // A feature-reading draft's: each row's features for this round's tokens, and its own output.
+  const bool with_features = reads_features();
+  const auto width = static_cast<size_t>(draft_.config().feature_width);
+  std::vector<std::vector<float>> feature_inputs(with_features ? static_cast<size_t>(batch) : 0);
+  Features own_features;
   std::vector<float> weights;  // scratch for the draft's confidence, when a row needs it
   for (int64_t round = 0; !active.empty(); ++round) {
     forward_batch.clear();
@@ -121,11 +161,11 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
           cache.truncate(kv, 0);
           entry.offset = committed - request.max_catch_up;
           seen = entry.offset;
-        } else if (request.max_catch_up == 0 && entry.offset > 0) {
+        } else if (request.max_catch_up == 0 && entry.offset > earliest_context(entry)) {
           // Drafting for real again: the whole context, as the draft was meant to see it.
           cache.truncate(kv, 0);
-          entry.offset = 0;
-          seen = 0;
+          entry.offset = earliest_context(entry);
+          seen = entry.offset;
         }
         if (cache.length(kv) == 0) {
           // A fresh context starts from the cached blocks of the same text, as far as they reach
@@ -138,12 +178,43 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
         if (request.lookup_min_ngram > 0) {
           texts[static_cast<size_t>(b)].assign(request.committed.begin(), request.committed.end());
         }
+        if (with_features) {
+          // Token p reads the target's feature at p - 1 (zeros at the text's start).
+          std::vector<float>& features = feature_inputs[static_cast<size_t>(b)];
+          features.assign(input.size() * width, 0.0f);
+          const int64_t known = static_cast<int64_t>(entry.features.size() / width);
+          for (int64_t p = std::max<int64_t>(seen, 1); p < committed; ++p) {
+            SPECRUN_CHECK(p - 1 >= entry.features_from && p - 1 < known)
+                << "the draft reads the target's feature at position " << p - 1
+                << ", which the engine has not handed over (known: " << entry.features_from
+                << " to " << known - 1 << ")";
+            std::copy_n(entry.features.begin() + static_cast<ptrdiff_t>((p - 1) * width), width,
+                        features.begin() + static_cast<ptrdiff_t>((p - seen) * width));
+          }
+        }
       } else {
         input.assign(1, proposals.tokens[static_cast<size_t>(b * proposals.gamma + round - 1)]);
+        // A draft reads the draft's own output feature at the position before (kept below).
       }
-      forward_batch.push_back({kv, input, false});
+      forward_batch.push_back({kv, input, false,
+                               with_features
+                                   ? std::span<const float>(feature_inputs[static_cast<size_t>(b)])
+                                   : std::span<const float>()});
     }
-    draft_.forward(forward_batch, &logits);
+    draft_.forward(forward_batch, &logits, with_features ? &own_features : nullptr);
+    if (with_features) {
+      for (size_t row = 0; row < active.size(); ++row) {
+        const int64_t b = active[row];
+        if (round == 0) {
+          DraftSequence& entry = state(requests[static_cast<size_t>(b)].sequence);
+          entry.read_target_features = draft_.kv_cache().length(entry.kv);
+        }
+        // The row's last output feature: what its next draft reads.
+        const std::span<const float> rows = own_features.of(static_cast<int64_t>(row));
+        feature_inputs[static_cast<size_t>(b)].assign(rows.end() - static_cast<ptrdiff_t>(width),
+                                                      rows.end());
+      }
+    }
 
     std::vector<int64_t> still_active;
     for (size_t row = 0; row < active.size(); ++row) {

@@ -63,6 +63,12 @@ class Proposer {
 // softmax) falls below `draft_p_min`: a draft it does not believe in is rarely accepted. A request
 // may have prompt lookup propose in the model's place where the text repeats itself
 // (DraftRequest::lookup_min_ngram); the model then reads the looked-up token as its own draft.
+//
+// A draft that reads its target's features (ModelConfig::feature_width) reads, beside each
+// committed token, the target's feature at the position before it, which the engine hands over
+// as the target computes them (observe_features); beside each of its own drafts it reads its own
+// output feature at the position before. Its cache positions fed its own features are dropped at
+// rollback, the committed tokens there read again with the target's.
 class ModelProposer : public Proposer {
  public:
   ModelProposer(Model& draft, const SamplingParams& sampling, float draft_p_min);
@@ -80,6 +86,15 @@ class ModelProposer : public Proposer {
   int64_t cached_length(int64_t sequence) const;
   // Committed tokens skipped by a bounded catch-up (0: the draft's context is the whole text).
   int64_t skipped(int64_t sequence) const;
+  // Whether the draft reads its target's features (then the engine calls observe_features).
+  bool reads_features() const { return draft_.config().reads_features(); }
+  // The target's features at committed positions [first_position, first_position + rows), as
+  // its forwards compute them: [rows, feature_width].
+  void observe_features(int64_t sequence, int64_t first_position, std::span<const float> rows);
+  // Starts a new sequence's draft context from cached blocks of `prompt` (never its last token)
+  // and returns how many tokens it reused. A feature-reading draft needs the target's features
+  // from the position before the first it reads, so the engine lets the target reuse no more.
+  int64_t reuse_prefix(int64_t sequence, std::span<const int32_t> prompt);
 
  private:
   Model& draft_;
@@ -89,9 +104,21 @@ class ModelProposer : public Proposer {
     int64_t id;          // the engine's
     SequenceId kv;       // the draft's KV sequence
     int64_t offset = 0;  // cache position i holds committed token offset + i
+    // A feature-reading draft's: the target's features by committed position, [positions,
+    // feature_width], known from position features_from on (earlier ones were served from the
+    // target's prefix cache and never computed), and how many cache positions were computed
+    // from the target's features (the rest from the draft's own).
+    std::vector<float> features{};
+    int64_t features_from = 0;
+    int64_t read_target_features = 0;
   };
   std::vector<DraftSequence> sequences_;
   DraftSequence& state(int64_t sequence);
+  // Where a feature-reading draft's context may start: past the positions whose target features
+  // were never computed (served from the target's prefix cache); 0 for any other draft.
+  int64_t earliest_context(const DraftSequence& entry) const {
+    return reads_features() && entry.features_from > 0 ? entry.features_from + 1 : 0;
+  }
   const DraftSequence& state(int64_t sequence) const;
 };
 

@@ -7,7 +7,7 @@ Scorer::Scorer(Model& target, const SamplingParams& sampling)
   validate_sampling(sampling);
 }
 
-Scores Scorer::score(std::span<const ScoreRequest> requests) {
+Scores Scorer::score(std::span<const ScoreRequest> requests, Features* features) {
   inputs_.resize(requests.size());
   std::vector<SequenceInput> batch;
   batch.reserve(requests.size());
@@ -17,7 +17,7 @@ Scores Scorer::score(std::span<const ScoreRequest> requests) {
     input.insert(input.end(), requests[b].drafts.begin(), requests[b].drafts.end());
     batch.push_back({requests[b].sequence, input, true});
   }
-  target_.forward(batch, &logits_);
+  target_.forward(batch, &logits_, features);
   Scores scores;
   scores.vocab = logits_.vocab_size;
   scores.row_begin = logits_.row_begin;

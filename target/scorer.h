@@ -22,8 +22,9 @@ class Scorer {
  public:
   Scorer(Model& target, const SamplingParams& sampling);
   // Feeds every row in one batched forward (the target cache grows by n + 1 per row) and
-  // returns p_0..p_n per row, processed with the sampling settings.
-  Scores score(std::span<const ScoreRequest> requests);
+  // returns p_0..p_n per row, processed with the sampling settings; with `features`, the
+  // target's features at every row's n + 1 positions too.
+  Scores score(std::span<const ScoreRequest> requests, Features* features = nullptr);
 
  private:
   Model& target_;

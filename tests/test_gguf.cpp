@@ -811,6 +811,54 @@ TEST_F(GgufModelTest, AReducedHeadScoresItsTokensAndItsListIsChecked) {
       {"edited.gguf", "key 'specrun.output_token_ids' must hold token ids (integers)"});
 }
 
+TEST_F(GgufModelTest, AFeatureReadingDraftDeclaresItsWidthAndBringsItsProjections) {
+  const fs::path good = convert();
+  const GgufFile file(good);
+  const auto hidden = static_cast<uint64_t>(file.find_tensor("output.weight")->ne[0]);
+  constexpr uint64_t kEmbedding = 16;
+  auto floats = [](uint64_t count, uint64_t seed) {
+    const std::vector<float> values = testing::random_floats(count, seed, 0.1f);
+    return std::string(reinterpret_cast<const char*>(values.data()), count * sizeof(float));
+  };
+  // The token table 16 wide, the two projections, the width key; `except` leaves one out.
+  auto feature_draft = [&](uint32_t width, const std::string& except = {}) {
+    return Edit(
+        "",
+        [=](GgufWriter& w) {
+          if (except != "key") w.kv_u32(std::string(kFeatureWidthKey), width);
+          w.tensor("token_embd.weight", kGgmlF32, {kEmbedding, 256}, floats(kEmbedding * 256, 1));
+          w.tensor("token_proj.weight", kGgmlF32, {kEmbedding, hidden},
+                   floats(kEmbedding * hidden, 2));
+          if (except != "feature_proj.weight") {
+            w.tensor("feature_proj.weight", kGgmlF32, {hidden, hidden}, floats(hidden * hidden, 3));
+          }
+        },
+        "token_embd.weight");
+  };
+  auto model = Model::load(
+      rewrite(good, dir_ / "reads.gguf", feature_draft(static_cast<uint32_t>(hidden))), *backend_);
+  EXPECT_EQ(model->config().feature_width, static_cast<int64_t>(hidden));
+  EXPECT_EQ(model->config().embedding_width, static_cast<int64_t>(kEmbedding));
+  const std::vector<int32_t> tokens = {1, 17, 200};
+  const std::vector<float> features(3 * hidden, 0.5f);
+  const SequenceInput input{model->kv_cache().add_sequence(), tokens, false, features};
+  Logits logits;
+  model->forward(std::span<const SequenceInput>(&input, 1), &logits);
+  EXPECT_EQ(logits.rows(), 1);
+
+  auto load_edited = [&](const Edit& edit) {
+    auto m = Model::load(rewrite(good, dir_ / "edited.gguf", edit), *backend_);
+  };
+  expect_error([&] { load_edited(feature_draft(static_cast<uint32_t>(hidden) + 8)); },
+               {"edited.gguf", "key 'specrun.feature_width' is", "not llama.embedding_length"});
+  expect_error(
+      [&] { load_edited(feature_draft(static_cast<uint32_t>(hidden), "feature_proj.weight")); },
+      {"edited.gguf", "feature_proj.weight"});
+  // Without the key, the projections are tensors an ordinary model does not use.
+  expect_error([&] { load_edited(feature_draft(static_cast<uint32_t>(hidden), "key")); },
+               {"edited.gguf", "token_embd.weight"});
+}
+
 TEST_F(GgufModelTest, ResolvesAFileOrAFolderHoldingOne) {
   const fs::path path = convert();
   fs::create_directories(dir_ / "folder");

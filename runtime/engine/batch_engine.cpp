@@ -130,6 +130,7 @@ struct StepWork {
   std::vector<int64_t> ahead_row;                       // [batch] its row in `ahead`, -1: none
   std::vector<int64_t> ahead_wanted;                    // [rows drafting ahead] drafts asked for
   Proposals proposals;                                  // [batch, gamma]
+  Features target_features;                             // [batch x (gamma + 1), hidden]
   Verdict verdict;                                      // [batch, gamma + 1]
   std::vector<std::optional<FinishReason>> stops;       // [batch] why a row ends with this step
   std::vector<size_t> first_new;                        // [batch] where its new tokens begin
@@ -221,6 +222,18 @@ BatchEngine::BatchEngine(Model& target, Model* draft, const BatchEngineOptions& 
     throw Error("max_batch must be at least 1, got " + std::to_string(options.max_batch));
   }
   if (draft != nullptr) {
+    const ModelConfig& reads = draft->config();
+    if (reads.reads_features() && reads.feature_width != target.config().hidden_size) {
+      throw Error(draft->paths().weights.string() + " reads its target's features, " +
+                  std::to_string(reads.feature_width) + " wide, but " +
+                  target.paths().weights.string() + " has a hidden size of " +
+                  std::to_string(target.config().hidden_size) + ": it is not this target's draft");
+    }
+    if (reads.reads_features() && options.overlap == OverlapDrafting::kOn) {
+      throw Error("overlapped drafting needs a draft that does not read its target's features (" +
+                  draft->paths().weights.string() +
+                  " does): it drafts ahead before the target has computed them");
+    }
     state_->draft_proposer = std::make_unique<ModelProposer>(*draft, SamplingParams{}, 0.0f);
   }
   state_->counters.kv_tokens_capacity = target.kv_cache().capacity_tokens();
@@ -484,6 +497,8 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
   const auto start = Clock::now();
   std::vector<std::unique_ptr<Sequence>> starting;
   std::vector<SequenceInput> prefill;
+  std::vector<std::pair<Sequence*, int64_t>> prefilled;  // and the first position it computes
+  const bool reads_features = draft_proposer != nullptr && draft_proposer->reads_features();
   for (auto& sequence : admitted) {
     sequence->queue_ms = milliseconds(sequence->submitted, start);
     sequence->target_kv = target.kv_cache().add_sequence();
@@ -495,17 +510,33 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
     }
     const std::span<const int32_t> fed =
         std::span<const int32_t>(sequence->committed).first(sequence->committed.size() - 1);
-    const int64_t reused = target.kv_cache().reuse_prefix(sequence->target_kv, fed);
+    // A draft reading the target's features needs them from the position before the first token
+    // it computes: the target reuses no more of its cache than that.
+    std::span<const int32_t> reusable = fed;
+    if (reads_features && sequence->drafts_with_model) {
+      const int64_t draft_reused =
+          draft_proposer->reuse_prefix(static_cast<int64_t>(sequence->id), sequence->committed);
+      reusable = fed.first(static_cast<size_t>(std::max<int64_t>(draft_reused - 1, 0)));
+    }
+    const int64_t reused = target.kv_cache().reuse_prefix(sequence->target_kv, reusable);
     sequence->stats.cached_prompt_tokens = reused;
     if (reused < static_cast<int64_t>(fed.size())) {
       prefill.push_back({sequence->target_kv, fed.subspan(static_cast<size_t>(reused)), false});
+      prefilled.emplace_back(sequence.get(), reused);
     }
     starting.push_back(std::move(sequence));
   }
   try {
     if (!prefill.empty()) {
       Logits unused;
-      target.forward(prefill, &unused);
+      Features features;
+      target.forward(prefill, &unused, reads_features ? &features : nullptr);
+      for (size_t s = 0; reads_features && s < prefilled.size(); ++s) {
+        const auto& [sequence, first] = prefilled[s];
+        if (!sequence->drafts_with_model) continue;
+        draft_proposer->observe_features(static_cast<int64_t>(sequence->id), first,
+                                         features.of(static_cast<int64_t>(s)));
+      }
     }
   } catch (const std::exception& error) {
     for (auto& sequence : starting) {
@@ -567,8 +598,10 @@ void BatchEngine::State::plan(StepWork& work) {
   const size_t batch = running.size();
   work.plans.assign(batch, DraftPlan{});
   // Drafting ahead is the policies' call only where the backend would hide it.
+  // A draft reading the target's features cannot run ahead of them.
   const bool ahead_hidden = options.overlap == OverlapDrafting::kAuto && draft != nullptr &&
-                            draft->backend().runs_models_concurrently();
+                            draft->backend().runs_models_concurrently() &&
+                            !draft->config().reads_features();
   for (size_t b = 0; b < batch; ++b) {
     work.rows_of[running[b]->request.speculation.controller].push_back(b);
   }
@@ -778,7 +811,9 @@ void BatchEngine::State::score_and_verify(StepWork& work) {
                               work.proposals.row_tokens(b), &sequence.sampling});
   }
   try {
-    const Scores scores = scorer.score(score_requests);
+    const bool reads_features = draft_proposer != nullptr && draft_proposer->reads_features();
+    const Scores scores =
+        scorer.score(score_requests, reads_features ? &work.target_features : nullptr);
     Verdict& verdict = work.verdict;
     verdict = empty_verdict(work.proposals, scores);
     for (int64_t b = 0; b < batch; ++b) {
@@ -850,6 +885,15 @@ void BatchEngine::State::commit(StepWork& work) {
     const int64_t keep = static_cast<int64_t>(sequence.committed.size()) - 1;
     target.kv_cache().truncate(sequence.target_kv, keep);
     target.kv_cache().seal(sequence.target_kv, keep);
+    if (sequence.drafts_with_model && draft_proposer->reads_features() && !stop) {
+      // The target's features at the positions now committed for good: the pending token's and
+      // the accepted drafts'.
+      const auto width = static_cast<size_t>(work.target_features.width);
+      draft_proposer->observe_features(static_cast<int64_t>(sequence.id),
+                                       static_cast<int64_t>(work.first_new[b]) - 1,
+                                       work.target_features.of(static_cast<int64_t>(b))
+                                           .first(static_cast<size_t>(accepted + 1) * width));
+    }
     if (sequence.drafts_with_model) {
       // Drafts ahead are kept when every draft was accepted and the new token is their first.
       const int64_t ahead_count =

@@ -421,6 +421,20 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
       }
     }
   }
+  if (keys.find("feature_width") != nullptr) {
+    config.feature_width = keys.positive_int("feature_width", 0);
+    if (config.feature_width != config.hidden_size) {
+      keys.fail("feature_width", "is " + std::to_string(config.feature_width) +
+                                     ", not hidden_size (" + std::to_string(config.hidden_size) +
+                                     "): the draft's own output stands for the target's feature");
+    }
+    config.embedding_width = keys.positive_int("embedding_width", config.hidden_size);
+    if (config.tie_word_embeddings && config.embedding_width != config.hidden_size) {
+      keys.fail("embedding_width", "differs from hidden_size, so the head cannot be tied");
+    }
+  } else if (keys.find("embedding_width") != nullptr) {
+    keys.fail("embedding_width", "is only for a draft that reads features (feature_width)");
+  }
   if (keys.find("output_token_ids") != nullptr) {
     config.output_token_ids = keys.token_ids("output_token_ids");
     if (const auto problem = output_token_ids_problem(config.output_token_ids, config.vocab_size)) {

@@ -88,8 +88,20 @@ struct ModelConfig {
   // acceptance only where the target would pick them). Strictly increasing ids below vocab_size;
   // empty: every token, in order. Needs an untied output projection of [size, hidden_size].
   std::vector<int32_t> output_token_ids;
+  // A draft that reads its target's features (EAGLE, Li et al. 2024): position j's input is
+  // token_proj(embedding(x_j)) + feature_proj(f_{j-1}), where f is the target's last hidden state
+  // after its final norm (the first position reads zeros); the draft's own final-norm output
+  // stands for the target's feature at j when it drafts on. The target's hidden_size, and so
+  // the draft's own; 0: an ordinary model.
+  int64_t feature_width = 0;
+  // The token embedding's width: hidden_size, but a feature-reading draft's may differ (its
+  // token_proj maps it to hidden_size). 0: hidden_size.
+  int64_t embedding_width = 0;
   std::string chat_template;  // the Jinja chat template a GGUF file carries; empty when none
   std::optional<WeightQuantization> quantization;  // a pre-quantized checkpoint's layout
+
+  int64_t embedding_columns() const { return embedding_width > 0 ? embedding_width : hidden_size; }
+  bool reads_features() const { return feature_width > 0; }
 };
 
 // Why `ids` cannot be a model's output_token_ids (empty, not strictly increasing, or outside

@@ -162,6 +162,8 @@ ModelConfig gguf_model_config(const GgufFile& file);
 // The metadata key of ModelConfig::output_token_ids in a GGUF file (an array of int32): the token
 // each row of output.weight scores, for a draft with a reduced head.
 inline constexpr std::string_view kOutputTokenIdsKey = "specrun.output_token_ids";
+// A draft that reads its target's features (ModelConfig::feature_width): their width.
+inline constexpr std::string_view kFeatureWidthKey = "specrun.feature_width";
 
 // The tokenizer.json document equivalent to the file's tokenizer.* metadata (`llama`:
 // SentencePiece as byte-fallback BPE with merges derived from the scores, as Hugging Face's

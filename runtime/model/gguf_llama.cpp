@@ -30,6 +30,9 @@ constexpr std::pair<std::string_view, std::string_view> kGlobalTensors[] = {
     {"token_embd.weight", "model.embed_tokens.weight"},
     {"output_norm.weight", "model.norm.weight"},
     {"output.weight", "lm_head.weight"},
+    // A feature-reading draft's input projections (ModelConfig::feature_width).
+    {"token_proj.weight", "model.token_proj.weight"},
+    {"feature_proj.weight", "model.feature_proj.weight"},
 };
 
 // SentencePiece token types as llama.cpp writes them in tokenizer.ggml.token_type.
@@ -352,6 +355,26 @@ ModelConfig gguf_model_config(const GgufFile& file) {
     if (c.tie_word_embeddings) {
       file.fail_key(kOutputTokenIdsKey,
                     "needs an output.weight tensor of its own (none is stored)");
+    }
+  }
+  if (file.get_int(kFeatureWidthKey)) {
+    c.feature_width = positive(file, std::string(kFeatureWidthKey));
+    if (c.feature_width != c.hidden_size) {
+      file.fail_key(kFeatureWidthKey, "is " + std::to_string(c.feature_width) +
+                                          ", not llama.embedding_length: the draft's own output "
+                                          "stands for the target's feature");
+    }
+    const GgufTensorInfo* embedding = file.find_tensor("token_embd.weight");
+    if (embedding == nullptr || embedding->ne.size() != 2 || embedding->ne[0] <= 0 ||
+        embedding->ne[0] > INT32_MAX) {
+      file.fail_key(kFeatureWidthKey,
+                    "needs a token_embd.weight [width, vocab] tensor to read the tokens' width");
+    }
+    c.embedding_width = embedding->ne[0];
+    if (c.tie_word_embeddings && c.embedding_width != c.hidden_size) {
+      file.fail_key(kFeatureWidthKey,
+                    "needs an output.weight tensor of its own: its token_embd.weight is " +
+                        std::to_string(c.embedding_width) + " wide, not llama.embedding_length");
     }
   }
   if (const auto bos = token_id(file, "tokenizer.ggml.bos_token_id", c.vocab_size)) {

@@ -72,6 +72,8 @@ struct Model::Workspace {
   DeviceBuffer projected;          // [tokens, hidden]
   DeviceBuffer gate;               // [tokens, intermediate]
   DeviceBuffer up;                 // [tokens, intermediate]
+  DeviceBuffer token_embedding;    // [tokens, embedding_width]: a feature-reading draft's only
+  DeviceBuffer features;           // [tokens, feature_width]: a feature-reading draft's only
   DeviceBuffer logits;             // [logit rows, output rows]: vocab, or a reduced head's
   std::vector<float> head_logits;  // host: [logit rows, output_token_ids] of a reduced head
   DeviceBuffer metadata;           // int32: tokens, positions, slots, query_start, context, blocks
@@ -110,6 +112,9 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
   ModelConfig& config = checkpoint_.config;
   if (options.rope_style) config.rope_style = *options.rope_style;
   if (synthetic_seed) {
+    if (config.reads_features()) {
+      throw Error("a synthetic model cannot read features (feature_width is for trained drafts)");
+    }
     weights_ = synthetic_layout(config, DType::kBF16);
   } else {
     weights_ = bind_weights(checkpoint_);
@@ -135,6 +140,8 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
     weight_bytes_ += view.size_bytes + static_cast<uint64_t>(view.scale_count) * sizeof(float);
   };
   count(weights_.embedding);
+  count(weights_.token_projection);
+  count(weights_.feature_projection);
   for (const LayerWeights& l : weights_.layers) {
     for (const WeightView* view :
          {&l.attention_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_bias, &l.k_bias,
@@ -262,6 +269,9 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
   needs.kv_bytes = needs.kv_bytes_per_token * static_cast<uint64_t>(needs.kv_tokens);
   const auto tokens = static_cast<uint64_t>(needs.kv_tokens);
   const uint64_t per_token = 3 * static_cast<uint64_t>(c.hidden_size) +
+                             (c.reads_features() ? static_cast<uint64_t>(c.embedding_columns()) +
+                                                       static_cast<uint64_t>(c.feature_width)
+                                                 : 0) +
                              2 * static_cast<uint64_t>(c.num_heads) * c.head_dim +
                              2 * static_cast<uint64_t>(c.num_kv_heads) * c.head_dim +
                              2 * static_cast<uint64_t>(c.intermediate_size);
@@ -280,6 +290,9 @@ namespace {
 // The linear layers' weights: those that may be quantized.
 std::vector<WeightView*> linear_weights(ModelWeights& weights) {
   std::vector<WeightView*> views;
+  for (WeightView* view : {&weights.token_projection, &weights.feature_projection}) {
+    if (*view) views.push_back(view);
+  }
   for (LayerWeights& l : weights.layers) {
     for (WeightView* view :
          {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
@@ -438,7 +451,8 @@ void Model::place_weights() {
     for (const WeightView* view : linear_weights(weights_)) to_quantize.insert(view);
     if (options_.quantize_output) to_quantize.insert(&weights_.output);
   }
-  std::vector<WeightView*> views = {&weights_.embedding};
+  std::vector<WeightView*> views = {&weights_.embedding, &weights_.token_projection,
+                                    &weights_.feature_projection};
   for (LayerWeights& l : weights_.layers) {
     for (WeightView* view : {&l.attention_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj,
                              &l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias, &l.mlp_norm, &l.gate_proj,
@@ -623,6 +637,10 @@ void Model::ensure_workspace(int64_t tokens, int64_t logit_rows, int64_t metadat
     w.projected = DeviceBuffer(backend_, floats(rows, c.hidden_size), "workspace");
     w.gate = DeviceBuffer(backend_, floats(rows, c.intermediate_size), "workspace");
     w.up = DeviceBuffer(backend_, floats(rows, c.intermediate_size), "workspace");
+    if (c.reads_features()) {
+      w.token_embedding = DeviceBuffer(backend_, floats(rows, c.embedding_columns()), "workspace");
+      w.features = DeviceBuffer(backend_, floats(rows, c.feature_width), "workspace");
+    }
     w.token_capacity = rows;
   }
   if (logit_rows > w.logit_capacity) {
@@ -672,11 +690,16 @@ void Model::matmul_group(const float* x, std::span<const GroupMember> members, i
   SPECRUN_CHECK_OK(backend_.matmul_group(x, targets, members.size()), layer_op(what, layer));
 }
 
-void Model::forward(std::span<const SequenceInput> batch, Logits* logits) {
+void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Features* features) {
   const ModelConfig& c = config();
   logits->vocab_size = c.vocab_size;
   logits->values.clear();
   logits->row_begin.assign(1, 0);
+  if (features != nullptr) {
+    features->width = c.hidden_size;
+    features->values.clear();
+    features->row_begin.assign(1, 0);
+  }
   if (batch.empty()) return;
 
   // Validate everything before the cache is touched.
@@ -697,6 +720,14 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits) {
         throw Error("forward: token id " + std::to_string(token) +
                     " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
       }
+    }
+    const size_t wanted = c.reads_features() ? input.tokens.size() * size_t(c.feature_width) : 0;
+    if (input.features.size() != wanted) {
+      throw Error("forward: sequence " + std::to_string(input.sequence) + " brings " +
+                  std::to_string(input.features.size()) + " feature values for " +
+                  std::to_string(input.tokens.size()) + " tokens; the model reads " +
+                  (c.reads_features() ? std::to_string(c.feature_width) + " per token"
+                                      : std::string("none")));
     }
     num_tokens += static_cast<int64_t>(input.tokens.size());
   }
@@ -748,6 +779,16 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits) {
 
     ensure_workspace(num_tokens, logit_rows, static_cast<int64_t>(metadata.size()));
     Workspace& w = *workspace_;
+    if (c.reads_features()) {
+      // [tokens, feature_width], in batch order
+      float* destination = w.features.as<float>();
+      for (const SequenceInput& input : batch) {
+        SPECRUN_CHECK_OK(backend_.copy_to_device(destination, input.features.data(),
+                                                 input.features.size() * sizeof(float)),
+                         "uploading features");
+        destination += input.features.size();
+      }
+    }
     SPECRUN_CHECK_OK(backend_.copy_to_device(w.metadata.data(), metadata.data(),
                                              metadata.size() * sizeof(int32_t)),
                      "uploading batch metadata");
@@ -761,8 +802,22 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits) {
 
     run_layers(num_tokens, num_seqs, max_blocks);
 
-    // Gather the rows whose logits are wanted, then the final norm and the output projection.
     float* x = w.x.as<float>();
+    if (features != nullptr) {
+      // Every token's row after the final norm: [tokens, hidden].
+      float* normed = w.normed.as<float>();
+      SPECRUN_CHECK_OK(
+          backend_.rmsnorm({num_tokens, c.hidden_size, static_cast<float>(c.rms_norm_eps),
+                            weights_.final_norm.dtype},
+                           x, weights_.final_norm.data, normed),
+          "final norm of the features");
+      features->values.resize(static_cast<size_t>(num_tokens * c.hidden_size));
+      SPECRUN_CHECK_OK(backend_.copy_to_host(features->values.data(), normed,
+                                             features->values.size() * sizeof(float)),
+                       "reading features");
+      for (int64_t s = 0; s < num_seqs; ++s) features->row_begin.push_back(query_start[s + 1]);
+    }
+    // Gather the rows whose logits are wanted, then the final norm and the output projection.
     float* gathered = w.normed.as<float>();
     const size_t row_bytes = static_cast<size_t>(c.hidden_size) * sizeof(float);
     for (int64_t s = 0; s < num_seqs; ++s) {
@@ -823,10 +878,24 @@ void Model::run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks)
   float* up = w.up.as<float>();
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  SPECRUN_CHECK_OK(backend_.embedding({num_tokens, c.vocab_size, c.hidden_size,
-                                       weights_.embedding.dtype, weights_.embedding.layout},
-                                      w.tokens, weights_.embedding.data, x),
-                   "embedding");
+  if (c.reads_features()) {
+    // x = token_proj(embedding(token)) + feature_proj(feature): [tokens, hidden]
+    float* embedded = w.token_embedding.as<float>();
+    SPECRUN_CHECK_OK(backend_.embedding({num_tokens, c.vocab_size, c.embedding_columns(),
+                                         weights_.embedding.dtype, weights_.embedding.layout},
+                                        w.tokens, weights_.embedding.data, embedded),
+                     "embedding");
+    matmul(embedded, weights_.token_projection, WeightView{}, num_tokens, x, "token_proj", -1);
+    matmul(w.features.as<float>(), weights_.feature_projection, WeightView{}, num_tokens,
+           w.projected.as<float>(), "feature_proj", -1);
+    SPECRUN_CHECK_OK(backend_.add(num_tokens * c.hidden_size, w.projected.as<float>(), x),
+                     "adding the projected features");
+  } else {
+    SPECRUN_CHECK_OK(backend_.embedding({num_tokens, c.vocab_size, c.hidden_size,
+                                         weights_.embedding.dtype, weights_.embedding.layout},
+                                        w.tokens, weights_.embedding.data, x),
+                     "embedding");
+  }
   // Each residual add runs with the norm after it (one launch on a device); only the first layer's
   // attention norm runs alone, and only the last residual add.
   if (c.num_layers > 0) {

@@ -61,6 +61,26 @@ struct SequenceInput {
   SequenceId sequence;              // a sequence of this model's KV cache
   std::span<const int32_t> tokens;  // new tokens, fed at positions [length, length + n)
   bool all_logits = false;          // logits for every new token, not only the last
+  // What a feature-reading draft (ModelConfig::feature_width) reads beside each new token: its
+  // target's feature at the position before it (zeros before the first), [tokens, feature_width].
+  // Empty for any other model.
+  std::span<const float> features{};
+};
+
+// Every new token's last hidden state after the final norm (the row the head scores): what a
+// feature-reading draft reads of its target, and of itself as it drafts on.
+struct Features {
+  int64_t width = 0;          // hidden_size
+  std::vector<float> values;  // [tokens, width], the call's tokens in batch order
+  std::vector<int64_t>
+      row_begin;  // [num_seqs + 1]: sequence s owns rows [row_begin[s], row_begin[s+1])
+
+  // Sequence s's rows: [its new tokens, width].
+  std::span<const float> of(int64_t sequence_index) const {
+    const auto s = static_cast<size_t>(sequence_index);
+    return {values.data() + row_begin[s] * width,
+            static_cast<size_t>((row_begin[s + 1] - row_begin[s]) * width)};
+  }
 };
 
 struct Logits {
@@ -122,10 +142,11 @@ class Model {
   // only the row of the token it embeds. A decode step's floor is this over the memory bandwidth.
   uint64_t decode_read_bytes() const { return decode_read_bytes_; }
 
-  // Appends each sequence's tokens to the KV cache and computes logits. Batch-invariant: a
-  // sequence's logits are bitwise the same whatever else shares the call. On error (unknown
-  // sequence, bad token id, KV cache full) throws, leaving every sequence's cache as it was.
-  void forward(std::span<const SequenceInput> batch, Logits* logits);
+  // Appends each sequence's tokens to the KV cache and computes logits, and with `features` each
+  // new token's final hidden state. Batch-invariant: a sequence's logits are bitwise the same
+  // whatever else shares the call. On error (unknown sequence, bad token id, features missing or
+  // of the wrong size, KV cache full) throws, leaving every sequence's cache as it was.
+  void forward(std::span<const SequenceInput> batch, Logits* logits, Features* features = nullptr);
 
  private:
   struct Workspace;

@@ -196,8 +196,18 @@ ModelWeights bind_weights(const Checkpoint& checkpoint) {
   const int64_t kv_width = c.num_kv_heads * c.head_dim;
 
   ModelWeights weights;
-  weights.embedding = binder.require("model.embed_tokens.weight", {c.vocab_size, c.hidden_size},
-                                     "vocab_size, hidden_size");
+  if (c.reads_features()) {
+    weights.embedding =
+        binder.require("model.embed_tokens.weight", {c.vocab_size, c.embedding_columns()},
+                       "vocab_size, embedding_width");
+    weights.token_projection = binder.linear(
+        "model.token_proj", {c.hidden_size, c.embedding_columns()}, "hidden_size, embedding_width");
+    weights.feature_projection = binder.linear(
+        "model.feature_proj", {c.hidden_size, c.feature_width}, "hidden_size, feature_width");
+  } else {
+    weights.embedding = binder.require("model.embed_tokens.weight", {c.vocab_size, c.hidden_size},
+                                       "vocab_size, hidden_size");
+  }
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     const std::string prefix = "model.layers." + std::to_string(layer) + ".";
     const std::string attention = prefix + "self_attn.";

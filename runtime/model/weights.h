@@ -52,7 +52,10 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  WeightView embedding;  // [vocab, hidden]
+  WeightView embedding;  // [vocab, embedding_columns()]
+  // A feature-reading draft's input projections (ModelConfig::feature_width); absent otherwise.
+  WeightView token_projection;    // [hidden, embedding_columns()]
+  WeightView feature_projection;  // [hidden, feature_width]
   std::vector<LayerWeights> layers;
   WeightView final_norm;  // [hidden]
   WeightView output;      // [vocab, hidden]; the embedding when tied
