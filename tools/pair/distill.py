@@ -406,6 +406,242 @@ def train(args):
 
 
 # ---------------------------------------------------------------------------------------------
+# a feature-conditioned draft (train-features, export-features)
+
+# Its token embedding's width: the target's table projected onto its top principal directions
+# (as the plain draft's), small enough for models/ while the 576-wide feature carries the context.
+FEATURE_DRAFT_EMBEDDING = 256
+
+
+class FeatureDraft(torch.nn.Module):
+    """One Llama layer of the target's shape that reads, at each position j, the token x_j and the
+    target's feature at j - 1 (its last hidden state after the final norm, which the target's head
+    turns into the distribution of x_j): input = token_proj(embed(x_j)) + feature_proj(f_{j-1}).
+    Its output after its own final norm stands for the target's feature at j, scored by the
+    target's head, and is fed back as the feature for the next draft (EAGLE, Li et al. 2024)."""
+
+    def __init__(self, target_config):
+        from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRMSNorm,
+                                                              LlamaRotaryEmbedding)
+        super().__init__()
+        width = target_config.hidden_size
+        self.config = target_config
+        self.embed = torch.nn.Embedding(target_config.vocab_size, FEATURE_DRAFT_EMBEDDING)
+        self.token_proj = torch.nn.Linear(FEATURE_DRAFT_EMBEDDING, width, bias=False)
+        self.feature_proj = torch.nn.Linear(width, width, bias=False)
+        self.layer = LlamaDecoderLayer(target_config, 0)
+        self.norm = LlamaRMSNorm(width, eps=target_config.rms_norm_eps)
+        self.rotary = LlamaRotaryEmbedding(target_config)
+
+    def initialise_from_target(self, target):
+        with torch.no_grad():
+            table = target.model.embed_tokens.weight.float()  # [vocab, 576]
+            _, vectors = torch.linalg.eigh(table.T @ table)
+            projection = vectors[:, -FEATURE_DRAFT_EMBEDDING:].flip(-1).contiguous()
+            self.embed.weight.copy_(table @ projection)
+            self.token_proj.weight.copy_(projection)  # back to the target's embedding space
+            # The feature passes straight through at first: the layer learns what to add.
+            self.feature_proj.weight.mul_(0.5)
+            self.feature_proj.weight.add_(torch.eye(table.shape[1]))
+            self.norm.weight.copy_(target.model.norm.weight.float())
+
+    def forward(self, features, ids):
+        """features [batch, width, 576] (f_{j-1}), ids [batch, width] (x_j): the draft's output
+        features [batch, width, 576]."""
+        x = self.token_proj(self.embed(ids)) + self.feature_proj(features)
+        positions = torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1)
+        hidden = self.layer(x, position_ids=positions,
+                            position_embeddings=self.rotary(x, positions))
+        if isinstance(hidden, tuple):
+            hidden = hidden[0]
+        return self.norm(hidden)
+
+
+def target_features(target, ids):
+    """The target's features (last hidden state after its final norm): [batch, width, 576]."""
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        return target.model(input_ids=ids).last_hidden_state.float()
+
+
+class ReducedHead:
+    """The target's head reduced to the tokens the exported draft scores (head_token_ids): its
+    rows, and each token's index among them (-100 for the others, which count as misses)."""
+
+    def __init__(self, target, ids):
+        self.weight = target.lm_head.weight.detach()[torch.tensor(ids)]
+        self.index = torch.full((target.config.vocab_size,), -100, dtype=torch.long)
+        self.index[torch.tensor(ids)] = torch.arange(len(ids))
+
+
+def feature_draft_losses(draft, target, ids, labels, head):
+    """Depth 1: the draft reads the target's features f_0..f_{n-2} with tokens x_1..x_{n-1} and
+    predicts f_1..f_{n-1} (smooth L1) and, through the target's head reduced as exported, x_2..x_n
+    (cross-entropy on the answer positions). Depth 2: the same with its own predictions as the
+    features, as a second draft in a row reads them. Returns (loss, depth-1 agreement, depth-2
+    agreement)."""
+    features = target_features(target, ids)
+    inputs, tokens = features[:, :-1], ids[:, 1:]
+    mask = labels[:, 1:] != -100  # position j's output scores x_{j+1}
+    answers = head.index[labels[:, 1:][mask]]
+    truth = features[:, 1:][mask]
+    total, agreements = 0.0, []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        predicted = draft(inputs, tokens).float()
+        for depth, weight in ((1, 1.0), (2, 0.5)):
+            if depth == 2:
+                fed = torch.cat([inputs[:, :1], predicted[:, :-1].detach()], 1)
+                predicted = draft(fed, tokens).float()
+            chosen = predicted[mask]
+            logits = F.linear(chosen, head.weight).float()
+            total = total + weight * (F.smooth_l1_loss(chosen, truth) +
+                                      F.cross_entropy(logits, answers, ignore_index=-100))
+            agreements.append((logits.argmax(-1) == answers).float().mean())
+    return total, agreements[0], agreements[1]
+
+
+def feature_draft_metrics(draft, target, items, tokens_per_batch, head):
+    draft.eval()
+    sums, count = [0.0, 0.0, 0.0], 0
+    with torch.no_grad():
+        for ids, labels in batches(items, tokens_per_batch, torch.Generator().manual_seed(0)):
+            n = int((labels[:, 1:] != -100).sum())
+            loss, first, second = feature_draft_losses(draft, target, ids, labels, head)
+            for i, value in enumerate((loss, first, second)):
+                sums[i] += float(value) * n
+            count += n
+    draft.train()
+    return {"loss": sums[0] / max(count, 1), "agreement_depth1": sums[1] / max(count, 1),
+            "agreement_depth2": sums[2] / max(count, 1), "tokens": count}
+
+
+def train_features(args):
+    """Trains a FeatureDraft on the target's answers (data.json), the target computing its
+    features as it goes: DIR/feature-draft.pt, the checkpoint with the lowest held-out loss."""
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    target = load_target(args.target)
+    target.requires_grad_(False)
+    draft = FeatureDraft(target.config)
+    if args.init_from:
+        # Further training, on a schedule of its own.
+        draft.load_state_dict(torch.load(args.init_from)["state"])
+    else:
+        draft.initialise_from_target(target)
+    head = ReducedHead(target, head_token_ids(args.work, args.head_tokens))
+    train_set, held_out = load_split(args.work, 512)
+    # A fixed share of the held-out answers, greedy and sampled, keeps evaluations short.
+    held_out = [i for i in held_out if i[2]][:60] + [i for i in held_out if not i[2]][:60]
+    new_topics = new_topic_items(args, 512)
+    trainable = [p for p in draft.parameters() if p.requires_grad]
+    log(f"{len(train_set)} training answers, feature draft "
+        f"{sum(p.numel() for p in trainable) / 1e6:.2f}M parameters")
+    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, betas=(0.9, 0.95),
+                                  weight_decay=0.0)
+    warmup = max(1, min(20, args.steps // 10))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) *
+        (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, args.steps) / args.steps))))
+    generator = torch.Generator().manual_seed(args.seed)
+    step, start, history, best = 0, time.time(), [], None
+    draft.train()
+    while step < args.steps:
+        for ids, labels in batches(train_set, args.tokens_per_step, generator):
+            loss, first, second = feature_draft_losses(draft, target, ids, labels, head)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optimizer.step()
+            schedule.step()
+            step += 1
+            if step % 25 == 0 or step == args.steps:
+                log(f"step {step}/{args.steps}: loss {loss.item():.3f}, agreement "
+                    f"{first.item():.3f} / {second.item():.3f}, {time.time() - start:.0f} s")
+            if step % 100 == 0 or step == args.steps:
+                metrics = {"held_out": feature_draft_metrics(draft, target, held_out,
+                                                             args.tokens_per_step, head),
+                           "new_topics": feature_draft_metrics(draft, target, new_topics,
+                                                               args.tokens_per_step, head)}
+                history.append({"step": step, "seconds": time.time() - start, **metrics})
+                log(f"evaluated: {json.dumps(metrics)}")
+                with open(os.path.join(args.work, "feature-history.json"), "w") as file:
+                    json.dump(history, file, indent=1)
+                if best is None or metrics["held_out"]["loss"] < best:
+                    best = metrics["held_out"]["loss"]
+                    torch.save({"state": draft.state_dict(), "step": step, "args": vars(args)},
+                               os.path.join(args.work, "feature-draft.pt"))
+            if step == args.steps:
+                break
+
+
+def export_features(args):
+    """The feature draft (DIR/feature-draft.pt) as a GGUF file that specrun loads: one llama
+    layer of the target's shape, specrun.feature_width, its narrow token embedding and the two
+    input projections (token_proj, feature_proj), Q8_0 matrices, f32 norms, and as its head the
+    target's own (tied) head reduced to --head-tokens tokens; the target's tokenizer keys copied
+    verbatim."""
+    import gguf
+    if not args.out:
+        raise SystemExit("distill: export-features needs --out FILE")
+    target = load_target(args.target)
+    config = target.config
+    saved = torch.load(os.path.join(args.work, "feature-draft.pt"))
+    draft = FeatureDraft(config)
+    draft.load_state_dict(saved["state"])
+    reader = gguf.GGUFReader(args.target)
+    writer = gguf.GGUFWriter(args.out, "llama")
+    writer.add_name("SmolLM2-135M-Instruct feature draft (specrun distilled)")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_rope_freq_base(float(reader.fields["llama.rope.freq_base"].contents()))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_uint32("specrun.feature_width", config.hidden_size)
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer."):
+            sub_type = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub_type)
+    state = {name: tensor.float() for name, tensor in draft.state_dict().items()}
+
+    def matrix(name, tensor):
+        codes = gguf.quants.quantize(tensor.contiguous().numpy(), gguf.GGMLQuantizationType.Q8_0)
+        writer.add_tensor(name, codes, raw_shape=codes.shape,
+                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+
+    matrix("token_embd.weight", state["embed.weight"])
+    matrix("token_proj.weight", state["token_proj.weight"])
+    matrix("feature_proj.weight", state["feature_proj.weight"])
+    writer.add_tensor("output_norm.weight", state["norm.weight"].numpy())
+    block = "blk.0."
+    writer.add_tensor(block + "attn_norm.weight", state["layer.input_layernorm.weight"].numpy())
+    writer.add_tensor(block + "ffn_norm.weight",
+                      state["layer.post_attention_layernorm.weight"].numpy())
+    matrix(block + "attn_q.weight", interleave_rope(state["layer.self_attn.q_proj.weight"],
+                                                    config.num_attention_heads))
+    matrix(block + "attn_k.weight", interleave_rope(state["layer.self_attn.k_proj.weight"],
+                                                    config.num_key_value_heads))
+    matrix(block + "attn_v.weight", state["layer.self_attn.v_proj.weight"])
+    matrix(block + "attn_output.weight", state["layer.self_attn.o_proj.weight"])
+    for part in ["gate", "up", "down"]:
+        matrix(block + f"ffn_{part}.weight", state[f"layer.mlp.{part}_proj.weight"])
+    ids = head_token_ids(args.work, args.head_tokens)
+    matrix("output.weight", target.lm_head.weight.detach().float()[ids])
+    writer.add_array("specrun.output_token_ids", ids)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    log(f"wrote {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) from step {saved['step']}")
+
+
+# ---------------------------------------------------------------------------------------------
 # evaluate, export
 
 
@@ -652,7 +888,8 @@ def export(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=["generate", "train", "evaluate", "lookup", "export"])
+    parser.add_argument("step", choices=["generate", "train", "evaluate", "lookup", "export", "train-features",
+                                           "export-features"])
     parser.add_argument("--target", required=True, help="the target's GGUF file")
     parser.add_argument("--work", required=True, help="folder for data, checkpoints and logs")
     parser.add_argument("--out", help="export: the draft's GGUF file")
@@ -681,7 +918,7 @@ def main():
                         help="export: tokens the draft's head scores (0: the whole vocabulary)")
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    globals()[args.step](args)
+    globals()[args.step.replace("-", "_")](args)
 
 
 if __name__ == "__main__":
