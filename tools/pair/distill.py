@@ -579,7 +579,6 @@ def export_features(args):
     input projections (token_proj, feature_proj), Q8_0 matrices, f32 norms, and as its head the
     target's own (tied) head reduced to --head-tokens tokens; the target's tokenizer keys copied
     verbatim."""
-    import gguf
     if not args.out:
         raise SystemExit("distill: export-features needs --out FILE")
     target = load_target(args.target)
@@ -587,33 +586,13 @@ def export_features(args):
     saved = torch.load(os.path.join(args.work, "feature-draft.pt"))
     draft = FeatureDraft(config)
     draft.load_state_dict(saved["state"])
-    reader = gguf.GGUFReader(args.target)
-    writer = gguf.GGUFWriter(args.out, "llama")
-    writer.add_name("SmolLM2-135M-Instruct feature draft (specrun distilled)")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_rope_freq_base(float(reader.fields["llama.rope.freq_base"].contents()))
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(config.vocab_size)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer = draft_gguf_writer(args.out, args.target,
+                               "SmolLM2-135M-Instruct feature draft (specrun distilled)", config, 1)
     writer.add_uint32("specrun.feature_width", config.hidden_size)
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer."):
-            sub_type = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub_type)
     state = {name: tensor.float() for name, tensor in draft.state_dict().items()}
 
     def matrix(name, tensor):
-        codes = gguf.quants.quantize(tensor.contiguous().numpy(), gguf.GGMLQuantizationType.Q8_0)
-        writer.add_tensor(name, codes, raw_shape=codes.shape,
-                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        write_q8_0(writer, name, tensor)
 
     matrix("token_embd.weight", state["embed.weight"])
     matrix("token_proj.weight", state["token_proj.weight"])
@@ -634,11 +613,8 @@ def export_features(args):
     ids = head_token_ids(args.work, args.head_tokens)
     matrix("output.weight", target.lm_head.weight.detach().float()[ids])
     writer.add_array("specrun.output_token_ids", ids)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    log(f"wrote {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB) from step {saved['step']}")
+    log(f"the feature draft of step {saved['step']}")
+    finish_gguf(writer, args.out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -826,22 +802,16 @@ def draft_tensor_names(config):
     return names
 
 
-def export(args):
-    """The draft as a GGUF file that specrun loads: llama architecture keys for its shape, the
-    target's tokenizer keys copied verbatim (so the pair check sees one tokenizer), Q8_0 matrices
-    and f32 norms; with --head-tokens, an output projection reduced to those tokens
-    (specrun.output_token_ids; llama.cpp, which wants a row per token, cannot load that file)."""
+def draft_gguf_writer(path, target_path, name, config, layers):
+    """A GGUF writer for a draft of `config`'s shape with `layers` layers: the llama architecture
+    keys, and the target's tokenizer keys copied verbatim (so the pair check sees one tokenizer)."""
     import gguf
-    if not args.out:
-        raise SystemExit("distill: export needs --out FILE")
-    draft, saved = load_draft(os.path.join(args.work, "draft.pt"))
-    config = draft.config
-    reader = gguf.GGUFReader(args.target)
-    writer = gguf.GGUFWriter(args.out, "llama")
-    writer.add_name("SmolLM2-135M-Instruct draft (specrun distilled)")
+    reader = gguf.GGUFReader(target_path)
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name(name)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
+    writer.add_block_count(layers)
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
@@ -856,12 +826,40 @@ def export(args):
         if key.startswith("tokenizer."):
             sub_type = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub_type)
+    return writer
+
+
+def write_q8_0(writer, name, tensor):
+    """A matrix as Q8_0."""
+    import gguf
+    codes = gguf.quants.quantize(tensor.contiguous().numpy(), gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor(name, codes, raw_shape=codes.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+
+
+def finish_gguf(writer, path):
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    log(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB)")
+
+
+def export(args):
+    """The draft as a GGUF file that specrun loads: llama architecture keys for its shape, the
+    target's tokenizer keys copied verbatim (so the pair check sees one tokenizer), Q8_0 matrices
+    and f32 norms; with --head-tokens, an output projection reduced to those tokens
+    (specrun.output_token_ids; llama.cpp, which wants a row per token, cannot load that file)."""
+    if not args.out:
+        raise SystemExit("distill: export needs --out FILE")
+    draft, saved = load_draft(os.path.join(args.work, "draft.pt"))
+    config = draft.config
+    writer = draft_gguf_writer(args.out, args.target,
+                               "SmolLM2-135M-Instruct draft (specrun distilled)", config,
+                               config.num_hidden_layers)
     state = {name: tensor.float() for name, tensor in draft.state_dict().items()}
 
     def matrix(name, tensor):
-        codes = gguf.quants.quantize(tensor.numpy(), gguf.GGMLQuantizationType.Q8_0)
-        writer.add_tensor(name, codes, raw_shape=codes.shape,
-                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        write_q8_0(writer, name, tensor)
 
     for gguf_name, hf_name, heads in draft_tensor_names(config):
         weight = state[hf_name]
@@ -876,11 +874,7 @@ def export(args):
             ids = head_token_ids(args.work, args.head_tokens)
             matrix("output.weight", weight[ids])
             writer.add_array("specrun.output_token_ids", ids)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    log(f"wrote {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB)")
+    finish_gguf(writer, args.out)
 
 
 # ---------------------------------------------------------------------------------------------
