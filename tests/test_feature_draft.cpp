@@ -305,20 +305,25 @@ TEST_F(FeatureDraftTest, GreedyAndSharedNoiseOutputsAreTheTargetsOwn) {
 
 TEST_F(FeatureDraftTest, PrefixCachedPromptsStillGiveTheDraftItsFeatures) {
   // One engine: later requests start from the cached blocks of earlier ones (both caches), and
-  // the target reuses no more than the draft can read on from.
-  BatchEngine engine(*target_, draft_.get(), {});
+  // the target reuses no more than the draft can read on from. The expected outputs come first:
+  // nothing else may use the models while the engine runs.
   std::vector<int32_t> prompt = {1};
   for (int32_t i = 0; i < 21; ++i) prompt.push_back(3 + (i * 7) % 80);
+  std::vector<EngineRequest> requests;
+  std::vector<std::vector<int32_t>> expected;
   for (const size_t length : {prompt.size(), prompt.size(), prompt.size() - 3, prompt.size()}) {
     EngineRequest request;
     request.prompt.assign(prompt.begin(), prompt.begin() + static_cast<ptrdiff_t>(length));
     request.sampling = greedy(24);
     request.speculation = speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, 3);
-    const std::vector<int32_t> expected =
-        reference_decode(*target_, request.prompt, request.sampling).tokens;
-    const Completion result = engine.run(std::move(request));
+    expected.push_back(reference_decode(*target_, request.prompt, request.sampling).tokens);
+    requests.push_back(std::move(request));
+  }
+  BatchEngine engine(*target_, draft_.get(), {});
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Completion result = engine.run(std::move(requests[i]));
     ASSERT_EQ(result.reason, FinishReason::kMaxTokens) << result.error;
-    EXPECT_EQ(result.tokens, expected);
+    EXPECT_EQ(result.tokens, expected[i]) << "request " << i;
   }
   EXPECT_GT(engine.stats().cached_prompt_tokens, 0);
 }
