@@ -338,6 +338,27 @@ def held_out_metrics(model, held_out, tokens_per_batch):
                    "tokens": t[2]} for kind, t in totals.items()}
 
 
+def adamw_with_schedule(parameters, args, warmup_cap):
+    """AdamW (betas 0.9, 0.95, no weight decay) at args.learning_rate after at most `warmup_cap`
+    linear warm-up steps, cosine to a tenth over args.steps: (optimizer, schedule)."""
+    optimizer = torch.optim.AdamW(parameters, lr=args.learning_rate, betas=(0.9, 0.95),
+                                  weight_decay=0.0)
+    warmup = max(1, min(warmup_cap, args.steps // 10))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) *
+        (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, args.steps) / args.steps))))
+    return optimizer, schedule
+
+
+def optimizer_step(loss, parameters, optimizer, schedule):
+    """One step on `loss`, gradients clipped to norm 1."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+    optimizer.step()
+    schedule.step()
+
+
 def train(args):
     from transformers import LlamaForCausalLM
     torch.manual_seed(args.seed)
@@ -360,12 +381,7 @@ def train(args):
         f"draft {sum(p.numel() for p in draft.parameters()) / 1e6:.2f}M parameters")
     start_metrics = held_out_metrics(draft, held_out, args.tokens_per_step)
     log(f"held out at initialisation: {start_metrics}")
-    optimizer = torch.optim.AdamW(draft.parameters(), lr=args.learning_rate, betas=(0.9, 0.95),
-                                  weight_decay=0.0)
-    warmup = max(1, min(50, args.steps // 10))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warmup) *
-        (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, args.steps) / args.steps))))
+    optimizer, schedule = adamw_with_schedule(draft.parameters(), args, 50)
     generator = torch.Generator().manual_seed(args.seed)
     # From a checkpoint, the kept draft must beat where it started.
     best = (start_metrics["greedy"]["loss"] + start_metrics["sampled"]["loss"]
@@ -378,11 +394,7 @@ def train(args):
                 loss, agree = distillation_loss(draft, target, ids, labels, args.kl_weight)
             else:
                 loss, agree = answer_loss(draft, ids, labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
+            optimizer_step(loss, draft.parameters(), optimizer, schedule)
             step += 1
             if step % 25 == 0 or step == args.steps:
                 log(f"step {step}/{args.steps}: loss {loss.item():.3f}, "
@@ -535,23 +547,14 @@ def train_features(args):
     trainable = [p for p in draft.parameters() if p.requires_grad]
     log(f"{len(train_set)} training answers, feature draft "
         f"{sum(p.numel() for p in trainable) / 1e6:.2f}M parameters")
-    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, betas=(0.9, 0.95),
-                                  weight_decay=0.0)
-    warmup = max(1, min(20, args.steps // 10))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warmup) *
-        (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, args.steps) / args.steps))))
+    optimizer, schedule = adamw_with_schedule(trainable, args, 20)
     generator = torch.Generator().manual_seed(args.seed)
     step, start, history, best = 0, time.time(), [], None
     draft.train()
     while step < args.steps:
         for ids, labels in batches(train_set, args.tokens_per_step, generator):
             loss, first, second = feature_draft_losses(draft, target, ids, labels, head)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            optimizer.step()
-            schedule.step()
+            optimizer_step(loss, trainable, optimizer, schedule)
             step += 1
             if step % 25 == 0 or step == args.steps:
                 log(f"step {step}/{args.steps}: loss {loss.item():.3f}, agreement "
