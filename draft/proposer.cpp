@@ -159,7 +159,7 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
         if (request.max_catch_up > 0 && committed - seen > request.max_catch_up) {
           // The draft's context restarts at the latest max_catch_up tokens.
           cache.truncate(kv, 0);
-          entry.offset = committed - request.max_catch_up;
+          entry.offset = std::max(committed - request.max_catch_up, earliest_context(entry));
           seen = entry.offset;
         } else if (request.max_catch_up == 0 && entry.offset > earliest_context(entry)) {
           // Drafting for real again: the whole context, as the draft was meant to see it.
