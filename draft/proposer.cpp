@@ -125,6 +125,14 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
     proposals.model_offers.assign(static_cast<size_t>(batch * proposals.gamma), -1);
     proposals.lookup_offers.assign(static_cast<size_t>(batch * proposals.gamma), -1);
   }
+  for (const DraftRequest& request : requests) {
+    proposals.alternates_width = std::max(proposals.alternates_width, request.alternates);
+  }
+  if (proposals.alternates_width > 0) {
+    proposals.alternates.assign(
+        static_cast<size_t>(batch * proposals.gamma * proposals.alternates_width), -1);
+  }
+  std::vector<int32_t> ranked;  // the model's most likely tokens, for alternates
 
   // Each round feeds every row still drafting: first its unseen committed tokens, then its
   // previous draft. Rows drafting the same round share one batched forward.
@@ -260,6 +268,19 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
         proposals.model_offers[slot] = token;
         proposals.lookup_offers[slot] = looked_up;
       }
+      if (request.alternates > 0) {
+        // Ranked before q may become lookup's point mass; one more than wanted, as the proposal
+        // is among them.
+        ranked.resize(static_cast<size_t>(request.alternates) + 2);
+        if (sampling.temperature == 0.0f) {
+          highest(row_logits, ranked);
+        } else if (sampling.shared_noise) {
+          best_with_noise(std::span<const float>(q, static_cast<size_t>(vocab)), request.stream,
+                          request.position + round, ranked);
+        } else {
+          highest(std::span<const float>(q, static_cast<size_t>(vocab)), ranked);
+        }
+      }
       if (looked_up >= 0 && request.prefer_lookup) {
         // Lookup's token whatever the model drew: its q is a point mass, which verification
         // handles exactly.
@@ -268,6 +289,23 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
         token = looked_up;
       }
       proposals.tokens[slot] = token;
+      if (request.alternates > 0) {
+        // The contest's other offer first, then the model's ranking, never the proposal twice.
+        int32_t* alternates =
+            proposals.alternates.data() + static_cast<int64_t>(slot) * proposals.alternates_width;
+        int64_t taken = 0;
+        const auto take = [&](int32_t candidate) {
+          if (taken == request.alternates || candidate < 0 || candidate == token ||
+              std::find(alternates, alternates + taken, candidate) != alternates + taken) {
+            return;
+          }
+          alternates[taken++] = candidate;
+        };
+        if (proposals.has_contests() && proposals.model_offers[slot] >= 0) {
+          take(token == looked_up ? proposals.model_offers[slot] : looked_up);
+        }
+        for (const int32_t candidate : ranked) take(candidate);
+      }
       if (request.lookup_min_ngram > 0) texts[static_cast<size_t>(b)].push_back(token);
       proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(round + 1);
       // The last draft is never fed: its logits would only serve a draft beyond gamma.

@@ -38,6 +38,11 @@ struct DraftRequest {
   // Where both offer a token and they differ (a contest, recorded in Proposals::model_offers and
   // lookup_offers): propose lookup's, else the model's. The engine decides from past contests.
   bool prefer_lookup = true;
+  // Other guesses to offer beside each draft, for the target to score as siblings in a token tree
+  // (Proposals::alternates): where lookup and the model differed, the one not proposed, then the
+  // model's next most likely tokens (at temperature 0 by its logits, with shared noise those next
+  // to win its draw from q, else by q). Only for rules that take them (greedy, shared noise).
+  int64_t alternates = 0;
 };
 
 // Prompt lookup's match: the index of the token after the latest earlier occurrence of the

@@ -178,6 +178,8 @@ class Backend {
   // stream each, so that drafting ahead hides behind a verification (OverlapDrafting::kAuto). No
   // backend does yet: the CPU runs every op on one pool of threads, CUDA on one stream.
   virtual bool runs_models_concurrently() const { return false; }
+  // Whether attention() takes key gaps (a token tree's branches in one forward).
+  virtual bool attends_with_key_gaps() const { return false; }
   // The layout this backend's matmul reads weights of `weight_dtype` in fastest; the model lays
   // its matmul weights (and a table a tied head shares) out this way at load. Every backend also
   // reads kRows.
@@ -292,6 +294,12 @@ class Backend {
   // them. Sequence s owns query rows [query_start[s], query_start[s+1]); its cache holds
   // context_lengths[s] positions, the last of them the new tokens, so query row i of n attends
   // to positions [0, context_length - n + i].
+  //
+  // Key gaps (null: none; only where attends_with_key_gaps()): query row t skips the positions
+  // [key_gaps[2t], key_gaps[2t + 1]) of its sequence (an empty range skips nothing). A token tree
+  // in one forward: a branch forking from the chain of new tokens sits after it in the cache and
+  // skips the chain past its fork. The sliding window counts from the row's position less the
+  // gap's length, which is the row's position in its own branch.
   virtual Status attention(const AttentionParams& params,
                            const float* q,       // [num_tokens, num_heads, head_dim]
                            const void* k_cache,  // [slots, num_kv_heads, head_dim] cache_dtype
@@ -299,6 +307,7 @@ class Backend {
                            const int32_t* query_start,      // [num_seqs + 1]
                            const int32_t* context_lengths,  // [num_seqs]
                            const int32_t* block_tables,     // [num_seqs, max_blocks_per_seq]
+                           const int32_t* key_gaps,         // [num_tokens, 2] or null
                            float* out) = 0;                 // [num_tokens, num_heads, head_dim]
 
   // out = silu(gate) * up; out may alias gate.

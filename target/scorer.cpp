@@ -1,5 +1,7 @@
 #include "target/scorer.h"
 
+#include "runtime/base/check.h"
+
 namespace specrun {
 
 Scorer::Scorer(Model& target, const SamplingParams& sampling)
@@ -9,25 +11,82 @@ Scorer::Scorer(Model& target, const SamplingParams& sampling)
 
 Scores Scorer::score(std::span<const ScoreRequest> requests, Features* features) {
   inputs_.resize(requests.size());
+  parents_.resize(requests.size());
   std::vector<SequenceInput> batch;
   batch.reserve(requests.size());
+  Scores scores;
+  bool any_alternates = false;
   for (size_t b = 0; b < requests.size(); ++b) {
+    const ScoreRequest& request = requests[b];
     std::vector<int32_t>& input = inputs_[b];
-    input.assign(1, requests[b].pending);
-    input.insert(input.end(), requests[b].drafts.begin(), requests[b].drafts.end());
-    batch.push_back({requests[b].sequence, input, true});
+    input.assign(1, request.pending);
+    input.insert(input.end(), request.drafts.begin(), request.drafts.end());
+    std::vector<int32_t>& parents = parents_[b];
+    parents.clear();
+    if (!request.alternates.empty()) {
+      SPECRUN_CHECK(request.alternates_width > 0 &&
+                    request.alternates.size() ==
+                        request.drafts.size() * static_cast<size_t>(request.alternates_width))
+          << "alternates for " << request.drafts.size() << " drafts, " << request.alternates_width
+          << " each, in " << request.alternates.size() << " entries";
+      SPECRUN_CHECK(scores.alternates_width == 0 ||
+                    scores.alternates_width == request.alternates_width)
+          << "rows of one call bring alternates of different widths";
+      scores.alternates_width = request.alternates_width;
+      any_alternates = true;
+      // The chain, then each alternate forking where its draft does: the alternate for draft i
+      // (from 0) follows the token fed at i (the pending token or d_i).
+      for (int32_t i = 0; i <= static_cast<int32_t>(request.drafts.size()); ++i) {
+        parents.push_back(i - 1);
+      }
+      for (size_t entry = 0; entry < request.alternates.size(); ++entry) {
+        if (request.alternates[entry] < 0) continue;
+        input.push_back(request.alternates[entry]);
+        parents.push_back(
+            static_cast<int32_t>(entry / static_cast<size_t>(request.alternates_width)));
+      }
+    }
+    batch.push_back({request.sequence, input, true, {}, parents});
   }
   target_.forward(batch, &logits_, features);
-  Scores scores;
+  // Every row's p_0..p_n first, then the distributions after its alternates.
   scores.vocab = logits_.vocab_size;
-  scores.row_begin = logits_.row_begin;
+  scores.row_begin.assign(1, 0);
+  for (const ScoreRequest& request : requests) {
+    scores.row_begin.push_back(scores.row_begin.back() +
+                               static_cast<int64_t>(request.drafts.size()) + 1);
+  }
+  int64_t next_alternate_row = scores.row_begin.back();
+  if (any_alternates) {
+    scores.alternate_begin.assign(1, 0);
+    for (const ScoreRequest& request : requests) {
+      scores.alternate_begin.push_back(scores.alternate_begin.back() +
+                                       static_cast<int64_t>(request.drafts.size()) *
+                                           scores.alternates_width);
+    }
+    scores.alternate_rows.assign(static_cast<size_t>(scores.alternate_begin.back()), -1);
+    scores.alternate_inputs.assign(static_cast<size_t>(scores.alternate_begin.back()), -1);
+  }
   scores.probs.resize(logits_.values.size());
+  const auto process = [&](const SamplingParams& sampling, int64_t from, int64_t to) {
+    process_logits(sampling, logits_.row(from),
+                   std::span<float>(scores.probs.data() + to * scores.vocab,
+                                    static_cast<size_t>(scores.vocab)));
+  };
   for (size_t b = 0; b < requests.size(); ++b) {
-    const SamplingParams& sampling = requests[b].sampling ? *requests[b].sampling : sampling_;
-    for (int64_t r = logits_.row_begin[b]; r < logits_.row_begin[b + 1]; ++r) {
-      process_logits(sampling, logits_.row(r),
-                     std::span<float>(scores.probs.data() + r * scores.vocab,
-                                      static_cast<size_t>(scores.vocab)));
+    const ScoreRequest& request = requests[b];
+    const SamplingParams& sampling = request.sampling ? *request.sampling : sampling_;
+    const int64_t first = logits_.row_begin[b];
+    const auto chain = static_cast<int64_t>(request.drafts.size()) + 1;
+    for (int64_t r = 0; r < chain; ++r) process(sampling, first + r, scores.row_begin[b] + r);
+    int64_t fed = chain;
+    for (size_t entry = 0; entry < request.alternates.size(); ++entry) {
+      if (request.alternates[entry] < 0) continue;
+      const auto at = static_cast<size_t>(scores.alternate_begin[b]) + entry;
+      scores.alternate_rows[at] = next_alternate_row;
+      scores.alternate_inputs[at] = fed;
+      process(sampling, first + fed, next_alternate_row);
+      ++fed, ++next_alternate_row;
     }
   }
   return scores;

@@ -1,5 +1,6 @@
 // The scorer: one target forward over [pending, d_1..d_n] per sequence gives the processed
-// distributions p_0..p_n that verification compares against the drafts.
+// distributions p_0..p_n that verification compares against the drafts, and with alternates the
+// distribution after each of them (a token tree: [pending, d_1..d_n, alternates] in the cache).
 #pragma once
 
 #include <span>
@@ -16,6 +17,11 @@ struct ScoreRequest {
   std::span<const int32_t> drafts;  // d_1..d_n
   // The sequence's own sampling settings; null: the scorer's. Lets one batch mix requests.
   const SamplingParams* sampling = nullptr;
+  // Other guesses for each draft's position (Proposals::alternates): [n, alternates_width], -1
+  // where none. Each is fed as a branch of a token tree forking where its draft does, after the
+  // drafts, and scored (Scores::alternate_rows). Empty: none.
+  std::span<const int32_t> alternates{};
+  int64_t alternates_width = 0;
 };
 
 class Scorer {
@@ -29,7 +35,8 @@ class Scorer {
  private:
   Model& target_;
   SamplingParams sampling_;
-  std::vector<std::vector<int32_t>> inputs_;  // reused per call
+  std::vector<std::vector<int32_t>> inputs_;   // reused per call
+  std::vector<std::vector<int32_t>> parents_;  // a token tree's, per row with alternates
   Logits logits_;
 };
 

@@ -611,6 +611,8 @@ TEST_F(ApiTest, BadRequestsAreOneClearError) {
       {"draft_lookup_below", "(0, 1]"});
   testing::expect_error(with_speculation([](SpeculationSettings& s) { s.draft_lookup_ngram = 9; }),
                         {"draft_lookup_ngram", "lookup_max_ngram 3", "got 9"});
+  testing::expect_error(with_speculation([](SpeculationSettings& s) { s.draft_alternates = -1; }),
+                        {"draft_alternates", "[0, 8]", "got -1"});
   testing::expect_error(with_speculation([](SpeculationSettings& s) {
                           s.method = static_cast<SpeculationMethod>(7);
                         }),

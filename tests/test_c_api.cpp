@@ -142,6 +142,7 @@ TEST_F(CApiTest, InitSetsTheCppDefaults) {
   EXPECT_EQ(config.speculation.lookup_max_ngram, defaults.speculation.lookup_max_ngram);
   EXPECT_EQ(config.speculation.draft_lookup_ngram, defaults.speculation.draft_lookup_ngram);
   EXPECT_EQ(config.speculation.draft_lookup_below, defaults.speculation.draft_lookup_below);
+  EXPECT_EQ(config.speculation.draft_alternates, defaults.speculation.draft_alternates);
 
   specrun_request_params params;
   std::memset(&params, 0xAB, sizeof(params));

@@ -560,6 +560,8 @@ struct PagedAttentionCase {
   std::vector<int64_t> context = {9, 14, 6};
   int64_t window = 0;
   DType cache_dtype = DType::kF32;  // bf16: the cache holds the random values rounded to bf16
+  // Key gaps (Backend::attention): per query token, [begin, end) positions it skips; empty: none.
+  std::vector<std::pair<int32_t, int32_t>> gaps = {};
 };
 
 // The values as a cache of `dtype` stores them (bf16: rounded, in uint16_t bits), and in place the
@@ -615,10 +617,13 @@ void check_paged_attention(const PagedAttentionCase& c, ThreadPool& pool,
   std::vector<int32_t> lengths(c.context.begin(), c.context.end());
   std::vector<float> out(tokens * c.heads * c.head_dim);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  std::vector<int32_t> gaps;
+  for (const auto& [begin, end] : c.gaps) gaps.insert(gaps.end(), {begin, end});
   ASSERT_TRUE(attention({seqs, tokens, c.heads, c.kv_heads, c.head_dim, c.block_size, max_blocks,
                          scale, c.window, c.cache_dtype},
                         q.data(), k_stored.data(), v_stored.data(), query_start.data(),
-                        lengths.data(), tables.data(), out.data(), pool)
+                        lengths.data(), tables.data(), gaps.empty() ? nullptr : gaps.data(),
+                        out.data(), pool)
                   .is_ok());
   if (result != nullptr) *result = out;
 
@@ -626,12 +631,21 @@ void check_paged_attention(const PagedAttentionCase& c, ThreadPool& pool,
     for (int64_t i = 0; i < c.new_tokens[s]; ++i) {
       const int64_t token = query_start[s] + i;
       const int64_t position = c.context[s] - c.new_tokens[s] + i;
-      const int64_t first = c.window > 0 ? std::max<int64_t>(0, position - c.window + 1) : 0;
+      // The positions the token reads: all up to its own but its gap's, the latest `window`.
+      std::vector<int64_t> attended;
+      for (int64_t p = 0; p <= position; ++p) {
+        if (c.gaps.empty() || p < c.gaps[token].first || p >= c.gaps[token].second) {
+          attended.push_back(p);
+        }
+      }
+      if (c.window > 0 && static_cast<int64_t>(attended.size()) > c.window) {
+        attended.erase(attended.begin(), attended.end() - c.window);
+      }
       for (int64_t h = 0; h < c.heads; ++h) {
         const int64_t kv_head = h / (c.heads / c.kv_heads);
         const float* query = &q[(token * c.heads + h) * c.head_dim];
         std::vector<double> scores;
-        for (int64_t p = first; p <= position; ++p) {
+        for (const int64_t p : attended) {
           const int64_t slot =
               tables[s * max_blocks + p / c.block_size] * c.block_size + p % c.block_size;
           double dot = 0.0;
@@ -645,10 +659,11 @@ void check_paged_attention(const PagedAttentionCase& c, ThreadPool& pool,
         for (double& score : scores) total += (score = std::exp(score - max_score));
         for (int64_t d = 0; d < c.head_dim; ++d) {
           double expected = 0.0;
-          for (int64_t p = first; p <= position; ++p) {
+          for (size_t k = 0; k < attended.size(); ++k) {
+            const int64_t p = attended[k];
             const int64_t slot =
                 tables[s * max_blocks + p / c.block_size] * c.block_size + p % c.block_size;
-            expected += scores[p - first] / total * v_cache[slot * row + kv_head * c.head_dim + d];
+            expected += scores[k] / total * v_cache[slot * row + kv_head * c.head_dim + d];
           }
           // Scores carry head_dim roundings into exp (values ~1, |v| <= 1): a few hundred ulps
           // of the output scale at these sizes.
@@ -693,7 +708,7 @@ TEST_P(CpuKernels, AttentionAndKvWriteRejectACacheDtypeOtherThanBf16OrF32) {
   std::vector<float> q(4), cache(4 * 4), out(4);
   const Status attended =
       attention({1, 1, 1, 1, 4, 4, 1, 0.5f, 0, DType::kF16}, q.data(), cache.data(), cache.data(),
-                query_start, lengths, tables, out.data(), pool_);
+                query_start, lengths, tables, nullptr, out.data(), pool_);
   EXPECT_EQ(attended.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(attended.message().find("F16"), std::string::npos) << attended.message();
   const int32_t slots[] = {0};
@@ -732,6 +747,40 @@ TEST(CpuAttentionThreads, GroupedQueryHeadsGiveTheSameBitsForEveryThreadCount) {
   }
 }
 
+// A token tree in one call: sequence 0's 6 new tokens (positions 8..13) are a chain of 4 and two
+// branches forking from it, sequence 1's 3 are siblings of one another (each skips the earlier).
+TEST_P(CpuKernels, PagedAttentionWithKeyGapsReadsOnlyEachTokensBranch) {
+  for (const DType cache_dtype : {DType::kF32, DType::kBF16}) {
+    for (const int64_t window : {0, 3, 6}) {
+      PagedAttentionCase c;
+      c.new_tokens = {6, 3};
+      c.context = {14, 5};
+      c.window = window;
+      c.cache_dtype = cache_dtype;
+      // Sequence 0: 8..11 the chain; 12 forks after 9 (skips 10, 11); 13 forks after 8.
+      // Sequence 1: 2, 3, 4 are siblings after position 1.
+      c.gaps = {{8, 8}, {9, 9}, {10, 10}, {11, 11}, {10, 12}, {9, 13}, {2, 2}, {2, 3}, {2, 4}};
+      SCOPED_TRACE(std::string(dtype_name(cache_dtype)) + " window " + std::to_string(window));
+      check_paged_attention(c, pool_);
+    }
+  }
+}
+
+TEST_P(CpuKernels, AttentionRejectsAKeyGapThatHidesTheTokenItself) {
+  const int32_t query_start[] = {0, 1};
+  const int32_t lengths[] = {3};
+  const int32_t tables[] = {0};
+  std::vector<float> q(4), cache(4 * 4), out(4);
+  for (const auto& gap : {std::array<int32_t, 2>{1, 3}, std::array<int32_t, 2>{2, 1},
+                          std::array<int32_t, 2>{-1, 1}}) {
+    const Status status =
+        attention({1, 1, 1, 1, 4, 4, 1, 0.5f, 0, DType::kF32}, q.data(), cache.data(), cache.data(),
+                  query_start, lengths, tables, gap.data(), out.data(), pool_);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << gap[0] << ", " << gap[1];
+    EXPECT_NE(status.message().find("key gap"), std::string::npos) << status.message();
+  }
+}
+
 TEST_P(CpuKernels, PagedAttentionMultiHeadAndBlockOfOne) {
   PagedAttentionCase c;
   c.heads = 3;
@@ -748,7 +797,7 @@ TEST_P(CpuKernels, AttentionRejectsImpossibleContext) {
   const int32_t tables[] = {0};
   std::vector<float> q(2 * 4), cache(4 * 4), out(2 * 4);
   EXPECT_EQ(attention({1, 2, 1, 1, 4, 4, 1, 0.5f, 0, DType::kF32}, q.data(), cache.data(),
-                      cache.data(), query_start, lengths, tables, out.data(), pool_)
+                      cache.data(), query_start, lengths, tables, nullptr, out.data(), pool_)
                 .code(),
             StatusCode::kInvalidArgument);
 }

@@ -263,7 +263,7 @@ TEST(EngineConfigFile, ReadsTheSpeculativeTable) {
                       "[speculative]\nmethod = \"prompt_lookup\"\ngamma = 3\ngamma_min = 1\n"
                       "gamma_max = 6\ncontroller = \"heuristic\"\ndraft_p_min = 0.25\n"
                       "lookup_min_ngram = 2\nlookup_max_ngram = 4\nverification = \"rejection\"\n"
-                      "draft_lookup_ngram = 3\ndraft_lookup_below = 0.5\n");
+                      "draft_lookup_ngram = 3\ndraft_lookup_below = 0.5\ndraft_alternates = 2\n");
   const EngineConfig config = EngineConfig::from_toml((dir / "c.toml").string());
   EXPECT_EQ(config.speculation.method, SpeculationMethod::kPromptLookup);
   EXPECT_EQ(config.speculation.gamma, 3);
@@ -276,6 +276,7 @@ TEST(EngineConfigFile, ReadsTheSpeculativeTable) {
   EXPECT_EQ(config.speculation.lookup_max_ngram, 4);
   EXPECT_EQ(config.speculation.draft_lookup_ngram, 3);
   EXPECT_FLOAT_EQ(config.speculation.draft_lookup_below, 0.5f);
+  EXPECT_EQ(config.speculation.draft_alternates, 2);
 }
 
 TEST(EngineConfigFile, RejectsBadSpeculativeSettings) {
@@ -295,6 +296,8 @@ TEST(EngineConfigFile, RejectsBadSpeculativeSettings) {
                       {"[speculative]", "n-gram"});
   expect_config_error("[speculative]\ndraft_lookup_below = 0\n",
                       {":2:", "speculative.draft_lookup_below", "(0, 1]"});
+  expect_config_error("[speculative]\ndraft_alternates = 9\n",
+                      {":2:", "speculative.draft_alternates", "got 9"});
   expect_config_error("[speculative]\ndraft_lookup_ngram = -1\n",
                       {":2:", "speculative.draft_lookup_ngram"});
   expect_config_error("[speculative]\ndraft_lookup_ngram = 4\nlookup_max_ngram = 3\n",

@@ -558,6 +558,31 @@ TEST(StepCostModel, ALineThatWouldFallDropsItsStalestPoints) {
   EXPECT_EQ(costs.verify_points(), 3);
 }
 
+TEST(StepCostModel, AStepsAlternatesAreTokensTheTargetScores) {
+  // 10 ms + 1 ms a token scored: three rows of gamma 2 with one alternate a draft score 3 + 2 * 6.
+  StepCostModel costs(StepCostModel::Tuning{});
+  costs.observe(0, 3, 13.0, 0, 0, true, 0.0);
+  costs.observe(1, 9, 19.0, 0, 0, true, 0.0);
+  const int64_t gammas[] = {2, 2, 2};
+  EXPECT_NEAR(costs.step_ms(gammas), 10.0 + 9.0, 1e-9);
+  EXPECT_NEAR(costs.step_ms(gammas, 2.0), 10.0 + 15.0, 1e-9);
+}
+
+TEST(GoodputPolicy, CountsTheAlternatesAStepScoredAsItsTokens) {
+  // Steps of gamma 2 with 2 alternates each cost 10 + 1 ms a token scored (5 tokens): the line
+  // the policy fits is in tokens scored, alternates included.
+  GoodputPolicy controller(4);
+  for (int i = 0; i < 40; ++i) {
+    const GammaRow row[] = {{0, 4, 0, 4, 2}};
+    const std::vector<DraftPlan> plans = plan(controller, row);
+    DraftOutcome outcome[] = {{0, plans[0].gamma, plans[0].gamma / 2, plans[0].filler}};
+    if (!plans[0].filler) outcome[0].alternates = plans[0].gamma;
+    const int64_t scored = plans[0].gamma + 1 + outcome[0].alternates;
+    controller.observe(outcome, 0.5 * double(plans[0].gamma), 10.0 + double(scored));
+  }
+  EXPECT_NEAR(controller.costs().verify_ms(5) - controller.costs().verify_ms(3), 2.0, 0.05);
+}
+
 TEST(GoodputPolicy, EstimatesAcceptancePerPosition) {
   GoodputPolicy controller(3);
   // Position 1 always accepted, position 2 never.

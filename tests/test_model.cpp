@@ -198,6 +198,73 @@ TEST_F(ModelTest, RollbackThenAppendEqualsAFreshCacheBitwise) {
   }
 }
 
+// A token tree in one forward: a chain with branches forking from it. Each branch token's logits
+// equal those of its own path fed as a chain, bitwise; an accepted branch moved into place
+// (KvCache::copy_position) continues as if the path had been fed.
+TEST_F(ModelTest, ATokenTreeScoresEachPathAsItsOwnChainBitwise) {
+  auto model = load(*backend_, /*block_size=*/4);
+  KvCache& cache = model->kv_cache();
+  const std::vector<int32_t> prefix = token_run(9, 6, 300);
+  const SequenceId s = cache.add_sequence();
+  Logits logits;
+  const SequenceInput prefill[] = {{s, prefix, false}};
+  model->forward(prefill, &logits);
+  // [pending, d1, d2, d3, a1, a2, a2'] with a1 beside d1 (after pending), a2 and a2' beside d2.
+  const std::vector<int32_t> tree = {11, 12, 13, 14, 21, 22, 23};
+  const std::vector<int32_t> parents = {-1, 0, 1, 2, 0, 1, 1};
+  SequenceInput scored[] = {{s, tree, true}};
+  scored[0].parents = parents;
+  model->forward(scored, &logits);
+  ASSERT_EQ(logits.rows(), 7);
+  EXPECT_EQ(cache.length(s), 6 + 7);
+  const auto path_logits = [&](std::vector<int32_t> path) {
+    std::vector<int32_t> text = prefix;
+    text.insert(text.end(), path.begin(), path.end());
+    const std::vector<float> all = prefill_logits(*model, text);
+    return std::vector<float>(all.end() - 300, all.end());
+  };
+  const std::vector<std::vector<int32_t>> paths = {
+      {11}, {11, 12}, {11, 12, 13}, {11, 12, 13, 14}, {11, 21}, {11, 12, 22}, {11, 12, 23}};
+  for (size_t row = 0; row < paths.size(); ++row) {
+    EXPECT_TRUE(bitwise_equal(logits.row(static_cast<int64_t>(row)), path_logits(paths[row])))
+        << "row " << row;
+  }
+  // Accept pending, d1, then a2' (fed at 6 + 6): it moves to position 6 + 2, the cache keeps
+  // those three, and the next token reads them.
+  cache.copy_position(s, 6 + 6, 6 + 2);
+  cache.truncate(s, 6 + 3);
+  const std::vector<int32_t> next = {31};
+  const SequenceInput step[] = {{s, next, false}};
+  model->forward(step, &logits);
+  EXPECT_TRUE(bitwise_equal(logits.last(0), path_logits({11, 12, 23, 31})));
+}
+
+TEST_F(ModelTest, ATreeOfAnotherShapeOrWithBadParentsIsRefusedBeforeTheCacheIsTouched) {
+  auto model = load(*backend_);
+  KvCache& cache = model->kv_cache();
+  const SequenceId s = cache.add_sequence();
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6};
+  const std::vector<std::vector<int32_t>> bad = {
+      {-1, 0, 1},            // one parent short
+      {-1, 0, 2, 2, 3, 4},   // a parent that comes after (itself)
+      {-1, 0, -2, 1, 2, 3},  // below -1
+      {-1, 0, 0, 1, 2, 4},   // 5's path 0, 2, 4, 5 is the chain's first and then no run
+  };
+  for (const std::vector<int32_t>& parents : bad) {
+    SequenceInput input[] = {{s, tokens, true}};
+    input[0].parents = parents;
+    Logits logits;
+    try {
+      model->forward(input, &logits);
+      ADD_FAILURE() << "accepted parents of size " << parents.size();
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("sequence " + std::to_string(s)), std::string::npos)
+          << error.what();
+    }
+    EXPECT_EQ(cache.length(s), 0);
+  }
+}
+
 TEST_F(ModelTest, BadInputLeavesEveryCacheUntouched) {
   auto model = load(*backend_);
   KvCache& cache = model->kv_cache();

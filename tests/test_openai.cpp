@@ -53,7 +53,7 @@ TEST(OpenAiRequest, ReadsEveryFieldOverTheEngineDefaults) {
     "stream_options": {"include_usage": true}, "user": "someone",
     "speculative": {"method": "prompt_lookup", "gamma": 12, "controller": "fixed",
                     "verification": "rejection", "draft_lookup_ngram": 3,
-                    "draft_lookup_below": 0.5}})");
+                    "draft_lookup_below": 0.5, "draft_alternates": 2}})");
   EXPECT_EQ(request.prompt, "hello");
   EXPECT_EQ(request.sampling.max_tokens, 12);
   EXPECT_EQ(request.sampling.temperature, 0.0f);
@@ -72,6 +72,7 @@ TEST(OpenAiRequest, ReadsEveryFieldOverTheEngineDefaults) {
   EXPECT_EQ(request.speculation.gamma_max, 12);  // moved to admit the gamma asked for
   EXPECT_EQ(request.speculation.draft_lookup_ngram, 3);
   EXPECT_FLOAT_EQ(request.speculation.draft_lookup_below, 0.5f);
+  EXPECT_EQ(request.speculation.draft_alternates, 2);
 
   const CompletionRequest plain = parse(R"({"model": "m", "prompt": "x", "stop": "END",
                                             "max_completion_tokens": 3, "speculative": false,

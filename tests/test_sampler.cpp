@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
@@ -454,6 +455,45 @@ TEST(Sampler, SampleFromUnnormalisedWeights) {
     ++noise_counts[static_cast<size_t>(sample_with_noise(weights, stream, i))];
   }
   EXPECT_LT(chi_square(noise_counts, {0.0, 0.75, 0.0, 0.25}, draws), 10.83);
+}
+
+TEST(Sampler, BestWithNoiseRanksTheSharedNoiseDrawsWinnersInTurn) {
+  // Against every token's score p / -log u scored in full: the draw's winner first, then the
+  // tokens that would win with the ones before removed; none of probability zero.
+  const RandomStream stream(11);
+  std::vector<float> probs(37);
+  for (size_t x = 0; x < probs.size(); ++x) probs[x] = x % 5 == 0 ? 0.0f : 1.0f + float(x % 7);
+  for (int64_t position = 0; position < 200; ++position) {
+    std::vector<std::pair<double, int32_t>> scored;
+    for (size_t x = 0; x < probs.size(); ++x) {
+      if (probs[x] == 0.0f) continue;
+      const kernels::PhiloxWords noise =
+          stream.block(position, Draw::kNoise, static_cast<uint32_t>(x / 4));
+      const double u = (static_cast<double>(noise.v[x % 4]) + 0.5) * 0x1.0p-32;
+      scored.push_back({-(probs[x] / -std::log(u)), static_cast<int32_t>(x)});
+    }
+    std::sort(scored.begin(), scored.end());
+    std::vector<int32_t> best(4);
+    best_with_noise(probs, stream, position, best);
+    ASSERT_EQ(best[0], sample_with_noise(probs, stream, position)) << "position " << position;
+    for (size_t k = 0; k < best.size(); ++k) ASSERT_EQ(best[k], scored[k].second) << k;
+  }
+  // Fewer tokens with mass than asked for: -1 past them.
+  std::vector<int32_t> best(3);
+  best_with_noise(std::vector<float>{0.0f, 0.4f, 0.0f, 0.6f}, stream, 0, best);
+  EXPECT_EQ(best[2], -1);
+  EXPECT_TRUE((best[0] == 1 && best[1] == 3) || (best[0] == 3 && best[1] == 1));
+}
+
+TEST(Sampler, HighestRanksValuesWithTiesToTheLowerIdAndSkipsBannedTokens) {
+  const float banned = -std::numeric_limits<float>::infinity();
+  const std::vector<float> values = {0.5f, 2.0f, banned, 2.0f, -1.0f, 3.0f};
+  std::vector<int32_t> top(4);
+  highest(values, top);
+  EXPECT_EQ(top, (std::vector<int32_t>{5, 1, 3, 0}));
+  std::vector<int32_t> all(7);
+  highest(values, all);
+  EXPECT_EQ(all, (std::vector<int32_t>{5, 1, 3, 0, 4, -1, -1}));
 }
 
 TEST(Sampler, BannedTokensAndCorruptLogits) {

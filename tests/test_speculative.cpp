@@ -222,6 +222,75 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyWithAPartlyAgreeingLayerSkipDraft)
   EXPECT_LT(acceptance, 0.98);
 }
 
+// Alternates (a token tree): greedy and shared-noise output stays the target's own token for token,
+// alone and in a batch, while alternates are accepted (an accepted one's keys and values move into
+// place in the target's cache, and the draft reads it again); rejection sampling takes none.
+TEST_F(SpeculativeTest, AlternatesChangeNoOutputAndAreTakenWhereTheTargetsTokenIsOne) {
+  write_layer_skip_pair();
+  auto target = load("skip-target");
+  auto draft = load("skip-draft");
+  SamplingSettings sampled;
+  sampled.temperature = 0.9f;
+  sampled.top_p = 0.95f;
+  sampled.max_tokens = 40;
+  sampled.stop_at_eos = false;
+  int64_t scored = 0, taken = 0;
+  for (const SamplingSettings& sampling : {greedy(40), sampled}) {
+    for (const auto& prompt : prompts()) {
+      const std::vector<int32_t> expected =
+          reference_decode(*target, prompt, sampling, Verification::kSharedNoise).tokens;
+      for (const GammaControl controller : kControls) {
+        for (const int64_t alternates : {0, 1, 3}) {
+          for (const int64_t gamma : {1, 3}) {
+            SpeculationSettings settings =
+                speculation(SpeculationMethod::kDraftModel, controller, gamma);
+            settings.draft_alternates = alternates;
+            const Completion result = decode(*target, draft.get(), prompt, sampling, settings);
+            ASSERT_EQ(result.tokens, expected)
+                << to_string(controller) << ", " << alternates << " alternates, gamma " << gamma
+                << ", temperature " << sampling.temperature;
+            EXPECT_LE(result.stats.alternates, alternates * result.stats.drafted);
+            EXPECT_LE(result.stats.alternates_accepted, result.stats.alternates);
+            scored += result.stats.alternates;
+            taken += result.stats.alternates_accepted;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(taken, 0);
+  EXPECT_LT(taken, scored);
+  // Rejection sampling takes no alternates, so none are scored.
+  SpeculationSettings rejection = speculation(SpeculationMethod::kDraftModel, kControls[0], 3);
+  rejection.verification = Verification::kRejection;
+  rejection.draft_alternates = 3;
+  EXPECT_EQ(decode(*target, draft.get(), prompts()[1], sampled, rejection).stats.alternates, 0);
+  // In one batch, rows of every kind side by side.
+  BatchEngine engine(*target, draft.get(), {});
+  std::vector<EngineRequest> requests;
+  std::vector<std::vector<int32_t>> expected;
+  for (int i = 0; i < 9; ++i) {
+    EngineRequest request;
+    request.prompt = prompts()[static_cast<size_t>(i) % prompts().size()];
+    request.sampling = i % 3 == 0 ? greedy(32) : sampled;
+    request.sampling.seed = static_cast<uint64_t>(7 + i);
+    request.sampling.max_tokens = 32;
+    request.speculation = speculation(SpeculationMethod::kDraftModel, kControls[i % 3], 2);
+    request.speculation.draft_alternates = i % 4;
+    request.speculation.verification =
+        i % 3 == 2 ? Verification::kRejection : Verification::kSharedNoise;
+    expected.push_back(reference_decode(*target, request.prompt, request.sampling,
+                                        request.speculation.verification)
+                           .tokens);
+    requests.push_back(std::move(request));
+  }
+  const std::vector<Completion> completions = engine.run(std::move(requests));
+  for (size_t i = 0; i < completions.size(); ++i) {
+    if (i % 3 == 2) continue;  // rejection sampling: the same law, not the same tokens
+    EXPECT_EQ(completions[i].tokens, expected[i]) << "request " << i;
+  }
+}
+
 TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyWithADraftScoringPartOfTheVocabulary) {
   // The target drafting for itself through a head that leaves out a third of the tokens, among
   // them the two it picks least often: its drafts are the target's own choices where those are

@@ -254,9 +254,10 @@ class ForwardingBackend : public kernels::Backend {
   }
   Status attention(const kernels::AttentionParams& p, const float* q, const void* k_cache,
                    const void* v_cache, const int32_t* query_start, const int32_t* context,
-                   const int32_t* tables, float* out) override {
-    return inner_.attention(p, q, k_cache, v_cache, query_start, context, tables, out);
+                   const int32_t* tables, const int32_t* key_gaps, float* out) override {
+    return inner_.attention(p, q, k_cache, v_cache, query_start, context, tables, key_gaps, out);
   }
+  bool attends_with_key_gaps() const override { return inner_.attends_with_key_gaps(); }
   Status swiglu(const kernels::SwigluParams& p, const float* gate, const float* up,
                 float* out) override {
     return inner_.swiglu(p, gate, up, out);

@@ -239,6 +239,114 @@ TEST(GreedyVerifier, AcceptsWhileDraftsAreTheArgmax) {
   EXPECT_EQ(verdict.tokens[3], -1);         // padding past each row's tokens
 }
 
+// A greedy step with alternates: drafts d1 = 2, d2 = 0 with alternates {1, 3} beside d1 and {3}
+// beside d2; the target's argmax is 1 at p_0. Scores hold p_0..p_2, then the distributions after
+// the alternates (entries [2 drafts, width 2]).
+struct AlternatesStep {
+  Proposals proposals;
+  Scores scores;
+};
+
+AlternatesStep greedy_alternates_step(std::vector<float> p0, std::vector<float> p1,
+                                      std::vector<float> after_1, std::vector<float> after_3) {
+  AlternatesStep step;
+  Proposals& proposals = step.proposals;
+  proposals.batch = 1;
+  proposals.gamma = 2;
+  proposals.tokens = {2, 0};
+  proposals.counts = {2};
+  proposals.alternates_width = 2;
+  proposals.alternates = {1, 3, 3, -1};
+  Scores& scores = step.scores;
+  scores.vocab = 4;
+  scores.row_begin = {0, 3};
+  std::vector<float> p2 = {0.25f, 0.25f, 0.25f, 0.25f};
+  for (const std::vector<float>* p : {&p0, &p1, &p2, &after_1, &after_3}) {
+    scores.probs.insert(scores.probs.end(), p->begin(), p->end());
+  }
+  scores.alternates_width = 2;
+  scores.alternate_begin = {0, 4};
+  scores.alternate_rows = {3, -1, 4, -1};  // after alternate 1 of d1; after alternate 3 of d2
+  scores.alternate_inputs = {3, -1, 4, -1};
+  return step;
+}
+
+TEST(GreedyVerifier, AcceptsTheAlternateThatIsTheTargetsTokenAndTheTokenAfterIt) {
+  const RowDraws row[] = {row_draws(0)};
+  // p_0's argmax is 1, an alternate of d1: accepted, then the argmax after it (2).
+  AlternatesStep step =
+      greedy_alternates_step({0, 1, 0, 0}, {1, 0, 0, 0}, {0, 0, 1, 0}, {0, 0, 0, 1});
+  Verdict verdict = GreedyVerifier().verify(step.proposals, step.scores, row);
+  EXPECT_EQ(verdict.accepted[0], 1);
+  EXPECT_EQ(std::vector<int32_t>(verdict.row(0).begin(), verdict.row(0).end()),
+            (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(accepted_alternate(step.proposals, verdict, 0), 0);
+  // d1 accepted (argmax 2), d2 = 0 rejected for 3, d2's alternate: accepted, then after it 1.
+  step = greedy_alternates_step({0, 0, 1, 0}, {0, 0, 0, 1}, {0, 0, 1, 0}, {0, 1, 0, 0});
+  verdict = GreedyVerifier().verify(step.proposals, step.scores, row);
+  EXPECT_EQ(verdict.accepted[0], 2);
+  EXPECT_EQ(std::vector<int32_t>(verdict.row(0).begin(), verdict.row(0).end()),
+            (std::vector<int32_t>{2, 3, 1}));
+  EXPECT_EQ(accepted_alternate(step.proposals, verdict, 0), 0);
+  // The target's token is neither draft nor alternate: its own, as without alternates.
+  step = greedy_alternates_step({1, 0, 0, 0}, {1, 0, 0, 0}, {0, 0, 1, 0}, {0, 1, 0, 0});
+  verdict = GreedyVerifier().verify(step.proposals, step.scores, row);
+  EXPECT_EQ(verdict.accepted[0], 0);
+  EXPECT_EQ(verdict.row(0)[0], 0);
+  EXPECT_EQ(accepted_alternate(step.proposals, verdict, 0), -1);
+  // Drafts accepted as drafts are not alternates.
+  step = greedy_alternates_step({0, 0, 1, 0}, {1, 0, 0, 0}, {0, 0, 1, 0}, {0, 1, 0, 0});
+  verdict = GreedyVerifier().verify(step.proposals, step.scores, row);
+  EXPECT_EQ(verdict.accepted[0], 2);
+  EXPECT_EQ(accepted_alternate(step.proposals, verdict, 0), -1);
+}
+
+TEST(SharedNoiseVerifier, AlternatesChangeNoTokenOnlyHowManyAStepCommits) {
+  // Whatever the alternates, the emitted tokens are the target's own draws with each position's
+  // noise: the same as without them, one more of them where an alternate was the target's.
+  int64_t taken = 0;
+  for (int64_t i = 0; i < 2000; ++i) {
+    const RowDraws row[] = {row_draws(i)};
+    const Proposals plain = draw_proposals(kStep, row[0].stream, true);
+    Proposals with = plain;
+    with.alternates_width = 3;
+    with.alternates.assign(6, -1);
+    for (int64_t d = 0; d < 2; ++d) {  // every token but the draft: any target token is covered
+      int64_t k = 0;
+      for (int32_t x = 0; x < 4; ++x) {
+        if (x != plain.tokens[static_cast<size_t>(d)]) with.alternates[d * 3 + k++] = x;
+      }
+    }
+    // After any alternate the target's distribution is p_2's (the step's last).
+    Scores scores = make_scores(kStep);
+    scores.alternates_width = 3;
+    scores.alternate_begin = {0, 6};
+    scores.alternate_rows.assign(6, 2);
+    scores.alternate_inputs = {3, 4, 5, 6, 7, 8};
+    const Verdict without = SharedNoiseVerifier().verify(plain, make_scores(kStep), row);
+    const Verdict verdict = SharedNoiseVerifier().verify(with, scores, row);
+    const int64_t k = without.accepted[0];
+    ASSERT_EQ(verdict.row(0)[static_cast<size_t>(k)], without.row(0)[static_cast<size_t>(k)]);
+    if (k < 2) {
+      // The rejected draft's position went to an alternate, and the token after it is p_2's
+      // draw with the next position's noise.
+      ASSERT_EQ(verdict.accepted[0], k + 1);
+      ASSERT_EQ(verdict.row(0)[static_cast<size_t>(k + 1)],
+                sample_with_noise(kStep.p[2], row[0].stream, k + 1));
+      taken += 1;
+    } else {
+      ASSERT_EQ(verdict.accepted[0], 2);
+    }
+  }
+  EXPECT_GT(taken, 0);
+}
+
+TEST(RejectionSampler, TakesNoAlternates) {
+  EXPECT_FALSE(RejectionSampler().takes_alternates());
+  EXPECT_TRUE(SharedNoiseVerifier().takes_alternates());
+  EXPECT_TRUE(GreedyVerifier().takes_alternates());
+}
+
 TEST(Verifier, RejectsScoresThatDoNotMatchTheProposals) {
   Proposals proposals;
   proposals.batch = 1;

@@ -62,6 +62,8 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
                          {"rejections", stats.rejections},
                          {"looked_up", stats.looked_up},
                          {"looked_up_accepted", stats.looked_up_accepted},
+                         {"alternates", stats.alternates},
+                         {"alternates_accepted", stats.alternates_accepted},
                          {"total_ms", stats.total_ms},
                          {"method", to_string(run.method)},
                          {"controller", to_string(run.controller)},
@@ -138,6 +140,12 @@ void print_stats(std::FILE* stream, const RequestStats& stats, const RunDescript
                  "accepted\n",
                  static_cast<long long>(stats.looked_up),
                  static_cast<long long>(stats.looked_up_accepted));
+  }
+  if (stats.alternates > 0) {
+    std::fprintf(stream,
+                 "specrun: the target scored %lld alternates beside the drafts, %lld accepted\n",
+                 static_cast<long long>(stats.alternates),
+                 static_cast<long long>(stats.alternates_accepted));
   }
   const double busy = stats.draft_ms + stats.target_ms;
   std::fprintf(stream, "specrun: time split: draft %.1f ms (%.0f%%), target %.1f ms (%.0f%%)\n",

@@ -40,11 +40,12 @@ double median(std::vector<double> values);
 // Keys: tokens_generated, ttft_ms, itl_ms_mean, itl_ms_p50, itl_ms_p99, tokens_per_second,
 // acceptance_rate, mean_accepted_length, gamma_histogram ({"gamma": steps}), draft_ms, target_ms,
 // and for context prompt_tokens, cached_prompt_tokens, finish_reason, steps, drafted, accepted,
-// rejections, looked_up, looked_up_accepted, method, controller, verification, backend, threads, on
-// the CPU cpu_kernels and activations; with a memory plan "memory" (device, scratch_bytes,
-// total_bytes, available_bytes, and per model weight_bytes, kv_bytes_per_token, kv_tokens,
-// kv_bytes, workspace_bytes); with a baseline also baseline_tokens_per_second, speedup (the median
-// of the rounds), speedup_min, speedup_max, speedups (per round) and baseline_same_output.
+// rejections, looked_up, looked_up_accepted, alternates, alternates_accepted, method, controller,
+// verification, backend, threads, on the CPU cpu_kernels and activations; with a memory plan
+// "memory" (device, scratch_bytes, total_bytes, available_bytes, and per model weight_bytes,
+// kv_bytes_per_token, kv_tokens, kv_bytes, workspace_bytes); with a baseline also
+// baseline_tokens_per_second, speedup (the median of the rounds), speedup_min, speedup_max,
+// speedups (per round) and baseline_same_output.
 nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& run);
 
 // Human-readable lines, each prefixed "specrun: ".

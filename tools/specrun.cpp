@@ -378,6 +378,11 @@ int main(int argc, char** argv) {
       "With --draft: where the text so far ends in an n-gram of at least this many tokens seen "
       "before (speculative.draft_lookup_ngram), propose what followed it in the draft's place; "
       "0 never");
+  CLI::Option* draft_alternates = app.add_option(
+      "--draft-alternates", f.speculation.draft_alternates,
+      "With --draft, greedy or shared-noise verification, on the CPU: other guesses per draft "
+      "(the draft's next most likely tokens) the target scores beside it as a token tree "
+      "(speculative.draft_alternates); 0 never");
   CLI::Option* max_tokens =
       app.add_option("--max-tokens", f.sampling.max_tokens, "Most new tokens to generate");
   CLI::Option* temperature =
@@ -490,6 +495,8 @@ int main(int argc, char** argv) {
     if (given(gamma_max)) config.speculation.gamma_max = f.speculation.gamma_max;
     if (given(draft_lookup))
       config.speculation.draft_lookup_ngram = f.speculation.draft_lookup_ngram;
+    if (given(draft_alternates))
+      config.speculation.draft_alternates = f.speculation.draft_alternates;
     if (given(max_tokens)) config.sampling.max_tokens = f.sampling.max_tokens;
     if (given(temperature)) config.sampling.temperature = f.sampling.temperature;
     if (given(top_k)) config.sampling.top_k = f.sampling.top_k;

@@ -58,6 +58,9 @@ struct DraftOutcome {
   // step made them), and the drafts this step proposed ahead for the next (rounds it did run).
   int64_t kept = 0;
   int64_t ahead = 0;
+  // Alternates the target scored beside the drafts (a token tree): rows of the verification that
+  // are not drafts. An accepted alternate counts in `accepted`, at its draft's position.
+  int64_t alternates = 0;
 };
 
 class GammaPolicy {

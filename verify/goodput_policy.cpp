@@ -79,7 +79,9 @@ double GoodputPolicy::goodput(std::span<const GammaRow> rows, std::span<const in
     }
     tokens += expected;
   }
-  return tokens / costs_.step_ms(gammas);
+  // Each draft brings its alternates to the verification, as many as drafts have lately.
+  const double alternates = drafts_scored_ > 0.0 ? alternates_scored_ / drafts_scored_ : 0.0;
+  return tokens / costs_.step_ms(gammas, 1.0 + alternates);
 }
 
 bool GoodputPolicy::ahead_pays(std::span<const GammaRow> rows, std::span<const int64_t> gammas,
@@ -289,8 +291,12 @@ void GoodputPolicy::observe(std::span<const DraftOutcome> step, double draft_ms,
                   outcome.kept <= outcome.drafted && outcome.ahead >= 0)
         << "outcome " << outcome.accepted << " of " << outcome.drafted << ", " << outcome.kept
         << " kept, " << outcome.ahead << " ahead";
-    tokens += outcome.drafted + 1;
+    tokens += outcome.drafted + 1 + outcome.alternates;
     if (outcome.drafted == 0 || outcome.filler) continue;
+    alternates_scored_ =
+        tuning_.acceptance_memory * alternates_scored_ + static_cast<double>(outcome.alternates);
+    drafts_scored_ =
+        tuning_.acceptance_memory * drafts_scored_ + static_cast<double>(outcome.drafted);
     proposing_rounds = std::max(proposing_rounds, outcome.drafted - outcome.kept);
     ahead_rounds = std::max(ahead_rounds, outcome.ahead);
     drafts += outcome.drafted - outcome.kept + outcome.ahead;

@@ -155,6 +155,10 @@ class GoodputPolicy : public GammaPolicy {
   std::unordered_map<int64_t, int64_t> previous_;           // sequence -> last chosen gamma
   std::unordered_map<int64_t, int64_t> last_choice_;        // the choice before a probe
   std::unordered_set<int64_t> planned_;                     // this policy's rows of the step
+  // Alternates and drafts the target scored lately, discounted as acceptance is (each step's
+  // drafting rows, every policy's): a draft's share of the verification is 1 + their ratio.
+  double alternates_scored_ = 0.0;
+  double drafts_scored_ = 0.0;
 };
 
 }  // namespace specrun

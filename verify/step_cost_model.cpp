@@ -113,10 +113,9 @@ void StepCostModel::reset() {
   draft_line_ = Line{};
 }
 
-double StepCostModel::verify_ms(int64_t tokens) const {
+double StepCostModel::verify_ms(double tokens) const {
   if (!verify_line_.known) return std::numeric_limits<double>::quiet_NaN();
-  return std::max(kMinimumMs,
-                  verify_line_.intercept + verify_line_.slope * static_cast<double>(tokens));
+  return std::max(kMinimumMs, verify_line_.intercept + verify_line_.slope * tokens);
 }
 
 double StepCostModel::draft_round_ms(int64_t rows) const {
@@ -125,13 +124,14 @@ double StepCostModel::draft_round_ms(int64_t rows) const {
                   draft_line_.intercept + draft_line_.slope * static_cast<double>(rows));
 }
 
-double StepCostModel::step_ms(std::span<const int64_t> gammas) const {
-  int64_t tokens = 0, rounds = 0, drafts = 0;
+double StepCostModel::step_ms(std::span<const int64_t> gammas, double scored_per_draft) const {
+  int64_t rounds = 0, drafts = 0;
   for (const int64_t gamma : gammas) {
-    tokens += gamma + 1;
     rounds = std::max(rounds, gamma);
     drafts += gamma;
   }
+  const double tokens =
+      static_cast<double>(gammas.size()) + scored_per_draft * static_cast<double>(drafts);
   double ms = verify_ms(tokens);
   if (rounds > 0 && draft_line_.known) {
     // Round r feeds the rows still drafting at depth r: sum_r (c + e * rows_r) = c R + e D.

@@ -1,7 +1,8 @@
 // The measured cost of a speculative step, as the goodput policy predicts it: a step costs
-// t_draft + t_verify. The target scores T = sum(gamma_i + 1) tokens in one forward,
-// t_verify(T) = a + b * T; the draft runs one batched forward per draft position, each costing
-// c + e * rows (rows = sequences still drafting at that depth). Both lines are fitted by least
+// t_draft + t_verify. The target scores T = sum(gamma_i + 1) tokens in one forward (and the
+// alternates beside the drafts, where there are any), t_verify(T) = a + b * T; the draft runs one
+// batched forward per draft position, each costing c + e * rows (rows = sequences still drafting
+// at that depth). Both lines are fitted by least
 // squares to moving averages of the measured costs, kept per T and per row count, that age out
 // after `window` steps (costs change with load); a single measured point is flat, and a line that
 // would fall loses its stalest points (see refit). A point's first sample pays the one-time costs
@@ -38,11 +39,11 @@ class StepCostModel {
   // Distinct token counts behind the verify line: its slope needs two.
   int64_t verify_points() const { return verify_line_.distinct; }
   bool draft_known() const { return draft_line_.known; }
-  double verify_ms(int64_t tokens) const;     // NaN until measured
+  double verify_ms(double tokens) const;      // NaN until measured
   double draft_round_ms(int64_t rows) const;  // NaN until measured
   // The predicted cost of a step with these gammas (verify line only until the draft line is
-  // measured).
-  double step_ms(std::span<const int64_t> gammas) const;
+  // measured), where the target scores `scored_per_draft` tokens a draft (1 + its alternates).
+  double step_ms(std::span<const int64_t> gammas, double scored_per_draft = 1.0) const;
 
  private:
   struct Point {

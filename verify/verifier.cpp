@@ -17,6 +17,42 @@ float probability(std::span<const float> distribution, int32_t token) {
 
 }  // namespace
 
+int64_t alternate_index(const Proposals& proposals, int64_t b, int64_t i, int32_t token) {
+  if (!proposals.has_alternates()) return -1;
+  const std::span<const int32_t> alternates = proposals.alternates_of(b, i);
+  const auto found = std::find(alternates.begin(), alternates.end(), token);
+  if (token < 0 || found == alternates.end()) return -1;
+  return found - alternates.begin();
+}
+
+int64_t accepted_alternate(const Proposals& proposals, const Verdict& verdict, int64_t b) {
+  const int64_t accepted = verdict.accepted[static_cast<size_t>(b)];
+  if (accepted == 0 || !proposals.has_alternates()) return -1;
+  const int32_t token = verdict.row(b)[static_cast<size_t>(accepted - 1)];
+  if (token == proposals.tokens[static_cast<size_t>(b * proposals.gamma + accepted - 1)]) return -1;
+  return alternate_index(proposals, b, accepted - 1, token);
+}
+
+namespace {
+
+// After the target's token `token` disagreed with draft i (from 0) of row b: when it is one of
+// that position's alternates, accepts it and writes the target's token after it (`next` of the
+// distribution scored after the alternate) into out[i + 1], returning i + 1; else returns i.
+template <typename Next>
+int32_t take_alternate(const Proposals& proposals, const Scores& scores, int64_t b, int64_t i,
+                       int32_t token, std::span<int32_t> out, const Next& next) {
+  const int64_t k = alternate_index(proposals, b, i, token);
+  if (k < 0) return static_cast<int32_t>(i);
+  SPECRUN_CHECK(scores.alternates_width == proposals.alternates_width &&
+                scores.alternate_rows.size() > scores.alternate_entry(b, i, k) &&
+                scores.alternate_rows[scores.alternate_entry(b, i, k)] >= 0)
+      << "row " << b << "'s alternate for draft " << i + 1 << " was not scored";
+  out[static_cast<size_t>(i + 1)] = next(scores.p_after_alternate(scores.alternate_entry(b, i, k)));
+  return static_cast<int32_t>(i + 1);
+}
+
+}  // namespace
+
 Verdict empty_verdict(const Proposals& proposals, const Scores& scores) {
   SPECRUN_CHECK(static_cast<int64_t>(scores.row_begin.size()) == proposals.batch + 1)
       << "scores for " << scores.row_begin.size() - 1 << " rows, proposals for " << proposals.batch;
@@ -90,8 +126,11 @@ int32_t SharedNoiseVerifier::verify_row(const Proposals& proposals, const Scores
   for (int64_t k = 0;; ++k) {
     const int32_t token = sample_with_noise(scores.p(b, k), draws.stream, draws.position + k);
     out[static_cast<size_t>(k)] = token;
-    if (k == static_cast<int64_t>(drafts.size()) || drafts[static_cast<size_t>(k)] != token) {
-      return static_cast<int32_t>(k);
+    if (k == static_cast<int64_t>(drafts.size())) return static_cast<int32_t>(k);
+    if (drafts[static_cast<size_t>(k)] != token) {
+      return take_alternate(proposals, scores, b, k, token, out, [&](std::span<const float> p) {
+        return sample_with_noise(p, draws.stream, draws.position + k + 1);
+      });
     }
   }
 }
@@ -102,8 +141,10 @@ int32_t GreedyVerifier::verify_row(const Proposals& proposals, const Scores& sco
   for (int64_t k = 0;; ++k) {
     const int32_t best = argmax(scores.p(b, k));
     out[static_cast<size_t>(k)] = best;
-    if (k == static_cast<int64_t>(drafts.size()) || drafts[static_cast<size_t>(k)] != best) {
-      return static_cast<int32_t>(k);
+    if (k == static_cast<int64_t>(drafts.size())) return static_cast<int32_t>(k);
+    if (drafts[static_cast<size_t>(k)] != best) {
+      return take_alternate(proposals, scores, b, k, best, out,
+                            [](std::span<const float> p) { return argmax(p); });
     }
   }
 }

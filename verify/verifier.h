@@ -20,6 +20,14 @@ struct RowDraws {
   int64_t position = 0;
 };
 
+// Which of row b's alternates for draft i (from 0) is `token` (k of Proposals::alternates_of), or
+// -1.
+int64_t alternate_index(const Proposals& proposals, int64_t b, int64_t i, int32_t token);
+
+// Which alternate row b's verdict accepted (its last accepted token, an alternate for draft
+// accepted - 1), or -1 when every accepted token was a draft.
+int64_t accepted_alternate(const Proposals& proposals, const Verdict& verdict, int64_t b);
+
 // A verdict of the step's shape, nothing decided yet: every token -1, every count 0. Throws Error
 // when the scores do not hold one distribution more than the drafts for every row.
 Verdict empty_verdict(const Proposals& proposals, const Scores& scores);
@@ -31,6 +39,9 @@ class Verifier {
   // on entry) and returns k, the number of drafts accepted. Reads only the row's own numbers.
   virtual int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
                              const RowDraws& draws, std::span<int32_t> out) const = 0;
+  // Whether the rule takes alternates (Proposals::alternates): a token is accepted for being the
+  // target's own, so any guess may stand beside a draft.
+  virtual bool takes_alternates() const { return false; }
   // Every row by this rule; draws[b] is row b's.
   Verdict verify(const Proposals& proposals, const Scores& scores,
                  std::span<const RowDraws> draws) const;
@@ -54,8 +65,13 @@ class RejectionSampler : public Verifier {
 // the target's Gumbel-max sample token for token, whatever the proposer, gamma, controller or
 // batch, and is distributed exactly as p. A draft drawn with the same noise from q agrees as often
 // as the Gumbel coupling of p and q allows, somewhat less often than rejection sampling accepts.
+// Where the first disagreeing token is one of that position's alternates (a token tree), it is
+// accepted too, and the target's token after it (from the distribution the target scored after
+// that alternate) is the new one: the same tokens, one more of them in the step.
+// The greedy verifier takes alternates the same way.
 class SharedNoiseVerifier : public Verifier {
  public:
+  bool takes_alternates() const override { return true; }
   int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
                      const RowDraws& draws, std::span<int32_t> out) const override;
 };
@@ -64,6 +80,7 @@ class SharedNoiseVerifier : public Verifier {
 // of the first disagreeing or the last distribution. Uses no randomness.
 class GreedyVerifier : public Verifier {
  public:
+  bool takes_alternates() const override { return true; }
   int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
                      const RowDraws& draws, std::span<int32_t> out) const override;
 };

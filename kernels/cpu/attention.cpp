@@ -54,13 +54,22 @@ namespace {
 // dot_block against all of them.
 constexpr int64_t kQueryGroup = 4;
 
-// The keys one query attends to, and where its KV head's rows are.
+// The keys one query attends to, and where its KV head's rows are: positions [first, last] but
+// those in the gap [gap_begin, gap_end), numbered 0..count() - 1 in position order.
 struct KeySpan {
   int64_t first;          // first position attended (a sliding window's start, else 0)
   int64_t last;           // the query's own position
   const int32_t* blocks;  // the sequence's block table
   int64_t offset;         // the KV head's first channel in a cache row
   int64_t row;            // floats per cache row (all KV heads)
+  int64_t gap_begin = 0;  // within [first, last + 1]; gap_end == gap_begin: no gap
+  int64_t gap_end = 0;
+
+  int64_t count() const { return last - first + 1 - (gap_end - gap_begin); }
+  int64_t position(int64_t key) const {
+    const int64_t position = first + key;
+    return position < gap_begin ? position : position + (gap_end - gap_begin);
+  }
 };
 
 // out[h] = softmax(q[h] . keys * scale) . values for kHeads consecutive query heads of one token
@@ -72,8 +81,10 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
                   const void* k_cache, const void* v_cache, std::vector<float>& scores,
                   float* destination) {
   using Element = std::conditional_t<kCache == DType::kF32, float, uint16_t>;
-  const int64_t count = span.last - span.first + 1;
-  const auto cache_row = [&](const void* cache, int64_t pos) {
+  const int64_t count = span.count();
+  // Key `key`'s row (the key-th position attended).
+  const auto cache_row = [&](const void* cache, int64_t key) {
+    const int64_t pos = span.position(key);
     const int64_t slot =
         static_cast<int64_t>(span.blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
     return static_cast<const Element*>(cache) + slot * span.row + span.offset;
@@ -84,13 +95,13 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
     queries[h] = query + h * p.head_dim;
     max_score[h] = -INFINITY;
   }
-  const auto keep = [&](int h, int64_t pos, float dot) {
+  const auto keep = [&](int h, int64_t key, float dot) {
     const float score = dot * p.scale;
-    scores[static_cast<size_t>(h * count + pos - span.first)] = score;
+    scores[static_cast<size_t>(h * count + key)] = score;
     max_score[h] = std::max(max_score[h], score);
   };
-  int64_t pos = span.first;
-  for (; pos + 4 <= span.last + 1; pos += 4) {
+  int64_t pos = 0;  // a key's number, in position order
+  for (; pos + 4 <= count; pos += 4) {
     const void* keys[4] = {cache_row(k_cache, pos), cache_row(k_cache, pos + 1),
                            cache_row(k_cache, pos + 2), cache_row(k_cache, pos + 3)};
     float dots[kHeads][4];
@@ -99,7 +110,7 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
       for (int k = 0; k < 4; ++k) keep(h, pos + k, dots[h][k]);
     }
   }
-  for (; pos <= span.last; ++pos) {
+  for (; pos < count; ++pos) {
     const void* keys[1] = {cache_row(k_cache, pos)};
     float dots[kHeads][1];
     dot_block<kCache, kHeads, 1>(queries, keys, p.head_dim, dots);
@@ -126,10 +137,9 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
   // 2-core EPYC this sum was most of attention's time, stalled on those loads).
   constexpr int64_t kValuesAhead = 4;
   const auto row_bytes = static_cast<int64_t>(p.head_dim * sizeof(Element));
-  const auto prefetch_value = [&](int64_t position) {
-    if (position + kValuesAhead <= span.last) {
-      const char* ahead =
-          reinterpret_cast<const char*>(cache_row(v_cache, position + kValuesAhead));
+  const auto prefetch_value = [&](int64_t key) {
+    if (key + kValuesAhead < count) {
+      const char* ahead = reinterpret_cast<const char*>(cache_row(v_cache, key + kValuesAhead));
       for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(ahead + line);
     }
   };
@@ -151,7 +161,7 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
     for (int h = 0; h < kHeads; ++h) {
       for (int j = 0; j < kChunks; ++j) sums[h][j] = _mm512_setzero_ps();
     }
-    for (pos = span.first; pos <= span.last; ++pos) {
+    for (pos = 0; pos < count; ++pos) {
       prefetch_value(pos);
       const Element* value = cache_row(v_cache, pos) + first_channel;
       __m512 values[kChunks];
@@ -159,8 +169,7 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
         values[j] = load_widened<kCache>(value, 16 * j, masks[j]);
       }
       for (int h = 0; h < kHeads; ++h) {
-        const __m512 weight =
-            _mm512_set1_ps(scores[static_cast<size_t>(h * count + pos - span.first)]);
+        const __m512 weight = _mm512_set1_ps(scores[static_cast<size_t>(h * count + pos)]);
         for (int j = 0; j < kChunks; ++j) {
           sums[h][j] = _mm512_fmadd_ps(weight, values[j], sums[h][j]);
         }
@@ -177,11 +186,11 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
 #else
   // The sums in the destination rows, scaled in place at the end.
   std::fill(destination, destination + kHeads * p.head_dim, 0.0f);
-  for (pos = span.first; pos <= span.last; ++pos) {
+  for (pos = 0; pos < count; ++pos) {
     prefetch_value(pos);
     const Element* value = cache_row(v_cache, pos);
     for (int h = 0; h < kHeads; ++h) {
-      const float weight = scores[static_cast<size_t>(h * count + pos - span.first)];
+      const float weight = scores[static_cast<size_t>(h * count + pos)];
       float* sum = destination + h * p.head_dim;
       for (int64_t c = 0; c < p.head_dim; ++c) {
         sum[c] = multiply_add(weight, load_as_f32(value, kCache, static_cast<size_t>(c)), sum[c]);
@@ -216,7 +225,8 @@ void attend(int64_t heads, const AttentionParams& p, const KeySpan& span, const 
 
 Status attention(const AttentionParams& params, const float* q, const void* k_cache,
                  const void* v_cache, const int32_t* query_start, const int32_t* context_lengths,
-                 const int32_t* block_tables, float* out, ThreadPool& pool) {
+                 const int32_t* block_tables, const int32_t* key_gaps, float* out,
+                 ThreadPool& pool) {
   const AttentionParams& p = params;
   if (p.num_seqs < 0 || p.num_tokens < 0 || p.head_dim <= 0 || p.num_kv_heads <= 0 ||
       p.num_heads % p.num_kv_heads != 0 || p.block_size <= 0 || p.sliding_window < 0) {
@@ -238,6 +248,15 @@ Status attention(const AttentionParams& params, const float* q, const void* k_ca
                                       " has an impossible context length");
     }
     max_context = std::max<int64_t>(max_context, context_lengths[s]);
+    for (int64_t t = query_start[s]; key_gaps != nullptr && t < query_start[s + 1]; ++t) {
+      // A gap lies before the row's own position and within the sequence.
+      const int64_t position = context_lengths[s] - new_tokens + (t - query_start[s]);
+      if (key_gaps[2 * t] < 0 || key_gaps[2 * t] > key_gaps[2 * t + 1] ||
+          key_gaps[2 * t + 1] > position) {
+        return Status::invalid_argument("attention: query row " + std::to_string(t) +
+                                        " has an impossible key gap");
+      }
+    }
   }
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t kv_row = p.num_kv_heads * p.head_dim;
@@ -262,9 +281,18 @@ Status attention(const AttentionParams& params, const float* q, const void* k_ca
           std::upper_bound(query_start, query_start + p.num_seqs + 1, token) - query_start - 1;
       const int64_t new_tokens = query_start[seq + 1] - query_start[seq];
       const int64_t position = context_lengths[seq] - new_tokens + (token - query_start[seq]);
-      const KeySpan span{
-          p.sliding_window > 0 ? std::max<int64_t>(0, position - p.sliding_window + 1) : 0,
-          position, block_tables + seq * p.max_blocks_per_seq, kv_head * p.head_dim, kv_row};
+      const int64_t gap_begin = key_gaps != nullptr ? key_gaps[2 * token] : 0;
+      const int64_t gap_end = key_gaps != nullptr ? key_gaps[2 * token + 1] : 0;
+      // The window counts positions of the row's own branch, where the gap is not: its start
+      // in the branch, then in the cache (past the gap if it starts beyond it).
+      const int64_t gap = gap_end - gap_begin;
+      const int64_t branch_first =
+          p.sliding_window > 0 ? std::max<int64_t>(0, position - gap - p.sliding_window + 1) : 0;
+      const bool before_gap = branch_first < gap_begin;
+      KeySpan span{before_gap ? branch_first : branch_first + gap, position,
+                   block_tables + seq * p.max_blocks_per_seq, kv_head * p.head_dim, kv_row};
+      span.gap_begin = before_gap ? gap_begin : 0;
+      span.gap_end = before_gap ? gap_end : 0;
       {
         const int64_t first_head = kv_head * group + part * heads_per_part;
         const int64_t heads = std::min(heads_per_part, (kv_head + 1) * group - first_head);

@@ -25,6 +25,7 @@ Status attention(const AttentionParams& params,
                  const int32_t* query_start,      // [num_seqs + 1]
                  const int32_t* context_lengths,  // [num_seqs]
                  const int32_t* block_tables,     // [num_seqs, max_blocks_per_seq]
+                 const int32_t* key_gaps,         // [num_tokens, 2] or null (Backend::attention)
                  float* out,                      // [num_tokens, num_heads, head_dim]
                  ThreadPool& pool);
 

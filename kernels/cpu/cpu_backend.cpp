@@ -125,9 +125,9 @@ Status CpuBackend::kv_write(const KvWriteParams& params, const float* k, const f
 Status CpuBackend::attention(const AttentionParams& params, const float* q, const void* k_cache,
                              const void* v_cache, const int32_t* query_start,
                              const int32_t* context_lengths, const int32_t* block_tables,
-                             float* out) {
+                             const int32_t* key_gaps, float* out) {
   return cpu::attention(params, q, k_cache, v_cache, query_start, context_lengths, block_tables,
-                        out, *pool_);
+                        key_gaps, out, *pool_);
 }
 
 Status CpuBackend::swiglu(const SwigluParams& params, const float* gate, const float* up,

@@ -54,7 +54,8 @@ class CpuBackend final : public Backend {
                   void* k_cache, void* v_cache) override;
   Status attention(const AttentionParams& params, const float* q, const void* k_cache,
                    const void* v_cache, const int32_t* query_start, const int32_t* context_lengths,
-                   const int32_t* block_tables, float* out) override;
+                   const int32_t* block_tables, const int32_t* key_gaps, float* out) override;
+  bool attends_with_key_gaps() const override { return true; }
   Status swiglu(const SwigluParams& params, const float* gate, const float* up,
                 float* out) override;
   Status add(int64_t count, const float* addend, float* accumulator) override;

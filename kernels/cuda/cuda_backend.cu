@@ -477,7 +477,10 @@ Status CudaBackend::kv_write(const KvWriteParams& params, const float* k, const 
 Status CudaBackend::attention(const AttentionParams& params, const float* q, const void* k_cache,
                               const void* v_cache, const int32_t* query_start,
                               const int32_t* context_lengths, const int32_t* block_tables,
-                              float* out) {
+                              const int32_t* key_gaps, float* out) {
+  if (key_gaps != nullptr) {
+    return Status::unsupported("attention: key gaps (token trees) are not implemented on CUDA");
+  }
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   if (Status status = ensure_scratch(attention_scratch_bytes(params, multiprocessor_count_));

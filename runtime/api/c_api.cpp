@@ -150,6 +150,7 @@ specrun_speculation to_c(const specrun::SpeculationSettings& settings) {
   speculation.lookup_max_ngram = settings.lookup_max_ngram;
   speculation.draft_lookup_ngram = settings.draft_lookup_ngram;
   speculation.draft_lookup_below = settings.draft_lookup_below;
+  speculation.draft_alternates = settings.draft_alternates;
   speculation.verification = static_cast<specrun_verification>(settings.verification);
   return speculation;
 }
@@ -206,6 +207,7 @@ specrun::SpeculationSettings from_c(const specrun_speculation& speculation, cons
   settings.lookup_max_ngram = speculation.lookup_max_ngram;
   settings.draft_lookup_ngram = speculation.draft_lookup_ngram;
   settings.draft_lookup_below = speculation.draft_lookup_below;
+  settings.draft_alternates = speculation.draft_alternates;
   return settings;
 }
 
@@ -322,6 +324,8 @@ specrun_request_stats to_c(const specrun::RequestStats& stats) {
   c.rejections = stats.rejections;
   c.looked_up = stats.looked_up;
   c.looked_up_accepted = stats.looked_up_accepted;
+  c.alternates = stats.alternates;
+  c.alternates_accepted = stats.alternates_accepted;
   c.acceptance_rate = stats.acceptance_rate;
   c.mean_accepted_length = stats.mean_accepted_length;
   // Gamma never exceeds SPECRUN_MAX_GAMMA, the C spelling of specrun::kMaxGamma.

@@ -224,7 +224,7 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
     TableReader reader(path, *speculative, "speculative");
     reader.reject_unknown({"method", "gamma", "gamma_min", "gamma_max", "controller",
                            "verification", "draft_p_min", "lookup_min_ngram", "lookup_max_ngram",
-                           "draft_lookup_ngram", "draft_lookup_below"});
+                           "draft_lookup_ngram", "draft_lookup_below", "draft_alternates"});
     SpeculationSettings& s = config.speculation;
     reader.choice("method", &s.method, parse_speculation_method, speculation_methods());
     reader.integer("gamma", &s.gamma, 0, kMaxGamma);
@@ -237,6 +237,7 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
     reader.integer("lookup_max_ngram", &s.lookup_max_ngram, 1, 64);
     reader.integer("draft_lookup_ngram", &s.draft_lookup_ngram, 0, 64);
     reader.number("draft_lookup_below", &s.draft_lookup_below, 0.0, 1.0, true, "in (0, 1]");
+    reader.integer("draft_alternates", &s.draft_alternates, 0, kMaxDraftAlternates);
     // Relations between keys: named by the first key of the table, whose line locates it.
     try {
       validate(s);

@@ -133,6 +133,8 @@ RequestStats request_stats(const detail::RequestState& state, const SequenceStat
     stats.rejections = engine->rejections;
     stats.looked_up = engine->looked_up;
     stats.looked_up_accepted = engine->looked_up_accepted;
+    stats.alternates = engine->alternates;
+    stats.alternates_accepted = engine->alternates_accepted;
     stats.acceptance_rate = engine->acceptance_rate();
     stats.mean_accepted_length = engine->mean_accepted_length();
     stats.gamma_histogram = engine->gamma_histogram;

@@ -46,6 +46,11 @@ Proposals one_row(const Proposals& from, int64_t row) {
     proposals.model_offers.assign(model, model + count);
     proposals.lookup_offers.assign(lookup, lookup + count);
   }
+  if (from.has_alternates()) {
+    proposals.alternates_width = from.alternates_width;
+    const auto alternates = from.alternates.begin() + row * from.gamma * from.alternates_width;
+    proposals.alternates.assign(alternates, alternates + count * from.alternates_width);
+  }
   return proposals;
 }
 
@@ -102,7 +107,8 @@ struct Sequence {
 // `position`, with the request's confidence floor and prompt lookup, preferring lookup's offers
 // as `contests` say.
 DraftRequest draft_request(const Sequence& sequence, std::span<const int32_t> text, int64_t gamma,
-                           int64_t position, int64_t max_catch_up, const LookupContests& contests) {
+                           int64_t position, int64_t max_catch_up, const LookupContests& contests,
+                           int64_t alternates) {
   const SpeculationSettings& speculation = sequence.request.speculation;
   DraftRequest request{static_cast<int64_t>(sequence.id),
                        text,
@@ -116,22 +122,26 @@ DraftRequest draft_request(const Sequence& sequence, std::span<const int32_t> te
   request.lookup_max_ngram = speculation.lookup_max_ngram;
   request.lookup_below = speculation.draft_lookup_below;
   request.prefer_lookup = contests.prefer_lookup();
+  request.alternates = alternates;
   return request;
 }
 
 // What one step carries from phase to phase; rows are the running sequences, in order.
 struct StepWork {
-  std::vector<DraftPlan> plans;                         // [batch]
-  std::vector<int64_t> catch_up;                        // [batch] tokens the draft read first
-  std::vector<Proposals> kept;                          // [batch] drafts kept ahead (Sequence)
-  std::vector<int64_t> from_kept;                       // [batch] proposals taken from `kept`
-  std::vector<std::vector<int32_t>> draft_text;         // [batch] what a draft request reads
-  Proposals ahead;                                      // [rows drafting ahead, gamma + 1]
-  std::vector<int64_t> ahead_row;                       // [batch] its row in `ahead`, -1: none
-  std::vector<int64_t> ahead_wanted;                    // [rows drafting ahead] drafts asked for
-  Proposals proposals;                                  // [batch, gamma]
-  Features target_features;                             // [batch x (gamma + 1), hidden]
-  Verdict verdict;                                      // [batch, gamma + 1]
+  std::vector<DraftPlan> plans;                  // [batch]
+  std::vector<int64_t> catch_up;                 // [batch] tokens the draft read first
+  std::vector<Proposals> kept;                   // [batch] drafts kept ahead (Sequence)
+  std::vector<int64_t> from_kept;                // [batch] proposals taken from `kept`
+  std::vector<std::vector<int32_t>> draft_text;  // [batch] what a draft request reads
+  Proposals ahead;                               // [rows drafting ahead, gamma + 1]
+  std::vector<int64_t> ahead_row;                // [batch] its row in `ahead`, -1: none
+  std::vector<int64_t> ahead_wanted;             // [rows drafting ahead] drafts asked for
+  Proposals proposals;                           // [batch, gamma]
+  Features target_features;                      // [batch x (gamma + 1), hidden]
+  Verdict verdict;                               // [batch, gamma + 1]
+  // [batch] where the target's forward fed the alternate a row accepted (0 the pending token),
+  // -1 where it accepted none.
+  std::vector<int64_t> alternate_input;
   std::vector<std::optional<FinishReason>> stops;       // [batch] why a row ends with this step
   std::vector<size_t> first_new;                        // [batch] where its new tokens begin
   std::map<GammaControl, std::vector<size_t>> rows_of;  // the rows each policy planned
@@ -188,6 +198,7 @@ struct BatchEngine::State {
                 std::span<const std::pair<int64_t, Proposals>> point_mass);
   void draft_ahead(StepWork& work);
   void score_and_verify(StepWork& work);
+  void drop_alternates_past_room(Proposals& proposals, int64_t b, const Sequence& sequence) const;
   void commit(StepWork& work);
   void tally_contests(Sequence& sequence, const StepWork& work, int64_t b);
   void deliver(StepWork& work);
@@ -198,6 +209,15 @@ struct BatchEngine::State {
     if (sampling.temperature == 0.0f) return greedy_verifier;
     if (sampling.shared_noise) return shared_noise_verifier;
     return rejection_sampler;
+  }
+  // Alternates the draft offers beside each of the sequence's drafts: where its rule takes them,
+  // the target's backend reads token trees, and the draft reads no features of the target (which
+  // the engine hands over for the chain of drafts only).
+  int64_t alternates_for(const Sequence& sequence) const {
+    const bool possible = draft != nullptr && !draft->config().reads_features() &&
+                          target.backend().attends_with_key_gaps() &&
+                          verifier_for(sequence.sampling).takes_alternates();
+    return possible ? sequence.request.speculation.draft_alternates : 0;
   }
   void finish(std::unique_ptr<Sequence> sequence, FinishReason reason, const std::string& error,
               std::span<const int32_t> last_tokens = {});
@@ -672,7 +692,8 @@ void BatchEngine::State::propose(StepWork& work) {
         text = work.draft_text[row];
       }
       model_requests.push_back(draft_request(sequence, text, rest, sequence.generated + taken,
-                                             plan.max_catch_up, sequence.contests_before));
+                                             plan.max_catch_up, sequence.contests_before,
+                                             alternates_for(sequence)));
       model_rows.push_back(b);
       work.catch_up[row] = static_cast<int64_t>(text.size()) -
                            draft_proposer->cached_length(static_cast<int64_t>(sequence.id));
@@ -709,6 +730,10 @@ void BatchEngine::State::assemble(StepWork& work, const Proposals& from_model,
   const bool any_kept = std::any_of(work.from_kept.begin(), work.from_kept.end(),
                                     [](int64_t taken) { return taken > 0; });
   const bool materialise = !model_rows.empty() || any_kept;
+  int64_t alternates_width = from_model.alternates_width;
+  for (const Proposals& kept : work.kept) {
+    alternates_width = std::max(alternates_width, kept.alternates_width);
+  }
   if (materialise) {
     proposals.vocab = std::max(from_model.vocab, target.config().vocab_size);
     for (const Proposals& kept : work.kept) proposals.vocab = std::max(proposals.vocab, kept.vocab);
@@ -725,6 +750,11 @@ void BatchEngine::State::assemble(StepWork& work, const Proposals& from_model,
       proposals.model_offers.assign(proposals.tokens.size(), -1);
       proposals.lookup_offers.assign(proposals.tokens.size(), -1);
     }
+    if (source.has_alternates() && !proposals.has_alternates()) {
+      proposals.alternates_width = alternates_width;
+      proposals.alternates.assign(proposals.tokens.size() * static_cast<size_t>(alternates_width),
+                                  -1);
+    }
     for (int64_t i = 0; i < count; ++i) {
       const int32_t token = tokens[static_cast<size_t>(i)];
       const auto slot = static_cast<size_t>(b * proposals.gamma + offset + i);
@@ -733,6 +763,12 @@ void BatchEngine::State::assemble(StepWork& work, const Proposals& from_model,
         const auto from = static_cast<size_t>(source_row * source.gamma + first + i);
         proposals.model_offers[slot] = source.model_offers[from];
         proposals.lookup_offers[slot] = source.lookup_offers[from];
+      }
+      if (source.has_alternates()) {
+        const std::span<const int32_t> from = source.alternates_of(source_row, first + i);
+        std::copy(from.begin(), from.end(),
+                  proposals.alternates.begin() +
+                      static_cast<ptrdiff_t>(slot) * proposals.alternates_width);
       }
       if (!materialise) continue;
       float* q = proposals.probs.data() + (b * proposals.gamma + offset + i) * proposals.vocab;
@@ -784,8 +820,9 @@ void BatchEngine::State::draft_ahead(StepWork& work) {
     text = followed_by(sequence.committed, work.proposals.row_tokens(b));
     work.ahead_row[row] = static_cast<int64_t>(requests.size());
     work.ahead_wanted.push_back(wanted);
-    requests.push_back(
-        draft_request(sequence, text, wanted, sequence.generated + drafted, 0, sequence.contests));
+    // Drafts ahead are taken only where every draft was accepted: no alternate of theirs would be.
+    requests.push_back(draft_request(sequence, text, wanted, sequence.generated + drafted, 0,
+                                     sequence.contests, 0));
   }
   if (requests.empty()) return;
   try {
@@ -807,8 +844,18 @@ void BatchEngine::State::score_and_verify(StepWork& work) {
   score_requests.reserve(static_cast<size_t>(batch));
   for (int64_t b = 0; b < batch; ++b) {
     const Sequence& sequence = *running[static_cast<size_t>(b)];
-    score_requests.push_back({sequence.target_kv, sequence.committed.back(),
-                              work.proposals.row_tokens(b), &sequence.sampling});
+    if (work.proposals.has_alternates()) drop_alternates_past_room(work.proposals, b, sequence);
+    ScoreRequest& request = score_requests.emplace_back();
+    request = {sequence.target_kv, sequence.committed.back(), work.proposals.row_tokens(b),
+               &sequence.sampling};
+    if (work.proposals.has_alternates()) {
+      const Proposals& proposals = work.proposals;
+      request.alternates_width = proposals.alternates_width;
+      request.alternates =
+          std::span<const int32_t>(proposals.alternates)
+              .subspan(static_cast<size_t>(b * proposals.gamma * proposals.alternates_width),
+                       request.drafts.size() * static_cast<size_t>(proposals.alternates_width));
+    }
   }
   try {
     const bool reads_features = draft_proposer != nullptr && draft_proposer->reads_features();
@@ -823,11 +870,36 @@ void BatchEngine::State::score_and_verify(StepWork& work) {
               .verify_row(work.proposals, scores, b, {sequence.random, sequence.generated},
                           verdict.slots(b));
     }
+    work.alternate_input.assign(static_cast<size_t>(batch), -1);
+    for (int64_t b = 0; work.proposals.has_alternates() && b < batch; ++b) {
+      const int64_t k = accepted_alternate(work.proposals, verdict, b);
+      if (k < 0) continue;
+      const int64_t replaced = verdict.accepted[static_cast<size_t>(b)] - 1;  // the draft's index
+      work.alternate_input[static_cast<size_t>(b)] =
+          scores.alternate_inputs[scores.alternate_entry(b, replaced, k)];
+    }
   } catch (const std::exception& error) {
     work.failure = std::string("verification failed: ") + error.what();
     return;
   }
   work.verify_ms = milliseconds(start, Clock::now());
+}
+
+// Alternates take cache positions past the drafts for the length of the step: those past the
+// sequence's room (its context, and the worst case its KV blocks were reserved for) are dropped,
+// the latest drafts' first.
+void BatchEngine::State::drop_alternates_past_room(Proposals& proposals, int64_t b,
+                                                   const Sequence& sequence) const {
+  const int64_t limit = target.context_limit();
+  const int64_t worst = static_cast<int64_t>(sequence.request.prompt.size()) +
+                        std::min(sequence.request.sampling.max_tokens, limit);
+  int64_t room = std::min(worst, limit) - static_cast<int64_t>(sequence.committed.size()) -
+                 proposals.counts[static_cast<size_t>(b)];
+  const auto first = proposals.alternates.begin() +
+                     static_cast<ptrdiff_t>(b * proposals.gamma * proposals.alternates_width);
+  for (auto it = first; it != first + proposals.gamma * proposals.alternates_width; ++it) {
+    if (*it >= 0 && room-- <= 0) *it = -1;
+  }
 }
 
 // Commit and roll back: each row's accepted drafts and new token are committed (stopping at EOS or
@@ -859,6 +931,14 @@ void BatchEngine::State::commit(StepWork& work) {
     accepted_total += accepted;
     SequenceStats& stats = sequence.stats;
     stats.record_step(drafted, accepted, work.draft_ms, work.verify_ms);
+    if (work.proposals.has_alternates()) {
+      const Proposals& proposals = work.proposals;
+      const auto first = proposals.alternates.begin() +
+                         static_cast<ptrdiff_t>(b) * proposals.gamma * proposals.alternates_width;
+      outcomes[b].alternates = std::count_if(first, first + drafted * proposals.alternates_width,
+                                             [](int32_t token) { return token >= 0; });
+      stats.alternates += outcomes[b].alternates;
+    }
     tally_contests(sequence, work, static_cast<int64_t>(b));
 
     const SamplingSettings& sampling = sequence.request.sampling;
@@ -883,6 +963,20 @@ void BatchEngine::State::commit(StepWork& work) {
     // Both caches keep the committed tokens but the new pending one, sealed for reuse; a
     // finishing sequence's too, so that a request continuing its text finds it cached.
     const int64_t keep = static_cast<int64_t>(sequence.committed.size()) - 1;
+    // An accepted alternate was scored past the drafts: its keys and values move to its position
+    // (the draft's cache holds the draft there, and reads the alternate again).
+    int64_t draft_keep = keep;
+    const int64_t fed = work.alternate_input.empty() ? -1 : work.alternate_input[b];
+    const bool took_alternate = fed >= 0;
+    if (took_alternate) {
+      const auto first_fed = static_cast<int64_t>(work.first_new[b]) - 1;  // the pending token
+      const int64_t position = first_fed + accepted;
+      if (position < keep) {
+        target.kv_cache().copy_position(sequence.target_kv, first_fed + fed, position);
+      }
+      draft_keep = std::min(keep, position);
+      stats.alternates_accepted += 1;
+    }
     target.kv_cache().truncate(sequence.target_kv, keep);
     target.kv_cache().seal(sequence.target_kv, keep);
     if (sequence.drafts_with_model && draft_proposer->reads_features() && !stop) {
@@ -899,7 +993,7 @@ void BatchEngine::State::commit(StepWork& work) {
       const int64_t ahead_count =
           ahead_row >= 0 ? work.ahead.counts[static_cast<size_t>(ahead_row)] : 0;
       if (ahead_row >= 0) drafted_ahead += 1;
-      if (ahead_row >= 0 && !stop && accepted == drafted && ahead_count >= 2 &&
+      if (ahead_row >= 0 && !stop && accepted == drafted && !took_alternate && ahead_count >= 2 &&
           work.ahead.tokens[static_cast<size_t>(ahead_row * work.ahead.gamma)] ==
               sequence.committed.back()) {
         sequence.ahead = one_row(work.ahead, ahead_row);
@@ -908,7 +1002,7 @@ void BatchEngine::State::commit(StepWork& work) {
                                          sequence.ahead.counts[0]);
         ahead_taken += 1;
       } else {
-        draft_proposer->rollback(static_cast<int64_t>(sequence.id), keep);
+        draft_proposer->rollback(static_cast<int64_t>(sequence.id), draft_keep);
       }
     }
     if (!stop) continuing += 1;
@@ -940,7 +1034,12 @@ void BatchEngine::State::tally_contests(Sequence& sequence, const StepWork& work
   const std::span<const int32_t> decided = work.verdict.row(b);
   const int64_t accepted = work.verdict.accepted[static_cast<size_t>(b)];
   const int64_t drafted = proposals.counts[static_cast<size_t>(b)];
-  for (int64_t i = 0; i < std::min(drafted, accepted + 1); ++i) {
+  // Past an accepted alternate (the last accepted token) no draft was decided: they followed the
+  // draft it replaced, which was rejected.
+  const bool took_alternate =
+      !work.alternate_input.empty() && work.alternate_input[static_cast<size_t>(b)] >= 0;
+  const int64_t accepted_drafts = took_alternate ? accepted - 1 : accepted;
+  for (int64_t i = 0; i < std::min(drafted, accepted_drafts + 1); ++i) {
     const auto slot = static_cast<size_t>(b * proposals.gamma + i);
     const int32_t model = proposals.model_offers[slot];
     const int32_t lookup = proposals.lookup_offers[slot];
@@ -950,7 +1049,7 @@ void BatchEngine::State::tally_contests(Sequence& sequence, const StepWork& work
     if (target_token == model) sequence.contests.model_won += 1;
     if (proposals.tokens[slot] == lookup) {
       sequence.stats.looked_up += 1;
-      if (i < accepted) sequence.stats.looked_up_accepted += 1;
+      if (i < accepted_drafts) sequence.stats.looked_up_accepted += 1;
     }
   }
 }

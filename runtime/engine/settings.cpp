@@ -252,6 +252,10 @@ void validate(const SpeculationSettings& s) {
     throw Error("draft_lookup_below must be in (0, 1], got " +
                 std::to_string(s.draft_lookup_below));
   }
+  if (s.draft_alternates < 0 || s.draft_alternates > kMaxDraftAlternates) {
+    throw Error("draft_alternates must be in [0, " + std::to_string(kMaxDraftAlternates) +
+                "], got " + std::to_string(s.draft_alternates));
+  }
 }
 
 void validate_prompt(const Model& model, std::span<const int32_t> prompt) {

@@ -20,6 +20,8 @@ struct SequenceStats {
   int64_t rejections = 0;            // steps that rejected a draft (accepted < drafted)
   int64_t looked_up = 0;             // drafts lookup proposed where the draft offered another token
   int64_t looked_up_accepted = 0;    // of those, accepted
+  int64_t alternates = 0;            // alternates the target scored beside the drafts
+  int64_t alternates_accepted = 0;   // of those, accepted (each brings one token more)
   int64_t committed_in_steps = 0;    // tokens committed by the steps (accepted + 1 each)
   std::map<int64_t, int64_t> gamma_histogram;  // drafts per step -> steps
   double draft_ms = 0.0;                       // time proposing (shared with the batch)

@@ -243,6 +243,31 @@ void KvCache::truncate(SequenceId sequence, int64_t length) {
   }
 }
 
+void KvCache::copy_position(SequenceId sequence, int64_t from, int64_t to) {
+  Sequence& entry = get(sequence);
+  const int64_t sealed_length = static_cast<int64_t>(entry.sealed.size()) * layout_.block_size;
+  if (from < 0 || from >= entry.length || to < sealed_length || to >= entry.length) {
+    throw Error("KV cache: cannot copy position " + std::to_string(from) + " over " +
+                std::to_string(to) + " in sequence " + std::to_string(sequence) + " of length " +
+                std::to_string(entry.length) + ", sealed to " + std::to_string(sealed_length));
+  }
+  if (from == to) return;
+  const size_t row_bytes =
+      static_cast<size_t>(layout_.num_kv_heads * layout_.head_dim) * dtype_size(layout_.dtype);
+  const auto offset = [&](int64_t position) {
+    return static_cast<size_t>(slot(sequence, position)) * row_bytes;
+  };
+  for (int64_t layer = 0; layer < layout_.num_layers; ++layer) {
+    for (char* pool : {static_cast<char*>(keys(layer)), static_cast<char*>(values(layer))}) {
+      SPECRUN_CHECK_OK(backend_.copy_on_device(pool + offset(to), pool + offset(from), row_bytes),
+                       "copying a KV-cache position");
+    }
+  }
+  if (prefix_caching_) {
+    entry.tokens[static_cast<size_t>(to)] = entry.tokens[static_cast<size_t>(from)];
+  }
+}
+
 int32_t KvCache::slot(SequenceId sequence, int64_t position) const {
   const Sequence& entry = get(sequence);
   SPECRUN_CHECK(position >= 0 && position < entry.length)

@@ -96,6 +96,11 @@ class KvCache {
   // rollback). Below the sealed length, `length` must be a multiple of the block size.
   void truncate(SequenceId sequence, int64_t length);
 
+  // Copies position `from`'s keys and values (every layer) and token over position `to` of the
+  // same sequence: an accepted branch of a token tree, scored past the chain in the cache, moved
+  // to the position its depth gives it. Both below length(); `to` past the sealed positions.
+  void copy_position(SequenceId sequence, int64_t from, int64_t to);
+
   std::span<const int32_t> block_table(SequenceId sequence) const { return get(sequence).blocks; }
   // Where position `position` of the sequence lives in the pool.
   int32_t slot(SequenceId sequence, int64_t position) const;

@@ -56,6 +56,52 @@ void check_cache_options(const ModelOptions& options) {
 std::string layer_op(const char* what, int64_t layer) {
   return layer < 0 ? std::string(what) : "layer " + std::to_string(layer) + " " + what;
 }
+
+// A token tree's new tokens (SequenceInput::parents), by index among them: each one's depth
+// below the cached text and the run of new tokens it does not read, [gap_begin, gap_end).
+struct TreeLayout {
+  std::vector<int64_t> depth;
+  std::vector<int64_t> gap_begin;
+  std::vector<int64_t> gap_end;
+};
+
+// Throws Error naming the sequence when a parent is not an earlier token, or a token's ancestors
+// are not a run from the first new token and then a run ending at it.
+TreeLayout tree_layout(const SequenceInput& input) {
+  const auto n = static_cast<int64_t>(input.parents.size());
+  TreeLayout tree{std::vector<int64_t>(static_cast<size_t>(n)),
+                  std::vector<int64_t>(static_cast<size_t>(n)),
+                  std::vector<int64_t>(static_cast<size_t>(n))};
+  const auto fail = [&](int64_t i, const std::string& why) {
+    return Error("forward: sequence " + std::to_string(input.sequence) + ": tree token " +
+                 std::to_string(i) + " " + why);
+  };
+  std::vector<int64_t> path;  // a token and its ancestors among the new tokens, descending
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t parent = input.parents[static_cast<size_t>(i)];
+    if (parent < -1 || parent >= i) {
+      throw fail(i, "has parent " + std::to_string(parent) + ", not an earlier token or -1");
+    }
+    tree.depth[static_cast<size_t>(i)] =
+        parent < 0 ? 0 : tree.depth[static_cast<size_t>(parent)] + 1;
+    path.clear();
+    for (int64_t at = i; at >= 0; at = input.parents[static_cast<size_t>(at)]) path.push_back(at);
+    // Ascending, the path is 0, 1, .., x - 1 (the run from the first), then y, y + 1, .., i.
+    std::reverse(path.begin(), path.end());
+    size_t run = 0;
+    while (run < path.size() && path[run] == static_cast<int64_t>(run)) ++run;
+    const int64_t resume = run < path.size() ? path[run] : i;
+    for (size_t k = run; k < path.size(); ++k) {
+      if (path[k] != resume + static_cast<int64_t>(k - run)) {
+        throw fail(i, "has ancestors that are not a chain from the first token and one branch");
+      }
+    }
+    // No second run (a token of the chain): an empty gap.
+    tree.gap_begin[static_cast<size_t>(i)] = run < path.size() ? static_cast<int64_t>(run) : i;
+    tree.gap_end[static_cast<size_t>(i)] = run < path.size() ? resume : i;
+  }
+  return tree;
+}
 }  // namespace
 
 // Activation buffers, grown to the largest call seen.
@@ -76,13 +122,14 @@ struct Model::Workspace {
   DeviceBuffer features;           // [tokens, feature_width]: a feature-reading draft's only
   DeviceBuffer logits;             // [logit rows, output rows]: vocab, or a reduced head's
   std::vector<float> head_logits;  // host: [logit rows, output_token_ids] of a reduced head
-  DeviceBuffer metadata;           // int32: tokens, positions, slots, query_start, context, blocks
+  DeviceBuffer metadata;  // int32: tokens, positions, slots, query_start, context, blocks, gaps
   // This call's slices of `metadata`.
   int32_t* tokens = nullptr;           // [tokens]
   int32_t* positions = nullptr;        // [tokens]
   int32_t* slots = nullptr;            // [tokens]
   int32_t* query_start = nullptr;      // [seqs + 1]
   int32_t* context_lengths = nullptr;  // [seqs]
+  int32_t* key_gaps = nullptr;         // [tokens, 2] with a token tree, else null
   int32_t* block_tables = nullptr;     // [seqs, max_blocks]
 };
 
@@ -705,6 +752,7 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
   // Validate everything before the cache is touched.
   std::set<SequenceId> seen;
   int64_t num_tokens = 0;
+  bool any_tree = false;
   for (const SequenceInput& input : batch) {
     if (!kv_cache_->has_sequence(input.sequence)) {
       throw Error("forward: no sequence " + std::to_string(input.sequence) + " in the KV cache");
@@ -729,9 +777,26 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
                   (c.reads_features() ? std::to_string(c.feature_width) + " per token"
                                       : std::string("none")));
     }
+    if (!input.parents.empty()) {
+      if (input.parents.size() != input.tokens.size()) {
+        throw Error("forward: sequence " + std::to_string(input.sequence) + " brings " +
+                    std::to_string(input.parents.size()) + " parents for " +
+                    std::to_string(input.tokens.size()) + " tokens");
+      }
+      if (!backend_.attends_with_key_gaps()) {
+        throw Error("forward: the " + std::string(backend_.name()) +
+                    " backend does not take token trees");
+      }
+      any_tree = true;
+    }
     num_tokens += static_cast<int64_t>(input.tokens.size());
   }
   const int64_t num_seqs = static_cast<int64_t>(batch.size());
+  // Each tree token's depth and key gap, relative to its sequence's first new token.
+  std::vector<TreeLayout> trees(any_tree ? batch.size() : 0);
+  for (size_t s = 0; s < trees.size(); ++s) {
+    if (!batch[s].parents.empty()) trees[s] = tree_layout(batch[s]);
+  }
 
   std::vector<KvGrowth> growth;
   std::vector<int64_t> old_lengths;
@@ -748,14 +813,17 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
       max_blocks = std::max<int64_t>(
           max_blocks, static_cast<int64_t>(kv_cache_->block_table(input.sequence).size()));
     }
-    std::vector<int32_t> metadata(
-        static_cast<size_t>(3 * num_tokens + (num_seqs + 1) + num_seqs + num_seqs * max_blocks), 0);
+    const int64_t gap_ints = any_tree ? 2 * num_tokens : 0;
+    std::vector<int32_t> metadata(static_cast<size_t>(3 * num_tokens + (num_seqs + 1) + num_seqs +
+                                                      num_seqs * max_blocks + gap_ints),
+                                  0);
     int32_t* tokens = metadata.data();
     int32_t* positions = tokens + num_tokens;
     int32_t* slots = positions + num_tokens;
     int32_t* query_start = slots + num_tokens;
     int32_t* context_lengths = query_start + num_seqs + 1;
     int32_t* block_tables = context_lengths + num_seqs;
+    int32_t* key_gaps = block_tables + num_seqs * max_blocks;  // [tokens, 2] with a tree
 
     logits->row_begin.assign(1, 0);
     int64_t token = 0;
@@ -765,11 +833,18 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
       context_lengths[s] = static_cast<int32_t>(kv_cache_->length(input.sequence));
       const std::span<const int32_t> table = kv_cache_->block_table(input.sequence);
       std::copy(table.begin(), table.end(), block_tables + s * max_blocks);
+      const int64_t old_length = old_lengths[static_cast<size_t>(s)];
       for (size_t i = 0; i < input.tokens.size(); ++i, ++token) {
-        const int64_t position = old_lengths[static_cast<size_t>(s)] + static_cast<int64_t>(i);
+        const int64_t position = old_length + static_cast<int64_t>(i);
         tokens[token] = input.tokens[i];
         positions[token] = static_cast<int32_t>(position);
         slots[token] = kv_cache_->slot(input.sequence, position);
+        if (any_tree && !input.parents.empty()) {
+          const TreeLayout& tree = trees[static_cast<size_t>(s)];
+          positions[token] = static_cast<int32_t>(old_length + tree.depth[i]);
+          key_gaps[2 * token] = static_cast<int32_t>(old_length + tree.gap_begin[i]);
+          key_gaps[2 * token + 1] = static_cast<int32_t>(old_length + tree.gap_end[i]);
+        }
       }
       const int64_t rows = input.all_logits ? static_cast<int64_t>(input.tokens.size()) : 1;
       logits->row_begin.push_back(logits->row_begin.back() + rows);
@@ -799,6 +874,7 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
     w.query_start = device_metadata + (query_start - metadata.data());
     w.context_lengths = device_metadata + (context_lengths - metadata.data());
     w.block_tables = device_metadata + (block_tables - metadata.data());
+    w.key_gaps = any_tree ? device_metadata + (key_gaps - metadata.data()) : nullptr;
 
     run_layers(num_tokens, num_seqs, max_blocks);
 
@@ -924,7 +1000,7 @@ void Model::run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks)
         c.sliding_window, kv_cache_->layout().dtype};
     SPECRUN_CHECK_OK(
         backend_.attention(attention_params, q, kv_cache_->keys(layer), kv_cache_->values(layer),
-                           w.query_start, w.context_lengths, w.block_tables, attention),
+                           w.query_start, w.context_lengths, w.block_tables, w.key_gaps, attention),
         layer_op("attention", layer));
     matmul(attention, l.o_proj, l.o_bias, num_tokens, projected, "o_proj", layer);
     SPECRUN_CHECK_OK(backend_.add_rmsnorm({num_tokens, c.hidden_size, eps, l.mlp_norm.dtype},

@@ -65,6 +65,14 @@ struct SequenceInput {
   // target's feature at the position before it (zeros before the first), [tokens, feature_width].
   // Empty for any other model.
   std::span<const float> features{};
+  // A token tree (empty: a chain, each new token following the one before): the parent of each
+  // new token, the index of an earlier one, or -1 where it continues the cached text. The tokens
+  // take the cache positions [length, length + n) in order, but each reads only the cached text
+  // and its own ancestors, at the position of its depth (length + its ancestors among the new
+  // tokens). The ancestors of each must be a run of new tokens from the first, then a run ending
+  // at its parent: a chain with branches forking from it (what Backend::attention's key gaps
+  // express; backends without them take no tree).
+  std::span<const int32_t> parents{};
 };
 
 // Every new token's last hidden state after the final norm (the row the head scores): what a

@@ -345,6 +345,77 @@ int32_t sample_with_noise(std::span<const float> probs, const RandomStream& stre
   return static_cast<int32_t>(best);
 }
 
+namespace {
+
+// Keeps the best `slots.size()` (score, token) pairs offered, best first; ties to the lower token,
+// which is offered first.
+class BestTokens {
+ public:
+  BestTokens(std::span<int32_t> tokens, std::vector<double>& scores)
+      : tokens_(tokens), scores_(scores) {
+    std::fill(tokens_.begin(), tokens_.end(), -1);
+    scores_.assign(tokens_.size(), 0.0);
+  }
+  bool full() const { return kept_ == tokens_.size(); }
+  // The score a new token must beat once full.
+  double threshold() const { return full() ? scores_.back() : -INFINITY; }
+  void offer(double score, int32_t token) {
+    if (full() && !(score > scores_.back())) return;
+    size_t at = std::min(kept_, tokens_.size() - 1);
+    while (at > 0 && score > scores_[at - 1]) {
+      scores_[at] = scores_[at - 1];
+      tokens_[at] = tokens_[at - 1];
+      --at;
+    }
+    scores_[at] = score;
+    tokens_[at] = token;
+    kept_ = std::min(kept_ + 1, tokens_.size());
+  }
+
+ private:
+  std::span<int32_t> tokens_;
+  std::vector<double>& scores_;
+  size_t kept_ = 0;
+};
+
+}  // namespace
+
+void best_with_noise(std::span<const float> probs, const RandomStream& stream, int64_t position,
+                     std::span<int32_t> out) {
+  if (out.empty()) return;
+  std::vector<double> scores;
+  BestTokens best(out, scores);
+  // As sample_with_noise: the bound p / (1 - u) skips the logarithm of a token that cannot enter.
+  constexpr double kBoundMargin = 1.0 + 0x1.0p-40;
+  const size_t vocab = probs.size();
+  for (size_t first = 0; first < vocab; first += 4) {
+    const size_t end = std::min(vocab, first + 4);
+    bool any_mass = false;
+    for (size_t x = first; x < end; ++x) any_mass = any_mass || probs[x] > 0.0f;
+    if (!any_mass) continue;
+    const kernels::PhiloxWords noise =
+        stream.block(position, Draw::kNoise, static_cast<uint32_t>(first / 4));
+    for (size_t x = first; x < end; ++x) {
+      const double p = probs[x];
+      const double u = (static_cast<double>(noise.v[x - first]) + 0.5) * 0x1.0p-32;
+      if (!(p > 0.0)) continue;
+      if (best.full() && !(p * kBoundMargin >= best.threshold() * (1.0 - u))) continue;
+      best.offer(p / -std::log(u), static_cast<int32_t>(x));
+    }
+  }
+}
+
+void highest(std::span<const float> values, std::span<int32_t> out) {
+  if (out.empty()) return;
+  std::vector<double> scores;
+  BestTokens best(out, scores);
+  for (size_t x = 0; x < values.size(); ++x) {
+    if (values[x] > -INFINITY && (!best.full() || values[x] > best.threshold())) {
+      best.offer(values[x], static_cast<int32_t>(x));
+    }
+  }
+}
+
 int32_t draw_token(const SamplingParams& params, std::span<const float> probs,
                    const RandomStream& stream, int64_t position, Draw draw) {
   return params.shared_noise ? sample_with_noise(probs, stream, position)

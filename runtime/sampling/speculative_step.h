@@ -24,8 +24,20 @@ struct Proposals {
   // [batch, gamma] each; empty when no row had a contest.
   std::vector<int32_t> model_offers;
   std::vector<int32_t> lookup_offers;
+  // Alternates (DraftRequest::alternates): up to alternates_width other guesses for each draft's
+  // position, siblings of d_i in a token tree that the target scores beside the drafts, -1 where
+  // none: [batch, gamma, alternates_width]. Only rules that accept a token for being the
+  // target's own (greedy, shared noise) take them. Empty: none.
+  int64_t alternates_width = 0;
+  std::vector<int32_t> alternates;
 
   bool point_masses() const { return probs.empty(); }
+  bool has_alternates() const { return !alternates.empty(); }
+  // Row b's alternates for draft i (from 0): [alternates_width], -1 past those it has.
+  std::span<const int32_t> alternates_of(int64_t b, int64_t i) const {
+    return {alternates.data() + (b * gamma + i) * alternates_width,
+            static_cast<size_t>(alternates_width)};
+  }
   bool has_contests() const { return !model_offers.empty(); }
   std::span<const int32_t> row_tokens(int64_t b) const {
     return {tokens.data() + b * gamma, static_cast<size_t>(counts[static_cast<size_t>(b)])};
@@ -42,9 +54,27 @@ struct Scores {
   std::vector<int64_t>
       row_begin;  // [batch + 1]: row b owns distributions [row_begin[b], row_begin[b+1])
 
+  // With alternates (Proposals::alternates): row b's entries for its n drafts' alternates,
+  // [n, alternates_width] from alternate_begin[b]; for each, the row of probs holding the target's
+  // distribution after that alternate (past every row's p_0..p_n) and where the target's forward
+  // fed it among the row's tokens (0 is the pending token, 1..n the drafts); -1 where none. Empty
+  // when no alternate was scored.
+  int64_t alternates_width = 0;
+  std::vector<int64_t> alternate_begin;  // [batch + 1]
+  std::vector<int64_t> alternate_rows;
+  std::vector<int64_t> alternate_inputs;
+
+  // Row b's entry for alternate k of draft i (from 0).
+  size_t alternate_entry(int64_t b, int64_t i, int64_t k) const {
+    return static_cast<size_t>(alternate_begin[static_cast<size_t>(b)] + i * alternates_width + k);
+  }
+
   std::span<const float> p(int64_t b, int64_t i) const {  // p_i of row b
     return {probs.data() + (row_begin[static_cast<size_t>(b)] + i) * vocab,
             static_cast<size_t>(vocab)};
+  }
+  std::span<const float> p_after_alternate(size_t entry) const {
+    return {probs.data() + alternate_rows[entry] * vocab, static_cast<size_t>(vocab)};
   }
 };
 

@@ -127,7 +127,7 @@ void apply_speculative(const json& value, SpeculationSettings& settings) {
   for (const auto& [key, unused] : value.items()) {
     if (key != "method" && key != "controller" && key != "verification" && key != "gamma" &&
         key != "gamma_min" && key != "gamma_max" && key != "draft_p_min" &&
-        key != "draft_lookup_ngram" && key != "draft_lookup_below") {
+        key != "draft_lookup_ngram" && key != "draft_lookup_below" && key != "draft_alternates") {
       refuse("speculative." + key, "'speculative." + key + "' is not a known field");
     }
   }
@@ -156,6 +156,9 @@ void apply_speculative(const json& value, SpeculationSettings& settings) {
   }
   if (auto below = fields.number("draft_lookup_below", 0.0, 1.0)) {
     settings.draft_lookup_below = static_cast<float>(*below);
+  }
+  if (auto alternates = fields.integer("draft_alternates", 0, kMaxDraftAlternates)) {
+    settings.draft_alternates = *alternates;
   }
 }
 

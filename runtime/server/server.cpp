@@ -172,7 +172,9 @@ bool finish(Exchange& exchange, httplib::DataSink& sink) {
                                {"acceptance_rate", result.stats.acceptance_rate},
                                {"steps", result.stats.steps},
                                {"looked_up", result.stats.looked_up},
-                               {"looked_up_accepted", result.stats.looked_up_accepted}};
+                               {"looked_up_accepted", result.stats.looked_up_accepted},
+                               {"alternates", result.stats.alternates},
+                               {"alternates_accepted", result.stats.alternates_accepted}};
     written = write(sink, dump(response));
   }
   sink.done();

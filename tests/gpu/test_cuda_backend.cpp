@@ -893,7 +893,7 @@ std::vector<float> gpu_attention(CudaBackend& gpu, const PagedInputs& in) {
   DeviceBuffer out = poisoned(gpu, count);
   const Status status =
       gpu.attention(in.params, q.as<float>(), k.data(), v.data(), query_start.as<int32_t>(),
-                    lengths.as<int32_t>(), tables.as<int32_t>(), out.as<float>());
+                    lengths.as<int32_t>(), tables.as<int32_t>(), nullptr, out.as<float>());
   EXPECT_TRUE(status.is_ok()) << status.to_string();
   const Status synced = gpu.synchronize();
   EXPECT_TRUE(synced.is_ok()) << synced.to_string();
@@ -903,9 +903,9 @@ std::vector<float> gpu_attention(CudaBackend& gpu, const PagedInputs& in) {
 std::vector<float> cpu_attention(cpu::CpuBackend& cpu, const PagedInputs& in) {
   std::vector<float> out(
       static_cast<size_t>(in.params.num_tokens * in.params.num_heads * in.params.head_dim));
-  const Status status =
-      cpu.attention(in.params, in.q.data(), in.k_cache.data(), in.v_cache.data(),
-                    in.query_start.data(), in.lengths.data(), in.tables.data(), out.data());
+  const Status status = cpu.attention(in.params, in.q.data(), in.k_cache.data(), in.v_cache.data(),
+                                      in.query_start.data(), in.lengths.data(), in.tables.data(),
+                                      nullptr, out.data());
   EXPECT_TRUE(status.is_ok()) << status.to_string();
   return out;
 }
@@ -1100,8 +1100,8 @@ TEST_F(CudaBackendTest, BadShapesGiveTheCpuStatusCodes) {
                                    AttentionParams{1, 1, 1, 1, 4, 0, 1, 0.5f, 0, DType::kBF16},
                                    AttentionParams{1, 1, 1, 1, 4, 4, 1, 0.5f, -1, DType::kF32},
                                    AttentionParams{1, 1, 1, 1, 4, 4, 1, 0.5f, 0, DType::kI8}}) {
-    same(cpu_->attention(p, c, c, c, ci, ci, ci, c),
-         gpu_->attention(p, f, f, f, i32, i32, i32, mutable_f), "attention");
+    same(cpu_->attention(p, c, c, c, ci, ci, ci, nullptr, c),
+         gpu_->attention(p, f, f, f, i32, i32, i32, nullptr, mutable_f), "attention");
   }
   same(cpu_->swiglu({-1, 4}, c, c, c), gpu_->swiglu({-1, 4}, f, f, mutable_f), "swiglu");
   same(cpu_->swiglu({1, 0}, c, c, c), gpu_->swiglu({1, 0}, f, f, mutable_f), "swiglu");
@@ -1186,7 +1186,7 @@ TEST_F(CudaBackendTest, BadIndexDataGivesTheCpuStatusCodes) {
       std::vector<float> cpu_result(2 * 2 * 4);
       const StatusCode expected =
           cpu_->attention(p, q.data(), cache.data(), cache.data(), b.query_start.data(),
-                          b.lengths.data(), tables.data(), cpu_result.data())
+                          b.lengths.data(), tables.data(), nullptr, cpu_result.data())
               .code();
       EXPECT_EQ(expected, StatusCode::kInvalidArgument) << b.what;
       DeviceBuffer q_d = upload(*gpu_, q), cache_d = upload(*gpu_, cache);
@@ -1195,7 +1195,7 @@ TEST_F(CudaBackendTest, BadIndexDataGivesTheCpuStatusCodes) {
       DeviceBuffer result = poisoned(*gpu_, 2 * 2 * 4);
       expect_code(gpu_->attention(p, q_d.as<float>(), cache_d.as<float>(), cache_d.as<float>(),
                                   query_start_d.as<int32_t>(), lengths_d.as<int32_t>(),
-                                  tables_d.as<int32_t>(), result.as<float>()),
+                                  tables_d.as<int32_t>(), nullptr, result.as<float>()),
                   expected, b.what);
     }
   }

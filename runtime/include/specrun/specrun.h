@@ -172,6 +172,8 @@ typedef struct specrun_speculation {
                                         place while it wins as many contests (README); 0 never;
                                         default 2 */
   float draft_lookup_below; /* in (0, 1]; 1 looks up wherever the text repeats; default 0.8 */
+  int64_t draft_alternates; /* other guesses per draft the target scores beside it, a token tree
+                               (greedy and shared-noise verification, CPU), at most 8; default 1 */
 } specrun_speculation;
 
 /* An engine's settings, as specrun::EngineConfig. specrun_engine_config_init sets the defaults;
@@ -291,6 +293,8 @@ typedef struct specrun_request_stats {
   int64_t looked_up;            /* drafts prompt lookup proposed in the draft model's place, where
                                    the two differed (draft_lookup_ngram) */
   int64_t looked_up_accepted;   /* of those, accepted */
+  int64_t alternates;           /* alternates the target scored beside the drafts */
+  int64_t alternates_accepted;  /* of those, accepted (each brings one token more) */
 } specrun_request_stats;
 
 /* A finished request. */

@@ -127,6 +127,9 @@ struct SamplingSettings {
   bool stop_at_eos = true;   // end at the model's end-of-sequence tokens (not emitted)
 };
 
+// The most alternates per draft (SpeculationSettings::draft_alternates).
+inline constexpr int64_t kMaxDraftAlternates = 8;
+
 struct SpeculationSettings {
   SpeculationMethod method = SpeculationMethod::kDraftModel;  // who proposes
   GammaControl controller = GammaControl::kGoodput;           // how gamma adapts
@@ -145,6 +148,12 @@ struct SpeculationSettings {
   // beside the draft"); 0 never.
   int64_t draft_lookup_ngram = 2;
   float draft_lookup_below = 0.8f;  // in (0, 1]; 1 looks up wherever the text repeats itself
+  // With the draft model, greedy or shared-noise verification and a backend that takes token
+  // trees (the CPU): up to this many other guesses per draft (the model's next most likely tokens,
+  // or lookup's where the two differed) that the target scores beside the drafts; where the
+  // target's token is one of them it is accepted, and the token after it too (README, "Alternates:
+  // a token tree"). At most kMaxDraftAlternates; 0 never.
+  int64_t draft_alternates = 1;
 };
 
 // Every field has a default member initializer, so designated initializers may name any subset
@@ -241,6 +250,8 @@ struct RequestStats {
   int64_t looked_up = 0;              // drafts prompt lookup proposed in the draft model's place
                                       // (speculative.draft_lookup_ngram), where they differed
   int64_t looked_up_accepted = 0;     // of those, accepted
+  int64_t alternates = 0;             // alternates the target scored beside the drafts
+  int64_t alternates_accepted = 0;    // of those, accepted (each brings one token more)
   double acceptance_rate = 0.0;       // accepted / drafted
   double mean_accepted_length = 0.0;  // tokens committed per step
   std::map<int64_t, int64_t> gamma_histogram;  // drafts in a step -> steps
