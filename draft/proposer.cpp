@@ -133,6 +133,8 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
         static_cast<size_t>(batch * proposals.gamma * proposals.alternates_width), -1);
   }
   std::vector<int32_t> ranked;  // the model's most likely tokens, for alternates
+  // Each row's chance, by the draft's own probabilities, that its drafts so far are accepted.
+  std::vector<double> reach(static_cast<size_t>(batch), 1.0);
 
   // Each round feeds every row still drafting: first its unseen committed tokens, then its
   // previous draft. Rows drafting the same round share one batched forward.
@@ -268,7 +270,24 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
         proposals.model_offers[slot] = token;
         proposals.lookup_offers[slot] = looked_up;
       }
-      if (request.alternates > 0) {
+      const int32_t proposed = looked_up >= 0 && request.prefer_lookup ? looked_up : token;
+      // Alternates: none where even the likeliest other token could not reach the floor (the
+      // draft's top token when it is not the one proposed, else the rest of its mass), so that a
+      // sure draft pays for no ranking.
+      double& row_reach = reach[static_cast<size_t>(b)];
+      const bool gated = request.alternate_floor > 0.0f;
+      // The draft's probability of a token (weights hold the softmax's numerators).
+      const auto model_probability = [&](int32_t candidate) {
+        const double top = confidence_of_model();  // fills weights first
+        return static_cast<double>(weights[static_cast<size_t>(candidate)]) * top;
+      };
+      bool offer = request.alternates > 0;
+      if (offer && gated) {
+        const double top = confidence_of_model();
+        const bool proposed_is_top = weights[static_cast<size_t>(proposed)] == 1.0f;
+        offer = row_reach * (proposed_is_top ? 1.0 - top : top) >= request.alternate_floor;
+      }
+      if (offer) {
         // Ranked before q may become lookup's point mass; one more than wanted, as the proposal
         // is among them.
         ranked.resize(static_cast<size_t>(request.alternates) + 2);
@@ -286,10 +305,10 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
         // handles exactly.
         std::fill(q, q + vocab, 0.0f);
         q[looked_up] = 1.0f;
-        token = looked_up;
       }
+      token = proposed;
       proposals.tokens[slot] = token;
-      if (request.alternates > 0) {
+      if (offer) {
         // The contest's other offer first, then the model's ranking, never the proposal twice.
         int32_t* alternates =
             proposals.alternates.data() + static_cast<int64_t>(slot) * proposals.alternates_width;
@@ -299,6 +318,7 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
               std::find(alternates, alternates + taken, candidate) != alternates + taken) {
             return;
           }
+          if (gated && row_reach * model_probability(candidate) < request.alternate_floor) return;
           alternates[taken++] = candidate;
         };
         if (proposals.has_contests() && proposals.model_offers[slot] >= 0) {
@@ -306,6 +326,7 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
         }
         for (const int32_t candidate : ranked) take(candidate);
       }
+      if (gated && request.alternates > 0) row_reach *= model_probability(token);
       if (request.lookup_min_ngram > 0) texts[static_cast<size_t>(b)].push_back(token);
       proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(round + 1);
       // The last draft is never fed: its logits would only serve a draft beyond gamma.

@@ -43,6 +43,11 @@ struct DraftRequest {
   // model's next most likely tokens (at temperature 0 by its logits, with shared noise those next
   // to win its draw from q, else by q). Only for rules that take them (greedy, shared noise).
   int64_t alternates = 0;
+  // An alternate is offered only where the draft puts the chance that it is the target's token at
+  // least this high: its own probability of the alternate (its softmax, unprocessed) times that of
+  // the row's drafts before it, the chance the step gets that far. A token the target scores
+  // costs time; the controller sets this to what one costs, in tokens committed (DraftPlan).
+  float alternate_floor = 0.0f;
 };
 
 // Prompt lookup's match: the index of the token after the latest earlier occurrence of the

@@ -583,6 +583,23 @@ TEST(GoodputPolicy, CountsTheAlternatesAStepScoredAsItsTokens) {
   EXPECT_NEAR(controller.costs().verify_ms(5) - controller.costs().verify_ms(3), 2.0, 0.05);
 }
 
+TEST(GoodputPolicy, PricesAnAlternateAtTheTokensATokenScoredCosts) {
+  // Verification at 10 ms + 1 ms a token: once the line is known, a plan's alternate floor is
+  // the slope times the tokens a millisecond the step is expected to commit.
+  GoodputPolicy controller(4);
+  float floor = 0.0f;
+  for (int i = 0; i < 20; ++i) {
+    const GammaRow row[] = {{0, 4, 0, 4, 2}};
+    const std::vector<DraftPlan> plans = plan(controller, row);
+    if (!plans[0].filler) floor = plans[0].alternate_floor;
+    const DraftOutcome outcome[] = {{0, plans[0].gamma, plans[0].gamma / 2, plans[0].filler}};
+    controller.observe(outcome, 0.2 * double(plans[0].gamma), 10.0 + double(plans[0].gamma + 1));
+  }
+  // A step of about 13 ms committing about two tokens: about 0.15.
+  EXPECT_GT(floor, 0.05f);
+  EXPECT_LT(floor, 0.3f);
+}
+
 TEST(GoodputPolicy, EstimatesAcceptancePerPosition) {
   GoodputPolicy controller(3);
   // Position 1 always accepted, position 2 never.

@@ -291,6 +291,37 @@ TEST_F(SpeculativeTest, AlternatesChangeNoOutputAndAreTakenWhereTheTargetsTokenI
   }
 }
 
+// The draft offers an alternate only where its own chance that the target takes it (its
+// probability of the alternate times that of the drafts before) reaches the request's floor.
+TEST_F(SpeculativeTest, AnAlternateIsOfferedOnlyWhereItsChanceReachesTheFloor) {
+  SamplingParams greedy_params;
+  greedy_params.temperature = 0.0f;
+  const std::vector<int32_t> committed = {1, 5, 9, 13, 17};
+  std::vector<int64_t> offered;
+  for (const float floor : {0.0f, 0.001f, 0.01f, 0.05f, 1.5f}) {
+    ModelProposer proposer(*foreign_draft_, greedy_params, 0.0f);
+    proposer.add_sequence(0);
+    DraftRequest request[] = {{0, committed, 4}};
+    request[0].alternates = 3;
+    request[0].alternate_floor = floor;
+    const Proposals proposals = proposer.propose(request);
+    ASSERT_EQ(proposals.counts[0], 4);
+    ASSERT_EQ(proposals.alternates_width, 3);
+    offered.push_back(std::count_if(proposals.alternates.begin(), proposals.alternates.end(),
+                                    [](int32_t token) { return token >= 0; }));
+    for (int64_t i = 0; i < 4; ++i) {
+      for (const int32_t alternate : proposals.alternates_of(0, i)) {
+        EXPECT_NE(alternate, proposals.row_tokens(0)[static_cast<size_t>(i)]);
+      }
+    }
+  }
+  EXPECT_EQ(offered.front(), 4 * 3) << "no floor: every alternate asked for";
+  EXPECT_EQ(offered.back(), 0) << "no token has a chance above 1";
+  EXPECT_TRUE(std::is_sorted(offered.rbegin(), offered.rend())) << "fewer as the floor rises";
+  EXPECT_GT(offered[2], 0);
+  EXPECT_LT(offered[2], offered.front());
+}
+
 TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyWithADraftScoringPartOfTheVocabulary) {
   // The target drafting for itself through a head that leaves out a third of the tokens, among
   // them the two it picks least often: its drafts are the target's own choices where those are

@@ -43,6 +43,10 @@ struct DraftPlan {
   // Draft past this step's drafts while they are verified (overlapped drafting, where the row's
   // ahead_hidden allows it).
   bool draft_ahead = false;
+  // Offer an alternate beside a draft only where the draft puts its chance of being the target's
+  // token at least this high (DraftRequest::alternate_floor): a token scored costs this many
+  // tokens committed. 0 offers every alternate the settings allow.
+  float alternate_floor = 0.0f;
 };
 
 // What a sequence did in the step.

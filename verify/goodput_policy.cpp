@@ -249,6 +249,13 @@ std::vector<int64_t> GoodputPolicy::choose(std::span<const GammaRow> rows) {
 void GoodputPolicy::plan(std::span<const GammaRow> rows, std::span<DraftPlan> plans) {
   std::vector<int64_t> gammas = choose(rows);
   planned_.clear();
+  // An alternate is worth a token scored: the verify line's slope, in the tokens a millisecond
+  // of this step commits.
+  float floor = 0.0f;
+  if (costs_.verify_known() && !calibrating_) {
+    const double rate = goodput(rows, gammas, false);
+    if (std::isfinite(rate)) floor = static_cast<float>(costs_.verify_ms_per_token() * rate);
+  }
   for (size_t i = 0; i < rows.size(); ++i) {
     const GammaRow& row = rows[i];
     planned_.insert(row.sequence);
@@ -259,6 +266,7 @@ void GoodputPolicy::plan(std::span<const GammaRow> rows, std::span<DraftPlan> pl
     plans[i] = {gammas[i], calibrating_ && gammas[i] > 0,
                 probing_model_ ? kProbeCatchUp : int64_t{0}};
     plans[i].draft_ahead = row.ahead_hidden && !plans[i].filler && ahead_pays(rows, gammas, i);
+    plans[i].alternate_floor = floor;
     if (remember_) previous_[row.sequence] = gammas[i];
   }
   if (spdlog::should_log(spdlog::level::debug) && !rows.empty()) {

@@ -39,7 +39,8 @@ class StepCostModel {
   // Distinct token counts behind the verify line: its slope needs two.
   int64_t verify_points() const { return verify_line_.distinct; }
   bool draft_known() const { return draft_line_.known; }
-  double verify_ms(double tokens) const;      // NaN until measured
+  double verify_ms(double tokens) const;  // NaN until measured
+  double verify_ms_per_token() const { return verify_line_.known ? verify_line_.slope : 0.0; }
   double draft_round_ms(int64_t rows) const;  // NaN until measured
   // The predicted cost of a step with these gammas (verify line only until the draft line is
   // measured), where the target scores `scored_per_draft` tokens a draft (1 + its alternates).

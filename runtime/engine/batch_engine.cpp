@@ -87,6 +87,7 @@ struct Sequence {
   SequenceId target_kv = -1;           // its target KV sequence, once admitted
   bool drafts_with_model = false;      // proposes through the engine's draft model
   int64_t reserved_target_blocks = 0;  // KV blocks held back for its worst case
+  int64_t worst_positions = 0;         // the most target positions it holds (what they cover)
   int64_t reserved_draft_blocks = 0;   // the same in the draft's cache
   RandomStream random;                 // its random numbers, keyed by its seed
   SequenceStats stats;                 // its figures so far
@@ -291,8 +292,8 @@ RequestId BatchEngine::submit(EngineRequest request, UpdateCallback on_update) {
   // (max_tokens is clamped first: prompt + max_tokens must not overflow.)
   const int64_t prompt = static_cast<int64_t>(request.prompt.size());
   const int64_t worst = prompt + std::min(request.sampling.max_tokens, s.target.context_limit());
-  sequence->reserved_target_blocks =
-      s.target.kv_cache().blocks_for(std::min(worst, s.target.context_limit()));
+  sequence->worst_positions = std::min(worst, s.target.context_limit());
+  sequence->reserved_target_blocks = s.target.kv_cache().blocks_for(sequence->worst_positions);
   SPECRUN_CHECK(sequence->reserved_target_blocks <= s.target.kv_cache().layout().num_blocks);
   if (sequence->drafts_with_model) {
     for (const int32_t id : request.prompt) {
@@ -694,6 +695,7 @@ void BatchEngine::State::propose(StepWork& work) {
       model_requests.push_back(draft_request(sequence, text, rest, sequence.generated + taken,
                                              plan.max_catch_up, sequence.contests_before,
                                              alternates_for(sequence)));
+      model_requests.back().alternate_floor = plan.alternate_floor;
       model_rows.push_back(b);
       work.catch_up[row] = static_cast<int64_t>(text.size()) -
                            draft_proposer->cached_length(static_cast<int64_t>(sequence.id));
@@ -886,14 +888,11 @@ void BatchEngine::State::score_and_verify(StepWork& work) {
 }
 
 // Alternates take cache positions past the drafts for the length of the step: those past the
-// sequence's room (its context, and the worst case its KV blocks were reserved for) are dropped,
-// the latest drafts' first.
+// sequence's worst case (its context, and what its KV blocks were reserved for) are dropped, the
+// latest drafts' first.
 void BatchEngine::State::drop_alternates_past_room(Proposals& proposals, int64_t b,
                                                    const Sequence& sequence) const {
-  const int64_t limit = target.context_limit();
-  const int64_t worst = static_cast<int64_t>(sequence.request.prompt.size()) +
-                        std::min(sequence.request.sampling.max_tokens, limit);
-  int64_t room = std::min(worst, limit) - static_cast<int64_t>(sequence.committed.size()) -
+  int64_t room = sequence.worst_positions - static_cast<int64_t>(sequence.committed.size()) -
                  proposals.counts[static_cast<size_t>(b)];
   const auto first = proposals.alternates.begin() +
                      static_cast<ptrdiff_t>(b * proposals.gamma * proposals.alternates_width);

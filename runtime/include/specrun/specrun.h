@@ -173,7 +173,7 @@ typedef struct specrun_speculation {
                                         default 2 */
   float draft_lookup_below; /* in (0, 1]; 1 looks up wherever the text repeats; default 0.8 */
   int64_t draft_alternates; /* other guesses per draft the target scores beside it, a token tree
-                               (greedy and shared-noise verification, CPU), at most 8; default 1 */
+                               (greedy and shared-noise verification, CPU), at most 8; default 2 */
 } specrun_speculation;
 
 /* An engine's settings, as specrun::EngineConfig. specrun_engine_config_init sets the defaults;

@@ -153,7 +153,7 @@ struct SpeculationSettings {
   // or lookup's where the two differed) that the target scores beside the drafts; where the
   // target's token is one of them it is accepted, and the token after it too (README, "Alternates:
   // a token tree"). At most kMaxDraftAlternates; 0 never.
-  int64_t draft_alternates = 1;
+  int64_t draft_alternates = 2;
 };
 
 // Every field has a default member initializer, so designated initializers may name any subset
