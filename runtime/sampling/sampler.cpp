@@ -308,59 +308,25 @@ int32_t sample_from(std::span<const float> probs, double uniform) {
   return last_nonzero;  // rounding left the target at the very end
 }
 
-int32_t sample_with_noise(std::span<const float> probs, const RandomStream& stream,
-                          int64_t position) {
-  SPECRUN_CHECK(!probs.empty());
-  // -log u >= 1 - u on (0, 1], so p / (1 - u) bounds a token's score p / -log(u) from above: a
-  // token whose bound stays below the best score so far cannot win, and its logarithm is skipped
-  // (the test is written as p * margin < best * (1 - u), without a division). The margin covers
-  // the rounding of the logarithm, the products and the division (a few units in 2^-52), so the
-  // winner is exactly the one scoring every token would find. A token of probability zero never
-  // wins.
-  constexpr double kBoundMargin = 1.0 + 0x1.0p-40;
-  int64_t best = -1;
-  double best_score = 0.0;
-  const size_t vocab = probs.size();
-  for (size_t first = 0; first < vocab; first += 4) {
-    const size_t end = std::min(vocab, first + 4);
-    // A block of tokens a filter removed cannot win: its noise (a pure function of the position
-    // and the block) is not drawn. Top-p leaves a few dozen of tens of thousands.
-    bool any_mass = false;
-    for (size_t x = first; x < end; ++x) any_mass = any_mass || probs[x] > 0.0f;
-    if (!any_mass) continue;
-    const kernels::PhiloxWords noise =
-        stream.block(position, Draw::kNoise, static_cast<uint32_t>(first / 4));
-    for (size_t x = first; x < end; ++x) {
-      const double p = probs[x];
-      const double u = (static_cast<double>(noise.v[x - first]) + 0.5) * 0x1.0p-32;  // in (0, 1)
-      if (!(p * kBoundMargin >= best_score * (1.0 - u)) || !(p > 0.0)) continue;
-      const double score = p / -std::log(u);
-      if (best < 0 || score > best_score) {
-        best = static_cast<int64_t>(x);
-        best_score = score;
-      }
-    }
-  }
-  SPECRUN_CHECK(best >= 0) << "cannot sample from a distribution with no mass";
-  return static_cast<int32_t>(best);
-}
-
 namespace {
 
-// Keeps the best `slots.size()` (score, token) pairs offered, best first; ties to the lower token,
-// which is offered first.
+// The most tokens best_with_noise and highest rank.
+constexpr size_t kMostRanked = 16;
+
+// Keeps the best `tokens.size()` (score, token) pairs offered, best first; ties to the lower
+// token, which is offered first.
 class BestTokens {
  public:
-  BestTokens(std::span<int32_t> tokens, std::vector<double>& scores)
-      : tokens_(tokens), scores_(scores) {
+  explicit BestTokens(std::span<int32_t> tokens) : tokens_(tokens) {
+    SPECRUN_CHECK(!tokens.empty() && tokens.size() <= kMostRanked)
+        << "ranks 1 to " << kMostRanked << " tokens, not " << tokens.size();
     std::fill(tokens_.begin(), tokens_.end(), -1);
-    scores_.assign(tokens_.size(), 0.0);
   }
   bool full() const { return kept_ == tokens_.size(); }
   // The score a new token must beat once full.
-  double threshold() const { return full() ? scores_.back() : -INFINITY; }
+  double threshold() const { return full() ? scores_[kept_ - 1] : -INFINITY; }
   void offer(double score, int32_t token) {
-    if (full() && !(score > scores_.back())) return;
+    if (full() && !(score > scores_[kept_ - 1])) return;
     size_t at = std::min(kept_, tokens_.size() - 1);
     while (at > 0 && score > scores_[at - 1]) {
       scores_[at] = scores_[at - 1];
@@ -374,22 +340,37 @@ class BestTokens {
 
  private:
   std::span<int32_t> tokens_;
-  std::vector<double>& scores_;
+  std::array<double, kMostRanked> scores_{};
   size_t kept_ = 0;
 };
 
 }  // namespace
 
+int32_t sample_with_noise(std::span<const float> probs, const RandomStream& stream,
+                          int64_t position) {
+  SPECRUN_CHECK(!probs.empty());
+  int32_t best = -1;
+  best_with_noise(probs, stream, position, std::span<int32_t>(&best, 1));
+  SPECRUN_CHECK(best >= 0) << "cannot sample from a distribution with no mass";
+  return best;
+}
+
 void best_with_noise(std::span<const float> probs, const RandomStream& stream, int64_t position,
                      std::span<int32_t> out) {
   if (out.empty()) return;
-  std::vector<double> scores;
-  BestTokens best(out, scores);
-  // As sample_with_noise: the bound p / (1 - u) skips the logarithm of a token that cannot enter.
+  BestTokens best(out);
+  // -log u >= 1 - u on (0, 1], so p / (1 - u) bounds a token's score p / -log(u) from above: a
+  // token whose bound stays below the score it must beat cannot enter, and its logarithm is
+  // skipped (the test is written as p * margin < threshold * (1 - u), without a division). The
+  // margin covers the rounding of the logarithm, the products and the division (a few units in
+  // 2^-52), so the ranking is exactly the one scoring every token would find. A token of
+  // probability zero never enters.
   constexpr double kBoundMargin = 1.0 + 0x1.0p-40;
   const size_t vocab = probs.size();
   for (size_t first = 0; first < vocab; first += 4) {
     const size_t end = std::min(vocab, first + 4);
+    // A block of tokens a filter removed cannot enter: its noise (a pure function of the position
+    // and the block) is not drawn. Top-p leaves a few dozen of tens of thousands.
     bool any_mass = false;
     for (size_t x = first; x < end; ++x) any_mass = any_mass || probs[x] > 0.0f;
     if (!any_mass) continue;
@@ -397,7 +378,7 @@ void best_with_noise(std::span<const float> probs, const RandomStream& stream, i
         stream.block(position, Draw::kNoise, static_cast<uint32_t>(first / 4));
     for (size_t x = first; x < end; ++x) {
       const double p = probs[x];
-      const double u = (static_cast<double>(noise.v[x - first]) + 0.5) * 0x1.0p-32;
+      const double u = (static_cast<double>(noise.v[x - first]) + 0.5) * 0x1.0p-32;  // in (0, 1)
       if (!(p > 0.0)) continue;
       if (best.full() && !(p * kBoundMargin >= best.threshold() * (1.0 - u))) continue;
       best.offer(p / -std::log(u), static_cast<int32_t>(x));
@@ -407,8 +388,7 @@ void best_with_noise(std::span<const float> probs, const RandomStream& stream, i
 
 void highest(std::span<const float> values, std::span<int32_t> out) {
   if (out.empty()) return;
-  std::vector<double> scores;
-  BestTokens best(out, scores);
+  BestTokens best(out);
   for (size_t x = 0; x < values.size(); ++x) {
     if (values[x] > -INFINITY && (!best.full() || values[x] > best.threshold())) {
       best.offer(values[x], static_cast<int32_t>(x));

@@ -62,13 +62,14 @@ int32_t sample_with_noise(std::span<const float> probs, const RandomStream& stre
 
 // The tokens that win the shared-noise draw of `position` from `probs` (sample_with_noise) and
 // would win it in turn were the ones before them removed, best first, as many as `out` holds; -1
-// past the tokens of probability above zero. A draft's other guesses at a position its own
-// draw chose: the next most likely to be the target's own draw with the same noise.
+// past the tokens of probability above zero; at most 16. A draft's other guesses at a position
+// its own draw chose: the next most likely to be the target's own draw with the same noise.
 void best_with_noise(std::span<const float> probs, const RandomStream& stream, int64_t position,
                      std::span<int32_t> out);
 
 // The tokens of the highest values, highest first (the lower id among equals), as many as `out`
-// holds; -1 past the values above -infinity (a banned token, a token a reduced head never scores).
+// holds (at most 16); -1 past the values above -infinity (a banned token, a token a reduced head
+// never scores).
 void highest(std::span<const float> values, std::span<int32_t> out);
 
 // The token for output `position` from the processed distribution `probs`: with the shared noise
