@@ -600,6 +600,23 @@ TEST(GoodputPolicy, PricesAnAlternateAtTheTokensATokenScoredCosts) {
   EXPECT_LT(floor, 0.3f);
 }
 
+TEST(GoodputPolicy, ADraftPastAnAcceptedAlternateIsNotCountedRejected) {
+  // Every step drafts 3 and takes an alternate at position 1: position 1 is always accepted, the
+  // positions past it were never decided (they followed the draft it replaced), and since no
+  // draft was accepted as itself the step is not expected to go past position 1.
+  GoodputPolicy controller(3);
+  for (int i = 0; i < 100; ++i) {
+    const GammaRow row[] = {{0, 3, 3, 3, 3}};
+    plan(controller, row);
+    DraftOutcome outcome[] = {{0, 3, 1}};
+    outcome[0].alternates = 3;
+    outcome[0].alternate_taken = true;
+    controller.observe(outcome, 3.0, 10.0);
+  }
+  EXPECT_NEAR(controller.acceptance(0, 1), 20.6 / 21, 0.002);
+  EXPECT_NEAR(controller.acceptance(0, 2), 0.6, 0.002) << "the prior: never observed";
+}
+
 TEST(GoodputPolicy, EstimatesAcceptancePerPosition) {
   GoodputPolicy controller(3);
   // Position 1 always accepted, position 2 never.

@@ -63,8 +63,10 @@ struct DraftOutcome {
   int64_t kept = 0;
   int64_t ahead = 0;
   // Alternates the target scored beside the drafts (a token tree): rows of the verification that
-  // are not drafts. An accepted alternate counts in `accepted`, at its draft's position.
+  // are not drafts. An accepted alternate counts in `accepted`, at its draft's position, and then
+  // `alternate_taken`: the drafts past it were not decided.
   int64_t alternates = 0;
+  bool alternate_taken = false;
 };
 
 class GammaPolicy {

@@ -61,6 +61,11 @@ double GoodputPolicy::alpha(int64_t sequence, int64_t position, int64_t rows) co
   return std::min(1.0, e.mean + tuning_.optimism * e.error / std::sqrt(static_cast<double>(rows)));
 }
 
+double GoodputPolicy::continuation(int64_t position) const {
+  const Evidence& evidence = pooled_[static_cast<size_t>(position)];
+  return (tuning_.prior_weight + evidence.continued) / (tuning_.prior_weight + evidence.accepted);
+}
+
 double GoodputPolicy::acceptance(int64_t sequence, int64_t position) const {
   SPECRUN_CHECK(position >= 1 && position <= gamma_limit_) << "position " << position;
   return estimate(sequence, position).mean;
@@ -70,12 +75,14 @@ double GoodputPolicy::goodput(std::span<const GammaRow> rows, std::span<const in
                               bool optimistic) const {
   double tokens = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
-    double expected = 1.0, run = 1.0;
+    // A step reaches position j when every draft before it was accepted as itself; there a
+    // token is accepted (the draft or an alternate) with alpha_j.
+    double expected = 1.0, reach = 1.0;
     for (int64_t j = 1; j <= gammas[i]; ++j) {
       double a = alpha(rows[i].sequence, j, static_cast<int64_t>(rows.size()));
       if (optimistic) a = std::max(a, tuning_.optimistic_acceptance);
-      run *= a;
-      expected += run;
+      expected += reach * a;
+      reach *= a * continuation(j);
     }
     tokens += expected;
   }
@@ -90,7 +97,8 @@ bool GoodputPolicy::ahead_pays(std::span<const GammaRow> rows, std::span<const i
   if (gamma == 0 || !costs_.draft_known() || !costs_.verify_known()) return false;
   double kept = 1.0;
   for (int64_t j = 1; j <= gamma + 1; ++j) {
-    kept *= estimate(rows[i].sequence, std::min(j, gamma_limit_)).mean;
+    const int64_t position = std::min(j, gamma_limit_);
+    kept *= estimate(rows[i].sequence, position).mean * continuation(position);
   }
   int64_t tokens = 0, drafting = 0;
   for (const int64_t g : gammas) {
@@ -316,14 +324,20 @@ void GoodputPolicy::observe(std::span<const DraftOutcome> step, double draft_ms,
                        : kSeveralSequences;
     std::vector<Evidence>& own = own_[outcome.sequence];
     if (own.empty()) own.resize(static_cast<size_t>(gamma_limit_) + 1);
-    // Positions 1..accepted were accepted; accepted + 1 (if drafted) was rejected.
+    // Positions 1..accepted were accepted; accepted + 1 (if drafted) was rejected, unless the
+    // last accepted token was an alternate: the drafts past it followed the one it replaced.
     const double memory = tuning_.acceptance_memory;
-    const int64_t reached = std::min(outcome.drafted, outcome.accepted + 1);
+    const int64_t reached = outcome.alternate_taken
+                                ? outcome.accepted
+                                : std::min(outcome.drafted, outcome.accepted + 1);
     for (int64_t j = 1; j <= reached; ++j) {
       const double x = j <= outcome.accepted ? 1.0 : 0.0;
+      const double itself =
+          j < outcome.accepted || (j == outcome.accepted && !outcome.alternate_taken) ? 1.0 : 0.0;
       for (Evidence* evidence : {&own[static_cast<size_t>(j)], &pooled_[static_cast<size_t>(j)]}) {
         evidence->accepted = memory * evidence->accepted + x;
         evidence->drafted = memory * evidence->drafted + 1.0;
+        evidence->continued = memory * evidence->continued + itself;
       }
     }
     // Positions past the one reached go unobserved for as long as gamma stays short, and only

@@ -108,7 +108,11 @@ class GoodputPolicy : public GammaPolicy {
   struct Evidence {
     double accepted = 0.0;
     double drafted = 0.0;
+    double continued = 0.0;  // of those accepted, the drafts themselves (not an alternate)
   };
+  // Of the tokens accepted at `position`, the share that were the draft itself, so that the step
+  // goes on past it (an accepted alternate ends it): pooled over sequences, 1 without alternates.
+  double continuation(int64_t position) const;
   // The estimate of alpha at `position` and its standard error.
   struct Estimate {
     double mean;

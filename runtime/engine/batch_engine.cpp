@@ -967,6 +967,7 @@ void BatchEngine::State::commit(StepWork& work) {
     int64_t draft_keep = keep;
     const int64_t fed = work.alternate_input.empty() ? -1 : work.alternate_input[b];
     const bool took_alternate = fed >= 0;
+    outcomes[b].alternate_taken = took_alternate;
     if (took_alternate) {
       const auto first_fed = static_cast<int64_t>(work.first_new[b]) - 1;  // the pending token
       const int64_t position = first_fed + accepted;
