@@ -3,7 +3,9 @@
 //
 // Each sequence has its own acceptance alpha_ij (probability that draft j is accepted given drafts
 // 1..j-1 were), counted per position over its recent drafts, starting from the pooled figures of
-// every sequence, so E_i(g) = 1 + sum_{k<=g} prod_{j<=k} alpha_ij; gamma is chosen with the first
+// every sequence, so E_i(g) = 1 + sum_{k<=g} prod_{j<=k} alpha_ij (with alternates, an accepted
+// one ends the step: each factor before the last is alpha_ij times the pooled share of the
+// acceptances at j that were the draft itself); gamma is chosen with the first
 // position's alpha raised by a standard error of its estimate (Tuning::optimism). With the step's
 // predicted cost (verify/step_cost_model.h) the choice maximises sum_i E_i(gamma_i) / (t_draft +
 // t_verify) by adding one draft at a time to the sequence whose next draft raises that ratio most,
