@@ -326,7 +326,11 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
         }
         for (const int32_t candidate : ranked) take(candidate);
       }
-      if (gated && request.alternates > 0) row_reach *= model_probability(token);
+      // Once the row's reach is below the floor no later alternate can pass: the draft's
+      // probabilities are no longer needed.
+      if (gated && request.alternates > 0 && row_reach >= request.alternate_floor) {
+        row_reach *= model_probability(token);
+      }
       if (request.lookup_min_ngram > 0) texts[static_cast<size_t>(b)].push_back(token);
       proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(round + 1);
       // The last draft is never fed: its logits would only serve a draft beyond gamma.

@@ -46,11 +46,6 @@ Proposals one_row(const Proposals& from, int64_t row) {
     proposals.model_offers.assign(model, model + count);
     proposals.lookup_offers.assign(lookup, lookup + count);
   }
-  if (from.has_alternates()) {
-    proposals.alternates_width = from.alternates_width;
-    const auto alternates = from.alternates.begin() + row * from.gamma * from.alternates_width;
-    proposals.alternates.assign(alternates, alternates + count * from.alternates_width);
-  }
   return proposals;
 }
 
@@ -732,10 +727,8 @@ void BatchEngine::State::assemble(StepWork& work, const Proposals& from_model,
   const bool any_kept = std::any_of(work.from_kept.begin(), work.from_kept.end(),
                                     [](int64_t taken) { return taken > 0; });
   const bool materialise = !model_rows.empty() || any_kept;
-  int64_t alternates_width = from_model.alternates_width;
-  for (const Proposals& kept : work.kept) {
-    alternates_width = std::max(alternates_width, kept.alternates_width);
-  }
+  // Only the draft model's rows bring alternates (drafts kept ahead never do).
+  const int64_t alternates_width = from_model.alternates_width;
   if (materialise) {
     proposals.vocab = std::max(from_model.vocab, target.config().vocab_size);
     for (const Proposals& kept : work.kept) proposals.vocab = std::max(proposals.vocab, kept.vocab);
