@@ -265,6 +265,30 @@ TEST_F(ModelTest, ATreeOfAnotherShapeOrWithBadParentsIsRefusedBeforeTheCacheIsTo
   }
 }
 
+// A backend whose attention takes no key gaps (CUDA today) is refused a tree, by name, before the
+// cache is touched.
+TEST_F(ModelTest, ABackendWithoutKeyGapsIsRefusedATree) {
+  struct NoKeyGaps : testing::ForwardingBackend {
+    using ForwardingBackend::ForwardingBackend;
+    bool attends_with_key_gaps() const override { return false; }
+  } backend(*backend_);
+  auto model = load(backend);
+  const SequenceId s = model->kv_cache().add_sequence();
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  const std::vector<int32_t> parents = {-1, 0, 0};
+  SequenceInput input[] = {{s, tokens, true}};
+  input[0].parents = parents;
+  Logits logits;
+  try {
+    model->forward(input, &logits);
+    ADD_FAILURE() << "a tree was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("does not take token trees"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(model->kv_cache().length(s), 0);
+}
+
 TEST_F(ModelTest, BadInputLeavesEveryCacheUntouched) {
   auto model = load(*backend_);
   KvCache& cache = model->kv_cache();
