@@ -4,6 +4,21 @@
 
 namespace specrun {
 
+void committed_features(std::span<const float> fed, size_t width, int64_t accepted,
+                        int64_t alternate_input, std::vector<float>& out) {
+  const auto rows = static_cast<int64_t>(fed.size() / width);
+  SPECRUN_CHECK(width > 0 && fed.size() % width == 0 && accepted >= 0 && accepted < rows &&
+                alternate_input < rows && (alternate_input < 0 || alternate_input > accepted))
+      << accepted << " accepted of " << rows << " rows fed, the alternate fed at "
+      << alternate_input;
+  const int64_t chain = alternate_input >= 0 ? accepted : accepted + 1;
+  out.assign(fed.begin(), fed.begin() + chain * static_cast<ptrdiff_t>(width));
+  if (alternate_input >= 0) {
+    const auto row = fed.subspan(static_cast<size_t>(alternate_input) * width, width);
+    out.insert(out.end(), row.begin(), row.end());
+  }
+}
+
 Scorer::Scorer(Model& target, const SamplingParams& sampling)
     : target_(target), sampling_(sampling) {
   validate_sampling(sampling);

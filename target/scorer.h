@@ -24,12 +24,19 @@ struct ScoreRequest {
   int64_t alternates_width = 0;
 };
 
+// The target's features at the positions a row's verification committed, from those of its fed
+// tokens (`fed`: [pending, drafts, alternates], `width` each): the pending token's and those of
+// the `accepted` tokens after it, the last of which is the alternate fed at `alternate_input`
+// where the row took one (-1: none). [accepted + 1, width] in `out`.
+void committed_features(std::span<const float> fed, size_t width, int64_t accepted,
+                        int64_t alternate_input, std::vector<float>& out);
+
 class Scorer {
  public:
   Scorer(Model& target, const SamplingParams& sampling);
   // Feeds every row in one batched forward (the target cache grows by n + 1 per row) and
   // returns p_0..p_n per row, processed with the sampling settings; with `features`, the
-  // target's features at every row's n + 1 positions too.
+  // target's features at every token fed too (each row's [pending, drafts, alternates]).
   Scores score(std::span<const ScoreRequest> requests, Features* features = nullptr);
 
  private:

@@ -1,8 +1,9 @@
 // A draft that reads its target's features (ModelConfig::feature_width, EAGLE-style): its input
 // path against an ordinary model with the same layers, the features a forward returns, the
 // proposer's alignment (token p reads the target's feature at p - 1; drafts read the draft's
-// own) through drafting and rollback, the engine's greedy and shared-noise output against the
-// target alone (prefix caching included), and the errors.
+// own) through drafting and rollback, the features handed over where a step took an alternate,
+// the engine's greedy and shared-noise output against the target alone (prefix caching and
+// alternates included), and the errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "draft/proposer.h"
 #include "runtime/base/check.h"
 #include "runtime/sampling/rng.h"
+#include "target/scorer.h"
 #include "tests/test_support.h"
 #include "tools/fixtures/checkpoint_generator.h"
 
@@ -301,6 +303,54 @@ TEST_F(FeatureDraftTest, GreedyAndSharedNoiseOutputsAreTheTargetsOwn) {
   }
   EXPECT_GT(drafted, 0);
   EXPECT_LT(accepted, drafted);  // random weights: the drafts are often wrong
+}
+
+TEST(CommittedFeatures, ThePendingTokensAndTheAcceptedOnesTheLastAnAlternatesWhereTaken) {
+  // Fed: the pending token, three drafts, then alternates; row r holds r in both columns.
+  std::vector<float> fed;
+  for (int row = 0; row < 7; ++row) fed.insert(fed.end(), {float(row), float(row)});
+  std::vector<float> out;
+  committed_features(fed, 2, 2, -1, out);
+  EXPECT_EQ(out, (std::vector<float>{0, 0, 1, 1, 2, 2}));
+  committed_features(fed, 2, 0, -1, out);
+  EXPECT_EQ(out, (std::vector<float>{0, 0}));
+  // d1 accepted, then the alternate fed at 5 in place of d2.
+  committed_features(fed, 2, 2, 5, out);
+  EXPECT_EQ(out, (std::vector<float>{0, 0, 1, 1, 5, 5}));
+  // The first draft rejected and an alternate taken in its place.
+  committed_features(fed, 2, 1, 4, out);
+  EXPECT_EQ(out, (std::vector<float>{0, 0, 4, 4}));
+  EXPECT_THROW(committed_features(fed, 2, 7, -1, out), Error);  // more than was fed
+  EXPECT_THROW(committed_features(fed, 2, 2, 2, out), Error);   // an alternate among the drafts
+  EXPECT_THROW(committed_features(fed, 2, 2, 7, out), Error);   // past what was fed
+}
+
+TEST_F(FeatureDraftTest, AlternatesChangeNoOutputAndAreTaken) {
+  int64_t scored = 0, taken = 0;
+  SamplingSettings sampled;
+  sampled.temperature = 0.8f;
+  sampled.seed = 3;
+  sampled.max_tokens = 40;
+  sampled.stop_at_eos = false;
+  for (const auto& prompt : prompts()) {
+    for (const SamplingSettings& sampling : {greedy(40), sampled}) {
+      const std::vector<int32_t> expected =
+          reference_decode(*target_, prompt, sampling, Verification::kSharedNoise).tokens;
+      for (const int64_t gamma : {1, 3}) {
+        SpeculationSettings settings =
+            speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, gamma);
+        settings.verification = Verification::kSharedNoise;
+        settings.draft_alternates = 8;
+        const Completion result = decode(*target_, draft_.get(), prompt, sampling, settings);
+        ASSERT_EQ(result.tokens, expected)
+            << "gamma " << gamma << ", temperature " << sampling.temperature;
+        scored += result.stats.alternates;
+        taken += result.stats.alternates_accepted;
+      }
+    }
+  }
+  EXPECT_GT(taken, 0);
+  EXPECT_LT(taken, scored);
 }
 
 TEST_F(FeatureDraftTest, PrefixCachedPromptsStillGiveTheDraftItsFeatures) {

@@ -133,8 +133,9 @@ struct StepWork {
   std::vector<int64_t> ahead_row;                // [batch] its row in `ahead`, -1: none
   std::vector<int64_t> ahead_wanted;             // [rows drafting ahead] drafts asked for
   Proposals proposals;                           // [batch, gamma]
-  Features target_features;                      // [batch x (gamma + 1), hidden]
-  Verdict verdict;                               // [batch, gamma + 1]
+  Features target_features;  // [each row's fed tokens (pending, drafts, alternates), hidden]
+  std::vector<float> committed_features;  // [accepted + 1, hidden] one row's, reused
+  Verdict verdict;                        // [batch, gamma + 1]
   // [batch] where the target's forward fed the alternate a row accepted (0 the pending token),
   // -1 where it accepted none.
   std::vector<int64_t> alternate_input;
@@ -206,12 +207,10 @@ struct BatchEngine::State {
     if (sampling.shared_noise) return shared_noise_verifier;
     return rejection_sampler;
   }
-  // Alternates the draft offers beside each of the sequence's drafts: where its rule takes them,
-  // the target's backend reads token trees, and the draft reads no features of the target (which
-  // the engine hands over for the chain of drafts only).
+  // Alternates the draft offers beside each of the sequence's drafts: where its rule takes them
+  // and the target's backend reads token trees.
   int64_t alternates_for(const Sequence& sequence) const {
-    const bool possible = draft != nullptr && !draft->config().reads_features() &&
-                          target.backend().attends_with_key_gaps() &&
+    const bool possible = draft != nullptr && target.backend().attends_with_key_gaps() &&
                           verifier_for(sequence.sampling).takes_alternates();
     return possible ? sequence.request.speculation.draft_alternates : 0;
   }
@@ -974,12 +973,13 @@ void BatchEngine::State::commit(StepWork& work) {
     target.kv_cache().seal(sequence.target_kv, keep);
     if (sequence.drafts_with_model && draft_proposer->reads_features() && !stop) {
       // The target's features at the positions now committed for good: the pending token's and
-      // the accepted drafts'.
-      const auto width = static_cast<size_t>(work.target_features.width);
+      // the accepted drafts', the last of them an accepted alternate's (scored past the drafts).
+      committed_features(work.target_features.of(static_cast<int64_t>(b)),
+                         static_cast<size_t>(work.target_features.width), accepted, fed,
+                         work.committed_features);
       draft_proposer->observe_features(static_cast<int64_t>(sequence.id),
                                        static_cast<int64_t>(work.first_new[b]) - 1,
-                                       work.target_features.of(static_cast<int64_t>(b))
-                                           .first(static_cast<size_t>(accepted + 1) * width));
+                                       work.committed_features);
     }
     if (sequence.drafts_with_model) {
       // Drafts ahead are kept when every draft was accepted and the new token is their first.
