@@ -189,12 +189,14 @@ TEST_F(SmolLm2Test, AnswersAQuestionGreedily) {
 }
 
 // The demo's pair: the draft distilled from this model (models/smollm2-draft/draft.gguf, by
-// tools/pair/distill.sh) answers the demo's held-out questions greedily with exactly the target's
-// own tokens, through `specrun --chat --compare`, and its drafts are accepted as when it was made:
-// 0.195 of them at gamma 4 over these questions (0.09 to 0.53 a question; its first phase alone
-// 0.174 to 0.193 on two machines; a draft trained on a quarter of the answers, 0.126; before
-// training, the draft's most probable token was the target's on 0.04 of held-out answer tokens). A
-// draft that lost its training, or a loader that misreads its GGUF, falls below the bound.
+// tools/pair/distill-features.sh: one layer that reads the target's features) answers the demo's
+// held-out questions greedily with exactly the target's own tokens, through `specrun --chat
+// --compare`, and its drafts are accepted as when it was made: 0.323 of them at gamma 4 over
+// these questions (0.21 to 0.57 a question; the plain four-layer draft it replaced, 0.195; a
+// draft trained on a quarter of the answers, 0.126; before training, a draft's most probable
+// token was the target's on 0.04 of held-out answer tokens). A draft that lost its training, a
+// loader that misreads its GGUF, or an engine that hands it the wrong features falls below the
+// bound.
 TEST_F(SmolLm2Test, DistilledDraftAnswersTheDemoQuestionsAsTheTargetDoes) {
   const fs::path draft = testing::source_path("models/smollm2-draft/draft.gguf");
   const nlohmann::json samples = nlohmann::json::parse(
@@ -222,7 +224,7 @@ TEST_F(SmolLm2Test, DistilledDraftAnswersTheDemoQuestionsAsTheTargetDoes) {
   ASSERT_GT(drafted, 0);
   const double acceptance = static_cast<double>(accepted) / static_cast<double>(drafted);
   std::cout << "[ SmolLM2 draft ] acceptance over the questions " << acceptance << "\n";
-  EXPECT_GT(acceptance, 0.14);
+  EXPECT_GT(acceptance, 0.26);
 }
 
 // The held-out prompts (tests/data/smollm2_prompts.json): chat-formatted questions.

