@@ -189,7 +189,7 @@ TEST_F(SmolLm2Test, AnswersAQuestionGreedily) {
 }
 
 // The demo's pair: the draft distilled from this model (models/smollm2-draft/draft.gguf, by
-// tools/pair/distill-features.sh: one layer that reads the target's features) answers the demo's
+// tools/pair/distill.sh: one layer that reads the target's features) answers the demo's
 // held-out questions greedily with exactly the target's own tokens, through `specrun --chat
 // --compare`, and its drafts are accepted as when it was made: 0.323 of them at gamma 4 over
 // these questions (0.21 to 0.57 a question; the plain four-layer draft it replaced, 0.195; a

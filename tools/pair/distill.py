@@ -39,7 +39,7 @@
                                                  that draft as GGUF, its head the target's own
                                                  reduced to --head-tokens tokens
 
-tools/pair/distill.sh runs the plain draft's steps, tools/pair/distill-features.sh the feature
+tools/pair/distill.sh runs the feature draft's steps (the demo's), with --plain the plain
 draft's. Needs the project's virtual environment with the
 smollm2, transformers and gguf groups of tools/setup-python.sh, and a built specrun.
 """
