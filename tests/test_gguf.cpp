@@ -271,6 +271,10 @@ TEST_F(GgufTest, TensorInfosAreChecked) {
   writer.tensor("t", kGgmlF32, {uint64_t{1} << 32, uint64_t{1} << 32}, "");
   expect_file_error(writer, {"tensor 't'", "ne [4294967296, 4294967296] overflows"});
   writer = GgufWriter();
+  // Empty, but its first two extents alone overflow the element count.
+  writer.tensor("t", kGgmlF32, {65472, 273778395316224, 0}, "");
+  expect_file_error(writer, {"tensor 't'", "ne [65472, 273778395316224, 0] overflows"});
+  writer = GgufWriter();
   writer.tensor("t", kGgmlF32, {uint64_t{1} << 62}, "");
   expect_file_error(writer, {"tensor 't'", "of F32 overflows"});
   writer = GgufWriter();

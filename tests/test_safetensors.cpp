@@ -239,6 +239,9 @@ TEST_F(SafetensorsErrorTest, ShapeOverflow) {
   // A single extent beyond int64.
   expect_entry_rejected(R"({"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,0]})",
                         {"tensor 'w'", "overflows"});
+  // Empty, but the extents before its zero overflow the element count on the way.
+  expect_entry_rejected(R"({"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]})",
+                        {"tensor 'w'", "overflows"});
 }
 
 TEST_F(SafetensorsErrorTest, DataOffsetsMalformed) {

@@ -183,6 +183,9 @@ def gguf_corpus():
     write("fuzz_gguf", "array-of-arrays", gguf([("x", GGUF_ARRAY, nested)], []))
     overflow = [("t", [2**40, 2**40], GGML_F32, b"")]
     write("fuzz_gguf", "dims-overflow", gguf(metadata, overflow))
+    # Empty, but its first two extents overflow an int64 element count (a fuzzer's finding).
+    hidden = [("t", [65472, 273778395316224, 0], GGML_F32, b"")]
+    write("fuzz_gguf", "dims-overflow-before-zero", gguf(metadata, hidden))
     write("fuzz_gguf", "bad-alignment",
           gguf(metadata + [("general.alignment", GGUF_UINT32, 3)], tensors[:1]))
 
