@@ -241,11 +241,16 @@ def is_held_out(index):
     return index % 40 in (18, 19)
 
 
+def load_records(work):
+    """The target's answers that generate wrote: DIR/data.json's records."""
+    with open(os.path.join(work, "data.json")) as file:
+        return json.load(file)["records"]
+
+
 def load_split(work, context):
     """Training and held-out sequences: (ids, first answer position, greedy) triples; 1 in 20
     held out, greedy and sampled answers alike."""
-    with open(os.path.join(work, "data.json")) as file:
-        records = json.load(file)["records"]
+    records = load_records(work)
     train_set, held_out = [], []
     for index, record in enumerate(records):
         (held_out if is_held_out(index) else train_set).append(as_item(record, context))
@@ -530,11 +535,6 @@ class StoredFeatures:
         return out
 
 
-def load_records(work):
-    with open(os.path.join(work, "data.json")) as file:
-        return json.load(file)["records"]
-
-
 def store_features(args):
     """The target's features of every record of data.json, for train-features --stored-features:
     DIR/features.bf16 and DIR/features.json (StoredFeatures)."""
@@ -556,8 +556,8 @@ def store_features(args):
         for row, index in enumerate(indices):
             store[offsets[index]:offsets[index] + lengths[index]] = \
                 features[row, :lengths[index]].numpy()
-        done += sum(lengths[index] for index in indices)
-        if (done - sum(lengths[index] for index in indices)) // 100_000 != done // 100_000:
+        before, done = done, done + sum(lengths[index] for index in indices)
+        if before // 100_000 != done // 100_000:
             log(f"features of {done}/{total} tokens, {time.time() - start:.0f} s")
     store.flush()
     del store
@@ -657,6 +657,9 @@ def train_features(args):
         return lambda indices, ids: stored.batch([record_indices[i] for i in indices],
                                                  ids.shape[1])
 
+    train_features_of = features_in(train_records)
+    held_out_features_of = features_in(held_records)
+
     trainable = [p for p in draft.parameters() if p.requires_grad]
     log(f"{len(train_set)} training answers, feature draft "
         f"{sum(p.numel() for p in trainable) / 1e6:.2f}M parameters, features "
@@ -667,16 +670,15 @@ def train_features(args):
     draft.train()
     while step < args.steps:
         for indices, ids, labels in indexed_batches(train_set, args.tokens_per_step, generator):
-            features = features_in(train_records)(indices, ids)
-            loss, first, second = feature_draft_losses(draft, features, ids, labels, head)
+            loss, first, second = feature_draft_losses(draft, train_features_of(indices, ids), ids,
+                                                       labels, head)
             optimizer_step(loss, trainable, optimizer, schedule)
             step += 1
             if step % 25 == 0 or step == args.steps:
                 log(f"step {step}/{args.steps}: loss {loss.item():.3f}, agreement "
                     f"{first.item():.3f} / {second.item():.3f}, {time.time() - start:.0f} s")
             if step % args.evaluate_every == 0 or step == args.steps:
-                metrics = {"held_out": feature_draft_metrics(draft, held_out,
-                                                             features_in(held_records),
+                metrics = {"held_out": feature_draft_metrics(draft, held_out, held_out_features_of,
                                                              args.tokens_per_step, head),
                            "new_topics": feature_draft_metrics(draft, new_topics, computed,
                                                                args.tokens_per_step, head)}
@@ -869,8 +871,7 @@ def head_token_ids(work, count):
     """The `count` tokens most frequent in the training split's answers (ties to the lower id),
     in increasing order; logs the share of held-out answer tokens they cover."""
     import collections
-    with open(os.path.join(work, "data.json")) as file:
-        records = json.load(file)["records"]
+    records = load_records(work)
     train_counts, held_out = collections.Counter(), []
     for index, record in enumerate(records):
         if is_held_out(index):
