@@ -59,9 +59,8 @@ constexpr int64_t kQueryGroup = 4;
 struct KeySpan {
   int64_t first;          // first position attended (a sliding window's start, else 0)
   int64_t last;           // the query's own position
-  const int32_t* blocks;  // the sequence's block table
+  const int64_t* rows;    // [context] each position's first element in the cache, KV head 0's
   int64_t offset;         // the KV head's first channel in a cache row
-  int64_t row;            // floats per cache row (all KV heads)
   int64_t gap_begin = 0;  // within [first, last + 1]; gap_end == gap_begin: no gap
   int64_t gap_end = 0;
 
@@ -84,10 +83,7 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
   const int64_t count = span.count();
   // Key `key`'s row (the key-th position attended).
   const auto cache_row = [&](const void* cache, int64_t key) {
-    const int64_t pos = span.position(key);
-    const int64_t slot =
-        static_cast<int64_t>(span.blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
-    return static_cast<const Element*>(cache) + slot * span.row + span.offset;
+    return static_cast<const Element*>(cache) + span.rows[span.position(key)] + span.offset;
   };
   const float* queries[kHeads];
   float max_score[kHeads];
@@ -117,7 +113,9 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
     for (int h = 0; h < kHeads; ++h) keep(h, pos, dots[h][0]);
   }
   // The softmax's weights, over the scores (16 at a time where there is AVX-512: exp_lanes and
-  // exp_f32 give the same bits), and their sums, in position order.
+  // exp_f32 give the same bits), and their sums, in position order: each sum one chain of
+  // dependent additions, run beside the other heads' (with AVX-512, beside the values' sums
+  // below), not one head after another.
   float denominator[kHeads] = {};
   for (int h = 0; h < kHeads; ++h) {
     float* weights = scores.data() + h * count;
@@ -130,7 +128,6 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
     }
 #endif
     for (; i < count; ++i) weights[i] = exp_f32(weights[i] - max_score[h]);
-    for (i = 0; i < count; ++i) denominator[h] += weights[i];
   }
   // Value rows are a few hundred bytes scattered over the cache's blocks, which the hardware's
   // prefetchers do not follow: each is fetched kValuesAhead positions before its turn (on the
@@ -147,43 +144,55 @@ void attend_heads(const AttentionParams& p, const KeySpan& span, const float* qu
   // of fused multiply-adds in position order.
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
   // In registers, kChunks 16-channel chunks of every head at a time (the generic loop below keeps
-  // its sums in memory, one store-to-load round trip a step).
-  constexpr int kChunks = 16 / kHeads < 8 ? 16 / kHeads : 8;
-  for (int64_t first_channel = 0; first_channel < p.head_dim; first_channel += 16 * kChunks) {
-    __mmask16 masks[kChunks];
-    for (int j = 0; j < kChunks; ++j) {
-      const int64_t left = p.head_dim - (first_channel + 16 * j);
-      masks[j] = left >= 16 ? __mmask16(0xffff)
-                 : left > 0 ? __mmask16((1u << left) - 1u)
-                            : __mmask16(0);
-    }
-    __m512 sums[kHeads][kChunks];
-    for (int h = 0; h < kHeads; ++h) {
-      for (int j = 0; j < kChunks; ++j) sums[h][j] = _mm512_setzero_ps();
-    }
-    for (pos = 0; pos < count; ++pos) {
-      prefetch_value(pos);
-      const Element* value = cache_row(v_cache, pos) + first_channel;
-      __m512 values[kChunks];
+  // its sums in memory, one store-to-load round trip a step): as many as the registers hold, or
+  // four where a head has no more than 64 channels (more would be masked-off multiplies).
+  const auto accumulate = [&]<int kChunks>() {
+    for (int64_t first_channel = 0; first_channel < p.head_dim; first_channel += 16 * kChunks) {
+      __mmask16 masks[kChunks];
       for (int j = 0; j < kChunks; ++j) {
-        values[j] = load_widened<kCache>(value, 16 * j, masks[j]);
+        const int64_t left = p.head_dim - (first_channel + 16 * j);
+        masks[j] = left >= 16 ? __mmask16(0xffff)
+                   : left > 0 ? __mmask16((1u << left) - 1u)
+                              : __mmask16(0);
+      }
+      __m512 sums[kHeads][kChunks];
+      for (int h = 0; h < kHeads; ++h) {
+        for (int j = 0; j < kChunks; ++j) sums[h][j] = _mm512_setzero_ps();
+      }
+      for (pos = 0; pos < count; ++pos) {
+        prefetch_value(pos);
+        const Element* value = cache_row(v_cache, pos) + first_channel;
+        __m512 values[kChunks];
+        for (int j = 0; j < kChunks; ++j) {
+          values[j] = load_widened<kCache>(value, 16 * j, masks[j]);
+        }
+        for (int h = 0; h < kHeads; ++h) {
+          const float scalar_weight = scores[static_cast<size_t>(h * count + pos)];
+          if (first_channel == 0) denominator[h] += scalar_weight;
+          const __m512 weight = _mm512_set1_ps(scalar_weight);
+          for (int j = 0; j < kChunks; ++j) {
+            sums[h][j] = _mm512_fmadd_ps(weight, values[j], sums[h][j]);
+          }
+        }
       }
       for (int h = 0; h < kHeads; ++h) {
-        const __m512 weight = _mm512_set1_ps(scores[static_cast<size_t>(h * count + pos)]);
+        const __m512 inverse = _mm512_set1_ps(1.0f / denominator[h]);
         for (int j = 0; j < kChunks; ++j) {
-          sums[h][j] = _mm512_fmadd_ps(weight, values[j], sums[h][j]);
+          _mm512_mask_storeu_ps(destination + h * p.head_dim + first_channel + 16 * j, masks[j],
+                                _mm512_mul_ps(sums[h][j], inverse));
         }
       }
     }
-    for (int h = 0; h < kHeads; ++h) {
-      const __m512 inverse = _mm512_set1_ps(1.0f / denominator[h]);
-      for (int j = 0; j < kChunks; ++j) {
-        _mm512_mask_storeu_ps(destination + h * p.head_dim + first_channel + 16 * j, masks[j],
-                              _mm512_mul_ps(sums[h][j], inverse));
-      }
-    }
+  };
+  if (p.head_dim <= 64) {
+    accumulate.template operator()<4>();
+  } else {
+    accumulate.template operator()<(16 / kHeads < 8 ? 16 / kHeads : 8)>();
   }
 #else
+  for (int64_t i = 0; i < count; ++i) {
+    for (int h = 0; h < kHeads; ++h) denominator[h] += scores[static_cast<size_t>(h * count + i)];
+  }
   // The sums in the destination rows, scaled in place at the end.
   std::fill(destination, destination + kHeads * p.head_dim, 0.0f);
   for (pos = 0; pos < count; ++pos) {
@@ -260,6 +269,23 @@ Status attention(const AttentionParams& params, const float* q, const void* k_ca
   }
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t kv_row = p.num_kv_heads * p.head_dim;
+  // Each sequence's cache rows in position order, looked up in its block table once here rather
+  // than for every key of every query row and head (a division and a table load per key).
+  std::vector<int64_t> sequence_rows(static_cast<size_t>(p.num_seqs) + 1);
+  for (int64_t s = 0; s < p.num_seqs; ++s) {
+    sequence_rows[static_cast<size_t>(s) + 1] =
+        sequence_rows[static_cast<size_t>(s)] + context_lengths[s];
+  }
+  std::vector<int64_t> cache_rows(static_cast<size_t>(sequence_rows.back()));
+  for (int64_t s = 0; s < p.num_seqs; ++s) {
+    const int32_t* blocks = block_tables + s * p.max_blocks_per_seq;
+    int64_t* rows = cache_rows.data() + sequence_rows[static_cast<size_t>(s)];
+    for (int64_t pos = 0; pos < context_lengths[s]; ++pos) {
+      const int64_t slot =
+          static_cast<int64_t>(blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
+      rows[pos] = slot * kv_row;
+    }
+  }
 
   // One item per token, KV head and part of its query heads: the heads of a part read each key
   // and value once. A part is every head of the group (up to kQueryGroup) unless that leaves
@@ -290,7 +316,8 @@ Status attention(const AttentionParams& params, const float* q, const void* k_ca
           p.sliding_window > 0 ? std::max<int64_t>(0, position - gap - p.sliding_window + 1) : 0;
       const bool before_gap = branch_first < gap_begin;
       KeySpan span{before_gap ? branch_first : branch_first + gap, position,
-                   block_tables + seq * p.max_blocks_per_seq, kv_head * p.head_dim, kv_row};
+                   cache_rows.data() + sequence_rows[static_cast<size_t>(seq)],
+                   kv_head * p.head_dim};
       span.gap_begin = before_gap ? gap_begin : 0;
       span.gap_end = before_gap ? gap_end : 0;
       {
