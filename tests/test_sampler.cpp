@@ -513,6 +513,31 @@ TEST(Sampler, BannedTokensAndCorruptLogits) {
   EXPECT_THROW(process_logits(params, all_banned, probs), Error);
 }
 
+// A row's scan runs 16 lanes at a time and a masked tail: the maximum and a corrupt value are
+// found at every position of a row that is not a multiple of 16 long, beside -infinity.
+TEST(Sampler, FindsTheMaximumAndCorruptValuesAtEveryPosition) {
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  for (const size_t size : {size_t{1}, size_t{15}, size_t{16}, size_t{37}}) {
+    std::vector<float> probs(size);
+    for (size_t at = 0; at < size; ++at) {
+      std::vector<float> logits(size, -3.0f);
+      if (size > 1) logits[(at + 1) % size] = -INFINITY;
+      logits[at] = 2.5f;
+      EXPECT_EQ(argmax(logits), static_cast<int32_t>(at)) << size << " " << at;
+      process_logits(greedy, logits, probs);
+      EXPECT_EQ(probs[at], 1.0f) << size << " " << at;
+      EXPECT_NEAR(top_probability(logits, probs),
+                  1.0 / (1.0 + (size - 1 - (size > 1)) * std::exp(-5.5)), 1e-6);
+      for (const float bad : {std::nanf(""), INFINITY}) {
+        logits[at] = bad;
+        EXPECT_THROW(process_logits(greedy, logits, probs), Error) << size << " " << at;
+        logits[at] = 2.5f;
+      }
+    }
+  }
+}
+
 TEST(Sampler, RejectsOutOfRangeParameters) {
   auto expect_rejected = [](SamplingParams params, const std::string& name) {
     try {

@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <memory>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/cpu_features.h"
 #include "runtime/base/check.h"
@@ -33,7 +38,10 @@ struct LogitScan {
 
 // Sixteen independent lanes, so that the loop vectorises (one running maximum is a chain of
 // dependent comparisons the compiler may not reorder); `v > top ? v : top` is the vector max.
-LogitScan scan_logits(std::span<const float> logits) {
+// Inlined into one copy per instruction set below, chosen at run time like exponentiate's: a
+// row of logits is scanned at least once for every token scored, by the one thread that runs
+// the step while the kernels' other threads wait.
+[[gnu::always_inline]] inline LogitScan scan_row(std::span<const float> logits) {
   constexpr size_t kLanes = 16;
   std::array<float, kLanes> top;
   top.fill(-INFINITY);
@@ -58,6 +66,49 @@ LogitScan scan_logits(std::span<const float> logits) {
     scan.max = std::max(scan.max, top[j]);
   }
   return scan;
+}
+
+#if defined(__x86_64__)
+// scan_row in AVX-512 registers, which GCC 12 does not make of the loop above (it keeps the lanes
+// in scalars). vmaxps(v, top) is `v > top ? v : top`, NaN included; the lanes' maximum is the
+// same whatever order they are taken in.
+__attribute__((target("arch=x86-64-v4"))) LogitScan scan_x86_64_v4(std::span<const float> logits) {
+  const __m512 infinity = _mm512_set1_ps(INFINITY);
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  __mmask16 finite = 0xffff;  // lanes where every value so far was below +infinity
+  const size_t n = logits.size();
+  for (size_t i = 0; i < n; i += 16) {
+    const __mmask16 valid = n - i >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
+    const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), valid, logits.data() + i);
+    finite &= _mm512_cmp_ps_mask(v, infinity, _CMP_LT_OQ);
+    top = _mm512_mask_max_ps(top, valid, v, top);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, top);
+  LogitScan scan{lanes[0], finite != 0xffff};
+  for (const float lane : lanes) scan.max = std::max(scan.max, lane);
+  return scan;
+}
+
+__attribute__((target("arch=x86-64-v3"))) LogitScan scan_x86_64_v3(std::span<const float> logits) {
+  return scan_row(logits);
+}
+#endif
+
+LogitScan scan_baseline(std::span<const float> logits) {
+  return scan_row(logits);
+}
+
+LogitScan scan_logits(std::span<const float> logits) {
+  using Copy = LogitScan (*)(std::span<const float>);
+  static const Copy copy = []() -> Copy {
+#if defined(__x86_64__)
+    if (kernels::cpu::has_x86_64_v4()) return scan_x86_64_v4;
+    if (kernels::cpu::has_x86_64_v3()) return scan_x86_64_v3;
+#endif
+    return scan_baseline;
+  }();
+  return copy(logits);
 }
 
 // The first index holding `value`.
@@ -190,9 +241,10 @@ void process_logits(const SamplingParams& params, std::span<const float> logits,
     return;
   }
   // Softmax of logits / temperature in double: the filters compare and accumulate these masses.
-  // The top weight is exp(0) = 1, the maximum's.
-  std::vector<double> weights(vocab);
-  const double total = exponentiate(logits, max_logit, inverse_temperature, weights.data());
+  // The top weight is exp(0) = 1, the maximum's. (Vocabulary-sized scratch, every element written
+  // before it is read: not zeroed first.)
+  const std::unique_ptr<double[]> weights = std::make_unique_for_overwrite<double[]>(vocab);
+  const double total = exponentiate(logits, max_logit, inverse_temperature, weights.get());
   // Ranked by weight, ties by lower id.
   const auto ranks_before = [&](int32_t a, int32_t b) {
     return weights[static_cast<size_t>(a)] != weights[static_cast<size_t>(b)]
@@ -208,17 +260,17 @@ void process_logits(const SamplingParams& params, std::span<const float> logits,
   // token top-k and top-p keep of them (-1: they cut nothing).
   std::vector<int32_t> candidates;
   std::vector<int32_t> order;
+  const std::unique_ptr<int32_t[]> passing = std::make_unique_for_overwrite<int32_t[]>(vocab);
   int32_t last_kept = -1;
   for (const double floor : kCandidateFloors) {
     // Min-p alone keeps exactly the tokens at or above its threshold.
     const double cut = !top_k_cuts && !top_p_cuts ? min_weight : floor;
-    candidates.resize(vocab);
     size_t count = 0;
     for (size_t i = 0; i < vocab; ++i) {  // branch-free: the comparison is unpredictable
-      candidates[count] = static_cast<int32_t>(i);
+      passing[count] = static_cast<int32_t>(i);
       count += weights[i] >= cut ? 1 : 0;
     }
-    candidates.resize(count);
+    candidates.assign(passing.get(), passing.get() + count);
     if (!top_k_cuts && !top_p_cuts) break;
     const bool last_floor = cut == 0.0;
     size_t kept = count;
@@ -367,21 +419,29 @@ void best_with_noise(std::span<const float> probs, const RandomStream& stream, i
   // probability zero never enters.
   constexpr double kBoundMargin = 1.0 + 0x1.0p-40;
   const size_t vocab = probs.size();
-  for (size_t first = 0; first < vocab; first += 4) {
-    const size_t end = std::min(vocab, first + 4);
-    // A block of tokens a filter removed cannot enter: its noise (a pure function of the position
-    // and the block) is not drawn. Top-p leaves a few dozen of tens of thousands.
-    bool any_mass = false;
-    for (size_t x = first; x < end; ++x) any_mass = any_mass || probs[x] > 0.0f;
-    if (!any_mass) continue;
-    const kernels::PhiloxWords noise =
-        stream.block(position, Draw::kNoise, static_cast<uint32_t>(first / 4));
-    for (size_t x = first; x < end; ++x) {
-      const double p = probs[x];
-      const double u = (static_cast<double>(noise.v[x - first]) + 0.5) * 0x1.0p-32;  // in (0, 1)
-      if (!(p > 0.0)) continue;
-      if (best.full() && !(p * kBoundMargin >= best.threshold() * (1.0 - u))) continue;
-      best.offer(p / -std::log(u), static_cast<int32_t>(x));
+  // A block of tokens a filter removed cannot enter: its noise (a pure function of the position
+  // and the block) is not drawn. Top-p leaves a few dozen of tens of thousands, so the tokens are
+  // first checked for mass sixteen at a time (a loop that vectorises), four blocks of four.
+  constexpr size_t kChecked = 16;
+  for (size_t checked = 0; checked < vocab; checked += kChecked) {
+    const size_t checked_end = std::min(vocab, checked + kChecked);
+    int any_mass = 0;
+    for (size_t x = checked; x < checked_end; ++x) any_mass |= probs[x] > 0.0f ? 1 : 0;
+    if (any_mass == 0) continue;
+    for (size_t first = checked; first < checked_end; first += 4) {
+      const size_t end = std::min(vocab, first + 4);
+      bool block_mass = false;
+      for (size_t x = first; x < end; ++x) block_mass = block_mass || probs[x] > 0.0f;
+      if (!block_mass) continue;
+      const kernels::PhiloxWords noise =
+          stream.block(position, Draw::kNoise, static_cast<uint32_t>(first / 4));
+      for (size_t x = first; x < end; ++x) {
+        const double p = probs[x];
+        const double u = (static_cast<double>(noise.v[x - first]) + 0.5) * 0x1.0p-32;  // in (0, 1)
+        if (!(p > 0.0)) continue;
+        if (best.full() && !(p * kBoundMargin >= best.threshold() * (1.0 - u))) continue;
+        best.offer(p / -std::log(u), static_cast<int32_t>(x));
+      }
     }
   }
 }
