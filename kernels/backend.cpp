@@ -25,4 +25,8 @@ Status check_matmul_group(const MatmulTarget* targets, size_t count) {
   return Status::ok();
 }
 
+void Backend::for_each_on_host(int64_t count, const std::function<void(int64_t)>& body) {
+  for (int64_t i = 0; i < count; ++i) body(i);
+}
+
 }  // namespace specrun::kernels

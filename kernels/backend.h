@@ -200,6 +200,12 @@ class Backend {
   // op and the host's wait afterwards stay out; a host clock on a backend whose ops run inline.
   virtual Status time_ms(const std::function<Status()>& work, double* milliseconds) = 0;
 
+  // Runs body(i) for every i in [0, count), on the host: on the backend's own threads where its
+  // ops run on host threads (the CPU's pool, idle between two forwards while one thread processes
+  // a forward's rows of logits), one after another elsewhere. The calls may run in any order and
+  // at once; the first exception a call throws reaches the caller once every call has ended.
+  virtual void for_each_on_host(int64_t count, const std::function<void(int64_t)>& body);
+
   // Memory that allocations on this backend can still take: the device's free memory, or the
   // host's available memory (MemAvailable) for a backend in host memory. kUnsupported where it
   // cannot be known.

@@ -24,12 +24,16 @@ Scorer::Scorer(Model& target, const SamplingParams& sampling)
   validate_sampling(sampling);
 }
 
-Scores Scorer::score(std::span<const ScoreRequest> requests, Features* features) {
+const Scores& Scorer::score(std::span<const ScoreRequest> requests, Features* features) {
   inputs_.resize(requests.size());
   parents_.resize(requests.size());
   std::vector<SequenceInput> batch;
   batch.reserve(requests.size());
-  Scores scores;
+  Scores& scores = scores_;
+  scores.alternates_width = 0;
+  scores.alternate_begin.clear();
+  scores.alternate_rows.clear();
+  scores.alternate_inputs.clear();
   bool any_alternates = false;
   for (size_t b = 0; b < requests.size(); ++b) {
     const ScoreRequest& request = requests[b];
@@ -83,27 +87,32 @@ Scores Scorer::score(std::span<const ScoreRequest> requests, Features* features)
     scores.alternate_inputs.assign(static_cast<size_t>(scores.alternate_begin.back()), -1);
   }
   scores.probs.resize(logits_.values.size());
-  const auto process = [&](const SamplingParams& sampling, int64_t from, int64_t to) {
-    process_logits(sampling, logits_.row(from),
-                   std::span<float>(scores.probs.data() + to * scores.vocab,
-                                    static_cast<size_t>(scores.vocab)));
-  };
+  // Which row of logits becomes which row of probs, and with whose settings; then the rows are
+  // processed on the backend's threads, which would otherwise wait for this one.
+  jobs_.clear();
   for (size_t b = 0; b < requests.size(); ++b) {
     const ScoreRequest& request = requests[b];
-    const SamplingParams& sampling = request.sampling ? *request.sampling : sampling_;
+    const SamplingParams* sampling = request.sampling ? request.sampling : &sampling_;
     const int64_t first = logits_.row_begin[b];
     const auto chain = static_cast<int64_t>(request.drafts.size()) + 1;
-    for (int64_t r = 0; r < chain; ++r) process(sampling, first + r, scores.row_begin[b] + r);
+    for (int64_t r = 0; r < chain; ++r)
+      jobs_.push_back({sampling, first + r, scores.row_begin[b] + r});
     int64_t fed = chain;
     for (size_t entry = 0; entry < request.alternates.size(); ++entry) {
       if (request.alternates[entry] < 0) continue;
       const auto at = static_cast<size_t>(scores.alternate_begin[b]) + entry;
       scores.alternate_rows[at] = next_alternate_row;
       scores.alternate_inputs[at] = fed;
-      process(sampling, first + fed, next_alternate_row);
+      jobs_.push_back({sampling, first + fed, next_alternate_row});
       ++fed, ++next_alternate_row;
     }
   }
+  target_.backend().for_each_on_host(static_cast<int64_t>(jobs_.size()), [&](int64_t j) {
+    const RowJob& job = jobs_[static_cast<size_t>(j)];
+    process_logits(*job.sampling, logits_.row(job.logits_row),
+                   std::span<float>(scores.probs.data() + job.probs_row * scores.vocab,
+                                    static_cast<size_t>(scores.vocab)));
+  });
   return scores;
 }
 

@@ -36,8 +36,10 @@ class Scorer {
   Scorer(Model& target, const SamplingParams& sampling);
   // Feeds every row in one batched forward (the target cache grows by n + 1 per row) and
   // returns p_0..p_n per row, processed with the sampling settings; with `features`, the
-  // target's features at every token fed too (each row's [pending, drafts, alternates]).
-  Scores score(std::span<const ScoreRequest> requests, Features* features = nullptr);
+  // target's features at every token fed too (each row's [pending, drafts, alternates]). The
+  // scores are the scorer's own, valid until its next call: their rows of vocabulary-wide
+  // distributions (megabytes a step) are written over in place, not allocated and zeroed anew.
+  const Scores& score(std::span<const ScoreRequest> requests, Features* features = nullptr);
 
  private:
   Model& target_;
@@ -45,6 +47,14 @@ class Scorer {
   std::vector<std::vector<int32_t>> inputs_;   // reused per call
   std::vector<std::vector<int32_t>> parents_;  // a token tree's, per row with alternates
   Logits logits_;
+  Scores scores_;  // what score returns
+  // One row of logits to process: with these settings, into this row of scores_.probs.
+  struct RowJob {
+    const SamplingParams* sampling;
+    int64_t logits_row;
+    int64_t probs_row;
+  };
+  std::vector<RowJob> jobs_;  // reused per call
 };
 
 }  // namespace specrun

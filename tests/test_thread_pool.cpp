@@ -2,11 +2,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/thread_pool.h"
 #include "specrun/error.hpp"
 
@@ -122,6 +126,38 @@ TEST(ThreadPool, AWorkerThatCannotStartIsOneError) {
   pool.parallel_for(100, 1, [&](int64_t begin, int64_t end) { total += end - begin; });
   EXPECT_EQ(total.load(), 100);
   EXPECT_EQ(started, 2);
+}
+
+// Host work on the CPU backend's threads (a forward's rows of logits): every index once, on more
+// than one thread where the pool has them, and an exception from any call reaches the caller
+// after the others have run, leaving the pool ready for the next call.
+TEST(ThreadPool, TheCpuBackendRunsHostWorkOnItsThreadsAndPassesAnErrorOn) {
+  CpuBackend backend(std::make_shared<ThreadPool>(2));
+  std::vector<std::atomic<int>> hits(64);
+  std::mutex mutex;
+  std::set<std::thread::id> threads;
+  backend.for_each_on_host(64, [&](int64_t i) {
+    ++hits[static_cast<size_t>(i)];
+    // Long enough that the second thread has time to take some of the work.
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const std::lock_guard<std::mutex> lock(mutex);
+    threads.insert(std::this_thread::get_id());
+  });
+  for (const auto& hit : hits) EXPECT_EQ(hit.load(), 1);
+  EXPECT_EQ(threads.size(), 2u);
+
+  std::atomic<int> ran{0};
+  EXPECT_THROW(backend.for_each_on_host(16,
+                                        [&](int64_t i) {
+                                          ++ran;
+                                          if (i % 5 == 3) throw Error("row " + std::to_string(i));
+                                        }),
+               Error);
+  EXPECT_EQ(ran.load(), 16);
+  std::atomic<int> after{0};
+  backend.for_each_on_host(10, [&](int64_t) { ++after; });
+  EXPECT_EQ(after.load(), 10);
+  backend.for_each_on_host(0, [&](int64_t) { ADD_FAILURE() << "no index to run"; });
 }
 
 TEST(ThreadPool, DefaultUsesEveryCore) {

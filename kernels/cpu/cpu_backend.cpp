@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -68,6 +70,23 @@ Status CpuBackend::available_memory(uint64_t* bytes) {
     }
   }
   return Status::unsupported("available memory: no MemAvailable in /proc/meminfo");
+}
+
+void CpuBackend::for_each_on_host(int64_t count, const std::function<void(int64_t)>& body) {
+  // The pool's threads must not throw: the first exception waits here for the others to finish.
+  std::mutex mutex;
+  std::exception_ptr first_error;
+  pool_->parallel_for(count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      try {
+        body(i);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        if (!first_error) first_error = std::current_exception();
+      }
+    }
+  });
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 Status CpuBackend::time_ms(const std::function<Status()>& work, double* milliseconds) {

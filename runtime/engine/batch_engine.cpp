@@ -853,7 +853,7 @@ void BatchEngine::State::score_and_verify(StepWork& work) {
   }
   try {
     const bool reads_features = draft_proposer != nullptr && draft_proposer->reads_features();
-    const Scores scores =
+    const Scores& scores =
         scorer.score(score_requests, reads_features ? &work.target_features : nullptr);
     Verdict& verdict = work.verdict;
     verdict = empty_verdict(work.proposals, scores);
