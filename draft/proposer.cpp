@@ -119,7 +119,14 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
   }
   proposals.tokens.assign(static_cast<size_t>(batch * proposals.gamma), -1);
   proposals.counts.assign(static_cast<size_t>(batch), 0);
-  proposals.probs.assign(static_cast<size_t>(batch * proposals.gamma * vocab), 0.0f);
+  const bool keep = std::any_of(requests.begin(), requests.end(), [](const DraftRequest& request) {
+    return request.keep_distributions;
+  });
+  if (keep) {
+    proposals.probs.assign(static_cast<size_t>(batch * proposals.gamma * vocab), 0.0f);
+  } else {
+    q_row_.resize(static_cast<size_t>(vocab));
+  }
   if (std::any_of(requests.begin(), requests.end(),
                   [](const DraftRequest& request) { return request.lookup_min_ngram > 0; })) {
     proposals.model_offers.assign(static_cast<size_t>(batch * proposals.gamma), -1);
@@ -257,7 +264,7 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
         continue;  // stop this row without drafting
       }
       const auto slot = static_cast<size_t>(b * proposals.gamma + round);
-      float* q = proposals.probs.data() + static_cast<int64_t>(slot) * vocab;
+      float* q = keep ? proposals.probs.data() + static_cast<int64_t>(slot) * vocab : q_row_.data();
       const SamplingParams& sampling = request.sampling ? *request.sampling : sampling_;
       process_logits(sampling, row_logits, std::span<float>(q, static_cast<size_t>(vocab)));
       int32_t token =

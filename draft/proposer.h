@@ -48,6 +48,11 @@ struct DraftRequest {
   // the row's drafts before it, the chance the step gets that far. A token the target scores
   // costs time; the controller sets this to what one costs, in tokens committed (DraftPlan).
   float alternate_floor = 0.0f;
+  // Whether the proposals keep q, the draft's processed distribution at each draft, which
+  // rejection sampling reads. Greedy and shared-noise verification read the drafts alone: without
+  // it the proposals are point masses (Proposals::point_masses), and no row of the vocabulary's
+  // width is kept per draft. A call keeps them if any of its requests asks.
+  bool keep_distributions = true;
 };
 
 // Prompt lookup's match: the index of the token after the latest earlier occurrence of the
@@ -123,6 +128,7 @@ class ModelProposer : public Proposer {
     int64_t read_target_features = 0;
   };
   std::vector<DraftSequence> sequences_;
+  std::vector<float> q_row_;  // a draft's q where the proposals keep none, reused
   DraftSequence& state(int64_t sequence);
   // Where a feature-reading draft's context may start: past the positions whose target features
   // were never computed (served from the target's prefix cache); 0 for any other draft.

@@ -637,6 +637,40 @@ TEST_F(SpeculativeTest, ProposerCachesRollBackToTheCommittedPrefix) {
   }
 }
 
+// Greedy and shared-noise verification read the drafts alone: asked to keep no distributions, the
+// proposer draws the same drafts and alternates (its q still decides its draw) but keeps no
+// vocabulary-wide row per draft, so the verifier sees point masses; rejection sampling reads q.
+TEST_F(SpeculativeTest, ProposalsKeepTheDraftsDistributionsOnlyWhereVerificationReadsThem) {
+  EXPECT_TRUE(RejectionSampler().reads_draft_distributions());
+  EXPECT_FALSE(SharedNoiseVerifier().reads_draft_distributions());
+  EXPECT_FALSE(GreedyVerifier().reads_draft_distributions());
+  const std::vector<int32_t> committed = {1, 5, 9, 13, 17};
+  for (const float temperature : {0.0f, 0.8f}) {
+    SamplingParams params;
+    params.temperature = temperature;
+    params.top_p = 0.9f;
+    Proposals with_q, without_q;
+    for (const bool keep : {true, false}) {
+      ModelProposer proposer(*foreign_draft_, params, 0.0f);
+      proposer.add_sequence(0);
+      DraftRequest request{0, committed, 4, RandomStream(3), 5};
+      request.alternates = 2;
+      request.keep_distributions = keep;
+      (keep ? with_q : without_q) = proposer.propose(std::span<const DraftRequest>(&request, 1));
+    }
+    SCOPED_TRACE("temperature " + std::to_string(temperature));
+    EXPECT_EQ(with_q.tokens, without_q.tokens);
+    EXPECT_EQ(with_q.alternates, without_q.alternates);
+    EXPECT_FALSE(with_q.point_masses());
+    EXPECT_TRUE(without_q.point_masses());
+    ASSERT_EQ(with_q.counts[0], 4);
+    for (int64_t k = 0; k < 4; ++k) {
+      const std::span<const float> q = with_q.q(0, k);
+      EXPECT_GT(q[static_cast<size_t>(with_q.tokens[static_cast<size_t>(k)])], 0.0f);
+    }
+  }
+}
+
 TEST_F(SpeculativeTest, DraftConfidenceFloorStopsDraftingEarly) {
   // A floor of 1 can never be met by a softmax over 96 tokens with random weights: no drafts, and
   // the output is still exact.

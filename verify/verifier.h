@@ -42,6 +42,10 @@ class Verifier {
   // Whether the rule takes alternates (Proposals::alternates): a token is accepted for being the
   // target's own, so any guess may stand beside a draft.
   virtual bool takes_alternates() const { return false; }
+  // Whether the rule reads q, the draft's distribution at each draft (Proposals::probs). Where no
+  // row's rule does, the proposals carry no such vocabulary-wide rows: the drafts are point
+  // masses to the verifier.
+  virtual bool reads_draft_distributions() const { return true; }
   // Every row by this rule; draws[b] is row b's.
   Verdict verify(const Proposals& proposals, const Scores& scores,
                  std::span<const RowDraws> draws) const;
@@ -72,6 +76,7 @@ class RejectionSampler : public Verifier {
 class SharedNoiseVerifier : public Verifier {
  public:
   bool takes_alternates() const override { return true; }
+  bool reads_draft_distributions() const override { return false; }
   int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
                      const RowDraws& draws, std::span<int32_t> out) const override;
 };
@@ -81,6 +86,7 @@ class SharedNoiseVerifier : public Verifier {
 class GreedyVerifier : public Verifier {
  public:
   bool takes_alternates() const override { return true; }
+  bool reads_draft_distributions() const override { return false; }
   int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
                      const RowDraws& draws, std::span<int32_t> out) const override;
 };

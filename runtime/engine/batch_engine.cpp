@@ -690,6 +690,8 @@ void BatchEngine::State::propose(StepWork& work) {
                                              plan.max_catch_up, sequence.contests_before,
                                              alternates_for(sequence)));
       model_requests.back().alternate_floor = plan.alternate_floor;
+      model_requests.back().keep_distributions =
+          verifier_for(sequence.sampling).reads_draft_distributions();
       model_rows.push_back(b);
       work.catch_up[row] = static_cast<int64_t>(text.size()) -
                            draft_proposer->cached_length(static_cast<int64_t>(sequence.id));
@@ -725,13 +727,21 @@ void BatchEngine::State::assemble(StepWork& work, const Proposals& from_model,
   proposals.counts.assign(static_cast<size_t>(batch), 0);
   const bool any_kept = std::any_of(work.from_kept.begin(), work.from_kept.end(),
                                     [](int64_t taken) { return taken > 0; });
-  const bool materialise = !model_rows.empty() || any_kept;
+  // q is materialised for every row when some row's rule reads it, else for none (point masses).
+  const bool reads_q = std::any_of(running.begin(), running.end(), [&](const auto& sequence) {
+    return verifier_for(sequence->sampling).reads_draft_distributions();
+  });
+  const bool materialise = (!model_rows.empty() || any_kept) && reads_q;
   // Only the draft model's rows bring alternates (drafts kept ahead never do).
   const int64_t alternates_width = from_model.alternates_width;
-  if (materialise) {
+  if (!model_rows.empty() || any_kept) {
     proposals.vocab = std::max(from_model.vocab, target.config().vocab_size);
     for (const Proposals& kept : work.kept) proposals.vocab = std::max(proposals.vocab, kept.vocab);
+  }
+  if (materialise) {
     proposals.probs.assign(static_cast<size_t>(batch * proposals.gamma * proposals.vocab), 0.0f);
+  } else {
+    proposals.probs.clear();
   }
   // Row b's proposals from `offset` on are `source`'s row `source_row` from its draft `first` on.
   auto place = [&](int64_t b, const Proposals& source, int64_t source_row, int64_t first,
@@ -817,6 +827,8 @@ void BatchEngine::State::draft_ahead(StepWork& work) {
     // Drafts ahead are taken only where every draft was accepted: no alternate of theirs would be.
     requests.push_back(draft_request(sequence, text, wanted, sequence.generated + drafted, 0,
                                      sequence.contests, 0));
+    requests.back().keep_distributions =
+        verifier_for(sequence.sampling).reads_draft_distributions();
   }
   if (requests.empty()) return;
   try {
