@@ -40,7 +40,7 @@ class CpuBackend final : public Backend {
   Status time_ms(const std::function<Status()>& work, double* milliseconds) override;
   // /proc/meminfo's MemAvailable.
   Status available_memory(uint64_t* bytes) override;
-  // On the pool, a call per chunk of indices.
+  // On the pool's threads, the indices shared out in chunks.
   void for_each_on_host(int64_t count, const std::function<void(int64_t)>& body) override;
 
   Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,

@@ -207,6 +207,11 @@ struct BatchEngine::State {
     if (sampling.shared_noise) return shared_noise_verifier;
     return rejection_sampler;
   }
+  // Whether the sequence's verification reads the draft's distributions (DraftRequest::
+  // keep_distributions).
+  bool reads_draft_distributions(const Sequence& sequence) const {
+    return verifier_for(sequence.sampling).reads_draft_distributions();
+  }
   // Alternates the draft offers beside each of the sequence's drafts: where its rule takes them
   // and the target's backend reads token trees.
   int64_t alternates_for(const Sequence& sequence) const {
@@ -690,8 +695,7 @@ void BatchEngine::State::propose(StepWork& work) {
                                              plan.max_catch_up, sequence.contests_before,
                                              alternates_for(sequence)));
       model_requests.back().alternate_floor = plan.alternate_floor;
-      model_requests.back().keep_distributions =
-          verifier_for(sequence.sampling).reads_draft_distributions();
+      model_requests.back().keep_distributions = reads_draft_distributions(sequence);
       model_rows.push_back(b);
       work.catch_up[row] = static_cast<int64_t>(text.size()) -
                            draft_proposer->cached_length(static_cast<int64_t>(sequence.id));
@@ -727,14 +731,15 @@ void BatchEngine::State::assemble(StepWork& work, const Proposals& from_model,
   proposals.counts.assign(static_cast<size_t>(batch), 0);
   const bool any_kept = std::any_of(work.from_kept.begin(), work.from_kept.end(),
                                     [](int64_t taken) { return taken > 0; });
+  const bool any_drafts = !model_rows.empty() || any_kept;
   // q is materialised for every row when some row's rule reads it, else for none (point masses).
-  const bool reads_q = std::any_of(running.begin(), running.end(), [&](const auto& sequence) {
-    return verifier_for(sequence->sampling).reads_draft_distributions();
-  });
-  const bool materialise = (!model_rows.empty() || any_kept) && reads_q;
+  const bool materialise =
+      any_drafts && std::any_of(running.begin(), running.end(), [&](const auto& sequence) {
+        return reads_draft_distributions(*sequence);
+      });
   // Only the draft model's rows bring alternates (drafts kept ahead never do).
   const int64_t alternates_width = from_model.alternates_width;
-  if (!model_rows.empty() || any_kept) {
+  if (any_drafts) {
     proposals.vocab = std::max(from_model.vocab, target.config().vocab_size);
     for (const Proposals& kept : work.kept) proposals.vocab = std::max(proposals.vocab, kept.vocab);
   }
@@ -827,8 +832,7 @@ void BatchEngine::State::draft_ahead(StepWork& work) {
     // Drafts ahead are taken only where every draft was accepted: no alternate of theirs would be.
     requests.push_back(draft_request(sequence, text, wanted, sequence.generated + drafted, 0,
                                      sequence.contests, 0));
-    requests.back().keep_distributions =
-        verifier_for(sequence.sampling).reads_draft_distributions();
+    requests.back().keep_distributions = reads_draft_distributions(sequence);
   }
   if (requests.empty()) return;
   try {

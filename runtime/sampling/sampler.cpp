@@ -38,9 +38,9 @@ struct LogitScan {
 
 // Sixteen independent lanes, so that the loop vectorises (one running maximum is a chain of
 // dependent comparisons the compiler may not reorder); `v > top ? v : top` is the vector max.
-// Inlined into one copy per instruction set below, chosen at run time like exponentiate's: a
-// row of logits is scanned at least once for every token scored, by the one thread that runs
-// the step while the kernels' other threads wait.
+// Inlined into the x86-64-v3 and baseline copies below; x86-64-v4 has its own in intrinsics. One
+// is chosen at run time, like exponentiate's: a row of logits is scanned at least once for every
+// token scored.
 [[gnu::always_inline]] inline LogitScan scan_row(std::span<const float> logits) {
   constexpr size_t kLanes = 16;
   std::array<float, kLanes> top;
