@@ -10,9 +10,9 @@
 namespace specrun {
 namespace {
 
-// An unobserved position moves toward the deepest measured estimate at this fraction of a new
-// observation's weight (1 - acceptance_memory).
-constexpr double kDeepDrift = 0.25;
+// Evidence at a position a step did not reach ages at this fraction of the rate at which a new
+// observation ages the evidence it joins (1 - acceptance_memory).
+constexpr double kStaleAging = 0.25;
 
 }  // namespace
 
@@ -26,32 +26,57 @@ GoodputPolicy::GoodputPolicy(int64_t gamma_limit, const Tuning& tuning)
   SPECRUN_CHECK(gamma_limit >= 0) << "gamma limit " << gamma_limit;
   SPECRUN_CHECK(tuning.probe_interval > 0 && tuning.max_probe_interval >= tuning.probe_interval);
   SPECRUN_CHECK(tuning.acceptance_memory > 0.0 && tuning.acceptance_memory < 1.0 &&
-                tuning.prior_weight > 0.0 && tuning.optimism >= 0.0);
+                tuning.prior_weight > 0.0 && tuning.depth_prior_weight > 0.0 &&
+                tuning.optimism >= 0.0);
 }
 
-GoodputPolicy::Estimate GoodputPolicy::estimate(int64_t sequence, int64_t position) const {
-  // The prior counts as prior_weight drafts: the pooled figure's own prior is prior_acceptance,
-  // a sequence's is the pooled figure, unless that holds nothing but the sequence's own evidence
-  // (one stream): counted twice, its first few rejections would take alpha to near zero and
-  // drafting with it, at acceptances where drafting pays.
-  const auto mean_of = [&](const Evidence& evidence, double prior) {
-    return (tuning_.prior_weight * prior + evidence.accepted) /
-           (tuning_.prior_weight + evidence.drafted);
-  };
-  const size_t index = static_cast<size_t>(position);
-  double mean = mean_of(pooled_[index], tuning_.prior_acceptance);
-  double counted = tuning_.prior_weight + pooled_[index].drafted;
-  const auto it = own_.find(sequence);
-  if (it != own_.end()) {
-    if (pooled_sole_ == sequence) mean = tuning_.prior_acceptance;
-    mean = mean_of(it->second[index], mean);
-    counted = tuning_.prior_weight + it->second[index].drafted;
+std::vector<GoodputPolicy::Estimate> GoodputPolicy::chain(
+    std::span<const Evidence> evidence, double first_prior,
+    const std::vector<Estimate>* pooled) const {
+  // Each estimate is the evidence's count of acceptances with a prior counted as drafts of its
+  // own. A deeper position's prior is the position before it (for a sequence, scaled by how the
+  // pooled figure changes from that position to this one): a draft that follows accepted drafts
+  // is accepted about as often, and more often where acceptance comes in runs. At a fixed prior,
+  // a deep position measured a few times (a probe, a start at the configured gamma) kept its few
+  // rejections for as long as gamma stayed short, since only probes reach past it: at T 0.7 the
+  // demo's second position was estimated at 0.15 where fixed gamma 2 measured about 0.7, and
+  // gamma held at 1.
+  std::vector<Estimate> result(evidence.size(), Estimate{first_prior, 0.0});
+  for (size_t j = 1; j < evidence.size(); ++j) {
+    double prior = first_prior, weight = tuning_.prior_weight;
+    if (j > 1) {
+      prior = result[j - 1].mean;
+      if (pooled != nullptr && (*pooled)[j - 1].mean > 0.0) {
+        prior = std::min(1.0, prior * (*pooled)[j].mean / (*pooled)[j - 1].mean);
+      }
+      weight = tuning_.depth_prior_weight;
+    }
+    const double counted = weight + evidence[j].drafted;
+    const double mean = (weight * prior + evidence[j].accepted) / counted;
+    result[j] = {mean, std::sqrt(mean * (1.0 - mean) / counted)};
   }
-  return {mean, std::sqrt(mean * (1.0 - mean) / counted)};
+  return result;
 }
 
-double GoodputPolicy::alpha(int64_t sequence, int64_t position, int64_t rows) const {
-  const Estimate e = estimate(sequence, position);
+std::vector<GoodputPolicy::Estimate> GoodputPolicy::estimates(
+    int64_t sequence, const std::vector<Estimate>& pooled) const {
+  // Position 1's prior is the pooled figure, unless that holds nothing but the sequence's own
+  // evidence (one stream): counted twice, its first few rejections would take alpha to near zero
+  // and drafting with it, at acceptances where drafting pays.
+  const auto it = own_.find(sequence);
+  if (it == own_.end()) return pooled;
+  if (pooled_sole_ == sequence) return chain(it->second, tuning_.prior_acceptance, nullptr);
+  return chain(it->second, pooled[1].mean, &pooled);
+}
+
+void GoodputPolicy::believe(std::span<const GammaRow> rows) {
+  const std::vector<Estimate> pooled = chain(pooled_, tuning_.prior_acceptance, nullptr);
+  beliefs_.clear();
+  for (const GammaRow& row : rows) beliefs_.push_back(estimates(row.sequence, pooled));
+}
+
+double GoodputPolicy::alpha(size_t row, int64_t position, int64_t rows) const {
+  const Estimate& e = beliefs_[row][static_cast<size_t>(position)];
   // Only the first position is chosen optimistically: it alone decides between drafting and plain
   // decoding, which observes nothing. Deeper positions are observed while drafting goes on, and
   // probes reach past the chosen depth; optimism there would draft deep on thin evidence. The
@@ -68,7 +93,8 @@ double GoodputPolicy::continuation(int64_t position) const {
 
 double GoodputPolicy::acceptance(int64_t sequence, int64_t position) const {
   SPECRUN_CHECK(position >= 1 && position <= gamma_limit_) << "position " << position;
-  return estimate(sequence, position).mean;
+  const std::vector<Estimate> pooled = chain(pooled_, tuning_.prior_acceptance, nullptr);
+  return estimates(sequence, pooled)[static_cast<size_t>(position)].mean;
 }
 
 double GoodputPolicy::goodput(std::span<const GammaRow> rows, std::span<const int64_t> gammas,
@@ -79,7 +105,7 @@ double GoodputPolicy::goodput(std::span<const GammaRow> rows, std::span<const in
     // token is accepted (the draft or an alternate) with alpha_j.
     double expected = 1.0, reach = 1.0;
     for (int64_t j = 1; j <= gammas[i]; ++j) {
-      double a = alpha(rows[i].sequence, j, static_cast<int64_t>(rows.size()));
+      double a = alpha(i, j, static_cast<int64_t>(rows.size()));
       if (optimistic) a = std::max(a, tuning_.optimistic_acceptance);
       expected += reach * a;
       reach *= a * continuation(j);
@@ -91,14 +117,13 @@ double GoodputPolicy::goodput(std::span<const GammaRow> rows, std::span<const in
   return tokens / costs_.step_ms(gammas, 1.0 + alternates);
 }
 
-bool GoodputPolicy::ahead_pays(std::span<const GammaRow> rows, std::span<const int64_t> gammas,
-                               size_t i) const {
+bool GoodputPolicy::ahead_pays(std::span<const int64_t> gammas, size_t i) const {
   const int64_t gamma = gammas[i];
   if (gamma == 0 || !costs_.draft_known() || !costs_.verify_known()) return false;
   double kept = 1.0;
   for (int64_t j = 1; j <= gamma + 1; ++j) {
     const int64_t position = std::min(j, gamma_limit_);
-    kept *= estimate(rows[i].sequence, position).mean * continuation(position);
+    kept *= beliefs_[i][static_cast<size_t>(position)].mean * continuation(position);
   }
   int64_t tokens = 0, drafting = 0;
   for (const int64_t g : gammas) {
@@ -179,6 +204,7 @@ std::vector<int64_t> GoodputPolicy::choose(std::span<const GammaRow> rows) {
     next_probe_ = steps_ + interval_;
     next_calibration_ = steps_;
     regime_calibrations_ = 0;
+    regime_plain_steps_ = 0;
     probing_ = false;
   }
   // A calibration step: `depth` free drafts per row, within its limits.
@@ -200,9 +226,12 @@ std::vector<int64_t> GoodputPolicy::choose(std::span<const GammaRow> rows) {
     }
     return gammas;
   };
-  if (!costs_.verify_known()) {
-    // The first step of a regime decodes plainly (at the rows' minima): the cost of T = rows.
-    // The previous choice is kept for after calibration.
+  if (!costs_.verify_known() || regime_plain_steps_ < 2) {
+    // The first two steps of a regime decode plainly (at the rows' minima): the cost of
+    // T = rows, measured twice. With the calibration's point, also measured twice, the line has
+    // two points that the first (cold) step at any other T cannot move (see StepCostModel::fit),
+    // whatever T the policy settles on. The previous choice is kept for after calibration.
+    regime_plain_steps_ += 1;
     return gammas;
   }
   if ((costs_.verify_points() < 2 || regime_calibrations_ == 1) && steps_ >= next_calibration_) {
@@ -255,6 +284,7 @@ std::vector<int64_t> GoodputPolicy::choose(std::span<const GammaRow> rows) {
 }
 
 void GoodputPolicy::plan(std::span<const GammaRow> rows, std::span<DraftPlan> plans) {
+  believe(rows);
   std::vector<int64_t> gammas = choose(rows);
   planned_.clear();
   // An alternate is worth a token scored: the verify line's slope, in the tokens a millisecond
@@ -273,7 +303,7 @@ void GoodputPolicy::plan(std::span<const GammaRow> rows, std::span<DraftPlan> pl
     }
     plans[i] = {gammas[i], calibrating_ && gammas[i] > 0,
                 probing_model_ ? kProbeCatchUp : int64_t{0}};
-    plans[i].draft_ahead = row.ahead_hidden && !plans[i].filler && ahead_pays(rows, gammas, i);
+    plans[i].draft_ahead = row.ahead_hidden && !plans[i].filler && ahead_pays(gammas, i);
     plans[i].alternate_floor = floor;
     if (remember_) previous_[row.sequence] = gammas[i];
   }
@@ -281,7 +311,8 @@ void GoodputPolicy::plan(std::span<const GammaRow> rows, std::span<DraftPlan> pl
     // What the choice rests on, for tuning (--log-level debug): the first row's estimates.
     std::string alphas;
     for (int64_t j = 1; j <= std::min<int64_t>(gamma_limit_, 4); ++j) {
-      alphas += fmt::format("{}{:.2f}", j == 1 ? "" : " ", estimate(rows[0].sequence, j).mean);
+      alphas +=
+          fmt::format("{}{:.2f}", j == 1 ? "" : " ", beliefs_[0][static_cast<size_t>(j)].mean);
     }
     spdlog::debug(
         "goodput step {}: gamma {}{} for sequence {} (alpha by position {}); verify {:.2f} + "
@@ -300,7 +331,14 @@ void GoodputPolicy::observe(std::span<const DraftOutcome> step, double draft_ms,
   // The draft's batched rounds: those proposing the drafts verified (less those kept from drafting
   // ahead), then those drafting ahead; the draft time covers both.
   int64_t tokens = 0, proposing_rounds = 0, ahead_rounds = 0, drafts = 0;
-  bool steady = true;  // no drafting row read a backlog first
+  bool steady = true;           // no drafting row read a backlog first
+  int64_t deepest_reached = 0;  // by this policy's rows
+  const double kept = 1.0 - kStaleAging * (1.0 - tuning_.acceptance_memory);
+  const auto age = [kept](Evidence& evidence) {
+    evidence.accepted *= kept;
+    evidence.drafted *= kept;
+    evidence.continued *= kept;
+  };
   for (const DraftOutcome& outcome : step) {
     SPECRUN_CHECK(outcome.accepted >= 0 && outcome.accepted <= outcome.drafted &&
                   outcome.drafted <= gamma_limit_ && outcome.kept >= 0 &&
@@ -341,15 +379,14 @@ void GoodputPolicy::observe(std::span<const DraftOutcome> step, double draft_ms,
       }
     }
     // Positions past the one reached go unobserved for as long as gamma stays short, and only
-    // probes reach them; a few unlucky probes would pin gamma down. So they drift slowly toward
-    // the deepest estimate just measured (their counts stay, their ratio moves).
-    const double deepest = estimate(outcome.sequence, reached).mean;
-    const double drift = kDeepDrift * (1.0 - memory);
-    for (int64_t j = reached + 1; j <= gamma_limit_; ++j) {
-      Evidence& evidence = own[static_cast<size_t>(j)];
-      if (evidence.drafted > 0.0) {
-        evidence.accepted += drift * (deepest * evidence.drafted - evidence.accepted);
-      }
+    // probes reach them: their evidence ages, so that their estimates return toward the
+    // shallower positions' rather than keep a few unlucky probes' rejections.
+    deepest_reached = std::max(deepest_reached, reached);
+    for (int64_t j = reached + 1; j <= gamma_limit_; ++j) age(own[static_cast<size_t>(j)]);
+  }
+  if (deepest_reached > 0) {
+    for (int64_t j = deepest_reached + 1; j <= gamma_limit_; ++j) {
+      age(pooled_[static_cast<size_t>(j)]);
     }
   }
   spdlog::debug("goodput step {}: scored {} tokens in {:.2f} ms, drafted in {:.2f} ms", steps_,

@@ -3,15 +3,16 @@
 //
 // Each sequence has its own acceptance alpha_ij (probability that draft j is accepted given drafts
 // 1..j-1 were), counted per position over its recent drafts, starting from the pooled figures of
-// every sequence, so E_i(g) = 1 + sum_{k<=g} prod_{j<=k} alpha_ij (with alternates, an accepted
-// one ends the step: each factor before the last is alpha_ij times the pooled share of the
-// acceptances at j that were the draft itself); gamma is chosen with the first
-// position's alpha raised by a standard error of its estimate (Tuning::optimism). With the step's
-// predicted cost (verify/step_cost_model.h) the choice maximises sum_i E_i(gamma_i) / (t_draft +
-// t_verify) by adding one draft at a time to the sequence whose next draft raises that ratio most,
-// until none does; it keeps the previous choice unless the new one is predicted better by the
-// hysteresis margin. On a memory-bound target b is small and gamma grows; as the batch grows the
-// target turns compute-bound, b * T dominates, and gamma falls to 0.
+// every sequence at the first position and from the position before at deeper ones, so E_i(g) = 1 +
+// sum_{k<=g} prod_{j<=k} alpha_ij (with alternates, an accepted one ends the step: each factor
+// before the last is alpha_ij times the pooled share of the acceptances at j that were the draft
+// itself); gamma is chosen with the first position's alpha raised by a standard error of its
+// estimate (Tuning::optimism). With the step's predicted cost (verify/step_cost_model.h) the choice
+// maximises sum_i E_i(gamma_i) / (t_draft + t_verify) by adding one draft at a time to the sequence
+// whose next draft raises that ratio most, until none does; it keeps the previous choice unless the
+// new one is predicted better by the hysteresis margin. On a memory-bound target b is small and
+// gamma grows; as the batch grows the target turns compute-bound, b * T dominates, and gamma falls
+// to 0.
 //
 // Probes (every `probe_interval` steps, backed off while they change nothing) run one step at
 // gamma + 1 for every sequence, so untried costs and acceptance at deeper positions stay measured
@@ -21,7 +22,7 @@
 // Falling back must cost little where speculation cannot pay, and the draft model is what costs:
 // its first proposal for a sequence (and any after a run of plain steps) reads every committed
 // token it has not seen. So the verify line is measured before the draft runs: a new regime's
-// first step decodes plainly (T = rows), its second and third are calibration steps that score
+// first two steps decode plainly (T = rows), its third and fourth are calibration steps that score
 // kCalibrationDepth + 1 tokens per row whose proposals cost nothing (DraftPlan::filler): the
 // first of them pays the larger step's one-time costs, the second measures it. The
 // draft runs only when the line says it could pay with optimistic acceptance (each alpha at least
@@ -69,9 +70,12 @@ class GoodputPolicy : public GammaPolicy {
     double prior_acceptance = 0.6;  // alpha before anything was observed
     // Acceptance is counted, not averaged: each position keeps its drafts and acceptances, both
     // multiplied by this at every new observation (a memory of about 1 / (1 - memory) drafts),
-    // plus the prior (the pooled figure, for a sequence) as prior_weight drafts of its own.
+    // plus the first position's prior (the pooled figure, for a sequence) as prior_weight drafts.
     double acceptance_memory = 0.95;
     double prior_weight = 1.0;
+    // A deeper position's prior, the position before it (see chain()), counts as this many
+    // drafts: a few rejections move it, and some twenty drafts measured make it the evidence's.
+    double depth_prior_weight = 4.0;
     // Gamma is chosen with the first position's alpha raised by this many standard errors of its
     // estimate (sqrt(alpha (1 - alpha) / drafts counted)), divided by sqrt(rows) in a step of
     // several rows (their errors partly cancel in the step's total): a run of rejections must not
@@ -115,16 +119,24 @@ class GoodputPolicy : public GammaPolicy {
   // Of the tokens accepted at `position`, the share that were the draft itself, so that the step
   // goes on past it (an accepted alternate ends it): pooled over sequences, 1 without alternates.
   double continuation(int64_t position) const;
-  // The estimate of alpha at `position` and its standard error.
+  // An estimate of alpha and its standard error.
   struct Estimate {
     double mean;
     double error;
   };
-  Estimate estimate(int64_t sequence, int64_t position) const;
-  // What gamma is chosen with, in a step of `rows` sequences: the estimate, at the first position
-  // raised by Tuning::optimism standard errors of the step's expected tokens, shared among its
-  // rows.
-  double alpha(int64_t sequence, int64_t position, int64_t rows) const;
+  // Estimates by position from evidence by position ([0] unused): position 1's prior is
+  // `first_prior`, each deeper one's the position before it, scaled by `pooled`'s change there
+  // where given.
+  std::vector<Estimate> chain(std::span<const Evidence> evidence, double first_prior,
+                              const std::vector<Estimate>* pooled) const;
+  // The sequence's estimates by position, [gamma_limit + 1] ([0] unused), given the pooled ones.
+  std::vector<Estimate> estimates(int64_t sequence, const std::vector<Estimate>& pooled) const;
+  // Computes beliefs_ for the step's rows.
+  void believe(std::span<const GammaRow> rows);
+  // What gamma is chosen with for row `row` of a step of `rows` sequences: the estimate, at the
+  // first position raised by Tuning::optimism standard errors of the step's expected tokens,
+  // shared among its rows.
+  double alpha(size_t row, int64_t position, int64_t rows) const;
   // The goodput-maximising gammas for the rows, starting from `start`; with `optimistic` every
   // alpha counts as at least optimistic_acceptance.
   std::vector<int64_t> best_gammas(std::span<const GammaRow> rows, std::vector<int64_t> start,
@@ -132,7 +144,7 @@ class GoodputPolicy : public GammaPolicy {
   double goodput(std::span<const GammaRow> rows, std::span<const int64_t> gammas,
                  bool optimistic) const;
   // Whether drafting ahead pays for row `i` of a step with these gammas (see plan()).
-  bool ahead_pays(std::span<const GammaRow> rows, std::span<const int64_t> gammas, size_t i) const;
+  bool ahead_pays(std::span<const int64_t> gammas, size_t i) const;
   // The gammas of the step; sets calibrating_, probing_model_ and remember_.
   std::vector<int64_t> choose(std::span<const GammaRow> rows);
 
@@ -151,6 +163,7 @@ class GoodputPolicy : public GammaPolicy {
   int64_t next_calibration_ = 0;  // no calibration step before this step
   int64_t calibration_steps_ = 0;
   int64_t regime_calibrations_ = 0;  // calibration steps since the regime started
+  int64_t regime_plain_steps_ = 0;   // plain steps the regime started with
   int64_t regime_batch_ = 0;         // batch size when the cost points were started
   std::vector<Evidence> pooled_;     // [gamma_limit + 1] by position, every sequence
   // The one sequence whose outcomes pooled_ holds (engine ids are not negative), or one of these.
@@ -161,6 +174,7 @@ class GoodputPolicy : public GammaPolicy {
   std::unordered_map<int64_t, int64_t> previous_;           // sequence -> last chosen gamma
   std::unordered_map<int64_t, int64_t> last_choice_;        // the choice before a probe
   std::unordered_set<int64_t> planned_;                     // this policy's rows of the step
+  std::vector<std::vector<Estimate>> beliefs_;  // the step's estimates: [rows][gamma_limit + 1]
   // Alternates and drafts the target scored lately, discounted as acceptance is (each step's
   // drafting rows, every policy's): a draft's share of the verification is 1 + their ratio.
   double alternates_scored_ = 0.0;
