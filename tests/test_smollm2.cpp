@@ -230,6 +230,38 @@ TEST_F(SmolLm2Test, DistilledDraftAnswersTheDemoQuestionsAsTheTargetDoes) {
   EXPECT_GT(acceptance, 0.26);
 }
 
+// The recipe that made the demo's draft (tools/pair/distill.sh), every step at --quick's size: the
+// target answers questions through specrun, its features are stored, the draft trains on them
+// and is exported as GGUF with a reduced head. What it exports must load beside the target and
+// leave greedy output the target's own. (About two minutes on two cores.)
+TEST_F(SmolLm2Test, TheDistillationRecipeRunsEndToEnd) {
+  if (testing::venv_python_with("torch, transformers, gguf").empty()) {
+    GTEST_SKIP() << "no torch, transformers and gguf in the venv "
+                    "(tools/setup-python.sh transformers gguf)";
+  }
+  testing::TempDir dir;
+  const fs::path draft = dir.path() / "draft.gguf";
+  const std::string distill = "SPECRUN_BIN='" + testing::tool_path("specrun").string() +
+                              "' bash '" + testing::source_path("tools/pair/distill.sh").string() +
+                              "' --quick '" + (dir.path() / "work").string() + "' '" +
+                              draft.string() + "'";
+  const testing::CommandResult made = testing::run_command(distill);
+  ASSERT_EQ(made.exit_code, 0) << distill << "\n" << made.stdout_text << made.stderr_text;
+  ASSERT_TRUE(fs::exists(draft));
+  const fs::path stats_path = dir.path() / "stats.json";
+  const std::string line = "'" + testing::tool_path("specrun").string() + "' --target '" +
+                           path_->string() + "' --draft '" + draft.string() +
+                           "' --chat --prompt 'Explain how a rainbow forms.' --temperature 0 "
+                           "--max-tokens 32 --controller fixed --gamma 2 --compare "
+                           "--compare-rounds 1 --quiet --stats-json '" +
+                           stats_path.string() + "'";
+  const testing::CommandResult result = testing::run_command(line);
+  ASSERT_EQ(result.exit_code, 0) << line << "\n" << result.stderr_text;
+  const nlohmann::json stats = nlohmann::json::parse(testing::read_file(stats_path));
+  EXPECT_GT(stats.at("drafted").get<int64_t>(), 0);
+  EXPECT_TRUE(stats.at("baseline_same_output").get<bool>());
+}
+
 // The held-out prompts (tests/data/smollm2_prompts.json): chat-formatted questions.
 std::vector<std::string> held_out_prompts() {
   const nlohmann::json file = nlohmann::json::parse(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Distils a draft for the chat demo's target, SmolLM2-135M-Instruct, on the CPU:
-#   tools/pair/distill.sh [--plain] [WORK_DIR] [OUT]
+#   tools/pair/distill.sh [--plain] [--quick] [WORK_DIR] [OUT]
 # The target answers 9,600 generated questions through `specrun serve` (greedy and at T 0.7,
 # top-p 0.9; ~35-46 minutes on two idle cores), kept in WORK_DIR (default build/distill) and
 # asked again only where it has none.
@@ -16,11 +16,20 @@
 # the answers, then (a second phase) half from them and half from the target's own distributions
 # (KL); exported with a head of its own over the 16,384 tokens most frequent in the answers
 # (training ~63 and ~42 minutes).
+# --quick: every step of the recipe at a size of two minutes (40 questions of 24 tokens, a few
+# training steps, a 512-token head): a draft that shows the recipe runs end to end and exports
+# what specrun loads (the PyPI-model tests run it), not one that drafts well. Give WORK_DIR.
+# SPECRUN_BIN: the specrun that answers the questions, instead of building build/bin/specrun.
 set -euo pipefail
 plain=false
-if [[ ${1:-} == --plain ]]; then
-  plain=true
+quick=false
+while [[ ${1:-} == --plain || ${1:-} == --quick ]]; do
+  [[ $1 == --plain ]] && plain=true || quick=true
   shift
+done
+if $quick && [[ -z ${1:-} ]]; then
+  echo "distill.sh: --quick needs a WORK_DIR (its draft is no demo's)" >&2
+  exit 2
 fi
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(realpath -m "${1:-$root/build/distill}")
@@ -32,26 +41,37 @@ fi
 cd "$root"
 bash tools/setup-python.sh smollm2 transformers gguf
 target=$(bash tools/python/smollm2-path.sh)
-SPECRUN_TARGETS="specrun" bash tools/build.sh >/dev/null
+specrun=${SPECRUN_BIN:-}
+if [[ -z $specrun ]]; then
+  SPECRUN_TARGETS="specrun" bash tools/build.sh >/dev/null
+  specrun=${SPECRUN_BUILD_DIR:-build}/bin/specrun
+fi
 python=${SPECRUN_VENV:-$root/.venv}/bin/python
 mkdir -p "$work" "$(dirname "$out")"
 distill=("$python" "$root/tools/pair/distill.py" --target "$target" --work "$work")
-[[ -f "$work/data.json" ]] ||
-  "${distill[@]}" generate --specrun "${SPECRUN_BUILD_DIR:-build}/bin/specrun"
+# The sizes of each step: the recipe's, or --quick's (the first value of each pair).
+size() { if $quick; then echo "$1"; else echo "$2"; fi; }
+questions=(--questions "$(size 40 9600)" --max-new-tokens "$(size 24 192)" --batch "$(size 8 48)")
+# The feature draft trains with a head of the answers' 16,384 most frequent tokens and ships
+# with 8,192 of them.
+training_head=$(size 512 16384)
+[[ -f "$work/data.json" ]] || "${distill[@]}" generate --specrun "$specrun" "${questions[@]}"
 if $plain; then
-  "${distill[@]}" train
+  "${distill[@]}" train --steps "$(size 2 1200)" --tokens-per-step "$(size 256 4096)" \
+    --evaluate-every "$(size 2 100)"
   cp "$work/draft.pt" "$work/phase1.pt"
-  "${distill[@]}" train --init-from "$work/phase1.pt" --kl-weight 0.5 --steps 450 \
-    --learning-rate 5e-4
-  "${distill[@]}" evaluate --specrun "${SPECRUN_BUILD_DIR:-build}/bin/specrun"
-  "${distill[@]}" export --out "$out"
+  "${distill[@]}" train --init-from "$work/phase1.pt" --kl-weight 0.5 --steps "$(size 2 450)" \
+    --tokens-per-step "$(size 256 4096)" --evaluate-every "$(size 2 100)" --learning-rate 5e-4
+  "${distill[@]}" evaluate --specrun "$specrun"
+  "${distill[@]}" export --out "$out" --head-tokens "$(size 512 16384)"
 else
-  "${distill[@]}" store-features
-  "${distill[@]}" train-features --stored-features --steps 850 --tokens-per-step 2048 \
-    --learning-rate 2e-3
+  "${distill[@]}" store-features --tokens-per-step "$(size 512 4096)"
+  "${distill[@]}" train-features --stored-features --steps "$(size 2 850)" \
+    --tokens-per-step "$(size 256 2048)" --learning-rate 2e-3 --head-tokens "$training_head"
   cp "$work/feature-draft.pt" "$work/feature-draft-phase1.pt"
   "${distill[@]}" train-features --stored-features --init-from "$work/feature-draft-phase1.pt" \
-    --steps 1600 --tokens-per-step 4096 --learning-rate 1.5e-3 --evaluate-every 200
-  "${distill[@]}" export-features --out "$out" --head-tokens 8192
+    --steps "$(size 2 1600)" --tokens-per-step "$(size 256 4096)" --learning-rate 1.5e-3 \
+    --evaluate-every "$(size 2 200)" --head-tokens "$training_head"
+  "${distill[@]}" export-features --out "$out" --head-tokens "$(size 512 8192)"
 fi
 echo "wrote $out"
