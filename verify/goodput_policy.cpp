@@ -229,8 +229,9 @@ std::vector<int64_t> GoodputPolicy::choose(std::span<const GammaRow> rows) {
   if (!costs_.verify_known() || regime_plain_steps_ < 2) {
     // The first two steps of a regime decode plainly (at the rows' minima): the cost of
     // T = rows, measured twice. With the calibration's point, also measured twice, the line has
-    // two points that the first (cold) step at any other T cannot move (see StepCostModel::fit),
-    // whatever T the policy settles on. The previous choice is kept for after calibration.
+    // two points that keep the first (cold) step at any other T out of it (see
+    // StepCostModel::fit) while they stay within its window, whatever T the policy settles on. The
+    // previous choice is kept for after calibration.
     regime_plain_steps_ += 1;
     return gammas;
   }
