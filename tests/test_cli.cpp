@@ -704,6 +704,16 @@ TEST_F(CliSpeculativeTest, BadSpeculativeInputIsOneLine) {
   EXPECT_TRUE(bad_method.stdout_text.empty());
 }
 
+// The draft's recipe at its quick size writes no demo's draft: it wants a work folder, and says so
+// before it builds or installs anything.
+TEST(DistillScript, QuickWithoutAWorkFolderIsRefused) {
+  const testing::CommandResult result = testing::run_command(
+      "bash '" + testing::source_path("tools/pair/distill.sh").string() + "' --quick");
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.stderr_text.find("--quick needs a WORK_DIR"), std::string::npos)
+      << result.stderr_text;
+}
+
 }  // namespace
 
 // --chat: the prompt becomes the one user message of the checkpoint's chat template, tokenized
