@@ -264,16 +264,18 @@ def as_item(record, context):
 
 
 def new_topic_items(args, context):
-    """The target's greedy answers to chat_prompts.new_topic_questions() as items, kept in
-    DIR/new_topics.json and asked again only when the questions change."""
+    """The target's greedy answers to the first --new-topics of chat_prompts.new_topic_questions()
+    as items, kept in DIR/new_topics.json and asked again only when the questions or the answers'
+    cap change."""
     path = os.path.join(args.work, "new_topics.json")
-    questions = chat_prompts.new_topic_questions()
+    questions = chat_prompts.new_topic_questions()[:args.new_topics]
     kept = None
     if os.path.exists(path):
         with open(path) as file:
             kept = json.load(file)
-    if kept is None or kept["questions"] != questions:
-        kept = {"questions": questions,
+    if (kept is None or kept["questions"] != questions or
+            kept.get("max_new_tokens", 192) != args.max_new_tokens):
+        kept = {"questions": questions, "max_new_tokens": args.max_new_tokens,
                 "records": target_answers(args, questions, lambda index: True)}
         with open(path, "w") as file:
             json.dump(kept, file)
@@ -1033,9 +1035,14 @@ def main():
                         "files rather than computing them each step")
     parser.add_argument("--evaluate-every", type=int, default=100,
                         help="train, train-features: steps between held-out evaluations")
+    parser.add_argument("--new-topics", type=int, default=len(chat_prompts.NEW_TOPICS),
+                        help="train, train-features, evaluate: how many of the new-topic "
+                        "questions the held-out metrics include (default all)")
     parser.add_argument("--head-tokens", type=int, default=16384,
                         help="export: tokens the draft's head scores (0: the whole vocabulary)")
     args = parser.parse_args()
+    if args.new_topics < 1:
+        parser.error(f"--new-topics takes at least 1, got {args.new_topics}")
     os.makedirs(args.work, exist_ok=True)
     globals()[args.step.replace("-", "_")](args)
 

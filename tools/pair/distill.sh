@@ -17,8 +17,9 @@
 # (KL); exported with a head of its own over the 16,384 tokens most frequent in the answers
 # (training ~63 and ~42 minutes).
 # --quick: every step of the recipe at a size of two minutes (40 questions of 24 tokens, a few
-# training steps, a 512-token head): a draft that shows the recipe runs end to end and exports
-# what specrun loads (the PyPI-model tests run it), not one that drafts well. Give WORK_DIR.
+# training steps, a 512-token head, held-out metrics on four new-topic questions): a draft that
+# shows the recipe runs end to end and exports what specrun loads (the PyPI-model tests run it),
+# not one that drafts well. Give WORK_DIR.
 # SPECRUN_BIN: the specrun that answers the questions, instead of building build/bin/specrun.
 set -euo pipefail
 plain=false
@@ -52,26 +53,31 @@ distill=("$python" "$root/tools/pair/distill.py" --target "$target" --work "$wor
 # The sizes of each step: the recipe's, or --quick's (the first value of each pair).
 size() { if $quick; then echo "$1"; else echo "$2"; fi; }
 questions=(--questions "$(size 40 9600)" --max-new-tokens "$(size 24 192)" --batch "$(size 8 48)")
+# The held-out metrics' answers to questions on new topics: --quick's four, of 24 tokens at most.
+evaluation=()
+$quick && evaluation=(--new-topics 4 --max-new-tokens 24)
 # The feature draft trains with a head of the answers' 16,384 most frequent tokens and ships
 # with 8,192 of them.
 training_head=$(size 512 16384)
 [[ -f "$work/data.json" ]] || "${distill[@]}" generate --specrun "$specrun" "${questions[@]}"
 if $plain; then
   "${distill[@]}" train --steps "$(size 2 1200)" --tokens-per-step "$(size 256 4096)" \
-    --evaluate-every "$(size 2 100)"
+    --evaluate-every "$(size 2 100)" "${evaluation[@]}"
   cp "$work/draft.pt" "$work/phase1.pt"
   "${distill[@]}" train --init-from "$work/phase1.pt" --kl-weight 0.5 --steps "$(size 2 450)" \
-    --tokens-per-step "$(size 256 4096)" --evaluate-every "$(size 2 100)" --learning-rate 5e-4
-  "${distill[@]}" evaluate --specrun "$specrun"
+    --tokens-per-step "$(size 256 4096)" --evaluate-every "$(size 2 100)" --learning-rate 5e-4 \
+    "${evaluation[@]}"
+  "${distill[@]}" evaluate --specrun "$specrun" "${evaluation[@]}"
   "${distill[@]}" export --out "$out" --head-tokens "$(size 512 16384)"
 else
   "${distill[@]}" store-features --tokens-per-step "$(size 512 4096)"
   "${distill[@]}" train-features --stored-features --steps "$(size 2 850)" \
-    --tokens-per-step "$(size 256 2048)" --learning-rate 2e-3 --head-tokens "$training_head"
+    --tokens-per-step "$(size 256 2048)" --learning-rate 2e-3 --head-tokens "$training_head" \
+    "${evaluation[@]}"
   cp "$work/feature-draft.pt" "$work/feature-draft-phase1.pt"
   "${distill[@]}" train-features --stored-features --init-from "$work/feature-draft-phase1.pt" \
     --steps "$(size 2 1600)" --tokens-per-step "$(size 256 4096)" --learning-rate 1.5e-3 \
-    --evaluate-every "$(size 2 200)" --head-tokens "$training_head"
+    --evaluate-every "$(size 2 200)" --head-tokens "$training_head" "${evaluation[@]}"
   "${distill[@]}" export-features --out "$out" --head-tokens "$(size 512 8192)"
 fi
 echo "wrote $out"
