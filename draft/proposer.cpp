@@ -122,11 +122,26 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
   const bool keep = std::any_of(requests.begin(), requests.end(), [](const DraftRequest& request) {
     return request.keep_distributions;
   });
+  // A reduced head (ModelConfig::output_token_ids) scores part of the vocabulary, every other
+  // token's logit -infinity: a row is processed over the scored tokens alone, entry i standing
+  // for token head_tokens[i] (the softmax, filters and draws of 8,192 entries rather than 49,152
+  // for the demo's draft), and q widened to the vocabulary only where the proposals keep it.
+  const std::span<const int32_t> head_tokens = draft_.config().output_token_ids;
+  const bool reduced = !head_tokens.empty();
+  const int64_t row_width = reduced ? static_cast<int64_t>(head_tokens.size()) : vocab;
+  const auto token_of = [&](int32_t entry) {
+    return reduced && entry >= 0 ? head_tokens[static_cast<size_t>(entry)] : entry;
+  };
+  // The entry of a token; -1 for one the head does not score.
+  const auto entry_of = [&](int32_t token) -> int64_t {
+    if (!reduced) return token;
+    const auto at = std::lower_bound(head_tokens.begin(), head_tokens.end(), token);
+    return at != head_tokens.end() && *at == token ? at - head_tokens.begin() : -1;
+  };
   if (keep) {
     proposals.probs.assign(static_cast<size_t>(batch * proposals.gamma * vocab), 0.0f);
-  } else {
-    q_row_.resize(static_cast<size_t>(vocab));
   }
+  if (!keep || reduced) q_row_.resize(static_cast<size_t>(row_width));
   if (std::any_of(requests.begin(), requests.end(),
                   [](const DraftRequest& request) { return request.lookup_min_ngram > 0; })) {
     proposals.model_offers.assign(static_cast<size_t>(batch * proposals.gamma), -1);
@@ -237,7 +252,14 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
     for (size_t row = 0; row < active.size(); ++row) {
       const int64_t b = active[row];
       const DraftRequest& request = requests[static_cast<size_t>(b)];
-      const std::span<const float> row_logits = logits.last(static_cast<int64_t>(row));
+      std::span<const float> row_logits = logits.last(static_cast<int64_t>(row));
+      if (reduced) {
+        head_logits_.resize(head_tokens.size());
+        for (size_t i = 0; i < head_tokens.size(); ++i) {
+          head_logits_[i] = row_logits[static_cast<size_t>(head_tokens[i])];
+        }
+        row_logits = head_logits_;
+      }
       // The draft model's own confidence, its unprocessed top probability, computed when asked.
       double confidence = -1.0;
       const auto confidence_of_model = [&] {
@@ -264,14 +286,19 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
         continue;  // stop this row without drafting
       }
       const auto slot = static_cast<size_t>(b * proposals.gamma + round);
-      float* q = keep ? proposals.probs.data() + static_cast<int64_t>(slot) * vocab : q_row_.data();
+      float* kept_q = keep ? proposals.probs.data() + static_cast<int64_t>(slot) * vocab : nullptr;
+      // [row_width]: the row's q, where the proposals keep it unless the head is reduced
+      const std::span<float> q(keep && !reduced ? kept_q : q_row_.data(),
+                               static_cast<size_t>(row_width));
       const SamplingParams& sampling = request.sampling ? *request.sampling : sampling_;
-      process_logits(sampling, row_logits, std::span<float>(q, static_cast<size_t>(vocab)));
-      int32_t token =
-          sampling.temperature == 0.0f
-              ? argmax(row_logits)
-              : draw_token(sampling, std::span<const float>(q, static_cast<size_t>(vocab)),
-                           request.stream, request.position + round, Draw::kDraft);
+      process_logits(sampling, row_logits, q);
+      if (keep && reduced) {
+        for (size_t i = 0; i < q.size(); ++i) kept_q[head_tokens[i]] = q[i];
+      }
+      int32_t token = sampling.temperature == 0.0f
+                          ? token_of(argmax(row_logits))
+                          : draw_token(sampling, q, request.stream, request.position + round,
+                                       Draw::kDraft, head_tokens);
       if (looked_up >= 0 && looked_up != token) {
         // A contest: the engine learns from the verdict which of the two to prefer.
         proposals.model_offers[slot] = token;
@@ -286,12 +313,15 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
       // The draft's probability of a token (weights hold the softmax's numerators).
       const auto model_probability = [&](int32_t candidate) {
         const double top = confidence_of_model();  // fills weights first
-        return static_cast<double>(weights[static_cast<size_t>(candidate)]) * top;
+        const int64_t entry = entry_of(candidate);
+        return entry < 0 ? 0.0 : static_cast<double>(weights[static_cast<size_t>(entry)]) * top;
       };
       bool offer = request.alternates > 0;
       if (offer && gated) {
         const double top = confidence_of_model();
-        const bool proposed_is_top = weights[static_cast<size_t>(proposed)] == 1.0f;
+        const int64_t proposed_entry = entry_of(proposed);
+        const bool proposed_is_top =
+            proposed_entry >= 0 && weights[static_cast<size_t>(proposed_entry)] == 1.0f;
         offer = row_reach * (proposed_is_top ? 1.0 - top : top) >= request.alternate_floor;
       }
       if (offer) {
@@ -300,18 +330,19 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
         ranked.resize(static_cast<size_t>(request.alternates) + 2);
         if (sampling.temperature == 0.0f) {
           highest(row_logits, ranked);
+          for (int32_t& entry : ranked) entry = token_of(entry);
         } else if (sampling.shared_noise) {
-          best_with_noise(std::span<const float>(q, static_cast<size_t>(vocab)), request.stream,
-                          request.position + round, ranked);
+          best_with_noise(q, request.stream, request.position + round, ranked, head_tokens);
         } else {
-          highest(std::span<const float>(q, static_cast<size_t>(vocab)), ranked);
+          highest(q, ranked);
+          for (int32_t& entry : ranked) entry = token_of(entry);
         }
       }
-      if (looked_up >= 0 && request.prefer_lookup) {
+      if (keep && looked_up >= 0 && request.prefer_lookup) {
         // Lookup's token whatever the model drew: its q is a point mass, which verification
         // handles exactly.
-        std::fill(q, q + vocab, 0.0f);
-        q[looked_up] = 1.0f;
+        std::fill(kept_q, kept_q + vocab, 0.0f);
+        kept_q[looked_up] = 1.0f;
       }
       token = proposed;
       proposals.tokens[slot] = token;

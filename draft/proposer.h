@@ -128,7 +128,9 @@ class ModelProposer : public Proposer {
     int64_t read_target_features = 0;
   };
   std::vector<DraftSequence> sequences_;
-  std::vector<float> q_row_;  // a draft's q where the proposals keep none, reused
+  // A draft's q where the proposals keep none or the head is reduced, [row width], reused
+  std::vector<float> q_row_;
+  std::vector<float> head_logits_;  // a reduced head's row of logits, [its tokens], reused
   DraftSequence& state(int64_t sequence);
   // Where a feature-reading draft's context may start: past the positions whose target features
   // were never computed (served from the target's prefix cache); 0 for any other draft.

@@ -485,6 +485,55 @@ TEST(Sampler, BestWithNoiseRanksTheSharedNoiseDrawsWinnersInTurn) {
   EXPECT_TRUE((best[0] == 1 && best[1] == 3) || (best[0] == 3 && best[1] == 1));
 }
 
+TEST(Sampler, DrawsOverPartOfTheVocabularyAreTheFullRowsDraws) {
+  // A reduced head's row: probabilities for some tokens alone (their ids given), every other
+  // token's zero. Each draw names the token the full row's draw names, with the full row's noise.
+  std::mt19937 random(17);
+  std::uniform_real_distribution<float> mass(0.0f, 1.0f);
+  const RandomStream stream(23);
+  int64_t different_entries = 0;  // draws whose entry index is not the token: the map is used
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t vocab = 40 + static_cast<size_t>(trial % 50);
+    std::vector<int32_t> tokens;  // strictly increasing, about half the vocabulary
+    for (size_t x = 0; x < vocab; ++x) {
+      if (mass(random) < 0.5f) tokens.push_back(static_cast<int32_t>(x));
+    }
+    if (tokens.empty()) tokens.push_back(static_cast<int32_t>(vocab - 1));
+    std::vector<float> part(tokens.size());
+    std::vector<float> full(vocab, 0.0f);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      // Some of the scored tokens have no mass either (a filter dropped them).
+      part[i] = mass(random) < 0.3f ? 0.0f : mass(random);
+      full[static_cast<size_t>(tokens[i])] = part[i];
+    }
+    if (std::all_of(part.begin(), part.end(), [](float p) { return p == 0.0f; })) {
+      part.back() = 1.0f;
+      full[static_cast<size_t>(tokens.back())] = 1.0f;
+    }
+    const int64_t position = trial * 7;
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    SamplingParams params;
+    params.temperature = 1.0f;
+    for (const bool shared_noise : {false, true}) {
+      params.shared_noise = shared_noise;
+      const int32_t token = draw_token(params, part, stream, position, Draw::kDraft, tokens);
+      ASSERT_EQ(token, draw_token(params, full, stream, position, Draw::kDraft));
+      const auto entry = std::find(tokens.begin(), tokens.end(), token) - tokens.begin();
+      different_entries += token != static_cast<int32_t>(entry) ? 1 : 0;
+    }
+    ASSERT_EQ(sample_with_noise(part, stream, position, tokens),
+              sample_with_noise(full, stream, position));
+    std::vector<int32_t> from_part(6), from_full(6);
+    best_with_noise(part, stream, position, from_part, tokens);
+    best_with_noise(full, stream, position, from_full);
+    ASSERT_EQ(from_part, from_full);
+  }
+  EXPECT_GT(different_entries, 100);
+  // Ids that do not match the probabilities are a caller's error, not a draw.
+  const std::vector<int32_t> too_few = {0, 2};
+  EXPECT_ANY_THROW(sample_with_noise(std::vector<float>{0.5f, 0.2f, 0.3f}, stream, 0, too_few));
+}
+
 TEST(Sampler, HighestRanksValuesWithTiesToTheLowerIdAndSkipsBannedTokens) {
   const float banned = -std::numeric_limits<float>::infinity();
   const std::vector<float> values = {0.5f, 2.0f, banned, 2.0f, -1.0f, 3.0f};

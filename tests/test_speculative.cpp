@@ -363,6 +363,92 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyWithADraftScoringPartOfTheVocabula
   EXPECT_LT(acceptance, 1.0);  // the left-out tokens were never proposed
 }
 
+// A draft with a reduced head processes its rows over the tokens it scores: its drafts, their
+// alternates and its kept q are what the vocabulary-wide row (every other token -infinity) gives.
+TEST_F(SpeculativeTest, AReducedHeadProposesWhatItsVocabularyWideRowsWould) {
+  std::vector<int32_t> kept;
+  for (int32_t id = 0; id < 96; ++id) {
+    if (id % 3 != 1) kept.push_back(id);
+  }
+  fixtures::write_reduced_head_checkpoint(dir_ / "draft", kept, dir_ / "reduced");
+  auto draft = load("reduced");
+  auto reference = load("reduced");
+  int64_t alternates_seen = 0;
+  for (const std::vector<int32_t>& committed : prompts()) {
+    // The reference: the model's last row, vocabulary-wide, processed as a whole.
+    const SequenceInput input{reference->kv_cache().add_sequence(), committed, false};
+    Logits logits;
+    reference->forward(std::span<const SequenceInput>(&input, 1), &logits);
+    const std::span<const float> row = logits.last(0);  // [96]
+    ASSERT_EQ(row.size(), 96u);
+    ASSERT_EQ(row[1], -std::numeric_limits<float>::infinity());
+    enum class Rule { kGreedy, kSharedNoise, kRejection };
+    for (const Rule rule : {Rule::kGreedy, Rule::kSharedNoise, Rule::kRejection}) {
+      for (const float floor : {0.0f, 0.02f}) {
+        SamplingParams params;
+        params.temperature = rule == Rule::kGreedy ? 0.0f : 0.8f;
+        params.top_p = 0.9f;
+        params.shared_noise = rule == Rule::kSharedNoise;
+        const RandomStream stream(3);
+        const int64_t position = 5;
+        ModelProposer proposer(*draft, params, 0.0f);
+        proposer.add_sequence(0);
+        DraftRequest request{0, committed, 1, stream, position};
+        request.keep_distributions = rule == Rule::kRejection;
+        request.alternates = rule == Rule::kRejection ? 0 : 3;
+        request.alternate_floor = floor;
+        const Proposals proposals = proposer.propose(std::span<const DraftRequest>(&request, 1));
+        SCOPED_TRACE("rule " + std::to_string(static_cast<int>(rule)) + ", floor " +
+                     std::to_string(floor) + ", " + std::to_string(committed.size()) + " tokens");
+        ASSERT_EQ(proposals.counts[0], 1);
+
+        std::vector<float> q(row.size());
+        process_logits(params, row, q);
+        const int32_t token = rule == Rule::kGreedy
+                                  ? argmax(row)
+                                  : draw_token(params, q, stream, position, Draw::kDraft);
+        EXPECT_EQ(proposals.tokens[0], token);
+        if (rule == Rule::kRejection) {
+          const std::span<const float> kept_q = proposals.q(0, 0);
+          ASSERT_EQ(kept_q.size(), q.size());
+          for (size_t x = 0; x < q.size(); ++x) {
+            EXPECT_NEAR(kept_q[x], q[x], 1e-6f * q[x]) << "token " << x;
+            EXPECT_EQ(kept_q[x] == 0.0f, q[x] == 0.0f) << "token " << x;
+          }
+          continue;
+        }
+        std::vector<int32_t> ranked(5);
+        if (rule == Rule::kGreedy) {
+          highest(row, ranked);
+        } else {
+          best_with_noise(q, stream, position, ranked);
+        }
+        std::vector<float> weights(row.size());
+        const double top = top_probability(row, weights);
+        std::vector<int32_t> expected;
+        for (const int32_t candidate : ranked) {
+          if (candidate < 0 || candidate == token || expected.size() == 3) continue;
+          if (floor > 0.0f && static_cast<double>(weights[static_cast<size_t>(candidate)]) * top <
+                                  static_cast<double>(floor)) {
+            continue;
+          }
+          expected.push_back(candidate);
+        }
+        std::vector<int32_t> offered;
+        for (const int32_t alternate : proposals.alternates_of(0, 0)) {
+          if (alternate >= 0) offered.push_back(alternate);
+        }
+        EXPECT_EQ(offered, expected);
+        for (const int32_t alternate : offered) {
+          EXPECT_NE(alternate % 3, 1) << "a token the head does not score";
+        }
+        alternates_seen += static_cast<int64_t>(offered.size());
+      }
+    }
+  }
+  EXPECT_GT(alternates_seen, 0);
+}
+
 TEST_F(SpeculativeTest, MethodNoneIsPlainDecodingEvenWhenSampling) {
   // Same seed, same single uniform per token: the step with no drafts reproduces the reference's
   // plain sampling exactly, sampled tokens included.

@@ -399,16 +399,16 @@ class BestTokens {
 }  // namespace
 
 int32_t sample_with_noise(std::span<const float> probs, const RandomStream& stream,
-                          int64_t position) {
+                          int64_t position, std::span<const int32_t> tokens) {
   SPECRUN_CHECK(!probs.empty());
   int32_t best = -1;
-  best_with_noise(probs, stream, position, std::span<int32_t>(&best, 1));
+  best_with_noise(probs, stream, position, std::span<int32_t>(&best, 1), tokens);
   SPECRUN_CHECK(best >= 0) << "cannot sample from a distribution with no mass";
   return best;
 }
 
 void best_with_noise(std::span<const float> probs, const RandomStream& stream, int64_t position,
-                     std::span<int32_t> out) {
+                     std::span<int32_t> out, std::span<const int32_t> tokens) {
   if (out.empty()) return;
   BestTokens best(out);
   // -log u >= 1 - u on (0, 1], so p / (1 - u) bounds a token's score p / -log(u) from above: a
@@ -418,6 +418,30 @@ void best_with_noise(std::span<const float> probs, const RandomStream& stream, i
   // 2^-52), so the ranking is exactly the one scoring every token would find. A token of
   // probability zero never enters.
   constexpr double kBoundMargin = 1.0 + 0x1.0p-40;
+  const auto enter = [&](double p, uint32_t noise_word, int32_t token) {
+    const double u = (static_cast<double>(noise_word) + 0.5) * 0x1.0p-32;  // in (0, 1)
+    if (best.full() && !(p * kBoundMargin >= best.threshold() * (1.0 - u))) return;
+    best.offer(p / -std::log(u), token);
+  };
+  if (!tokens.empty()) {
+    // Part of the vocabulary: each token's noise is the full row's, its block drawn once for the
+    // entries in it, and the tokens are offered in the full row's order (ids increase).
+    SPECRUN_CHECK(tokens.size() == probs.size())
+        << tokens.size() << " token ids for " << probs.size() << " probabilities";
+    int64_t drawn_block = -1;
+    kernels::PhiloxWords noise{};
+    for (size_t i = 0; i < probs.size(); ++i) {
+      const double p = probs[i];
+      if (!(p > 0.0)) continue;
+      const auto token = static_cast<uint32_t>(tokens[i]);
+      if (static_cast<int64_t>(token / 4) != drawn_block) {
+        drawn_block = token / 4;
+        noise = stream.block(position, Draw::kNoise, token / 4);
+      }
+      enter(p, noise.v[token % 4], tokens[i]);
+    }
+    return;
+  }
   const size_t vocab = probs.size();
   // A block of tokens a filter removed cannot enter: its noise (a pure function of the position
   // and the block) is not drawn. Top-p leaves a few dozen of tens of thousands, so the tokens are
@@ -437,10 +461,7 @@ void best_with_noise(std::span<const float> probs, const RandomStream& stream, i
           stream.block(position, Draw::kNoise, static_cast<uint32_t>(first / 4));
       for (size_t x = first; x < end; ++x) {
         const double p = probs[x];
-        const double u = (static_cast<double>(noise.v[x - first]) + 0.5) * 0x1.0p-32;  // in (0, 1)
-        if (!(p > 0.0)) continue;
-        if (best.full() && !(p * kBoundMargin >= best.threshold() * (1.0 - u))) continue;
-        best.offer(p / -std::log(u), static_cast<int32_t>(x));
+        if (p > 0.0) enter(p, noise.v[x - first], static_cast<int32_t>(x));
       }
     }
   }
@@ -457,9 +478,12 @@ void highest(std::span<const float> values, std::span<int32_t> out) {
 }
 
 int32_t draw_token(const SamplingParams& params, std::span<const float> probs,
-                   const RandomStream& stream, int64_t position, Draw draw) {
-  return params.shared_noise ? sample_with_noise(probs, stream, position)
-                             : sample_from(probs, stream.uniform(position, draw));
+                   const RandomStream& stream, int64_t position, Draw draw,
+                   std::span<const int32_t> tokens) {
+  if (params.shared_noise) return sample_with_noise(probs, stream, position, tokens);
+  // Inverse CDF skips entries of probability zero: the full row's draw lands on the same token.
+  const int32_t entry = sample_from(probs, stream.uniform(position, draw));
+  return tokens.empty() ? entry : tokens[static_cast<size_t>(entry)];
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), stream_(params.seed) {

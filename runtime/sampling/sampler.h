@@ -57,15 +57,21 @@ int32_t sample_from(std::span<const float> probs, double uniform);
 // is exactly distributed as p (for independent noise), and two distributions drawn with the same
 // noise agree as often as the Gumbel coupling makes them (at least (1 - tv) / (1 + tv) for total
 // variation tv). Tokens beyond the distribution's width, or of probability zero, never win.
+//
+// `tokens`, where given, names the token each entry of `probs` stands for (strictly increasing
+// ids): a distribution over part of the vocabulary, every other token's probability zero, as a
+// reduced head scores it. The draw is the one the full row would make, token for token; the
+// result is a token id. Empty: entry i is token i.
 int32_t sample_with_noise(std::span<const float> probs, const RandomStream& stream,
-                          int64_t position);
+                          int64_t position, std::span<const int32_t> tokens = {});
 
 // The tokens that win the shared-noise draw of `position` from `probs` (sample_with_noise) and
 // would win it in turn were the ones before them removed, best first, as many as `out` holds; -1
 // past the tokens of probability above zero; at most 16. A draft's other guesses at a position
 // its own draw chose: the next most likely to be the target's own draw with the same noise.
+// `tokens` as sample_with_noise's.
 void best_with_noise(std::span<const float> probs, const RandomStream& stream, int64_t position,
-                     std::span<int32_t> out);
+                     std::span<int32_t> out, std::span<const int32_t> tokens = {});
 
 // The tokens of the highest values, highest first (the lower id among equals), as many as `out`
 // holds (at most 16); -1 past the values above -infinity (a banned token, a token a reduced head
@@ -73,9 +79,11 @@ void best_with_noise(std::span<const float> probs, const RandomStream& stream, i
 void highest(std::span<const float> values, std::span<int32_t> out);
 
 // The token for output `position` from the processed distribution `probs`: with the shared noise
-// when params.shared_noise, else by inverse CDF with the uniform of (position, draw).
+// when params.shared_noise, else by inverse CDF with the uniform of (position, draw). `tokens` as
+// sample_with_noise's: the token the full row would draw.
 int32_t draw_token(const SamplingParams& params, std::span<const float> probs,
-                   const RandomStream& stream, int64_t position, Draw draw);
+                   const RandomStream& stream, int64_t position, Draw draw,
+                   std::span<const int32_t> tokens = {});
 
 // A sampler for one sequence: its n-th sample is the token of output position n, drawn as the
 // engine's plain step draws it (Draw::kToken, or the shared noise).
