@@ -714,6 +714,26 @@ TEST(DistillScript, QuickWithoutAWorkFolderIsRefused) {
       << result.stderr_text;
 }
 
+// --from continues an exported feature draft: it wants one that exists, and not with --plain.
+TEST(DistillScript, FromWithoutADraftOrWithPlainIsRefused) {
+  const std::string script =
+      "bash '" + testing::source_path("tools/pair/distill.sh").string() + "'";
+  const testing::CommandResult missing =
+      testing::run_command(script + " --quick --from /nonexistent/draft.gguf /tmp/unused");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.stderr_text.find("--from needs an exported feature draft's GGUF file, got "
+                                     "'/nonexistent/draft.gguf'"),
+            std::string::npos)
+      << missing.stderr_text;
+  const std::string shipped = testing::source_path("models/smollm2-draft/draft.gguf").string();
+  const testing::CommandResult plain =
+      testing::run_command(script + " --plain --from '" + shipped + "' /tmp/unused");
+  EXPECT_EQ(plain.exit_code, 2);
+  EXPECT_NE(plain.stderr_text.find("--from continues a feature draft, not the --plain one"),
+            std::string::npos)
+      << plain.stderr_text;
+}
+
 }  // namespace
 
 // --chat: the prompt becomes the one user message of the checkpoint's chat template, tokenized

@@ -232,8 +232,9 @@ TEST_F(SmolLm2Test, DistilledDraftAnswersTheDemoQuestionsAsTheTargetDoes) {
 
 // The recipe that made the demo's draft (tools/pair/distill.sh), every step at --quick's size: the
 // target answers questions through specrun, its features are stored, the draft trains on them
-// and is exported as GGUF with a reduced head. What it exports must load beside the target and
-// leave greedy output the target's own. (About two minutes on two cores.)
+// and is exported as GGUF with a reduced head; then (--from) the exported draft trains further
+// on the same answers and features. What it exports must load beside the target and leave greedy
+// output the target's own. (About two and a half minutes on two cores.)
 TEST_F(SmolLm2Test, TheDistillationRecipeRunsEndToEnd) {
   if (testing::venv_python_with("torch, transformers, gguf").empty()) {
     GTEST_SKIP() << "no torch, transformers and gguf in the venv "
@@ -248,9 +249,22 @@ TEST_F(SmolLm2Test, TheDistillationRecipeRunsEndToEnd) {
   const testing::CommandResult made = testing::run_command(distill);
   ASSERT_EQ(made.exit_code, 0) << distill << "\n" << made.stdout_text << made.stderr_text;
   ASSERT_TRUE(fs::exists(draft));
+  // Further from the exported draft (--from), in the same work folder: the answers and features
+  // are reused, and the continued draft is exported.
+  const fs::path continued = dir.path() / "continued.gguf";
+  const std::string further = "SPECRUN_BIN='" + testing::tool_path("specrun").string() +
+                              "' bash '" + testing::source_path("tools/pair/distill.sh").string() +
+                              "' --quick --from '" + draft.string() + "' '" +
+                              (dir.path() / "work").string() + "' '" + continued.string() + "'";
+  const testing::CommandResult trained = testing::run_command(further);
+  ASSERT_EQ(trained.exit_code, 0) << further << "\n" << trained.stdout_text << trained.stderr_text;
+  EXPECT_EQ(trained.stdout_text.find("data.json"), std::string::npos) << "asked the target again";
+  EXPECT_EQ(trained.stdout_text.find("stored the features"), std::string::npos)
+      << "computed the features again";
+  ASSERT_TRUE(fs::exists(continued));
   const fs::path stats_path = dir.path() / "stats.json";
   const std::string line = "'" + testing::tool_path("specrun").string() + "' --target '" +
-                           path_->string() + "' --draft '" + draft.string() +
+                           path_->string() + "' --draft '" + continued.string() +
                            "' --chat --prompt 'Explain how a rainbow forms.' --temperature 0 "
                            "--max-tokens 32 --controller fixed --gamma 2 --compare "
                            "--compare-rounds 1 --quiet --stats-json '" +

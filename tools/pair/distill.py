@@ -34,7 +34,9 @@
                                                  features (EAGLE) learns its next feature and
                                                  token: DIR/feature-draft.pt (--stored-features:
                                                  read store-features' files rather than running
-                                                 the target each step)
+                                                 the target each step; --init-from FILE: further
+                                                 from a saved feature-draft.pt or an exported
+                                                 feature draft's GGUF)
   distill.py export-features --target GGUF --work DIR --out FILE
                                                  that draft as GGUF, its head the target's own
                                                  reduced to --head-tokens tokens
@@ -635,7 +637,10 @@ def train_features(args):
     draft = FeatureDraft(target.config)
     if args.init_from:
         # Further training, on a schedule of its own.
-        draft.load_state_dict(torch.load(args.init_from)["state"])
+        if args.init_from.endswith(".gguf"):
+            load_feature_draft_gguf(draft, args.init_from)
+        else:
+            draft.load_state_dict(torch.load(args.init_from)["state"])
     else:
         draft.initialise_from_target(target)
     head = ReducedHead(target, head_token_ids(args.work, args.head_tokens))
@@ -696,6 +701,52 @@ def train_features(args):
                 break
 
 
+def feature_draft_tensor_names(config):
+    """(GGUF name, FeatureDraft parameter, heads to de-interleave or None) for every tensor
+    export_features writes but the head."""
+    block = "blk.0."
+    names = [("token_embd.weight", "embed.weight", None),
+             ("token_proj.weight", "token_proj.weight", None),
+             ("feature_proj.weight", "feature_proj.weight", None),
+             ("output_norm.weight", "norm.weight", None),
+             (block + "attn_norm.weight", "layer.input_layernorm.weight", None),
+             (block + "ffn_norm.weight", "layer.post_attention_layernorm.weight", None),
+             (block + "attn_q.weight", "layer.self_attn.q_proj.weight",
+              config.num_attention_heads),
+             (block + "attn_k.weight", "layer.self_attn.k_proj.weight",
+              config.num_key_value_heads),
+             (block + "attn_v.weight", "layer.self_attn.v_proj.weight", None),
+             (block + "attn_output.weight", "layer.self_attn.o_proj.weight", None)]
+    return names + [(block + f"ffn_{part}.weight", f"layer.mlp.{part}_proj.weight", None)
+                    for part in ["gate", "up", "down"]]
+
+
+def load_feature_draft_gguf(draft, path):
+    """The inverse of export_features, into `draft` (a FeatureDraft): its Q8_0 matrices
+    dequantised; the head, the target's own reduced, is not the draft's to train and is left."""
+    import gguf
+    reader = gguf.GGUFReader(path)
+    if "specrun.feature_width" not in reader.fields:
+        raise SystemExit(f"distill: {path} is not a feature draft (no specrun.feature_width)")
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    state = {}
+    for gguf_name, name, heads in feature_draft_tensor_names(draft.config):
+        if gguf_name not in tensors:
+            raise SystemExit(f"distill: {path} has no tensor {gguf_name}: not a feature draft "
+                             "that export-features wrote")
+        tensor = tensors[gguf_name]
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        weight = torch.from_numpy(values.copy()).float()
+        state[name] = deinterleave_rope(weight, heads) if heads else weight
+    try:
+        missing, unexpected = draft.load_state_dict(state, strict=False)
+    except RuntimeError as error:
+        raise SystemExit(f"distill: {path} does not match the feature draft's shape: {error}")
+    if unexpected or [key for key in missing if "rotary" not in key]:
+        raise SystemExit(f"distill: {path} does not match the feature draft's shape: missing "
+                         f"{missing}, unexpected {unexpected}")
+
+
 def export_features(args):
     """The feature draft (DIR/feature-draft.pt) as a GGUF file that specrun loads: one llama
     layer of the target's shape, specrun.feature_width, its narrow token embedding and the two
@@ -717,22 +768,12 @@ def export_features(args):
     def matrix(name, tensor):
         write_q8_0(writer, name, tensor)
 
-    matrix("token_embd.weight", state["embed.weight"])
-    matrix("token_proj.weight", state["token_proj.weight"])
-    matrix("feature_proj.weight", state["feature_proj.weight"])
-    writer.add_tensor("output_norm.weight", state["norm.weight"].numpy())
-    block = "blk.0."
-    writer.add_tensor(block + "attn_norm.weight", state["layer.input_layernorm.weight"].numpy())
-    writer.add_tensor(block + "ffn_norm.weight",
-                      state["layer.post_attention_layernorm.weight"].numpy())
-    matrix(block + "attn_q.weight", interleave_rope(state["layer.self_attn.q_proj.weight"],
-                                                    config.num_attention_heads))
-    matrix(block + "attn_k.weight", interleave_rope(state["layer.self_attn.k_proj.weight"],
-                                                    config.num_key_value_heads))
-    matrix(block + "attn_v.weight", state["layer.self_attn.v_proj.weight"])
-    matrix(block + "attn_output.weight", state["layer.self_attn.o_proj.weight"])
-    for part in ["gate", "up", "down"]:
-        matrix(block + f"ffn_{part}.weight", state[f"layer.mlp.{part}_proj.weight"])
+    for gguf_name, name, heads in feature_draft_tensor_names(config):
+        tensor = state[name]
+        if tensor.dim() == 1:  # norms, in f32
+            writer.add_tensor(gguf_name, tensor.numpy())
+        else:
+            matrix(gguf_name, interleave_rope(tensor, heads) if heads else tensor)
     ids = head_token_ids(args.work, args.head_tokens)
     matrix("output.weight", target.lm_head.weight.detach().float()[ids])
     writer.add_array("specrun.output_token_ids", ids)
