@@ -482,6 +482,7 @@ int32_t draw_token(const SamplingParams& params, std::span<const float> probs,
                    std::span<const int32_t> tokens) {
   if (params.shared_noise) return sample_with_noise(probs, stream, position, tokens);
   // Inverse CDF skips entries of probability zero: the full row's draw lands on the same token.
+  SPECRUN_DCHECK(tokens.empty() || tokens.size() == probs.size());
   const int32_t entry = sample_from(probs, stream.uniform(position, draw));
   return tokens.empty() ? entry : tokens[static_cast<size_t>(entry)];
 }
