@@ -721,6 +721,34 @@ def feature_draft_tensor_names(config):
                     for part in ["gate", "up", "down"]]
 
 
+def gguf_draft_state(reader, path, names, what):
+    """The state an export wrote to a GGUF file (reader: its gguf.GGUFReader), by (GGUF name,
+    parameter, heads to de-interleave or None): the Q8_0 matrices dequantised to f32."""
+    import gguf
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    state = {}
+    for gguf_name, name, heads in names:
+        if gguf_name not in tensors:
+            raise SystemExit(f"distill: {path} has no tensor {gguf_name}: not {what}")
+        tensor = tensors[gguf_name]
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        weight = torch.from_numpy(values.copy()).float()
+        state[name] = deinterleave_rope(weight, heads) if heads else weight
+    return state
+
+
+def load_draft_state(model, state, path, whose):
+    """Loads `state` into `model`, every parameter but the rotary buffers, or one error naming
+    the file."""
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as error:
+        raise SystemExit(f"distill: {path} does not match {whose} shape: {error}")
+    if unexpected or [key for key in missing if "rotary" not in key]:
+        raise SystemExit(f"distill: {path} does not match {whose} shape: missing {missing}, "
+                         f"unexpected {unexpected}")
+
+
 def load_feature_draft_gguf(draft, path):
     """The inverse of export_features, into `draft` (a FeatureDraft): its Q8_0 matrices
     dequantised; the head, the target's own reduced, is not the draft's to train and is left."""
@@ -728,23 +756,9 @@ def load_feature_draft_gguf(draft, path):
     reader = gguf.GGUFReader(path)
     if "specrun.feature_width" not in reader.fields:
         raise SystemExit(f"distill: {path} is not a feature draft (no specrun.feature_width)")
-    tensors = {tensor.name: tensor for tensor in reader.tensors}
-    state = {}
-    for gguf_name, name, heads in feature_draft_tensor_names(draft.config):
-        if gguf_name not in tensors:
-            raise SystemExit(f"distill: {path} has no tensor {gguf_name}: not a feature draft "
-                             "that export-features wrote")
-        tensor = tensors[gguf_name]
-        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        weight = torch.from_numpy(values.copy()).float()
-        state[name] = deinterleave_rope(weight, heads) if heads else weight
-    try:
-        missing, unexpected = draft.load_state_dict(state, strict=False)
-    except RuntimeError as error:
-        raise SystemExit(f"distill: {path} does not match the feature draft's shape: {error}")
-    if unexpected or [key for key in missing if "rotary" not in key]:
-        raise SystemExit(f"distill: {path} does not match the feature draft's shape: missing "
-                         f"{missing}, unexpected {unexpected}")
+    state = gguf_draft_state(reader, path, feature_draft_tensor_names(draft.config),
+                             "a feature draft that export-features wrote")
+    load_draft_state(draft, state, path, "the feature draft's")
 
 
 def export_features(args):
@@ -810,24 +824,10 @@ def load_draft_gguf(path, target_path):
     folder, name = os.path.split(os.path.abspath(target_path))
     draft = LlamaForCausalLM(draft_config(AutoConfig.from_pretrained(folder, gguf_file=name)))
     config = draft.config
-    tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(path).tensors}
-    state = {}
-    for gguf_name, hf_name, heads in draft_tensor_names(config):
-        if gguf_name not in tensors:
-            raise SystemExit(f"distill: {path} has no tensor {gguf_name}: not a draft that "
-                             "export wrote")
-        tensor = tensors[gguf_name]
-        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        weight = torch.from_numpy(values.copy()).float()
-        state[hf_name] = deinterleave_rope(weight, heads) if heads else weight
+    state = gguf_draft_state(gguf.GGUFReader(path), path, draft_tensor_names(config),
+                             "a draft that export wrote")
     state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    try:
-        missing, unexpected = draft.load_state_dict(state, strict=False)
-    except RuntimeError as error:
-        raise SystemExit(f"distill: {path} does not match the draft's shape: {error}")
-    if unexpected or [key for key in missing if "rotary" not in key]:
-        raise SystemExit(f"distill: {path} does not match the draft's shape: missing {missing}, "
-                         f"unexpected {unexpected}")
+    load_draft_state(draft, state, path, "the draft's")
     return draft
 
 
