@@ -230,6 +230,15 @@ TEST_F(SmolLm2Test, DistilledDraftAnswersTheDemoQuestionsAsTheTargetDoes) {
   EXPECT_GT(acceptance, 0.26);
 }
 
+// tools/pair/distill.sh at --quick's size, with the built specrun, into WORK and OUT; `from`, where
+// not empty, continues that exported draft (--from).
+std::string quick_distill(const fs::path& work, const fs::path& out, const std::string& from = "") {
+  return "SPECRUN_BIN='" + testing::tool_path("specrun").string() + "' bash '" +
+         testing::source_path("tools/pair/distill.sh").string() + "' --quick " +
+         (from.empty() ? "" : "--from '" + from + "' ") + "'" + work.string() + "' '" +
+         out.string() + "'";
+}
+
 // The recipe that made the demo's draft (tools/pair/distill.sh), every step at --quick's size: the
 // target answers questions through specrun, its features are stored, the draft trains on them
 // and is exported as GGUF with a reduced head; then (--from) the exported draft trains further
@@ -242,20 +251,14 @@ TEST_F(SmolLm2Test, TheDistillationRecipeRunsEndToEnd) {
   }
   testing::TempDir dir;
   const fs::path draft = dir.path() / "draft.gguf";
-  const std::string distill = "SPECRUN_BIN='" + testing::tool_path("specrun").string() +
-                              "' bash '" + testing::source_path("tools/pair/distill.sh").string() +
-                              "' --quick '" + (dir.path() / "work").string() + "' '" +
-                              draft.string() + "'";
+  const std::string distill = quick_distill(dir.path() / "work", draft);
   const testing::CommandResult made = testing::run_command(distill);
   ASSERT_EQ(made.exit_code, 0) << distill << "\n" << made.stdout_text << made.stderr_text;
   ASSERT_TRUE(fs::exists(draft));
   // Further from the exported draft (--from), in the same work folder: the answers and features
   // are reused, and the continued draft is exported.
   const fs::path continued = dir.path() / "continued.gguf";
-  const std::string further = "SPECRUN_BIN='" + testing::tool_path("specrun").string() +
-                              "' bash '" + testing::source_path("tools/pair/distill.sh").string() +
-                              "' --quick --from '" + draft.string() + "' '" +
-                              (dir.path() / "work").string() + "' '" + continued.string() + "'";
+  const std::string further = quick_distill(dir.path() / "work", continued, draft.string());
   const testing::CommandResult trained = testing::run_command(further);
   ASSERT_EQ(trained.exit_code, 0) << further << "\n" << trained.stdout_text << trained.stderr_text;
   EXPECT_EQ(trained.stdout_text.find("data.json"), std::string::npos) << "asked the target again";
@@ -274,6 +277,30 @@ TEST_F(SmolLm2Test, TheDistillationRecipeRunsEndToEnd) {
   const nlohmann::json stats = nlohmann::json::parse(testing::read_file(stats_path));
   EXPECT_GT(stats.at("drafted").get<int64_t>(), 0);
   EXPECT_TRUE(stats.at("baseline_same_output").get<bool>());
+}
+
+// --from wants a feature draft that export-features wrote for this target, and a file that is not
+// one (here the target itself, a GGUF without specrun.feature_width) is refused in one line naming
+// it before the target answers a question (no data.json) or anything is written where the draft
+// would go.
+TEST_F(SmolLm2Test, TheRecipeRefusesToContinueWhatIsNotAFeatureDraft) {
+  if (testing::venv_python_with("torch, transformers, gguf").empty()) {
+    GTEST_SKIP() << "no torch, transformers and gguf in the venv "
+                    "(tools/setup-python.sh transformers gguf)";
+  }
+  testing::TempDir dir;
+  const fs::path work = dir.path() / "work";
+  const fs::path out = dir.path() / "continued.gguf";
+  const std::string distill = quick_distill(work, out, path_->string());
+  const testing::CommandResult refused = testing::run_command(distill);
+  EXPECT_NE(refused.exit_code, 0) << refused.stdout_text;
+  // distill.sh names the file as realpath gives it.
+  EXPECT_NE(refused.stderr_text.find(fs::canonical(*path_).string() +
+                                     " is not a feature draft (no specrun.feature_width)"),
+            std::string::npos)
+      << refused.stderr_text;
+  EXPECT_FALSE(fs::exists(work / "data.json"));
+  EXPECT_FALSE(fs::exists(out));
 }
 
 // The held-out prompts (tests/data/smollm2_prompts.json): chat-formatted questions.

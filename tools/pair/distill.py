@@ -753,12 +753,28 @@ def load_feature_draft_gguf(draft, path):
     """The inverse of export_features, into `draft` (a FeatureDraft): its Q8_0 matrices
     dequantised; the head, the target's own reduced, is not the draft's to train and is left."""
     import gguf
-    reader = gguf.GGUFReader(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"distill: {path} is not a GGUF file: {error}")
     if "specrun.feature_width" not in reader.fields:
         raise SystemExit(f"distill: {path} is not a feature draft (no specrun.feature_width)")
     state = gguf_draft_state(reader, path, feature_draft_tensor_names(draft.config),
                              "a feature draft that export-features wrote")
     load_draft_state(draft, state, path, "the feature draft's")
+
+
+def check_feature_draft(args):
+    """Refuses, in one line naming the file, an --init-from that is not a feature draft of this
+    target's shape as export-features writes it: distill.sh --from asks before the target answers
+    anything (the answers take the better part of an hour)."""
+    if not args.init_from:
+        raise SystemExit("distill: check-feature-draft needs --init-from FILE")
+    from transformers import AutoConfig
+    folder, name = os.path.split(os.path.abspath(args.target))
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    load_feature_draft_gguf(FeatureDraft(config), args.init_from)
+    print(f"distill: {args.init_from} is a feature draft of the target's shape")
 
 
 def export_features(args):
@@ -1046,7 +1062,8 @@ def export(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("step", choices=["generate", "train", "evaluate", "lookup", "export", "store-features",
-                                           "train-features", "export-features"])
+                                           "train-features", "export-features",
+                                           "check-feature-draft"])
     parser.add_argument("--target", required=True, help="the target's GGUF file")
     parser.add_argument("--work", required=True, help="folder for data, checkpoints and logs")
     parser.add_argument("--out", help="export: the draft's GGUF file")

@@ -80,6 +80,8 @@ $quick && evaluation=(--new-topics 4 --max-new-tokens 24)
 # The feature draft trains with a head of the answers' 16,384 most frequent tokens and ships
 # with 8,192 of them.
 training_head=$(size 512 16384)
+# A --from that is not a feature draft of the target's shape is refused before the target answers.
+[[ -z $from ]] || "${distill[@]}" check-feature-draft --init-from "$from"
 [[ -f "$work/data.json" ]] || "${distill[@]}" generate --specrun "$specrun" "${questions[@]}"
 if $plain; then
   "${distill[@]}" train --steps "$(size 2 1200)" --tokens-per-step "$(size 256 4096)" \
