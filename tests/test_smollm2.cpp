@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/model/checkpoint.h"
+#include "runtime/model/gguf.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/text/unicode.h"
@@ -241,8 +242,8 @@ std::string quick_distill(const fs::path& work, const fs::path& out, const std::
 
 // The recipe that made the demo's draft (tools/pair/distill.sh), every step at --quick's size: the
 // target answers questions through specrun, its features are stored, the draft trains on them
-// and is exported as GGUF with a reduced head; then (--from) the exported draft trains further
-// on the same answers and features. What it exports must load beside the target and leave greedy
+// and is exported as GGUF with a reduced head; then (--from) an exported draft trains further on
+// the same answers and features. What it exports must load beside the target and leave greedy
 // output the target's own. (About two and a half minutes on two cores.)
 TEST_F(SmolLm2Test, TheDistillationRecipeRunsEndToEnd) {
   if (testing::venv_python_with("torch, transformers, gguf").empty()) {
@@ -255,16 +256,32 @@ TEST_F(SmolLm2Test, TheDistillationRecipeRunsEndToEnd) {
   const testing::CommandResult made = testing::run_command(distill);
   ASSERT_EQ(made.exit_code, 0) << distill << "\n" << made.stdout_text << made.stderr_text;
   ASSERT_TRUE(fs::exists(draft));
-  // Further from the exported draft (--from), in the same work folder: the answers and features
-  // are reused, and the continued draft is exported.
+  // Further (--from), in the same work folder, from the shipped draft: the answers and features
+  // are reused, the draft it starts from is evaluated first (the checkpoint to beat), at the
+  // depths it trains (two), and it is exported with that draft's head (its 8,192 tokens, not the
+  // at most 512 most frequent in --quick's answers).
+  const fs::path shipped = testing::source_path("models/smollm2-draft/draft.gguf");
   const fs::path continued = dir.path() / "continued.gguf";
-  const std::string further = quick_distill(dir.path() / "work", continued, draft.string());
+  const std::string further = quick_distill(dir.path() / "work", continued, shipped.string());
   const testing::CommandResult trained = testing::run_command(further);
   ASSERT_EQ(trained.exit_code, 0) << further << "\n" << trained.stdout_text << trained.stderr_text;
   EXPECT_EQ(trained.stdout_text.find("data.json"), std::string::npos) << "asked the target again";
   EXPECT_EQ(trained.stdout_text.find("stored the features"), std::string::npos)
       << "computed the features again";
   ASSERT_TRUE(fs::exists(continued));
+  const nlohmann::json history =
+      nlohmann::json::parse(testing::read_file(dir.path() / "work" / "feature-history.json"));
+  ASSERT_GE(history.size(), 2u) << history.dump();
+  EXPECT_EQ(history.front().at("step").get<int64_t>(), 0);
+  for (const char* set : {"held_out", "new_topics"}) {
+    EXPECT_TRUE(history.front().at(set).contains("agreement_depth2")) << history.front().dump();
+    EXPECT_FALSE(history.front().at(set).contains("agreement_depth3")) << history.front().dump();
+  }
+  const std::vector<int32_t> shipped_head = gguf_model_config(GgufFile(shipped)).output_token_ids;
+  EXPECT_EQ(shipped_head.size(), 8192u);
+  EXPECT_EQ(gguf_model_config(GgufFile(continued)).output_token_ids, shipped_head);
+  // --quick's own head: at most 512 tokens, as many as its answers hold.
+  EXPECT_LE(gguf_model_config(GgufFile(draft)).output_token_ids.size(), 512u);
   const fs::path stats_path = dir.path() / "stats.json";
   const std::string line = "'" + testing::tool_path("specrun").string() + "' --target '" +
                            path_->string() + "' --draft '" + continued.string() +
@@ -300,6 +317,30 @@ TEST_F(SmolLm2Test, TheRecipeRefusesToContinueWhatIsNotAFeatureDraft) {
             std::string::npos)
       << refused.stderr_text;
   EXPECT_FALSE(fs::exists(work / "data.json"));
+  EXPECT_FALSE(fs::exists(out));
+}
+
+// A work folder's answers are reused only for the number of questions asked: answers to another
+// number are refused in one line naming the file, before the target answers or a draft trains.
+TEST_F(SmolLm2Test, TheRecipeRefusesAnswersToAnotherNumberOfQuestions) {
+  if (testing::venv_python_with("torch, transformers, gguf").empty()) {
+    GTEST_SKIP() << "no torch, transformers and gguf in the venv "
+                    "(tools/setup-python.sh transformers gguf)";
+  }
+  testing::TempDir dir;
+  const fs::path work = dir.path() / "work";
+  fs::create_directories(work);
+  testing::write_file(work / "data.json",
+                      R"({"questions": ["What is rain?", "What is snow?"], "records": []})");
+  const fs::path out = dir.path() / "draft.gguf";
+  const testing::CommandResult refused = testing::run_command(quick_distill(work, out));
+  EXPECT_EQ(refused.exit_code, 2) << refused.stdout_text;
+  EXPECT_NE(refused.stderr_text.find(fs::canonical(work).string() +
+                                     "/data.json holds the answers to 2 questions, not the 40 "
+                                     "asked"),
+            std::string::npos)
+      << refused.stderr_text;
+  EXPECT_FALSE(fs::exists(work / "features.json"));
   EXPECT_FALSE(fs::exists(out));
 }
 

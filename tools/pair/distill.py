@@ -582,12 +582,12 @@ class ReducedHead:
         self.index[torch.tensor(ids)] = torch.arange(len(ids))
 
 
-def feature_draft_losses(draft, features, ids, labels, head):
+def feature_draft_losses(draft, features, ids, labels, head, depth):
     """Depth 1: the draft reads the target's features f_0..f_{n-2} ([batch, width, 576]) with
     tokens x_1..x_{n-1} and predicts f_1..f_{n-1} (smooth L1) and, through the target's head
-    reduced as exported, x_2..x_n (cross-entropy on the answer positions). Depth 2: the same with
-    its own predictions as the features, as a second draft in a row reads them. Returns (loss,
-    depth-1 agreement, depth-2 agreement)."""
+    reduced as exported, x_2..x_n (cross-entropy on the answer positions). Depth d > 1: the same
+    with its own predictions of depth d - 1 as the features, as the d-th draft in a row reads
+    them, weighted by half the depth before's. Returns (loss, [agreement at each depth])."""
     inputs, tokens = features[:, :-1], ids[:, 1:]
     mask = labels[:, 1:] != -100  # position j's output scores x_{j+1}
     answers = head.index[labels[:, 1:][mask]]
@@ -595,41 +595,46 @@ def feature_draft_losses(draft, features, ids, labels, head):
     total, agreements = 0.0, []
     with torch.autocast("cpu", dtype=torch.bfloat16):
         predicted = draft(inputs, tokens).float()
-        for depth, weight in ((1, 1.0), (2, 0.5)):
-            if depth == 2:
+        for level in range(1, depth + 1):
+            if level > 1:
                 fed = torch.cat([inputs[:, :1], predicted[:, :-1].detach()], 1)
                 predicted = draft(fed, tokens).float()
             chosen = predicted[mask]
             logits = F.linear(chosen, head.weight).float()
-            total = total + weight * (F.smooth_l1_loss(chosen, truth) +
-                                      F.cross_entropy(logits, answers, ignore_index=-100))
+            total = total + 0.5 ** (level - 1) * (
+                F.smooth_l1_loss(chosen, truth) +
+                F.cross_entropy(logits, answers, ignore_index=-100))
             agreements.append((logits.argmax(-1) == answers).float().mean())
-    return total, agreements[0], agreements[1]
+    return total, agreements
 
 
-def feature_draft_metrics(draft, items, features_of, tokens_per_batch, head):
-    """Held-out loss and agreement at depth 1 and 2 over `items`; features_of(indices, ids) gives
-    the target's features of a batch of them."""
+def feature_draft_metrics(draft, items, features_of, tokens_per_batch, head, depth):
+    """Held-out loss and agreement at depths 1 to `depth` over `items`; features_of(indices, ids)
+    gives the target's features of a batch of them."""
     draft.eval()
-    sums, count = [0.0, 0.0, 0.0], 0
+    sums, count = [0.0] * (depth + 1), 0
     with torch.no_grad():
         for indices, ids, labels in indexed_batches(items, tokens_per_batch,
                                                     torch.Generator().manual_seed(0)):
             n = int((labels[:, 1:] != -100).sum())
-            loss, first, second = feature_draft_losses(draft, features_of(indices, ids), ids,
-                                                       labels, head)
-            for i, value in enumerate((loss, first, second)):
+            loss, agreements = feature_draft_losses(draft, features_of(indices, ids), ids, labels,
+                                                    head, depth)
+            for i, value in enumerate([loss] + agreements):
                 sums[i] += float(value) * n
             count += n
     draft.train()
-    return {"loss": sums[0] / max(count, 1), "agreement_depth1": sums[1] / max(count, 1),
-            "agreement_depth2": sums[2] / max(count, 1), "tokens": count}
+    metrics = {"loss": sums[0] / max(count, 1)}
+    for level in range(1, depth + 1):
+        metrics[f"agreement_depth{level}"] = sums[level] / max(count, 1)
+    return {**metrics, "tokens": count}
 
 
 def train_features(args):
     """Trains a FeatureDraft on the target's answers (data.json), the target computing its
     features as it goes (or, --stored-features, reading those store-features wrote):
-    DIR/feature-draft.pt, the checkpoint with the lowest held-out loss."""
+    DIR/feature-draft.pt, the checkpoint with the lowest held-out loss, the draft it starts from
+    (--init-from) evaluated first and kept unless a step beats it. --depth: drafts in a row it
+    learns to make."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     target = load_target(args.target)
@@ -675,28 +680,38 @@ def train_features(args):
     generator = torch.Generator().manual_seed(args.seed)
     step, start, history, best = 0, time.time(), [], None
     draft.train()
+
+    def evaluate():
+        # The checkpoint with the lowest held-out loss is kept; a draft trained further starts as
+        # the one to beat.
+        nonlocal best
+        metrics = {"held_out": feature_draft_metrics(draft, held_out, held_out_features_of,
+                                                     args.tokens_per_step, head, args.depth),
+                   "new_topics": feature_draft_metrics(draft, new_topics, computed,
+                                                       args.tokens_per_step, head, args.depth)}
+        history.append({"step": step, "seconds": time.time() - start, **metrics})
+        log(f"evaluated: {json.dumps(metrics)}")
+        with open(os.path.join(args.work, "feature-history.json"), "w") as file:
+            json.dump(history, file, indent=1)
+        if best is None or metrics["held_out"]["loss"] < best:
+            best = metrics["held_out"]["loss"]
+            torch.save({"state": draft.state_dict(), "step": step, "args": vars(args)},
+                       os.path.join(args.work, "feature-draft.pt"))
+
+    if args.init_from:
+        evaluate()
     while step < args.steps:
         for indices, ids, labels in indexed_batches(train_set, args.tokens_per_step, generator):
-            loss, first, second = feature_draft_losses(draft, train_features_of(indices, ids), ids,
-                                                       labels, head)
+            loss, agreements = feature_draft_losses(draft, train_features_of(indices, ids), ids,
+                                                    labels, head, args.depth)
             optimizer_step(loss, trainable, optimizer, schedule)
             step += 1
             if step % 25 == 0 or step == args.steps:
                 log(f"step {step}/{args.steps}: loss {loss.item():.3f}, agreement "
-                    f"{first.item():.3f} / {second.item():.3f}, {time.time() - start:.0f} s")
+                    f"{' / '.join(f'{a.item():.3f}' for a in agreements)}, "
+                    f"{time.time() - start:.0f} s")
             if step % args.evaluate_every == 0 or step == args.steps:
-                metrics = {"held_out": feature_draft_metrics(draft, held_out, held_out_features_of,
-                                                             args.tokens_per_step, head),
-                           "new_topics": feature_draft_metrics(draft, new_topics, computed,
-                                                               args.tokens_per_step, head)}
-                history.append({"step": step, "seconds": time.time() - start, **metrics})
-                log(f"evaluated: {json.dumps(metrics)}")
-                with open(os.path.join(args.work, "feature-history.json"), "w") as file:
-                    json.dump(history, file, indent=1)
-                if best is None or metrics["held_out"]["loss"] < best:
-                    best = metrics["held_out"]["loss"]
-                    torch.save({"state": draft.state_dict(), "step": step, "args": vars(args)},
-                               os.path.join(args.work, "feature-draft.pt"))
+                evaluate()
             if step == args.steps:
                 break
 
@@ -749,14 +764,19 @@ def load_draft_state(model, state, path, whose):
                          f"unexpected {unexpected}")
 
 
+def read_draft_gguf(path):
+    """A gguf.GGUFReader of `path`, or one error naming the file."""
+    import gguf
+    try:
+        return gguf.GGUFReader(path)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"distill: {path} is not a GGUF file: {error}")
+
+
 def load_feature_draft_gguf(draft, path):
     """The inverse of export_features, into `draft` (a FeatureDraft): its Q8_0 matrices
     dequantised; the head, the target's own reduced, is not the draft's to train and is left."""
-    import gguf
-    try:
-        reader = gguf.GGUFReader(path)
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"distill: {path} is not a GGUF file: {error}")
+    reader = read_draft_gguf(path)
     if "specrun.feature_width" not in reader.fields:
         raise SystemExit(f"distill: {path} is not a feature draft (no specrun.feature_width)")
     state = gguf_draft_state(reader, path, feature_draft_tensor_names(draft.config),
@@ -777,12 +797,23 @@ def check_feature_draft(args):
     print(f"distill: {args.init_from} is a feature draft of the target's shape")
 
 
+def exported_head_token_ids(path):
+    """The tokens an exported draft's reduced head scores (specrun.output_token_ids), so that a
+    draft trained further keeps its head whatever answers it trained on."""
+    field = read_draft_gguf(path).fields.get("specrun.output_token_ids")
+    if field is None:
+        raise SystemExit(f"distill: {path} has no reduced head (no specrun.output_token_ids)")
+    ids = [int(field.parts[index][0]) for index in field.data]
+    log(f"reduced head: the {len(ids)} tokens of {path}")
+    return ids
+
+
 def export_features(args):
     """The feature draft (DIR/feature-draft.pt) as a GGUF file that specrun loads: one llama
     layer of the target's shape, specrun.feature_width, its narrow token embedding and the two
     input projections (token_proj, feature_proj), Q8_0 matrices, f32 norms, and as its head the
-    target's own (tied) head reduced to --head-tokens tokens; the target's tokenizer keys copied
-    verbatim."""
+    target's own (tied) head reduced to --head-tokens tokens (or those --head-from's scores); the
+    target's tokenizer keys copied verbatim."""
     if not args.out:
         raise SystemExit("distill: export-features needs --out FILE")
     target = load_target(args.target)
@@ -804,7 +835,8 @@ def export_features(args):
             writer.add_tensor(gguf_name, tensor.numpy())
         else:
             matrix(gguf_name, interleave_rope(tensor, heads) if heads else tensor)
-    ids = head_token_ids(args.work, args.head_tokens)
+    ids = head_token_ids(args.work, args.head_tokens) if not args.head_from else \
+        exported_head_token_ids(args.head_from)
     matrix("output.weight", target.lm_head.weight.detach().float()[ids])
     writer.add_array("specrun.output_token_ids", ids)
     log(f"the feature draft of step {saved['step']}")
@@ -1098,7 +1130,15 @@ def main():
                         "questions the held-out metrics include (default all)")
     parser.add_argument("--head-tokens", type=int, default=16384,
                         help="export: tokens the draft's head scores (0: the whole vocabulary)")
+    parser.add_argument("--head-from",
+                        help="export-features: the head scores the tokens this exported draft's "
+                             "does, rather than the answers' most frequent")
+    parser.add_argument("--depth", type=int, default=2,
+                        help="train-features: drafts in a row the draft trains to make, each past "
+                             "the first reading its own output features (weights halving)")
     args = parser.parse_args()
+    if args.depth < 1:
+        parser.error(f"--depth takes at least 1, got {args.depth}")
     if args.new_topics < 1:
         parser.error(f"--new-topics takes at least 1, got {args.new_topics}")
     os.makedirs(args.work, exist_ok=True)

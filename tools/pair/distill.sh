@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Distils a draft for the chat demo's target, SmolLM2-135M-Instruct, on the CPU:
-#   tools/pair/distill.sh [--plain] [--quick] [--from DRAFT_GGUF] [WORK_DIR] [OUT]
-# The target answers 9,600 generated questions through `specrun serve` (greedy and at T 0.7,
-# top-p 0.9; ~35-46 minutes on two idle cores), kept in WORK_DIR (default build/distill) and
-# asked again only where it has none.
+#   tools/pair/distill.sh [--plain] [--quick] [--from DRAFT_GGUF] [--questions N] [WORK_DIR] [OUT]
+# The target answers 9,600 generated questions (--questions N: the first N of them) through
+# `specrun serve` (greedy and at T 0.7, top-p 0.9; ~35-46 minutes on two idle cores), kept in
+# WORK_DIR (default build/distill) and asked again only where it has none; answers kept for
+# another number of questions are refused.
 # The demo's draft (the default, installed as OUT, default models/smollm2-draft/draft.gguf): one
 # layer that reads the target's features (EAGLE-style; README "Drafts that read the target's
 # features"). The target's features at every position of the answers are computed once
@@ -23,8 +24,10 @@
 # --from DRAFT_GGUF: the feature draft trains further from this exported draft (e.g. the shipped
 # models/smollm2-draft/draft.gguf, its matrices dequantised from Q8_0) rather than from the
 # target: one phase of 800 steps of 4,096 tokens at a peak learning rate of 1e-3 (~36 minutes on
-# the 2-core EPYC; how the shipped draft was trained from the one before it). A file that is
-# not a feature draft of the target's shape is refused before the target answers anything.
+# the 2-core EPYC; how the shipped draft was trained from the one before it), the draft it starts
+# from evaluated first and kept unless a step beats it, and exported with that draft's head. A
+# file that is not a feature draft of the target's shape is refused before the target answers
+# anything.
 # SPECRUN_BIN: the specrun that answers the questions, instead of building build/bin/specrun.
 # The answers (data.json) and the stored features (features.json) are computed only where WORK_DIR
 # has none.
@@ -32,7 +35,8 @@ set -euo pipefail
 plain=false
 quick=false
 from=""
-while [[ ${1:-} == --plain || ${1:-} == --quick || ${1:-} == --from ]]; do
+questions_asked=9600
+while [[ ${1:-} == --plain || ${1:-} == --quick || ${1:-} == --from || ${1:-} == --questions ]]; do
   case $1 in
     --plain) plain=true ;;
     --quick) quick=true ;;
@@ -42,6 +46,14 @@ while [[ ${1:-} == --plain || ${1:-} == --quick || ${1:-} == --from ]]; do
         exit 2
       fi
       from=$(realpath "$2")
+      shift
+      ;;
+    --questions)
+      if [[ ! ${2:-} =~ ^[1-9][0-9]*$ ]]; then
+        echo "distill.sh: --questions needs a positive count, got '${2:-}'" >&2
+        exit 2
+      fi
+      questions_asked=$2
       shift
       ;;
   esac
@@ -75,7 +87,8 @@ mkdir -p "$work" "$(dirname "$out")"
 distill=("$python" "$root/tools/pair/distill.py" --target "$target" --work "$work")
 # The sizes of each step: the recipe's, or --quick's (the first value of each pair).
 size() { if $quick; then echo "$1"; else echo "$2"; fi; }
-questions=(--questions "$(size 40 9600)" --max-new-tokens "$(size 24 192)" --batch "$(size 8 48)")
+questions=(--questions "$(size 40 "$questions_asked")" --max-new-tokens "$(size 24 192)"
+  --batch "$(size 8 48)")
 # The held-out metrics' answers to questions on new topics: --quick's four, of 24 tokens at most.
 evaluation=()
 $quick && evaluation=(--new-topics 4 --max-new-tokens 24)
@@ -84,7 +97,17 @@ $quick && evaluation=(--new-topics 4 --max-new-tokens 24)
 training_head=$(size 512 16384)
 # A --from that is not a feature draft of the target's shape is refused before the target answers.
 [[ -z $from ]] || "${distill[@]}" check-feature-draft --init-from "$from"
-[[ -f "$work/data.json" ]] || "${distill[@]}" generate --specrun "$specrun" "${questions[@]}"
+if [[ -f "$work/data.json" ]]; then
+  kept=$("$python" -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["questions"]))' \
+    "$work/data.json")
+  if [[ $kept != "${questions[1]}" ]]; then
+    echo "distill.sh: $work/data.json holds the answers to $kept questions, not the" \
+      "${questions[1]} asked: give another WORK_DIR, or remove it to ask again" >&2
+    exit 2
+  fi
+else
+  "${distill[@]}" generate --specrun "$specrun" "${questions[@]}"
+fi
 if $plain; then
   "${distill[@]}" train --steps "$(size 2 1200)" --tokens-per-step "$(size 256 4096)" \
     --evaluate-every "$(size 2 100)" "${evaluation[@]}"
@@ -102,7 +125,7 @@ if [[ -n $from ]]; then
   "${distill[@]}" train-features --stored-features --init-from "$from" --steps "$(size 2 800)" \
     --tokens-per-step "$(size 256 4096)" --learning-rate 1e-3 --evaluate-every "$(size 2 200)" \
     --head-tokens "$training_head" "${evaluation[@]}"
-  "${distill[@]}" export-features --out "$out" --head-tokens "$(size 512 8192)"
+  "${distill[@]}" export-features --out "$out" --head-from "$from"
 elif ! $plain; then
   "${distill[@]}" train-features --stored-features --steps "$(size 2 850)" \
     --tokens-per-step "$(size 256 2048)" --learning-rate 2e-3 --head-tokens "$training_head" \
