@@ -734,6 +734,43 @@ TEST(DistillScript, FromWithoutADraftOrWithPlainIsRefused) {
       << plain.stderr_text;
 }
 
+// --questions takes a positive count of questions, refused otherwise before anything runs.
+TEST(DistillScript, QuestionsWantAPositiveCount) {
+  const std::string script =
+      "bash '" + testing::source_path("tools/pair/distill.sh").string() + "'";
+  for (const std::string count : {"0", "-3", "many", ""}) {
+    const testing::CommandResult result =
+        testing::run_command(script + " --questions '" + count + "' /tmp/unused");
+    EXPECT_EQ(result.exit_code, 2) << count;
+    EXPECT_NE(result.stderr_text.find("--questions needs a positive count, got '" + count + "'"),
+              std::string::npos)
+        << result.stderr_text;
+  }
+}
+
+// tools/pair/measure-tokens-per-step.py refuses a shape that is not GAMMA:ALTERNATES with a
+// positive gamma, and a draft that is not a file, in one line each, before running anything.
+TEST(MeasureTokensPerStep, BadShapesAndMissingDraftsAreRefused) {
+  const std::string script =
+      "python3 '" + testing::source_path("tools/pair/measure-tokens-per-step.py").string() + "'";
+  const std::string draft = testing::source_path("models/smollm2-draft/draft.gguf").string();
+  for (const std::string shape : {"2", "0:1", "two:1", "2:-1"}) {
+    const testing::CommandResult result = testing::run_command(
+        script + " --draft '" + draft + "' --shape '" + shape + "' --out /tmp/unused.json");
+    EXPECT_EQ(result.exit_code, 2) << shape;
+    EXPECT_NE(
+        result.stderr_text.find("--shape takes GAMMA:ALTERNATES (e.g. 2:1), got '" + shape + "'"),
+        std::string::npos)
+        << result.stderr_text;
+  }
+  const testing::CommandResult missing = testing::run_command(
+      script + " --draft /nonexistent/draft.gguf --shape 2:1 --out /tmp/unused.json");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.stderr_text.find("--draft /nonexistent/draft.gguf: no such file"),
+            std::string::npos)
+      << missing.stderr_text;
+}
+
 }  // namespace
 
 // --chat: the prompt becomes the one user message of the checkpoint's chat template, tokenized
