@@ -344,6 +344,34 @@ TEST_F(SmolLm2Test, TheRecipeRefusesAnswersToAnotherNumberOfQuestions) {
   EXPECT_FALSE(fs::exists(out));
 }
 
+// export-features --head-from takes the head of an exported draft: a GGUF without one (here the
+// target) or a file that is not GGUF is refused in one line naming it, before the target loads or
+// anything is written.
+TEST_F(SmolLm2Test, ExportingWithTheHeadOfWhatIsNotADraftIsRefused) {
+  const std::string python = testing::venv_python_with("torch, transformers, gguf");
+  if (python.empty()) {
+    GTEST_SKIP() << "no torch, transformers and gguf in the venv "
+                    "(tools/setup-python.sh transformers gguf)";
+  }
+  testing::TempDir dir;
+  const fs::path out = dir.path() / "draft.gguf";
+  const fs::path not_gguf = testing::source_path("README.md");
+  const std::vector<std::pair<fs::path, std::string>> cases = {
+      {*path_, " has no reduced head (no specrun.output_token_ids)"},
+      {not_gguf, " is not a GGUF file"}};
+  for (const auto& [head, why] : cases) {
+    const std::string line =
+        "'" + python + "' '" + testing::source_path("tools/pair/distill.py").string() +
+        "' export-features --target '" + path_->string() + "' --work '" + dir.path().string() +
+        "' --out '" + out.string() + "' --head-from '" + head.string() + "'";
+    const testing::CommandResult refused = testing::run_command(line);
+    EXPECT_NE(refused.exit_code, 0) << line;
+    EXPECT_NE(refused.stderr_text.find("distill: " + head.string() + why), std::string::npos)
+        << refused.stderr_text;
+    EXPECT_FALSE(fs::exists(out));
+  }
+}
+
 // The held-out prompts (tests/data/smollm2_prompts.json): chat-formatted questions.
 std::vector<std::string> held_out_prompts() {
   const nlohmann::json file = nlohmann::json::parse(

@@ -816,6 +816,8 @@ def export_features(args):
     target's tokenizer keys copied verbatim."""
     if not args.out:
         raise SystemExit("distill: export-features needs --out FILE")
+    # A --head-from without a reduced head is refused before anything loads or is written.
+    ids = exported_head_token_ids(args.head_from) if args.head_from else None
     target = load_target(args.target)
     config = target.config
     saved = torch.load(os.path.join(args.work, "feature-draft.pt"))
@@ -835,8 +837,8 @@ def export_features(args):
             writer.add_tensor(gguf_name, tensor.numpy())
         else:
             matrix(gguf_name, interleave_rope(tensor, heads) if heads else tensor)
-    ids = head_token_ids(args.work, args.head_tokens) if not args.head_from else \
-        exported_head_token_ids(args.head_from)
+    if ids is None:
+        ids = head_token_ids(args.work, args.head_tokens)
     matrix("output.weight", target.lm_head.weight.detach().float()[ids])
     writer.add_array("specrun.output_token_ids", ids)
     log(f"the feature draft of step {saved['step']}")
