@@ -231,6 +231,13 @@ TEST_F(SmolLm2Test, DistilledDraftAnswersTheDemoQuestionsAsTheTargetDoes) {
   EXPECT_GT(acceptance, 0.26);
 }
 
+// The venv's Python with what tools/pair/distill.py imports; empty without.
+std::string distill_python() {
+  return testing::venv_python_with("torch, transformers, gguf");
+}
+constexpr const char* kNoDistillPython =
+    "no torch, transformers and gguf in the venv (tools/setup-python.sh transformers gguf)";
+
 // tools/pair/distill.sh at --quick's size, with the built specrun, into WORK and OUT; `from`, where
 // not empty, continues that exported draft (--from).
 std::string quick_distill(const fs::path& work, const fs::path& out, const std::string& from = "") {
@@ -246,10 +253,7 @@ std::string quick_distill(const fs::path& work, const fs::path& out, const std::
 // the same answers and features. What it exports must load beside the target and leave greedy
 // output the target's own. (About two and a half minutes on two cores.)
 TEST_F(SmolLm2Test, TheDistillationRecipeRunsEndToEnd) {
-  if (testing::venv_python_with("torch, transformers, gguf").empty()) {
-    GTEST_SKIP() << "no torch, transformers and gguf in the venv "
-                    "(tools/setup-python.sh transformers gguf)";
-  }
+  if (distill_python().empty()) GTEST_SKIP() << kNoDistillPython;
   testing::TempDir dir;
   const fs::path draft = dir.path() / "draft.gguf";
   const std::string distill = quick_distill(dir.path() / "work", draft);
@@ -301,10 +305,7 @@ TEST_F(SmolLm2Test, TheDistillationRecipeRunsEndToEnd) {
 // it before the target answers a question (no data.json) or anything is written where the draft
 // would go.
 TEST_F(SmolLm2Test, TheRecipeRefusesToContinueWhatIsNotAFeatureDraft) {
-  if (testing::venv_python_with("torch, transformers, gguf").empty()) {
-    GTEST_SKIP() << "no torch, transformers and gguf in the venv "
-                    "(tools/setup-python.sh transformers gguf)";
-  }
+  if (distill_python().empty()) GTEST_SKIP() << kNoDistillPython;
   testing::TempDir dir;
   const fs::path work = dir.path() / "work";
   const fs::path out = dir.path() / "continued.gguf";
@@ -323,10 +324,7 @@ TEST_F(SmolLm2Test, TheRecipeRefusesToContinueWhatIsNotAFeatureDraft) {
 // A work folder's answers are reused only for the number of questions asked: answers to another
 // number are refused in one line naming the file, before the target answers or a draft trains.
 TEST_F(SmolLm2Test, TheRecipeRefusesAnswersToAnotherNumberOfQuestions) {
-  if (testing::venv_python_with("torch, transformers, gguf").empty()) {
-    GTEST_SKIP() << "no torch, transformers and gguf in the venv "
-                    "(tools/setup-python.sh transformers gguf)";
-  }
+  if (distill_python().empty()) GTEST_SKIP() << kNoDistillPython;
   testing::TempDir dir;
   const fs::path work = dir.path() / "work";
   fs::create_directories(work);
@@ -348,11 +346,8 @@ TEST_F(SmolLm2Test, TheRecipeRefusesAnswersToAnotherNumberOfQuestions) {
 // target) or a file that is not GGUF is refused in one line naming it, before the target loads or
 // anything is written.
 TEST_F(SmolLm2Test, ExportingWithTheHeadOfWhatIsNotADraftIsRefused) {
-  const std::string python = testing::venv_python_with("torch, transformers, gguf");
-  if (python.empty()) {
-    GTEST_SKIP() << "no torch, transformers and gguf in the venv "
-                    "(tools/setup-python.sh transformers gguf)";
-  }
+  const std::string python = distill_python();
+  if (python.empty()) GTEST_SKIP() << kNoDistillPython;
   testing::TempDir dir;
   const fs::path out = dir.path() / "draft.gguf";
   const fs::path not_gguf = testing::source_path("README.md");

@@ -87,8 +87,8 @@ mkdir -p "$work" "$(dirname "$out")"
 distill=("$python" "$root/tools/pair/distill.py" --target "$target" --work "$work")
 # The sizes of each step: the recipe's, or --quick's (the first value of each pair).
 size() { if $quick; then echo "$1"; else echo "$2"; fi; }
-questions=(--questions "$(size 40 "$questions_asked")" --max-new-tokens "$(size 24 192)"
-  --batch "$(size 8 48)")
+asked=$(size 40 "$questions_asked")
+questions=(--questions "$asked" --max-new-tokens "$(size 24 192)" --batch "$(size 8 48)")
 # The held-out metrics' answers to questions on new topics: --quick's four, of 24 tokens at most.
 evaluation=()
 $quick && evaluation=(--new-topics 4 --max-new-tokens 24)
@@ -100,9 +100,9 @@ training_head=$(size 512 16384)
 if [[ -f "$work/data.json" ]]; then
   kept=$("$python" -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["questions"]))' \
     "$work/data.json")
-  if [[ $kept != "${questions[1]}" ]]; then
-    echo "distill.sh: $work/data.json holds the answers to $kept questions, not the" \
-      "${questions[1]} asked: give another WORK_DIR, or remove it to ask again" >&2
+  if [[ $kept != "$asked" ]]; then
+    echo "distill.sh: $work/data.json holds the answers to $kept questions, not the $asked" \
+      "asked: give another WORK_DIR, or remove it to ask again" >&2
     exit 2
   fi
 else

@@ -26,14 +26,19 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "pair"))
 import chat_prompts  # noqa: E402
 
 
+def specrun_arguments(target, draft, question, temperature, gamma, alternates):
+    """specrun's arguments for one answer of at most 200 tokens, as the demo quantizes."""
+    return ["--target", target, "--draft", draft, "--draft-quantize", "int8", "--quantize-lm-head",
+            "--activations", "int8", "--max-tokens", "200", "--chat", "--prompt", question,
+            "--temperature", str(temperature), "--top-p", "0.9", "--seed", "1", "--controller",
+            "fixed", "--gamma", str(gamma), "--draft-alternates", str(alternates)]
+
+
 def run(specrun, target, draft, question, temperature, gamma, alternates):
-    """(tokens, steps) of one answer, at most 200 tokens."""
+    """(tokens, steps) of one answer."""
     with tempfile.NamedTemporaryFile(suffix=".json") as stats_file:
-        command = [specrun, "--target", target, "--draft", draft, "--draft-quantize", "int8",
-                   "--quantize-lm-head", "--activations", "int8", "--max-tokens", "200", "--chat",
-                   "--prompt", question, "--temperature", str(temperature), "--top-p", "0.9",
-                   "--seed", "1", "--controller", "fixed", "--gamma", str(gamma),
-                   "--draft-alternates", str(alternates), "--quiet", "--stats-json",
+        command = [specrun, *specrun_arguments(target, draft, question, temperature, gamma,
+                                               alternates), "--quiet", "--stats-json",
                    stats_file.name]
         done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True)
@@ -84,11 +89,8 @@ def main():
                            "(tools/pair/measure-tokens-per-step.py): deterministic, shared-noise "
                            "verification at seed 1",
                    "machine": platform.processor() or platform.machine(),
-                   "command": "specrun --target SmolLM2-135M-Instruct.Q4_1.gguf --draft DRAFT "
-                              "--draft-quantize int8 --quantize-lm-head --activations int8 "
-                              "--max-tokens 200 --chat --prompt QUESTION --temperature T "
-                              "--top-p 0.9 --seed 1 --controller fixed --gamma G "
-                              "--draft-alternates A",
+                   "command": " ".join(["specrun", *specrun_arguments(
+                       "SmolLM2-135M-Instruct.Q4_1.gguf", "DRAFT", "QUESTION", "T", "G", "A")]),
                    "questions": questions, "results": results}, file, indent=1)
     print(f"wrote {args.out}")
 
