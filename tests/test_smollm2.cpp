@@ -367,6 +367,22 @@ TEST_F(SmolLm2Test, ExportingWithTheHeadOfWhatIsNotADraftIsRefused) {
   }
 }
 
+// train-features --depth counts drafts in a row, at least one: 0 is refused in one line.
+TEST_F(SmolLm2Test, TrainingNoDraftsDeepIsRefused) {
+  const std::string python = distill_python();
+  if (python.empty()) GTEST_SKIP() << kNoDistillPython;
+  testing::TempDir dir;
+  const std::string line = "'" + python + "' '" +
+                           testing::source_path("tools/pair/distill.py").string() +
+                           "' train-features --target '" + path_->string() + "' --work '" +
+                           dir.path().string() + "' --depth 0";
+  const testing::CommandResult refused = testing::run_command(line);
+  EXPECT_EQ(refused.exit_code, 2) << line;
+  EXPECT_NE(refused.stderr_text.find("--depth takes at least 1, got 0"), std::string::npos)
+      << refused.stderr_text;
+  EXPECT_FALSE(fs::exists(dir.path() / "feature-draft.pt"));
+}
+
 // The held-out prompts (tests/data/smollm2_prompts.json): chat-formatted questions.
 std::vector<std::string> held_out_prompts() {
   const nlohmann::json file = nlohmann::json::parse(
