@@ -250,8 +250,8 @@ std::string quick_distill(const fs::path& work, const fs::path& out, const std::
 // The recipe that made the demo's draft (tools/pair/distill.sh), every step at --quick's size: the
 // target answers questions through specrun, its features are stored, the draft trains on them
 // and is exported as GGUF with a reduced head; then (--from) an exported draft trains further on
-// the same answers and features. What it exports must load beside the target and leave greedy
-// output the target's own. (About two and a half minutes on two cores.)
+// the same answers, features and converted target. What it exports must load beside the target and
+// leave greedy output the target's own. (About two minutes on two cores.)
 TEST_F(SmolLm2Test, TheDistillationRecipeRunsEndToEnd) {
   if (distill_python().empty()) GTEST_SKIP() << kNoDistillPython;
   testing::TempDir dir;
@@ -272,6 +272,11 @@ TEST_F(SmolLm2Test, TheDistillationRecipeRunsEndToEnd) {
   EXPECT_EQ(trained.stdout_text.find("data.json"), std::string::npos) << "asked the target again";
   EXPECT_EQ(trained.stdout_text.find("stored the features"), std::string::npos)
       << "computed the features again";
+  // Nor is the target converted from its GGUF again: every step loads work/target.
+  EXPECT_NE(made.stdout_text.find("converting "), std::string::npos) << made.stdout_text;
+  EXPECT_EQ(trained.stdout_text.find("converting "), std::string::npos)
+      << "converted the target again";
+  EXPECT_TRUE(fs::exists(dir.path() / "work" / "target" / "source.json"));
   ASSERT_TRUE(fs::exists(continued));
   const nlohmann::json history =
       nlohmann::json::parse(testing::read_file(dir.path() / "work" / "feature-history.json"));
@@ -498,8 +503,8 @@ TEST_F(SmolLm2Test, TokenizerMatchesTransformersGgufConversion) {
 // two references are compared, both float32 arithmetic on the CPU (hf_reference.py run):
 //
 // - kBf16WeightsTolerance, against transformers with every matrix rounded to bf16 as specrun's
-//   loader rounds it (--bf16-weights; the norms are F32 in the file and used as stored by both):
-//   the same weight values, so only f32 rounding separates the two sides, as in
+//   loader rounds it (--bf16-weights-out; the norms are F32 in the file and used as stored by
+//   both): the same weight values, so only f32 rounding separates the two sides, as in
 //   test_hf_conformance, whose bound is 1e-4 for 2-3 layers (measured worst 1.2e-6). Here there
 //   are 30 layers: if each adds its rounding with a gain near one, the worst error grows about
 //   tenfold (1e-5), and a trained model's sharp attention and large activations may amplify it a
@@ -530,8 +535,8 @@ TEST_F(SmolLm2Test, TokenizerMatchesTransformersGgufConversion) {
 // difference from plain transformers is bf16 rounding of the weights and nothing else.
 constexpr double kBf16WeightsTolerance = 2e-4;
 constexpr double kF32WeightsTolerance = 2e-2;
-// The suite continues each prompt by 16 tokens (the measurement above used 48): two transformers
-// runs on a 135M model are most of its time, and CI runs it on two cores.
+// The suite continues each prompt by 16 tokens (the measurement above used 48): transformers'
+// decoding of a 135M model twice is most of its time, and CI runs it on two cores.
 constexpr int kNewTokens = 16;
 
 TEST_F(SmolLm2Test, LogitsAndGreedyContinuationMatchTransformers) {
@@ -549,12 +554,14 @@ TEST_F(SmolLm2Test, LogitsAndGreedyContinuationMatchTransformers) {
     prompt_lines += line + "\n";
   }
   testing::write_file(scratch / "prompts.txt", prompt_lines);
+  // One load of the GGUF file (most of transformers' time) gives both references.
+  run_hf_reference("run", "--prompts '" + (scratch / "prompts.txt").string() + "' --new-tokens " +
+                              std::to_string(kNewTokens) + " --out '" +
+                              (scratch / "f32_weights").string() + "' --bf16-weights-out '" +
+                              (scratch / "bf16_weights").string() + "'");
+  if (HasFatalFailure()) return;
   for (const bool bf16 : {true, false}) {
     const std::string name = bf16 ? "bf16_weights" : "f32_weights";
-    run_hf_reference("run", "--prompts '" + (scratch / "prompts.txt").string() + "' --new-tokens " +
-                                std::to_string(kNewTokens) + " --out '" +
-                                (scratch / name).string() + "'" + (bf16 ? " --bf16-weights" : ""));
-    if (HasFatalFailure()) return;
     const testing::HfReference reference = testing::load_hf_reference(scratch.path(), name);
     ASSERT_EQ(reference.vocab_size, model_->config().vocab_size);
     const double tolerance = bf16 ? kBf16WeightsTolerance : kF32WeightsTolerance;

@@ -18,8 +18,10 @@ Four commands:
       prompt, len(tokens) + len(continuation) rows of vocab_size, row i being the logits after
       token i of tokens + continuation. Row len(tokens) - 1 + j chose continuation[j].
 
-      --bf16-weights rounds every matrix (every parameter of two or more dimensions) to bfloat16,
-      to nearest even, after loading, and computes in float32 as before: the weights specrun
+      --bf16-weights-out PREFIX2 then, from the same load (a GGUF file's takes transformers
+      longer than the decoding), rounds every matrix (every parameter of two or more dimensions)
+      to bfloat16, to nearest even, and writes the same reference computed in float32 again to
+      PREFIX2.json and PREFIX2.bin: the weights specrun
       runs on a GGUF file whose matrices are quantized (it dequantizes them to bf16; the norms,
       vectors, are stored and used in F32). Against the plain reference it measures what that
       rounding alone does; against specrun it leaves only the arithmetic to compare.
@@ -151,12 +153,19 @@ def _read_prompts(path):
     return prompts
 
 
-def run(model_dir, gguf_file, prompts, new_tokens, out_prefix, bf16_weights=False):
+def run(model_dir, gguf_file, prompts, new_tokens, out_prefix, bf16_out_prefix=None):
     with torch.no_grad():
-        _run(model_dir, gguf_file, prompts, new_tokens, out_prefix, bf16_weights)
+        model = _load(model_dir, gguf_file)
+        _reference(model, prompts, new_tokens, out_prefix)
+        if bf16_out_prefix:
+            # A tied embedding is one parameter, rounded once.
+            for parameter in model.parameters():
+                if parameter.dim() >= 2:
+                    parameter.copy_(parameter.to(torch.bfloat16).to(torch.float32))
+            _reference(model, prompts, new_tokens, bf16_out_prefix)
 
 
-def _run(model_dir, gguf_file, prompts, new_tokens, out_prefix, bf16_weights):
+def _load(model_dir, gguf_file):
     kwargs = {}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
@@ -171,11 +180,10 @@ def _run(model_dir, gguf_file, prompts, new_tokens, out_prefix, bf16_weights):
     wrong = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
     if wrong:
         raise SystemExit(f"{model_dir}: parameters not in float32 after loading: {wrong[:3]}")
-    if bf16_weights:
-        # A tied embedding is one parameter, rounded once.
-        for parameter in model.parameters():
-            if parameter.dim() >= 2:
-                parameter.copy_(parameter.to(torch.bfloat16).to(torch.float32))
+    return model
+
+
+def _reference(model, prompts, new_tokens, out_prefix):
     vocab = model.config.vocab_size
     rows, manifest = [], []
     offset = 0
@@ -287,8 +295,9 @@ def main(argv):
     run_parser.add_argument("--prompts", required=True, help="one prompt per line: ids, commas")
     run_parser.add_argument("--new-tokens", type=int, default=64)
     run_parser.add_argument("--out", required=True, help="writes OUT.json and OUT.bin")
-    run_parser.add_argument("--bf16-weights", action="store_true",
-                            help="round every matrix to bfloat16 after loading")
+    run_parser.add_argument("--bf16-weights-out",
+                            help="then round every matrix to bfloat16 and write the reference "
+                            "again to BF16_WEIGHTS_OUT.json and .bin")
     tokenize_parser = commands.add_parser("tokenize", help="a GGUF file's tokenizer")
     tokenize_parser.add_argument("--model", required=True, help="model directory")
     tokenize_parser.add_argument("--gguf-file", required=True, help="a GGUF file in it")
@@ -314,7 +323,7 @@ def main(argv):
         tokenize(args.model, args.gguf_file, args.input, args.out)
     else:
         run(args.model, args.gguf_file, _read_prompts(args.prompts), args.new_tokens, args.out,
-            args.bf16_weights)
+            args.bf16_weights_out)
     return 0
 
 

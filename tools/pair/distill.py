@@ -41,6 +41,9 @@
                                                  that draft as GGUF, its head the target's own
                                                  reduced to --head-tokens tokens
 
+Every step loads the target, its tokenizer and its configuration from DIR/target, transformers'
+conversion of the GGUF file made once (converted_target).
+
 tools/pair/distill.sh runs the feature draft's steps (the demo's), with --plain the plain
 draft's. Needs the project's virtual environment with the
 smollm2, transformers and gguf groups of tools/setup-python.sh, and a built specrun.
@@ -51,6 +54,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import time
 
@@ -78,25 +82,70 @@ def log(message):
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def load_tokenizer(path):
-    """transformers' conversion of the GGUF tokenizer, and the id of <|im_end|>."""
-    from transformers import AutoTokenizer
+def converted_target(args):
+    """WORK/target: the target as transformers converts its GGUF (config.json, the weights in
+    float32 safetensors, Q4_1 dequantised exactly, and the tokenizer's files with its chat
+    template), made once per work folder and loaded from there by every step. transformers' GGUF
+    reader spends about 25 s a load on two cores (gguf-py parses the file's metadata, 49,152
+    tokens and their merges, twice); the converted folder loads in about two. source.json names
+    the GGUF it came from by path, size and modification time: another target, or the file
+    changed, is converted again."""
+    import safetensors.torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     import transformers
     transformers.logging.set_verbosity_error()
-    folder, name = os.path.split(os.path.abspath(path))
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    folder = os.path.join(args.work, "target")
+    status = os.stat(args.target)
+    source = {"path": os.path.abspath(args.target), "size": status.st_size,
+              "mtime_ns": status.st_mtime_ns}
+    try:
+        with open(os.path.join(folder, "source.json")) as file:
+            if json.load(file) == source:
+                return folder
+    except (OSError, ValueError):
+        pass
+    log(f"converting {args.target} into {folder}")
+    gguf_folder, name = os.path.split(source["path"])
+    model = AutoModelForCausalLM.from_pretrained(gguf_folder, gguf_file=name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_folder, gguf_file=name)
+    # Written beside, then renamed: a conversion cut short leaves no folder that looks whole.
+    partial = folder + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    # Saved as plain float32 weights: transformers will not save a model it still marks as read
+    # from GGUF, and what it read is exact in float32.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(partial)
+    safetensors.torch.save_model(model, os.path.join(partial, "model.safetensors"))
+    tokenizer.save_pretrained(partial)
+    with open(os.path.join(partial, "source.json"), "w") as file:
+        json.dump(source, file)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.rename(partial, folder)
+    return folder
+
+
+def load_tokenizer(args):
+    """transformers' conversion of the target's tokenizer, and the id of <|im_end|>."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(converted_target(args))
     return tokenizer, tokenizer.convert_tokens_to_ids("<|im_end|>")
 
 
-def load_target(path):
-    """The target in float32 through transformers' GGUF reader (Q4_1 dequantised exactly)."""
+def load_target(args):
+    """The target in float32, as transformers' GGUF reader dequantises it (converted_target)."""
     from transformers import AutoModelForCausalLM
-    import transformers
-    transformers.logging.set_verbosity_error()
-    folder, name = os.path.split(os.path.abspath(path))
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(converted_target(args), dtype=torch.float32)
     model.eval()
     return model
+
+
+def target_config(args):
+    """The target's transformers configuration (converted_target)."""
+    from transformers import AutoConfig
+    return AutoConfig.from_pretrained(converted_target(args))
 
 
 def chat_ids(tokenizer, question):
@@ -119,7 +168,7 @@ def target_answers(args, questions, is_greedy):
     import subprocess
     import urllib.request
 
-    tokenizer, eos = load_tokenizer(args.target)
+    tokenizer, eos = load_tokenizer(args)
     # Port 0: the server picks a free one and names it in its first line on stderr.
     server = subprocess.Popen(
         [args.specrun, "serve", "--target", args.target, "--port", "0", "--model-name", "target",
@@ -394,11 +443,11 @@ def train(args):
     from transformers import LlamaForCausalLM
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    target = load_target(args.target) if args.kl_weight > 0 or not args.init_from else None
+    target = load_target(args) if args.kl_weight > 0 or not args.init_from else None
     if args.init_from:
         # A second phase: the draft goes on from a saved checkpoint (its own schedule, a new order
         # of batches).
-        draft, _ = load_draft(args.init_from, args.target)
+        draft, _ = load_draft(args.init_from, args)
     else:
         draft = LlamaForCausalLM(draft_config(target.config))
         initialise_from_target(draft, target)
@@ -543,7 +592,7 @@ def store_features(args):
     """The target's features of every record of data.json, for train-features --stored-features:
     DIR/features.bf16 and DIR/features.json (StoredFeatures)."""
     torch.set_num_threads(args.threads)
-    target = load_target(args.target)
+    target = load_target(args)
     records = load_records(args.work)
     items = [as_item(record, FEATURE_CONTEXT) for record in records]
     lengths = [len(ids) for ids, _, _ in items]
@@ -637,7 +686,7 @@ def train_features(args):
     learns to make."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    target = load_target(args.target)
+    target = load_target(args)
     target.requires_grad_(False)
     draft = FeatureDraft(target.config)
     if args.init_from:
@@ -790,10 +839,7 @@ def check_feature_draft(args):
     anything (the answers take the better part of an hour)."""
     if not args.init_from:
         raise SystemExit("distill: check-feature-draft needs --init-from FILE")
-    from transformers import AutoConfig
-    folder, name = os.path.split(os.path.abspath(args.target))
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    load_feature_draft_gguf(FeatureDraft(config), args.init_from)
+    load_feature_draft_gguf(FeatureDraft(target_config(args)), args.init_from)
     print(f"distill: {args.init_from} is a feature draft of the target's shape")
 
 
@@ -818,7 +864,7 @@ def export_features(args):
         raise SystemExit("distill: export-features needs --out FILE")
     # A --head-from without a reduced head is refused before anything loads or is written.
     ids = exported_head_token_ids(args.head_from) if args.head_from else None
-    target = load_target(args.target)
+    target = load_target(args)
     config = target.config
     saved = torch.load(os.path.join(args.work, "feature-draft.pt"))
     draft = FeatureDraft(config)
@@ -849,13 +895,13 @@ def export_features(args):
 # evaluate, export
 
 
-def load_draft(path, target_path=None):
+def load_draft(path, args=None):
     """A draft.pt that train saved, or a draft.gguf that export wrote (its Q8_0 matrices
     dequantised; its reduced head dropped, the head being tied to the embedding in training; the
-    target's GGUF gives the rest of the configuration): the model, and what was saved with it."""
+    target's configuration, from args, gives the rest): the model, and what was saved with it."""
     from transformers import LlamaConfig, LlamaForCausalLM
     if path.endswith(".gguf"):
-        return load_draft_gguf(path, target_path), {"step": 0, "from": path}
+        return load_draft_gguf(path, args), {"step": 0, "from": path}
     saved = torch.load(path)
     config = LlamaConfig.from_dict(saved["config"])
     draft = LlamaForCausalLM(config)
@@ -863,16 +909,13 @@ def load_draft(path, target_path=None):
     return draft, saved
 
 
-def load_draft_gguf(path, target_path):
+def load_draft_gguf(path, args):
     """The inverse of export: a LlamaForCausalLM with the GGUF draft's weights."""
     import gguf
-    from transformers import AutoConfig, LlamaForCausalLM
-    import transformers
-    transformers.logging.set_verbosity_error()
-    if target_path is None:
+    from transformers import LlamaForCausalLM
+    if args is None:
         raise SystemExit("distill: a GGUF draft needs --target for its configuration")
-    folder, name = os.path.split(os.path.abspath(target_path))
-    draft = LlamaForCausalLM(draft_config(AutoConfig.from_pretrained(folder, gguf_file=name)))
+    draft = LlamaForCausalLM(draft_config(target_config(args)))
     config = draft.config
     state = gguf_draft_state(gguf.GGUFReader(path), path, draft_tensor_names(config),
                              "a draft that export wrote")
@@ -928,7 +971,7 @@ def lookup(args):
     torch.set_num_threads(args.threads)
     draft, _ = load_draft(os.path.join(args.work, "draft.pt"))
     draft.eval()
-    target = load_target(args.target)
+    target = load_target(args)
     head = torch.tensor(head_token_ids(args.work, args.head_tokens))
     items = new_topic_items(args, 512)
     rules = [(0, 1.0), (1, 0.8), (2, 0.8), (2, 1.01)]  # (min n-gram, below); 0: no lookup

@@ -17,7 +17,7 @@
 # the answers, then (a second phase) half from them and half from the target's own distributions
 # (KL); exported with a head of its own over the 16,384 tokens most frequent in the answers
 # (training ~63 and ~42 minutes).
-# --quick: every step of the recipe at a size of two minutes (40 questions of 24 tokens, a few
+# --quick: every step of the recipe at a size of a minute (40 questions of 24 tokens, a few
 # training steps, a 512-token head, held-out metrics on four new-topic questions): a draft that
 # shows the recipe runs end to end and exports what specrun loads (the PyPI-model tests run it),
 # not one that drafts well. Give WORK_DIR.
@@ -30,7 +30,8 @@
 # anything.
 # SPECRUN_BIN: the specrun that answers the questions, instead of building build/bin/specrun.
 # The answers (data.json) and the stored features (features.json) are computed only where WORK_DIR
-# has none.
+# has none. Every step loads the target from WORK_DIR/target, transformers' conversion of its GGUF
+# made by the first (float32, 540 MB; about 25 s, where each load from the GGUF would take as much).
 set -euo pipefail
 plain=false
 quick=false
