@@ -413,6 +413,18 @@ TEST_F(CliTest, SpecbenchMeasuresOneMatmulPerWeightFormatAndActivations) {
   }
   expect_one_error_line(run_tool("specbench", "--matmul 1x8x8 --quantize nf4"),
                         {{"--quantize", "'nf4'"}}, "specbench");
+  // Copies of the weights taken in turn, as a model's layers are.
+  const CommandResult copied =
+      run_tool("specbench", "--matmul 2x64x8 --matmul-copies 3 --threads 1 --repeats 1 --json " +
+                                quote(json_path.string()));
+  ASSERT_EQ(copied.exit_code, 0) << copied.stderr_text;
+  EXPECT_NE(copied.stdout_text.find("3 copies of the weights"), std::string::npos)
+      << copied.stdout_text;
+  const nlohmann::json copied_report = nlohmann::json::parse(testing::read_file(json_path));
+  EXPECT_EQ(copied_report["weight_copies"], 3);
+  EXPECT_EQ(copied_report["results"][0]["weight_bytes"], 2 * 64 * 8);  // one copy's
+  expect_one_error_line(run_tool("specbench", "--matmul 1x8x8 --matmul-copies 0"),
+                        {{"--matmul-copies", "0"}}, "specbench");
 }
 
 TEST_F(CliTest, SpecbenchMeasuresQuantizedSyntheticTargetsAgainstBf16) {

@@ -473,9 +473,12 @@ nlohmann::json sampling_bench(int64_t vocab, int64_t repeats) {
 // `activation_names`; each call the median of `repeats` runs of enough calls to last about 20 ms,
 // after a warm-up. Weights of a few MiB stay in the caches, where a kernel's instructions, not
 // the memory, set its speed; weights far larger than the last-level cache measure the stream.
+// `copies` > 1: the calls take `copies` copies of the weights in turn, as a model's layers take
+// theirs, so that small weights come from memory too when their copies outgrow the caches, each
+// call starting a stream of its own.
 nlohmann::json matmul_bench(const std::string& shape, const std::vector<std::string>& formats,
                             const std::vector<std::string>& activation_names, int threads,
-                            int repeats) {
+                            int repeats, int64_t copies) {
   namespace cpu = specrun::kernels::cpu;
   using specrun::DType;
   int64_t rows = 0, in = 0, out = 0;
@@ -486,6 +489,9 @@ nlohmann::json matmul_bench(const std::string& shape, const std::vector<std::str
                          shape + "'");
   }
   if (repeats < 1) throw specrun::Error("--repeats must be at least 1");
+  if (copies < 1 || copies > 4096) {
+    throw specrun::Error("--matmul-copies takes 1 to 4096, got " + std::to_string(copies));
+  }
   auto pool = std::make_shared<cpu::ThreadPool>(threads);
   // Written as the synthetic models' weights are (Model::write_synthetic_weights): uniform values,
   // and for 8-bit formats codes uniform over the code range with one scale a row.
@@ -524,10 +530,13 @@ nlohmann::json matmul_bench(const std::string& shape, const std::vector<std::str
                              name == "int8" ? cpu::Activations::kInt8 : cpu::Activations::kBF16);
   }
   const cpu::MatmulVariant& variant = cpu::best_matmul_variant();
-  std::printf("matmul: [%ld, %ld] x [%ld, %ld]^T, %d threads, kernels: %s; median of %d runs\n",
-              static_cast<long>(rows), static_cast<long>(in), static_cast<long>(out),
-              static_cast<long>(in), pool->num_threads(), std::string(variant.name).c_str(),
-              repeats);
+  std::printf(
+      "matmul: [%ld, %ld] x [%ld, %ld]^T, %ld cop%s of the weights, %d threads, kernels: %s; "
+      "median "
+      "of %d runs\n",
+      static_cast<long>(rows), static_cast<long>(in), static_cast<long>(out), static_cast<long>(in),
+      static_cast<long>(copies), copies == 1 ? "y" : "ies", pool->num_threads(),
+      std::string(variant.name).c_str(), repeats);
   std::printf("%-8s %-12s %10s %12s %10s %14s\n", "weights", "activations", "us/call", "GFLOP/s",
               "GB/s", "vs bf16 weights");
   std::vector<float> result(static_cast<size_t>(rows * out));
@@ -543,22 +552,29 @@ nlohmann::json matmul_bench(const std::string& shape, const std::vector<std::str
       // them), bf16 weights too (measured again here, as the ratio's baseline).
       if (activation == cpu::Activations::kInt8 && weight.dtype == DType::kF8E4M3) continue;
       const specrun::kernels::WeightLayout layout = backend.matmul_weight_layout(weight.dtype);
-      std::vector<uint8_t> laid_out(
-          specrun::kernels::stored_weight_bytes(layout, out, in, weight.dtype));
+      const size_t copy_bytes =
+          specrun::kernels::stored_weight_bytes(layout, out, in, weight.dtype);
+      std::vector<uint8_t> laid_out(copy_bytes * static_cast<size_t>(copies));
       const specrun::Status laid = specrun::kernels::lay_out_weight(
           layout, weight.row_major.data(), out, in, weight.dtype, laid_out.data());
       if (!laid.is_ok()) throw specrun::Error("laying out the weights: " + laid.to_string());
+      for (int64_t c = 1; c < copies; ++c) {
+        std::memcpy(laid_out.data() + static_cast<size_t>(c) * copy_bytes, laid_out.data(),
+                    copy_bytes);
+      }
       specrun::kernels::MatmulParams params{rows, in, out, weight.dtype, DType::kF32};
       params.weight_layout = layout;
       if (!weight.scales.empty()) {
         params.scale_block_rows = 1;
         params.scale_block_cols = in;
       }
+      int64_t next_copy = 0;
       const auto call = [&] {
-        const specrun::Status status =
-            cpu::matmul(params, x.data(), laid_out.data(),
-                        weight.scales.empty() ? nullptr : weight.scales.data(), nullptr,
-                        result.data(), *pool, activation, &variant);
+        const uint8_t* copy = laid_out.data() + static_cast<size_t>(next_copy) * copy_bytes;
+        next_copy = (next_copy + 1) % copies;
+        const specrun::Status status = cpu::matmul(
+            params, x.data(), copy, weight.scales.empty() ? nullptr : weight.scales.data(), nullptr,
+            result.data(), *pool, activation, &variant);
         if (!status.is_ok()) throw specrun::Error("matmul: " + status.to_string());
       };
       // Calls per run: as many as take about 20 ms, from the warm-up's.
@@ -576,7 +592,7 @@ nlohmann::json matmul_bench(const std::string& shape, const std::vector<std::str
       }
       const double per_call = median(us);
       if (weight.dtype == DType::kBF16) bf16_us = per_call;
-      const double bytes = static_cast<double>(laid_out.size());
+      const auto bytes = static_cast<double>(copy_bytes);
       const double gflops = 2.0 * rows * in * out / per_call / 1e3;
       std::printf("%-8s %-12s %10.2f %12.1f %10.1f %13.2fx\n", weight.name.c_str(),
                   activation_name.c_str(), per_call, gflops, bytes / per_call / 1e3,
@@ -586,7 +602,7 @@ nlohmann::json matmul_bench(const std::string& shape, const std::vector<std::str
                          {"us_per_call", per_call},
                          {"calls_per_run", calls},
                          {"gflops", gflops},
-                         {"weight_bytes", laid_out.size()},
+                         {"weight_bytes", copy_bytes},
                          {"speedup_vs_bf16_weights", bf16_us / per_call}});
     }
   }
@@ -596,6 +612,7 @@ nlohmann::json matmul_bench(const std::string& shape, const std::vector<std::str
           {"threads", pool->num_threads()},
           {"kernels", std::string(variant.name)},
           {"repeats", repeats},
+          {"weight_copies", copies},
           {"results", results}};
 }
 
@@ -696,6 +713,11 @@ int main(int argc, char** argv) {
                  "Measure one CPU matmul of this shape, ROWSxINxOUT (e.g. 1x4096x2048: a decode "
                  "row against 2048 weight rows of 4096), the weights in bf16 and in each "
                  "--quantize format, with f32 and each --activations, and nothing else");
+  int64_t matmul_copies = 1;
+  app.add_option("--matmul-copies", matmul_copies,
+                 "With --matmul: calls take this many copies of the weights in turn, as a model's "
+                 "layers do (e.g. 64 copies of a small weight come from memory, not the caches)")
+      ->default_val(1);
   bool speculative = false;
   std::string target_path, draft_path;
   int64_t spec_tokens = 256, spec_prompts = 3;
@@ -760,7 +782,7 @@ int main(int argc, char** argv) {
   if (app.count("--matmul") > 0) {
     return specrun::tools::run_reporting_errors("specbench", "warn", [&] {
       const nlohmann::json result =
-          matmul_bench(matmul_shape, quantize, activation_names, threads, repeats);
+          matmul_bench(matmul_shape, quantize, activation_names, threads, repeats, matmul_copies);
       if (!json_path.empty()) std::ofstream(json_path) << result.dump(2) << "\n";
       return 0;
     });
