@@ -388,6 +388,25 @@ TEST_F(SmolLm2Test, TrainingNoDraftsDeepIsRefused) {
   EXPECT_FALSE(fs::exists(dir.path() / "feature-draft.pt"));
 }
 
+// A --target that is not there is refused in one line naming it, before anything is written to
+// the work folder (no conversion of it).
+TEST_F(SmolLm2Test, DistillingForATargetThatIsNotThereIsRefused) {
+  const std::string python = distill_python();
+  if (python.empty()) GTEST_SKIP() << kNoDistillPython;
+  testing::TempDir dir;
+  const fs::path missing = dir.path() / "missing.gguf";
+  const std::string line = "'" + python + "' '" +
+                           testing::source_path("tools/pair/distill.py").string() +
+                           "' store-features --target '" + missing.string() + "' --work '" +
+                           (dir.path() / "work").string() + "'";
+  const testing::CommandResult refused = testing::run_command(line);
+  EXPECT_EQ(refused.exit_code, 2) << line;
+  EXPECT_NE(refused.stderr_text.find("--target " + missing.string() + ": no such file"),
+            std::string::npos)
+      << refused.stderr_text;
+  EXPECT_FALSE(fs::exists(dir.path() / "work" / "target"));
+}
+
 // The held-out prompts (tests/data/smollm2_prompts.json): chat-formatted questions.
 std::vector<std::string> held_out_prompts() {
   const nlohmann::json file = nlohmann::json::parse(

@@ -87,7 +87,7 @@ def converted_target(args):
     float32 safetensors, Q4_1 dequantised exactly, and the tokenizer's files with its chat
     template), made once per work folder and loaded from there by every step. transformers' GGUF
     reader spends about 25 s a load on two cores (gguf-py parses the file's metadata, 49,152
-    tokens and their merges, twice); the converted folder loads in about two. source.json names
+    tokens and their merges, twice); the converted folder loads in under a second. source.json names
     the GGUF it came from by path, size and modification time: another target, or the file
     changed, is converted again."""
     import safetensors.torch
@@ -1186,6 +1186,8 @@ def main():
         parser.error(f"--depth takes at least 1, got {args.depth}")
     if args.new_topics < 1:
         parser.error(f"--new-topics takes at least 1, got {args.new_topics}")
+    if not os.path.isfile(args.target):
+        parser.error(f"--target {args.target}: no such file")
     os.makedirs(args.work, exist_ok=True)
     globals()[args.step.replace("-", "_")](args)
 
