@@ -532,8 +532,7 @@ nlohmann::json matmul_bench(const std::string& shape, const std::vector<std::str
   const cpu::MatmulVariant& variant = cpu::best_matmul_variant();
   std::printf(
       "matmul: [%ld, %ld] x [%ld, %ld]^T, %ld cop%s of the weights, %d threads, kernels: %s; "
-      "median "
-      "of %d runs\n",
+      "median of %d runs\n",
       static_cast<long>(rows), static_cast<long>(in), static_cast<long>(out), static_cast<long>(in),
       static_cast<long>(copies), copies == 1 ? "y" : "ies", pool->num_threads(),
       std::string(variant.name).c_str(), repeats);
