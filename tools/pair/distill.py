@@ -822,12 +822,19 @@ def read_draft_gguf(path):
         raise SystemExit(f"distill: {path} is not a GGUF file: {error}")
 
 
-def load_feature_draft_gguf(draft, path):
-    """The inverse of export_features, into `draft` (a FeatureDraft): its Q8_0 matrices
-    dequantised; the head, the target's own reduced, is not the draft's to train and is left."""
+def read_feature_draft_gguf(path):
+    """The reader of `path`, refused in one line naming it when it is not a feature draft."""
     reader = read_draft_gguf(path)
     if "specrun.feature_width" not in reader.fields:
         raise SystemExit(f"distill: {path} is not a feature draft (no specrun.feature_width)")
+    return reader
+
+
+def load_feature_draft_gguf(draft, path, reader=None):
+    """The inverse of export_features, into `draft` (a FeatureDraft): its Q8_0 matrices
+    dequantised; the head, the target's own reduced, is not the draft's to train and is left."""
+    if reader is None:
+        reader = read_feature_draft_gguf(path)
     state = gguf_draft_state(reader, path, feature_draft_tensor_names(draft.config),
                              "a feature draft that export-features wrote")
     load_draft_state(draft, state, path, "the feature draft's")
@@ -839,7 +846,9 @@ def check_feature_draft(args):
     anything (the answers take the better part of an hour)."""
     if not args.init_from:
         raise SystemExit("distill: check-feature-draft needs --init-from FILE")
-    load_feature_draft_gguf(FeatureDraft(target_config(args)), args.init_from)
+    # What is no feature draft at all is refused before the target converts (about 25 s).
+    reader = read_feature_draft_gguf(args.init_from)
+    load_feature_draft_gguf(FeatureDraft(target_config(args)), args.init_from, reader)
     print(f"distill: {args.init_from} is a feature draft of the target's shape")
 
 
