@@ -1,5 +1,8 @@
 #include "kernels/backend.h"
 
+#include <climits>
+#include <string>
+
 namespace specrun::kernels {
 
 Status check_matmul_group(const MatmulTarget* targets, size_t count) {
@@ -21,6 +24,47 @@ Status check_matmul_group(const MatmulTarget* targets, size_t count) {
       return Status::invalid_argument(
           "matmul: a quantized weight needs scales in blocks of whole 16-column groups");
     }
+  }
+  return Status::ok();
+}
+
+const char* row_status_message(RowStatus status) {
+  switch (status) {
+    case RowStatus::kOk:
+      return "ok";
+    case RowStatus::kBadSettings:
+      return "sampling settings out of range";
+    case RowStatus::kCorruptLogits:
+      return "the logits hold NaN or +infinity: the model's output is corrupt";
+    case RowStatus::kAllBanned:
+      return "every token's logit is -infinity: nothing can be sampled";
+  }
+  return "an unknown row status";
+}
+
+Status check_logits(const LogitsParams& params) {
+  if (params.rows < 0 || params.vocab < 1 || params.vocab > INT32_MAX) {
+    return Status::invalid_argument("logits: rows >= 0 and vocab in [1, 2^31 - 1], got " +
+                                    std::to_string(params.rows) + " x " +
+                                    std::to_string(params.vocab));
+  }
+  return Status::ok();
+}
+
+Status check_verify(const VerifyParams& params, const float* q, const int32_t* alternates,
+                    const int64_t* alternate_rows) {
+  if (params.batch < 0 || params.gamma < 0 || params.p_rows < 0 || params.vocab < 1 ||
+      params.vocab > INT32_MAX || params.vocab_q < 0 || params.vocab_q > INT32_MAX) {
+    return Status::invalid_argument("verify: bad shape");
+  }
+  if (q != nullptr && params.vocab_q < 1) {
+    return Status::invalid_argument("verify: q without its width");
+  }
+  if (params.alternates_width < 0 || params.alternates_width > kMaxAlternates ||
+      (params.alternates_width > 0) != (alternates != nullptr) ||
+      (alternates != nullptr) != (alternate_rows != nullptr)) {
+    return Status::invalid_argument(
+        "verify: alternates need their width (1 to 16) and the rows scored after them");
   }
   return Status::ok();
 }

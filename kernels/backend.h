@@ -12,6 +12,7 @@
 //   reduction order however many rows or tokens share the call.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -153,12 +154,88 @@ struct SwigluParams {
   int64_t dim;   // intermediate width
 };
 
+// ---- Sampling and verification --------------------------------------------------------------
+// A speculative step's logits never need to leave the backend: they are processed into
+// distributions, drafts are verified against them and tokens drawn from them here, and only the
+// tokens (a few bytes a row) are copied back.
+
+// One row's logits processing (the runtime's SamplingParams less what only the host reads).
+struct LogitsSettings {
+  float temperature;  // 0: a point mass on the argmax; otherwise logits are divided by it
+  int32_t top_k;      // keep the k most probable tokens; 0 (or >= vocab): off
+  float top_p;        // keep the fewest most probable tokens whose mass reaches it; 1: off
+  float min_p;        // drop tokens below min_p times the most probable; 0: off
+};
+
+// What process_logits reports per row. A row that is not kOk is all zeros (no mass): the caller
+// decides what a failed row means (the runtime throws, naming it).
+enum class RowStatus : int32_t {
+  kOk = 0,
+  kBadSettings = 1,    // temperature < 0 or not finite, top_k < 0, top_p outside (0, 1], min_p
+                       // outside [0, 1]
+  kCorruptLogits = 2,  // NaN or +infinity among the logits
+  kAllBanned = 3,      // every logit is -infinity
+};
+
+// "the logits hold NaN or +infinity", for an error naming what failed.
+const char* row_status_message(RowStatus status);
+
+struct LogitsParams {
+  int64_t rows;   // independent rows (sequences, or a verification's positions)
+  int64_t vocab;  // row width
+};
+
+// The rule a verified row follows (verify/verifier.h describes each).
+enum class VerifyRule : int32_t {
+  kGreedy = 0,       // accept while the draft is the argmax; the new token is the argmax
+  kRejection = 1,    // accept with probability min(1, p/q); recover from max(0, p - q)
+  kSharedNoise = 2,  // accept while the draft is the target's Gumbel-max token under the shared
+                     // noise of its position; the new token is the target's own
+};
+
+// One row of a verification: what the host knows of it, a few words.
+struct VerifyRow {
+  uint64_t seed;     // the row's random stream (kernels/core/random_stream.h)
+  int64_t position;  // the output position p_0 decides; p_i decides position + i
+  int64_t p_row;     // the row of p holding p_0; p_i is row p_row + i
+  int32_t count;     // drafts d_1..d_count, count <= gamma
+  VerifyRule rule;   // how the row is decided
+};
+
+struct VerifyParams {
+  int64_t batch;             // rows
+  int64_t gamma;             // the most drafts a row holds: the row stride of drafts, q, alternates
+  int64_t p_rows;            // rows of p
+  int64_t vocab;             // width of p's rows
+  int64_t vocab_q;           // width of q's rows (0 without q); q is zero past it, p past vocab
+  int64_t alternates_width;  // other guesses per draft position (0: none)
+};
+
+// The most alternates a draft position may have.
+inline constexpr int64_t kMaxAlternates = 16;
+
+// kInvalidArgument unless the shapes are ones process_logits and argmax accept: rows >= 0, vocab in
+// [1, 2^31 - 1].
+Status check_logits(const LogitsParams& params);
+// kInvalidArgument unless the shapes and pointers are ones verify accepts: every count and width
+// in range, q's width given with q, alternate rows with alternates.
+Status check_verify(const VerifyParams& params, const float* q, const int32_t* alternates,
+                    const int64_t* alternate_rows);
+
 // A model's forwards at their largest, for Backend::scratch_bytes_bound: what a backend's ops may
 // ask of memory beyond the buffers the model passes them.
 struct ForwardShape {
   std::vector<MatmulParams> matmuls;  // each linear layer, rows the most one forward feeds it
   AttentionParams attention;          // num_tokens the most one forward feeds, one sequence of the
                                       // longest context (max_blocks_per_seq)
+};
+
+// What has crossed from a backend to the host since it was made: what a step costs beyond its
+// ops on a device, where each wait drains the stream and each byte crosses the bus. Counted on
+// every backend alike (a CPU's copy is a memcpy), so a test on the CPU pins down the step's shape.
+struct TransferCounts {
+  int64_t host_waits = 0;      // synchronize() calls and copies to the host (each waits)
+  uint64_t bytes_to_host = 0;  // bytes copied to the host
 };
 
 class Backend {
@@ -195,6 +272,11 @@ class Backend {
   virtual Status copy_on_device(void* device_dst, const void* device_src, size_t bytes) = 0;
   // Waits until every enqueued op has finished.
   virtual Status synchronize() = 0;
+  // The backend's transfers so far (a backend that forwards to another reports the other's).
+  virtual TransferCounts transfer_counts() const {
+    return {host_waits_.load(std::memory_order_relaxed),
+            bytes_to_host_.load(std::memory_order_relaxed)};
+  }
   // Runs `work` (which enqueues ops) and reports the time the device spent on them, by the
   // device's own clock: events around the work on a GPU's stream, so launch gaps before the first
   // op and the host's wait afterwards stay out; a host clock on a backend whose ops run inline.
@@ -325,6 +407,45 @@ class Backend {
   virtual Status fill_uniform(const FillParams& params,
                               void* out) = 0;  // [count] dtype
 
+  // probs[r] = the processed distribution of logits[r] under settings[r]: temperature, top-k,
+  // top-p, min-p in that order, ties ranked by lower token id, the kept weights renormalised; a
+  // point mass on the argmax at temperature 0. row_status[r] says whether row r could be processed;
+  // a row that could not is all zeros.
+  virtual Status process_logits(const LogitsParams& params,
+                                const float* logits,             // [rows, vocab]
+                                const LogitsSettings* settings,  // [rows]
+                                float* probs,                    // [rows, vocab]
+                                int32_t* row_status) = 0;        // [rows] RowStatus
+
+  // out[r] = the index of the highest value of row r, the lowest among equals.
+  virtual Status argmax(const LogitsParams& params,
+                        const float* values,  // [rows, vocab]
+                        int32_t* out) = 0;    // [rows]
+
+  // Decides each row's drafts against the target's processed distributions by the row's rule,
+  // with the random numbers of its stream at the positions it decides (kernels/cpu/verify.h is the
+  // reference). Row b writes d_1..d_k, then the new token, then -1 into tokens[b] and k into
+  // accepted[b]. Alternates (greedy and shared noise only): where the first token the target
+  // disagrees with is one of that position's alternates, it is accepted too and the target's token
+  // after it, drawn from the row of p that alternate_rows names, is the new one;
+  // alternate_taken[b] is then its entry (i * alternates_width + k for alternate k of draft i,
+  // from 0), else -1. A row that cannot be decided (a count outside [0, gamma], a row of p outside
+  // p_rows, a row of p it reads whose p_status is not kOk, a draw from a distribution with no mass)
+  // gets accepted[b] = -1 and a row of -1.
+  virtual Status verify(const VerifyParams& params,
+                        const VerifyRow* rows,          // [batch]
+                        const float* p,                 // [p rows, vocab]
+                        const int32_t* p_status,        // [p rows] RowStatus, or null: all kOk
+                        const float* q,                 // [batch, gamma, vocab_q], or null: each
+                                                        // draft a point mass
+                        const int32_t* drafts,          // [batch, gamma], -1 past a row's count
+                        const int32_t* alternates,      // [batch, gamma, width] -1: none; or null
+                        const int64_t* alternate_rows,  // [batch, gamma, width] row of p after
+                                                        // each alternate; null with alternates
+                        int32_t* tokens,                // [batch, gamma + 1]
+                        int32_t* accepted,              // [batch]
+                        int32_t* alternate_taken) = 0;  // [batch]
+
   // accumulator += addend, elementwise (the residual connection).
   virtual Status add(int64_t count,
                      const float* addend,      // [count]
@@ -351,9 +472,17 @@ class Backend {
   void notice(std::string_view message) const {
     if (notice_handler_) notice_handler_(message);
   }
+  // Every implementation of copy_to_host and synchronize counts itself here.
+  void count_copy_to_host(size_t bytes) {
+    host_waits_.fetch_add(1, std::memory_order_relaxed);
+    bytes_to_host_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  void count_synchronize() { host_waits_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
   std::function<void(std::string_view)> notice_handler_;
+  std::atomic<int64_t> host_waits_{0};
+  std::atomic<uint64_t> bytes_to_host_{0};
 };
 
 }  // namespace specrun::kernels

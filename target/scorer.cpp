@@ -1,6 +1,7 @@
 #include "target/scorer.h"
 
 #include "runtime/base/check.h"
+#include "runtime/sampling/sampler.h"
 
 namespace specrun {
 
@@ -67,15 +68,14 @@ const Scores& Scorer::score(std::span<const ScoreRequest> requests, Features* fe
     }
     batch.push_back({request.sequence, input, true, {}, parents});
   }
+  logits_.keep_on_device = true;
   target_.forward(batch, &logits_, features);
-  // Every row's p_0..p_n first, then the distributions after its alternates.
+  // Each sequence's rows as the forward laid them out: p_0..p_n, then the distributions after its
+  // alternates in the order they were fed.
+  const int64_t rows = logits_.row_begin.back();
   scores.vocab = logits_.vocab_size;
-  scores.row_begin.assign(1, 0);
-  for (const ScoreRequest& request : requests) {
-    scores.row_begin.push_back(scores.row_begin.back() +
-                               static_cast<int64_t>(request.drafts.size()) + 1);
-  }
-  int64_t next_alternate_row = scores.row_begin.back();
+  scores.rows = rows;
+  scores.row_begin = logits_.row_begin;
   if (any_alternates) {
     scores.alternate_begin.assign(1, 0);
     for (const ScoreRequest& request : requests) {
@@ -86,33 +86,40 @@ const Scores& Scorer::score(std::span<const ScoreRequest> requests, Features* fe
     scores.alternate_rows.assign(static_cast<size_t>(scores.alternate_begin.back()), -1);
     scores.alternate_inputs.assign(static_cast<size_t>(scores.alternate_begin.back()), -1);
   }
-  scores.probs.resize(logits_.values.size());
-  // Which row of logits becomes which row of probs, and with whose settings; then the rows are
-  // processed on the backend's threads, which would otherwise wait for this one.
-  jobs_.clear();
+  settings_.clear();
   for (size_t b = 0; b < requests.size(); ++b) {
     const ScoreRequest& request = requests[b];
-    const SamplingParams* sampling = request.sampling ? request.sampling : &sampling_;
+    const kernels::LogitsSettings settings =
+        logits_settings(request.sampling ? *request.sampling : sampling_);
     const int64_t first = logits_.row_begin[b];
-    const auto chain = static_cast<int64_t>(request.drafts.size()) + 1;
-    for (int64_t r = 0; r < chain; ++r)
-      jobs_.push_back({sampling, first + r, scores.row_begin[b] + r});
-    int64_t fed = chain;
+    settings_.insert(settings_.end(), static_cast<size_t>(logits_.row_begin[b + 1] - first),
+                     settings);
+    int64_t fed = static_cast<int64_t>(request.drafts.size()) + 1;
     for (size_t entry = 0; entry < request.alternates.size(); ++entry) {
       if (request.alternates[entry] < 0) continue;
       const auto at = static_cast<size_t>(scores.alternate_begin[b]) + entry;
-      scores.alternate_rows[at] = next_alternate_row;
+      scores.alternate_rows[at] = first + fed;
       scores.alternate_inputs[at] = fed;
-      jobs_.push_back({sampling, first + fed, next_alternate_row});
-      ++fed, ++next_alternate_row;
+      ++fed;
     }
   }
-  target_.backend().for_each_on_host(static_cast<int64_t>(jobs_.size()), [&](int64_t j) {
-    const RowJob& job = jobs_[static_cast<size_t>(j)];
-    process_logits(*job.sampling, logits_.row(job.logits_row),
-                   std::span<float>(scores.probs.data() + job.probs_row * scores.vocab,
-                                    static_cast<size_t>(scores.vocab)));
-  });
+  kernels::Backend& backend = target_.backend();
+  const auto grow = [&](DeviceBuffer& buffer, size_t bytes, const char* what) {
+    if (buffer.size() < bytes) buffer = DeviceBuffer(backend, bytes, what);
+  };
+  const auto vocab = static_cast<size_t>(scores.vocab);
+  grow(device_settings_, settings_.size() * sizeof(kernels::LogitsSettings), "sampling settings");
+  grow(probs_, static_cast<size_t>(rows) * vocab * sizeof(float), "target distributions");
+  grow(status_, static_cast<size_t>(rows) * sizeof(int32_t), "row statuses");
+  SPECRUN_CHECK_OK(backend.copy_to_device(device_settings_.data(), settings_.data(),
+                                          settings_.size() * sizeof(kernels::LogitsSettings)),
+                   "uploading sampling settings");
+  SPECRUN_CHECK_OK(backend.process_logits({rows, scores.vocab}, logits_.device,
+                                          device_settings_.as<kernels::LogitsSettings>(),
+                                          probs_.as<float>(), status_.as<int32_t>()),
+                   "processing the target's logits");
+  scores.probs = probs_.as<float>();
+  scores.status = status_.as<int32_t>();
   return scores;
 }
 

@@ -1,10 +1,13 @@
 // The scorer: one target forward over [pending, d_1..d_n] per sequence gives the processed
 // distributions p_0..p_n that verification compares against the drafts, and with alternates the
 // distribution after each of them (a token tree: [pending, d_1..d_n, alternates] in the cache).
+// The logits stay on the target's backend and are processed there (Backend::process_logits):
+// nothing of them is copied to the host or waited for.
 #pragma once
 
 #include <span>
 
+#include "runtime/base/device_buffer.h"
 #include "runtime/model/model.h"
 #include "runtime/sampling/sampler.h"
 #include "runtime/sampling/speculative_step.h"
@@ -35,10 +38,12 @@ class Scorer {
  public:
   Scorer(Model& target, const SamplingParams& sampling);
   // Feeds every row in one batched forward (the target cache grows by n + 1 per row) and
-  // returns p_0..p_n per row, processed with the sampling settings; with `features`, the
-  // target's features at every token fed too (each row's [pending, drafts, alternates]). The
-  // scores are the scorer's own, valid until its next call: their rows of vocabulary-wide
-  // distributions (megabytes a step) are written over in place, not allocated and zeroed anew.
+  // returns p_0..p_n per row, processed with the sampling settings on the target's backend; with
+  // `features`, the target's features at every token fed too (each row's [pending, drafts,
+  // alternates]). The scores are the scorer's own, valid until its next call: their rows of
+  // vocabulary-wide distributions (megabytes a step) are written over in place, in the backend's
+  // memory. A row that could not be processed (corrupt logits) is marked in Scores::status, for
+  // the verification to refuse.
   const Scores& score(std::span<const ScoreRequest> requests, Features* features = nullptr);
 
  private:
@@ -47,14 +52,11 @@ class Scorer {
   std::vector<std::vector<int32_t>> inputs_;   // reused per call
   std::vector<std::vector<int32_t>> parents_;  // a token tree's, per row with alternates
   Logits logits_;
-  Scores scores_;  // what score returns
-  // One row of logits to process: with these settings, into this row of scores_.probs.
-  struct RowJob {
-    const SamplingParams* sampling;
-    int64_t logits_row;
-    int64_t probs_row;
-  };
-  std::vector<RowJob> jobs_;  // reused per call
+  Scores scores_;                                  // what score returns
+  std::vector<kernels::LogitsSettings> settings_;  // [rows] host, reused per call
+  DeviceBuffer device_settings_;                   // [rows] LogitsSettings
+  DeviceBuffer probs_;                             // [rows, vocab] f32
+  DeviceBuffer status_;                            // [rows] RowStatus
 };
 
 }  // namespace specrun

@@ -433,3 +433,54 @@ TEST_F(BatchEngineTest, AHugeMaxTokensNeitherOverflowsNorStarvesOthers) {
 
 }  // namespace
 }  // namespace specrun
+
+namespace specrun {
+namespace {
+
+TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
+  // The target's logits are processed and verified where they were computed: a step waits for the
+  // backend once (the verdict) and copies back a few words a row, however many drafts it verified
+  // and whatever the sampling: at most (gamma + 2) x rows x 8 bytes. Plain decoding and prompt
+  // lookup draft on the host without reading any logits; a draft model reads its own.
+  struct Case {
+    SpeculationMethod method;
+    float temperature;
+    bool shared_noise;
+  };
+  const Case cases[] = {{SpeculationMethod::kNone, 0.0f, false},
+                        {SpeculationMethod::kNone, 0.8f, false},
+                        {SpeculationMethod::kPromptLookup, 0.0f, false},
+                        {SpeculationMethod::kPromptLookup, 0.8f, false},
+                        {SpeculationMethod::kPromptLookup, 0.8f, true}};
+  const int64_t gamma = 4;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(to_string(c.method)) + " at T " + std::to_string(c.temperature) +
+                 (c.shared_noise ? " with shared noise" : ""));
+    std::vector<EngineRequest> requests;
+    for (int i = 0; i < 3; ++i) {
+      // Repetitive prompts, so that prompt lookup finds drafts.
+      std::vector<int32_t> prompt = {1};
+      for (int j = 0; j < 24; ++j) prompt.push_back(5 + (j + i) % 6);
+      EngineRequest r = request(prompt, 24, c.temperature, c.method, GammaControl::kFixed, gamma,
+                                static_cast<uint64_t>(i));
+      r.speculation.verification =
+          c.shared_noise ? Verification::kSharedNoise : Verification::kRejection;
+      requests.push_back(std::move(r));
+    }
+    BatchEngine engine(*target_, draft_.get(), {.max_batch = 4});
+    const std::vector<Completion> completions = engine.run(requests);
+    for (const Completion& completion : completions) {
+      ASSERT_EQ(completion.tokens.size(), 24u) << completion.error;
+    }
+    const BatchEngineStats stats = engine.stats();
+    EXPECT_EQ(stats.host_waits, stats.steps);
+    EXPECT_LE(stats.bytes_to_host, static_cast<uint64_t>(stats.sequence_steps * (gamma + 2) * 8));
+    EXPECT_GT(stats.bytes_to_host, 0u);
+    if (c.method == SpeculationMethod::kPromptLookup) {
+      EXPECT_GT(stats.drafted, 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specrun

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "kernels/core/philox.h"
+#include "kernels/core/random_stream.h"
 #include "runtime/base/check.h"
-#include "runtime/sampling/random_stream.h"
 #include "runtime/sampling/rng.h"
 #include "runtime/sampling/sampler.h"
 #include "tests/verify_testing.h"

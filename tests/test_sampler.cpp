@@ -12,12 +12,14 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/exp.h"
 #include "runtime/base/check.h"
-#include "runtime/sampling/exp.h"
 #include "runtime/sampling/sampler.h"
 
 namespace specrun {
 namespace {
+
+using kernels::cpu::exp_nonpositive;
 
 // Logits whose softmax is exactly proportional to `probabilities`.
 std::vector<float> logits_of(const std::vector<double>& probabilities) {

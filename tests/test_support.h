@@ -217,6 +217,7 @@ class ForwardingBackend : public kernels::Backend {
     return inner_.copy_on_device(dst, src, bytes);
   }
   Status synchronize() override { return inner_.synchronize(); }
+  kernels::TransferCounts transfer_counts() const override { return inner_.transfer_counts(); }
   Status time_ms(const std::function<Status()>& work, double* milliseconds) override {
     return inner_.time_ms(work, milliseconds);
   }
@@ -271,6 +272,21 @@ class ForwardingBackend : public kernels::Backend {
   Status add_rmsnorm(const kernels::RmsNormParams& p, const float* addend, float* accumulator,
                      const void* weight, float* out) override {
     return inner_.add_rmsnorm(p, addend, accumulator, weight, out);
+  }
+  Status process_logits(const kernels::LogitsParams& p, const float* logits,
+                        const kernels::LogitsSettings* settings, float* probs,
+                        int32_t* row_status) override {
+    return inner_.process_logits(p, logits, settings, probs, row_status);
+  }
+  Status argmax(const kernels::LogitsParams& p, const float* values, int32_t* out) override {
+    return inner_.argmax(p, values, out);
+  }
+  Status verify(const kernels::VerifyParams& p, const kernels::VerifyRow* rows, const float* probs,
+                const int32_t* p_status, const float* q, const int32_t* drafts,
+                const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
+                int32_t* accepted, int32_t* alternate_taken) override {
+    return inner_.verify(p, rows, probs, p_status, q, drafts, alternates, alternate_rows, tokens,
+                         accepted, alternate_taken);
   }
 
  private:

@@ -5,8 +5,11 @@
 #include <map>
 #include <numeric>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "runtime/base/check.h"
+#include "runtime/sampling/rng.h"
 #include "runtime/sampling/sampler.h"
+#include "tests/test_support.h"
 #include "tests/verify_testing.h"
 #include "verify/verifier.h"
 
@@ -42,7 +45,9 @@ Scores make_scores(const FixedStep& step) {
   Scores scores;
   scores.vocab = static_cast<int64_t>(step.p[0].size());
   scores.row_begin = {0, static_cast<int64_t>(step.p.size())};
-  for (const auto& p : step.p) scores.probs.insert(scores.probs.end(), p.begin(), p.end());
+  std::vector<float> rows;
+  for (const auto& p : step.p) rows.insert(rows.end(), p.begin(), p.end());
+  scores.hold(std::move(rows));
   return scores;
 }
 
@@ -126,7 +131,7 @@ TEST(RejectionSampler, PointMassDraftsAreExact) {
   Scores scores;
   scores.vocab = 3;
   scores.row_begin = {0, 2};
-  scores.probs = {0.1f, 0.6f, 0.3f, 0.3f, 0.3f, 0.4f};
+  scores.hold({0.1f, 0.6f, 0.3f, 0.3f, 0.3f, 0.4f});
   std::map<int64_t, int64_t> counts;
   const int64_t draws = 100000;
   for (int64_t i = 0; i < draws; ++i) {
@@ -149,7 +154,7 @@ TEST(RejectionSampler, DraftVocabularyWiderThanTheTarget) {
   Scores scores;
   scores.vocab = 3;
   scores.row_begin = {0, 2};
-  scores.probs = {0.5f, 0.5f, 0.0f, 0.2f, 0.2f, 0.6f};
+  scores.hold({0.5f, 0.5f, 0.0f, 0.2f, 0.2f, 0.6f});
   const RejectionSampler rejection;
   const SharedNoiseVerifier shared_noise;
   for (int i = 0; i < 100; ++i) {
@@ -227,8 +232,8 @@ TEST(GreedyVerifier, AcceptsWhileDraftsAreTheArgmax) {
   Scores scores;
   scores.vocab = 3;
   scores.row_begin = {0, 4, 6};
-  scores.probs = {0, 1, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0,  // row 0: argmax 1, 0, 2, 0
-                  0, 0, 1, 0, 1, 0};                   // row 1: argmax 2, 1
+  scores.hold({0, 1, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0,  // row 0: argmax 1, 0, 2, 0
+               0, 0, 1, 0, 1, 0});                  // row 1: argmax 2, 1
   const RowDraws unused[2];
   const Verdict verdict = GreedyVerifier().verify(proposals, scores, unused);
   EXPECT_EQ(verdict.accepted, (std::vector<int32_t>{2, 1}));
@@ -261,9 +266,11 @@ AlternatesStep greedy_alternates_step(std::vector<float> p0, std::vector<float> 
   scores.vocab = 4;
   scores.row_begin = {0, 3};
   std::vector<float> p2 = {0.25f, 0.25f, 0.25f, 0.25f};
+  std::vector<float> rows;
   for (const std::vector<float>* p : {&p0, &p1, &p2, &after_1, &after_3}) {
-    scores.probs.insert(scores.probs.end(), p->begin(), p->end());
+    rows.insert(rows.end(), p->begin(), p->end());
   }
+  scores.hold(std::move(rows));
   scores.alternates_width = 2;
   scores.alternate_begin = {0, 4};
   scores.alternate_rows = {3, -1, 4, -1};  // after alternate 1 of d1; after alternate 3 of d2
@@ -356,11 +363,145 @@ TEST(Verifier, RejectsScoresThatDoNotMatchTheProposals) {
   Scores scores;
   scores.vocab = 2;
   scores.row_begin = {0, 2};  // needs 3 distributions
-  scores.probs = {1, 0, 0, 1};
+  scores.hold({1, 0, 0, 1});
   const RowDraws row[1];
   EXPECT_THROW(GreedyVerifier().verify(proposals, scores, row), Error);
   EXPECT_THROW(RejectionSampler().verify(proposals, scores, row), Error);
   EXPECT_THROW(SharedNoiseVerifier().verify(proposals, scores, row), Error);
+}
+
+TEST(BackendOps, ProcessLogitsMarksTheRowsItCannotProcessAndMatchesTheRowFunction) {
+  // Backend::process_logits on the CPU: each row exactly what process_logits() gives with its own
+  // settings; a row with NaN, one with every token banned and one with settings out of range are
+  // all zeros and marked, and the others are unaffected.
+  const auto backend = testing::make_cpu_backend(2);
+  const int64_t vocab = 37;
+  Rng rng(5);
+  std::vector<float> logits;
+  for (int64_t i = 0; i < 6 * vocab; ++i) logits.push_back(static_cast<float>(rng.uniform() * 6));
+  logits[1 * vocab + 3] = std::nanf("");
+  for (int64_t x = 0; x < vocab; ++x) logits[static_cast<size_t>(2 * vocab + x)] = -INFINITY;
+  std::vector<kernels::LogitsSettings> settings = {{0.0f, 0, 1.0f, 0.0f}, {1.0f, 0, 1.0f, 0.0f},
+                                                   {0.7f, 5, 1.0f, 0.0f}, {0.7f, 0, 0.0f, 0.0f},
+                                                   {0.9f, 0, 0.8f, 0.0f}, {1.3f, 10, 0.9f, 0.05f}};
+  std::vector<float> probs(logits.size(), -1.0f);
+  std::vector<int32_t> status(6, -1);
+  ASSERT_TRUE(
+      backend
+          ->process_logits({6, vocab}, logits.data(), settings.data(), probs.data(), status.data())
+          .is_ok());
+  using kernels::RowStatus;
+  const std::vector<RowStatus> expected = {RowStatus::kOk,        RowStatus::kCorruptLogits,
+                                           RowStatus::kAllBanned, RowStatus::kBadSettings,
+                                           RowStatus::kOk,        RowStatus::kOk};
+  for (size_t r = 0; r < 6; ++r) {
+    EXPECT_EQ(static_cast<RowStatus>(status[r]), expected[r]) << "row " << r;
+    const std::span<const float> row(probs.data() + r * vocab, static_cast<size_t>(vocab));
+    if (expected[r] != RowStatus::kOk) {
+      EXPECT_TRUE(std::all_of(row.begin(), row.end(), [](float p) { return p == 0.0f; }));
+      continue;
+    }
+    SamplingParams params;
+    params.temperature = settings[r].temperature;
+    params.top_k = settings[r].top_k;
+    params.top_p = settings[r].top_p;
+    params.min_p = settings[r].min_p;
+    std::vector<float> reference(static_cast<size_t>(vocab));
+    process_logits(params, std::span<const float>(logits.data() + r * vocab, vocab), reference);
+    EXPECT_EQ(std::vector<float>(row.begin(), row.end()), reference) << "row " << r;
+  }
+  std::vector<int32_t> best(6, -2);
+  ASSERT_TRUE(backend->argmax({6, vocab}, probs.data(), best.data()).is_ok());
+  EXPECT_EQ(best[0], argmax(std::span<const float>(logits.data(), vocab)));
+  EXPECT_FALSE(
+      backend->process_logits({1, 0}, logits.data(), settings.data(), probs.data(), status.data())
+          .is_ok());
+}
+
+TEST(BackendOps, VerifyDecidesEachRowAsItsRuleDoesAlone) {
+  // Backend::verify on the CPU over a batch mixing the three rules, point masses and q, against
+  // each row verified alone on the host; then the rows it must refuse: a count past gamma, a row
+  // of p marked as not processed.
+  const auto backend = testing::make_cpu_backend(2);
+  const int64_t batch = 9, gamma = 3, vocab = 11;
+  Rng rng(7);
+  Proposals proposals;
+  proposals.batch = batch;
+  proposals.gamma = gamma;
+  proposals.vocab = vocab;
+  Scores scores;
+  scores.vocab = vocab;
+  std::vector<float> p;
+  const auto random_distribution = [&](std::vector<float>& out) {
+    double total = 0.0;
+    std::vector<float> row(static_cast<size_t>(vocab));
+    for (float& value : row)
+      total += (value = static_cast<float>(rng.uniform() < 0.3 ? 0.0 : rng.uniform()));
+    for (float& value : row) value = static_cast<float>(value / total);
+    out.insert(out.end(), row.begin(), row.end());
+  };
+  std::vector<kernels::VerifyRule> rules;
+  std::vector<RowDraws> draws;
+  scores.row_begin = {0};
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto count = static_cast<int32_t>(b % (gamma + 1));
+    proposals.counts.push_back(count);
+    for (int64_t i = 0; i < gamma; ++i) {
+      random_distribution(proposals.probs);
+      const std::span<const float> q(proposals.probs.data() + (b * gamma + i) * vocab, vocab);
+      proposals.tokens.push_back(i < count ? sample_from(q, rng.uniform()) : -1);
+    }
+    for (int64_t i = 0; i <= count; ++i) random_distribution(p);
+    scores.row_begin.push_back(scores.row_begin.back() + count + 1);
+    rules.push_back(static_cast<kernels::VerifyRule>(b % 3));
+    draws.push_back({RandomStream(100 + static_cast<uint64_t>(b)), 3 * b});
+  }
+  scores.hold(p);
+  std::vector<int64_t> alternate_input;
+  BackendVerification verification(*backend);
+  const Verdict verdict = verification.verify(proposals, scores, rules, draws, &alternate_input);
+  const GreedyVerifier greedy;
+  const RejectionSampler rejection;
+  const SharedNoiseVerifier shared_noise;
+  for (int64_t b = 0; b < batch; ++b) {
+    const Verifier* rule = rules[static_cast<size_t>(b)] == kernels::VerifyRule::kGreedy
+                               ? static_cast<const Verifier*>(&greedy)
+                           : rules[static_cast<size_t>(b)] == kernels::VerifyRule::kRejection
+                               ? static_cast<const Verifier*>(&rejection)
+                               : static_cast<const Verifier*>(&shared_noise);
+    std::vector<int32_t> alone(static_cast<size_t>(gamma + 1), -1);
+    const int32_t k = rule->verify_row(proposals, scores, b, draws[static_cast<size_t>(b)], alone);
+    EXPECT_EQ(verdict.accepted[static_cast<size_t>(b)], k) << "row " << b;
+    EXPECT_EQ(std::vector<int32_t>(verdict.tokens.begin() + b * (gamma + 1),
+                                   verdict.tokens.begin() + (b + 1) * (gamma + 1)),
+              alone)
+        << "row " << b;
+    EXPECT_EQ(alternate_input[static_cast<size_t>(b)], -1);
+  }
+
+  // The op itself: a count past gamma and a row of p marked are refused, the others decided.
+  std::vector<kernels::VerifyRow> rows = {{1, 0, 0, 1, kernels::VerifyRule::kGreedy},
+                                          {1, 0, 0, 4, kernels::VerifyRule::kGreedy},
+                                          {1, 0, 2, 1, kernels::VerifyRule::kSharedNoise}};
+  std::vector<int32_t> status(static_cast<size_t>(scores.rows),
+                              static_cast<int32_t>(kernels::RowStatus::kOk));
+  status[2] = static_cast<int32_t>(kernels::RowStatus::kCorruptLogits);
+  std::vector<int32_t> drafts(3 * gamma, 0), tokens(3 * (gamma + 1), 7), accepted(3, 7),
+      taken(3, 7);
+  ASSERT_TRUE(backend
+                  ->verify({3, gamma, scores.rows, vocab, 0, 0}, rows.data(), scores.probs,
+                           status.data(), nullptr, drafts.data(), nullptr, nullptr, tokens.data(),
+                           accepted.data(), taken.data())
+                  .is_ok());
+  EXPECT_GE(accepted[0], 0);
+  EXPECT_EQ(accepted[1], -1);
+  EXPECT_EQ(accepted[2], -1);  // its p_0 is row 2
+  EXPECT_EQ(std::count(tokens.begin() + gamma + 1, tokens.end(), -1), 2 * (gamma + 1));
+  EXPECT_FALSE(backend
+                   ->verify({3, gamma, scores.rows, vocab, 0, 2}, rows.data(), scores.probs,
+                            nullptr, nullptr, drafts.data(), nullptr, nullptr, tokens.data(),
+                            accepted.data(), taken.data())
+                   .is_ok());  // alternates' width without alternates
 }
 
 }  // namespace

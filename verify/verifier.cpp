@@ -3,19 +3,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/verify.h"
 #include "runtime/base/check.h"
-#include "runtime/sampling/sampler.h"
 
 namespace specrun {
-namespace {
-
-float probability(std::span<const float> distribution, int32_t token) {
-  return token >= 0 && static_cast<size_t>(token) < distribution.size()
-             ? distribution[static_cast<size_t>(token)]
-             : 0.0f;
-}
-
-}  // namespace
 
 int64_t alternate_index(const Proposals& proposals, int64_t b, int64_t i, int32_t token) {
   if (!proposals.has_alternates()) return -1;
@@ -33,32 +24,12 @@ int64_t accepted_alternate(const Proposals& proposals, const Verdict& verdict, i
   return alternate_index(proposals, b, accepted - 1, token);
 }
 
-namespace {
-
-// After the target's token `token` disagreed with draft i (from 0) of row b: when it is one of
-// that position's alternates, accepts it and writes the target's token after it (`next` of the
-// distribution scored after the alternate) into out[i + 1], returning i + 1; else returns i.
-template <typename Next>
-int32_t take_alternate(const Proposals& proposals, const Scores& scores, int64_t b, int64_t i,
-                       int32_t token, std::span<int32_t> out, const Next& next) {
-  const int64_t k = alternate_index(proposals, b, i, token);
-  if (k < 0) return static_cast<int32_t>(i);
-  SPECRUN_CHECK(scores.alternates_width == proposals.alternates_width &&
-                scores.alternate_rows.size() > scores.alternate_entry(b, i, k) &&
-                scores.alternate_rows[scores.alternate_entry(b, i, k)] >= 0)
-      << "row " << b << "'s alternate for draft " << i + 1 << " was not scored";
-  out[static_cast<size_t>(i + 1)] = next(scores.p_after_alternate(scores.alternate_entry(b, i, k)));
-  return static_cast<int32_t>(i + 1);
-}
-
-}  // namespace
-
 Verdict empty_verdict(const Proposals& proposals, const Scores& scores) {
   SPECRUN_CHECK(static_cast<int64_t>(scores.row_begin.size()) == proposals.batch + 1)
       << "scores for " << scores.row_begin.size() - 1 << " rows, proposals for " << proposals.batch;
   for (int64_t b = 0; b < proposals.batch; ++b) {
     SPECRUN_CHECK(scores.row_begin[static_cast<size_t>(b) + 1] -
-                      scores.row_begin[static_cast<size_t>(b)] ==
+                      scores.row_begin[static_cast<size_t>(b)] >=
                   proposals.counts[static_cast<size_t>(b)] + 1)
         << "row " << b << " needs one distribution more than its drafts";
   }
@@ -69,6 +40,70 @@ Verdict empty_verdict(const Proposals& proposals, const Scores& scores) {
   verdict.accepted.assign(static_cast<size_t>(verdict.batch), 0);
   return verdict;
 }
+
+kernels::VerifyRule verify_rule(const SamplingParams& sampling) {
+  if (sampling.temperature == 0.0f) return kernels::VerifyRule::kGreedy;
+  return sampling.shared_noise ? kernels::VerifyRule::kSharedNoise
+                               : kernels::VerifyRule::kRejection;
+}
+
+namespace {
+
+// The verification's shape for these proposals and scores.
+kernels::VerifyParams verify_params(const Proposals& proposals, const Scores& scores,
+                                    int64_t batch) {
+  return {batch,
+          proposals.gamma,
+          scores.rows,
+          scores.vocab,
+          proposals.point_masses() ? 0 : proposals.vocab,
+          proposals.has_alternates() ? proposals.alternates_width : 0};
+}
+
+// Row b's alternates' scored rows as the verify op reads them: [gamma, width], -1 where none.
+void alternate_rows_of(const Proposals& proposals, const Scores& scores, int64_t b, int64_t* out) {
+  const int64_t width = proposals.alternates_width;
+  std::fill(out, out + proposals.gamma * width, -1);
+  if (scores.alternate_rows.empty()) return;
+  SPECRUN_CHECK(scores.alternates_width == width)
+      << "alternates " << width << " wide scored " << scores.alternates_width << " wide";
+  const int64_t count = proposals.counts[static_cast<size_t>(b)];
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t k = 0; k < width; ++k) {
+      out[i * width + k] = scores.alternate_rows[scores.alternate_entry(b, i, k)];
+    }
+  }
+}
+
+// Row b by `rule` on the host.
+int32_t verify_on_host(kernels::VerifyRule rule, const Proposals& proposals, const Scores& scores,
+                       int64_t b, const RowDraws& draws, std::span<int32_t> out) {
+  const auto row = static_cast<size_t>(b);
+  SPECRUN_CHECK(static_cast<int64_t>(out.size()) == proposals.gamma + 1)
+      << out.size() << " slots for " << proposals.gamma << " drafts";
+  kernels::VerifyParams params = verify_params(proposals, scores, 1);
+  const bool takes_alternates = rule != kernels::VerifyRule::kRejection;
+  if (!takes_alternates) params.alternates_width = 0;
+  std::vector<int64_t> alternate_rows(
+      static_cast<size_t>(params.gamma * std::max<int64_t>(params.alternates_width, 0)));
+  if (params.alternates_width > 0) alternate_rows_of(proposals, scores, b, alternate_rows.data());
+  const kernels::VerifyRow verify_row{draws.stream.seed(), draws.position, scores.row_begin[row],
+                                      proposals.counts[row], rule};
+  int32_t accepted = -1, taken = -1;
+  kernels::cpu::verify_row(
+      params, verify_row, scores.probs, scores.status,
+      params.vocab_q > 0 ? proposals.probs.data() + b * proposals.gamma * proposals.vocab : nullptr,
+      proposals.tokens.data() + b * proposals.gamma,
+      params.alternates_width > 0
+          ? proposals.alternates.data() + b * proposals.gamma * proposals.alternates_width
+          : nullptr,
+      params.alternates_width > 0 ? alternate_rows.data() : nullptr, out.data(), &accepted, &taken);
+  SPECRUN_CHECK(accepted >= 0) << "row " << b
+                               << " could not be verified: a distribution it reads has no mass";
+  return accepted;
+}
+
+}  // namespace
 
 Verdict Verifier::verify(const Proposals& proposals, const Scores& scores,
                          std::span<const RowDraws> draws) const {
@@ -84,69 +119,129 @@ Verdict Verifier::verify(const Proposals& proposals, const Scores& scores,
 
 int32_t RejectionSampler::verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
                                      const RowDraws& draws, std::span<int32_t> out) const {
-  const std::span<const int32_t> drafts = proposals.row_tokens(b);
-  const int64_t n = static_cast<int64_t>(drafts.size());
-  for (int64_t k = 0; k < n; ++k) {
-    const int32_t draft = drafts[static_cast<size_t>(k)];
-    const std::span<const float> p = scores.p(b, k);
-    const int64_t position = draws.position + k;
-    const float p_draft = probability(p, draft);
-    const float q_draft = proposals.point_masses() ? 1.0f : probability(proposals.q(b, k), draft);
-    // Accept with probability min(1, p/q), written without the division.
-    if (draws.stream.uniform(position, Draw::kAcceptance) * q_draft < p_draft) {
-      out[static_cast<size_t>(k)] = draft;
-      continue;
-    }
-    // Recover from the residual max(0, p - q), renormalised by sample_from.
-    std::vector<float> residual(p.size());
-    double mass = 0.0;
-    for (size_t x = 0; x < residual.size(); ++x) {
-      const float q_x = proposals.point_masses()
-                            ? (static_cast<int32_t>(x) == draft ? 1.0f : 0.0f)
-                            : probability(proposals.q(b, k), static_cast<int32_t>(x));
-      residual[x] = std::max(0.0f, p[x] - q_x);
-      mass += residual[x];
-    }
-    // A rejection implies p(d) < q(d), hence mass somewhere else; rounding can still leave none,
-    // and then p itself is the exact answer (p and q agree to rounding).
-    const double uniform = draws.stream.uniform(position, Draw::kToken);
-    out[static_cast<size_t>(k)] =
-        mass > 0.0 ? sample_from(residual, uniform) : sample_from(p, uniform);
-    return static_cast<int32_t>(k);
-  }
-  // Every draft accepted: the bonus token.
-  out[static_cast<size_t>(n)] =
-      sample_from(scores.p(b, n), draws.stream.uniform(draws.position + n, Draw::kToken));
-  return static_cast<int32_t>(n);
+  return verify_on_host(kernels::VerifyRule::kRejection, proposals, scores, b, draws, out);
 }
 
 int32_t SharedNoiseVerifier::verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
                                         const RowDraws& draws, std::span<int32_t> out) const {
-  const std::span<const int32_t> drafts = proposals.row_tokens(b);
-  for (int64_t k = 0;; ++k) {
-    const int32_t token = sample_with_noise(scores.p(b, k), draws.stream, draws.position + k);
-    out[static_cast<size_t>(k)] = token;
-    if (k == static_cast<int64_t>(drafts.size())) return static_cast<int32_t>(k);
-    if (drafts[static_cast<size_t>(k)] != token) {
-      return take_alternate(proposals, scores, b, k, token, out, [&](std::span<const float> p) {
-        return sample_with_noise(p, draws.stream, draws.position + k + 1);
-      });
-    }
-  }
+  return verify_on_host(kernels::VerifyRule::kSharedNoise, proposals, scores, b, draws, out);
 }
 
 int32_t GreedyVerifier::verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
-                                   const RowDraws& /*draws*/, std::span<int32_t> out) const {
-  const std::span<const int32_t> drafts = proposals.row_tokens(b);
-  for (int64_t k = 0;; ++k) {
-    const int32_t best = argmax(scores.p(b, k));
-    out[static_cast<size_t>(k)] = best;
-    if (k == static_cast<int64_t>(drafts.size())) return static_cast<int32_t>(k);
-    if (drafts[static_cast<size_t>(k)] != best) {
-      return take_alternate(proposals, scores, b, k, best, out,
-                            [](std::span<const float> p) { return argmax(p); });
+                                   const RowDraws& draws, std::span<int32_t> out) const {
+  return verify_on_host(kernels::VerifyRule::kGreedy, proposals, scores, b, draws, out);
+}
+
+Verdict BackendVerification::verify(const Proposals& proposals, const Scores& scores,
+                                    std::span<const kernels::VerifyRule> rules,
+                                    std::span<const RowDraws> draws,
+                                    std::vector<int64_t>* alternate_input) {
+  Verdict verdict = empty_verdict(proposals, scores);
+  const int64_t batch = proposals.batch;
+  SPECRUN_CHECK(static_cast<int64_t>(rules.size()) == batch &&
+                static_cast<int64_t>(draws.size()) == batch)
+      << rules.size() << " rules and " << draws.size() << " draws for " << batch << " rows";
+  const kernels::VerifyParams params = verify_params(proposals, scores, batch);
+  const int64_t gamma = params.gamma;
+  const int64_t width = params.alternates_width;
+  // A row whose rule takes no alternates decides as if it had none.
+  rows_.clear();
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto row = static_cast<size_t>(b);
+    rows_.push_back({draws[row].stream.seed(), draws[row].position, scores.row_begin[row],
+                     proposals.counts[row], rules[row]});
+  }
+  alternate_rows_.assign(static_cast<size_t>(batch * gamma * width), -1);
+  for (int64_t b = 0; width > 0 && b < batch; ++b) {
+    if (rules[static_cast<size_t>(b)] == kernels::VerifyRule::kRejection) continue;
+    alternate_rows_of(proposals, scores, b, alternate_rows_.data() + b * gamma * width);
+  }
+
+  // The inputs where the backend reads them: in place where its memory is the host's, else
+  // uploaded into one buffer, each part 64-byte aligned.
+  struct Part {
+    const void* host;
+    size_t bytes;
+    const void* device = nullptr;
+  };
+  Part parts[] = {
+      {rows_.data(), rows_.size() * sizeof(kernels::VerifyRow), nullptr},
+      {proposals.tokens.data(), proposals.tokens.size() * sizeof(int32_t), nullptr},
+      {params.vocab_q > 0 ? proposals.probs.data() : nullptr,
+       params.vocab_q > 0 ? proposals.probs.size() * sizeof(float) : 0, nullptr},
+      {width > 0 ? proposals.alternates.data() : nullptr,
+       width > 0 ? proposals.alternates.size() * sizeof(int32_t) : 0, nullptr},
+      {width > 0 ? alternate_rows_.data() : nullptr,
+       width > 0 ? alternate_rows_.size() * sizeof(int64_t) : 0, nullptr},
+  };
+  const auto aligned = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
+  if (backend_.uses_host_memory()) {
+    for (Part& part : parts) part.device = part.host;
+  } else {
+    size_t total = 0;
+    for (const Part& part : parts) total += aligned(part.bytes);
+    if (inputs_.size() < total) inputs_ = DeviceBuffer(backend_, total, "verification inputs");
+    size_t offset = 0;
+    for (Part& part : parts) {
+      if (part.host == nullptr || part.bytes == 0) continue;
+      part.device = inputs_.as<char>() + offset;
+      SPECRUN_CHECK_OK(
+          backend_.copy_to_device(const_cast<void*>(part.device), part.host, part.bytes),
+          "uploading the verification's inputs");
+      offset += aligned(part.bytes);
     }
   }
+  const size_t token_slots = static_cast<size_t>(batch * (gamma + 1));
+  results_.assign(token_slots + 2 * static_cast<size_t>(batch), -1);
+  const size_t result_bytes = results_.size() * sizeof(int32_t);
+  if (outputs_.size() < result_bytes) {
+    outputs_ = DeviceBuffer(backend_, result_bytes, "verification results");
+  }
+  int32_t* tokens = outputs_.as<int32_t>();
+  SPECRUN_CHECK_OK(
+      backend_.verify(params, static_cast<const kernels::VerifyRow*>(parts[0].device), scores.probs,
+                      scores.status, static_cast<const float*>(parts[2].device),
+                      static_cast<const int32_t*>(parts[1].device),
+                      static_cast<const int32_t*>(parts[3].device),
+                      static_cast<const int64_t*>(parts[4].device), tokens, tokens + token_slots,
+                      tokens + token_slots + batch),
+      "verifying the drafts");
+  // The step's one wait: the verdict comes back.
+  SPECRUN_CHECK_OK(backend_.copy_to_host(results_.data(), outputs_.data(), result_bytes),
+                   "reading the verdict");
+
+  std::copy(results_.begin(), results_.begin() + static_cast<ptrdiff_t>(token_slots),
+            verdict.tokens.begin());
+  alternate_input->assign(static_cast<size_t>(batch), -1);
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto row = static_cast<size_t>(b);
+    const int32_t accepted = results_[token_slots + row];
+    if (accepted < 0) {
+      // Which distribution failed, and why: read back only now that one did.
+      std::vector<int32_t> status(static_cast<size_t>(scores.rows),
+                                  static_cast<int32_t>(kernels::RowStatus::kOk));
+      if (scores.status != nullptr) {
+        SPECRUN_CHECK_OK(
+            backend_.copy_to_host(status.data(), scores.status, status.size() * sizeof(int32_t)),
+            "reading the rows' statuses");
+      }
+      for (int64_t r = scores.row_begin[row]; r < scores.row_begin[row + 1]; ++r) {
+        const auto code = static_cast<kernels::RowStatus>(status[static_cast<size_t>(r)]);
+        if (code != kernels::RowStatus::kOk) {
+          throw_row_status(code, "row " + std::to_string(b) + "'s target logits");
+        }
+      }
+      throw Error("row " + std::to_string(b) +
+                  " could not be verified: a distribution it reads has no mass");
+    }
+    verdict.accepted[row] = accepted;
+    const int32_t taken = results_[token_slots + static_cast<size_t>(batch) + row];
+    if (taken >= 0) {
+      const int64_t i = taken / width, k = taken % width;
+      (*alternate_input)[row] = scores.alternate_inputs[scores.alternate_entry(b, i, k)];
+    }
+  }
+  return verdict;
 }
 
 }  // namespace specrun

@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <span>
 
-#include "runtime/sampling/random_stream.h"
+#include "kernels/backend.h"
+#include "runtime/base/device_buffer.h"
+#include "runtime/sampling/sampler.h"
 #include "runtime/sampling/speculative_step.h"
 
 namespace specrun {
@@ -29,8 +31,12 @@ int64_t alternate_index(const Proposals& proposals, int64_t b, int64_t i, int32_
 int64_t accepted_alternate(const Proposals& proposals, const Verdict& verdict, int64_t b);
 
 // A verdict of the step's shape, nothing decided yet: every token -1, every count 0. Throws Error
-// when the scores do not hold one distribution more than the drafts for every row.
+// when the scores do not hold at least one distribution more than the drafts for every row.
 Verdict empty_verdict(const Proposals& proposals, const Scores& scores);
+
+// The rule a row with these sampling settings is verified by: greedy at temperature 0, else shared
+// noise where the settings ask for it, else rejection sampling.
+kernels::VerifyRule verify_rule(const SamplingParams& sampling);
 
 class Verifier {
  public:
@@ -50,6 +56,10 @@ class Verifier {
   Verdict verify(const Proposals& proposals, const Scores& scores,
                  std::span<const RowDraws> draws) const;
 };
+
+// The rules below decide on the host, through the backends' reference (kernels/cpu/verify.h), and
+// read the scores there: for tests and for scores in host memory. The engine's step verifies on
+// the scores' backend instead (BackendVerification).
 
 // For i = 1..n: accept d_i with probability min(1, p_{i-1}(d_i) / q_i(d_i)); at the first
 // rejection draw the recovered token from norm(max(0, p_{i-1} - q_i)) and stop; if all n are
@@ -89,6 +99,29 @@ class GreedyVerifier : public Verifier {
   bool reads_draft_distributions() const override { return false; }
   int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
                      const RowDraws& draws, std::span<int32_t> out) const override;
+};
+
+// Verification on the backend that scored the rows (Backend::verify): the step's drafts, their q
+// where a row's rule reads it, and the rows' rules and random numbers go to the backend; the
+// verdict (tokens, accepted counts, accepted alternates) is the one thing that comes back, in one
+// copy. Reuses its buffers from step to step.
+class BackendVerification {
+ public:
+  explicit BackendVerification(kernels::Backend& backend) : backend_(backend) {}
+  // rules[b] and draws[b] are row b's. With alternates, alternate_input[b] receives where the
+  // target's forward fed the alternate row b accepted (Scores::alternate_inputs), -1 where none.
+  // Throws Error naming the row and why when one cannot be decided (its logits were corrupt).
+  Verdict verify(const Proposals& proposals, const Scores& scores,
+                 std::span<const kernels::VerifyRule> rules, std::span<const RowDraws> draws,
+                 std::vector<int64_t>* alternate_input);
+
+ private:
+  kernels::Backend& backend_;
+  std::vector<kernels::VerifyRow> rows_;  // host staging, reused
+  std::vector<int64_t> alternate_rows_;   // [batch, gamma, width]
+  std::vector<int32_t> results_;          // tokens [batch, gamma + 1], accepted, taken [batch]
+  DeviceBuffer inputs_;                   // the uploaded inputs, one allocation
+  DeviceBuffer outputs_;                  // results_ on the backend
 };
 
 }  // namespace specrun

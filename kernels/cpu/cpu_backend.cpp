@@ -17,6 +17,8 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/sampling.h"
+#include "kernels/cpu/verify.h"
 
 namespace specrun::kernels::cpu {
 
@@ -103,6 +105,7 @@ Status CpuBackend::copy_to_device(void* device_dst, const void* host_src, size_t
 }
 
 Status CpuBackend::copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+  count_copy_to_host(bytes);
   if (bytes != 0) std::memcpy(host_dst, device_src, bytes);
   return Status::ok();
 }
@@ -160,6 +163,47 @@ Status CpuBackend::add(int64_t count, const float* addend, float* accumulator) {
 
 Status CpuBackend::fill_uniform(const FillParams& params, void* out) {
   return cpu::fill_uniform(params, out, *pool_);
+}
+
+Status CpuBackend::process_logits(const LogitsParams& params, const float* logits,
+                                  const LogitsSettings* settings, float* probs,
+                                  int32_t* row_status) {
+  if (Status status = check_logits(params); !status.is_ok()) return status;
+  const auto vocab = static_cast<size_t>(params.vocab);
+  for_each_on_host(params.rows, [&](int64_t r) {
+    const auto offset = static_cast<size_t>(r) * vocab;
+    row_status[r] = static_cast<int32_t>(
+        cpu::process_logits(settings[r], {logits + offset, vocab}, {probs + offset, vocab}));
+  });
+  return Status::ok();
+}
+
+Status CpuBackend::argmax(const LogitsParams& params, const float* values, int32_t* out) {
+  if (Status status = check_logits(params); !status.is_ok()) return status;
+  const auto vocab = static_cast<size_t>(params.vocab);
+  for (int64_t r = 0; r < params.rows; ++r) {
+    out[r] = cpu::argmax({values + static_cast<size_t>(r) * vocab, vocab});
+  }
+  return Status::ok();
+}
+
+Status CpuBackend::verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
+                          const int32_t* p_status, const float* q, const int32_t* drafts,
+                          const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
+                          int32_t* accepted, int32_t* alternate_taken) {
+  if (Status status = check_verify(params, q, alternates, alternate_rows); !status.is_ok()) {
+    return status;
+  }
+  const int64_t gamma = params.gamma;
+  const int64_t width = params.alternates_width;
+  for_each_on_host(params.batch, [&](int64_t b) {
+    cpu::verify_row(params, rows[b], p, p_status,
+                    q == nullptr ? nullptr : q + b * gamma * params.vocab_q, drafts + b * gamma,
+                    alternates == nullptr ? nullptr : alternates + b * gamma * width,
+                    alternate_rows == nullptr ? nullptr : alternate_rows + b * gamma * width,
+                    tokens + b * (gamma + 1), accepted + b, alternate_taken + b);
+  });
+  return Status::ok();
 }
 
 }  // namespace specrun::kernels::cpu

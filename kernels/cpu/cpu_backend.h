@@ -35,7 +35,10 @@ class CpuBackend final : public Backend {
   Status copy_to_device(void* device_dst, const void* host_src, size_t bytes) override;
   Status copy_to_host(void* host_dst, const void* device_src, size_t bytes) override;
   Status copy_on_device(void* device_dst, const void* device_src, size_t bytes) override;
-  Status synchronize() override { return Status::ok(); }
+  Status synchronize() override {
+    count_synchronize();
+    return Status::ok();
+  }
   // Ops run inline: a host clock around the work is the device's clock.
   Status time_ms(const std::function<Status()>& work, double* milliseconds) override;
   // /proc/meminfo's MemAvailable.
@@ -62,6 +65,14 @@ class CpuBackend final : public Backend {
                 float* out) override;
   Status add(int64_t count, const float* addend, float* accumulator) override;
   Status fill_uniform(const FillParams& params, void* out) override;
+  // The rows shared out over the pool (kernels/cpu/sampling.h and verify.h are the reference).
+  Status process_logits(const LogitsParams& params, const float* logits,
+                        const LogitsSettings* settings, float* probs, int32_t* row_status) override;
+  Status argmax(const LogitsParams& params, const float* values, int32_t* out) override;
+  Status verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
+                const int32_t* p_status, const float* q, const int32_t* drafts,
+                const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
+                int32_t* accepted, int32_t* alternate_taken) override;
 
  private:
   std::shared_ptr<ThreadPool> pool_;

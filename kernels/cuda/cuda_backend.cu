@@ -17,6 +17,8 @@
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/sampling.h"
+#include "kernels/cuda/verify.h"
 
 namespace specrun::kernels::cuda {
 namespace {
@@ -258,6 +260,7 @@ std::optional<Status> CudaBackend::staged_copy_to_device(void* device_dst, const
 }
 
 Status CudaBackend::copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+  count_copy_to_host(bytes);
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   if (bytes != 0) {
@@ -290,6 +293,7 @@ Status CudaBackend::copy_on_device(void* device_dst, const void* device_src, siz
 }
 
 Status CudaBackend::synchronize() {
+  count_synchronize();
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return wait_and_take_device_error("synchronize");
@@ -512,6 +516,41 @@ Status CudaBackend::fill_uniform(const FillParams& params, void* out) {
   if (Status status = scope.status(); !status.is_ok()) return status;
   return launch_fill_uniform(params.count, params.dtype, params.seed, params.low, params.high, out,
                              stream_);
+}
+
+Status CudaBackend::process_logits(const LogitsParams& params, const float* logits,
+                                   const LogitsSettings* settings, float* probs,
+                                   int32_t* row_status) {
+  if (Status status = check_logits(params); !status.is_ok()) return status;
+  if (params.rows == 0) return Status::ok();
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  const ProcessLogitsParams shape{params.rows, params.vocab};
+  size_t workspace_bytes = 0;
+  if (Status status = process_logits_workspace_bytes(shape, &workspace_bytes); !status.is_ok()) {
+    return status;
+  }
+  if (Status status = ensure_scratch(workspace_bytes); !status.is_ok()) return status;
+  return launch_process_logits(shape, logits, settings, scratch_, workspace_bytes, probs,
+                               row_status, stream_);
+}
+
+Status CudaBackend::argmax(const LogitsParams& params, const float* values, int32_t* out) {
+  if (Status status = check_logits(params); !status.is_ok()) return status;
+  if (params.rows == 0) return Status::ok();
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return launch_argmax({params.rows, params.vocab}, values, out, stream_);
+}
+
+Status CudaBackend::verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
+                           const int32_t* p_status, const float* q, const int32_t* drafts,
+                           const int32_t* alternates, const int64_t* alternate_rows,
+                           int32_t* tokens, int32_t* accepted, int32_t* alternate_taken) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return launch_verify(params, rows, p, p_status, q, drafts, alternates, alternate_rows, tokens,
+                       accepted, alternate_taken, stream_);
 }
 
 }  // namespace specrun::kernels::cuda

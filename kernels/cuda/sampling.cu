@@ -27,17 +27,17 @@ struct RowStats {
 // ---- Settings -----------------------------------------------------------------------------------
 
 // validate_sampling's rules; NaN fails every comparison, as there.
-__device__ bool settings_valid(const RowSampling& s) {
+__device__ bool settings_valid(const LogitsSettings& s) {
   return isfinite(s.temperature) && s.temperature >= 0.0f && s.top_k >= 0 && s.top_p > 0.0f &&
          s.top_p <= 1.0f && s.min_p >= 0.0f && s.min_p <= 1.0f;
 }
 
-__device__ bool top_k_cuts(const RowSampling& s, int64_t vocab) {
+__device__ bool top_k_cuts(const LogitsSettings& s, int64_t vocab) {
   return s.top_k > 0 && s.top_k < vocab;
 }
 
 // The CPU orders tokens only for top-k (nth_element) and top-p (sort); min-p needs no order.
-__device__ bool ranks_tokens(const RowSampling& s, int64_t vocab) {
+__device__ bool ranks_tokens(const LogitsSettings& s, int64_t vocab) {
   return s.temperature != 0.0f && (top_k_cuts(s, vocab) || s.top_p < 1.0f);
 }
 
@@ -54,19 +54,19 @@ struct Weight {
 // ---- Launch 1: row checks, maximum, argmax, sort input ------------------------------------------
 
 __global__ void __launch_bounds__(kThreads)
-    prepare_rows_kernel(const float* logits,          // [rows, vocab]
-                        const RowSampling* settings,  // [rows]
-                        int64_t vocab,                //
-                        float* keys,                  // [rows, vocab] sort input
-                        int32_t* ids,                 // [rows, vocab] sort input
-                        int32_t* segment_begin,       // [rows]
-                        int32_t* segment_end,         // [rows]
-                        RowStats* stats,              // [rows]
-                        int32_t* row_status) {        // [rows]
+    prepare_rows_kernel(const float* logits,             // [rows, vocab]
+                        const LogitsSettings* settings,  // [rows]
+                        int64_t vocab,                   //
+                        float* keys,                     // [rows, vocab] sort input
+                        int32_t* ids,                    // [rows, vocab] sort input
+                        int32_t* segment_begin,          // [rows]
+                        int32_t* segment_end,            // [rows]
+                        RowStats* stats,                 // [rows]
+                        int32_t* row_status) {           // [rows]
   __shared__ ArgmaxStorage<kThreads> argmax_storage;
   const int64_t row = blockIdx.x;
   const float* source = logits + row * vocab;  // [vocab]
-  const RowSampling s = settings[row];
+  const LogitsSettings s = settings[row];
 
   ArgmaxCandidate best = no_argmax_candidate();
   bool corrupt = false;
@@ -243,19 +243,19 @@ __device__ int64_t top_p_kept(const float* sorted_logits,  // [kept]
 }
 
 __global__ void __launch_bounds__(kThreads)
-    finalize_rows_kernel(const float* logits,          // [rows, vocab]
-                         const RowSampling* settings,  // [rows]
-                         const RowStats* stats,        // [rows]
-                         const float* sorted_logits,   // [rows, vocab], ranking rows only
-                         const int32_t* sorted_ids,    // [rows, vocab], ranking rows only
-                         int64_t vocab,                //
-                         float* probs) {               // [rows, vocab]
+    finalize_rows_kernel(const float* logits,             // [rows, vocab]
+                         const LogitsSettings* settings,  // [rows]
+                         const RowStats* stats,           // [rows]
+                         const float* sorted_logits,      // [rows, vocab], ranking rows only
+                         const int32_t* sorted_ids,       // [rows, vocab], ranking rows only
+                         int64_t vocab,                   //
+                         float* probs) {                  // [rows, vocab]
   __shared__ FinalizeStorage storage;
   const int64_t row = blockIdx.x;
   const float* source = logits + row * vocab;  // [vocab]
   float* out = probs + row * vocab;            // [vocab]
   const RowStats row_stats = stats[row];
-  const RowSampling s = settings[row];
+  const LogitsSettings s = settings[row];
 
   if (row_stats.status != static_cast<int32_t>(RowStatus::kOk)) {
     for (int64_t i = threadIdx.x; i < vocab; i += kThreads) out[i] = 0.0f;
@@ -432,8 +432,9 @@ Status process_logits_workspace_bytes(const ProcessLogitsParams& params, size_t*
 }
 
 Status launch_process_logits(const ProcessLogitsParams& params, const float* logits,
-                             const RowSampling* settings, void* workspace, size_t workspace_bytes,
-                             float* probs, int32_t* row_status, CUstream_st* stream) {
+                             const LogitsSettings* settings, void* workspace,
+                             size_t workspace_bytes, float* probs, int32_t* row_status,
+                             CUstream_st* stream) {
   const Status shape = check_shape(params);
   if (!shape.is_ok()) return shape;
   if (params.rows == 0) return Status::ok();

@@ -8,29 +8,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/backend.h"
 #include "kernels/core/status.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
 
 namespace specrun::kernels::cuda {
 
-// One row's settings, as SamplingParams holds them (runtime/sampling/sampler.h). The seed stays on
-// the host, which draws the uniforms.
-struct RowSampling {
-  float temperature;  // 0: a point mass on the argmax
-  int32_t top_k;      // 0, or >= vocab: off
-  float top_p;        // 1: off
-  float min_p;        // 0: off
-};
-
-// What launch_process_logits reports per row. A row that is not kOk is all zeros (no mass), which
-// launch_sample answers with -1: where the CPU throws, the device marks the row instead.
-enum class RowStatus : int32_t {
-  kOk = 0,
-  kBadSettings = 1,    // a value validate_sampling rejects (temperature < 0 or not finite, ...)
-  kCorruptLogits = 2,  // NaN or +infinity among the logits
-  kAllBanned = 3,      // every logit is -infinity
-};
+// Each row's settings are a LogitsSettings and its outcome a RowStatus (kernels/backend.h). A row
+// that is not kOk is all zeros (no mass), which launch_sample answers with -1: where the CPU's
+// runtime throws, the device marks the row instead.
 
 struct ProcessLogitsParams {
   int64_t rows;   // independent rows (sequences, or verification positions)
@@ -72,12 +59,12 @@ Status process_logits_workspace_bytes(const ProcessLogitsParams& params, size_t*
 // on the unfiltered one (the CPU rounds the weight and the reciprocal of the total to f32, then
 // multiplies); the kept tokens are the same; point masses are exact.
 Status launch_process_logits(const ProcessLogitsParams& params,
-                             const float* logits,          // [rows, vocab]
-                             const RowSampling* settings,  // [rows]
-                             void* workspace,              // process_logits_workspace_bytes
-                             size_t workspace_bytes,       //
-                             float* probs,                 // [rows, vocab]
-                             int32_t* row_status,          // [rows] RowStatus
+                             const float* logits,             // [rows, vocab]
+                             const LogitsSettings* settings,  // [rows]
+                             void* workspace,                 // process_logits_workspace_bytes
+                             size_t workspace_bytes,          //
+                             float* probs,                    // [rows, vocab]
+                             int32_t* row_status,             // [rows] RowStatus
                              CUstream_st* stream);
 
 struct RowsParams {

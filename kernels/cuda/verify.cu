@@ -2,23 +2,19 @@
 
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <climits>
 #include <cstdint>
 
+#include "kernels/core/random_stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/sampling.h"
 
 namespace specrun::kernels::cuda {
 namespace {
 
-constexpr int kSampleThreads = 512;  // one block draws over a whole vocabulary
-constexpr int kSampleItems = 4;
-constexpr int kArgmaxThreads = 256;  // one block per (row, position): many blocks
-constexpr int kAcceptThreads = 128;
-
-__device__ __forceinline__ bool count_valid(int32_t count, int64_t gamma) {
-  return count >= 0 && count <= gamma;
-}
+constexpr int kThreads = 512;  // one block draws over a whole vocabulary
+constexpr int kItems = 4;
 
 struct Distribution {
   const float* values;  // [vocab]
@@ -27,7 +23,7 @@ struct Distribution {
 
 // max(0, p(x) - q(x)) in f32, as the CPU forms it: std::max(0.0f, v) keeps v only when 0 < v.
 struct Residual {
-  const float* p;  // [vocab_p]
+  const float* p;  // [vocab]
   const float* q;  // [vocab_q], or null for a point mass on `draft`
   int64_t vocab_q;
   int32_t draft;
@@ -38,180 +34,211 @@ struct Residual {
   }
 };
 
-__global__ void __launch_bounds__(kSampleThreads)
-    rejection_kernel(VerifyParams params,
-                     const float* p,                     // [batch, gamma + 1, vocab_p]
-                     const float* q,                     // [batch, gamma, vocab_q] or null
-                     const int32_t* drafts,              // [batch, gamma]
-                     const int32_t* counts,              // [batch]
-                     const double* acceptance_uniforms,  // [batch, gamma]
-                     const double* token_uniforms,       // [batch, gamma + 1]
-                     int32_t* tokens,                    // [batch, gamma + 1]
-                     int32_t* accepted) {                // [batch]
-  __shared__ SampleStorage<kSampleThreads> storage;
-  __shared__ int32_t decided_k;
-  __shared__ int32_t decided_rejected;
+// A shared-noise candidate: p(x) / -log u(x), the lower id among equal scores; -1: none.
+struct NoiseCandidate {
+  double score;
+  int32_t index;
+};
+
+struct NoiseFirst {
+  __device__ __forceinline__ NoiseCandidate operator()(const NoiseCandidate& a,
+                                                       const NoiseCandidate& b) const {
+    if (a.index < 0) return b;
+    if (b.index < 0) return a;
+    if (a.score != b.score) return a.score > b.score ? a : b;
+    return a.index < b.index ? a : b;
+  }
+};
+
+struct Storage {
+  union {
+    SampleStorage<kThreads> sample;
+    ArgmaxStorage<kThreads> argmax;
+    typename cub::BlockReduce<NoiseCandidate, kThreads>::TempStorage noise;
+  };
+  int32_t result;
+  int32_t k;
+  int32_t rejected;
+  int32_t alternate_entry;
+  int64_t alternate_row;
+};
+
+// sample_with_noise of the CPU over row `values` at `position`: u = (word + 0.5) * 2^-32 from the
+// Philox block (position, kNoise, x / 4), word x % 4; the largest p / -log u wins.
+__device__ int32_t block_noise_draw(const float* values, int64_t vocab, const RandomStream& stream,
+                                    int64_t position, Storage& storage) {
+  NoiseCandidate best{0.0, -1};
+  const NoiseFirst first;
+  for (int64_t base = int64_t{threadIdx.x} * 4; base < vocab; base += int64_t{kThreads} * 4) {
+    bool any = false;
+    for (int i = 0; i < 4 && base + i < vocab; ++i) any = any || values[base + i] > 0.0f;
+    if (!any) continue;
+    const PhiloxWords noise = stream.block(position, Draw::kNoise, static_cast<uint32_t>(base / 4));
+    for (int i = 0; i < 4 && base + i < vocab; ++i) {
+      const double p = values[base + i];
+      if (!(p > 0.0)) continue;
+      const double u = (static_cast<double>(noise.v[i]) + 0.5) * 0x1.0p-32;
+      best = first(best, NoiseCandidate{p / -log(u), static_cast<int32_t>(base + i)});
+    }
+  }
+  const NoiseCandidate winner =
+      cub::BlockReduce<NoiseCandidate, kThreads>(storage.noise).Reduce(best, first);
+  if (threadIdx.x == 0) storage.result = winner.index;
+  __syncthreads();
+  const int32_t result = storage.result;
+  __syncthreads();
+  return result;
+}
+
+__device__ bool row_ok(const int32_t* p_status, int64_t row) {
+  return p_status == nullptr || p_status[row] == static_cast<int32_t>(RowStatus::kOk);
+}
+
+// The target's own token from p row `row` for output position `position`: the argmax, or the
+// shared-noise draw; -1 where the row could not be processed.
+__device__ int32_t own_token(VerifyRule rule, const float* p, const int32_t* p_status, int64_t row,
+                             int64_t vocab, const RandomStream& stream, int64_t position,
+                             Storage& storage) {
+  if (!row_ok(p_status, row)) return -1;
+  const float* values = p + row * vocab;
+  if (rule == VerifyRule::kGreedy) {
+    return block_argmax<kThreads>(Distribution{values}, vocab, storage.argmax);
+  }
+  return block_noise_draw(values, vocab, stream, position, storage);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    verify_kernel(VerifyParams params, const VerifyRow* rows, const float* p,
+                  const int32_t* p_status, const float* q, const int32_t* drafts,
+                  const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
+                  int32_t* accepted, int32_t* alternate_taken) {
+  __shared__ Storage storage;
   const int64_t b = blockIdx.x;
   const int64_t width = params.gamma + 1;
-  int32_t* out = tokens + b * width;                                      // [gamma + 1]
-  const int32_t* row_drafts = drafts + b * params.gamma;                  // [gamma]
-  const double* row_acceptance = acceptance_uniforms + b * params.gamma;  // [gamma]
-  const double* row_token_uniforms = token_uniforms + b * width;          // [gamma + 1]
-  const int32_t n = counts[b];
-  if (!count_valid(n, params.gamma)) {
-    for (int64_t j = threadIdx.x; j < width; j += kSampleThreads) out[j] = -1;
-    if (threadIdx.x == 0) accepted[b] = -1;
-    return;
-  }
-
-  // The acceptance tests are sequential and cheap (two loads each): one thread runs them.
+  int32_t* out = tokens + b * width;  // [gamma + 1]
+  const VerifyRow row = rows[b];
+  const int32_t* row_drafts = drafts + b * params.gamma;  // [gamma]
+  for (int64_t j = threadIdx.x; j < width; j += kThreads) out[j] = -1;
   if (threadIdx.x == 0) {
-    int32_t k = 0;
-    bool rejected = false;
-    for (; k < n; ++k) {
-      const int32_t d = row_drafts[k];
-      const float* p_k = p + (b * width + k) * params.vocab_p;  // [vocab_p]
-      const float p_d = d >= 0 && d < params.vocab_p ? p_k[d] : 0.0f;
-      float q_d = 1.0f;
-      if (q != nullptr) {
-        const float* q_k = q + (b * params.gamma + k) * params.vocab_q;  // [vocab_q]
-        q_d = d >= 0 && d < params.vocab_q ? q_k[d] : 0.0f;
-      }
-      if (__dmul_rn(row_acceptance[k], static_cast<double>(q_d)) < static_cast<double>(p_d)) {
-        continue;
-      }
-      rejected = true;
-      break;
-    }
-    decided_k = k;
-    decided_rejected = rejected ? 1 : 0;
+    accepted[b] = -1;
+    alternate_taken[b] = -1;
   }
   __syncthreads();
-  const int32_t k = decided_k;
-  const bool rejected = decided_rejected != 0;
-  for (int64_t j = threadIdx.x; j < width; j += kSampleThreads) {
-    if (j < k) out[j] = row_drafts[j];
-    if (j > k) out[j] = -1;
-  }
-
-  const float* p_k = p + (b * width + k) * params.vocab_p;  // [vocab_p]
-  // The recovered token after a rejection of draft k + 1, or the bonus token (k = n): the token
-  // uniform of that position either way.
-  const double u = row_token_uniforms[k];
-  int32_t token;
-  if (rejected) {
-    const float* q_k = q == nullptr ? nullptr : q + (b * params.gamma + k) * params.vocab_q;
-    token = block_sample_from<kSampleThreads, kSampleItems>(
-        Residual{p_k, q_k, params.vocab_q, row_drafts[k]}, params.vocab_p, u, storage);
-    // A residual without mass means p and q agree to rounding; p itself is then exact.
-    if (token < 0) {
-      token = block_sample_from<kSampleThreads, kSampleItems>(Distribution{p_k}, params.vocab_p, u,
-                                                              storage);
-    }
-  } else {
-    token = block_sample_from<kSampleThreads, kSampleItems>(Distribution{p_k}, params.vocab_p, u,
-                                                            storage);
-  }
-  if (threadIdx.x == 0) {
-    out[k] = token;
-    accepted[b] = k;
-  }
-}
-
-__global__ void __launch_bounds__(kArgmaxThreads)
-    greedy_argmax_kernel(VerifyParams params,
-                         const float* p,         // [batch, gamma + 1, vocab_p]
-                         const int32_t* counts,  // [batch]
-                         int32_t* tokens) {      // [batch, gamma + 1]
-  __shared__ ArgmaxStorage<kArgmaxThreads> storage;
-  const int64_t width = params.gamma + 1;
-  const int64_t b = blockIdx.x / width;
-  const int64_t position = blockIdx.x % width;
-  const int32_t n = counts[b];
-  // Uniform over the block: whole blocks leave, none waits at a barrier alone.
-  if (!count_valid(n, params.gamma) || position > n) return;
-  const int32_t best = block_argmax<kArgmaxThreads>(
-      Distribution{p + (b * width + position) * params.vocab_p}, params.vocab_p, storage);
-  if (threadIdx.x == 0) tokens[b * width + position] = best;
-}
-
-__global__ void __launch_bounds__(kAcceptThreads)
-    greedy_accept_kernel(VerifyParams params,
-                         const int32_t* drafts,  // [batch, gamma]
-                         const int32_t* counts,  // [batch]
-                         int32_t* tokens,        // [batch, gamma + 1], argmaxes in [0, n]
-                         int32_t* accepted) {    // [batch]
-  const int64_t b = int64_t{blockIdx.x} * kAcceptThreads + threadIdx.x;
-  if (b >= params.batch) return;
-  const int64_t width = params.gamma + 1;
-  int32_t* out = tokens + b * width;  // [gamma + 1]
-  const int32_t n = counts[b];
-  if (!count_valid(n, params.gamma)) {
-    for (int64_t j = 0; j < width; ++j) out[j] = -1;
-    accepted[b] = -1;
+  if (row.count < 0 || row.count > params.gamma || row.p_row < 0 ||
+      row.p_row + row.count >= params.p_rows) {
     return;
   }
-  const int32_t* row_drafts = drafts + b * params.gamma;  // [gamma]
+  const RandomStream stream(row.seed);
+  const int32_t n = row.count;
   int32_t k = 0;
-  while (k < n && row_drafts[k] == out[k]) ++k;
-  for (int64_t j = k + 1; j < width; ++j) out[j] = -1;
-  accepted[b] = k;
-}
+  int32_t final_token = -1;
+  int32_t taken = -1;
 
-Status check_verify(const char* name, const VerifyParams& params, const float* p,
-                    const int32_t* drafts, const int32_t* counts, const int32_t* tokens,
-                    const int32_t* accepted) {
-  const std::string prefix = std::string(name) + ": ";
-  if (params.batch < 0 || params.gamma < 0 || params.vocab_p <= 0) {
-    return Status::invalid_argument(prefix + "batch and gamma must be >= 0 and vocab_p > 0");
+  if (row.rule == VerifyRule::kRejection) {
+    // The acceptance tests are sequential and cheap (two loads each): one thread runs them.
+    if (threadIdx.x == 0) {
+      int32_t i = 0;
+      bool rejected = false;
+      for (; i < n; ++i) {
+        const int32_t d = row_drafts[i];
+        const int64_t p_index = row.p_row + i;
+        const float p_d = row_ok(p_status, p_index) && d >= 0 && d < params.vocab
+                              ? p[p_index * params.vocab + d]
+                              : 0.0f;
+        float q_d = 1.0f;
+        if (q != nullptr) {
+          const float* q_i = q + (b * params.gamma + i) * params.vocab_q;
+          q_d = d >= 0 && d < params.vocab_q ? q_i[d] : 0.0f;
+        }
+        const double u = stream.uniform(row.position + i, Draw::kAcceptance);
+        if (__dmul_rn(u, static_cast<double>(q_d)) < static_cast<double>(p_d)) continue;
+        rejected = true;
+        break;
+      }
+      storage.k = i;
+      storage.rejected = rejected ? 1 : 0;
+    }
+    __syncthreads();
+    k = storage.k;
+    const bool rejected = storage.rejected != 0;
+    const int64_t p_index = row.p_row + k;
+    if (row_ok(p_status, p_index)) {
+      const float* p_k = p + p_index * params.vocab;
+      const double u = stream.uniform(row.position + k, Draw::kToken);
+      if (rejected) {
+        const float* q_k = q == nullptr ? nullptr : q + (b * params.gamma + k) * params.vocab_q;
+        final_token = block_sample_from<kThreads, kItems>(
+            Residual{p_k, q_k, params.vocab_q, row_drafts[k]}, params.vocab, u, storage.sample);
+      }
+      // A residual without mass means p and q agree to rounding; p itself is then exact.
+      if (final_token < 0) {
+        final_token =
+            block_sample_from<kThreads, kItems>(Distribution{p_k}, params.vocab, u, storage.sample);
+      }
+    }
+  } else {
+    for (k = 0;; ++k) {
+      const int32_t token = own_token(row.rule, p, p_status, row.p_row + k, params.vocab, stream,
+                                      row.position + k, storage);
+      final_token = token;
+      if (token < 0 || k == n || row_drafts[k] != token) break;
+    }
+    if (final_token >= 0 && k < n && alternates != nullptr) {
+      if (threadIdx.x == 0) {
+        storage.alternate_entry = -1;
+        storage.alternate_row = -1;
+        for (int64_t a = 0; a < params.alternates_width; ++a) {
+          const int64_t entry = k * params.alternates_width + a;
+          const int64_t at = b * params.gamma * params.alternates_width + entry;
+          if (alternates[at] != final_token) continue;
+          const int64_t scored = alternate_rows[at];
+          if (scored >= 0 && scored < params.p_rows) {
+            storage.alternate_entry = static_cast<int32_t>(entry);
+            storage.alternate_row = scored;
+          }
+          break;
+        }
+      }
+      __syncthreads();
+      if (storage.alternate_entry >= 0) {
+        const int32_t next = own_token(row.rule, p, p_status, storage.alternate_row, params.vocab,
+                                       stream, row.position + k + 1, storage);
+        if (threadIdx.x == 0) out[k] = final_token;
+        final_token = next;
+        taken = storage.alternate_entry;
+        k += 1;
+      }
+    }
   }
-  if (params.vocab_p > INT32_MAX || params.gamma >= INT32_MAX ||
-      params.batch > INT32_MAX / (params.gamma + 1)) {
-    return Status::unsupported(prefix + "vocab_p and batch * (gamma + 1) must fit in an int32");
+  if (threadIdx.x != 0) return;
+  if (final_token < 0) return;  // undecidable: the row stays -1
+  for (int32_t j = 0; j < k; ++j) {
+    if (out[j] < 0) out[j] = row_drafts[j];
   }
-  if (p == nullptr || counts == nullptr || tokens == nullptr || accepted == nullptr ||
-      (drafts == nullptr && params.gamma > 0)) {
-    return Status::invalid_argument(prefix + "null pointer");
-  }
-  return Status::ok();
+  out[k] = final_token;
+  accepted[b] = k;
+  alternate_taken[b] = taken;
 }
 
 }  // namespace
 
-Status launch_rejection_verify(const VerifyParams& params, const float* p, const float* q,
-                               const int32_t* drafts, const int32_t* counts,
-                               const double* acceptance_uniforms, const double* token_uniforms,
-                               int32_t* tokens, int32_t* accepted, CUstream_st* stream) {
-  const Status checked =
-      check_verify("rejection verify", params, p, drafts, counts, tokens, accepted);
-  if (!checked.is_ok()) return checked;
-  if (token_uniforms == nullptr || (params.gamma > 0 && acceptance_uniforms == nullptr)) {
-    return Status::invalid_argument("rejection verify: null uniforms");
+Status launch_verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
+                     const int32_t* p_status, const float* q, const int32_t* drafts,
+                     const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
+                     int32_t* accepted, int32_t* alternate_taken, CUstream_st* stream) {
+  if (Status status = check_verify(params, q, alternates, alternate_rows); !status.is_ok()) {
+    return status;
   }
-  if (q != nullptr && params.vocab_q <= 0) {
-    return Status::invalid_argument("rejection verify: vocab_q must be > 0 with a q");
+  if (params.batch > INT32_MAX) return Status::unsupported("verify: more than 2^31 - 1 rows");
+  if (params.batch == 0) return Status::ok();
+  if (rows == nullptr || p == nullptr || tokens == nullptr || accepted == nullptr ||
+      alternate_taken == nullptr || (drafts == nullptr && params.gamma > 0)) {
+    return Status::invalid_argument("verify: null pointer");
   }
-  if (params.batch == 0) return Status::ok();
-  rejection_kernel<<<static_cast<unsigned>(params.batch), kSampleThreads, 0, stream>>>(
-      params, p, q, drafts, counts, acceptance_uniforms, token_uniforms, tokens, accepted);
-  return launch_status("rejection verify kernel");
-}
-
-Status launch_greedy_verify(const VerifyParams& params, const float* p, const int32_t* drafts,
-                            const int32_t* counts, int32_t* tokens, int32_t* accepted,
-                            CUstream_st* stream) {
-  const Status checked = check_verify("greedy verify", params, p, drafts, counts, tokens, accepted);
-  if (!checked.is_ok()) return checked;
-  if (params.batch == 0) return Status::ok();
-  const auto blocks = static_cast<unsigned>(params.batch * (params.gamma + 1));
-  greedy_argmax_kernel<<<blocks, kArgmaxThreads, 0, stream>>>(params, p, counts, tokens);
-  Status status = launch_status("greedy verify argmax kernel");
-  if (!status.is_ok()) return status;
-  const auto accept_blocks =
-      static_cast<unsigned>((params.batch + kAcceptThreads - 1) / kAcceptThreads);
-  greedy_accept_kernel<<<accept_blocks, kAcceptThreads, 0, stream>>>(params, drafts, counts, tokens,
-                                                                     accepted);
-  return launch_status("greedy verify accept kernel");
+  verify_kernel<<<static_cast<unsigned>(params.batch), kThreads, 0, stream>>>(
+      params, rows, p, p_status, q, drafts, alternates, alternate_rows, tokens, accepted,
+      alternate_taken);
+  return launch_status("verify kernel");
 }
 
 }  // namespace specrun::kernels::cuda

@@ -152,13 +152,15 @@ struct BatchEngine::State {
       : target(target_model),
         draft(draft_model),
         options(engine_options),
-        scorer(target_model, SamplingParams{}) {}
+        scorer(target_model, SamplingParams{}),
+        verification(target_model.backend()) {}
 
   Model& target;
   Model* draft;
   BatchEngineOptions options;
   std::unique_ptr<ModelProposer> draft_proposer;  // when there is a draft model
   Scorer scorer;                                  // each row brings its own sampling settings
+  BackendVerification verification;               // on the target's backend, where the scores are
   GreedyVerifier greedy_verifier;
   RejectionSampler rejection_sampler;
   SharedNoiseVerifier shared_noise_verifier;
@@ -234,12 +236,26 @@ struct BatchEngine::State {
     return cap(sequence, static_cast<int64_t>(sequence.committed.size()), sequence.generated);
   }
   GammaPolicy& policy(GammaControl kind);
+  // Both models' backends' transfers so far (one backend's once where they share it).
+  kernels::TransferCounts transfers() const {
+    kernels::TransferCounts counts = target.backend().transfer_counts();
+    if (draft != nullptr && &draft->backend() != &target.backend()) {
+      const kernels::TransferCounts more = draft->backend().transfer_counts();
+      counts.host_waits += more.host_waits;
+      counts.bytes_to_host += more.bytes_to_host;
+    }
+    return counts;
+  }
 };
 
 BatchEngine::BatchEngine(Model& target, Model* draft, const BatchEngineOptions& options)
     : state_(std::make_unique<State>(target, draft, options)) {
   if (options.max_batch < 1) {
     throw Error("max_batch must be at least 1, got " + std::to_string(options.max_batch));
+  }
+  if (options.verifier != nullptr && !target.backend().uses_host_memory()) {
+    throw Error("a replacement verifier reads the scores on the host: the " +
+                std::string(target.backend().name()) + " backend keeps them in device memory");
   }
   if (draft != nullptr) {
     const ModelConfig& reads = draft->config();
@@ -549,6 +565,7 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
   try {
     if (!prefill.empty()) {
       Logits unused;
+      unused.keep_on_device = true;  // a prefill's logits are never read
       Features features;
       target.forward(prefill, &unused, reads_features ? &features : nullptr);
       for (size_t s = 0; reads_features && s < prefilled.size(); ++s) {
@@ -583,6 +600,7 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
 void BatchEngine::State::step() {
   retire_full_contexts();
   if (running.empty()) return;
+  const kernels::TransferCounts before = transfers();
   StepWork work;
   plan(work);
   propose(work);
@@ -596,6 +614,12 @@ void BatchEngine::State::step() {
     return;
   }
   commit(work);
+  const kernels::TransferCounts after = transfers();
+  {
+    std::lock_guard lock(mutex);
+    counters.host_waits += after.host_waits - before.host_waits;
+    counters.bytes_to_host += after.bytes_to_host - before.bytes_to_host;
+  }
   deliver(work);
 }
 
@@ -871,22 +895,27 @@ void BatchEngine::State::score_and_verify(StepWork& work) {
     const bool reads_features = draft_proposer != nullptr && draft_proposer->reads_features();
     const Scores& scores =
         scorer.score(score_requests, reads_features ? &work.target_features : nullptr);
-    Verdict& verdict = work.verdict;
-    verdict = empty_verdict(work.proposals, scores);
-    for (int64_t b = 0; b < batch; ++b) {
-      const Sequence& sequence = *running[static_cast<size_t>(b)];
-      verdict.accepted[static_cast<size_t>(b)] =
-          verifier_for(sequence.sampling)
-              .verify_row(work.proposals, scores, b, {sequence.random, sequence.generated},
-                          verdict.slots(b));
+    std::vector<RowDraws> draws;
+    std::vector<kernels::VerifyRule> rules;
+    for (const auto& sequence : running) {
+      draws.push_back({sequence->random, sequence->generated});
+      rules.push_back(verify_rule(sequence->sampling));
     }
-    work.alternate_input.assign(static_cast<size_t>(batch), -1);
-    for (int64_t b = 0; work.proposals.has_alternates() && b < batch; ++b) {
-      const int64_t k = accepted_alternate(work.proposals, verdict, b);
-      if (k < 0) continue;
-      const int64_t replaced = verdict.accepted[static_cast<size_t>(b)] - 1;  // the draft's index
-      work.alternate_input[static_cast<size_t>(b)] =
-          scores.alternate_inputs[scores.alternate_entry(b, replaced, k)];
+    if (options.verifier == nullptr) {
+      work.verdict =
+          verification.verify(work.proposals, scores, rules, draws, &work.alternate_input);
+    } else {
+      // A test's rule, on the host (the scores are in host memory: see the constructor).
+      Verdict& verdict = work.verdict;
+      verdict = options.verifier->verify(work.proposals, scores, draws);
+      work.alternate_input.assign(static_cast<size_t>(batch), -1);
+      for (int64_t b = 0; work.proposals.has_alternates() && b < batch; ++b) {
+        const int64_t k = accepted_alternate(work.proposals, verdict, b);
+        if (k < 0) continue;
+        const int64_t replaced = verdict.accepted[static_cast<size_t>(b)] - 1;  // the draft's
+        work.alternate_input[static_cast<size_t>(b)] =
+            scores.alternate_inputs[scores.alternate_entry(b, replaced, k)];
+      }
     }
   } catch (const std::exception& error) {
     work.failure = std::string("verification failed: ") + error.what();

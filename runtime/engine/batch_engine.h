@@ -65,9 +65,9 @@ using UpdateCallback = std::function<void(const RequestUpdate&)>;
 
 struct BatchEngineOptions {
   int64_t max_batch = 64;  // running sequences at most
-  // Replaces the verifiers (greedy and rejection sampling) of every row when set: tests pass
-  // deliberately broken ones to show that the distribution checks catch them. Must outlive the
-  // engine.
+  // Replaces the verification of every row (on the target's backend, Backend::verify) with a rule
+  // run on the host when set: tests pass deliberately broken ones to show that the distribution
+  // checks catch them. Needs a target backend in host memory. Must outlive the engine.
   const Verifier* verifier = nullptr;
   // Drafting ahead while the target verifies (specrun.hpp's OverlapDrafting). kAuto leaves it to
   // each row's gamma policy where the backend runs the models concurrently, which none does yet.
@@ -93,6 +93,11 @@ struct BatchEngineStats {
   int64_t kv_tokens_capacity = 0;    // target KV cache
   int64_t kv_tokens_free = 0;        // target KV positions an append may take now
   int64_t kv_tokens_cached = 0;      // target KV positions in reusable prefix blocks now
+  // What the steps (not prefills) waited for and copied back from the models' backends
+  // (Backend::transfer_counts): one wait and a few bytes a row per step where only tokens come
+  // back; a draft model that drafts on the host reads its logits each draft position.
+  int64_t host_waits = 0;
+  uint64_t bytes_to_host = 0;
 };
 
 // A request run to its end (BatchEngine::run).

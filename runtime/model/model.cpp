@@ -122,6 +122,7 @@ struct Model::Workspace {
   DeviceBuffer features;           // [tokens, feature_width]: a feature-reading draft's only
   DeviceBuffer logits;             // [logit rows, output rows]: vocab, or a reduced head's
   std::vector<float> head_logits;  // host: [logit rows, output_token_ids] of a reduced head
+  DeviceBuffer widened_logits;     // [logit rows, vocab]: a reduced head's, kept on the device
   DeviceBuffer metadata;  // int32: tokens, positions, slots, query_start, context, blocks, gaps
   // This call's slices of `metadata`.
   int32_t* tokens = nullptr;           // [tokens]
@@ -741,6 +742,7 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
   const ModelConfig& c = config();
   logits->vocab_size = c.vocab_size;
   logits->values.clear();
+  logits->device = nullptr;
   logits->row_begin.assign(1, 0);
   if (features != nullptr) {
     features->width = c.hidden_size;
@@ -916,6 +918,10 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
     // never drawn and its probability is exactly zero.
     const bool reduced = !c.output_token_ids.empty();
     const int64_t output_rows = weights_.output.shape[0];  // vocab, or the reduced head's tokens
+    if (logits->keep_on_device && !reduced) {
+      logits->device = w.logits.as<float>();
+      return;
+    }
     std::vector<float>& scored = reduced ? w.head_logits : logits->values;
     scored.resize(static_cast<size_t>(logit_rows * output_rows));  // [rows, output rows]
     SPECRUN_CHECK_OK(
@@ -931,6 +937,17 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
         for (int64_t i = 0; i < output_rows; ++i) {
           full[c.output_token_ids[static_cast<size_t>(i)]] = head[i];
         }
+      }
+      if (logits->keep_on_device) {
+        const size_t bytes = logits->values.size() * sizeof(float);
+        if (w.widened_logits.size() < bytes) {
+          w.widened_logits = DeviceBuffer(backend_, bytes, "widened logits");
+        }
+        SPECRUN_CHECK_OK(
+            backend_.copy_to_device(w.widened_logits.data(), logits->values.data(), bytes),
+            "uploading widened logits");
+        logits->device = w.widened_logits.as<float>();
+        logits->values.clear();
       }
     }
   } catch (...) {

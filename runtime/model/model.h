@@ -92,8 +92,14 @@ struct Features {
 };
 
 struct Logits {
-  int64_t vocab_size = 0;     // row width
-  std::vector<float> values;  // [rows, vocab_size]
+  // Set by the caller: leave the rows on the model's backend, at `device`, rather than copying
+  // them into `values` (nothing is copied to the host or waited for). A reduced head's rows are
+  // widened to the vocabulary through the host, then uploaded.
+  bool keep_on_device = false;
+  int64_t vocab_size = 0;         // row width
+  std::vector<float> values;      // [rows, vocab_size] on the host, unless keep_on_device
+  const float* device = nullptr;  // [rows, vocab_size] in the model's workspace with
+                                  // keep_on_device, valid until its next forward
   std::vector<int64_t>
       row_begin;  // [num_seqs + 1]: sequence s owns rows [row_begin[s], row_begin[s+1])
 
@@ -150,7 +156,8 @@ class Model {
   // only the row of the token it embeds. A decode step's floor is this over the memory bandwidth.
   uint64_t decode_read_bytes() const { return decode_read_bytes_; }
 
-  // Appends each sequence's tokens to the KV cache and computes logits, and with `features` each
+  // Appends each sequence's tokens to the KV cache and computes logits (on the host, or left on
+  // the backend with logits->keep_on_device), and with `features` each
   // new token's final hidden state. Batch-invariant: a sequence's logits are bitwise the same
   // whatever else shares the call. On error (unknown sequence, bad token id, features missing or
   // of the wrong size, KV cache full) throws, leaving every sequence's cache as it was.

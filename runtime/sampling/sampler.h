@@ -1,8 +1,11 @@
-// Logits processing and sampling. process_logits() turns logits into the *processed*
-// distribution (temperature, top-k, top-p, min-p applied, renormalised) as a full vector, because
-// speculative verification compares these distributions token by token; sampling then draws from
-// it, by inverse CDF with one uniform number or by Gumbel-max with noise shared between the draft
-// and the target (random_stream.h holds the numbers of both).
+// Logits processing and sampling on the host, for the runtime: a request's sampling settings, and
+// the row functions of kernels/cpu/sampling.h (the backends' reference) with a failed row turned
+// into an Error. process_logits() turns logits into the *processed* distribution (temperature,
+// top-k, top-p, min-p applied, renormalised) as a full vector, because speculative verification
+// compares these distributions token by token; sampling then draws from it, by inverse CDF with
+// one uniform number or by Gumbel-max with noise shared between the draft and the target
+// (kernels/core/random_stream.h holds the numbers of both). The target's rows are processed and
+// drawn from by the backend's ops instead (target/scorer.h), where they stay.
 #pragma once
 
 #include <cstdint>
@@ -10,9 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/sampling/random_stream.h"
+#include "kernels/backend.h"
+#include "kernels/core/random_stream.h"
 
 namespace specrun {
+
+using kernels::Draw;
+using kernels::RandomStream;
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0: greedy (argmax); otherwise logits are divided by it
@@ -29,6 +36,12 @@ struct SamplingParams {
 // Throws Error naming the parameter and value when one is out of range:
 // temperature finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1].
 void validate_sampling(const SamplingParams& params);
+
+// What the backend's process_logits reads of the settings.
+kernels::LogitsSettings logits_settings(const SamplingParams& params);
+
+// Throws Error saying why a row of logits could not be processed (`what`: "the target's row 3").
+[[noreturn]] void throw_row_status(kernels::RowStatus status, const std::string& what);
 
 // The highest logit; the lowest id among equals.
 int32_t argmax(std::span<const float> logits);

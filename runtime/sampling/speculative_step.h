@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -47,35 +48,56 @@ struct Proposals {
   }
 };
 
-// The target's processed distributions p_0..p_n for each row, n its number of drafts.
+// The target's processed distributions p_0..p_n for each row, n its number of drafts, and after
+// each of its alternates.
 struct Scores {
-  int64_t vocab = 0;         // row width
-  std::vector<float> probs;  // [sum over rows of (count + 1), vocab]
-  std::vector<int64_t>
-      row_begin;  // [batch + 1]: row b owns distributions [row_begin[b], row_begin[b+1])
+  int64_t vocab = 0;  // row width
+  int64_t rows = 0;   // rows of probs
+  // [rows, vocab] in the memory of the backend that processed them (valid until the scorer's next
+  // call): the host reads them only where that backend uses host memory (a Verifier on the host,
+  // tests). Each row's RowStatus beside them ([rows]; null: every row kOk).
+  const float* probs = nullptr;
+  const int32_t* status = nullptr;
+  // [batch + 1]: row b's p_i is row row_begin[b] + i (i = 0..n); the rows after its p_n, up to
+  // row_begin[b + 1], are the distributions after its alternates.
+  std::vector<int64_t> row_begin;
 
   // With alternates (Proposals::alternates): row b's entries for its n drafts' alternates,
   // [n, alternates_width] from alternate_begin[b]; for each, the row of probs holding the target's
-  // distribution after that alternate (past every row's p_0..p_n) and where the target's forward
-  // fed it among the row's tokens (0 is the pending token, 1..n the drafts); -1 where none. Empty
-  // when no alternate was scored.
+  // distribution after that alternate and where the target's forward fed it among the row's
+  // tokens (0 is the pending token, 1..n the drafts); -1 where none. Empty when no alternate was
+  // scored.
   int64_t alternates_width = 0;
   std::vector<int64_t> alternate_begin;  // [batch + 1]
   std::vector<int64_t> alternate_rows;
   std::vector<int64_t> alternate_inputs;
+
+  // Scores made on the host (tests): points probs at `host_rows` ([rows, vocab]), which the
+  // scores (and their copies) then share.
+  void hold(std::vector<float> host_rows) {
+    held_ = std::make_shared<const std::vector<float>>(std::move(host_rows));
+    probs = held_->data();
+    rows = vocab == 0 ? 0 : static_cast<int64_t>(held_->size()) / vocab;
+    status = nullptr;
+  }
 
   // Row b's entry for alternate k of draft i (from 0).
   size_t alternate_entry(int64_t b, int64_t i, int64_t k) const {
     return static_cast<size_t>(alternate_begin[static_cast<size_t>(b)] + i * alternates_width + k);
   }
 
+  std::span<const float> row(int64_t index) const {
+    return {probs + index * vocab, static_cast<size_t>(vocab)};
+  }
   std::span<const float> p(int64_t b, int64_t i) const {  // p_i of row b
-    return {probs.data() + (row_begin[static_cast<size_t>(b)] + i) * vocab,
-            static_cast<size_t>(vocab)};
+    return row(row_begin[static_cast<size_t>(b)] + i);
   }
   std::span<const float> p_after_alternate(size_t entry) const {
-    return {probs.data() + alternate_rows[entry] * vocab, static_cast<size_t>(vocab)};
+    return row(alternate_rows[entry]);
   }
+
+ private:
+  std::shared_ptr<const std::vector<float>> held_;
 };
 
 // The verifier's decision for each row: k accepted drafts then one recovered or bonus token.

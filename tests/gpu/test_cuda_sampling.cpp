@@ -31,10 +31,10 @@
 #include <string>
 #include <vector>
 
+#include "kernels/core/random_stream.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/verify.h"
-#include "runtime/sampling/random_stream.h"
 #include "runtime/sampling/rng.h"
 #include "runtime/sampling/sampler.h"
 #include "runtime/sampling/speculative_step.h"
@@ -122,9 +122,9 @@ class Stream {
   cudaStream_t stream_ = nullptr;
 };
 
-RowSampling row_sampling(const SamplingParams& params) {
-  return RowSampling{params.temperature, static_cast<int32_t>(params.top_k), params.top_p,
-                     params.min_p};
+LogitsSettings row_sampling(const SamplingParams& params) {
+  return LogitsSettings{params.temperature, static_cast<int32_t>(params.top_k), params.top_p,
+                        params.min_p};
 }
 
 // Temperature 0 (greedy), below and above 1; top-k off, 1, small, large; top-p off, mild, strong;
@@ -189,7 +189,7 @@ bool close_enough(float gpu, float ref) {
 
 // The device's processed distributions for `logits` ([rows, vocab]) under per-row `settings`.
 std::vector<float> device_process_logits(const std::vector<float>& logits,
-                                         const std::vector<RowSampling>& settings, int64_t vocab,
+                                         const std::vector<LogitsSettings>& settings, int64_t vocab,
                                          std::vector<int32_t>* statuses) {
   const auto rows = static_cast<int64_t>(settings.size());
   const ProcessLogitsParams params{rows, vocab};
@@ -197,7 +197,7 @@ std::vector<float> device_process_logits(const std::vector<float>& logits,
   check_ok(process_logits_workspace_bytes(params, &workspace_bytes), "workspace size");
   Stream stream;
   DeviceArray<float> device_logits(logits);
-  DeviceArray<RowSampling> device_settings(settings);
+  DeviceArray<LogitsSettings> device_settings(settings);
   DeviceArray<unsigned char> workspace(workspace_bytes);
   DeviceArray<float> probs(logits.size());
   DeviceArray<int32_t> row_status(settings.size());
@@ -223,7 +223,7 @@ void compare_process_logits(int64_t vocab, uint64_t seed) {
       logits.insert(logits.end(), row.begin(), row.end());
     }
   }
-  std::vector<RowSampling> settings;
+  std::vector<LogitsSettings> settings;
   for (const SamplingParams& p : params) settings.push_back(row_sampling(p));
   std::vector<int32_t> statuses;
   const std::vector<float> gpu = device_process_logits(logits, settings, vocab, &statuses);
@@ -287,7 +287,7 @@ TEST(CudaProcessLogits, TopPCutsExactlyAtTies) {
   params[2].top_k = 3;
   params[3].top_p = 0.25f;
   std::vector<float> all_logits;
-  std::vector<RowSampling> settings;
+  std::vector<LogitsSettings> settings;
   for (const SamplingParams& p : params) {
     all_logits.insert(all_logits.end(), logits.begin(), logits.end());
     settings.push_back(row_sampling(p));
@@ -348,7 +348,7 @@ TEST(CudaProcessLogits, MarksRowsTheCpuRejects) {
   cases.push_back({one_allowed, filtered, RowStatus::kOk});
 
   std::vector<float> logits;
-  std::vector<RowSampling> settings;
+  std::vector<LogitsSettings> settings;
   for (const Case& c : cases) {
     logits.insert(logits.end(), c.logits.begin(), c.logits.end());
     settings.push_back(row_sampling(c.params));
@@ -380,7 +380,7 @@ TEST(CudaProcessLogits, RejectsBadShapesAndSmallWorkspaces) {
   const ProcessLogitsParams params{2, 100};
   ASSERT_TRUE(process_logits_workspace_bytes(params, &bytes).is_ok());
   DeviceArray<float> logits(200), probs(200);
-  DeviceArray<RowSampling> settings(2);
+  DeviceArray<LogitsSettings> settings(2);
   DeviceArray<unsigned char> workspace(bytes);
   DeviceArray<int32_t> statuses(2);
   EXPECT_EQ(launch_process_logits(params, logits.get(), settings.get(), workspace.get(), bytes - 1,
@@ -535,18 +535,12 @@ Proposals proposals_of(const VerifyCase& c) {
   return proposals;
 }
 
+// The case's rows as the scorer lays them out: row b's p_0..p_gamma from b * (gamma + 1).
 Scores scores_of(const VerifyCase& c) {
   Scores scores;
   scores.vocab = c.vocab_p;
-  scores.row_begin = {0};
-  for (int64_t b = 0; b < c.batch; ++b) {
-    const int32_t n = c.counts[static_cast<size_t>(b)];
-    for (int64_t i = 0; i <= n; ++i) {
-      const auto row = c.p_row(b, i);
-      scores.probs.insert(scores.probs.end(), row.begin(), row.end());
-    }
-    scores.row_begin.push_back(scores.row_begin.back() + n + 1);
-  }
+  for (int64_t b = 0; b <= c.batch; ++b) scores.row_begin.push_back(b * (c.gamma + 1));
+  scores.hold(c.p);
   return scores;
 }
 
@@ -644,58 +638,36 @@ struct DeviceVerdict {
   std::vector<int32_t> accepted;  // [batch]
 };
 
-// The rejection sampler's numbers, as verify.h lays them out.
-struct VerifyUniforms {
-  std::vector<double> acceptance;  // [batch, gamma]
-  std::vector<double> token;       // [batch, gamma + 1]
-};
-
-// Every number the value `value`.
-VerifyUniforms constant_uniforms(const VerifyCase& c, double value) {
-  return {std::vector<double>(static_cast<size_t>(c.batch * c.gamma), value),
-          std::vector<double>(static_cast<size_t>(c.batch * (c.gamma + 1)), value)};
+// Row b's random numbers: the stream of seed * 100003 + b, from output position 7 * b.
+RowDraws row_draws(uint64_t seed, int64_t b) {
+  return {RandomStream(seed * 100003 + static_cast<uint64_t>(b)), 7 * b};
 }
 
-// Row b's numbers from RandomStream(seed + b) at positions 0..gamma.
-VerifyUniforms stream_uniforms(const VerifyCase& c, uint64_t seed) {
-  VerifyUniforms uniforms;
-  for (int64_t b = 0; b < c.batch; ++b) {
-    const RandomStream stream(seed + static_cast<uint64_t>(b));
-    for (int64_t j = 0; j <= c.gamma; ++j) {
-      if (j < c.gamma) uniforms.acceptance.push_back(stream.uniform(j, Draw::kAcceptance));
-      uniforms.token.push_back(stream.uniform(j, Draw::kToken));
-    }
-  }
-  return uniforms;
-}
-
-DeviceVerdict device_verify(const VerifyCase& c, const VerifyUniforms* uniforms) {
+// launch_verify over the case, every row by `rule` with row_draws(seed, b).
+DeviceVerdict device_verify(const VerifyCase& c, VerifyRule rule, uint64_t seed) {
   Stream stream;
+  std::vector<VerifyRow> rows;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const RowDraws draws = row_draws(seed, b);
+    rows.push_back({draws.stream.seed(), draws.position, b * (c.gamma + 1),
+                    c.counts[static_cast<size_t>(b)], rule});
+  }
+  DeviceArray<VerifyRow> device_rows(rows);
   DeviceArray<float> p(c.p);
   DeviceArray<float> q(c.q);
   DeviceArray<int32_t> drafts(c.drafts);
-  DeviceArray<int32_t> counts(c.counts);
   DeviceArray<int32_t> tokens(static_cast<size_t>(c.batch * (c.gamma + 1)));
   DeviceArray<int32_t> accepted(static_cast<size_t>(c.batch));
+  DeviceArray<int32_t> taken(static_cast<size_t>(c.batch));
   tokens.poison();
   accepted.poison();
-  const VerifyParams params{c.batch, c.gamma, c.vocab_p, c.point_masses ? 0 : c.vocab_q};
-  const int32_t* draft_pointer = c.gamma > 0 ? drafts.get() : nullptr;
-  if (uniforms != nullptr) {
-    DeviceArray<double> acceptance(uniforms->acceptance);
-    DeviceArray<double> token(uniforms->token);
-    check_ok(
-        launch_rejection_verify(params, p.get(), c.point_masses ? nullptr : q.get(), draft_pointer,
-                                counts.get(), c.gamma > 0 ? acceptance.get() : nullptr, token.get(),
-                                tokens.get(), accepted.get(), stream.get()),
-        "rejection verify");
-    stream.synchronize();
-  } else {
-    check_ok(launch_greedy_verify(params, p.get(), draft_pointer, counts.get(), tokens.get(),
-                                  accepted.get(), stream.get()),
-             "greedy verify");
-    stream.synchronize();
-  }
+  const VerifyParams params{
+      c.batch, c.gamma, c.batch * (c.gamma + 1), c.vocab_p, c.point_masses ? 0 : c.vocab_q, 0};
+  check_ok(launch_verify(params, device_rows.get(), p.get(), nullptr,
+                         c.point_masses ? nullptr : q.get(), c.gamma > 0 ? drafts.get() : nullptr,
+                         nullptr, nullptr, tokens.get(), accepted.get(), taken.get(), stream.get()),
+           "verify");
+  stream.synchronize();
   return DeviceVerdict{tokens.download(), accepted.download()};
 }
 
@@ -703,19 +675,9 @@ DeviceVerdict device_verify(const VerifyCase& c, const VerifyUniforms* uniforms)
 void compare_rejection(const VerifyCase& c, uint64_t seed) {
   const int64_t width = c.gamma + 1;
   std::vector<RowDraws> draws;
-  VerifyUniforms uniforms;
-  for (int64_t b = 0; b < c.batch; ++b) {
-    const RowDraws row{RandomStream(seed * 100003 + static_cast<uint64_t>(b)), 7 * b};
-    draws.push_back(row);
-    for (int64_t j = 0; j < width; ++j) {
-      if (j < c.gamma) {
-        uniforms.acceptance.push_back(row.stream.uniform(row.position + j, Draw::kAcceptance));
-      }
-      uniforms.token.push_back(row.stream.uniform(row.position + j, Draw::kToken));
-    }
-  }
+  for (int64_t b = 0; b < c.batch; ++b) draws.push_back(row_draws(seed, b));
   const Verdict cpu = RejectionSampler().verify(proposals_of(c), scores_of(c), draws);
-  const DeviceVerdict gpu = device_verify(c, &uniforms);
+  const DeviceVerdict gpu = device_verify(c, VerifyRule::kRejection, seed);
 
   int64_t near_boundary = 0;
   for (int64_t b = 0; b < c.batch; ++b) {
@@ -726,7 +688,7 @@ void compare_rejection(const VerifyCase& c, uint64_t seed) {
       const int32_t expected = cpu.tokens[static_cast<size_t>(b * width + j)];
       const int32_t got = gpu.tokens[static_cast<size_t>(b * width + j)];
       if (j == k && got != expected) {
-        const double u = uniforms.token[static_cast<size_t>(b * width + k)];
+        const double u = draws[row].stream.uniform(draws[row].position + k, Draw::kToken);
         if (cdf_margin(final_distribution(c, b, k), u) < kBoundary) {
           ++near_boundary;
           continue;
@@ -766,7 +728,7 @@ TEST(CudaRejectionVerify, MatchesCpuWithGammaZero) {
   options.seed = 14;
   const VerifyCase c = make_case(options);
   compare_rejection(c, 4);
-  const DeviceVerdict gpu = device_verify(c, nullptr);
+  const DeviceVerdict gpu = device_verify(c, VerifyRule::kGreedy, 4);
   EXPECT_EQ(gpu.accepted, std::vector<int32_t>(static_cast<size_t>(c.batch), 0));
 }
 
@@ -778,8 +740,7 @@ TEST(CudaRejectionVerify, AcceptsEverythingWhenTheDistributionsAgree) {
   options.seed = 15;
   const VerifyCase c = make_case(options);
   compare_rejection(c, 5);
-  const VerifyUniforms uniforms = stream_uniforms(c, 6);
-  const DeviceVerdict gpu = device_verify(c, &uniforms);
+  const DeviceVerdict gpu = device_verify(c, VerifyRule::kRejection, 6);
   EXPECT_EQ(gpu.accepted, c.counts);
 }
 
@@ -795,8 +756,7 @@ TEST(CudaRejectionVerify, RejectsADraftTheTargetForbids) {
     c.p[static_cast<size_t>(b * (c.gamma + 1) * c.vocab_p + draft)] = 0.0f;  // p_0(d_1) = 0
   }
   compare_rejection(c, 6);
-  const VerifyUniforms uniforms = constant_uniforms(c, 0.0);
-  const DeviceVerdict gpu = device_verify(c, &uniforms);  // even a uniform of 0 rejects
+  const DeviceVerdict gpu = device_verify(c, VerifyRule::kRejection, 7);  // any uniform rejects
   for (int64_t b = 0; b < c.batch; ++b) {
     EXPECT_EQ(gpu.accepted[static_cast<size_t>(b)], 0) << "row " << b;
   }
@@ -835,9 +795,9 @@ TEST(CudaVerify, MarksCountsOutsideGamma) {
   options.seed = 20;
   VerifyCase c = make_case(options);
   c.counts[1] = 3;
-  const VerifyUniforms uniforms = constant_uniforms(c, 0.5);
-  for (const bool greedy : {false, true}) {
-    const DeviceVerdict gpu = device_verify(c, greedy ? nullptr : &uniforms);
+  for (const VerifyRule rule :
+       {VerifyRule::kRejection, VerifyRule::kGreedy, VerifyRule::kSharedNoise}) {
+    const DeviceVerdict gpu = device_verify(c, rule, 1);
     EXPECT_EQ(gpu.accepted[1], -1);
     for (int64_t j = 0; j <= c.gamma; ++j) {
       EXPECT_EQ(gpu.tokens[static_cast<size_t>(c.gamma + 1 + j)], -1);
@@ -880,10 +840,39 @@ TEST(CudaGreedyVerify, MatchesCpuExactly) {
       }
       const std::vector<RowDraws> unused(static_cast<size_t>(c.batch));
       const Verdict cpu = GreedyVerifier().verify(proposals_of(c), scores_of(c), unused);
-      const DeviceVerdict gpu = device_verify(c, nullptr);
+      const DeviceVerdict gpu = device_verify(c, VerifyRule::kGreedy, 0);
       EXPECT_EQ(gpu.accepted, cpu.accepted);
       EXPECT_EQ(gpu.tokens, cpu.tokens);
     }
+  }
+}
+
+TEST(CudaSharedNoiseVerify, MatchesCpu) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  // The target's own Gumbel-max tokens under each row's noise: the same as the CPU's unless two
+  // tokens' scores lie within the last bit of the device's log (at most one row here).
+  for (const int64_t vocab : {1000, 32000}) {
+    CaseOptions options;
+    options.batch = vocab > 1000 ? 8 : 40;
+    options.vocab_p = vocab;
+    options.vocab_q = vocab;
+    options.point_masses = true;
+    options.seed = static_cast<uint64_t>(vocab);
+    const VerifyCase c = make_case(options);
+    std::vector<RowDraws> draws;
+    for (int64_t b = 0; b < c.batch; ++b) draws.push_back(row_draws(3, b));
+    const Verdict cpu = SharedNoiseVerifier().verify(proposals_of(c), scores_of(c), draws);
+    const DeviceVerdict gpu = device_verify(c, VerifyRule::kSharedNoise, 3);
+    int64_t differing = 0;
+    for (int64_t b = 0; b < c.batch; ++b) {
+      const auto row = static_cast<size_t>(b);
+      const auto first = cpu.tokens.begin() + b * (c.gamma + 1);
+      const bool same =
+          gpu.accepted[row] == cpu.accepted[row] &&
+          std::equal(first, first + c.gamma + 1, gpu.tokens.begin() + b * (c.gamma + 1));
+      differing += same ? 0 : 1;
+    }
+    EXPECT_LE(differing, 1) << "vocab " << vocab;
   }
 }
 
@@ -912,8 +901,7 @@ TEST(CudaRejectionVerify, EmittedTokensFollowTheTarget) {
       c.drafts.push_back(sample_from(q[i], stream.uniform(static_cast<int64_t>(i), Draw::kDraft)));
     }
   }
-  const VerifyUniforms uniforms = stream_uniforms(c, 0);
-  const DeviceVerdict gpu = device_verify(c, &uniforms);
+  const DeviceVerdict gpu = device_verify(c, VerifyRule::kRejection, 0);
   std::map<int64_t, int64_t> first, second;
   int64_t second_draws = 0;
   for (int64_t b = 0; b < draws; ++b) {
@@ -955,8 +943,7 @@ TEST(CudaRejectionVerify, PointMassDraftsFollowTheTarget) {
     c.p.insert(c.p.end(), p0.begin(), p0.end());
     c.p.insert(c.p.end(), p1.begin(), p1.end());
   }
-  const VerifyUniforms uniforms = stream_uniforms(c, 7);
-  const DeviceVerdict gpu = device_verify(c, &uniforms);
+  const DeviceVerdict gpu = device_verify(c, VerifyRule::kRejection, 7);
   std::map<int64_t, int64_t> counts;
   for (int64_t b = 0; b < draws; ++b) ++counts[gpu.tokens[static_cast<size_t>(b * 2)]];
   const auto check = testing::chi_square(counts, {{0, 0.1}, {1, 0.6}, {2, 0.3}}, draws);

@@ -10,7 +10,7 @@
 
 #include "kernels/core/philox.h"
 
-namespace specrun {
+namespace specrun::kernels {
 
 // What a draw is for. Each purpose has its own numbers at each position, so how many draws one
 // makes never shifts another's.
@@ -23,19 +23,24 @@ enum class Draw : uint32_t {
 
 class RandomStream {
  public:
-  explicit RandomStream(uint64_t seed = 0)
+  SPECRUN_HOST_DEVICE explicit RandomStream(uint64_t seed = 0)
       : key0_(static_cast<uint32_t>(seed)), key1_(static_cast<uint32_t>(seed >> 32)) {}
 
+  // The seed the stream was made from.
+  SPECRUN_HOST_DEVICE uint64_t seed() const {
+    return static_cast<uint64_t>(key0_) | (static_cast<uint64_t>(key1_) << 32);
+  }
+
   // Block `index` of (position, draw): four independent 32-bit words.
-  kernels::PhiloxWords block(int64_t position, Draw draw, uint32_t index) const {
+  SPECRUN_HOST_DEVICE PhiloxWords block(int64_t position, Draw draw, uint32_t index) const {
     const uint64_t p = static_cast<uint64_t>(position);
-    return kernels::philox4x32_10(static_cast<uint32_t>(p), static_cast<uint32_t>(p >> 32),
-                                  static_cast<uint32_t>(draw), index, key0_, key1_);
+    return philox4x32_10(static_cast<uint32_t>(p), static_cast<uint32_t>(p >> 32),
+                         static_cast<uint32_t>(draw), index, key0_, key1_);
   }
 
   // Uniform in [0, 1) with 53 random bits: the one number of (position, draw).
-  double uniform(int64_t position, Draw draw) const {
-    const kernels::PhiloxWords words = block(position, draw, 0);
+  SPECRUN_HOST_DEVICE double uniform(int64_t position, Draw draw) const {
+    const PhiloxWords words = block(position, draw, 0);
     const uint64_t bits = (static_cast<uint64_t>(words.v[0]) << 32) | words.v[1];
     return static_cast<double>(bits >> 11) * 0x1.0p-53;
   }
@@ -45,4 +50,4 @@ class RandomStream {
   uint32_t key1_;
 };
 
-}  // namespace specrun
+}  // namespace specrun::kernels

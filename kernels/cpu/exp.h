@@ -13,7 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace specrun {
+namespace specrun::kernels::cpu {
 
 [[gnu::always_inline]] inline double exp_nonpositive(double x) {
   // Below -1000 every result is 0 (the smallest subnormal is exp(-744.4)); the clamp keeps n and
@@ -54,4 +54,4 @@ namespace specrun {
          std::bit_cast<double>((b_bits + 1023) << 52);
 }
 
-}  // namespace specrun
+}  // namespace specrun::kernels::cpu
