@@ -104,13 +104,11 @@ const Scores& Scorer::score(std::span<const ScoreRequest> requests, Features* fe
     }
   }
   kernels::Backend& backend = target_.backend();
-  const auto grow = [&](DeviceBuffer& buffer, size_t bytes, const char* what) {
-    if (buffer.size() < bytes) buffer = DeviceBuffer(backend, bytes, what);
-  };
-  const auto vocab = static_cast<size_t>(scores.vocab);
-  grow(device_settings_, settings_.size() * sizeof(kernels::LogitsSettings), "sampling settings");
-  grow(probs_, static_cast<size_t>(rows) * vocab * sizeof(float), "target distributions");
-  grow(status_, static_cast<size_t>(rows) * sizeof(int32_t), "row statuses");
+  device_settings_.reserve(backend, settings_.size() * sizeof(kernels::LogitsSettings),
+                           "sampling settings");
+  probs_.reserve(backend, static_cast<size_t>(rows * scores.vocab) * sizeof(float),
+                 "target distributions");
+  status_.reserve(backend, static_cast<size_t>(rows) * sizeof(int32_t), "row statuses");
   SPECRUN_CHECK_OK(backend.copy_to_device(device_settings_.data(), settings_.data(),
                                           settings_.size() * sizeof(kernels::LogitsSettings)),
                    "uploading sampling settings");

@@ -180,7 +180,7 @@ Verdict BackendVerification::verify(const Proposals& proposals, const Scores& sc
   } else {
     size_t total = 0;
     for (const Part& part : parts) total += aligned(part.bytes);
-    if (inputs_.size() < total) inputs_ = DeviceBuffer(backend_, total, "verification inputs");
+    inputs_.reserve(backend_, total, "verification inputs");
     size_t offset = 0;
     for (Part& part : parts) {
       if (part.host == nullptr || part.bytes == 0) continue;
@@ -194,9 +194,7 @@ Verdict BackendVerification::verify(const Proposals& proposals, const Scores& sc
   const size_t token_slots = static_cast<size_t>(batch * (gamma + 1));
   results_.assign(token_slots + 2 * static_cast<size_t>(batch), -1);
   const size_t result_bytes = results_.size() * sizeof(int32_t);
-  if (outputs_.size() < result_bytes) {
-    outputs_ = DeviceBuffer(backend_, result_bytes, "verification results");
-  }
+  outputs_.reserve(backend_, result_bytes, "verification results");
   int32_t* tokens = outputs_.as<int32_t>();
   SPECRUN_CHECK_OK(
       backend_.verify(params, static_cast<const kernels::VerifyRow*>(parts[0].device), scores.probs,

@@ -34,6 +34,12 @@ class DeviceBuffer {
     return static_cast<T*>(data_);
   }
   size_t size() const { return size_; }
+  // Makes the buffer hold at least `bytes` on `backend`, reallocating (contents not kept) only when
+  // it holds fewer: scratch reused from call to call. Throws Error naming `what`, as the
+  // constructor does.
+  void reserve(kernels::Backend& backend, size_t bytes, const std::string& what) {
+    if (size_ < bytes) *this = DeviceBuffer(backend, bytes, what);
+  }
 
  private:
   void reset() noexcept {

@@ -205,8 +205,14 @@ struct BatchEngine::State {
   // The rule a row with these settings is verified by (the test's replacement, when set).
   const Verifier& verifier_for(const SamplingParams& sampling) const {
     if (options.verifier != nullptr) return *options.verifier;
-    if (sampling.temperature == 0.0f) return greedy_verifier;
-    if (sampling.shared_noise) return shared_noise_verifier;
+    switch (verify_rule(sampling)) {
+      case kernels::VerifyRule::kGreedy:
+        return greedy_verifier;
+      case kernels::VerifyRule::kSharedNoise:
+        return shared_noise_verifier;
+      case kernels::VerifyRule::kRejection:
+        break;
+    }
     return rejection_sampler;
   }
   // Whether the sequence's verification reads the draft's distributions (DraftRequest::

@@ -940,9 +940,7 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
       }
       if (logits->keep_on_device) {
         const size_t bytes = logits->values.size() * sizeof(float);
-        if (w.widened_logits.size() < bytes) {
-          w.widened_logits = DeviceBuffer(backend_, bytes, "widened logits");
-        }
+        w.widened_logits.reserve(backend_, bytes, "widened logits");
         SPECRUN_CHECK_OK(
             backend_.copy_to_device(w.widened_logits.data(), logits->values.data(), bytes),
             "uploading widened logits");

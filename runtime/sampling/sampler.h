@@ -43,52 +43,21 @@ kernels::LogitsSettings logits_settings(const SamplingParams& params);
 // Throws Error saying why a row of logits could not be processed (`what`: "the target's row 3").
 [[noreturn]] void throw_row_status(kernels::RowStatus status, const std::string& what);
 
-// The highest logit; the lowest id among equals.
+// The row functions of kernels/cpu/sampling.h, which say what each computes, for the host's own
+// rows (the draft's proposals, plain sampling in tests and tools). These throw Error where the
+// kernel reports a failed row: logits with NaN or +infinity, or every token banned
+// (process_logits, top_probability); a distribution with no mass (sample_from,
+// sample_with_noise); an empty row, a `tokens` list not one id per entry, or more than 16 tokens
+// asked of best_with_noise or highest.
 int32_t argmax(std::span<const float> logits);
-
-// Writes the processed distribution into `probs` (same length as `logits`): zero for every token
-// the filters drop, summing to one. The filters apply in order temperature, top-k, top-p, min-p;
-// ties are ranked by lower token id, so top-k keeps exactly k tokens. At temperature 0 the result
-// is a point mass on argmax(logits). Throws Error when the logits have no finite maximum (NaN
-// or +infinity; -infinity marks a banned token and is fine).
 void process_logits(const SamplingParams& params, std::span<const float> logits,
                     std::span<float> probs);
-
-// The largest probability of softmax(logits) as they are (no temperature, no filters): a model's
-// confidence in its own top token. `scratch` (as long as `logits`) receives the row's weights.
-// Throws Error, as process_logits does, when the logits have no finite maximum.
 double top_probability(std::span<const float> logits, std::span<float> scratch);
-
-// Draws a token from a distribution (need not be normalised) by inverse CDF with `uniform`, in
-// [0, 1).
 int32_t sample_from(std::span<const float> probs, double uniform);
-
-// Draws a token from a distribution (need not be normalised) by Gumbel-max with the noise of
-// `position`: argmax over tokens of log p(x) + g(x), where g(x) = -log(-log u(x)) and u(x) is the
-// stream's uniform for (position, Draw::kNoise, token x). Written as the equivalent exponential
-// race, argmax p(x) / E(x) with E(x) = -log u(x), in double; ties go to the lower id. The result
-// is exactly distributed as p (for independent noise), and two distributions drawn with the same
-// noise agree as often as the Gumbel coupling makes them (at least (1 - tv) / (1 + tv) for total
-// variation tv). Tokens beyond the distribution's width, or of probability zero, never win.
-//
-// `tokens`, where given, names the token each entry of `probs` stands for (strictly increasing
-// ids): a distribution over part of the vocabulary, every other token's probability zero, as a
-// reduced head scores it. The draw is the one the full row would make, token for token; the
-// result is a token id. Empty: entry i is token i.
 int32_t sample_with_noise(std::span<const float> probs, const RandomStream& stream,
                           int64_t position, std::span<const int32_t> tokens = {});
-
-// The tokens that win the shared-noise draw of `position` from `probs` (sample_with_noise) and
-// would win it in turn were the ones before them removed, best first, as many as `out` holds; -1
-// past the tokens of probability above zero; at most 16. A draft's other guesses at a position
-// its own draw chose: the next most likely to be the target's own draw with the same noise.
-// `tokens` as sample_with_noise's.
 void best_with_noise(std::span<const float> probs, const RandomStream& stream, int64_t position,
                      std::span<int32_t> out, std::span<const int32_t> tokens = {});
-
-// The tokens of the highest values, highest first (the lower id among equals), as many as `out`
-// holds (at most 16); -1 past the values above -infinity (a banned token, a token a reduced head
-// never scores).
 void highest(std::span<const float> values, std::span<int32_t> out);
 
 // The token for output `position` from the processed distribution `probs`: with the shared noise
