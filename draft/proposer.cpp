@@ -13,6 +13,78 @@ ModelProposer::ModelProposer(Model& draft, const SamplingParams& sampling, float
   if (!(draft_p_min >= 0.0f && draft_p_min <= 1.0f)) {
     throw Error("draft_p_min must be in [0, 1], got " + std::to_string(draft_p_min));
   }
+  const std::vector<int32_t>& head_tokens = draft.config().output_token_ids;
+  if (!head_tokens.empty()) {
+    const size_t bytes = head_tokens.size() * sizeof(int32_t);
+    head_tokens_device_ = DeviceBuffer(draft.backend(), bytes, "the draft's output token ids");
+    SPECRUN_CHECK_OK(
+        draft.backend().copy_to_device(head_tokens_device_.data(), head_tokens.data(), bytes),
+        "uploading the draft's output token ids");
+  }
+}
+
+const std::vector<kernels::SampledRow>& ModelProposer::sample(
+    std::span<const DraftRequest> requests, std::span<const int64_t> active,
+    const std::vector<std::vector<int32_t>>& texts, const Logits& logits, int64_t round,
+    bool keep) {
+  kernels::Backend& backend = draft_.backend();
+  const int64_t vocab = draft_.config().vocab_size;
+  const int64_t width = logits.device_width;  // vocab, or a reduced head's tokens
+  const auto n = active.size();
+  sample_rows_.resize(n);
+  for (size_t row = 0; row < n; ++row) {
+    const auto b = static_cast<size_t>(active[row]);
+    const DraftRequest& request = requests[b];
+    int32_t candidate = -1;
+    if (request.lookup_min_ngram > 0) {
+      const std::vector<int32_t>& text = texts[b];
+      const int64_t follow =
+          lookup_continuation(text, request.lookup_min_ngram, request.lookup_max_ngram);
+      if (follow >= 0 && text[static_cast<size_t>(follow)] < vocab) {
+        candidate = text[static_cast<size_t>(follow)];
+      }
+    }
+    const SamplingParams& sampling = request.sampling ? *request.sampling : sampling_;
+    const float p_min = request.draft_p_min >= 0.0f ? request.draft_p_min : draft_p_min_;
+    kernels::SampleRow& entry = sample_rows_[row];
+    entry.settings = logits_settings(sampling);
+    entry.seed = request.stream.seed();
+    entry.position = request.position + round;
+    entry.rule = sampling.temperature == 0.0f ? kernels::SampleRule::kArgmax
+                 : sampling.shared_noise      ? kernels::SampleRule::kSharedNoise
+                                              : kernels::SampleRule::kInverseCdf;
+    entry.draw = Draw::kDraft;
+    // One more than the alternates wanted, as the proposal is among the ranking, and one for
+    // the contest's other offer.
+    entry.ranked = request.alternates > 0 ? static_cast<int32_t>(request.alternates + 2) : 0;
+    entry.probe = candidate;
+    // The confidence is read by lookup's test, the confidence floor and the alternates' floor.
+    entry.weigh = (candidate >= 0 && request.lookup_below < 1.0f) || p_min > 0.0f ||
+                  (request.alternates > 0 && request.alternate_floor > 0.0f);
+  }
+  const size_t rows_bytes = n * sizeof(kernels::SampleRow);
+  const size_t sampled_bytes = n * sizeof(kernels::SampledRow);
+  const size_t q_bytes = n * static_cast<size_t>(width) * sizeof(float);
+  sample_rows_device_.reserve(backend, rows_bytes, "the draft's sampling rows");
+  sampled_device_.reserve(backend, sampled_bytes, "the draft's draws");
+  q_device_.reserve(backend, q_bytes, "the draft's distributions");
+  SPECRUN_CHECK_OK(
+      backend.copy_to_device(sample_rows_device_.data(), sample_rows_.data(), rows_bytes),
+      "uploading the draft's sampling rows");
+  SPECRUN_CHECK_OK(backend.sample({static_cast<int64_t>(n), width, vocab},
+                                  sample_rows_device_.as<kernels::SampleRow>(), logits.device,
+                                  head_tokens_device_.as<int32_t>(), q_device_.as<float>(),
+                                  sampled_device_.as<kernels::SampledRow>()),
+                   "sampling the draft's rows");
+  sampled_.resize(n);
+  SPECRUN_CHECK_OK(backend.copy_to_host(sampled_.data(), sampled_device_.data(), sampled_bytes),
+                   "reading the draft's draws");
+  if (keep) {
+    q_host_.resize(n * static_cast<size_t>(width));
+    SPECRUN_CHECK_OK(backend.copy_to_host(q_host_.data(), q_device_.data(), q_bytes),
+                     "reading the draft's distributions");
+  }
+  return sampled_;
 }
 
 ModelProposer::~ModelProposer() {
@@ -123,25 +195,15 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
     return request.keep_distributions;
   });
   // A reduced head (ModelConfig::output_token_ids) scores part of the vocabulary, every other
-  // token's logit -infinity: a row is processed over the scored tokens alone, entry i standing
-  // for token head_tokens[i] (the softmax, filters and draws of 8,192 entries rather than 49,152
-  // for the demo's draft), and q widened to the vocabulary only where the proposals keep it.
+  // token's logit -infinity: its rows are sampled as it scores them, entry i standing for token
+  // head_tokens[i] (the softmax, filters and draws of 8,192 entries rather than 49,152 for the
+  // demo's draft), and q widened to the vocabulary only where the proposals keep it.
   const std::span<const int32_t> head_tokens = draft_.config().output_token_ids;
   const bool reduced = !head_tokens.empty();
   const int64_t row_width = reduced ? static_cast<int64_t>(head_tokens.size()) : vocab;
-  const auto token_of = [&](int32_t entry) {
-    return reduced && entry >= 0 ? head_tokens[static_cast<size_t>(entry)] : entry;
-  };
-  // The entry of a token; -1 for one the head does not score.
-  const auto entry_of = [&](int32_t token) -> int64_t {
-    if (!reduced) return token;
-    const auto at = std::lower_bound(head_tokens.begin(), head_tokens.end(), token);
-    return at != head_tokens.end() && *at == token ? at - head_tokens.begin() : -1;
-  };
   if (keep) {
     proposals.probs.assign(static_cast<size_t>(batch * proposals.gamma * vocab), 0.0f);
   }
-  if (!keep || reduced) q_row_.resize(static_cast<size_t>(row_width));
   if (std::any_of(requests.begin(), requests.end(),
                   [](const DraftRequest& request) { return request.lookup_min_ngram > 0; })) {
     proposals.model_offers.assign(static_cast<size_t>(batch * proposals.gamma), -1);
@@ -154,7 +216,6 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
     proposals.alternates.assign(
         static_cast<size_t>(batch * proposals.gamma * proposals.alternates_width), -1);
   }
-  std::vector<int32_t> ranked;  // the model's most likely tokens, for alternates
   // Each row's chance, by the draft's own probabilities, that its drafts so far are accepted.
   std::vector<double> reach(static_cast<size_t>(batch), 1.0);
 
@@ -169,12 +230,13 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
   std::vector<std::vector<int32_t>> texts(static_cast<size_t>(batch));
   std::vector<SequenceInput> forward_batch;
   Logits logits;
+  logits.keep_on_device = true;  // the rows are sampled where they are
+  logits.compact_head = true;
   // A feature-reading draft's: each row's features for this round's tokens, and its own output.
   const bool with_features = reads_features();
   const auto width = static_cast<size_t>(draft_.config().feature_width);
   std::vector<std::vector<float>> feature_inputs(with_features ? static_cast<size_t>(batch) : 0);
   Features own_features;
-  std::vector<float> weights;  // scratch for the draft's confidence, when a row needs it
   for (int64_t round = 0; !active.empty(); ++round) {
     forward_batch.clear();
     for (const int64_t b : active) {
@@ -248,57 +310,42 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
       }
     }
 
+    const std::vector<kernels::SampledRow>& sampled =
+        sample(requests, active, texts, logits, round, keep);
     std::vector<int64_t> still_active;
     for (size_t row = 0; row < active.size(); ++row) {
       const int64_t b = active[row];
       const DraftRequest& request = requests[static_cast<size_t>(b)];
-      std::span<const float> row_logits = logits.last(static_cast<int64_t>(row));
-      if (reduced) {
-        head_logits_.resize(head_tokens.size());
-        for (size_t i = 0; i < head_tokens.size(); ++i) {
-          head_logits_[i] = row_logits[static_cast<size_t>(head_tokens[i])];
-        }
-        row_logits = head_logits_;
+      const kernels::SampledRow& draw = sampled[row];
+      if (draw.status != static_cast<int32_t>(kernels::RowStatus::kOk)) {
+        throw_row_status(static_cast<kernels::RowStatus>(draw.status),
+                         "the draft's row for sequence " + std::to_string(request.sequence));
       }
-      // The draft model's own confidence, its unprocessed top probability, computed when asked.
-      double confidence = -1.0;
-      const auto confidence_of_model = [&] {
-        if (confidence < 0.0) {
-          weights.resize(row_logits.size());
-          confidence = top_probability(row_logits, weights);
-        }
-        return confidence;
-      };
+      // The draft model's own confidence, its unprocessed top probability (when the row asked).
+      const double confidence = draw.top_probability;
       // Prompt lookup offers a token where the text so far repeats itself and the model is not
-      // sure of its own.
-      int32_t looked_up = -1;
-      if (request.lookup_min_ngram > 0) {
-        const std::vector<int32_t>& text = texts[static_cast<size_t>(b)];
-        const int64_t follow =
-            lookup_continuation(text, request.lookup_min_ngram, request.lookup_max_ngram);
-        if (follow >= 0 && text[static_cast<size_t>(follow)] < vocab &&
-            (request.lookup_below >= 1.0f || confidence_of_model() < request.lookup_below)) {
-          looked_up = text[static_cast<size_t>(follow)];
-        }
-      }
+      // sure of its own (the sampled row's probe is lookup's candidate).
+      const int32_t candidate = sample_rows_[row].probe;
+      const int32_t looked_up =
+          candidate >= 0 && (request.lookup_below >= 1.0f || confidence < request.lookup_below)
+              ? candidate
+              : -1;
       const float p_min = request.draft_p_min >= 0.0f ? request.draft_p_min : draft_p_min_;
-      if (looked_up < 0 && p_min > 0.0f && confidence_of_model() < p_min) {
+      if (looked_up < 0 && p_min > 0.0f && confidence < p_min) {
         continue;  // stop this row without drafting
       }
       const auto slot = static_cast<size_t>(b * proposals.gamma + round);
       float* kept_q = keep ? proposals.probs.data() + static_cast<int64_t>(slot) * vocab : nullptr;
-      // [row_width]: the row's q, where the proposals keep it unless the head is reduced
-      const std::span<float> q(keep && !reduced ? kept_q : q_row_.data(),
-                               static_cast<size_t>(row_width));
-      const SamplingParams& sampling = request.sampling ? *request.sampling : sampling_;
-      process_logits(sampling, row_logits, q);
-      if (keep && reduced) {
-        for (size_t i = 0; i < q.size(); ++i) kept_q[head_tokens[i]] = q[i];
+      if (keep) {
+        // [row_width]: the row's q as the backend processed it, widened for a reduced head.
+        const float* q = q_host_.data() + row * static_cast<size_t>(row_width);
+        if (reduced) {
+          for (size_t i = 0; i < head_tokens.size(); ++i) kept_q[head_tokens[i]] = q[i];
+        } else {
+          std::copy_n(q, vocab, kept_q);
+        }
       }
-      int32_t token = sampling.temperature == 0.0f
-                          ? token_of(argmax(row_logits))
-                          : draw_token(sampling, q, request.stream, request.position + round,
-                                       Draw::kDraft, head_tokens);
+      int32_t token = draw.token;
       if (looked_up >= 0 && looked_up != token) {
         // A contest: the engine learns from the verdict which of the two to prefer.
         proposals.model_offers[slot] = token;
@@ -310,33 +357,26 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
       // sure draft pays for no ranking.
       double& row_reach = reach[static_cast<size_t>(b)];
       const bool gated = request.alternate_floor > 0.0f;
-      // The draft's probability of a token (weights hold the softmax's numerators).
-      const auto model_probability = [&](int32_t candidate) {
-        const double top = confidence_of_model();  // fills weights first
-        const int64_t entry = entry_of(candidate);
-        return entry < 0 ? 0.0 : static_cast<double>(weights[static_cast<size_t>(entry)]) * top;
+      // A token's weight, exp(logit - max logit): every token asked about is the drawn one,
+      // lookup's candidate or one of the ranking.
+      const auto weight_of = [&](int32_t id) -> float {
+        if (id == draw.token) return draw.token_weight;
+        if (id == candidate) return draw.probe_weight;
+        for (int32_t k = 0; k < sample_rows_[row].ranked; ++k) {
+          if (draw.ranked[k] == id) return draw.ranked_weight[k];
+        }
+        SPECRUN_CHECK(false) << "token " << id << " was not weighed with the draft's row";
+        return 0.0f;
+      };
+      // The draft's probability of a token.
+      const auto model_probability = [&](int32_t id) {
+        return static_cast<double>(weight_of(id)) * confidence;
       };
       bool offer = request.alternates > 0;
       if (offer && gated) {
-        const double top = confidence_of_model();
-        const int64_t proposed_entry = entry_of(proposed);
-        const bool proposed_is_top =
-            proposed_entry >= 0 && weights[static_cast<size_t>(proposed_entry)] == 1.0f;
-        offer = row_reach * (proposed_is_top ? 1.0 - top : top) >= request.alternate_floor;
-      }
-      if (offer) {
-        // Ranked before q may become lookup's point mass; one more than wanted, as the proposal
-        // is among them.
-        ranked.resize(static_cast<size_t>(request.alternates) + 2);
-        if (sampling.temperature == 0.0f) {
-          highest(row_logits, ranked);
-          for (int32_t& entry : ranked) entry = token_of(entry);
-        } else if (sampling.shared_noise) {
-          best_with_noise(q, request.stream, request.position + round, ranked, head_tokens);
-        } else {
-          highest(q, ranked);
-          for (int32_t& entry : ranked) entry = token_of(entry);
-        }
+        const bool proposed_is_top = weight_of(proposed) == 1.0f;
+        offer = row_reach * (proposed_is_top ? 1.0 - confidence : confidence) >=
+                request.alternate_floor;
       }
       if (keep && looked_up >= 0 && request.prefer_lookup) {
         // Lookup's token whatever the model drew: its q is a point mass, which verification
@@ -347,22 +387,23 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
       token = proposed;
       proposals.tokens[slot] = token;
       if (offer) {
-        // The contest's other offer first, then the model's ranking, never the proposal twice.
+        // The contest's other offer first, then the model's ranking (one more than wanted, as
+        // the proposal is among it), never the proposal twice.
         int32_t* alternates =
             proposals.alternates.data() + static_cast<int64_t>(slot) * proposals.alternates_width;
         int64_t taken = 0;
-        const auto take = [&](int32_t candidate) {
-          if (taken == request.alternates || candidate < 0 || candidate == token ||
-              std::find(alternates, alternates + taken, candidate) != alternates + taken) {
+        const auto take = [&](int32_t offered) {
+          if (taken == request.alternates || offered < 0 || offered == token ||
+              std::find(alternates, alternates + taken, offered) != alternates + taken) {
             return;
           }
-          if (gated && row_reach * model_probability(candidate) < request.alternate_floor) return;
-          alternates[taken++] = candidate;
+          if (gated && row_reach * model_probability(offered) < request.alternate_floor) return;
+          alternates[taken++] = offered;
         };
         if (proposals.has_contests() && proposals.model_offers[slot] >= 0) {
           take(token == looked_up ? proposals.model_offers[slot] : looked_up);
         }
-        for (const int32_t candidate : ranked) take(candidate);
+        for (int32_t k = 0; k < sample_rows_[row].ranked; ++k) take(draw.ranked[k]);
       }
       // Once the row's reach is below the floor no later alternate can pass: the draft's
       // probabilities are no longer needed.

@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "runtime/base/device_buffer.h"
 #include "runtime/model/model.h"
 #include "runtime/sampling/sampler.h"
 #include "runtime/sampling/speculative_step.h"
@@ -128,9 +129,23 @@ class ModelProposer : public Proposer {
     int64_t read_target_features = 0;
   };
   std::vector<DraftSequence> sequences_;
-  // A draft's q where the proposals keep none or the head is reduced, [row width], reused
-  std::vector<float> q_row_;
-  std::vector<float> head_logits_;  // a reduced head's row of logits, [its tokens], reused
+  // The sampling of one draft position (Backend::sample), reused from call to call: the rows as
+  // the host writes them and reads them back, q read back where the proposals keep it, and their
+  // buffers on the draft's backend.
+  std::vector<kernels::SampleRow> sample_rows_;  // [active rows]
+  std::vector<kernels::SampledRow> sampled_;     // [active rows]
+  std::vector<float> q_host_;                    // [active rows, row width]
+  DeviceBuffer sample_rows_device_;              // [active rows] SampleRow
+  DeviceBuffer sampled_device_;                  // [active rows] SampledRow
+  DeviceBuffer q_device_;                        // [active rows, row width]
+  DeviceBuffer head_tokens_device_;              // a reduced head's output_token_ids
+  // Samples this round's rows of `logits` (those of `active`, in order) on the draft's backend
+  // and reads back what the host decides from (and q when `keep`). Lookup's candidate for each
+  // row, from `texts`, is its probe.
+  const std::vector<kernels::SampledRow>& sample(std::span<const DraftRequest> requests,
+                                                 std::span<const int64_t> active,
+                                                 const std::vector<std::vector<int32_t>>& texts,
+                                                 const Logits& logits, int64_t round, bool keep);
   DraftSequence& state(int64_t sequence);
   // Where a feature-reading draft's context may start: past the positions whose target features
   // were never computed (served from the target's prefix cache); 0 for any other draft.

@@ -69,6 +69,19 @@ Status check_verify(const VerifyParams& params, const float* q, const int32_t* a
   return Status::ok();
 }
 
+Status check_sample(const SampleParams& params, const int32_t* tokens) {
+  if (params.rows < 0 || params.width < 1 || params.width > INT32_MAX ||
+      params.vocab < params.width || params.vocab > INT32_MAX ||
+      (tokens == nullptr && params.vocab != params.width)) {
+    return Status::invalid_argument(
+        "sample: rows >= 0, width in [1, 2^31 - 1] and vocab at least width (equal without a "
+        "token map), got " +
+        std::to_string(params.rows) + " x " + std::to_string(params.width) + ", vocab " +
+        std::to_string(params.vocab));
+  }
+  return Status::ok();
+}
+
 void Backend::for_each_on_host(int64_t count, const std::function<void(int64_t)>& body) {
   for (int64_t i = 0; i < count; ++i) body(i);
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/core/dtype.h"
+#include "kernels/core/random_stream.h"
 #include "kernels/core/status.h"
 #include "kernels/core/weight_layout.h"
 
@@ -214,6 +215,51 @@ struct VerifyParams {
 // The most alternates a draft position may have.
 inline constexpr int64_t kMaxAlternates = 16;
 
+// How sample() picks a row's token, and ranks the others after it.
+enum class SampleRule : int32_t {
+  kArgmax = 0,       // the argmax of the logits (temperature 0); ranked by logit
+  kInverseCdf = 1,   // inverse CDF over q with the uniform of (position, draw); ranked by q
+  kSharedNoise = 2,  // Gumbel-max over q with the noise of position; ranked in the order the
+                     // noise's draw would pick them were the ones before removed
+};
+
+// The most tokens sample() ranks in a row.
+inline constexpr int64_t kMaxRanked = 16;
+
+// One row of a sample call: a draft model's draw and what the host decides from it.
+struct SampleRow {
+  LogitsSettings settings;  // how q is processed from the row's logits
+  uint64_t seed;            // the row's random stream (kernels/core/random_stream.h)
+  int64_t position;         // the output position the token is drawn for
+  SampleRule rule;          // how the token is drawn
+  Draw draw;                // what kInverseCdf's uniform is drawn for
+  int32_t ranked;           // tokens to rank, 0 to kMaxRanked
+  int32_t probe;            // a token whose weight is wanted beside the drawn one's; -1: none
+  int32_t weigh;            // nonzero: the model's confidence and the weights are reported (one
+                            // more pass over the logits); zero: they are left 0
+};
+
+struct SampleParams {
+  int64_t rows;   // independent rows
+  int64_t width;  // entries per row of logits and q
+  int64_t vocab;  // token ids lie in [0, vocab): width without a token map, else at least it
+};
+
+// What the host reads back of a sampled row: a few dozen bytes in place of the vocabulary's
+// row. A token's weight is exp(logit - max logit), its probability under softmax(logits) as they
+// are (no temperature, no filters) over the top token's: 1 for a top token, 0 for a token the
+// row does not score.
+struct SampledRow {
+  double top_probability;           // the largest probability of softmax(logits) (weigh)
+  int32_t token;                    // the drawn token; -1 where the row failed
+  int32_t status;                   // RowStatus of the row's processing
+  float token_weight;               // the drawn token's weight (weigh)
+  float probe_weight;               // the probe's weight (weigh; 0 without a probe)
+  int32_t ranked[kMaxRanked];       // the row's ranking, best first, the drawn token included;
+                                    // -1 past the tokens that can rank (and past `ranked`)
+  float ranked_weight[kMaxRanked];  // their weights (weigh)
+};
+
 // kInvalidArgument unless the shapes are ones process_logits and argmax accept: rows >= 0, vocab in
 // [1, 2^31 - 1].
 Status check_logits(const LogitsParams& params);
@@ -221,6 +267,12 @@ Status check_logits(const LogitsParams& params);
 // in range, q's width given with q, alternate rows with alternates.
 Status check_verify(const VerifyParams& params, const float* q, const int32_t* alternates,
                     const int64_t* alternate_rows);
+
+// kInvalidArgument unless the shape is one sample accepts: rows >= 0, width in [1, 2^31 - 1],
+// vocab in [width, 2^31 - 1] (equal to width without a token map). A row out of range (an unknown
+// rule, ranked outside [0, kMaxRanked], bad settings) is not a failed call: its status is
+// kBadSettings.
+Status check_sample(const SampleParams& params, const int32_t* tokens);
 
 // A model's forwards at their largest, for Backend::scratch_bytes_bound: what a backend's ops may
 // ask of memory beyond the buffers the model passes them.
@@ -255,6 +307,7 @@ class Backend {
   // stream each, so that drafting ahead hides behind a verification (OverlapDrafting::kAuto). No
   // backend does yet: the CPU runs every op on one pool of threads, CUDA on one stream.
   virtual bool runs_models_concurrently() const { return false; }
+
   // Whether attention() takes key gaps (a token tree's branches in one forward).
   virtual bool attends_with_key_gaps() const { return false; }
   // The layout this backend's matmul reads weights of `weight_dtype` in fastest; the model lays
@@ -445,6 +498,21 @@ class Backend {
                         int32_t* tokens,                // [batch, gamma + 1]
                         int32_t* accepted,              // [batch]
                         int32_t* alternate_taken) = 0;  // [batch]
+
+  // A draft model's step of sampling, for each row r: q[r] = the processed distribution of
+  // logits[r] under rows[r].settings (process_logits), the token drawn from it by the row's rule,
+  // the ranking of the row's tokens by that rule, and (where asked) the model's confidence and the
+  // weights of the tokens reported, into out[r]. A row whose logits cannot be processed gets its
+  // status, token -1 and no ranking. With a token map, entry i of a row stands for token
+  // tokens[i] (a reduced head's rows), and every token reported is an id: the draws, ranking and
+  // weights are those the full row (-infinity past the map) would give.
+  // kernels/cpu/sampling.h's sample_row is the reference.
+  virtual Status sample(const SampleParams& params,
+                        const SampleRow* rows,  // [rows]
+                        const float* logits,    // [rows, width]
+                        const int32_t* tokens,  // [width], strictly increasing; or null
+                        float* q,               // [rows, width]
+                        SampledRow* out) = 0;   // [rows]
 
   // accumulator += addend, elementwise (the residual connection).
   virtual Status add(int64_t count,

@@ -441,7 +441,10 @@ TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
   // The target's logits are processed and verified where they were computed: a step waits for the
   // backend once (the verdict) and copies back a few words a row, however many drafts it verified
   // and whatever the sampling: at most (gamma + 2) x rows x 8 bytes. Plain decoding and prompt
-  // lookup draft on the host without reading any logits; a draft model reads its own.
+  // lookup draft on the host without reading any logits. A draft model samples its rows where
+  // they were computed too: each draft position waits once more and reads back a SampledRow a
+  // row (a few dozen bytes, where a row of logits is vocab x 4), and rejection sampling, which
+  // reads q on the host, its distributions.
   struct Case {
     SpeculationMethod method;
     float temperature;
@@ -451,8 +454,13 @@ TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
                         {SpeculationMethod::kNone, 0.8f, false},
                         {SpeculationMethod::kPromptLookup, 0.0f, false},
                         {SpeculationMethod::kPromptLookup, 0.8f, false},
-                        {SpeculationMethod::kPromptLookup, 0.8f, true}};
+                        {SpeculationMethod::kPromptLookup, 0.8f, true},
+                        {SpeculationMethod::kDraftModel, 0.0f, false},
+                        {SpeculationMethod::kDraftModel, 0.8f, true},
+                        {SpeculationMethod::kDraftModel, 0.8f, false}};
   const int64_t gamma = 4;
+  const int64_t vocab = draft_->config().vocab_size;
+  ASSERT_GT(vocab * 4, static_cast<int64_t>(sizeof(kernels::SampledRow)));
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(to_string(c.method)) + " at T " + std::to_string(c.temperature) +
                  (c.shared_noise ? " with shared noise" : ""));
@@ -473,8 +481,19 @@ TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
       ASSERT_EQ(completion.tokens.size(), 24u) << completion.error;
     }
     const BatchEngineStats stats = engine.stats();
-    EXPECT_EQ(stats.host_waits, stats.steps);
-    EXPECT_LE(stats.bytes_to_host, static_cast<uint64_t>(stats.sequence_steps * (gamma + 2) * 8));
+    const uint64_t verdict_bytes = static_cast<uint64_t>(stats.sequence_steps * (gamma + 2) * 8);
+    if (c.method != SpeculationMethod::kDraftModel) {
+      EXPECT_EQ(stats.host_waits, stats.steps);
+      EXPECT_LE(stats.bytes_to_host, verdict_bytes);
+    } else {
+      const bool reads_q = c.temperature > 0.0f && !c.shared_noise;
+      EXPECT_GT(stats.drafted, 0);
+      EXPECT_LE(stats.host_waits, stats.steps * (1 + gamma * (reads_q ? 2 : 1)));
+      const uint64_t per_draft =
+          sizeof(kernels::SampledRow) + (reads_q ? static_cast<uint64_t>(vocab) * 4 : 0);
+      EXPECT_LE(stats.bytes_to_host,
+                verdict_bytes + static_cast<uint64_t>(stats.sequence_steps * gamma) * per_draft);
+    }
     EXPECT_GT(stats.bytes_to_host, 0u);
     if (c.method == SpeculationMethod::kPromptLookup) {
       EXPECT_GT(stats.drafted, 0);

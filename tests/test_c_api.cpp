@@ -323,6 +323,9 @@ TEST_F(CApiTest, StreamsThroughTheCallbackAndReturnsTheResult) {
   EXPECT_LE(stats.accepted, stats.drafted);
   EXPECT_LE(stats.looked_up, stats.drafted);
   EXPECT_LE(stats.looked_up_accepted, stats.looked_up);
+  // Each step waited at least once, for its verdict, and read it back.
+  EXPECT_GE(stats.host_waits, stats.steps);
+  EXPECT_GT(stats.bytes_to_host, 0u);
   specrun_result_free(result);
 
   // A request with a callback has nothing to pull.
@@ -347,6 +350,8 @@ TEST_F(CApiTest, StreamsThroughTheCallbackAndReturnsTheResult) {
   EXPECT_DOUBLE_EQ(engine_stats.prefix_cache_hit_rate, 0.0);
   EXPECT_EQ(engine_stats.drafted_ahead, 0);  // overlap is auto: off on the CPU
   EXPECT_EQ(engine_stats.ahead_taken, 0);
+  EXPECT_GE(engine_stats.host_waits, engine_stats.steps);
+  EXPECT_GT(engine_stats.bytes_to_host, 0u);
   specrun_engine_info info;
   ASSERT_EQ(specrun_engine_info_get(engine, &info), SPECRUN_OK);
   EXPECT_EQ(fs::path(info.target), fs::path(target_));

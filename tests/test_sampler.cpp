@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/exp.h"
+#include "kernels/cpu/sampling.h"
 #include "runtime/base/check.h"
 #include "runtime/sampling/sampler.h"
 
@@ -620,6 +621,133 @@ TEST(Sampler, RejectsOutOfRangeParameters) {
   p.min_p = 1.5f;
   expect_rejected(p, "min_p");
   EXPECT_THROW({ Sampler sampler(p); }, Error);
+}
+
+// Backend::sample's reference row (kernels/cpu/sampling.h's sample_row) is the row functions
+// the host drafting called one by one: the drawn token, the ranking and the weights are theirs,
+// and a reduced head's compact row gives the full row's answers in token ids.
+kernels::SampleRow sample_row_of(const SamplingParams& params, uint64_t seed, int64_t position,
+                                 int32_t ranked, int32_t probe) {
+  kernels::SampleRow row{};
+  row.settings = logits_settings(params);
+  row.seed = seed;
+  row.position = position;
+  row.rule = params.temperature == 0.0f ? kernels::SampleRule::kArgmax
+             : params.shared_noise      ? kernels::SampleRule::kSharedNoise
+                                        : kernels::SampleRule::kInverseCdf;
+  row.draw = Draw::kDraft;
+  row.ranked = ranked;
+  row.probe = probe;
+  row.weigh = 1;
+  return row;
+}
+
+TEST(SampleRow, IsTheRowFunctionsOneByOne) {
+  std::mt19937 engine(11);
+  std::uniform_real_distribution<float> spread(-6.0f, 6.0f);
+  const size_t vocab = 301;
+  for (int trial = 0; trial < 60; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    std::vector<float> logits(vocab);
+    for (float& logit : logits) logit = spread(engine);
+    logits[17] = -std::numeric_limits<float>::infinity();  // a banned token
+    SamplingParams params;
+    params.temperature = trial % 3 == 0 ? 0.0f : 0.9f;
+    params.top_k = trial % 4 == 1 ? 40 : 0;
+    params.top_p = trial % 5 == 2 ? 0.8f : 1.0f;
+    params.shared_noise = trial % 2 == 1;
+    const uint64_t seed = 500 + static_cast<uint64_t>(trial);
+    const int64_t position = trial % 7;
+    const int32_t probe = static_cast<int32_t>(engine() % vocab);
+    const kernels::SampleRow row = sample_row_of(params, seed, position, 6, probe);
+    std::vector<float> q(vocab);
+    kernels::SampledRow out{};
+    kernels::cpu::sample_row(row, logits, {}, q, &out);
+    ASSERT_EQ(out.status, 0);
+
+    EXPECT_EQ(q, process(params, logits));
+    const RandomStream stream(seed);
+    const int32_t token = params.temperature == 0.0f
+                              ? argmax(logits)
+                              : draw_token(params, q, stream, position, Draw::kDraft);
+    EXPECT_EQ(out.token, token);
+    std::vector<int32_t> ranked(6);
+    if (params.temperature == 0.0f) {
+      highest(logits, ranked);
+    } else if (params.shared_noise) {
+      best_with_noise(q, stream, position, ranked);
+    } else {
+      highest(q, ranked);
+    }
+    EXPECT_EQ(std::vector<int32_t>(out.ranked, out.ranked + 6), ranked);
+    for (int k = 6; k < kernels::kMaxRanked; ++k) EXPECT_EQ(out.ranked[k], -1);
+    std::vector<float> weights(vocab);
+    EXPECT_EQ(out.top_probability, top_probability(logits, weights));
+    EXPECT_EQ(out.token_weight, weights[static_cast<size_t>(out.token)]);
+    EXPECT_EQ(out.probe_weight, weights[static_cast<size_t>(probe)]);
+    for (int k = 0; k < 6; ++k) {
+      if (out.ranked[k] >= 0) {
+        EXPECT_EQ(out.ranked_weight[k], weights[static_cast<size_t>(out.ranked[k])]);
+      }
+    }
+  }
+}
+
+TEST(SampleRow, AReducedHeadsRowGivesTheFullRowsAnswers) {
+  std::mt19937 engine(12);
+  std::uniform_real_distribution<float> spread(-5.0f, 5.0f);
+  const size_t vocab = 240;
+  std::vector<int32_t> map;  // every third token
+  for (int32_t t = 1; t < static_cast<int32_t>(vocab); t += 3) map.push_back(t);
+  for (int trial = 0; trial < 45; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    std::vector<float> compact(map.size());
+    for (float& logit : compact) logit = spread(engine);
+    std::vector<float> full(vocab, -std::numeric_limits<float>::infinity());
+    for (size_t i = 0; i < map.size(); ++i) full[static_cast<size_t>(map[i])] = compact[i];
+    SamplingParams params;
+    params.temperature = trial % 3 == 0 ? 0.0f : 1.1f;
+    params.min_p = trial % 4 == 3 ? 0.02f : 0.0f;
+    params.shared_noise = trial % 2 == 0;
+    // The probe: a scored token, or one the head does not score (weight 0).
+    const int32_t probe = trial % 2 == 0 ? map[static_cast<size_t>(trial) % map.size()] : 0;
+    const kernels::SampleRow row =
+        sample_row_of(params, 900 + static_cast<uint64_t>(trial), trial, 5, probe);
+    std::vector<float> q_compact(map.size()), q_full(vocab);
+    kernels::SampledRow from_compact{}, from_full{};
+    kernels::cpu::sample_row(row, compact, map, q_compact, &from_compact);
+    kernels::cpu::sample_row(row, full, {}, q_full, &from_full);
+    ASSERT_EQ(from_compact.status, 0);
+    EXPECT_EQ(from_compact.token, from_full.token);
+    EXPECT_EQ(std::vector<int32_t>(from_compact.ranked, from_compact.ranked + 5),
+              std::vector<int32_t>(from_full.ranked, from_full.ranked + 5));
+    EXPECT_FLOAT_EQ(from_compact.token_weight, from_full.token_weight);
+    EXPECT_FLOAT_EQ(from_compact.probe_weight, from_full.probe_weight);
+    EXPECT_DOUBLE_EQ(from_compact.top_probability, from_full.top_probability);
+    for (size_t i = 0; i < map.size(); ++i) {
+      EXPECT_FLOAT_EQ(q_compact[i], q_full[static_cast<size_t>(map[i])]);
+    }
+  }
+}
+
+TEST(SampleRow, AFailedRowReportsWhyAndDrawsNothing) {
+  const std::vector<float> logits = {0.5f, std::numeric_limits<float>::quiet_NaN(), 1.0f};
+  kernels::SampleRow row = sample_row_of(SamplingParams{}, 1, 0, 2, -1);
+  std::vector<float> q(3, 9.0f);
+  kernels::SampledRow out{};
+  kernels::cpu::sample_row(row, logits, {}, q, &out);
+  EXPECT_EQ(out.status, static_cast<int32_t>(kernels::RowStatus::kCorruptLogits));
+  EXPECT_EQ(out.token, -1);
+  EXPECT_EQ(out.ranked[0], -1);
+  EXPECT_EQ(q, std::vector<float>(3, 0.0f));
+  const std::vector<float> finite = {0.5f, 0.1f, 1.0f};
+  row.rule = static_cast<kernels::SampleRule>(9);
+  kernels::cpu::sample_row(row, finite, {}, q, &out);
+  EXPECT_EQ(out.status, static_cast<int32_t>(kernels::RowStatus::kBadSettings));
+  EXPECT_EQ(out.token, -1);
+  row = sample_row_of(SamplingParams{}, 1, 0, static_cast<int32_t>(kernels::kMaxRanked) + 1, -1);
+  kernels::cpu::sample_row(row, finite, {}, q, &out);
+  EXPECT_EQ(out.status, static_cast<int32_t>(kernels::RowStatus::kBadSettings));
 }
 
 }  // namespace

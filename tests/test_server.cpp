@@ -459,6 +459,9 @@ TEST_F(ServerTest, MetricsInPrometheusTextFormat) {
         "specrun_speculative_steps_total", "specrun_prefix_cache_hit_rate"}) {
     EXPECT_NE(scrape.body.find(name), std::string::npos) << name;
   }
+  // Every step waits for the device at least once, for its verdict, and reads it back.
+  EXPECT_GT(metric("specrun_device_waits_total"), 0);
+  EXPECT_GT(metric("specrun_device_to_host_bytes_total"), 0);
   EXPECT_EQ(metric("specrun_requests_total{outcome=\"length\"}"), 3);
   EXPECT_EQ(metric("specrun_generation_tokens_total"), 24);
   EXPECT_EQ(metric("specrun_prompt_tokens_total"), 12);

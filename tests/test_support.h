@@ -281,6 +281,10 @@ class ForwardingBackend : public kernels::Backend {
   Status argmax(const kernels::LogitsParams& p, const float* values, int32_t* out) override {
     return inner_.argmax(p, values, out);
   }
+  Status sample(const kernels::SampleParams& p, const kernels::SampleRow* rows, const float* logits,
+                const int32_t* tokens, float* q, kernels::SampledRow* out) override {
+    return inner_.sample(p, rows, logits, tokens, q, out);
+  }
   Status verify(const kernels::VerifyParams& p, const kernels::VerifyRow* rows, const float* probs,
                 const int32_t* p_status, const float* q, const int32_t* drafts,
                 const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,

@@ -64,6 +64,8 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
                          {"looked_up_accepted", stats.looked_up_accepted},
                          {"alternates", stats.alternates},
                          {"alternates_accepted", stats.alternates_accepted},
+                         {"host_waits", stats.host_waits},
+                         {"bytes_to_host", stats.bytes_to_host},
                          {"total_ms", stats.total_ms},
                          {"method", to_string(run.method)},
                          {"controller", to_string(run.controller)},

@@ -40,7 +40,8 @@ double median(std::vector<double> values);
 // Keys: tokens_generated, ttft_ms, itl_ms_mean, itl_ms_p50, itl_ms_p99, tokens_per_second,
 // acceptance_rate, mean_accepted_length, gamma_histogram ({"gamma": steps}), draft_ms, target_ms,
 // and for context prompt_tokens, cached_prompt_tokens, finish_reason, steps, drafted, accepted,
-// rejections, looked_up, looked_up_accepted, alternates, alternates_accepted, method, controller,
+// rejections, looked_up, looked_up_accepted, alternates, alternates_accepted, host_waits,
+// bytes_to_host (what the steps waited for and copied back from the device), method, controller,
 // verification, backend, threads, on the CPU cpu_kernels and activations; with a memory plan
 // "memory" (device, scratch_bytes, total_bytes, available_bytes, and per model weight_bytes,
 // kv_bytes_per_token, kv_tokens, kv_bytes, workspace_bytes); with a baseline also

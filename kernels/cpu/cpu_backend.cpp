@@ -187,6 +187,19 @@ Status CpuBackend::argmax(const LogitsParams& params, const float* values, int32
   return Status::ok();
 }
 
+Status CpuBackend::sample(const SampleParams& params, const SampleRow* rows, const float* logits,
+                          const int32_t* tokens, float* q, SampledRow* out) {
+  if (Status status = check_sample(params, tokens); !status.is_ok()) return status;
+  const auto width = static_cast<size_t>(params.width);
+  const std::span<const int32_t> map =
+      tokens == nullptr ? std::span<const int32_t>() : std::span<const int32_t>(tokens, width);
+  for_each_on_host(params.rows, [&](int64_t r) {
+    const size_t offset = static_cast<size_t>(r) * width;
+    cpu::sample_row(rows[r], {logits + offset, width}, map, {q + offset, width}, out + r);
+  });
+  return Status::ok();
+}
+
 Status CpuBackend::verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
                           const int32_t* p_status, const float* q, const int32_t* drafts,
                           const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,

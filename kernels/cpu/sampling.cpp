@@ -474,4 +474,75 @@ void highest(std::span<const float> values, std::span<int32_t> out) {
   }
 }
 
+void sample_row(const SampleRow& row, std::span<const float> logits,
+                std::span<const int32_t> tokens, std::span<float> q, SampledRow* out) {
+  *out = SampledRow{};
+  out->token = -1;
+  std::fill(std::begin(out->ranked), std::end(out->ranked), -1);
+  const bool known_rule = row.rule == SampleRule::kArgmax || row.rule == SampleRule::kInverseCdf ||
+                          row.rule == SampleRule::kSharedNoise;
+  if (!known_rule || row.ranked < 0 || row.ranked > kMaxRanked ||
+      (!tokens.empty() && tokens.size() != logits.size()) || q.size() != logits.size()) {
+    std::fill(q.begin(), q.end(), 0.0f);
+    out->status = static_cast<int32_t>(RowStatus::kBadSettings);
+    return;
+  }
+  // The confidence first, with q as the scratch its weights pass through.
+  float max_logit = 0.0f;
+  if (row.weigh != 0) {
+    const RowStatus status = top_probability(logits, q, &out->top_probability);
+    if (status != RowStatus::kOk) {
+      std::fill(q.begin(), q.end(), 0.0f);
+      out->status = static_cast<int32_t>(status);
+      out->top_probability = 0.0;
+      return;
+    }
+    max_logit = scan_logits(logits).max;
+  }
+  const RowStatus status = process_logits(row.settings, logits, q);
+  out->status = static_cast<int32_t>(status);
+  if (status != RowStatus::kOk) {
+    out->top_probability = 0.0;
+    return;
+  }
+  const auto token_of = [&](int32_t entry) {
+    return entry < 0 || tokens.empty() ? entry : tokens[static_cast<size_t>(entry)];
+  };
+  const RandomStream stream(row.seed);
+  const std::span<int32_t> ranked(out->ranked, static_cast<size_t>(row.ranked));
+  switch (row.rule) {
+    case SampleRule::kArgmax:
+      out->token = token_of(argmax(logits));
+      highest(logits, ranked);
+      for (int32_t& entry : ranked) entry = token_of(entry);
+      break;
+    case SampleRule::kInverseCdf:
+      out->token = token_of(sample_from(q, stream.uniform(row.position, row.draw)));
+      highest(q, ranked);
+      for (int32_t& entry : ranked) entry = token_of(entry);
+      break;
+    case SampleRule::kSharedNoise:
+      out->token = sample_with_noise(q, stream, row.position, tokens);
+      best_with_noise(q, stream, row.position, ranked, tokens);
+      break;
+  }
+  if (row.weigh == 0) return;
+  // A token's weight as top_probability computed it: exp(logit - max) rounded to f32.
+  const auto weight_of = [&](int32_t token) {
+    int64_t entry = token;
+    if (!tokens.empty()) {
+      const auto it = std::lower_bound(tokens.begin(), tokens.end(), token);
+      entry = it != tokens.end() && *it == token ? it - tokens.begin() : -1;
+    }
+    if (entry < 0 || entry >= static_cast<int64_t>(logits.size())) return 0.0f;
+    return static_cast<float>(
+        exp_nonpositive(static_cast<double>(logits[static_cast<size_t>(entry)]) - max_logit));
+  };
+  out->token_weight = weight_of(out->token);
+  out->probe_weight = row.probe >= 0 ? weight_of(row.probe) : 0.0f;
+  for (int32_t i = 0; i < row.ranked; ++i) {
+    if (out->ranked[i] >= 0) out->ranked_weight[i] = weight_of(out->ranked[i]);
+  }
+}
+
 }  // namespace specrun::kernels::cpu

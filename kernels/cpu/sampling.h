@@ -64,4 +64,11 @@ void best_with_noise(std::span<const float> probs, const RandomStream& stream, i
 // holds (at most 16); -1 past the values above -infinity.
 void highest(std::span<const float> values, std::span<int32_t> out);
 
+// One row of Backend::sample (kernels/backend.h says what it computes): the processed
+// distribution into `q`, the token by the row's rule, the ranking, and with row.weigh the model's
+// confidence and the weights of the tokens reported. `tokens` as sample_with_noise's (empty: entry
+// i is token i). q must be as long as `logits`.
+void sample_row(const SampleRow& row, std::span<const float> logits,
+                std::span<const int32_t> tokens, std::span<float> q, SampledRow* out);
+
 }  // namespace specrun::kernels::cpu

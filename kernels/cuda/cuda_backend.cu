@@ -543,6 +543,21 @@ Status CudaBackend::argmax(const LogitsParams& params, const float* values, int3
   return launch_argmax({params.rows, params.vocab}, values, out, stream_);
 }
 
+Status CudaBackend::sample(const SampleParams& params, const SampleRow* rows, const float* logits,
+                           const int32_t* tokens, float* q, SampledRow* out) {
+  if (Status status = check_sample(params, tokens); !status.is_ok()) return status;
+  if (params.rows == 0) return Status::ok();
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  size_t workspace_bytes = 0;
+  if (Status status = sample_workspace_bytes(params, &workspace_bytes); !status.is_ok()) {
+    return status;
+  }
+  if (Status status = ensure_scratch(workspace_bytes); !status.is_ok()) return status;
+  return launch_sample_rows(params, rows, logits, tokens, scratch_, workspace_bytes, q, out,
+                            stream_);
+}
+
 Status CudaBackend::verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
                            const int32_t* p_status, const float* q, const int32_t* drafts,
                            const int32_t* alternates, const int64_t* alternate_rows,

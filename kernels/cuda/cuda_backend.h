@@ -119,11 +119,13 @@ class CudaBackend final : public Backend {
                        const float* v, void* k_cache, void* v_cache) override;
   Status add_rmsnorm(const RmsNormParams& params, const float* addend, float* accumulator,
                      const void* weight, float* out) override;
-  // kernels/cuda/sampling.h (process_logits' sort takes its workspace from the scratch buffer) and
-  // kernels/cuda/verify.h.
+  // kernels/cuda/sampling.h (process_logits' and sample's sorts take their workspace from the
+  // scratch buffer) and kernels/cuda/verify.h.
   Status process_logits(const LogitsParams& params, const float* logits,
                         const LogitsSettings* settings, float* probs, int32_t* row_status) override;
   Status argmax(const LogitsParams& params, const float* values, int32_t* out) override;
+  Status sample(const SampleParams& params, const SampleRow* rows, const float* logits,
+                const int32_t* tokens, float* q, SampledRow* out) override;
   Status verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
                 const int32_t* p_status, const float* q, const int32_t* drafts,
                 const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,

@@ -340,15 +340,170 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* values,  
   if (threadIdx.x == 0) out[row] = best;
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(const float* probs,      // [rows, vocab]
-                                                          const double* uniforms,  // [rows]
-                                                          int64_t vocab,           //
-                                                          int32_t* out) {          // [rows]
-  __shared__ SampleStorage<kThreads> storage;
-  const int64_t row = blockIdx.x;
-  const int32_t token = block_sample_from<kThreads, kItems>(RowValue{probs + row * vocab}, vocab,
-                                                            uniforms[row], storage);
-  if (threadIdx.x == 0) out[row] = token;
+// ---- Backend::sample ----------------------------------------------------------------------------
+
+__global__ void gather_settings_kernel(const SampleRow* rows, int64_t count,
+                                       LogitsSettings* settings) {  // [count]
+  const int64_t r = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (r < count) settings[r] = rows[r].settings;
+}
+
+// A value a ranking pass may pick: -infinity (highest() never ranks it) and the tokens ranked
+// already are left out, as no candidate.
+struct RankedValue {
+  const float* row;         // [width]
+  const int32_t* tokens;    // [width] or null
+  const int32_t* excluded;  // [count] token ids
+  int32_t count;
+  __device__ __forceinline__ bool left_out(int64_t i) const {
+    if (!(row[i] > -INFINITY)) return true;
+    const int32_t token = tokens == nullptr ? static_cast<int32_t>(i) : tokens[i];
+    for (int32_t e = 0; e < count; ++e) {
+      if (excluded[e] == token) return true;
+    }
+    return false;
+  }
+};
+
+// The entry of the highest value not left out, the lowest among equals; -1 when none is left.
+__device__ int32_t block_ranked_argmax(const RankedValue& value, int64_t width,
+                                       ArgmaxStorage<kThreads>& storage) {
+  ArgmaxCandidate best = no_argmax_candidate();
+  for (int64_t i = threadIdx.x; i < width; i += kThreads) {
+    if (value.left_out(i)) continue;
+    const ArgmaxCandidate candidate = argmax_candidate(value.row[i], i);
+    if (ranks_before(candidate, best)) best = candidate;
+  }
+  const ArgmaxCandidate winner =
+      cub::BlockReduce<ArgmaxCandidate, kThreads>(storage.reduce).Reduce(best, ArgmaxFirst());
+  if (threadIdx.x == 0) storage.result = winner.rank < 0 ? -1 : winner.index;
+  __syncthreads();
+  const int32_t result = storage.result;
+  __syncthreads();
+  return result;
+}
+
+struct SampleRowStorage {
+  union {
+    ArgmaxStorage<kThreads> argmax;
+    SampleStorage<kThreads> sample;
+    NoiseStorage<kThreads> noise;
+    typename cub::BlockReduce<float, kThreads>::TempStorage max;
+    typename cub::BlockReduce<double, kThreads>::TempStorage sum;
+  };
+  SampledRow result;
+  float max_logit;
+  double total;
+};
+
+__global__ void __launch_bounds__(kThreads)
+    sample_rows_kernel(const SampleRow* rows,      // [rows]
+                       const float* logits,        // [rows, width]
+                       const int32_t* tokens,      // [width] or null
+                       int64_t width,              //
+                       const int32_t* row_status,  // [rows] process_logits'
+                       float* q,                   // [rows, width]
+                       SampledRow* out) {          // [rows]
+  __shared__ SampleRowStorage storage;
+  const int64_t r = blockIdx.x;
+  const SampleRow row = rows[r];
+  const float* row_logits = logits + r * width;
+  float* row_q = q + r * width;
+  SampledRow& result = storage.result;
+  if (threadIdx.x == 0) {
+    result = SampledRow{};
+    result.token = -1;
+    for (int i = 0; i < kMaxRanked; ++i) result.ranked[i] = -1;
+    result.status = row_status[r];
+  }
+  __syncthreads();
+  const bool known_rule = row.rule == SampleRule::kArgmax || row.rule == SampleRule::kInverseCdf ||
+                          row.rule == SampleRule::kSharedNoise;
+  const auto token_of = [&](int32_t entry) {
+    return entry < 0 || tokens == nullptr ? entry : tokens[entry];
+  };
+  int32_t status = result.status;
+  if (!known_rule || row.ranked < 0 || row.ranked > kMaxRanked) {
+    for (int64_t i = threadIdx.x; i < width; i += kThreads) row_q[i] = 0.0f;
+    status = static_cast<int32_t>(RowStatus::kBadSettings);
+  }
+  if (status == static_cast<int32_t>(RowStatus::kOk)) {
+    const RandomStream stream(row.seed);
+    int32_t token = -1;
+    if (row.rule == SampleRule::kArgmax) {
+      token = token_of(block_argmax<kThreads>(RowValue{row_logits}, width, storage.argmax));
+    } else if (row.rule == SampleRule::kInverseCdf) {
+      token = token_of(block_sample_from<kThreads, kItems>(
+          RowValue{row_q}, width, stream.uniform(row.position, row.draw), storage.sample));
+    } else {
+      token = block_noise_draw<kThreads>(row_q, width, tokens, stream, row.position, nullptr, 0,
+                                         storage.noise);
+    }
+    // The ranking, one block-wide selection a place; every thread reads the places so far from
+    // shared memory.
+    const float* ranked_by = row.rule == SampleRule::kArgmax ? row_logits : row_q;
+    for (int32_t k = 0; k < row.ranked; ++k) {
+      int32_t next;
+      if (row.rule == SampleRule::kSharedNoise) {
+        next = block_noise_draw<kThreads>(row_q, width, tokens, stream, row.position, result.ranked,
+                                          k, storage.noise);
+      } else {
+        next = token_of(block_ranked_argmax(RankedValue{ranked_by, tokens, result.ranked, k}, width,
+                                            storage.argmax));
+      }
+      if (next < 0) break;
+      if (threadIdx.x == 0) result.ranked[k] = next;
+      __syncthreads();
+    }
+    if (row.weigh != 0) {
+      // top_probability's weights: exp(logit - max), their total in double.
+      float mine = -INFINITY;
+      for (int64_t i = threadIdx.x; i < width; i += kThreads) mine = fmaxf(mine, row_logits[i]);
+      const float max_logit =
+          cub::BlockReduce<float, kThreads>(storage.max).Reduce(mine, ::cuda::maximum<>{});
+      if (threadIdx.x == 0) storage.max_logit = max_logit;
+      __syncthreads();
+      const double top = storage.max_logit;
+      double sum = 0.0;
+      for (int64_t i = threadIdx.x; i < width; i += kThreads) {
+        sum = __dadd_rn(sum, exp(__dsub_rn(static_cast<double>(row_logits[i]), top)));
+      }
+      const double total = cub::BlockReduce<double, kThreads>(storage.sum).Sum(sum);
+      if (threadIdx.x == 0) storage.total = total;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const auto weight_of = [&](int32_t id) {
+          int64_t entry = id;
+          if (tokens != nullptr && id >= 0) {
+            // The map is strictly increasing: a binary search.
+            int64_t low = 0, high = width;
+            while (low < high) {
+              const int64_t mid = (low + high) / 2;
+              if (tokens[mid] < id) {
+                low = mid + 1;
+              } else {
+                high = mid;
+              }
+            }
+            entry = low < width && tokens[low] == id ? low : -1;
+          }
+          if (entry < 0 || entry >= width) return 0.0f;
+          return __double2float_rn(exp(__dsub_rn(static_cast<double>(row_logits[entry]), top)));
+        };
+        result.top_probability = 1.0 / storage.total;
+        result.token_weight = weight_of(token);
+        result.probe_weight = row.probe >= 0 ? weight_of(row.probe) : 0.0f;
+        for (int32_t k = 0; k < row.ranked; ++k) {
+          if (result.ranked[k] >= 0) result.ranked_weight[k] = weight_of(result.ranked[k]);
+        }
+      }
+    }
+    if (threadIdx.x == 0) result.token = token;
+  } else if (threadIdx.x == 0) {
+    result.status = status;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) out[r] = result;
 }
 
 // ---- Host side ----------------------------------------------------------------------------------
@@ -503,20 +658,61 @@ Status launch_argmax(const RowsParams& params, const float* values, int32_t* out
   return launch_status("argmax kernel");
 }
 
-Status launch_sample(const RowsParams& params, const float* probs, const double* uniforms,
-                     int32_t* out, CUstream_st* stream) {
-  if (params.rows < 0 || params.vocab <= 0) {
-    return Status::invalid_argument("sample: rows must be >= 0 and vocab > 0");
+Status sample_workspace_bytes(const SampleParams& params, size_t* bytes) {
+  if (bytes == nullptr) return Status::invalid_argument("sample: null bytes");
+  if (params.rows < 0 || params.width < 1 || params.width > INT32_MAX) {
+    return Status::invalid_argument("sample: rows >= 0 and width in [1, 2^31 - 1]");
   }
-  if (params.vocab > INT32_MAX || params.rows > INT32_MAX) {
-    return Status::unsupported("sample: vocab and rows must fit in an int32");
+  size_t process_bytes = 0;
+  if (Status status = process_logits_workspace_bytes({params.rows, params.width}, &process_bytes);
+      !status.is_ok()) {
+    return status;
   }
+  const auto rows = static_cast<size_t>(params.rows);
+  *bytes = align_up(process_bytes) + align_up(rows * sizeof(LogitsSettings)) +
+           align_up(rows * sizeof(int32_t));
+  return Status::ok();
+}
+
+Status launch_sample_rows(const SampleParams& params, const SampleRow* rows, const float* logits,
+                          const int32_t* tokens, void* workspace, size_t workspace_bytes, float* q,
+                          SampledRow* out, CUstream_st* stream) {
+  if (Status status = check_sample(params, tokens); !status.is_ok()) return status;
+  if (params.rows > INT32_MAX) return Status::unsupported("sample: more than 2^31 - 1 rows");
   if (params.rows == 0) return Status::ok();
-  if (probs == nullptr || uniforms == nullptr || out == nullptr) {
+  if (rows == nullptr || logits == nullptr || q == nullptr || out == nullptr ||
+      workspace == nullptr) {
     return Status::invalid_argument("sample: null pointer");
   }
-  sample_kernel<<<static_cast<unsigned>(params.rows), kThreads, 0, stream>>>(probs, uniforms,
-                                                                             params.vocab, out);
+  size_t needed = 0;
+  if (Status status = sample_workspace_bytes(params, &needed); !status.is_ok()) return status;
+  if (workspace_bytes < needed) {
+    return Status::invalid_argument("sample: workspace of " + std::to_string(workspace_bytes) +
+                                    " bytes, needs " + std::to_string(needed));
+  }
+  const ProcessLogitsParams shape{params.rows, params.width};
+  size_t process_bytes = 0;
+  if (Status status = process_logits_workspace_bytes(shape, &process_bytes); !status.is_ok()) {
+    return status;
+  }
+  const auto count = static_cast<size_t>(params.rows);
+  auto* settings = at<LogitsSettings>(workspace, align_up(process_bytes));  // [rows]
+  auto* statuses = at<int32_t>(
+      workspace, align_up(process_bytes) + align_up(count * sizeof(LogitsSettings)));  // [rows]
+  constexpr int kGatherThreads = 256;
+  gather_settings_kernel<<<static_cast<unsigned>((params.rows + kGatherThreads - 1) /
+                                                 kGatherThreads),
+                           kGatherThreads, 0, stream>>>(rows, params.rows, settings);
+  if (Status status = launch_status("sample: settings gather kernel"); !status.is_ok()) {
+    return status;
+  }
+  if (Status status = launch_process_logits(shape, logits, settings, workspace, process_bytes, q,
+                                            statuses, stream);
+      !status.is_ok()) {
+    return status;
+  }
+  sample_rows_kernel<<<static_cast<unsigned>(params.rows), kThreads, 0, stream>>>(
+      rows, logits, tokens, params.width, statuses, q, out);
   return launch_status("sample kernel");
 }
 

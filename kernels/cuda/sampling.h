@@ -16,8 +16,8 @@ struct CUstream_st;  // cudaStream_t is CUstream_st*
 namespace specrun::kernels::cuda {
 
 // Each row's settings are a LogitsSettings and its outcome a RowStatus (kernels/backend.h). A row
-// that is not kOk is all zeros (no mass), which launch_sample answers with -1: where the CPU's
-// runtime throws, the device marks the row instead.
+// that is not kOk is all zeros (no mass), which launch_sample_rows answers with token -1: where the
+// CPU's runtime throws, the device marks the row instead.
 
 struct ProcessLogitsParams {
   int64_t rows;   // independent rows (sequences, or verification positions)
@@ -80,21 +80,27 @@ Status launch_argmax(const RowsParams& params,
                      int32_t* out,         // [rows]
                      CUstream_st* stream);
 
-// out[r] = sample_from(probs[r], uniforms[r]) (the host's RandomStream uniform for the row's
-// position and purpose, so a row draws exactly what the CPU would): inverse CDF over a
-// distribution that need not be normalised; -1 for a row without positive total (where the CPU
-// throws). One block per row.
-//
-// The CPU accumulates the CDF in index order, one value at a time, in double. The device
-// accumulates in double too, in a fixed blocked order (each thread a few consecutive values, a
-// block scan across threads, tile after tile): deterministic, but rounded differently, by at most
-// about vocab * 2^-52 of the total. The token equals the CPU's unless uniform * total lies that
-// close to a boundary of the CDF.
-Status launch_sample(const RowsParams& params,
-                     const float* probs,      // [rows, vocab]
-                     const double* uniforms,  // [rows], each in [0, 1)
-                     int32_t* out,            // [rows]
-                     CUstream_st* stream);
+// The workspace bytes launch_sample_rows needs: process_logits' for the shape, the rows' settings
+// and their statuses. Allocate it 256-byte aligned and reuse it, as process_logits' own.
+Status sample_workspace_bytes(const SampleParams& params, size_t* bytes);
+
+// Backend::sample (kernels/backend.h; kernels/cpu/sampling.h's sample_row is the reference), every
+// pointer a device pointer: a small kernel gathers the rows' settings, launch_process_logits
+// writes q, then one block per row draws the token, ranks by repeated block-wide selection (each
+// pass over the row leaving out the tokens already ranked), and weighs. The drawn token and the
+// ranking are the CPU's up to the draws' documented gaps (launch_verify's: the inverse CDF's order
+// of summation, the device's log within one ulp for the shared noise); the confidence sums the
+// weights in a blocked order and the device's exp may differ from the host's in the last bit, so
+// it and the weights agree to a few ulps of f32.
+Status launch_sample_rows(const SampleParams& params,
+                          const SampleRow* rows,   // [rows]
+                          const float* logits,     // [rows, width]
+                          const int32_t* tokens,   // [width] or null
+                          void* workspace,         // sample_workspace_bytes
+                          size_t workspace_bytes,  //
+                          float* q,                // [rows, width]
+                          SampledRow* out,         // [rows]
+                          CUstream_st* stream);
 
 }  // namespace specrun::kernels::cuda
 
@@ -108,6 +114,8 @@ Status launch_sample(const RowsParams& params,
 #include <cuda/functional>
 
 #include <climits>
+
+#include "kernels/core/random_stream.h"
 
 namespace specrun::kernels::cuda {
 
@@ -279,6 +287,77 @@ __device__ int32_t block_sample_from(const Value& value, int64_t count, double u
   const int32_t found = storage.found;
   __syncthreads();  // a following call may overwrite `found`
   return found != INT32_MAX ? found : last_index;
+}
+
+// A shared-noise candidate: p(x) / -log u(x), the lower id among equal scores; -1: none.
+struct NoiseCandidate {
+  double score;
+  int32_t token;
+};
+
+struct NoiseFirst {
+  __device__ __forceinline__ NoiseCandidate operator()(const NoiseCandidate& a,
+                                                       const NoiseCandidate& b) const {
+    if (a.token < 0) return b;
+    if (b.token < 0) return a;
+    if (a.score != b.score) return a.score > b.score ? a : b;
+    return a.token < b.token ? a : b;
+  }
+};
+
+template <int kThreads>
+struct NoiseStorage {
+  typename cub::BlockReduce<NoiseCandidate, kThreads>::TempStorage reduce;
+  int32_t result;
+};
+
+// sample_with_noise() of sampling.cpp over `values` (`count` entries) at `position`: u = (word +
+// 0.5) * 2^-32, word x % 4 of the Philox block (position, kNoise, x / 4) of token x; the largest
+// p / -log u wins. With `tokens` (null: entry i is token i), entry i stands for token tokens[i].
+// The first `excluded_count` ids of `excluded` never win (best_with_noise's later places).
+template <int kThreads>
+__device__ int32_t block_noise_draw(const float* values, int64_t count, const int32_t* tokens,
+                                    const RandomStream& stream, int64_t position,
+                                    const int32_t* excluded, int32_t excluded_count,
+                                    NoiseStorage<kThreads>& storage) {
+  NoiseCandidate best{0.0, -1};
+  const NoiseFirst first;
+  const auto offer = [&](double p, uint32_t word, int32_t token) {
+    for (int32_t e = 0; e < excluded_count; ++e) {
+      if (excluded[e] == token) return;
+    }
+    const double u = (static_cast<double>(word) + 0.5) * 0x1.0p-32;
+    best = first(best, NoiseCandidate{p / -log(u), token});
+  };
+  if (tokens == nullptr) {
+    // Four tokens share a Philox block: a block with no mass draws nothing.
+    for (int64_t base = int64_t{threadIdx.x} * 4; base < count; base += int64_t{kThreads} * 4) {
+      bool any = false;
+      for (int i = 0; i < 4 && base + i < count; ++i) any = any || values[base + i] > 0.0f;
+      if (!any) continue;
+      const PhiloxWords noise =
+          stream.block(position, Draw::kNoise, static_cast<uint32_t>(base / 4));
+      for (int i = 0; i < 4 && base + i < count; ++i) {
+        const double p = values[base + i];
+        if (p > 0.0) offer(p, noise.v[i], static_cast<int32_t>(base + i));
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < count; i += kThreads) {
+      const double p = values[i];
+      if (!(p > 0.0)) continue;
+      const auto token = static_cast<uint32_t>(tokens[i]);
+      offer(p, stream.block(position, Draw::kNoise, token / 4).v[token % 4],
+            static_cast<int32_t>(token));
+    }
+  }
+  const NoiseCandidate winner =
+      cub::BlockReduce<NoiseCandidate, kThreads>(storage.reduce).Reduce(best, first);
+  if (threadIdx.x == 0) storage.result = winner.token;
+  __syncthreads();
+  const int32_t result = storage.result;
+  __syncthreads();  // a following call may overwrite `result`
+  return result;
 }
 
 }  // namespace specrun::kernels::cuda

@@ -34,27 +34,11 @@ struct Residual {
   }
 };
 
-// A shared-noise candidate: p(x) / -log u(x), the lower id among equal scores; -1: none.
-struct NoiseCandidate {
-  double score;
-  int32_t index;
-};
-
-struct NoiseFirst {
-  __device__ __forceinline__ NoiseCandidate operator()(const NoiseCandidate& a,
-                                                       const NoiseCandidate& b) const {
-    if (a.index < 0) return b;
-    if (b.index < 0) return a;
-    if (a.score != b.score) return a.score > b.score ? a : b;
-    return a.index < b.index ? a : b;
-  }
-};
-
 struct Storage {
   union {
     SampleStorage<kThreads> sample;
     ArgmaxStorage<kThreads> argmax;
-    typename cub::BlockReduce<NoiseCandidate, kThreads>::TempStorage noise;
+    NoiseStorage<kThreads> noise;
   };
   int32_t result;
   int32_t k;
@@ -62,33 +46,6 @@ struct Storage {
   int32_t alternate_entry;
   int64_t alternate_row;
 };
-
-// sample_with_noise of the CPU over row `values` at `position`: u = (word + 0.5) * 2^-32 from the
-// Philox block (position, kNoise, x / 4), word x % 4; the largest p / -log u wins.
-__device__ int32_t block_noise_draw(const float* values, int64_t vocab, const RandomStream& stream,
-                                    int64_t position, Storage& storage) {
-  NoiseCandidate best{0.0, -1};
-  const NoiseFirst first;
-  for (int64_t base = int64_t{threadIdx.x} * 4; base < vocab; base += int64_t{kThreads} * 4) {
-    bool any = false;
-    for (int i = 0; i < 4 && base + i < vocab; ++i) any = any || values[base + i] > 0.0f;
-    if (!any) continue;
-    const PhiloxWords noise = stream.block(position, Draw::kNoise, static_cast<uint32_t>(base / 4));
-    for (int i = 0; i < 4 && base + i < vocab; ++i) {
-      const double p = values[base + i];
-      if (!(p > 0.0)) continue;
-      const double u = (static_cast<double>(noise.v[i]) + 0.5) * 0x1.0p-32;
-      best = first(best, NoiseCandidate{p / -log(u), static_cast<int32_t>(base + i)});
-    }
-  }
-  const NoiseCandidate winner =
-      cub::BlockReduce<NoiseCandidate, kThreads>(storage.noise).Reduce(best, first);
-  if (threadIdx.x == 0) storage.result = winner.index;
-  __syncthreads();
-  const int32_t result = storage.result;
-  __syncthreads();
-  return result;
-}
 
 __device__ bool row_ok(const int32_t* p_status, int64_t row) {
   return p_status == nullptr || p_status[row] == static_cast<int32_t>(RowStatus::kOk);
@@ -104,7 +61,8 @@ __device__ int32_t own_token(VerifyRule rule, const float* p, const int32_t* p_s
   if (rule == VerifyRule::kGreedy) {
     return block_argmax<kThreads>(Distribution{values}, vocab, storage.argmax);
   }
-  return block_noise_draw(values, vocab, stream, position, storage);
+  return block_noise_draw<kThreads>(values, vocab, nullptr, stream, position, nullptr, 0,
+                                    storage.noise);
 }
 
 __global__ void __launch_bounds__(kThreads)

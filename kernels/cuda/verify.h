@@ -19,7 +19,7 @@ namespace specrun::kernels::cuda {
 // and the whole block draws each token it needs from a vocabulary-wide row: the argmax (exact),
 // the shared-noise Gumbel-max (the same token as the CPU's unless two tokens' scores p / -log u
 // lie within the last bit of the device's log, which may differ from the host's by one ulp), and
-// the inverse CDF of a recovered or bonus token (launch_sample's order of summation: the CPU's
+// the inverse CDF of a recovered or bonus token (block_sample_from's order of summation: the CPU's
 // token unless the uniform lies within about vocab * 2^-52 of a boundary of the CDF). The
 // acceptance decisions are exact.
 Status launch_verify(const VerifyParams& params, const VerifyRow* rows, const float* p,

@@ -326,6 +326,8 @@ specrun_request_stats to_c(const specrun::RequestStats& stats) {
   c.looked_up_accepted = stats.looked_up_accepted;
   c.alternates = stats.alternates;
   c.alternates_accepted = stats.alternates_accepted;
+  c.host_waits = stats.host_waits;
+  c.bytes_to_host = stats.bytes_to_host;
   c.acceptance_rate = stats.acceptance_rate;
   c.mean_accepted_length = stats.mean_accepted_length;
   // Gamma never exceeds SPECRUN_MAX_GAMMA, the C spelling of specrun::kMaxGamma.
@@ -795,6 +797,8 @@ specrun_status specrun_engine_stats_get(const specrun_engine* engine, specrun_en
     stats->prefix_cache_hit_rate = s.prefix_cache_hit_rate;
     stats->drafted_ahead = s.drafted_ahead;
     stats->ahead_taken = s.ahead_taken;
+    stats->host_waits = s.host_waits;
+    stats->bytes_to_host = s.bytes_to_host;
   });
 }
 

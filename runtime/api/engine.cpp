@@ -140,6 +140,8 @@ RequestStats request_stats(const detail::RequestState& state, const SequenceStat
     stats.gamma_histogram = engine->gamma_histogram;
     stats.draft_ms = engine->draft_ms;
     stats.target_ms = engine->target_ms;
+    stats.host_waits = engine->host_waits;
+    stats.bytes_to_host = engine->bytes_to_host;
   }
   return stats;
 }
@@ -529,6 +531,8 @@ EngineStats Engine::stats() const {
   stats.cached_prompt_tokens = batch.cached_prompt_tokens;
   stats.drafted_ahead = batch.drafted_ahead;
   stats.ahead_taken = batch.ahead_taken;
+  stats.host_waits = batch.host_waits;
+  stats.bytes_to_host = batch.bytes_to_host;
   stats.prefix_cache_hit_rate = batch.prompt_tokens > 0
                                     ? static_cast<double>(batch.cached_prompt_tokens) /
                                           static_cast<double>(batch.prompt_tokens)

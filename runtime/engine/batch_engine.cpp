@@ -144,7 +144,8 @@ struct StepWork {
   std::map<GammaControl, std::vector<size_t>> rows_of;  // the rows each policy planned
   double draft_ms = 0.0;                                // proposing
   double verify_ms = 0.0;                               // scoring and verifying
-  std::string failure;                                  // why the step failed, "" if it did not
+  kernels::TransferCounts transfers;  // what the step waited for and read back, both models
+  std::string failure;                // why the step failed, "" if it did not
 };
 
 struct BatchEngine::State {
@@ -619,13 +620,10 @@ void BatchEngine::State::step() {
     running.clear();
     return;
   }
-  commit(work);
   const kernels::TransferCounts after = transfers();
-  {
-    std::lock_guard lock(mutex);
-    counters.host_waits += after.host_waits - before.host_waits;
-    counters.bytes_to_host += after.bytes_to_host - before.bytes_to_host;
-  }
+  work.transfers = {after.host_waits - before.host_waits,
+                    after.bytes_to_host - before.bytes_to_host};
+  commit(work);
   deliver(work);
 }
 
@@ -973,6 +971,8 @@ void BatchEngine::State::commit(StepWork& work) {
     accepted_total += accepted;
     SequenceStats& stats = sequence.stats;
     stats.record_step(drafted, accepted, work.draft_ms, work.verify_ms);
+    stats.host_waits += work.transfers.host_waits;
+    stats.bytes_to_host += work.transfers.bytes_to_host;
     if (work.proposals.has_alternates()) {
       const Proposals& proposals = work.proposals;
       const auto first = proposals.alternates.begin() +
@@ -1065,6 +1065,8 @@ void BatchEngine::State::commit(StepWork& work) {
   counters.ahead_taken += ahead_taken;
   counters.draft_ms += work.draft_ms;
   counters.target_ms += work.verify_ms;
+  counters.host_waits += work.transfers.host_waits;
+  counters.bytes_to_host += work.transfers.bytes_to_host;
   counters.running = continuing;
   count_kv(cache);
 }

@@ -26,6 +26,10 @@ struct SequenceStats {
   std::map<int64_t, int64_t> gamma_histogram;  // drafts per step -> steps
   double draft_ms = 0.0;                       // time proposing (shared with the batch)
   double target_ms = 0.0;  // time in the target: prefill, scoring, verification (shared)
+  // What the steps it took part in waited for and copied back from the models' backends
+  // (Backend::transfer_counts; shared with the batch).
+  int64_t host_waits = 0;
+  uint64_t bytes_to_host = 0;
 
   // Adds one step: `drafted` drafts verified, `accepted` of them taken, and its two costs.
   void record_step(int64_t drafted, int64_t accepted, double step_draft_ms, double step_target_ms);

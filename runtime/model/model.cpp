@@ -918,8 +918,10 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
     // never drawn and its probability is exactly zero.
     const bool reduced = !c.output_token_ids.empty();
     const int64_t output_rows = weights_.output.shape[0];  // vocab, or the reduced head's tokens
-    if (logits->keep_on_device && !reduced) {
+    if (logits->keep_on_device && (!reduced || logits->compact_head)) {
       logits->device = w.logits.as<float>();
+      logits->device_width = output_rows;
+      logits->values.clear();
       return;
     }
     std::vector<float>& scored = reduced ? w.head_logits : logits->values;
@@ -945,6 +947,7 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
             backend_.copy_to_device(w.widened_logits.data(), logits->values.data(), bytes),
             "uploading widened logits");
         logits->device = w.widened_logits.as<float>();
+        logits->device_width = c.vocab_size;
         logits->values.clear();
       }
     }

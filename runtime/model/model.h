@@ -94,12 +94,17 @@ struct Features {
 struct Logits {
   // Set by the caller: leave the rows on the model's backend, at `device`, rather than copying
   // them into `values` (nothing is copied to the host or waited for). A reduced head's rows are
-  // widened to the vocabulary through the host, then uploaded.
+  // widened to the vocabulary through the host, then uploaded, unless compact_head.
   bool keep_on_device = false;
-  int64_t vocab_size = 0;         // row width
+  // Set by the caller, with keep_on_device: a reduced head's rows stay as it scores them,
+  // [rows, output_token_ids], entry i standing for token output_token_ids[i] (Backend::sample
+  // takes such rows with the map); device_width says which.
+  bool compact_head = false;
+  int64_t vocab_size = 0;         // row width of `values`
   std::vector<float> values;      // [rows, vocab_size] on the host, unless keep_on_device
-  const float* device = nullptr;  // [rows, vocab_size] in the model's workspace with
+  const float* device = nullptr;  // [rows, device_width] in the model's workspace with
                                   // keep_on_device, valid until its next forward
+  int64_t device_width = 0;       // vocab_size, or a compact reduced head's tokens
   std::vector<int64_t>
       row_begin;  // [num_seqs + 1]: sequence s owns rows [row_begin[s], row_begin[s+1])
 

@@ -67,6 +67,11 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   draft_seconds_ = counter(r, "specrun_draft_seconds_total", "Time spent drafting");
   target_seconds_ = counter(r, "specrun_target_seconds_total",
                             "Time spent in target passes (prefill and verification)");
+  host_waits_ = counter(r, "specrun_device_waits_total",
+                        "Times the engine's steps waited for the device (once per step for the "
+                        "verdict, once per draft position a draft model proposes)");
+  bytes_to_host_ = counter(r, "specrun_device_to_host_bytes_total",
+                           "Bytes the engine's steps copied back from the device");
 }
 
 Metrics::~Metrics() = default;
@@ -112,6 +117,13 @@ std::string Metrics::scrape(const EngineStats& engine) {
     target_seconds_->Increment(std::max(0.0, engine.target_ms - target_ms_seen_) / 1e3);
     draft_ms_seen_ = std::max(draft_ms_seen_, engine.draft_ms);
     target_ms_seen_ = std::max(target_ms_seen_, engine.target_ms);
+    host_waits_->Increment(
+        static_cast<double>(std::max<int64_t>(0, engine.host_waits - host_waits_seen_)));
+    bytes_to_host_->Increment(static_cast<double>(engine.bytes_to_host > bytes_to_host_seen_
+                                                      ? engine.bytes_to_host - bytes_to_host_seen_
+                                                      : 0));
+    host_waits_seen_ = std::max(host_waits_seen_, engine.host_waits);
+    bytes_to_host_seen_ = std::max(bytes_to_host_seen_, engine.bytes_to_host);
   }
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }

@@ -59,9 +59,13 @@ class Metrics {
   prometheus::Gauge* prefix_hit_rate_;
   prometheus::Counter* draft_seconds_;
   prometheus::Counter* target_seconds_;
-  std::mutex mutex_;             // guards the engine's running totals below
-  double draft_ms_seen_ = 0.0;   // engine draft time already added to draft_seconds_
-  double target_ms_seen_ = 0.0;  // the same for target_seconds_
+  prometheus::Counter* host_waits_;
+  prometheus::Counter* bytes_to_host_;
+  std::mutex mutex_;                 // guards the engine's running totals below
+  double draft_ms_seen_ = 0.0;       // engine draft time already added to draft_seconds_
+  double target_ms_seen_ = 0.0;      // the same for target_seconds_
+  int64_t host_waits_seen_ = 0;      // the same for host_waits_
+  uint64_t bytes_to_host_seen_ = 0;  // the same for bytes_to_host_
 };
 
 }  // namespace specrun::server

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "kernels/core/random_stream.h"
+#include "kernels/cpu/sampling.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/verify.h"
@@ -444,65 +445,152 @@ double cdf_margin(std::span<const float> probs, double uniform) {
   return margin / total;
 }
 
-TEST(CudaSample, MatchesCpuSampleFrom) {
+// Backend::sample's kernel against kernels/cpu/sampling.h's sample_row: every rule, rankings,
+// weights, lookup's probe, with and without a token map (a reduced head), and rows that fail.
+void compare_sample(int64_t vocab, bool with_map, uint64_t seed) {
+  Rng rng(seed);
+  // A reduced head scores every third token and the last.
+  std::vector<int32_t> map;
+  if (with_map) {
+    for (int64_t t = 0; t < vocab; t += 3) map.push_back(static_cast<int32_t>(t));
+    if (map.back() != vocab - 1) map.push_back(static_cast<int32_t>(vocab - 1));
+  }
+  const int64_t width = with_map ? static_cast<int64_t>(map.size()) : vocab;
+  std::vector<SampleRow> rows;
+  std::vector<float> logits;
+  const SampleRule rules[] = {SampleRule::kArgmax, SampleRule::kInverseCdf,
+                              SampleRule::kSharedNoise};
+  int64_t index = 0;
+  for (const SamplingParams& params : settings_grid()) {
+    const SampleRule rule = params.temperature == 0.0f ? SampleRule::kArgmax : rules[index % 3];
+    const LogitKind kind = index % 4 == 3 ? LogitKind::kTies : LogitKind::kSpread;
+    const std::vector<float> row = make_logits(kind, width, rng);
+    logits.insert(logits.end(), row.begin(), row.end());
+    SampleRow entry{};
+    entry.settings = row_sampling(params);
+    entry.seed = 7000 + static_cast<uint64_t>(index);
+    entry.position = index % 5;
+    entry.rule = rule;
+    entry.draw = Draw::kDraft;
+    entry.ranked = index % 2 == 0 ? 4 : 10;
+    entry.probe = static_cast<int32_t>(rng.uniform() * static_cast<double>(vocab));
+    entry.weigh = index % 3 != 0 ? 1 : 0;
+    rows.push_back(entry);
+    ++index;
+  }
+  // Rows that fail: corrupt logits, every token banned, an unknown rule, too many ranked.
+  for (int fault = 0; fault < 4; ++fault) {
+    std::vector<float> row = make_logits(LogitKind::kSpread, width, rng);
+    if (fault == 0) row[static_cast<size_t>(width / 3)] = NAN;
+    if (fault == 1) std::fill(row.begin(), row.end(), -INFINITY);
+    logits.insert(logits.end(), row.begin(), row.end());
+    SampleRow entry{};
+    entry.settings = row_sampling(SamplingParams{});
+    entry.rule = fault == 2 ? static_cast<SampleRule>(7) : SampleRule::kInverseCdf;
+    entry.draw = Draw::kDraft;
+    entry.ranked = fault == 3 ? static_cast<int32_t>(kMaxRanked + 1) : 2;
+    entry.probe = -1;
+    entry.weigh = 1;
+    rows.push_back(entry);
+  }
+  const auto count = static_cast<int64_t>(rows.size());
+  const SampleParams params{count, width, vocab};
+
+  std::vector<float> cpu_q(logits.size());
+  std::vector<SampledRow> cpu(rows.size());
+  for (int64_t r = 0; r < count; ++r) {
+    const auto offset = static_cast<size_t>(r * width);
+    cpu::sample_row(rows[static_cast<size_t>(r)],
+                    std::span<const float>(logits).subspan(offset, static_cast<size_t>(width)), map,
+                    std::span<float>(cpu_q).subspan(offset, static_cast<size_t>(width)),
+                    &cpu[static_cast<size_t>(r)]);
+  }
+
+  size_t workspace_bytes = 0;
+  check_ok(sample_workspace_bytes(params, &workspace_bytes), "workspace size");
+  Stream stream;
+  DeviceArray<SampleRow> device_rows(rows);
+  DeviceArray<float> device_logits(logits);
+  DeviceArray<int32_t> device_map(map);
+  DeviceArray<unsigned char> workspace(workspace_bytes);
+  DeviceArray<float> q(logits.size());
+  DeviceArray<SampledRow> out(rows.size());
+  q.poison();
+  out.poison();
+  check_ok(launch_sample_rows(params, device_rows.get(), device_logits.get(),
+                              with_map ? device_map.get() : nullptr, workspace.get(),
+                              workspace_bytes, q.get(), out.get(), stream.get()),
+           "sample");
+  stream.synchronize();
+  const std::vector<float> gpu_q = q.download();
+  const std::vector<SampledRow> gpu = out.download();
+
+  int64_t near_boundary = 0;
+  for (int64_t r = 0; r < count; ++r) {
+    SCOPED_TRACE("row " + std::to_string(r));
+    const SampledRow& want = cpu[static_cast<size_t>(r)];
+    const SampledRow& got = gpu[static_cast<size_t>(r)];
+    const SampleRow& row = rows[static_cast<size_t>(r)];
+    ASSERT_EQ(got.status, want.status);
+    const auto offset = static_cast<size_t>(r * width);
+    for (int64_t i = 0; i < width; ++i) {
+      const auto at = offset + static_cast<size_t>(i);
+      ASSERT_TRUE(close_enough(gpu_q[at], cpu_q[at]))
+          << "q entry " << i << ": gpu " << gpu_q[at] << " cpu " << cpu_q[at];
+    }
+    if (want.status != static_cast<int32_t>(RowStatus::kOk)) {
+      EXPECT_EQ(got.token, -1);
+      continue;
+    }
+    if (row.rule == SampleRule::kInverseCdf &&
+        cdf_margin(std::span<const float>(cpu_q).subspan(offset, static_cast<size_t>(width)),
+                   RandomStream(row.seed).uniform(row.position, row.draw)) < kBoundary) {
+      ++near_boundary;
+      continue;
+    }
+    EXPECT_EQ(got.token, want.token);
+    for (int32_t k = 0; k < kMaxRanked; ++k) {
+      EXPECT_EQ(got.ranked[k], want.ranked[k]) << "place " << k;
+    }
+    const auto near = [](double gpu_value, double cpu_value, double relative) {
+      return std::fabs(gpu_value - cpu_value) <= relative * std::fabs(cpu_value);
+    };
+    EXPECT_TRUE(near(got.top_probability, want.top_probability, 1e-12))
+        << got.top_probability << " vs " << want.top_probability;
+    EXPECT_TRUE(close_enough(got.token_weight, want.token_weight));
+    EXPECT_TRUE(close_enough(got.probe_weight, want.probe_weight));
+    for (int32_t k = 0; k < kMaxRanked; ++k) {
+      EXPECT_TRUE(close_enough(got.ranked_weight[k], want.ranked_weight[k])) << "place " << k;
+    }
+  }
+  EXPECT_LE(near_boundary, 1);
+}
+
+TEST(CudaSample, MatchesCpuSampleRow) {
   if (!has_device()) GTEST_SKIP() << "no CUDA device";
   for (const int64_t vocab : {17, 1000, 128256}) {
-    SCOPED_TRACE("vocab " + std::to_string(vocab));
-    Rng rng(static_cast<uint64_t>(vocab) + 100);
-    std::vector<std::vector<float>> rows;
-    std::vector<float> processed(static_cast<size_t>(vocab));
-    for (const SamplingParams& params : settings_grid()) {
-      process_logits(params, make_logits(LogitKind::kSpread, vocab, rng), processed);
-      rows.push_back(processed);
+    for (const bool with_map : {false, true}) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + (with_map ? ", reduced head" : ""));
+      compare_sample(vocab, with_map, static_cast<uint64_t>(vocab) * 2 + (with_map ? 1 : 0));
     }
-    for (int i = 0; i < 8; ++i) {
-      // Unnormalised, with zeros.
-      std::vector<float> row(static_cast<size_t>(vocab));
-      for (float& p : row) p = rng.uniform() < 0.3 ? 0.0f : static_cast<float>(rng.uniform() * 5.0);
-      rows.push_back(row);
-    }
-    std::vector<float> with_negatives(static_cast<size_t>(vocab), 1.0f);
-    with_negatives[0] = -0.5f;  // the CPU counts it in the total but never in the CDF
-    rows.push_back(with_negatives);
-
-    std::vector<double> uniforms;
-    std::vector<int32_t> expected;
-    for (size_t r = 0; r < rows.size(); ++r) {
-      uniforms.push_back(RandomStream(1000 + r).uniform(0, Draw::kToken));
-      expected.push_back(sample_from(rows[r], uniforms.back()));
-    }
-    // A uniform of 0 picks the first positive token, past the negative one.
-    rows.push_back(with_negatives);
-    uniforms.push_back(0.0);
-    expected.push_back(1);
-    // No mass: the CPU throws, the device answers -1.
-    rows.emplace_back(static_cast<size_t>(vocab), 0.0f);
-    uniforms.push_back(0.5);
-    expected.push_back(-1);
-    EXPECT_THROW(sample_from(rows.back(), 0.5), Error);
-
-    std::vector<float> flat;
-    for (const auto& row : rows) flat.insert(flat.end(), row.begin(), row.end());
-    Stream stream;
-    DeviceArray<float> probs(flat);
-    DeviceArray<double> device_uniforms(uniforms);
-    DeviceArray<int32_t> out(rows.size());
-    out.poison();
-    check_ok(launch_sample({static_cast<int64_t>(rows.size()), vocab}, probs.get(),
-                           device_uniforms.get(), out.get(), stream.get()),
-             "sample");
-    stream.synchronize();
-    const std::vector<int32_t> gpu = out.download();
-    int64_t near_boundary = 0;
-    for (size_t r = 0; r < rows.size(); ++r) {
-      if (expected[r] >= 0 && cdf_margin(rows[r], uniforms[r]) < kBoundary) {
-        ++near_boundary;
-        continue;
-      }
-      EXPECT_EQ(gpu[r], expected[r]) << "row " << r << " uniform " << uniforms[r];
-    }
-    EXPECT_LE(near_boundary, 1);
   }
+}
+
+TEST(CudaSample, RejectsBadShapesAndSmallWorkspaces) {
+  if (!has_device()) GTEST_SKIP() << "no CUDA device";
+  Stream stream;
+  DeviceArray<SampleRow> rows(1);
+  DeviceArray<float> logits(8);
+  DeviceArray<float> q(8);
+  DeviceArray<SampledRow> out(1);
+  DeviceArray<unsigned char> workspace(1);
+  // vocab past width needs a token map.
+  EXPECT_FALSE(launch_sample_rows({1, 8, 9}, rows.get(), logits.get(), nullptr, workspace.get(), 1,
+                                  q.get(), out.get(), stream.get())
+                   .is_ok());
+  EXPECT_FALSE(launch_sample_rows({1, 8, 8}, rows.get(), logits.get(), nullptr, workspace.get(), 1,
+                                  q.get(), out.get(), stream.get())
+                   .is_ok());
 }
 
 // ---- verification -------------------------------------------------------------------------------

@@ -295,6 +295,10 @@ typedef struct specrun_request_stats {
   int64_t looked_up_accepted;   /* of those, accepted */
   int64_t alternates;           /* alternates the target scored beside the drafts */
   int64_t alternates_accepted;  /* of those, accepted (each brings one token more) */
+  int64_t host_waits;           /* times the steps waited for the device (shared with the batch):
+                                   once a step for its verdict, once more per draft position a
+                                   draft model proposes */
+  uint64_t bytes_to_host;       /* bytes the steps copied back from the device (shared) */
 } specrun_request_stats;
 
 /* A finished request. */
@@ -351,6 +355,8 @@ typedef struct specrun_engine_stats {
   double prefix_cache_hit_rate; /* cached_prompt_tokens / prompt_tokens */
   int64_t drafted_ahead;        /* sequence steps that drafted ahead of verification (overlap) */
   int64_t ahead_taken;          /* of those, the ones whose drafts ahead the next step proposed */
+  int64_t host_waits;           /* times the steps waited for the device */
+  uint64_t bytes_to_host;       /* bytes the steps copied back from the device */
 } specrun_engine_stats;
 
 specrun_status specrun_engine_stats_get(const specrun_engine* engine, specrun_engine_stats* stats);

@@ -257,6 +257,11 @@ struct RequestStats {
   std::map<int64_t, int64_t> gamma_histogram;  // drafts in a step -> steps
   double draft_ms = 0.0;   // time in the steps' drafting (shared with the batch)
   double target_ms = 0.0;  // time in the steps' target passes (shared with the batch)
+  // What the steps waited for and copied back from the device (shared with the batch): each wait
+  // drains the device's queue and each byte crosses the bus. A step waits once for its verdict,
+  // and once more per draft position where a draft model proposes.
+  int64_t host_waits = 0;
+  uint64_t bytes_to_host = 0;
 };
 
 // One delivery on a request's stream.
@@ -332,8 +337,10 @@ struct EngineStats {
   int64_t prompt_tokens = 0;           // prompt tokens of the requests started
   int64_t cached_prompt_tokens = 0;    // of those, taken from the prefix cache
   double prefix_cache_hit_rate = 0.0;  // cached_prompt_tokens / prompt_tokens
-  int64_t drafted_ahead = 0;  // sequence steps that drafted ahead of verification (overlap)
-  int64_t ahead_taken = 0;    // of those, the ones whose drafts ahead the next step proposed
+  int64_t drafted_ahead = 0;   // sequence steps that drafted ahead of verification (overlap)
+  int64_t ahead_taken = 0;     // of those, the ones whose drafts ahead the next step proposed
+  int64_t host_waits = 0;      // times the steps waited for the device (RequestStats's)
+  uint64_t bytes_to_host = 0;  // bytes the steps copied back from the device
 };
 
 // What the engine runs on.
