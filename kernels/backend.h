@@ -5,8 +5,10 @@
 // Conventions shared by every op:
 // - Pointers are device pointers of the backend (host pointers for the CPU backend).
 // - Activations are f32, row-major; weights keep their stored dtype (F32, F16, BF16).
-// - Ops are enqueued in order; results are visible to later ops of the same backend, and to the
-//   host after synchronize().
+// - A Backend is one stream of its device's work: ops are enqueued in order, and their results
+//   are visible to later ops of the same stream, and to the host after synchronize() or a copy to
+//   the host. Another stream of the same device (create_stream) runs beside it, ordered against
+//   it only by events: record() on one stream, wait() on the other.
 // - Every op returns a Status and never throws; a failed status leaves outputs unspecified.
 // - Batch invariance: every output element is computed by the same instructions in the same
 //   reduction order however many rows or tokens share the call.
@@ -16,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -290,6 +293,13 @@ struct TransferCounts {
   uint64_t bytes_to_host = 0;  // bytes copied to the host
 };
 
+// A point in one stream's work (Backend::record), for another stream to wait for
+// (Backend::wait). Made by the backend whose streams use it (Backend::create_event).
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -303,11 +313,24 @@ class Backend {
   // such choice.
   virtual std::string_view matmul_kernels() const { return {}; }
   virtual std::string_view matmul_activations() const { return {}; }
-  // Whether work for two models (the draft's and the target's) would run at the same time, on a
-  // stream each, so that drafting ahead hides behind a verification (OverlapDrafting::kAuto). No
-  // backend does yet: the CPU runs every op on one pool of threads, CUDA on one stream.
+  // Whether work on two streams of this backend's device (the draft's and the target's) runs at
+  // the same time, so that drafting ahead hides behind a verification (OverlapDrafting::kAuto):
+  // a GPU's streams do; the CPU runs each op inline, on one pool of threads.
   virtual bool runs_models_concurrently() const { return false; }
 
+  // ---- Streams and events ----
+  // A backend on the same device whose ops run on a stream of their own, with a workspace of its
+  // own: the draft model's, beside the target's. Memory is shared: a pointer allocated by either is
+  // valid on both and may be freed by either (deallocate waits for the device first). Must not
+  // outlive this backend. Throws nothing; null when the stream cannot be made.
+  virtual std::unique_ptr<Backend> create_stream() = 0;
+  // An event for record() and wait() on this backend and its streams.
+  virtual std::unique_ptr<Event> create_event() = 0;
+  // Marks the point after every op enqueued on this stream so far (recording again moves it).
+  virtual Status record(Event& event) = 0;
+  // The ops this stream enqueues from now on run after the event's point, whichever stream of the
+  // device recorded it; an event never recorded is a point already passed. The host does not wait.
+  virtual Status wait(const Event& event) = 0;
   // Whether attention() takes key gaps (a token tree's branches in one forward).
   virtual bool attends_with_key_gaps() const { return false; }
   // The layout this backend's matmul reads weights of `weight_dtype` in fastest; the model lays
@@ -540,6 +563,8 @@ class Backend {
   void notice(std::string_view message) const {
     if (notice_handler_) notice_handler_(message);
   }
+  // For a stream made by create_stream, which sends its notices where this backend's go.
+  const std::function<void(std::string_view)>& notice_handler() const { return notice_handler_; }
   // Every implementation of copy_to_host and synchronize counts itself here.
   void count_copy_to_host(size_t bytes) {
     host_waits_.fetch_add(1, std::memory_order_relaxed);

@@ -13,7 +13,9 @@
 #include <thread>
 
 #include "runtime/engine/batch_engine.h"
+#include "tests/deferred_backend.h"
 #include "tests/test_support.h"
+#include "verify/verifier.h"
 
 namespace specrun {
 namespace {
@@ -135,7 +137,7 @@ class BatchEngineTest : public ::testing::Test {
   }
 
   testing::TempDir dir_;
-  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(2);
+  std::unique_ptr<kernels::Backend> backend_ = testing::make_suite_backend(2);
   std::unique_ptr<Model> target_;
   std::unique_ptr<Model> draft_;
 };
@@ -436,6 +438,72 @@ TEST_F(BatchEngineTest, AHugeMaxTokensNeitherOverflowsNorStarvesOthers) {
 
 namespace specrun {
 namespace {
+
+TEST_F(BatchEngineTest, ADraftOnAStreamOfItsOwnDecodesAsOnTheTargets) {
+  // Engine::create gives the draft a stream of its own. The tokens are those of both models on
+  // one stream, greedy and sampled, with every overlap setting. On a device whose streams run
+  // concurrently (the deferred test backend claims to) kAuto then drafts ahead beside the
+  // verification; with both models on one stream it never does.
+  const std::unique_ptr<kernels::Backend> stream = backend_->create_stream();
+  ASSERT_NE(stream, nullptr);
+  ModelOptions options;
+  options.kv_cache_tokens = 4096;
+  options.kv_block_size = 8;
+  const std::unique_ptr<Model> draft = Model::load(dir_ / "draft", *stream, options);
+  for (const float temperature : {0.0f, 0.8f}) {
+    for (const OverlapDrafting overlap :
+         {OverlapDrafting::kAuto, OverlapDrafting::kOn, OverlapDrafting::kOff}) {
+      SCOPED_TRACE("T " + std::to_string(temperature) + ", overlap " + to_string(overlap));
+      std::vector<EngineRequest> requests;
+      for (int i = 0; i < 3; ++i) {
+        std::vector<int32_t> prompt = {1};
+        for (int j = 0; j < 6 + 5 * i; ++j) prompt.push_back(3 + (i * 29 + j * 13) % 120);
+        requests.push_back(request(prompt, 20, temperature, SpeculationMethod::kDraftModel,
+                                   GammaControl::kFixed, 3, static_cast<uint64_t>(i)));
+      }
+      const auto run = [&](Model* with_draft, BatchEngineStats* stats) {
+        BatchEngine engine(*target_, with_draft, {.max_batch = 4, .overlap = overlap});
+        std::vector<Completion> completions = engine.run(requests);
+        *stats = engine.stats();
+        return completions;
+      };
+      BatchEngineStats one_stream, two_streams;
+      const std::vector<Completion> expected = run(draft_.get(), &one_stream);
+      const std::vector<Completion> got = run(draft.get(), &two_streams);
+      for (size_t i = 0; i < requests.size(); ++i) {
+        ASSERT_EQ(got[i].tokens.size(), 20u) << got[i].error;
+        EXPECT_EQ(got[i].tokens, expected[i].tokens) << "request " << i;
+      }
+      if (overlap == OverlapDrafting::kAuto) {
+        EXPECT_EQ(one_stream.drafted_ahead, 0);
+        if (stream->runs_models_concurrently()) {
+          EXPECT_GT(two_streams.drafted_ahead, 0);
+        } else {
+          EXPECT_EQ(two_streams.drafted_ahead, 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(BatchEngineTest, AHostVerifierOnABackendOutsideHostMemoryIsRefused) {
+  // A replacement verifier (a test hook) reads the scores on the host, which a device keeps in
+  // its own memory: the engine says so when it is made, rather than reading them.
+  testing::DeferredBackend device(testing::make_cpu_backend(1), 0);
+  ModelOptions options;
+  options.kv_cache_tokens = 256;
+  options.kv_block_size = 8;
+  const std::unique_ptr<Model> target = Model::load(dir_ / "target", device, options);
+  const GreedyVerifier verifier;
+  try {
+    BatchEngine engine(*target, nullptr, {.verifier = &verifier});
+    FAIL() << "a host verifier on a device was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("replacement verifier"), std::string::npos)
+        << error.what();
+    EXPECT_NE(std::string(error.what()).find("deferred"), std::string::npos) << error.what();
+  }
+}
 
 TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
   // The target's logits are processed and verified where they were computed: a step waits for the

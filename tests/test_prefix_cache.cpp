@@ -11,6 +11,7 @@
 
 #include "runtime/engine/batch_engine.h"
 #include "runtime/sampling/rng.h"
+#include "tests/deferred_backend.h"
 #include "tests/test_support.h"
 
 namespace specrun {
@@ -115,7 +116,7 @@ class PrefixCacheTest : public ::testing::Test {
   }
 
   testing::TempDir dir_;
-  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(2);
+  std::unique_ptr<kernels::Backend> backend_ = testing::make_suite_backend(2);
 };
 
 TEST_F(PrefixCacheTest, OutputIsBitwiseTheSameWithTheCacheOnAndOff) {

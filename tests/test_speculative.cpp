@@ -23,6 +23,7 @@
 #include "runtime/sampling/rng.h"
 #include "runtime/sampling/sampler.h"
 #include "target/scorer.h"
+#include "tests/deferred_backend.h"
 #include "tests/test_support.h"
 #include "tests/verify_testing.h"
 #include "verify/verifier.h"
@@ -80,7 +81,7 @@ class SpeculativeTest : public ::testing::Test {
   }
 
   testing::TempDir dir_;
-  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(2);
+  std::unique_ptr<kernels::Backend> backend_ = testing::make_suite_backend(2);
   std::unique_ptr<Model> target_, self_draft_, foreign_draft_;
 };
 
@@ -701,7 +702,12 @@ TEST_F(SpeculativeTest, ProposerCachesRollBackToTheCommittedPrefix) {
     const Scores scores = scorer.score(score_request);
     EXPECT_EQ(target_->kv_cache().length(sequence), 5 + gamma);
     const RowDraws no_randomness[1];
-    const Verdict verdict = GreedyVerifier().verify(proposals, scores, no_randomness);
+    const kernels::VerifyRule greedy_rule[] = {kernels::VerifyRule::kGreedy};
+    std::vector<int64_t> alternate_input;
+    // On the scores' backend: they are in its memory.
+    const Verdict verdict =
+        BackendVerification(target_->backend())
+            .verify(proposals, scores, greedy_rule, no_randomness, &alternate_input);
     const int64_t k = verdict.accepted[0];
     if (draft == self_draft_.get()) {
       EXPECT_EQ(k, gamma);
@@ -968,6 +974,9 @@ TEST_F(SpeculativeTest, DraftsAheadAreKeptOnlyWhenAllAreAcceptedAndTheNewTokenIs
     int64_t gamma;
     bool kept;  // expect every step but the last to keep its drafts ahead
   };
+  if (testing::suite_backend_is_deferred()) {
+    GTEST_SKIP() << "its verdicts are host verifiers, which read scores in host memory";
+  }
   const AcceptEveryDraft agreeing(0), mismatched(1);
   const AcceptFirstDraft partial;
   const Case cases[] = {
@@ -1056,14 +1065,15 @@ class ConcurrentClaimingBackend final : public testing::ForwardingBackend {
 };
 
 TEST_F(SpeculativeTest, AutoOverlapIsEachRowsPolicysCallWhereTheBackendWouldHideIt) {
-  // On the CPU as it is, kAuto never drafts ahead; on one that runs the models concurrently, the
-  // fixed and heuristic policies draft ahead at every step (it would be free) and goodput where it
-  // predicts a gain, and the output is the same as with overlap off.
-  ConcurrentClaimingBackend concurrent(*backend_);
+  // With both models on one stream, kAuto never drafts ahead; with the draft on a stream of its
+  // own that runs beside the target's, the fixed and heuristic policies draft ahead at every step
+  // (it would be free) and goodput where it predicts a gain, and the output is the same as with
+  // overlap off.
+  ConcurrentClaimingBackend concurrent(*backend_), concurrent_draft(*backend_);
   ModelOptions options;
   options.kv_block_size = 4;
   auto target = Model::load(dir_ / "target", concurrent, options);
-  auto draft = Model::load(dir_ / "target", concurrent, options);
+  auto draft = Model::load(dir_ / "target", concurrent_draft, options);
   for (const GammaControl controller : kControls) {
     const EngineRequest request = request_for(
         prompts()[1], greedy(30), speculation(SpeculationMethod::kDraftModel, controller, 3));
@@ -1226,7 +1236,7 @@ class LosslessnessTest : public ::testing::Test {
   bool lookup_everywhere_ = false;
 
   testing::TempDir dir_;
-  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(1);
+  std::unique_ptr<kernels::Backend> backend_ = testing::make_suite_backend(1);
   std::unique_ptr<Model> target_, draft_;
 };
 
@@ -1303,6 +1313,9 @@ TEST_F(LosslessnessTest, MatchesTheTargetWithPromptLookupInTheDraftModelsPlace) 
 }
 
 TEST_F(LosslessnessTest, BrokenVerifiersFailTheSameCheck) {
+  if (testing::suite_backend_is_deferred()) {
+    GTEST_SKIP() << "the broken rules are host verifiers, which read scores in host memory";
+  }
   SamplingSettings sampling;
   sampling.temperature = 0.6f;
   const testing::ResidualWithoutSubtractionVerifier residual;
@@ -1328,6 +1341,9 @@ TEST_F(LosslessnessTest, SharedNoiseMatchesTheTarget) {
 }
 
 TEST_F(LosslessnessTest, BrokenSharedNoiseVerifiersFailTheSameCheck) {
+  if (testing::suite_backend_is_deferred()) {
+    GTEST_SKIP() << "the broken rules are host verifiers, which read scores in host memory";
+  }
   SamplingSettings sampling;
   sampling.temperature = 0.6f;
   const testing::PlausibleDraftVerifier plausible;
@@ -1356,7 +1372,7 @@ class PairingTest : public ::testing::Test {
   }
 
   testing::TempDir dir_;
-  std::unique_ptr<kernels::cpu::CpuBackend> backend_ = testing::make_cpu_backend(1);
+  std::unique_ptr<kernels::Backend> backend_ = testing::make_suite_backend(1);
 };
 
 TEST_F(PairingTest, SameVocabularyPairs) {

@@ -281,6 +281,10 @@ class ForwardingBackend : public kernels::Backend {
   Status argmax(const kernels::LogitsParams& p, const float* values, int32_t* out) override {
     return inner_.argmax(p, values, out);
   }
+  std::unique_ptr<kernels::Backend> create_stream() override { return inner_.create_stream(); }
+  std::unique_ptr<kernels::Event> create_event() override { return inner_.create_event(); }
+  Status record(kernels::Event& event) override { return inner_.record(event); }
+  Status wait(const kernels::Event& event) override { return inner_.wait(event); }
   Status sample(const kernels::SampleParams& p, const kernels::SampleRow* rows, const float* logits,
                 const int32_t* tokens, float* q, kernels::SampledRow* out) override {
     return inner_.sample(p, rows, logits, tokens, q, out);

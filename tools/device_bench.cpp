@@ -308,8 +308,11 @@ int run_device_bench(const DeviceBenchOptions& options) {
   if (!options.draft_shape.empty()) {
     std::fprintf(stderr, "specbench: writing synthetic %s weights on %s\n",
                  options.draft_shape.c_str(), std::string(backend->name()).c_str());
+    // On a stream of its own, as Engine::create places a draft.
+    const std::unique_ptr<kernels::Backend> draft_stream = backend->create_stream();
+    if (draft_stream == nullptr) throw Error("cannot make a stream for the draft");
     const std::unique_ptr<Model> draft = Model::synthetic(
-        draft_config, "synthetic " + options.draft_shape, 2, *backend, model_options);
+        draft_config, "synthetic " + options.draft_shape, 2, *draft_stream, model_options);
     const ModelReport draft_decode = measure_decode(*draft, bandwidth, options, rng);
     least_free = std::min(least_free, free_memory(*backend));
     const double c = draft_decode.decode_ms / decode.decode_ms;

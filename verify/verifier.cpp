@@ -136,7 +136,13 @@ Verdict BackendVerification::verify(const Proposals& proposals, const Scores& sc
                                     std::span<const kernels::VerifyRule> rules,
                                     std::span<const RowDraws> draws,
                                     std::vector<int64_t>* alternate_input) {
-  Verdict verdict = empty_verdict(proposals, scores);
+  enqueue(proposals, scores, rules, draws);
+  return collect(proposals, scores, alternate_input);
+}
+
+void BackendVerification::enqueue(const Proposals& proposals, const Scores& scores,
+                                  std::span<const kernels::VerifyRule> rules,
+                                  std::span<const RowDraws> draws) {
   const int64_t batch = proposals.batch;
   SPECRUN_CHECK(static_cast<int64_t>(rules.size()) == batch &&
                 static_cast<int64_t>(draws.size()) == batch)
@@ -204,9 +210,22 @@ Verdict BackendVerification::verify(const Proposals& proposals, const Scores& sc
                       static_cast<const int64_t*>(parts[4].device), tokens, tokens + token_slots,
                       tokens + token_slots + batch),
       "verifying the drafts");
+}
+
+Verdict BackendVerification::collect(const Proposals& proposals, const Scores& scores,
+                                     std::vector<int64_t>* alternate_input) {
+  Verdict verdict = empty_verdict(proposals, scores);
+  const int64_t batch = proposals.batch;
+  const int64_t gamma = proposals.gamma;
+  const int64_t width = proposals.alternates_width;
+  const size_t token_slots = static_cast<size_t>(batch * (gamma + 1));
+  SPECRUN_CHECK(results_.size() == token_slots + 2 * static_cast<size_t>(batch))
+      << "collecting a verdict of " << batch << " rows of " << gamma
+      << " drafts that was not enqueued";
   // The step's one wait: the verdict comes back.
-  SPECRUN_CHECK_OK(backend_.copy_to_host(results_.data(), outputs_.data(), result_bytes),
-                   "reading the verdict");
+  SPECRUN_CHECK_OK(
+      backend_.copy_to_host(results_.data(), outputs_.data(), results_.size() * sizeof(int32_t)),
+      "reading the verdict");
 
   std::copy(results_.begin(), results_.begin() + static_cast<ptrdiff_t>(token_slots),
             verdict.tokens.begin());

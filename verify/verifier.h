@@ -111,9 +111,17 @@ class BackendVerification {
   // rules[b] and draws[b] are row b's. With alternates, alternate_input[b] receives where the
   // target's forward fed the alternate row b accepted (Scores::alternate_inputs), -1 where none.
   // Throws Error naming the row and why when one cannot be decided (its logits were corrupt).
+  // enqueue() then collect().
   Verdict verify(const Proposals& proposals, const Scores& scores,
                  std::span<const kernels::VerifyRule> rules, std::span<const RowDraws> draws,
                  std::vector<int64_t>* alternate_input);
+  // The verification enqueued on the backend's stream, nothing waited for: the host may do other
+  // work (the draft's, on its own stream) before collect().
+  void enqueue(const Proposals& proposals, const Scores& scores,
+               std::span<const kernels::VerifyRule> rules, std::span<const RowDraws> draws);
+  // The verdict of the last enqueue(), of these proposals and scores: the one wait for it.
+  Verdict collect(const Proposals& proposals, const Scores& scores,
+                  std::vector<int64_t>* alternate_input);
 
  private:
   kernels::Backend& backend_;

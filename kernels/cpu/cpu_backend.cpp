@@ -33,6 +33,37 @@ CpuBackend::CpuBackend(std::shared_ptr<ThreadPool> pool, Activations activations
       activations_(activations),
       variant_(variant != nullptr ? variant : &best_matmul_variant()) {}
 
+namespace {
+
+// A CPU event: nothing to mark, since every op has run when its call returns.
+class InlineEvent final : public Event {};
+
+}  // namespace
+
+std::unique_ptr<Backend> CpuBackend::create_stream() {
+  auto stream = std::make_unique<CpuBackend>(pool_, activations_, variant_);
+  stream->set_notice_handler(notice_handler());
+  return stream;
+}
+
+std::unique_ptr<Event> CpuBackend::create_event() {
+  return std::make_unique<InlineEvent>();
+}
+
+Status CpuBackend::record(Event& event) {
+  if (dynamic_cast<InlineEvent*>(&event) == nullptr) {
+    return Status::invalid_argument("record: an event of another backend");
+  }
+  return Status::ok();
+}
+
+Status CpuBackend::wait(const Event& event) {
+  if (dynamic_cast<const InlineEvent*>(&event) == nullptr) {
+    return Status::invalid_argument("wait: an event of another backend");
+  }
+  return Status::ok();
+}
+
 std::string_view CpuBackend::matmul_activations() const {
   switch (activations_) {
     case Activations::kF32:

@@ -39,6 +39,12 @@ class CpuBackend final : public Backend {
     count_synchronize();
     return Status::ok();
   }
+  // Ops run inline, in the order the host calls them: a stream is another CpuBackend on the same
+  // pool (its own transfer counts), and events order nothing the host's own order has not.
+  std::unique_ptr<Backend> create_stream() override;
+  std::unique_ptr<Event> create_event() override;
+  Status record(Event& event) override;
+  Status wait(const Event& event) override;
   // Ops run inline: a host clock around the work is the device's clock.
   Status time_ms(const std::function<Status()>& work, double* milliseconds) override;
   // /proc/meminfo's MemAvailable.

@@ -90,6 +90,65 @@ Status status_from_record(const DeviceErrorRecord& record) {
 CudaBackend::CudaBackend(int device_index)
     : device_(device_index), name_("cuda:" + std::to_string(device_index)) {}
 
+namespace {
+
+class CudaEvent final : public Event {
+ public:
+  explicit CudaEvent(cudaEvent_t event) : event_(event) {}
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+  bool recorded = false;  // a wait on an event never recorded passes at once
+
+ private:
+  cudaEvent_t event_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> CudaBackend::create_stream() {
+  std::unique_ptr<CudaBackend> stream;
+  if (!create(device_, &stream).is_ok()) return nullptr;
+  stream->set_batch_invariant(batch_invariant_);
+  stream->set_eager_checks(eager_checks_);
+  stream->set_notice_handler(notice_handler());
+  return stream;
+}
+
+std::unique_ptr<Event> CudaBackend::create_event() {
+  DeviceScope scope(device_);
+  if (!scope.status().is_ok()) return nullptr;
+  cudaEvent_t event = nullptr;
+  if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return std::make_unique<CudaEvent>(event);
+}
+
+Status CudaBackend::record(Event& event) {
+  auto* cuda_event = dynamic_cast<CudaEvent*>(&event);
+  if (cuda_event == nullptr) return Status::invalid_argument("record: an event of another backend");
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  const cudaError_t error = cudaEventRecord(cuda_event->get(), stream_);
+  if (error != cudaSuccess) return cuda_error_status(error, "record");
+  cuda_event->recorded = true;
+  return Status::ok();
+}
+
+Status CudaBackend::wait(const Event& event) {
+  const auto* cuda_event = dynamic_cast<const CudaEvent*>(&event);
+  if (cuda_event == nullptr) return Status::invalid_argument("wait: an event of another backend");
+  if (!cuda_event->recorded) return Status::ok();
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  const cudaError_t error = cudaStreamWaitEvent(stream_, cuda_event->get(), 0);
+  if (error != cudaSuccess) return cuda_error_status(error, "wait");
+  return Status::ok();
+}
+
 Status CudaBackend::create(int device_index, std::unique_ptr<CudaBackend>* out) {
   out->reset();
   int count = 0;

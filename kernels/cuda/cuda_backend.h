@@ -66,6 +66,17 @@ class CudaBackend final : public Backend {
   // The stream every op runs on (a cudaStream_t), for callers that order their own work with it.
   CUstream_st* stream() const { return stream_; }
 
+  // Streams of one device run at the same time.
+  bool runs_models_concurrently() const override { return true; }
+  // Another CudaBackend on the device: its own stream, cuBLAS handle, scratch and staging
+  // buffers, the same batch invariance, checks and notice handler.
+  std::unique_ptr<Backend> create_stream() override;
+  // cudaEvent_t without timing; record is cudaEventRecord on this stream, wait is
+  // cudaStreamWaitEvent.
+  std::unique_ptr<Event> create_event() override;
+  Status record(Event& event) override;
+  Status wait(const Event& event) override;
+
   // Matmul through the skinny kernel for every row count (see above). Off by default.
   void set_batch_invariant(bool enabled) { batch_invariant_ = enabled; }
   bool batch_invariant() const { return batch_invariant_; }

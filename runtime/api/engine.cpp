@@ -40,7 +40,8 @@ struct EngineCore {
   Clock::time_point started;           // create(), for uptime
   std::atomic<bool> shut_down{false};  // shutdown() was called: submit() refuses at once
   std::shared_ptr<kernels::cpu::ThreadPool> pool;  // the CPU backend's threads
-  std::unique_ptr<kernels::Backend> backend;       // both models run here
+  std::unique_ptr<kernels::Backend> backend;       // the target runs here
+  std::unique_ptr<kernels::Backend> draft_stream;  // the draft's stream of the same device
   std::unique_ptr<Model> target;                   // the model whose distribution is output
   std::unique_ptr<Model> draft;                    // null without a draft
   std::unique_ptr<text::Tokenizer> tokenizer;      // null without the target's tokenizer.json
@@ -321,18 +322,17 @@ MemoryPlan plan_on(const EngineConfig& config, kernels::Backend& backend, const 
   plan.device = std::string(backend.name());
   // Verification scores gamma_max + 1 rows of every running sequence at once.
   const int64_t logit_rows = config.max_batch * (config.speculation.gamma_max + 1);
-  std::vector<kernels::ForwardShape> forwards;
   const MemoryNeeds target_needs =
       model_needs(target, model_options_for(config, config.quantize), backend, logit_rows);
   plan.target = model_memory(target_needs);
-  forwards.push_back(target_needs.forward);
+  plan.scratch_bytes = backend.scratch_bytes_bound({target_needs.forward});
   if (draft != nullptr) {
     const MemoryNeeds draft_needs =
         model_needs(*draft, model_options_for(config, config.draft_quantize), backend, logit_rows);
     plan.draft = model_memory(draft_needs);
-    forwards.push_back(draft_needs.forward);
+    // The draft runs on a stream of its own, with scratch of its own.
+    plan.scratch_bytes += backend.scratch_bytes_bound({draft_needs.forward});
   }
-  plan.scratch_bytes = backend.scratch_bytes_bound(forwards);
   plan.total_bytes = model_total(plan.target) + model_total(plan.draft) + plan.scratch_bytes;
   uint64_t available = 0;
   if (backend.available_memory(&available).is_ok()) plan.available_bytes = available;
@@ -417,7 +417,13 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   core->target = std::make_unique<Model>(std::move(target_checkpoint), *core->backend,
                                          model_options_for(config, config.quantize));
   if (draft_checkpoint) {
-    core->draft = std::make_unique<Model>(std::move(*draft_checkpoint), *core->backend,
+    // A stream of its own, so that the draft's work can run beside the target's where the device
+    // runs streams concurrently (Backend::runs_models_concurrently).
+    core->draft_stream = core->backend->create_stream();
+    if (core->draft_stream == nullptr) {
+      throw Error("device '" + config.device + "': cannot make a stream for the draft model");
+    }
+    core->draft = std::make_unique<Model>(std::move(*draft_checkpoint), *core->draft_stream,
                                           model_options_for(config, config.draft_quantize));
     check_pairing(*core->target, *core->draft);
   }

@@ -135,6 +135,8 @@ struct StepWork {
   Proposals proposals;                           // [batch, gamma]
   Features target_features;  // [each row's fed tokens (pending, drafts, alternates), hidden]
   std::vector<float> committed_features;  // [accepted + 1, hidden] one row's, reused
+  const Scores* scores = nullptr;         // the target's, in the scorer, until the next step
+  std::vector<RowDraws> draws;            // [batch] each row's random numbers for verification
   Verdict verdict;                        // [batch, gamma + 1]
   // [batch] where the target's forward fed the alternate a row accepted (0 the pending token),
   // -1 where it accepted none.
@@ -197,7 +199,8 @@ struct BatchEngine::State {
   void assemble(StepWork& work, const Proposals& from_model, std::span<const int64_t> model_rows,
                 std::span<const std::pair<int64_t, Proposals>> point_mass);
   void draft_ahead(StepWork& work);
-  void score_and_verify(StepWork& work);
+  void score(StepWork& work);
+  void collect_verdict(StepWork& work);
   void drop_alternates_past_room(Proposals& proposals, int64_t b, const Sequence& sequence) const;
   void commit(StepWork& work);
   void tally_contests(Sequence& sequence, const StepWork& work, int64_t b);
@@ -611,8 +614,11 @@ void BatchEngine::State::step() {
   StepWork work;
   plan(work);
   propose(work);
+  // The target's forward and verification are enqueued first, so that the draft's work ahead runs
+  // beside them on its own stream; then the step waits once, for the verdict.
+  if (work.failure.empty()) score(work);
   if (work.failure.empty()) draft_ahead(work);
-  if (work.failure.empty()) score_and_verify(work);
+  if (work.failure.empty()) collect_verdict(work);
   if (!work.failure.empty()) {
     // Forwards leave the caches as they were on error; the batch cannot go on, so every running
     // request ends with the reason rather than the engine stopping.
@@ -645,9 +651,11 @@ void BatchEngine::State::retire_full_contexts() {
 void BatchEngine::State::plan(StepWork& work) {
   const size_t batch = running.size();
   work.plans.assign(batch, DraftPlan{});
-  // Drafting ahead is the policies' call only where the backend would hide it.
-  // A draft reading the target's features cannot run ahead of them.
+  // Drafting ahead is the policies' call only where the backend would hide it: the draft on a
+  // stream of its own, which the device runs beside the target's. A draft reading the target's
+  // features cannot run ahead of them.
   const bool ahead_hidden = options.overlap == OverlapDrafting::kAuto && draft != nullptr &&
+                            &draft->backend() != &target.backend() &&
                             draft->backend().runs_models_concurrently() &&
                             !draft->config().reads_features();
   for (size_t b = 0; b < batch; ++b) {
@@ -832,7 +840,8 @@ void BatchEngine::State::assemble(StepWork& work, const Proposals& from_model,
 // Overlapped drafting: every row the draft model proposed for in full goes on drafting past its
 // last draft as if all were accepted: first the token verification would then add, then as many
 // drafts as the next step could verify (this step's gamma at most). A backend with a stream per
-// model runs this beside score_and_verify; here it runs before it, as its own batched proposal.
+// model runs this beside the verification the step enqueued before it (score), on its own stream:
+// the host waits for the draft's draws here, and for the target's verdict only after.
 void BatchEngine::State::draft_ahead(StepWork& work) {
   if (draft_proposer == nullptr || options.overlap == OverlapDrafting::kOff) return;
   const auto start = Clock::now();
@@ -874,8 +883,9 @@ void BatchEngine::State::draft_ahead(StepWork& work) {
 
 // Score and verify: one target forward scores every row; each row is verified by its own
 // request's rule (greedy at temperature 0, else rejection sampling or shared noise) with its own
-// random numbers, those of the output positions it decides.
-void BatchEngine::State::score_and_verify(StepWork& work) {
+// random numbers, those of the output positions it decides. Both are enqueued here, on the
+// target's stream, and the verdict collected by collect_verdict.
+void BatchEngine::State::score(StepWork& work) {
   const auto start = Clock::now();
   const int64_t batch = static_cast<int64_t>(running.size());
   std::vector<ScoreRequest> score_requests;
@@ -897,21 +907,35 @@ void BatchEngine::State::score_and_verify(StepWork& work) {
   }
   try {
     const bool reads_features = draft_proposer != nullptr && draft_proposer->reads_features();
-    const Scores& scores =
-        scorer.score(score_requests, reads_features ? &work.target_features : nullptr);
-    std::vector<RowDraws> draws;
+    work.scores = &scorer.score(score_requests, reads_features ? &work.target_features : nullptr);
+    work.draws.clear();
     std::vector<kernels::VerifyRule> rules;
     for (const auto& sequence : running) {
-      draws.push_back({sequence->random, sequence->generated});
+      work.draws.push_back({sequence->random, sequence->generated});
       rules.push_back(verify_rule(sequence->sampling));
     }
     if (options.verifier == nullptr) {
-      work.verdict =
-          verification.verify(work.proposals, scores, rules, draws, &work.alternate_input);
+      verification.enqueue(work.proposals, *work.scores, rules, work.draws);
+    }
+  } catch (const std::exception& error) {
+    work.failure = std::string("verification failed: ") + error.what();
+    return;
+  }
+  work.verify_ms = milliseconds(start, Clock::now());
+}
+
+// The verdict of the verification score() enqueued: the step's one wait for the target.
+void BatchEngine::State::collect_verdict(StepWork& work) {
+  const auto start = Clock::now();
+  const int64_t batch = static_cast<int64_t>(running.size());
+  const Scores& scores = *work.scores;
+  try {
+    if (options.verifier == nullptr) {
+      work.verdict = verification.collect(work.proposals, scores, &work.alternate_input);
     } else {
       // A test's rule, on the host (the scores are in host memory: see the constructor).
       Verdict& verdict = work.verdict;
-      verdict = options.verifier->verify(work.proposals, scores, draws);
+      verdict = options.verifier->verify(work.proposals, scores, work.draws);
       work.alternate_input.assign(static_cast<size_t>(batch), -1);
       for (int64_t b = 0; work.proposals.has_alternates() && b < batch; ++b) {
         const int64_t k = accepted_alternate(work.proposals, verdict, b);
@@ -925,7 +949,7 @@ void BatchEngine::State::score_and_verify(StepWork& work) {
     work.failure = std::string("verification failed: ") + error.what();
     return;
   }
-  work.verify_ms = milliseconds(start, Clock::now());
+  work.verify_ms += milliseconds(start, Clock::now());
 }
 
 // Alternates take cache positions past the drafts for the length of the step: those past the

@@ -11,7 +11,8 @@
 // as the batch grows and speculation stops paying, and rises again as load drops.
 //
 // With overlapped drafting, the draft proposes past each row's drafts (as if all were accepted)
-// between proposing and verifying, where a backend with a stream per model would run it beside
+// after the step has enqueued the target's forward and verification and before it waits for the
+// verdict: with the draft on a stream of its own (Backend::create_stream), a device runs it beside
 // the verification. A row whose drafts are all accepted, and whose new token is the draft's own
 // next one, takes the drafts after it as its next proposals; every other row drops them and the
 // draft's cache rolls back. Each draft is drawn with the random numbers of the output position it
@@ -70,7 +71,8 @@ struct BatchEngineOptions {
   // checks catch them. Needs a target backend in host memory. Must outlive the engine.
   const Verifier* verifier = nullptr;
   // Drafting ahead while the target verifies (specrun.hpp's OverlapDrafting). kAuto leaves it to
-  // each row's gamma policy where the backend runs the models concurrently, which none does yet.
+  // each row's gamma policy where the draft has a stream of its own that the device runs beside
+  // the target's (a GPU's; the CPU runs one op at a time).
   OverlapDrafting overlap = OverlapDrafting::kAuto;
 };
 

@@ -216,6 +216,40 @@ TEST_F(CudaBackendTest, NameMemoryAndCopies) {
   EXPECT_TRUE(gpu_->synchronize().is_ok());
 }
 
+TEST_F(CudaBackendTest, AStreamRunsBesideItsBackendAndAnEventOrdersThem) {
+  // The draft's stream: another stream of the device, sharing its memory. A long chain of adds on
+  // the producer, an event, and the consumer's copy of the result after waiting for it: the copy
+  // sees the whole chain, however the device interleaves the two streams.
+  const std::unique_ptr<Backend> consumer = gpu_->create_stream();
+  ASSERT_NE(consumer, nullptr);
+  EXPECT_TRUE(consumer->runs_models_concurrently());
+  EXPECT_EQ(consumer->name(), "cuda:0");
+  constexpr int64_t kCount = 1 << 20;
+  constexpr int kAdds = 64;
+  DeviceBuffer sum(*gpu_, kCount * sizeof(float), "sum");
+  DeviceBuffer one(*gpu_, kCount * sizeof(float), "one");
+  DeviceBuffer copy(*gpu_, kCount * sizeof(float), "copy");
+  ASSERT_TRUE(gpu_->fill_uniform({kCount, DType::kF32, 1, 0.0f, 0.0f}, sum.data()).is_ok());
+  ASSERT_TRUE(gpu_->fill_uniform({kCount, DType::kF32, 1, 1.0f, 1.0f}, one.data()).is_ok());
+  ASSERT_TRUE(gpu_->synchronize().is_ok());
+  const std::unique_ptr<Event> done = gpu_->create_event();
+  ASSERT_NE(done, nullptr);
+  for (int i = 0; i < kAdds; ++i) {
+    ASSERT_TRUE(gpu_->add(kCount, one.as<float>(), sum.as<float>()).is_ok());
+  }
+  ASSERT_TRUE(gpu_->record(*done).is_ok());
+  ASSERT_TRUE(consumer->wait(*done).is_ok());
+  ASSERT_TRUE(consumer->copy_on_device(copy.data(), sum.data(), kCount * sizeof(float)).is_ok());
+  std::vector<float> host(kCount);
+  ASSERT_TRUE(consumer->copy_to_host(host.data(), copy.data(), kCount * sizeof(float)).is_ok());
+  EXPECT_EQ(std::count(host.begin(), host.end(), static_cast<float>(kAdds)), kCount);
+  // Events belong to their backend's device.
+  const std::unique_ptr<Event> foreign = cpu_->create_event();
+  EXPECT_EQ(gpu_->record(*foreign).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->wait(*foreign).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(gpu_->synchronize().is_ok());
+}
+
 TEST_F(CudaBackendTest, TimesWorkByTheDeviceClockAndPassesItsErrorOn) {
   DeviceBuffer source(*gpu_, size_t{64} << 20, "test");
   DeviceBuffer destination(*gpu_, size_t{64} << 20, "test");

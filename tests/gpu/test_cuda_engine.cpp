@@ -123,8 +123,9 @@ TEST_F(CudaEngineTest, ConcurrentRequestsInDeterministicModeEqualTheirRunsAlone)
 }
 
 TEST_F(CudaEngineTest, DeterministicGreedySpeculationWithDraftingAheadEqualsTheTargetAlone) {
-  // Overlapped drafting forced on (auto is off on one stream): drafts proposed ahead and kept are
-  // the drafts the device would have proposed, so the output is still the target's alone.
+  // Overlapped drafting forced on (with auto each row's policy decides): drafts proposed ahead, on
+  // the draft's own stream beside the verification, and kept are the drafts the device would have
+  // proposed, so the output is still the target's alone.
   EngineConfig settings = config("cuda", true);
   settings.overlap_drafting = OverlapDrafting::kOn;
   const auto engine = Engine::create(settings);

@@ -85,8 +85,8 @@ const char* to_string(KvCacheDtype dtype);  // "bf16", "f32"
 enum class OverlapDrafting {
   kAuto,  // where it pays: only a backend that runs the draft beside the target's verification
           // hides the time it costs, and there each row's gamma policy decides (goodput from the
-          // measured costs and acceptance); both backends run them one after the other today
-          // (the CPU on the same cores, CUDA on one stream), so this is off on both
+          // measured costs and acceptance): on CUDA, where the draft has a stream of its own;
+          // off on the CPU, which runs one op at a time on the same cores
   kOn,    // always, also where the drafts ahead cost time of their own (tests, measurements)
   kOff,   // never
 };
@@ -360,8 +360,8 @@ struct MemoryPlan {
   std::string device;            // "cpu", "cuda:0"
   ModelMemory target;            // the target's needs
   ModelMemory draft;             // the draft's; zero without a draft
-  uint64_t scratch_bytes = 0;    // what the backend's ops take for themselves, both models'
-                                 // forwards together (a GPU's scratch and cuBLAS's workspace)
+  uint64_t scratch_bytes = 0;    // what the backend's ops take for themselves, each model's
+                                 // stream its own (a GPU's scratch and cuBLAS's workspace)
   uint64_t total_bytes = 0;      // everything above
   uint64_t available_bytes = 0;  // free device memory (the host's MemAvailable on the CPU) when
                                  // planned; 0 when unknown
