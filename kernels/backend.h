@@ -283,6 +283,8 @@ struct ForwardShape {
   std::vector<MatmulParams> matmuls;  // each linear layer, rows the most one forward feeds it
   AttentionParams attention;          // num_tokens the most one forward feeds, one sequence of the
                                       // longest context (max_blocks_per_seq)
+  LogitsParams logits{0, 1};          // the rows of logits processed or sampled at once (rows 0:
+                                      // none), as wide as the head scores
 };
 
 // What has crossed from a backend to the host since it was made: what a step costs beyond its

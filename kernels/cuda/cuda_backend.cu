@@ -395,8 +395,8 @@ Status CudaBackend::time_ms(const std::function<Status()>& work, double* millise
 }
 
 uint64_t planned_scratch_bytes(const std::vector<ForwardShape>& shapes, int multiprocessor_count,
-                               bool batch_invariant) {
-  uint64_t most = 0;  // the one buffer grows to the largest single need
+                               bool batch_invariant, uint64_t logits_workspace_bytes) {
+  uint64_t most = logits_workspace_bytes;  // the one buffer grows to the largest single need
   for (const ForwardShape& shape : shapes) {
     for (const MatmulParams& params : shape.matmuls) {
       most = std::max<uint64_t>(most, matmul_scratch_bytes(params, batch_invariant));
@@ -409,7 +409,18 @@ uint64_t planned_scratch_bytes(const std::vector<ForwardShape>& shapes, int mult
 }
 
 uint64_t CudaBackend::scratch_bytes_bound(const std::vector<ForwardShape>& shapes) const {
-  return planned_scratch_bytes(shapes, multiprocessor_count_, batch_invariant_);
+  uint64_t logits_workspace = 0;
+  for (const ForwardShape& shape : shapes) {
+    if (shape.logits.rows <= 0) continue;
+    size_t bytes = 0;
+    DeviceScope scope(device_);
+    if (scope.status().is_ok() &&
+        sample_workspace_bytes({shape.logits.rows, shape.logits.vocab, shape.logits.vocab}, &bytes)
+            .is_ok()) {
+      logits_workspace = std::max<uint64_t>(logits_workspace, bytes);
+    }
+  }
+  return planned_scratch_bytes(shapes, multiprocessor_count_, batch_invariant_, logits_workspace);
 }
 
 Status CudaBackend::ensure_scratch(size_t bytes) {

@@ -45,10 +45,11 @@ inline constexpr uint64_t kCublasWorkspaceBytes = uint64_t{32} << 20;
 // The memory CudaBackend's ops take for themselves running forwards of `shapes` on a device with
 // `multiprocessor_count` multiprocessors: its one scratch buffer, which grows to the largest single
 // need (activations rounded to bf16 for a GEMM, a quantized weight's dequantized tile, attention's
-// per-split states) in whole 2 MiB granules, plus cuBLAS's workspace. A function of shapes alone,
-// so that it is tested without a device.
+// per-split states, and `logits_workspace_bytes`: processing or sampling the shapes' rows of
+// logits, whose sort's storage only the device can size) in whole 2 MiB granules, plus cuBLAS's
+// workspace. A function of its arguments alone, so that it is tested without a device.
 uint64_t planned_scratch_bytes(const std::vector<ForwardShape>& shapes, int multiprocessor_count,
-                               bool batch_invariant);
+                               bool batch_invariant, uint64_t logits_workspace_bytes = 0);
 
 class CudaBackend final : public Backend {
  public:
@@ -103,7 +104,9 @@ class CudaBackend final : public Backend {
   Status time_ms(const std::function<Status()>& work, double* milliseconds) override;
   // cudaMemGetInfo's free memory.
   Status available_memory(uint64_t* bytes) override;
-  // planned_scratch_bytes on this device, in this backend's batch-invariance mode.
+  // planned_scratch_bytes on this device, in this backend's batch-invariance mode, with the
+  // workspace of sampling the largest of the shapes' rows of logits (sample_workspace_bytes, which
+  // holds process_logits'); 0 where the device cannot say.
   uint64_t scratch_bytes_bound(const std::vector<ForwardShape>& shapes) const override;
 
   Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,

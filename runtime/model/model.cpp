@@ -301,6 +301,11 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
                                                               : DType::kBF16;
     needs.forward.matmuls.push_back({logit_rows, c.hidden_size, c.vocab_size, table, DType::kF32});
   }
+  // The rows of logits the step processes (the target's p) or samples (the draft's q) at once, as
+  // wide as the head scores.
+  needs.forward.logits = {logit_rows, c.output_token_ids.empty()
+                                          ? c.vocab_size
+                                          : static_cast<int64_t>(c.output_token_ids.size())};
   const int64_t block = options.kv_block_size;
   needs.forward.attention = {1,
                              needs.kv_tokens,
@@ -323,9 +328,12 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
                              2 * static_cast<uint64_t>(c.num_heads) * c.head_dim +
                              2 * static_cast<uint64_t>(c.num_kv_heads) * c.head_dim +
                              2 * static_cast<uint64_t>(c.intermediate_size);
-  needs.workspace_bytes = (tokens * per_token + static_cast<uint64_t>(logit_rows) *
+  // The logits, and the distributions processed from them (the scorer's p, the proposer's q) with
+  // a status a row.
+  needs.workspace_bytes = (tokens * per_token + 2 * static_cast<uint64_t>(logit_rows) *
                                                     static_cast<uint64_t>(c.vocab_size)) *
-                          sizeof(float);
+                              sizeof(float) +
+                          static_cast<uint64_t>(logit_rows) * sizeof(int32_t);
   return needs;
 }
 

@@ -49,7 +49,8 @@ struct MemoryNeeds {
   uint64_t kv_bytes_per_token = 0;  // K and V of every layer, in the cache's dtype
   int64_t kv_tokens = 0;            // the cache's capacity, whole blocks
   uint64_t kv_bytes = 0;            // kv_bytes_per_token * kv_tokens
-  uint64_t workspace_bytes = 0;     // activations of a forward filling the cache, and logits rows
+  uint64_t workspace_bytes = 0;     // activations of a forward filling the cache, logits rows and
+                                    // the distributions processed from them
   uint64_t total_bytes() const { return weight_bytes + kv_bytes + workspace_bytes; }
   // The model's forwards at their largest (a forward filling the cache; the logits rows), for the
   // scratch its backend's ops take beyond the above (Backend::scratch_bytes_bound).

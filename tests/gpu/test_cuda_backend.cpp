@@ -36,6 +36,7 @@
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/sampling.h"
 #include "runtime/base/device_buffer.h"
 #include "runtime/model/model.h"
 #include "runtime/model/synthetic.h"
@@ -148,6 +149,24 @@ TEST(CudaScratchPlan, IsTheLargestSingleNeedInWholeGranulesPlusCublasWorkspace) 
             planned_scratch_bytes({fp8}, 132, false));
 }
 
+TEST(CudaScratchPlan, CoversProcessingTheLogitsWhereThatNeedsMost) {
+  // Processing a verification's rows of logits sorts them: 16 bytes a logit in the scratch
+  // buffer, at 64 sequences verifying 9 tokens of a 128,256-token vocabulary 1.1 GiB, far past
+  // the matmuls' needs. The plan takes it when it is the largest.
+  ForwardShape shape;
+  // A prefill's GEMM: 112 MiB of activations rounded to bf16.
+  shape.matmuls.push_back({4096, 14336, 4096, DType::kBF16, DType::kF32});
+  shape.attention = {1, 0, 32, 8, 128, 16, 8192 / 16, 0.088f, 0, DType::kBF16};  // no tokens
+  const uint64_t without = planned_scratch_bytes({shape}, 132, false);
+  const uint64_t logits = uint64_t{64} * 9 * 128256 * 16;
+  const uint64_t with = planned_scratch_bytes({shape}, 132, false, logits);
+  EXPECT_GE(with, logits + kCublasWorkspaceBytes);
+  EXPECT_LT(with, logits + kCublasWorkspaceBytes + (uint64_t{2} << 20));
+  EXPECT_EQ(without, (uint64_t{112} << 20) + kCublasWorkspaceBytes);
+  // A need below the GEMM's changes nothing.
+  EXPECT_EQ(planned_scratch_bytes({shape}, 132, false, uint64_t{100} << 20), without);
+}
+
 TEST(CudaScratchPlan, CoversAttentionsPerSplitStatesAtTheTokenCountThatNeedsMost) {
   // Attention keeps per-split states (splits x tokens x heads x (head_dim + 2) floats) while its
   // grid is small: one sequence, 8 KV heads and 4 query heads each fill 8 x ceil(tokens / 4)
@@ -214,6 +233,16 @@ TEST_F(CudaBackendTest, NameMemoryAndCopies) {
   std::memmove(expected.data(), expected.data() + 7, 300 * sizeof(float));
   EXPECT_EQ(download(*gpu_, buffer, values.size()), expected);
   EXPECT_TRUE(gpu_->synchronize().is_ok());
+}
+
+TEST_F(CudaBackendTest, TheScratchPlanCoversSamplingTheLogitsRows) {
+  // What scratch_bytes_bound plans for a shape's rows of logits is what sample() takes.
+  ForwardShape shape;
+  shape.attention = {1, 0, 32, 8, 128, 16, 8192 / 16, 0.088f, 0, DType::kBF16};  // no tokens
+  shape.logits = {64 * 9, 128256};
+  size_t sample_bytes = 0;
+  ASSERT_TRUE(sample_workspace_bytes({64 * 9, 128256, 128256}, &sample_bytes).is_ok());
+  EXPECT_GE(gpu_->scratch_bytes_bound({shape}), sample_bytes + kCublasWorkspaceBytes);
 }
 
 TEST_F(CudaBackendTest, AStreamRunsBesideItsBackendAndAnEventOrdersThem) {

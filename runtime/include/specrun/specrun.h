@@ -369,7 +369,8 @@ typedef struct specrun_model_memory {
   uint64_t kv_bytes_per_token; /* K and V of every layer (f32) */
   int64_t kv_tokens;           /* KV capacity, whole blocks */
   uint64_t kv_bytes;           /* the KV cache */
-  uint64_t workspace_bytes;    /* activations of the largest forward, and its logits */
+  uint64_t workspace_bytes;    /* activations of the largest forward, its logits and the
+                                  distributions processed from them */
 } specrun_model_memory;
 
 /* The memory plan (as specrun::MemoryPlan): both models, the total (the backend's own scratch

@@ -351,8 +351,9 @@ struct ModelMemory {
   uint64_t kv_bytes_per_token = 0;  // K and V of every layer (f32)
   int64_t kv_tokens = 0;            // KV capacity, whole blocks
   uint64_t kv_bytes = 0;            // the KV cache
-  uint64_t workspace_bytes = 0;     // activations of a forward filling the cache, and the logits
-                                    // of every sequence verifying gamma_max drafts at once
+  uint64_t workspace_bytes = 0;     // activations of a forward filling the cache, the logits
+                                    // of every sequence verifying gamma_max drafts at once, and
+                                    // the distributions processed from them
 };
 
 // The memory plan: both models (the draft's always counted), their total and what the device has.
