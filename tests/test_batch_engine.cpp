@@ -505,6 +505,37 @@ TEST_F(BatchEngineTest, AHostVerifierOnABackendOutsideHostMemoryIsRefused) {
   }
 }
 
+// The CPU backend, whose draft model's output turns corrupt: NaN in the first row it samples.
+class CorruptDraftBackend final : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  Status sample(const kernels::SampleParams& params, const kernels::SampleRow* rows,
+                const float* logits, const int32_t* tokens, float* q,
+                kernels::SampledRow* out) override {
+    const_cast<float*>(logits)[0] = std::numeric_limits<float>::quiet_NaN();
+    return ForwardingBackend::sample(params, rows, logits, tokens, q, out);
+  }
+};
+
+TEST_F(BatchEngineTest, ADraftRowThatCannotBeSampledFailsTheRequestSayingWhy) {
+  // The sample op reports the row's status; the request ends with the reason, not a crash.
+  auto cpu = testing::make_cpu_backend(1);
+  CorruptDraftBackend corrupt(*cpu);
+  ModelOptions options;
+  options.kv_cache_tokens = 256;
+  options.kv_block_size = 8;
+  const std::unique_ptr<Model> draft = Model::load(dir_ / "draft", corrupt, options);
+  const std::unique_ptr<Model> target = Model::load(dir_ / "target", *cpu, options);
+  BatchEngine engine(*target, draft.get(), {});
+  const Completion completion = engine.run(
+      request({1, 5, 9}, 8, 0.0f, SpeculationMethod::kDraftModel, GammaControl::kFixed, 3));
+  EXPECT_EQ(completion.reason, FinishReason::kFailed);
+  EXPECT_NE(completion.error.find("drafting failed"), std::string::npos) << completion.error;
+  EXPECT_NE(completion.error.find("the draft's row for sequence"), std::string::npos)
+      << completion.error;
+  EXPECT_NE(completion.error.find("NaN"), std::string::npos) << completion.error;
+}
+
 TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
   // The target's logits are processed and verified where they were computed: a step waits for the
   // backend once (the verdict) and copies back a few words a row, however many drafts it verified

@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/exp.h"
 #include "kernels/cpu/sampling.h"
@@ -748,6 +749,30 @@ TEST(SampleRow, AFailedRowReportsWhyAndDrawsNothing) {
   row = sample_row_of(SamplingParams{}, 1, 0, static_cast<int32_t>(kernels::kMaxRanked) + 1, -1);
   kernels::cpu::sample_row(row, finite, {}, q, &out);
   EXPECT_EQ(out.status, static_cast<int32_t>(kernels::RowStatus::kBadSettings));
+}
+
+TEST(SampleRow, TheOpRefusesAShapeItCannotTake) {
+  kernels::cpu::CpuBackend cpu(std::make_shared<kernels::cpu::ThreadPool>(1));
+  std::vector<float> logits(8, 0.0f), q(8);
+  const kernels::SampleRow row = sample_row_of(SamplingParams{}, 1, 0, 0, -1);
+  kernels::SampledRow out{};
+  // Token ids past the row need a token map naming them; a row needs an entry.
+  for (const kernels::SampleParams params :
+       {kernels::SampleParams{1, 8, 9}, kernels::SampleParams{1, 0, 0},
+        kernels::SampleParams{-1, 8, 8}}) {
+    const Status status = cpu.sample(params, &row, logits.data(), nullptr, q.data(), &out);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(status.to_string().find("sample:"), std::string::npos) << status.to_string();
+  }
+  // A map may name ids past the row: entry 3, the argmax, is token 6.
+  const std::vector<int32_t> map = {0, 2, 4, 6, 8, 10, 12, 14};
+  logits[3] = 1.0f;
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const kernels::SampleRow argmax_row = sample_row_of(greedy, 1, 0, 0, -1);
+  EXPECT_TRUE(
+      cpu.sample({1, 8, 15}, &argmax_row, logits.data(), map.data(), q.data(), &out).is_ok());
+  EXPECT_EQ(out.token, 6);
 }
 
 }  // namespace

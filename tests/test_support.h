@@ -281,6 +281,7 @@ class ForwardingBackend : public kernels::Backend {
   Status argmax(const kernels::LogitsParams& p, const float* values, int32_t* out) override {
     return inner_.argmax(p, values, out);
   }
+  // The inner backend's stream: a test backend's overrides do not reach it.
   std::unique_ptr<kernels::Backend> create_stream() override { return inner_.create_stream(); }
   std::unique_ptr<kernels::Event> create_event() override { return inner_.create_event(); }
   Status record(kernels::Event& event) override { return inner_.record(event); }

@@ -1,6 +1,6 @@
 // Logits processing and sampling on the host, one row at a time: the reference for every
-// backend's process_logits, argmax and verify ops (kernels/backend.h), and what the host-side
-// drafting of the runtime calls (runtime/sampling/sampler.h wraps these, throwing where a row
+// backend's process_logits, argmax, sample and verify ops (kernels/backend.h), which the CPU
+// backend runs (runtime/sampling/sampler.h wraps these for tests and tools, throwing where a row
 // fails). Nothing here throws or allocates per token beyond process_logits' filter scratch.
 #pragma once
 

@@ -348,39 +348,28 @@ __global__ void gather_settings_kernel(const SampleRow* rows, int64_t count,
   if (r < count) settings[r] = rows[r].settings;
 }
 
-// A value a ranking pass may pick: -infinity (highest() never ranks it) and the tokens ranked
-// already are left out, as no candidate.
+// A ranking pass's values: -infinity (highest() never ranks it) and the tokens ranked already
+// read as -infinity, so that block_argmax passes over them.
 struct RankedValue {
   const float* row;         // [width]
   const int32_t* tokens;    // [width] or null
   const int32_t* excluded;  // [count] token ids
   int32_t count;
-  __device__ __forceinline__ bool left_out(int64_t i) const {
-    if (!(row[i] > -INFINITY)) return true;
+  __device__ __forceinline__ float operator()(int64_t i) const {
     const int32_t token = tokens == nullptr ? static_cast<int32_t>(i) : tokens[i];
     for (int32_t e = 0; e < count; ++e) {
-      if (excluded[e] == token) return true;
+      if (excluded[e] == token) return -INFINITY;
     }
-    return false;
+    return row[i];
   }
 };
 
-// The entry of the highest value not left out, the lowest among equals; -1 when none is left.
+// The entry of the highest value not left out, the lowest among equals; -1 when none is left
+// (the argmax is then a value of -infinity).
 __device__ int32_t block_ranked_argmax(const RankedValue& value, int64_t width,
                                        ArgmaxStorage<kThreads>& storage) {
-  ArgmaxCandidate best = no_argmax_candidate();
-  for (int64_t i = threadIdx.x; i < width; i += kThreads) {
-    if (value.left_out(i)) continue;
-    const ArgmaxCandidate candidate = argmax_candidate(value.row[i], i);
-    if (ranks_before(candidate, best)) best = candidate;
-  }
-  const ArgmaxCandidate winner =
-      cub::BlockReduce<ArgmaxCandidate, kThreads>(storage.reduce).Reduce(best, ArgmaxFirst());
-  if (threadIdx.x == 0) storage.result = winner.rank < 0 ? -1 : winner.index;
-  __syncthreads();
-  const int32_t result = storage.result;
-  __syncthreads();
-  return result;
+  const int32_t best = block_argmax<kThreads>(value, width, storage);
+  return value(best) > -INFINITY ? best : -1;
 }
 
 struct SampleRowStorage {
@@ -573,6 +562,12 @@ T* at(void* workspace, size_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(workspace) + offset);
 }
 
+// sample's workspace: process_logits' (`process_bytes`), then the rows' settings and statuses.
+size_t sample_workspace_layout_bytes(size_t process_bytes, size_t rows) {
+  return align_up(process_bytes) + align_up(rows * sizeof(LogitsSettings)) +
+         align_up(rows * sizeof(int32_t));
+}
+
 }  // namespace
 
 Status process_logits_workspace_bytes(const ProcessLogitsParams& params, size_t* bytes) {
@@ -668,9 +663,7 @@ Status sample_workspace_bytes(const SampleParams& params, size_t* bytes) {
       !status.is_ok()) {
     return status;
   }
-  const auto rows = static_cast<size_t>(params.rows);
-  *bytes = align_up(process_bytes) + align_up(rows * sizeof(LogitsSettings)) +
-           align_up(rows * sizeof(int32_t));
+  *bytes = sample_workspace_layout_bytes(process_bytes, static_cast<size_t>(params.rows));
   return Status::ok();
 }
 
@@ -684,18 +677,17 @@ Status launch_sample_rows(const SampleParams& params, const SampleRow* rows, con
       workspace == nullptr) {
     return Status::invalid_argument("sample: null pointer");
   }
-  size_t needed = 0;
-  if (Status status = sample_workspace_bytes(params, &needed); !status.is_ok()) return status;
-  if (workspace_bytes < needed) {
-    return Status::invalid_argument("sample: workspace of " + std::to_string(workspace_bytes) +
-                                    " bytes, needs " + std::to_string(needed));
-  }
   const ProcessLogitsParams shape{params.rows, params.width};
   size_t process_bytes = 0;
   if (Status status = process_logits_workspace_bytes(shape, &process_bytes); !status.is_ok()) {
     return status;
   }
   const auto count = static_cast<size_t>(params.rows);
+  const size_t needed = sample_workspace_layout_bytes(process_bytes, count);
+  if (workspace_bytes < needed) {
+    return Status::invalid_argument("sample: workspace of " + std::to_string(workspace_bytes) +
+                                    " bytes, needs " + std::to_string(needed));
+  }
   auto* settings = at<LogitsSettings>(workspace, align_up(process_bytes));  // [rows]
   auto* statuses = at<int32_t>(
       workspace, align_up(process_bytes) + align_up(count * sizeof(LogitsSettings)));  // [rows]

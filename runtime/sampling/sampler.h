@@ -4,8 +4,9 @@
 // top-k, top-p, min-p applied, renormalised) as a full vector, because speculative verification
 // compares these distributions token by token; sampling then draws from it, by inverse CDF with
 // one uniform number or by Gumbel-max with noise shared between the draft and the target
-// (kernels/core/random_stream.h holds the numbers of both). The target's rows are processed and
-// drawn from by the backend's ops instead (target/scorer.h), where they stay.
+// (kernels/core/random_stream.h holds the numbers of both). The step's rows, the target's and the
+// draft's, are processed and drawn from by the backend's ops instead (target/scorer.h,
+// draft/proposer.h), where they stay.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +44,8 @@ kernels::LogitsSettings logits_settings(const SamplingParams& params);
 // Throws Error saying why a row of logits could not be processed (`what`: "the target's row 3").
 [[noreturn]] void throw_row_status(kernels::RowStatus status, const std::string& what);
 
-// The row functions of kernels/cpu/sampling.h, which say what each computes, for the host's own
-// rows (the draft's proposals, plain sampling in tests and tools). These throw Error where the
+// The row functions of kernels/cpu/sampling.h, which say what each computes, for rows on the host
+// (the references of tests, and tools' measurements). These throw Error where the
 // kernel reports a failed row: logits with NaN or +infinity, or every token banned
 // (process_logits, top_probability); a distribution with no mass (sample_from,
 // sample_with_noise); an empty row, a `tokens` list not one id per entry, or more than 16 tokens
