@@ -1,6 +1,7 @@
 #include "draft/proposer.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <utility>
 
 #include "runtime/base/check.h"
@@ -21,70 +22,6 @@ ModelProposer::ModelProposer(Model& draft, const SamplingParams& sampling, float
         draft.backend().copy_to_device(head_tokens_device_.data(), head_tokens.data(), bytes),
         "uploading the draft's output token ids");
   }
-}
-
-const std::vector<kernels::SampledRow>& ModelProposer::sample(
-    std::span<const DraftRequest> requests, std::span<const int64_t> active,
-    const std::vector<std::vector<int32_t>>& texts, const Logits& logits, int64_t round,
-    bool keep) {
-  kernels::Backend& backend = draft_.backend();
-  const int64_t vocab = draft_.config().vocab_size;
-  const int64_t width = logits.device_width;  // vocab, or a reduced head's tokens
-  const auto n = active.size();
-  sample_rows_.resize(n);
-  for (size_t row = 0; row < n; ++row) {
-    const auto b = static_cast<size_t>(active[row]);
-    const DraftRequest& request = requests[b];
-    int32_t candidate = -1;
-    if (request.lookup_min_ngram > 0) {
-      const std::vector<int32_t>& text = texts[b];
-      const int64_t follow =
-          lookup_continuation(text, request.lookup_min_ngram, request.lookup_max_ngram);
-      if (follow >= 0 && text[static_cast<size_t>(follow)] < vocab) {
-        candidate = text[static_cast<size_t>(follow)];
-      }
-    }
-    const SamplingParams& sampling = request.sampling ? *request.sampling : sampling_;
-    const float p_min = request.draft_p_min >= 0.0f ? request.draft_p_min : draft_p_min_;
-    kernels::SampleRow& entry = sample_rows_[row];
-    entry.settings = logits_settings(sampling);
-    entry.seed = request.stream.seed();
-    entry.position = request.position + round;
-    entry.rule = sampling.temperature == 0.0f ? kernels::SampleRule::kArgmax
-                 : sampling.shared_noise      ? kernels::SampleRule::kSharedNoise
-                                              : kernels::SampleRule::kInverseCdf;
-    entry.draw = Draw::kDraft;
-    // One more than the alternates wanted, as the proposal is among the ranking, and one for
-    // the contest's other offer.
-    entry.ranked = request.alternates > 0 ? static_cast<int32_t>(request.alternates + 2) : 0;
-    entry.probe = candidate;
-    // The confidence is read by lookup's test, the confidence floor and the alternates' floor.
-    entry.weigh = (candidate >= 0 && request.lookup_below < 1.0f) || p_min > 0.0f ||
-                  (request.alternates > 0 && request.alternate_floor > 0.0f);
-  }
-  const size_t rows_bytes = n * sizeof(kernels::SampleRow);
-  const size_t sampled_bytes = n * sizeof(kernels::SampledRow);
-  const size_t q_bytes = n * static_cast<size_t>(width) * sizeof(float);
-  sample_rows_device_.reserve(backend, rows_bytes, "the draft's sampling rows");
-  sampled_device_.reserve(backend, sampled_bytes, "the draft's draws");
-  q_device_.reserve(backend, q_bytes, "the draft's distributions");
-  SPECRUN_CHECK_OK(
-      backend.copy_to_device(sample_rows_device_.data(), sample_rows_.data(), rows_bytes),
-      "uploading the draft's sampling rows");
-  SPECRUN_CHECK_OK(backend.sample({static_cast<int64_t>(n), width, vocab},
-                                  sample_rows_device_.as<kernels::SampleRow>(), logits.device,
-                                  head_tokens_device_.as<int32_t>(), q_device_.as<float>(),
-                                  sampled_device_.as<kernels::SampledRow>()),
-                   "sampling the draft's rows");
-  sampled_.resize(n);
-  SPECRUN_CHECK_OK(backend.copy_to_host(sampled_.data(), sampled_device_.data(), sampled_bytes),
-                   "reading the draft's draws");
-  if (keep) {
-    q_host_.resize(n * static_cast<size_t>(width));
-    SPECRUN_CHECK_OK(backend.copy_to_host(q_host_.data(), q_device_.data(), q_bytes),
-                     "reading the draft's distributions");
-  }
-  return sampled_;
 }
 
 ModelProposer::~ModelProposer() {
@@ -180,10 +117,343 @@ int64_t ModelProposer::reuse_prefix(int64_t sequence, std::span<const int32_t> p
   return reused;
 }
 
+// One propose() call: its requests, the proposals it builds, and what its rounds share.
+struct ModelProposer::Call {
+  std::span<const DraftRequest> requests;
+  Proposals proposals;
+  bool keep = false;  // q kept for the proposals (any request keeps distributions)
+  // Whether each round is read back and decided before the next is fed (else all at the end,
+  // one wait for the call): where a decision changes what the next round reads (prompt lookup
+  // may propose in the model's place, a feature-reading draft reads its own output), or where
+  // stopping a row early saves work the host would do itself (a confidence floor on a backend in
+  // host memory).
+  bool settle_each_round = false;
+  int64_t row_width = 0;  // entries of a row of logits: the vocabulary, or a reduced head's
+  // [rounds] the rows each round fed, in feeding order: rows of larger gamma first, so that a
+  // round's rows, where the call settles at the end, are the start of the round's before.
+  std::vector<std::vector<int64_t>> round_rows;
+  std::vector<double> reach;   // [batch] the draft's chance its drafts so far are accepted
+  std::vector<char> stopped;   // [batch] settled: the row drafts no more
+  std::vector<int64_t> first;  // [batch] the cache position of the row's first draft
+  std::vector<std::vector<int32_t>> inputs;  // [batch] each row's tokens this round
+  // [batch] each looking-up row's text so far: its committed tokens, then this call's drafts.
+  std::vector<std::vector<int32_t>> texts;
+  // A feature-reading draft's: each row's features for this round's tokens, and its own output.
+  std::vector<std::vector<float>> feature_inputs;
+  Features own_features;
+  std::vector<SequenceInput> forward_batch;
+  // [rounds fed + 1] where each round's results block starts: [rows] SampledRow, then where the
+  // call keeps q, [rows, row_width] floats, 8-byte aligned.
+  std::vector<size_t> blocks{0};
+
+  const DraftRequest& request(int64_t b) const { return requests[static_cast<size_t>(b)]; }
+  size_t block_bytes(size_t rows) const {
+    const size_t q_bytes = keep ? static_cast<size_t>(row_width) * sizeof(float) : 0;
+    return (rows * (sizeof(kernels::SampledRow) + q_bytes) + 7) / 8 * 8;
+  }
+  // Round r's results block, on the backend or as read back.
+  template <typename Byte>
+  Byte* block(Byte* results, int64_t round) const {
+    return results + blocks[static_cast<size_t>(round)];
+  }
+  // Where in a round's block its rows' q begin.
+  size_t q_offset(int64_t round) const {
+    return round_rows[static_cast<size_t>(round)].size() * sizeof(kernels::SampledRow);
+  }
+};
+
+void ModelProposer::catch_up(Call& call, int64_t b) {
+  const DraftRequest& request = call.request(b);
+  DraftSequence& entry = state(request.sequence);
+  const SequenceId kv = entry.kv;
+  KvCache& cache = draft_.kv_cache();
+  const int64_t committed = static_cast<int64_t>(request.committed.size());
+  int64_t seen = entry.offset + cache.length(kv);
+  SPECRUN_CHECK(seen < committed)
+      << "the draft has seen every committed token, so it has no logits to draft from";
+  if (request.max_catch_up > 0 && committed - seen > request.max_catch_up) {
+    // The draft's context restarts at the latest max_catch_up tokens.
+    cache.truncate(kv, 0);
+    entry.offset = std::max(committed - request.max_catch_up, earliest_context(entry));
+    seen = entry.offset;
+  } else if (request.max_catch_up == 0 && entry.offset > earliest_context(entry)) {
+    // Drafting for real again: the whole context, as the draft was meant to see it.
+    cache.truncate(kv, 0);
+    entry.offset = earliest_context(entry);
+    seen = entry.offset;
+  }
+  if (cache.length(kv) == 0) {
+    // A fresh context starts from the cached blocks of the same text, as far as they reach
+    // (never the last token: its logits are what the first draft is drawn from).
+    seen += cache.reuse_prefix(
+        kv, request.committed.subspan(static_cast<size_t>(seen),
+                                      static_cast<size_t>(committed - seen - 1)));
+  }
+  call.inputs[static_cast<size_t>(b)].assign(request.committed.begin() + seen,
+                                             request.committed.end());
+  call.first[static_cast<size_t>(b)] = committed - entry.offset;
+  if (request.lookup_min_ngram > 0) {
+    call.texts[static_cast<size_t>(b)].assign(request.committed.begin(), request.committed.end());
+  }
+  if (reads_features()) {
+    // Token p reads the target's feature at p - 1 (zeros at the text's start).
+    const auto width = static_cast<size_t>(draft_.config().feature_width);
+    std::vector<float>& features = call.feature_inputs[static_cast<size_t>(b)];
+    features.assign(static_cast<size_t>(committed - seen) * width, 0.0f);
+    const int64_t known = static_cast<int64_t>(entry.features.size() / width);
+    for (int64_t p = std::max<int64_t>(seen, 1); p < committed; ++p) {
+      SPECRUN_CHECK(p - 1 >= entry.features_from && p - 1 < known)
+          << "the draft reads the target's feature at position " << p - 1
+          << ", which the engine has not handed over (known: " << entry.features_from << " to "
+          << known - 1 << ")";
+      std::copy_n(entry.features.begin() + static_cast<ptrdiff_t>((p - 1) * width), width,
+                  features.begin() + static_cast<ptrdiff_t>((p - seen) * width));
+    }
+  }
+}
+
+void ModelProposer::feed(Call& call, int64_t round) {
+  const std::vector<int64_t>& rows = call.round_rows[static_cast<size_t>(round)];
+  const bool with_features = reads_features();
+  const int32_t* previous_draws =
+      round > 0 ? drawn_device_.as<int32_t>() + (round - 1) * round_rows_ : nullptr;
+  call.forward_batch.clear();
+  for (size_t row = 0; row < rows.size(); ++row) {
+    const int64_t b = rows[row];
+    std::vector<int32_t>& input = call.inputs[static_cast<size_t>(b)];
+    const int32_t* device_tokens = nullptr;
+    if (round == 0) {
+      catch_up(call, b);
+    } else if (call.settle_each_round) {
+      input.assign(
+          1, call.proposals.tokens[static_cast<size_t>(b * call.proposals.gamma + round - 1)]);
+      // A feature-reading draft reads its own output feature at the position before (kept by
+      // the previous round).
+    } else {
+      // The previous round's draw, where the backend left it: the row's place in that round is
+      // its place in this one (the rounds' rows shrink from the end).
+      SPECRUN_CHECK(call.round_rows[static_cast<size_t>(round - 1)][row] == b);
+      input.assign(1, 0);  // a stand-in the KV cache records until trim_after_settling
+      device_tokens = previous_draws + row;
+    }
+    call.forward_batch.push_back(
+        {state(call.request(b).sequence).kv,
+         input,
+         false,
+         with_features ? std::span<const float>(call.feature_inputs[static_cast<size_t>(b)])
+                       : std::span<const float>(),
+         {},
+         device_tokens});
+  }
+  Logits logits;
+  logits.keep_on_device = true;  // the rows are sampled where they are
+  logits.compact_head = true;
+  draft_.forward(call.forward_batch, &logits, with_features ? &call.own_features : nullptr);
+  if (with_features) {
+    const auto width = static_cast<size_t>(draft_.config().feature_width);
+    for (size_t row = 0; row < rows.size(); ++row) {
+      const int64_t b = rows[row];
+      if (round == 0) {
+        DraftSequence& entry = state(call.request(b).sequence);
+        entry.read_target_features = draft_.kv_cache().length(entry.kv);
+      }
+      // The row's last output feature: what its next draft reads.
+      const std::span<const float> features = call.own_features.of(static_cast<int64_t>(row));
+      call.feature_inputs[static_cast<size_t>(b)].assign(
+          features.end() - static_cast<ptrdiff_t>(width), features.end());
+    }
+  }
+  enqueue_sample(call, round, logits);
+}
+
+void ModelProposer::enqueue_sample(Call& call, int64_t round, const Logits& logits) {
+  kernels::Backend& backend = draft_.backend();
+  const int64_t vocab = draft_.config().vocab_size;
+  const std::vector<int64_t>& rows = call.round_rows[static_cast<size_t>(round)];
+  const size_t first = static_cast<size_t>(round * round_rows_);
+  for (size_t row = 0; row < rows.size(); ++row) {
+    const DraftRequest& request = call.request(rows[row]);
+    int32_t candidate = -1;
+    if (request.lookup_min_ngram > 0) {
+      const std::vector<int32_t>& text = call.texts[static_cast<size_t>(rows[row])];
+      const int64_t follow =
+          lookup_continuation(text, request.lookup_min_ngram, request.lookup_max_ngram);
+      if (follow >= 0 && text[static_cast<size_t>(follow)] < vocab) {
+        candidate = text[static_cast<size_t>(follow)];
+      }
+    }
+    const SamplingParams& sampling = request.sampling ? *request.sampling : sampling_;
+    const float p_min = request.draft_p_min >= 0.0f ? request.draft_p_min : draft_p_min_;
+    kernels::SampleRow& entry = sample_rows_[first + row];
+    entry.settings = logits_settings(sampling);
+    entry.seed = request.stream.seed();
+    entry.position = request.position + round;
+    entry.rule = sampling.temperature == 0.0f ? kernels::SampleRule::kArgmax
+                 : sampling.shared_noise      ? kernels::SampleRule::kSharedNoise
+                                              : kernels::SampleRule::kInverseCdf;
+    entry.draw = Draw::kDraft;
+    // One more than the alternates wanted, as the proposal is among the ranking, and one for
+    // the contest's other offer.
+    entry.ranked = request.alternates > 0 ? static_cast<int32_t>(request.alternates + 2) : 0;
+    entry.probe = candidate;
+    // The confidence is read by lookup's test, the confidence floor and the alternates' floor.
+    entry.weigh = (candidate >= 0 && request.lookup_below < 1.0f) || p_min > 0.0f ||
+                  (request.alternates > 0 && request.alternate_floor > 0.0f);
+  }
+  auto* rows_device = sample_rows_device_.as<kernels::SampleRow>() + first;
+  SPECRUN_CHECK_OK(backend.copy_to_device(rows_device, sample_rows_.data() + first,
+                                          rows.size() * sizeof(kernels::SampleRow)),
+                   "uploading the draft's sampling rows");
+  std::byte* block = call.block(results_device_.as<std::byte>(), round);
+  float* q = call.keep ? reinterpret_cast<float*>(block + call.q_offset(round))
+                       : q_scratch_device_.as<float>();
+  SPECRUN_CHECK_OK(backend.sample({static_cast<int64_t>(rows.size()), logits.device_width, vocab},
+                                  rows_device, logits.device, head_tokens_device_.as<int32_t>(), q,
+                                  reinterpret_cast<kernels::SampledRow*>(block),
+                                  drawn_device_.as<int32_t>() + first),
+                   "sampling the draft's rows");
+}
+
+void ModelProposer::read_back(const Call& call, int64_t first, int64_t count) {
+  const size_t offset = call.blocks[static_cast<size_t>(first)];
+  const size_t bytes = call.blocks[static_cast<size_t>(first + count)] - offset;
+  SPECRUN_CHECK_OK(
+      draft_.backend().copy_to_host(reinterpret_cast<std::byte*>(results_host_.data()) + offset,
+                                    results_device_.as<std::byte>() + offset, bytes),
+      "reading the draft's draws");
+}
+
+bool ModelProposer::settle(Call& call, int64_t round, size_t row) {
+  Proposals& proposals = call.proposals;
+  const int64_t vocab = draft_.config().vocab_size;
+  const int64_t b = call.round_rows[static_cast<size_t>(round)][row];
+  const DraftRequest& request = call.request(b);
+  const std::byte* block =
+      call.block(reinterpret_cast<const std::byte*>(results_host_.data()), round);
+  const kernels::SampledRow& draw = reinterpret_cast<const kernels::SampledRow*>(block)[row];
+  const kernels::SampleRow& asked = sample_rows_[static_cast<size_t>(round * round_rows_) + row];
+  if (draw.status != static_cast<int32_t>(kernels::RowStatus::kOk)) {
+    throw_row_status(static_cast<kernels::RowStatus>(draw.status),
+                     "the draft's row for sequence " + std::to_string(request.sequence));
+  }
+  // The draft model's own confidence, its unprocessed top probability (when the row asked).
+  const double confidence = draw.top_probability;
+  // Prompt lookup offers a token where the text so far repeats itself and the model is not
+  // sure of its own (the sampled row's probe is lookup's candidate).
+  const int32_t candidate = asked.probe;
+  const int32_t looked_up =
+      candidate >= 0 && (request.lookup_below >= 1.0f || confidence < request.lookup_below)
+          ? candidate
+          : -1;
+  const float p_min = request.draft_p_min >= 0.0f ? request.draft_p_min : draft_p_min_;
+  if (looked_up < 0 && p_min > 0.0f && confidence < p_min) {
+    return false;  // stop this row without drafting
+  }
+  const auto slot = static_cast<size_t>(b * proposals.gamma + round);
+  float* kept_q = call.keep ? proposals.probs.data() + static_cast<int64_t>(slot) * vocab : nullptr;
+  if (call.keep) {
+    // [row width]: the row's q as the backend processed it, widened for a reduced head.
+    const float* q = reinterpret_cast<const float*>(block + call.q_offset(round)) +
+                     row * static_cast<size_t>(call.row_width);
+    const std::span<const int32_t> head_tokens = draft_.config().output_token_ids;
+    if (!head_tokens.empty()) {
+      for (size_t i = 0; i < head_tokens.size(); ++i) kept_q[head_tokens[i]] = q[i];
+    } else {
+      std::copy_n(q, vocab, kept_q);
+    }
+  }
+  int32_t token = draw.token;
+  if (looked_up >= 0 && looked_up != token) {
+    // A contest: the engine learns from the verdict which of the two to prefer.
+    proposals.model_offers[slot] = token;
+    proposals.lookup_offers[slot] = looked_up;
+  }
+  const int32_t proposed = looked_up >= 0 && request.prefer_lookup ? looked_up : token;
+  // Alternates: none where even the likeliest other token could not reach the floor (the
+  // draft's top token when it is not the one proposed, else the rest of its mass), so that a
+  // sure draft pays for no ranking.
+  double& row_reach = call.reach[static_cast<size_t>(b)];
+  const bool gated = request.alternate_floor > 0.0f;
+  // A token's weight, exp(logit - max logit): every token asked about is the drawn one,
+  // lookup's candidate or one of the ranking.
+  const auto weight_of = [&](int32_t id) -> float {
+    if (id == draw.token) return draw.token_weight;
+    if (id == candidate) return draw.probe_weight;
+    for (int32_t k = 0; k < asked.ranked; ++k) {
+      if (draw.ranked[k] == id) return draw.ranked_weight[k];
+    }
+    SPECRUN_CHECK(false) << "token " << id << " was not weighed with the draft's row";
+    return 0.0f;
+  };
+  // The draft's probability of a token.
+  const auto model_probability = [&](int32_t id) {
+    return static_cast<double>(weight_of(id)) * confidence;
+  };
+  bool offer = request.alternates > 0;
+  if (offer && gated) {
+    const bool proposed_is_top = weight_of(proposed) == 1.0f;
+    offer =
+        row_reach * (proposed_is_top ? 1.0 - confidence : confidence) >= request.alternate_floor;
+  }
+  if (call.keep && looked_up >= 0 && request.prefer_lookup) {
+    // Lookup's token whatever the model drew: its q is a point mass, which verification
+    // handles exactly.
+    std::fill(kept_q, kept_q + vocab, 0.0f);
+    kept_q[looked_up] = 1.0f;
+  }
+  token = proposed;
+  proposals.tokens[slot] = token;
+  if (offer) {
+    // The contest's other offer first, then the model's ranking (one more than wanted, as
+    // the proposal is among it), never the proposal twice.
+    int32_t* alternates =
+        proposals.alternates.data() + static_cast<int64_t>(slot) * proposals.alternates_width;
+    int64_t taken = 0;
+    const auto take = [&](int32_t offered) {
+      if (taken == request.alternates || offered < 0 || offered == token ||
+          std::find(alternates, alternates + taken, offered) != alternates + taken) {
+        return;
+      }
+      if (gated && row_reach * model_probability(offered) < request.alternate_floor) return;
+      alternates[taken++] = offered;
+    };
+    if (proposals.has_contests() && proposals.model_offers[slot] >= 0) {
+      take(token == looked_up ? proposals.model_offers[slot] : looked_up);
+    }
+    for (int32_t k = 0; k < asked.ranked; ++k) take(draw.ranked[k]);
+  }
+  // Once the row's reach is below the floor no later alternate can pass: the draft's
+  // probabilities are no longer needed.
+  if (gated && request.alternates > 0 && row_reach >= request.alternate_floor) {
+    row_reach *= model_probability(token);
+  }
+  if (request.lookup_min_ngram > 0) call.texts[static_cast<size_t>(b)].push_back(token);
+  proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(round + 1);
+  // The last draft is never fed: its logits would only serve a draft beyond gamma.
+  return round + 1 < request.gamma;
+}
+
+void ModelProposer::trim_after_settling(Call& call) {
+  KvCache& cache = draft_.kv_cache();
+  for (const int64_t b : call.round_rows.front()) {
+    const DraftRequest& request = call.request(b);
+    const SequenceId kv = state(request.sequence).kv;
+    // What settling each round would have left: the drafts fed, which are all but the last
+    // where the row drafted its gamma, and every one where the floor stopped it sooner.
+    const int64_t count = call.proposals.counts[static_cast<size_t>(b)];
+    const int64_t kept = std::min(count, request.gamma - 1);
+    const int64_t first = call.first[static_cast<size_t>(b)];
+    cache.truncate(kv, first + kept);
+    cache.rewrite_tokens(kv, first, call.proposals.row_tokens(b).first(static_cast<size_t>(kept)));
+  }
+}
+
 Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
   const int64_t batch = static_cast<int64_t>(requests.size());
   const int64_t vocab = draft_.config().vocab_size;
-  Proposals proposals;
+  Call call;
+  call.requests = requests;
+  Proposals& proposals = call.proposals;
   proposals.batch = batch;
   proposals.vocab = vocab;
   for (const DraftRequest& request : requests) {
@@ -191,21 +461,27 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
   }
   proposals.tokens.assign(static_cast<size_t>(batch * proposals.gamma), -1);
   proposals.counts.assign(static_cast<size_t>(batch), 0);
-  const bool keep = std::any_of(requests.begin(), requests.end(), [](const DraftRequest& request) {
-    return request.keep_distributions;
+  const auto any = [&](auto&& predicate) {
+    return std::any_of(requests.begin(), requests.end(), predicate);
+  };
+  call.keep = any([](const DraftRequest& request) { return request.keep_distributions; });
+  const bool looks_up =
+      any([](const DraftRequest& request) { return request.lookup_min_ngram > 0; });
+  const bool has_floor = any([this](const DraftRequest& request) {
+    return (request.draft_p_min >= 0.0f ? request.draft_p_min : draft_p_min_) > 0.0f;
   });
+  call.settle_each_round =
+      looks_up || reads_features() || (has_floor && draft_.backend().uses_host_memory());
   // A reduced head (ModelConfig::output_token_ids) scores part of the vocabulary, every other
   // token's logit -infinity: its rows are sampled as it scores them, entry i standing for token
   // head_tokens[i] (the softmax, filters and draws of 8,192 entries rather than 49,152 for the
   // demo's draft), and q widened to the vocabulary only where the proposals keep it.
-  const std::span<const int32_t> head_tokens = draft_.config().output_token_ids;
-  const bool reduced = !head_tokens.empty();
-  const int64_t row_width = reduced ? static_cast<int64_t>(head_tokens.size()) : vocab;
-  if (keep) {
+  const std::vector<int32_t>& head_tokens = draft_.config().output_token_ids;
+  call.row_width = head_tokens.empty() ? vocab : static_cast<int64_t>(head_tokens.size());
+  if (call.keep) {
     proposals.probs.assign(static_cast<size_t>(batch * proposals.gamma * vocab), 0.0f);
   }
-  if (std::any_of(requests.begin(), requests.end(),
-                  [](const DraftRequest& request) { return request.lookup_min_ngram > 0; })) {
+  if (looks_up) {
     proposals.model_offers.assign(static_cast<size_t>(batch * proposals.gamma), -1);
     proposals.lookup_offers.assign(static_cast<size_t>(batch * proposals.gamma), -1);
   }
@@ -216,208 +492,69 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
     proposals.alternates.assign(
         static_cast<size_t>(batch * proposals.gamma * proposals.alternates_width), -1);
   }
-  // Each row's chance, by the draft's own probabilities, that its drafts so far are accepted.
-  std::vector<double> reach(static_cast<size_t>(batch), 1.0);
+  const auto rows_of_batch = static_cast<size_t>(batch);
+  call.reach.assign(rows_of_batch, 1.0);
+  call.stopped.assign(rows_of_batch, 0);
+  call.first.assign(rows_of_batch, 0);
+  call.inputs.resize(rows_of_batch);
+  call.texts.resize(rows_of_batch);
+  call.feature_inputs.resize(reads_features() ? rows_of_batch : 0);
 
   // Each round feeds every row still drafting: first its unseen committed tokens, then its
   // previous draft. Rows drafting the same round share one batched forward.
-  std::vector<int64_t> active;
+  std::vector<int64_t> rows;
   for (int64_t b = 0; b < batch; ++b) {
-    if (requests[static_cast<size_t>(b)].gamma > 0) active.push_back(b);
+    if (requests[static_cast<size_t>(b)].gamma > 0) rows.push_back(b);
   }
-  std::vector<std::vector<int32_t>> inputs(static_cast<size_t>(batch));
-  // Each looking-up row's text so far: its committed tokens, then this call's drafts.
-  std::vector<std::vector<int32_t>> texts(static_cast<size_t>(batch));
-  std::vector<SequenceInput> forward_batch;
-  Logits logits;
-  logits.keep_on_device = true;  // the rows are sampled where they are
-  logits.compact_head = true;
-  // A feature-reading draft's: each row's features for this round's tokens, and its own output.
-  const bool with_features = reads_features();
-  const auto width = static_cast<size_t>(draft_.config().feature_width);
-  std::vector<std::vector<float>> feature_inputs(with_features ? static_cast<size_t>(batch) : 0);
-  Features own_features;
-  for (int64_t round = 0; !active.empty(); ++round) {
-    forward_batch.clear();
-    for (const int64_t b : active) {
-      const DraftRequest& request = requests[static_cast<size_t>(b)];
-      DraftSequence& entry = state(request.sequence);
-      const SequenceId kv = entry.kv;
-      std::vector<int32_t>& input = inputs[static_cast<size_t>(b)];
-      if (round == 0) {
-        KvCache& cache = draft_.kv_cache();
-        const int64_t committed = static_cast<int64_t>(request.committed.size());
-        int64_t seen = entry.offset + cache.length(kv);
-        SPECRUN_CHECK(seen < committed)
-            << "the draft has seen every committed token, so it has no logits to draft from";
-        if (request.max_catch_up > 0 && committed - seen > request.max_catch_up) {
-          // The draft's context restarts at the latest max_catch_up tokens.
-          cache.truncate(kv, 0);
-          entry.offset = std::max(committed - request.max_catch_up, earliest_context(entry));
-          seen = entry.offset;
-        } else if (request.max_catch_up == 0 && entry.offset > earliest_context(entry)) {
-          // Drafting for real again: the whole context, as the draft was meant to see it.
-          cache.truncate(kv, 0);
-          entry.offset = earliest_context(entry);
-          seen = entry.offset;
-        }
-        if (cache.length(kv) == 0) {
-          // A fresh context starts from the cached blocks of the same text, as far as they reach
-          // (never the last token: its logits are what the first draft is drawn from).
-          seen += cache.reuse_prefix(
-              kv, request.committed.subspan(static_cast<size_t>(seen),
-                                            static_cast<size_t>(committed - seen - 1)));
-        }
-        input.assign(request.committed.begin() + seen, request.committed.end());
-        if (request.lookup_min_ngram > 0) {
-          texts[static_cast<size_t>(b)].assign(request.committed.begin(), request.committed.end());
-        }
-        if (with_features) {
-          // Token p reads the target's feature at p - 1 (zeros at the text's start).
-          std::vector<float>& features = feature_inputs[static_cast<size_t>(b)];
-          features.assign(input.size() * width, 0.0f);
-          const int64_t known = static_cast<int64_t>(entry.features.size() / width);
-          for (int64_t p = std::max<int64_t>(seen, 1); p < committed; ++p) {
-            SPECRUN_CHECK(p - 1 >= entry.features_from && p - 1 < known)
-                << "the draft reads the target's feature at position " << p - 1
-                << ", which the engine has not handed over (known: " << entry.features_from
-                << " to " << known - 1 << ")";
-            std::copy_n(entry.features.begin() + static_cast<ptrdiff_t>((p - 1) * width), width,
-                        features.begin() + static_cast<ptrdiff_t>((p - seen) * width));
-          }
-        }
-      } else {
-        input.assign(1, proposals.tokens[static_cast<size_t>(b * proposals.gamma + round - 1)]);
-        // A draft reads the draft's own output feature at the position before (kept below).
-      }
-      forward_batch.push_back({kv, input, false,
-                               with_features
-                                   ? std::span<const float>(feature_inputs[static_cast<size_t>(b)])
-                                   : std::span<const float>()});
-    }
-    draft_.forward(forward_batch, &logits, with_features ? &own_features : nullptr);
-    if (with_features) {
-      for (size_t row = 0; row < active.size(); ++row) {
-        const int64_t b = active[row];
-        if (round == 0) {
-          DraftSequence& entry = state(requests[static_cast<size_t>(b)].sequence);
-          entry.read_target_features = draft_.kv_cache().length(entry.kv);
-        }
-        // The row's last output feature: what its next draft reads.
-        const std::span<const float> rows = own_features.of(static_cast<int64_t>(row));
-        feature_inputs[static_cast<size_t>(b)].assign(rows.end() - static_cast<ptrdiff_t>(width),
-                                                      rows.end());
-      }
-    }
+  std::stable_sort(rows.begin(), rows.end(), [&](int64_t a, int64_t b) {
+    return call.request(a).gamma > call.request(b).gamma;
+  });
+  if (rows.empty()) return std::move(call.proposals);
+  const int64_t rounds = proposals.gamma;
+  kernels::Backend& backend = draft_.backend();
+  round_rows_ = static_cast<int64_t>(rows.size());
+  const auto round_entries = static_cast<size_t>(rounds * round_rows_);
+  const size_t q_bytes = static_cast<size_t>(round_rows_ * call.row_width) * sizeof(float);
+  // At most every row in every round.
+  const size_t results_bytes =
+      static_cast<size_t>(rounds) * call.block_bytes(static_cast<size_t>(round_rows_));
+  sample_rows_.resize(round_entries);
+  results_host_.resize(results_bytes / 8);
+  sample_rows_device_.reserve(backend, round_entries * sizeof(kernels::SampleRow),
+                              "the draft's sampling rows");
+  results_device_.reserve(backend, results_bytes, "the draft's draws");
+  drawn_device_.reserve(backend, round_entries * sizeof(int32_t), "the draft's drawn tokens");
+  if (!call.keep) q_scratch_device_.reserve(backend, q_bytes, "the draft's distributions");
 
-    const std::vector<kernels::SampledRow>& sampled =
-        sample(requests, active, texts, logits, round, keep);
-    std::vector<int64_t> still_active;
-    for (size_t row = 0; row < active.size(); ++row) {
-      const int64_t b = active[row];
-      const DraftRequest& request = requests[static_cast<size_t>(b)];
-      const kernels::SampledRow& draw = sampled[row];
-      if (draw.status != static_cast<int32_t>(kernels::RowStatus::kOk)) {
-        throw_row_status(static_cast<kernels::RowStatus>(draw.status),
-                         "the draft's row for sequence " + std::to_string(request.sequence));
+  for (int64_t round = 0; !rows.empty(); ++round) {
+    call.round_rows.push_back(rows);
+    call.blocks.push_back(call.blocks.back() + call.block_bytes(rows.size()));
+    feed(call, round);
+    if (call.settle_each_round) {
+      read_back(call, round, 1);
+      std::vector<int64_t> drafting_on;
+      for (size_t row = 0; row < rows.size(); ++row) {
+        if (settle(call, round, row)) drafting_on.push_back(rows[row]);
       }
-      // The draft model's own confidence, its unprocessed top probability (when the row asked).
-      const double confidence = draw.top_probability;
-      // Prompt lookup offers a token where the text so far repeats itself and the model is not
-      // sure of its own (the sampled row's probe is lookup's candidate).
-      const int32_t candidate = sample_rows_[row].probe;
-      const int32_t looked_up =
-          candidate >= 0 && (request.lookup_below >= 1.0f || confidence < request.lookup_below)
-              ? candidate
-              : -1;
-      const float p_min = request.draft_p_min >= 0.0f ? request.draft_p_min : draft_p_min_;
-      if (looked_up < 0 && p_min > 0.0f && confidence < p_min) {
-        continue;  // stop this row without drafting
-      }
-      const auto slot = static_cast<size_t>(b * proposals.gamma + round);
-      float* kept_q = keep ? proposals.probs.data() + static_cast<int64_t>(slot) * vocab : nullptr;
-      if (keep) {
-        // [row_width]: the row's q as the backend processed it, widened for a reduced head.
-        const float* q = q_host_.data() + row * static_cast<size_t>(row_width);
-        if (reduced) {
-          for (size_t i = 0; i < head_tokens.size(); ++i) kept_q[head_tokens[i]] = q[i];
-        } else {
-          std::copy_n(q, vocab, kept_q);
-        }
-      }
-      int32_t token = draw.token;
-      if (looked_up >= 0 && looked_up != token) {
-        // A contest: the engine learns from the verdict which of the two to prefer.
-        proposals.model_offers[slot] = token;
-        proposals.lookup_offers[slot] = looked_up;
-      }
-      const int32_t proposed = looked_up >= 0 && request.prefer_lookup ? looked_up : token;
-      // Alternates: none where even the likeliest other token could not reach the floor (the
-      // draft's top token when it is not the one proposed, else the rest of its mass), so that a
-      // sure draft pays for no ranking.
-      double& row_reach = reach[static_cast<size_t>(b)];
-      const bool gated = request.alternate_floor > 0.0f;
-      // A token's weight, exp(logit - max logit): every token asked about is the drawn one,
-      // lookup's candidate or one of the ranking.
-      const auto weight_of = [&](int32_t id) -> float {
-        if (id == draw.token) return draw.token_weight;
-        if (id == candidate) return draw.probe_weight;
-        for (int32_t k = 0; k < sample_rows_[row].ranked; ++k) {
-          if (draw.ranked[k] == id) return draw.ranked_weight[k];
-        }
-        SPECRUN_CHECK(false) << "token " << id << " was not weighed with the draft's row";
-        return 0.0f;
-      };
-      // The draft's probability of a token.
-      const auto model_probability = [&](int32_t id) {
-        return static_cast<double>(weight_of(id)) * confidence;
-      };
-      bool offer = request.alternates > 0;
-      if (offer && gated) {
-        const bool proposed_is_top = weight_of(proposed) == 1.0f;
-        offer = row_reach * (proposed_is_top ? 1.0 - confidence : confidence) >=
-                request.alternate_floor;
-      }
-      if (keep && looked_up >= 0 && request.prefer_lookup) {
-        // Lookup's token whatever the model drew: its q is a point mass, which verification
-        // handles exactly.
-        std::fill(kept_q, kept_q + vocab, 0.0f);
-        kept_q[looked_up] = 1.0f;
-      }
-      token = proposed;
-      proposals.tokens[slot] = token;
-      if (offer) {
-        // The contest's other offer first, then the model's ranking (one more than wanted, as
-        // the proposal is among it), never the proposal twice.
-        int32_t* alternates =
-            proposals.alternates.data() + static_cast<int64_t>(slot) * proposals.alternates_width;
-        int64_t taken = 0;
-        const auto take = [&](int32_t offered) {
-          if (taken == request.alternates || offered < 0 || offered == token ||
-              std::find(alternates, alternates + taken, offered) != alternates + taken) {
-            return;
-          }
-          if (gated && row_reach * model_probability(offered) < request.alternate_floor) return;
-          alternates[taken++] = offered;
-        };
-        if (proposals.has_contests() && proposals.model_offers[slot] >= 0) {
-          take(token == looked_up ? proposals.model_offers[slot] : looked_up);
-        }
-        for (int32_t k = 0; k < sample_rows_[row].ranked; ++k) take(draw.ranked[k]);
-      }
-      // Once the row's reach is below the floor no later alternate can pass: the draft's
-      // probabilities are no longer needed.
-      if (gated && request.alternates > 0 && row_reach >= request.alternate_floor) {
-        row_reach *= model_probability(token);
-      }
-      if (request.lookup_min_ngram > 0) texts[static_cast<size_t>(b)].push_back(token);
-      proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(round + 1);
-      // The last draft is never fed: its logits would only serve a draft beyond gamma.
-      if (round + 1 < request.gamma) still_active.push_back(b);
+      rows.swap(drafting_on);
+    } else {
+      // Every row drafts to its gamma; the host decides once every round is read back.
+      std::erase_if(rows, [&](int64_t b) { return call.request(b).gamma <= round + 1; });
     }
-    active.swap(still_active);
   }
-  return proposals;
+  if (!call.settle_each_round) {
+    const auto fed = static_cast<int64_t>(call.round_rows.size());
+    read_back(call, 0, fed);
+    for (int64_t round = 0; round < fed; ++round) {
+      const std::vector<int64_t>& round_rows = call.round_rows[static_cast<size_t>(round)];
+      for (size_t row = 0; row < round_rows.size(); ++row) {
+        char& stopped = call.stopped[static_cast<size_t>(round_rows[row])];
+        if (!stopped && !settle(call, round, row)) stopped = 1;
+      }
+    }
+    trim_after_settling(call);
+  }
+  return std::move(call.proposals);
 }
 
 int64_t lookup_continuation(std::span<const int32_t> text, int64_t min_ngram, int64_t max_ngram) {

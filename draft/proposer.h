@@ -129,23 +129,40 @@ class ModelProposer : public Proposer {
     int64_t read_target_features = 0;
   };
   std::vector<DraftSequence> sequences_;
-  // The sampling of one draft position (Backend::sample), reused from call to call: the rows as
-  // the host writes them and reads them back, q read back where the proposals keep it, and their
-  // buffers on the draft's backend.
-  std::vector<kernels::SampleRow> sample_rows_;  // [active rows]
-  std::vector<kernels::SampledRow> sampled_;     // [active rows]
-  std::vector<float> q_host_;                    // [active rows, row width]
-  DeviceBuffer sample_rows_device_;              // [active rows] SampleRow
-  DeviceBuffer sampled_device_;                  // [active rows] SampledRow
-  DeviceBuffer q_device_;                        // [active rows, row width]
-  DeviceBuffer head_tokens_device_;              // a reduced head's output_token_ids
-  // Samples this round's rows of `logits` (those of `active`, in order) on the draft's backend
-  // and reads back what the host decides from (and q when `keep`). Lookup's candidate for each
-  // row, from `texts`, is its probe.
-  const std::vector<kernels::SampledRow>& sample(std::span<const DraftRequest> requests,
-                                                 std::span<const int64_t> active,
-                                                 const std::vector<std::vector<int32_t>>& texts,
-                                                 const Logits& logits, int64_t round, bool keep);
+
+  // One propose() call's state, shared by its phases (defined in proposer.cpp).
+  struct Call;
+  // Each round of drafting samples its rows on the draft's backend (Backend::sample). Round r's
+  // rows are entries [r * round_rows_, (r + 1) * round_rows_) of the sampling rows and drawn
+  // tokens; its results block (its SampledRows, then their q where the call keeps them) follows
+  // the blocks of the rounds before it, and comes back with them in one copy. Reused from call
+  // to call.
+  int64_t round_rows_ = 0;                       // rows of the call's first round
+  std::vector<kernels::SampleRow> sample_rows_;  // [rounds, round_rows_] as the host wrote them
+  std::vector<uint64_t> results_host_;           // the results blocks read back
+  DeviceBuffer sample_rows_device_;              // [rounds, round_rows_] SampleRow
+  DeviceBuffer results_device_;                  // the rounds' results blocks
+  DeviceBuffer drawn_device_;        // [rounds, round_rows_] int32: what each round's rows drew
+  DeviceBuffer q_scratch_device_;    // [round_rows_, row width]: q where the call keeps none
+  DeviceBuffer head_tokens_device_;  // a reduced head's output_token_ids
+
+  // The round's forward: each row of the round reads its unseen committed tokens (round 0) or
+  // its previous draft, from the host or, where the call settles its rounds at the end, straight
+  // from the draft's memory.
+  void feed(Call& call, int64_t round);
+  // Round 0's input for row b: the committed tokens the draft has not read, its context first
+  // restarted where the request bounds the catch-up.
+  void catch_up(Call& call, int64_t b);
+  // Enqueues the sampling of the round's rows of the forward's logits.
+  void enqueue_sample(Call& call, int64_t round, const Logits& logits);
+  // Reads back the results blocks of rounds [first, first + count) in one copy.
+  void read_back(const Call& call, int64_t first, int64_t count);
+  // The host's decisions for one row of a round read back (lookup, the confidence floor,
+  // alternates, q): records its draft, and says whether the row drafts on.
+  bool settle(Call& call, int64_t round, size_t row);
+  // A call that settled at the end fed every row up to its gamma: the cache positions past the
+  // drafts a row kept are dropped, and the kept ones learn their token ids.
+  void trim_after_settling(Call& call);
   DraftSequence& state(int64_t sequence);
   // Where a feature-reading draft's context may start: past the positions whose target features
   // were never computed (served from the target's prefix cache); 0 for any other draft.

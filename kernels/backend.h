@@ -530,14 +530,17 @@ class Backend {
   // weights of the tokens reported, into out[r]. A row whose logits cannot be processed gets its
   // status, token -1 and no ranking. With a token map, entry i of a row stands for token
   // tokens[i] (a reduced head's rows), and every token reported is an id: the draws, ranking and
-  // weights are those the full row (-infinity past the map) would give.
-  // kernels/cpu/sampling.h's sample_row is the reference.
+  // weights are those the full row (-infinity past the map) would give. Where `drawn` is given,
+  // each row's token is written there too, contiguous and 0 where the row failed: what the
+  // model's next forward reads straight from the backend's memory (SequenceInput::device_tokens)
+  // without the host waiting for it. kernels/cpu/sampling.h's sample_row is the reference.
   virtual Status sample(const SampleParams& params,
                         const SampleRow* rows,  // [rows]
                         const float* logits,    // [rows, width]
                         const int32_t* tokens,  // [width], strictly increasing; or null
                         float* q,               // [rows, width]
-                        SampledRow* out) = 0;   // [rows]
+                        SampledRow* out,        // [rows]
+                        int32_t* drawn) = 0;    // [rows] or null
 
   // accumulator += addend, elementwise (the residual connection).
   virtual Status add(int64_t count,

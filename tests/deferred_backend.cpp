@@ -310,8 +310,9 @@ Status DeferredBackend::argmax(const kernels::LogitsParams& params, const float*
 
 Status DeferredBackend::sample(const kernels::SampleParams& params, const kernels::SampleRow* rows,
                                const float* logits, const int32_t* tokens, float* q,
-                               kernels::SampledRow* out) {
-  return enqueue([=](CpuBackend& cpu) { return cpu.sample(params, rows, logits, tokens, q, out); });
+                               kernels::SampledRow* out, int32_t* drawn) {
+  return enqueue(
+      [=](CpuBackend& cpu) { return cpu.sample(params, rows, logits, tokens, q, out, drawn); });
 }
 
 Status DeferredBackend::verify(const kernels::VerifyParams& params, const kernels::VerifyRow* rows,

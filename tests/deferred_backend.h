@@ -88,8 +88,8 @@ class DeferredBackend final : public kernels::Backend {
                         int32_t* row_status) override;
   Status argmax(const kernels::LogitsParams& params, const float* values, int32_t* out) override;
   Status sample(const kernels::SampleParams& params, const kernels::SampleRow* rows,
-                const float* logits, const int32_t* tokens, float* q,
-                kernels::SampledRow* out) override;
+                const float* logits, const int32_t* tokens, float* q, kernels::SampledRow* out,
+                int32_t* drawn) override;
   Status verify(const kernels::VerifyParams& params, const kernels::VerifyRow* rows, const float* p,
                 const int32_t* p_status, const float* q, const int32_t* drafts,
                 const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,

@@ -510,10 +510,10 @@ class CorruptDraftBackend final : public testing::ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
   Status sample(const kernels::SampleParams& params, const kernels::SampleRow* rows,
-                const float* logits, const int32_t* tokens, float* q,
-                kernels::SampledRow* out) override {
+                const float* logits, const int32_t* tokens, float* q, kernels::SampledRow* out,
+                int32_t* drawn) override {
     const_cast<float*>(logits)[0] = std::numeric_limits<float>::quiet_NaN();
-    return ForwardingBackend::sample(params, rows, logits, tokens, q, out);
+    return ForwardingBackend::sample(params, rows, logits, tokens, q, out, drawn);
   }
 };
 
@@ -541,13 +541,15 @@ TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
   // backend once (the verdict) and copies back a few words a row, however many drafts it verified
   // and whatever the sampling: at most (gamma + 2) x rows x 8 bytes. Plain decoding and prompt
   // lookup draft on the host without reading any logits. A draft model samples its rows where
-  // they were computed too: each draft position waits once more and reads back a SampledRow a
-  // row (a few dozen bytes, where a row of logits is vocab x 4), and rejection sampling, which
-  // reads q on the host, its distributions.
+  // they were computed too and reads back a SampledRow a row and draft (a few dozen bytes, where a
+  // row of logits is vocab x 4), and rejection sampling, which reads q on the host, its
+  // distributions: once a step, its rounds feeding one another on the backend, or once a draft
+  // position where prompt lookup may propose in the model's place (the host decides each round).
   struct Case {
     SpeculationMethod method;
     float temperature;
     bool shared_noise;
+    bool lookup_in_drafts = false;  // speculative.draft_lookup_ngram
   };
   const Case cases[] = {{SpeculationMethod::kNone, 0.0f, false},
                         {SpeculationMethod::kNone, 0.8f, false},
@@ -556,13 +558,17 @@ TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
                         {SpeculationMethod::kPromptLookup, 0.8f, true},
                         {SpeculationMethod::kDraftModel, 0.0f, false},
                         {SpeculationMethod::kDraftModel, 0.8f, true},
-                        {SpeculationMethod::kDraftModel, 0.8f, false}};
+                        {SpeculationMethod::kDraftModel, 0.8f, false},
+                        {SpeculationMethod::kDraftModel, 0.0f, false, true},
+                        {SpeculationMethod::kDraftModel, 0.8f, true, true},
+                        {SpeculationMethod::kDraftModel, 0.8f, false, true}};
   const int64_t gamma = 4;
   const int64_t vocab = draft_->config().vocab_size;
   ASSERT_GT(vocab * 4, static_cast<int64_t>(sizeof(kernels::SampledRow)));
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(to_string(c.method)) + " at T " + std::to_string(c.temperature) +
-                 (c.shared_noise ? " with shared noise" : ""));
+                 (c.shared_noise ? " with shared noise" : "") +
+                 (c.lookup_in_drafts ? ", lookup in the drafts" : ""));
     std::vector<EngineRequest> requests;
     for (int i = 0; i < 3; ++i) {
       // Repetitive prompts, so that prompt lookup finds drafts.
@@ -572,6 +578,7 @@ TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
                                 static_cast<uint64_t>(i));
       r.speculation.verification =
           c.shared_noise ? Verification::kSharedNoise : Verification::kRejection;
+      r.speculation.draft_lookup_ngram = c.lookup_in_drafts ? 2 : 0;
       requests.push_back(std::move(r));
     }
     BatchEngine engine(*target_, draft_.get(), {.max_batch = 4});
@@ -587,7 +594,7 @@ TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
     } else {
       const bool reads_q = c.temperature > 0.0f && !c.shared_noise;
       EXPECT_GT(stats.drafted, 0);
-      EXPECT_LE(stats.host_waits, stats.steps * (1 + gamma * (reads_q ? 2 : 1)));
+      EXPECT_LE(stats.host_waits, stats.steps * (1 + (c.lookup_in_drafts ? gamma : 1)));
       const uint64_t per_draft =
           sizeof(kernels::SampledRow) + (reads_q ? static_cast<uint64_t>(vocab) * 4 : 0);
       EXPECT_LE(stats.bytes_to_host,

@@ -108,7 +108,7 @@ kernels::SampledRow hand_over(Backend& producer, bool wait) {
   }
   EXPECT_TRUE(consumer
                   ->sample({1, kVocab, kVocab}, rows.as<kernels::SampleRow>(), logits.as<float>(),
-                           nullptr, q.as<float>(), out.as<kernels::SampledRow>())
+                           nullptr, q.as<float>(), out.as<kernels::SampledRow>(), nullptr)
                   .is_ok());
   kernels::SampledRow sampled{};
   EXPECT_TRUE(consumer->copy_to_host(&sampled, out.data(), sizeof(sampled)).is_ok());

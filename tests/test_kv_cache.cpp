@@ -263,6 +263,27 @@ TEST_F(KvCacheTest, TruncationInsideASealedBlockIsRefused) {
   EXPECT_NE(table(cache_, b)[1], table(cache_, a)[1]);
 }
 
+TEST_F(KvCacheTest, TokensLearnedAfterTheyWereFedKeyTheBlocksTheySeal) {
+  // Positions fed from the backend's memory are appended with stand-ins, then told their ids:
+  // the sealed block is keyed by the ids, not the stand-ins.
+  const SequenceId a = cache_.add_sequence();
+  cache_.append(a, ids(5));
+  cache_.append(a, std::vector<int32_t>(3, 0));  // positions 5..7, ids not known yet
+  cache_.rewrite_tokens(a, 5, std::vector<int32_t>{15, 16, 17});
+  cache_.seal(a, 8);
+  const SequenceId b = cache_.add_sequence();
+  EXPECT_EQ(cache_.reuse_prefix(b, ids(9)), 8);
+  // Sealed positions and positions past the sequence are refused, naming them.
+  testing::expect_error([&] { cache_.rewrite_tokens(a, 7, std::vector<int32_t>{1}); },
+                        {"rewrite", "position 7", "sealed to 8"});
+  cache_.append(a, ids(2, 60));
+  testing::expect_error(
+      [&] {
+        cache_.rewrite_tokens(a, 9, std::vector<int32_t>{1, 2});
+      },
+      {"rewrite 2 tokens", "length 10"});
+}
+
 TEST_F(KvCacheTest, APrefixComputedTwiceIsCachedOnce) {
   const SequenceId a = cache_.add_sequence();
   const SequenceId b = cache_.add_sequence();

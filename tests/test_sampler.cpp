@@ -760,7 +760,7 @@ TEST(SampleRow, TheOpRefusesAShapeItCannotTake) {
   for (const kernels::SampleParams params :
        {kernels::SampleParams{1, 8, 9}, kernels::SampleParams{1, 0, 0},
         kernels::SampleParams{-1, 8, 8}}) {
-    const Status status = cpu.sample(params, &row, logits.data(), nullptr, q.data(), &out);
+    const Status status = cpu.sample(params, &row, logits.data(), nullptr, q.data(), &out, nullptr);
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(status.to_string().find("sample:"), std::string::npos) << status.to_string();
   }
@@ -770,9 +770,35 @@ TEST(SampleRow, TheOpRefusesAShapeItCannotTake) {
   SamplingParams greedy;
   greedy.temperature = 0.0f;
   const kernels::SampleRow argmax_row = sample_row_of(greedy, 1, 0, 0, -1);
-  EXPECT_TRUE(
-      cpu.sample({1, 8, 15}, &argmax_row, logits.data(), map.data(), q.data(), &out).is_ok());
+  int32_t drawn = -7;
+  EXPECT_TRUE(cpu.sample({1, 8, 15}, &argmax_row, logits.data(), map.data(), q.data(), &out, &drawn)
+                  .is_ok());
   EXPECT_EQ(out.token, 6);
+  EXPECT_EQ(drawn, 6);
+}
+
+TEST(SampleRow, TheOpWritesEachTokenAgainForTheNextForwardAndZeroForAFailedRow) {
+  // `drawn` is what a model's next forward reads on the backend: contiguous, and a valid id even
+  // where the row failed (its status says so), so that no forward indexes past the embeddings.
+  kernels::cpu::CpuBackend cpu(std::make_shared<kernels::cpu::ThreadPool>(2));
+  const int64_t width = 8;
+  std::vector<float> logits(3 * width, 0.0f), q(3 * width);
+  logits[0 * width + 5] = 2.0f;
+  logits[1 * width + 0] = std::numeric_limits<float>::quiet_NaN();
+  logits[2 * width + 3] = 2.0f;
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const std::vector<kernels::SampleRow> rows(3, sample_row_of(greedy, 1, 0, 0, -1));
+  std::vector<kernels::SampledRow> out(3);
+  std::vector<int32_t> drawn(3, -7);
+  ASSERT_TRUE(cpu.sample({3, width, width}, rows.data(), logits.data(), nullptr, q.data(),
+                         out.data(), drawn.data())
+                  .is_ok());
+  EXPECT_EQ(out[0].token, 5);
+  EXPECT_EQ(out[1].token, -1);
+  EXPECT_NE(out[1].status, static_cast<int32_t>(kernels::RowStatus::kOk));
+  EXPECT_EQ(out[2].token, 3);
+  EXPECT_EQ(drawn, (std::vector<int32_t>{5, 0, 3}));
 }
 
 }  // namespace

@@ -729,6 +729,98 @@ TEST_F(SpeculativeTest, ProposerCachesRollBackToTheCommittedPrefix) {
   }
 }
 
+// Without prompt lookup a draft's rounds feed one another on its backend (each round's tokens read
+// by the next forward where the sample op left them) and the host reads every round back at once:
+// one wait a call, where settling each round waits once a round. A confidence floor makes a
+// backend in host memory settle each round (a row stopped early saves the work it would do) and a
+// device settle at the end: the same drafts, alternates, q and draft caches either way, and the
+// cache's tokens, learned after they were fed, key the prefix cache as the text does.
+TEST_F(SpeculativeTest, DraftingSettledAtTheEndProposesWhatSettlingEachRoundDoes) {
+  ModelOptions options;
+  options.kv_block_size = 4;
+  testing::DeferredBackend deferred(testing::make_cpu_backend(2), /*seed=*/11);
+  const std::unique_ptr<kernels::cpu::CpuBackend> host = testing::make_cpu_backend(2);
+  const std::unique_ptr<Model> on_host = Model::load(dir_ / "draft", *host, options);
+  const std::unique_ptr<Model> on_device = Model::load(dir_ / "draft", deferred, options);
+  const std::vector<std::vector<int32_t>> texts = {
+      {1, 5, 9, 13, 17}, {1, 40, 41, 42, 40, 41}, {7, 7, 7}};
+  const int64_t gammas[] = {5, 2, 4};
+  int64_t stopped_early = 0;
+  for (const float temperature : {0.0f, 0.8f}) {
+    for (const bool keep : {true, false}) {
+      for (const float floor : {0.0f, 0.065f}) {
+        SCOPED_TRACE("temperature " + std::to_string(temperature) + (keep ? ", q kept" : "") +
+                     ", floor " + std::to_string(floor));
+        SamplingParams params;
+        params.temperature = temperature;
+        params.top_k = 40;
+        struct Run {
+          Proposals first, second;
+          std::vector<int64_t> cached;
+          int64_t reused = 0;
+          int64_t waits = 0;
+        };
+        const auto run = [&](Model& draft) {
+          ModelProposer proposer(draft, params, 0.0f);
+          std::vector<DraftRequest> requests;
+          for (int64_t s = 0; s < 3; ++s) {
+            proposer.add_sequence(s);
+            DraftRequest request{s, texts[static_cast<size_t>(s)], gammas[s], RandomStream(9 + s),
+                                 static_cast<int64_t>(texts[static_cast<size_t>(s)].size())};
+            request.draft_p_min = s == 0 ? 0.0f : floor;  // row 0 always drafts its gamma
+            request.alternates = 2;
+            request.alternate_floor = 0.01f;
+            request.keep_distributions = keep;
+            requests.push_back(request);
+          }
+          Run result;
+          const uint64_t waits_before = draft.backend().transfer_counts().host_waits;
+          result.first = proposer.propose(requests);
+          result.waits =
+              static_cast<int64_t>(draft.backend().transfer_counts().host_waits - waits_before);
+          // Every draft accepted: the committed text grows by them and the caches seal it.
+          std::vector<std::vector<int32_t>> grown = texts;
+          for (int64_t s = 0; s < 3; ++s) {
+            for (const int32_t token : result.first.row_tokens(s)) {
+              grown[static_cast<size_t>(s)].push_back(token);
+            }
+            proposer.rollback(s, static_cast<int64_t>(grown[static_cast<size_t>(s)].size()));
+            result.cached.push_back(proposer.cached_length(s));
+            grown[static_cast<size_t>(s)].push_back(3);  // the target's own next token
+            requests[static_cast<size_t>(s)].committed = grown[static_cast<size_t>(s)];
+            requests[static_cast<size_t>(s)].position += 1 + result.first.counts[s];
+          }
+          result.second = proposer.propose(requests);
+          // A new sequence with row 0's text takes the blocks its drafts filled.
+          proposer.add_sequence(3);
+          result.reused = proposer.reuse_prefix(3, grown[0]);
+          return result;
+        };
+        const Run each_round = run(*on_host);
+        const Run at_end = run(*on_device);
+        for (const auto& [want, got] : {std::pair(&each_round.first, &at_end.first),
+                                        std::pair(&each_round.second, &at_end.second)}) {
+          EXPECT_EQ(got->counts, want->counts);
+          EXPECT_EQ(got->tokens, want->tokens);
+          EXPECT_EQ(got->alternates, want->alternates);
+          EXPECT_EQ(got->probs, want->probs);
+        }
+        EXPECT_EQ(at_end.cached, each_round.cached);
+        EXPECT_EQ(at_end.reused, each_round.reused);
+        // Row 0 drafted 5 after 5 committed tokens: its cache sealed 2 blocks of 4.
+        EXPECT_EQ(at_end.reused, 8);
+        EXPECT_EQ(at_end.waits, 1);
+        EXPECT_EQ(each_round.waits, floor > 0.0f ? gammas[0] : 1);
+        for (int64_t s = 1; s < 3; ++s) {
+          if (each_round.first.counts[s] < gammas[s]) ++stopped_early;
+        }
+      }
+    }
+  }
+  // The floor stopped some row before its gamma, or the comparison tested no trimming.
+  EXPECT_GT(stopped_early, 0);
+}
+
 // Greedy and shared-noise verification read the drafts alone: asked to keep no distributions, the
 // proposer draws the same drafts and alternates (its q still decides its draw) but keeps no
 // vocabulary-wide row per draft, so the verifier sees point masses; rejection sampling reads q.

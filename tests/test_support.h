@@ -287,8 +287,9 @@ class ForwardingBackend : public kernels::Backend {
   Status record(kernels::Event& event) override { return inner_.record(event); }
   Status wait(const kernels::Event& event) override { return inner_.wait(event); }
   Status sample(const kernels::SampleParams& p, const kernels::SampleRow* rows, const float* logits,
-                const int32_t* tokens, float* q, kernels::SampledRow* out) override {
-    return inner_.sample(p, rows, logits, tokens, q, out);
+                const int32_t* tokens, float* q, kernels::SampledRow* out,
+                int32_t* drawn) override {
+    return inner_.sample(p, rows, logits, tokens, q, out, drawn);
   }
   Status verify(const kernels::VerifyParams& p, const kernels::VerifyRow* rows, const float* probs,
                 const int32_t* p_status, const float* q, const int32_t* drafts,

@@ -219,7 +219,7 @@ Status CpuBackend::argmax(const LogitsParams& params, const float* values, int32
 }
 
 Status CpuBackend::sample(const SampleParams& params, const SampleRow* rows, const float* logits,
-                          const int32_t* tokens, float* q, SampledRow* out) {
+                          const int32_t* tokens, float* q, SampledRow* out, int32_t* drawn) {
   if (Status status = check_sample(params, tokens); !status.is_ok()) return status;
   const auto width = static_cast<size_t>(params.width);
   const std::span<const int32_t> map =
@@ -227,6 +227,7 @@ Status CpuBackend::sample(const SampleParams& params, const SampleRow* rows, con
   for_each_on_host(params.rows, [&](int64_t r) {
     const size_t offset = static_cast<size_t>(r) * width;
     cpu::sample_row(rows[r], {logits + offset, width}, map, {q + offset, width}, out + r);
+    if (drawn != nullptr) drawn[r] = std::max(out[r].token, 0);
   });
   return Status::ok();
 }

@@ -614,7 +614,7 @@ Status CudaBackend::argmax(const LogitsParams& params, const float* values, int3
 }
 
 Status CudaBackend::sample(const SampleParams& params, const SampleRow* rows, const float* logits,
-                           const int32_t* tokens, float* q, SampledRow* out) {
+                           const int32_t* tokens, float* q, SampledRow* out, int32_t* drawn) {
   if (Status status = check_sample(params, tokens); !status.is_ok()) return status;
   if (params.rows == 0) return Status::ok();
   DeviceScope scope(device_);
@@ -624,7 +624,7 @@ Status CudaBackend::sample(const SampleParams& params, const SampleRow* rows, co
     return status;
   }
   if (Status status = ensure_scratch(workspace_bytes); !status.is_ok()) return status;
-  return launch_sample_rows(params, rows, logits, tokens, scratch_, workspace_bytes, q, out,
+  return launch_sample_rows(params, rows, logits, tokens, scratch_, workspace_bytes, q, out, drawn,
                             stream_);
 }
 

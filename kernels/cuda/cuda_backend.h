@@ -139,7 +139,7 @@ class CudaBackend final : public Backend {
                         const LogitsSettings* settings, float* probs, int32_t* row_status) override;
   Status argmax(const LogitsParams& params, const float* values, int32_t* out) override;
   Status sample(const SampleParams& params, const SampleRow* rows, const float* logits,
-                const int32_t* tokens, float* q, SampledRow* out) override;
+                const int32_t* tokens, float* q, SampledRow* out, int32_t* drawn) override;
   Status verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
                 const int32_t* p_status, const float* q, const int32_t* drafts,
                 const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,

@@ -392,7 +392,8 @@ __global__ void __launch_bounds__(kThreads)
                        int64_t width,              //
                        const int32_t* row_status,  // [rows] process_logits'
                        float* q,                   // [rows, width]
-                       SampledRow* out) {          // [rows]
+                       SampledRow* out,            // [rows]
+                       int32_t* drawn) {           // [rows] or null
   __shared__ SampleRowStorage storage;
   const int64_t r = blockIdx.x;
   const SampleRow row = rows[r];
@@ -492,7 +493,10 @@ __global__ void __launch_bounds__(kThreads)
     result.status = status;
   }
   __syncthreads();
-  if (threadIdx.x == 0) out[r] = result;
+  if (threadIdx.x == 0) {
+    out[r] = result;
+    if (drawn != nullptr) drawn[r] = max(result.token, 0);
+  }
 }
 
 // ---- Host side ----------------------------------------------------------------------------------
@@ -669,7 +673,7 @@ Status sample_workspace_bytes(const SampleParams& params, size_t* bytes) {
 
 Status launch_sample_rows(const SampleParams& params, const SampleRow* rows, const float* logits,
                           const int32_t* tokens, void* workspace, size_t workspace_bytes, float* q,
-                          SampledRow* out, CUstream_st* stream) {
+                          SampledRow* out, int32_t* drawn, CUstream_st* stream) {
   if (Status status = check_sample(params, tokens); !status.is_ok()) return status;
   if (params.rows > INT32_MAX) return Status::unsupported("sample: more than 2^31 - 1 rows");
   if (params.rows == 0) return Status::ok();
@@ -704,7 +708,7 @@ Status launch_sample_rows(const SampleParams& params, const SampleRow* rows, con
     return status;
   }
   sample_rows_kernel<<<static_cast<unsigned>(params.rows), kThreads, 0, stream>>>(
-      rows, logits, tokens, params.width, statuses, q, out);
+      rows, logits, tokens, params.width, statuses, q, out, drawn);
   return launch_status("sample kernel");
 }
 

@@ -100,6 +100,7 @@ Status launch_sample_rows(const SampleParams& params,
                           size_t workspace_bytes,  //
                           float* q,                // [rows, width]
                           SampledRow* out,         // [rows]
+                          int32_t* drawn,          // [rows] or null
                           CUstream_st* stream);
 
 }  // namespace specrun::kernels::cuda

@@ -268,6 +268,21 @@ void KvCache::copy_position(SequenceId sequence, int64_t from, int64_t to) {
   }
 }
 
+void KvCache::rewrite_tokens(SequenceId sequence, int64_t position,
+                             std::span<const int32_t> tokens) {
+  Sequence& entry = get(sequence);
+  const int64_t sealed_length = static_cast<int64_t>(entry.sealed.size()) * layout_.block_size;
+  const auto count = static_cast<int64_t>(tokens.size());
+  if (position < sealed_length || count > entry.length - position) {
+    throw Error("KV cache: cannot rewrite " + std::to_string(count) + " tokens at position " +
+                std::to_string(position) + " of sequence " + std::to_string(sequence) +
+                " of length " + std::to_string(entry.length) + ", sealed to " +
+                std::to_string(sealed_length));
+  }
+  if (!prefix_caching_) return;
+  std::copy(tokens.begin(), tokens.end(), entry.tokens.begin() + static_cast<ptrdiff_t>(position));
+}
+
 int32_t KvCache::slot(SequenceId sequence, int64_t position) const {
   const Sequence& entry = get(sequence);
   SPECRUN_CHECK(position >= 0 && position < entry.length)

@@ -100,6 +100,10 @@ class KvCache {
   // same sequence: an accepted branch of a token tree, scored past the chain in the cache, moved
   // to the position its depth gives it. Both below length(); `to` past the sealed positions.
   void copy_position(SequenceId sequence, int64_t from, int64_t to);
+  // Positions [position, position + tokens.size()) hold `tokens`: ids learned after they were
+  // appended (fed from the backend's memory, SequenceInput::device_tokens), recorded before
+  // they are sealed. All below length(), past the sealed positions.
+  void rewrite_tokens(SequenceId sequence, int64_t position, std::span<const int32_t> tokens);
 
   std::span<const int32_t> block_table(SequenceId sequence) const { return get(sequence).blocks; }
   // Where position `position` of the sequence lives in the pool.

@@ -746,6 +746,37 @@ void Model::matmul_group(const float* x, std::span<const GroupMember> members, i
   SPECRUN_CHECK_OK(backend_.matmul_group(x, targets, members.size()), layer_op(what, layer));
 }
 
+void Model::copy_device_tokens(std::span<const SequenceInput> batch, int32_t* tokens) {
+  // [tokens] in batch order. Inputs whose ids lie back to back on the backend (a draft's rows,
+  // fed in the order they were sampled) are one copy.
+  int64_t at = 0;
+  const int32_t* run_source = nullptr;
+  int64_t run_begin = 0;
+  int64_t run_length = 0;
+  const auto flush = [&] {
+    if (run_length == 0) return;
+    SPECRUN_CHECK_OK(backend_.copy_on_device(tokens + run_begin, run_source,
+                                             static_cast<size_t>(run_length) * sizeof(int32_t)),
+                     "gathering the token ids the backend drew");
+    run_length = 0;
+  };
+  for (const SequenceInput& input : batch) {
+    const auto count = static_cast<int64_t>(input.tokens.size());
+    if (input.device_tokens == nullptr) {
+      flush();
+    } else if (run_length > 0 && input.device_tokens == run_source + run_length) {
+      run_length += count;
+    } else {
+      flush();
+      run_source = input.device_tokens;
+      run_begin = at;
+      run_length = count;
+    }
+    at += count;
+  }
+  flush();
+}
+
 void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Features* features) {
   const ModelConfig& c = config();
   logits->vocab_size = c.vocab_size;
@@ -774,7 +805,8 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
       throw Error("forward: sequence " + std::to_string(input.sequence) + " has no new tokens");
     }
     for (const int32_t token : input.tokens) {
-      if (token < 0 || token >= c.vocab_size) {
+      // Ids on the backend are the sample op's, in range by its contract.
+      if (input.device_tokens == nullptr && (token < 0 || token >= c.vocab_size)) {
         throw Error("forward: token id " + std::to_string(token) +
                     " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
       }
@@ -885,6 +917,7 @@ void Model::forward(std::span<const SequenceInput> batch, Logits* logits, Featur
     w.context_lengths = device_metadata + (context_lengths - metadata.data());
     w.block_tables = device_metadata + (block_tables - metadata.data());
     w.key_gaps = any_tree ? device_metadata + (key_gaps - metadata.data()) : nullptr;
+    copy_device_tokens(batch, w.tokens);
 
     run_layers(num_tokens, num_seqs, max_blocks);
 

@@ -74,6 +74,11 @@ struct SequenceInput {
   // at its parent: a chain with branches forking from it (what Backend::attention's key gaps
   // express; backends without them take no tree).
   std::span<const int32_t> parents{};
+  // Where the new tokens' ids lie in the backend's memory, [tokens], when the host has not read
+  // them (a draft's draws, fed on without waiting for them: Backend::sample's `drawn`); `tokens`
+  // then gives only their count, and the KV cache records its values until they are rewritten
+  // (KvCache::rewrite_tokens) once known. Null: the ids are `tokens`.
+  const int32_t* device_tokens = nullptr;
 };
 
 // Every new token's last hidden state after the final norm (the row the head scores): what a
@@ -189,6 +194,9 @@ class Model {
   void write_synthetic_weights(uint64_t seed);
   void ensure_workspace(int64_t tokens, int64_t logit_rows, int64_t metadata_ints);
   void run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks);
+  // Copies the ids of the inputs that bring SequenceInput::device_tokens over their places in
+  // the uploaded metadata's `tokens` ([batch's tokens], device).
+  void copy_device_tokens(std::span<const SequenceInput> batch, int32_t* tokens);
   void matmul(const float* x, const WeightView& weight, const WeightView& bias, int64_t rows,
               float* out, const char* what, int64_t layer);
   // Linear layers reading the same x (q, k and v; gate and up), through Backend::matmul_group.

@@ -515,15 +515,18 @@ void compare_sample(int64_t vocab, bool with_map, uint64_t seed) {
   DeviceArray<unsigned char> workspace(workspace_bytes);
   DeviceArray<float> q(logits.size());
   DeviceArray<SampledRow> out(rows.size());
+  DeviceArray<int32_t> drawn(rows.size());
   q.poison();
   out.poison();
+  drawn.poison();
   check_ok(launch_sample_rows(params, device_rows.get(), device_logits.get(),
                               with_map ? device_map.get() : nullptr, workspace.get(),
-                              workspace_bytes, q.get(), out.get(), stream.get()),
+                              workspace_bytes, q.get(), out.get(), drawn.get(), stream.get()),
            "sample");
   stream.synchronize();
   const std::vector<float> gpu_q = q.download();
   const std::vector<SampledRow> gpu = out.download();
+  const std::vector<int32_t> gpu_drawn = drawn.download();
 
   int64_t near_boundary = 0;
   for (int64_t r = 0; r < count; ++r) {
@@ -532,6 +535,8 @@ void compare_sample(int64_t vocab, bool with_map, uint64_t seed) {
     const SampledRow& got = gpu[static_cast<size_t>(r)];
     const SampleRow& row = rows[static_cast<size_t>(r)];
     ASSERT_EQ(got.status, want.status);
+    // The token again for the next forward, 0 where the row failed.
+    EXPECT_EQ(gpu_drawn[static_cast<size_t>(r)], std::max(got.token, 0));
     const auto offset = static_cast<size_t>(r * width);
     for (int64_t i = 0; i < width; ++i) {
       const auto at = offset + static_cast<size_t>(i);
@@ -586,10 +591,10 @@ TEST(CudaSample, RejectsBadShapesAndSmallWorkspaces) {
   DeviceArray<unsigned char> workspace(1);
   // vocab past width needs a token map.
   EXPECT_FALSE(launch_sample_rows({1, 8, 9}, rows.get(), logits.get(), nullptr, workspace.get(), 1,
-                                  q.get(), out.get(), stream.get())
+                                  q.get(), out.get(), nullptr, stream.get())
                    .is_ok());
   EXPECT_FALSE(launch_sample_rows({1, 8, 8}, rows.get(), logits.get(), nullptr, workspace.get(), 1,
-                                  q.get(), out.get(), stream.get())
+                                  q.get(), out.get(), nullptr, stream.get())
                    .is_ok());
 }
 
