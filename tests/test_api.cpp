@@ -616,7 +616,7 @@ TEST_F(ApiTest, BadRequestsAreOneClearError) {
   testing::expect_error(with_speculation([](SpeculationSettings& s) {
                           s.method = static_cast<SpeculationMethod>(7);
                         }),
-                        {"speculation method 7"});
+                        {"method must be one of draft, prompt_lookup, none, got '7'"});
 
   // Larger than the KV cache: the prompt alone.
   request.prompt_ids = std::vector<int32_t>(65, 5);

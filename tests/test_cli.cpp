@@ -113,6 +113,30 @@ TEST_F(CliTest, HelpDocumentsEveryFlag) {
   }
 }
 
+// Every row of the setting tables is a flag (--key, dashes for underscores): taken, and refused
+// out of range in one line naming the flag, by the same row the TOML file and the server read.
+TEST_F(CliTest, TakesAFlagForEveryRowOfTheSettingTables) {
+  const EngineConfig defaults;
+  const auto walk = [&](auto rows, const auto& default_settings) {
+    for (const auto& row : rows) {
+      std::string flag = std::string("--") + row.key;
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      SCOPED_TRACE(flag);
+      const std::string value = setting_text(testing::other_setting_value(row, default_settings));
+      const std::string max_tokens = std::string(row.key) == "max_tokens" ? "" : " --max-tokens 2";
+      const CommandResult taken =
+          specrun(good_model(), "--prompt-ids 1 --quiet" + max_tokens + " " + flag + " " + value);
+      EXPECT_EQ(taken.exit_code, 0) << taken.stderr_text;
+      const CommandResult refused =
+          specrun(good_model(), "--prompt-ids 1 --quiet " + flag + "=" +
+                                    setting_text(testing::bad_setting_value(row)));
+      expect_one_error_line(refused, {{flag}, {"must be"}});
+    }
+  };
+  walk(speculation_settings(), defaults.speculation);
+  walk(sampling_settings(), defaults.sampling);
+}
+
 TEST_F(CliTest, GoodRunPrintsIdsOnStdoutAndStatsOnStderr) {
   const CommandResult result =
       specrun(good_model(), "--prompt-ids 1,17,200 --max-tokens 12 --ignore-eos --temperature 0");

@@ -279,6 +279,41 @@ TEST(EngineConfigFile, ReadsTheSpeculativeTable) {
   EXPECT_EQ(config.speculation.draft_alternates, 2);
 }
 
+// Every row of the setting tables is a key of its TOML table: read, and refused out of range
+// naming the key, by the same row the command line and the server read it by.
+TEST(EngineConfigFile, TakesEveryKeyOfTheSettingTables) {
+  const EngineConfig defaults;
+  const auto toml_text = [](const SettingValue& value) {
+    return std::holds_alternative<std::string>(value) ? "\"" + std::get<std::string>(value) + "\""
+                                                      : setting_text(value);
+  };
+  const auto walk = [&](const char* table, auto rows, const auto& default_settings,
+                        const auto& read) {
+    for (const auto& row : rows) {
+      SCOPED_TRACE(std::string(table) + "." + row.key);
+      const SettingValue value = testing::other_setting_value(row, default_settings);
+      testing::TempDir dir;
+      testing::write_file(dir / "c.toml", "[" + std::string(table) + "]\n" + row.key + " = " +
+                                              toml_text(value) + "\n");
+      const EngineConfig config = EngineConfig::from_toml((dir / "c.toml").string());
+      const SettingValue read_back = row.get(read(config));
+      if (std::holds_alternative<double>(value)) {
+        EXPECT_FLOAT_EQ(static_cast<float>(std::get<double>(read_back)),
+                        static_cast<float>(std::get<double>(value)));
+      } else {
+        EXPECT_EQ(read_back, value);
+      }
+      expect_config_error("[" + std::string(table) + "]\n" + row.key + " = " +
+                              toml_text(testing::bad_setting_value(row)) + "\n",
+                          {row.key, "must be"});
+    }
+  };
+  walk("speculative", speculation_settings(), defaults.speculation,
+       [](const EngineConfig& config) -> const SpeculationSettings& { return config.speculation; });
+  walk("sampling", sampling_settings(), defaults.sampling,
+       [](const EngineConfig& config) -> const SamplingSettings& { return config.sampling; });
+}
+
 TEST(EngineConfigFile, RejectsBadSpeculativeSettings) {
   expect_config_error("[speculative]\nmethod = \"medusa\"\n",
                       {":2:", "speculative.method", "'medusa'"});
@@ -348,7 +383,7 @@ TEST(EngineConfigFile, ValidatesSettingsFromElsewhere) {
   testing::expect_error([&] { validate(config); }, {"threads", "got -2"});
   config.threads = 0;
   config.speculation.gamma_max = kMaxGamma + 1;
-  testing::expect_error([&] { validate(config); }, {"gamma_max", "at most 64"});
+  testing::expect_error([&] { validate(config); }, {"gamma_max must be in [0, 64], got 65"});
   config.speculation.gamma_max = 8;
   config.rope_style = "sideways";
   testing::expect_error([&] { validate(config); }, {"rope_style", "sideways"});

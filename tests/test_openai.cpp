@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/server/openai.h"
+#include "tests/test_support.h"
 
 namespace specrun::server {
 namespace {
@@ -85,6 +86,35 @@ TEST(OpenAiRequest, ReadsEveryFieldOverTheEngineDefaults) {
   EXPECT_EQ(plain.sampling.seed, ~uint64_t{0});
   EXPECT_FALSE(parse(R"({"model": "m", "prompt": "x"})").seeded);
   EXPECT_EQ(parse(R"({"model": "m", "prompt": "x"})").sampling.max_tokens, 77);
+}
+
+// Every row of the speculation table is a field of the "speculative" object: read, and refused out
+// of range naming the field, by the same row the TOML file and the command line read it by.
+TEST(OpenAiRequest, TakesEverySpeculationSettingOfTheTable) {
+  const SpeculationSettings engine_defaults = defaults().speculation;
+  for (const Setting<SpeculationSettings>& row : speculation_settings()) {
+    SCOPED_TRACE(row.key);
+    const auto as_json = [](const SettingValue& value) {
+      return std::visit([](const auto& held) { return json(held); }, value);
+    };
+    const SettingValue value = testing::other_setting_value(row, engine_defaults);
+    json body = {{"model", "m"}, {"prompt", "x"}, {"speculative", {{row.key, as_json(value)}}}};
+    const SettingValue read = row.get(parse(body.dump()).speculation);
+    if (std::holds_alternative<double>(value)) {
+      EXPECT_FLOAT_EQ(static_cast<float>(std::get<double>(read)),
+                      static_cast<float>(std::get<double>(value)));
+    } else {
+      EXPECT_EQ(read, value);
+    }
+    body["speculative"][row.key] = as_json(testing::bad_setting_value(row));
+    expect_refused(body.dump(), 400, std::string("speculative.") + row.key, {"must be"});
+  }
+  // gamma is set last, as --gamma: it moves the range given beside it.
+  const SpeculationSettings moved =
+      parse(R"({"model": "m", "prompt": "x", "speculative": {"gamma": 10, "gamma_max": 9}})")
+          .speculation;
+  EXPECT_EQ(moved.gamma, 10);
+  EXPECT_EQ(moved.gamma_max, 10);
 }
 
 TEST(OpenAiRequest, PromptFormsAndMessages) {

@@ -2,6 +2,7 @@
 // running the command-line tools.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "kernels/core/dtype.h"
@@ -331,5 +333,42 @@ class DeviceLikeBackend final : private OwnsCpuBackend, public ForwardingBackend
   }
   uint64_t uploaded = 0;  // bytes through copy_to_device
 };
+
+// For a test that walks a settings table (specrun/settings.hpp) through a front end: a value of
+// the row other than its default and consistent with the other defaults (one step up, or down at
+// the maximum; the middle of a bounded number's range, one more than an unbounded one's default;
+// another choice), and one outside its range.
+template <typename Settings>
+SettingValue other_setting_value(const Setting<Settings>& row, const Settings& defaults) {
+  const SettingValue value = row.get(defaults);
+  switch (row.range.kind) {
+    case SettingKind::kInteger: {
+      const int64_t integer = std::get<int64_t>(value);
+      return integer < row.range.integer_maximum ? integer + 1 : integer - 1;
+    }
+    case SettingKind::kNumber:
+      return std::isinf(row.range.number_maximum)
+                 ? std::get<double>(value) + 1.0
+                 : (row.range.number_minimum + row.range.number_maximum) / 2.0;
+    case SettingKind::kChoice:
+      for (const std::string& name : row.range.choices) {
+        if (name != std::get<std::string>(value)) return name;
+      }
+  }
+  return value;
+}
+template <typename Settings>
+SettingValue bad_setting_value(const Setting<Settings>& row) {
+  switch (row.range.kind) {
+    case SettingKind::kInteger:
+      return row.range.integer_maximum + 1;
+    case SettingKind::kNumber:
+      return std::isinf(row.range.number_maximum) ? row.range.number_minimum - 1.0
+                                                  : row.range.number_maximum + 1.0;
+    case SettingKind::kChoice:
+      return std::string("nonsense");
+  }
+  return int64_t{0};
+}
 
 }  // namespace specrun::testing

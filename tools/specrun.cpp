@@ -13,7 +13,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -34,7 +36,6 @@ struct Options {
   std::string config_path;                // TOML settings, overridden by flags
   std::optional<std::string> prompt;      // --prompt TEXT
   std::optional<std::string> prompt_ids;  // "1,2,3"; given but empty is an error
-  std::optional<int64_t> gamma;           // --gamma N: the first drafting step's depth
   bool no_draft = false;                  // plain decoding even with a draft
   bool compare = false;                   // rerun on the target alone and report the speedup
   int compare_rounds = 3;                 // speculative / target-alone pairs --compare times
@@ -47,6 +48,78 @@ struct Options {
   specrun::EngineConfig flags;            // values of the settings given as flags
   // Copies the settings given on the command line over a config.
   std::function<void(specrun::EngineConfig&)> apply_flags;
+};
+
+// The flags of one settings table (specrun/settings.hpp): --key, dashes for underscores,
+// each read as text and checked by its row, so that the command line takes what a TOML file and
+// the server take, in the same words. --gamma moves the range [--gamma-min, --gamma-max] to take
+// it, as the server's speculative.gamma does.
+template <typename Settings>
+class SettingFlags {
+ public:
+  explicit SettingFlags(std::span<const specrun::Setting<Settings>> rows)
+      : rows_(rows), texts_(rows.size()) {}
+
+  void add(CLI::App& app, const Settings& defaults) {
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      const specrun::Setting<Settings>& row = rows_[i];
+      CLI::Option* option = app.add_option(flag(row), texts_[i], row.help);
+      option->default_str(specrun::setting_text(row.get(defaults)));
+      switch (row.range.kind) {
+        case specrun::SettingKind::kInteger:
+          option->type_name("INT");
+          break;
+        case specrun::SettingKind::kNumber:
+          option->type_name("FLOAT");
+          break;
+        case specrun::SettingKind::kChoice: {
+          std::string names;
+          for (const std::string& name : row.range.choices)
+            names += (names.empty() ? "" : "|") + name;
+          option->type_name(names);
+          break;
+        }
+      }
+      options_.push_back(option);
+    }
+  }
+
+  // The given flags' values over `settings`; throws Error naming the flag of a bad value.
+  void apply(Settings& settings) const {
+    std::optional<int64_t> gamma;  // set last: it may move the range its neighbours set
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      if (options_[i]->count() == 0) continue;
+      const specrun::Setting<Settings>& row = rows_[i];
+      const std::optional<specrun::SettingValue> value =
+          specrun::parse_setting_text(row.range.kind, texts_[i]);
+      if (!value) {
+        throw specrun::Error(flag(row) + " must be " + specrun::describe_range(row.range) +
+                             ", got '" + texts_[i] + "'");
+      }
+      if (const std::optional<std::string> problem = specrun::setting_problem(row.range, *value)) {
+        throw specrun::Error(flag(row) + " " + *problem);
+      }
+      if (std::string_view(row.key) == "gamma") {
+        gamma = std::get<int64_t>(*value);
+      } else {
+        row.set(settings, *value);
+      }
+    }
+    if constexpr (std::is_same_v<Settings, specrun::SpeculationSettings>) {
+      if (gamma) specrun::set_gamma_moving_range(settings, *gamma);
+    }
+  }
+
+ private:
+  static std::string flag(const specrun::Setting<Settings>& row) {
+    std::string name = std::string("--") + row.key;
+    std::replace(name.begin(), name.end(), '_', '-');
+    return name;
+  }
+
+  std::span<const specrun::Setting<Settings>> rows_;
+  std::vector<std::string> texts_;     // [rows] what each flag was given
+  std::vector<CLI::Option*> options_;  // [rows]
 };
 
 // Without a target (flag or [model] target): the bundled pair (models/pycode-*), announced in
@@ -85,12 +158,6 @@ specrun::EngineConfig resolve_config(const Options& options, bool serving = fals
   with_bundled_pair(config);
   if (options.ignore_eos) config.sampling.stop_at_eos = false;
   specrun::SpeculationSettings& speculation = config.speculation;
-  if (options.gamma) {
-    // --gamma moves the range with it when it falls outside.
-    speculation.gamma = *options.gamma;
-    speculation.gamma_max = std::max(speculation.gamma_max, *options.gamma);
-    speculation.gamma_min = std::min(speculation.gamma_min, *options.gamma);
-  }
   if (options.no_draft) speculation.method = specrun::SpeculationMethod::kNone;
   if (speculation.method == specrun::SpeculationMethod::kDraftModel && config.draft.empty()) {
     spdlog::info("no --draft: plain decoding");
@@ -307,10 +374,6 @@ int main(int argc, char** argv) {
                  "is not a terminal, else the BOS token alone)");
   app.add_option("--prompt-ids", options.prompt_ids,
                  "Prompt as comma-separated token ids, e.g. 1,450,4996 (for debugging)");
-  app.add_option("--gamma", options.gamma,
-                 "Drafts in the first drafting step: every step with --controller fixed, the "
-                 "starting point with heuristic and goodput (goodput may decode plainly first "
-                 "while it measures the target's costs); --gamma-max is raised to it if lower");
   app.add_flag("--no-draft", options.no_draft,
                "Run the target alone (plain decoding), for comparison");
   app.add_flag("--compare", options.compare,
@@ -325,32 +388,12 @@ int main(int argc, char** argv) {
   app.add_flag("--chat", options.chat,
                "The prompt is a user message: format it with the target's chat template (from "
                "tokenizer_config.json or the GGUF file) and let the model answer");
-  CLI::Option* method = app.add_option(
-      "--method", f.speculation.method,
-      "Who proposes: draft (the --draft model), prompt_lookup (n-grams of the text so far), "
-      "none");
-  method
-      ->transform(
-          choices({specrun::SpeculationMethod::kDraftModel,
-                   specrun::SpeculationMethod::kPromptLookup, specrun::SpeculationMethod::kNone}))
-      ->type_name("draft|prompt_lookup|none");
-  CLI::Option* controller = app.add_option(
-      "--controller", f.speculation.controller,
-      "How gamma adapts: goodput (measured tokens per second), heuristic (+2 after a fully "
-      "accepted step, -1 otherwise), fixed");
-  controller
-      ->transform(choices({specrun::GammaControl::kGoodput, specrun::GammaControl::kHeuristic,
-                           specrun::GammaControl::kFixed}))
-      ->type_name("goodput|heuristic|fixed");
-  CLI::Option* verification = app.add_option(
-      "--verification", f.speculation.verification,
-      "How sampled drafts are verified: shared_noise (the default: draft and target share each "
-      "position's Gumbel noise, so with a seed the output is the same with or without "
-      "speculation, for any gamma and controller) or rejection (rejection sampling: slightly "
-      "more drafts accepted, output reproducible only when the steps draft alike)");
-  verification
-      ->transform(choices({specrun::Verification::kSharedNoise, specrun::Verification::kRejection}))
-      ->type_name("shared_noise|rejection");
+  // A flag for every setting of a request's speculation and sampling ([speculative] and
+  // [sampling] of the TOML file, the server's "speculative" object), from one table each.
+  SettingFlags<specrun::SpeculationSettings> speculation_flags(specrun::speculation_settings());
+  speculation_flags.add(app, specrun::EngineConfig{}.speculation);
+  SettingFlags<specrun::SamplingSettings> sampling_flags(specrun::sampling_settings());
+  sampling_flags.add(app, specrun::EngineConfig{}.sampling);
   CLI::Option* quantize = app.add_option(
       "--quantize", f.quantize,
       "Quantize the target's linear layers at load (model.quantize): fp8 (E4M3) or int8, one "
@@ -370,35 +413,6 @@ int main(int argc, char** argv) {
                    "(model.quantize_lm_head): with --draft-quantize alone, the draft's only");
   app.add_option("--stats-json", options.stats_json,
                  "Also write the run's stats as JSON to this file");
-  CLI::Option* gamma_min =
-      app.add_option("--gamma-min", f.speculation.gamma_min,
-                     "Fewest drafts per step (0 lets the controller fall back to plain decoding)");
-  CLI::Option* gamma_max =
-      app.add_option("--gamma-max", f.speculation.gamma_max,
-                     "Most drafts per step, at most " + std::to_string(specrun::kMaxGamma));
-  CLI::Option* draft_lookup = app.add_option(
-      "--draft-lookup-ngram", f.speculation.draft_lookup_ngram,
-      "With --draft: where the text so far ends in an n-gram of at least this many tokens seen "
-      "before (speculative.draft_lookup_ngram), propose what followed it in the draft's place; "
-      "0 never");
-  CLI::Option* draft_alternates = app.add_option(
-      "--draft-alternates", f.speculation.draft_alternates,
-      "With --draft, greedy or shared-noise verification, on the CPU: other guesses per draft "
-      "(the draft's next most likely tokens) the target scores beside it as a token tree "
-      "(speculative.draft_alternates); 0 never");
-  CLI::Option* max_tokens =
-      app.add_option("--max-tokens", f.sampling.max_tokens, "Most new tokens to generate");
-  CLI::Option* temperature =
-      app.add_option("--temperature", f.sampling.temperature, "Sampling temperature; 0 is greedy");
-  CLI::Option* top_k =
-      app.add_option("--top-k", f.sampling.top_k, "Keep the k most probable tokens; 0 disables");
-  CLI::Option* top_p = app.add_option(
-      "--top-p", f.sampling.top_p,
-      "Keep the fewest most probable tokens whose probability reaches p; 1 disables");
-  CLI::Option* min_p =
-      app.add_option("--min-p", f.sampling.min_p,
-                     "Drop tokens less probable than min-p times the most probable; 0 disables");
-  CLI::Option* seed = app.add_option("--seed", f.sampling.seed, "Seed of the sampler");
   CLI::Option* threads = app.add_option("--threads", f.threads, "CPU threads; 0 uses every core");
   CLI::Option* kv_tokens =
       app.add_option("--kv-cache-tokens", f.kv_cache_tokens,
@@ -411,8 +425,7 @@ int main(int argc, char** argv) {
       ->type_name("bf16|f32");
   CLI::Option* device = app.add_option("--device", f.device,
                                        "Where the models run: cpu, cuda (the first GPU) or cuda:N");
-  for (CLI::Option* option : {gamma_min, gamma_max, draft_lookup, max_tokens, temperature, top_k,
-                              top_p, min_p, seed, threads, kv_tokens, device}) {
+  for (CLI::Option* option : {threads, kv_tokens, device}) {
     option->capture_default_str();
   }
   app.add_flag("--ignore-eos", options.ignore_eos, "Keep generating past end-of-sequence tokens");
@@ -494,18 +507,8 @@ int main(int argc, char** argv) {
   // Settings given as flags win over the config file.
   auto given = [](const CLI::Option* option) { return option->count() > 0; };
   options.apply_flags = [&](specrun::EngineConfig& config) {
-    if (given(gamma_min)) config.speculation.gamma_min = f.speculation.gamma_min;
-    if (given(gamma_max)) config.speculation.gamma_max = f.speculation.gamma_max;
-    if (given(draft_lookup))
-      config.speculation.draft_lookup_ngram = f.speculation.draft_lookup_ngram;
-    if (given(draft_alternates))
-      config.speculation.draft_alternates = f.speculation.draft_alternates;
-    if (given(max_tokens)) config.sampling.max_tokens = f.sampling.max_tokens;
-    if (given(temperature)) config.sampling.temperature = f.sampling.temperature;
-    if (given(top_k)) config.sampling.top_k = f.sampling.top_k;
-    if (given(top_p)) config.sampling.top_p = f.sampling.top_p;
-    if (given(min_p)) config.sampling.min_p = f.sampling.min_p;
-    if (given(seed)) config.sampling.seed = f.sampling.seed;
+    speculation_flags.apply(config.speculation);
+    sampling_flags.apply(config.sampling);
     if (given(threads)) config.threads = f.threads;
     if (given(kv_tokens)) config.kv_cache_tokens = f.kv_cache_tokens;
     if (given(kv_dtype)) config.kv_cache_dtype = f.kv_cache_dtype;
@@ -514,9 +517,6 @@ int main(int argc, char** argv) {
     if (given(activations)) config.activations = f.activations;
     if (given(prefix_cache)) config.prefix_cache = !no_prefix_cache;
     if (given(overlap)) config.overlap_drafting = f.overlap_drafting;
-    if (given(method)) config.speculation.method = f.speculation.method;
-    if (given(controller)) config.speculation.controller = f.speculation.controller;
-    if (given(verification)) config.speculation.verification = f.speculation.verification;
     if (given(quantize)) config.quantize = f.quantize;
     if (given(draft_quantize)) config.draft_quantize = f.draft_quantize;
     if (given(quantize_lm_head)) config.quantize_lm_head = f.quantize_lm_head;

@@ -14,7 +14,7 @@
 #include <memory>
 #include <span>
 
-#include "specrun/specrun.hpp"
+#include "specrun/settings.hpp"
 
 namespace specrun {
 

@@ -13,6 +13,7 @@
 #include "runtime/base/mapped_file.h"
 #include "runtime/engine/device.h"
 #include "runtime/engine/settings.h"
+#include "specrun/settings.hpp"
 
 namespace specrun {
 namespace {
@@ -132,6 +133,41 @@ class TableReader {
     }
   }
 
+  // The table's keys, each by its row (specrun/settings.hpp); any other key is an
+  // error that lists them.
+  template <typename Settings>
+  void settings(std::span<const Setting<Settings>> rows, Settings* settings) {
+    for (const auto& [key, node] : table_) {
+      if (find_setting(rows, key.str()) == nullptr) {
+        fail(node, std::string(key.str()), "is not a known key (" + setting_keys(rows) + ")");
+      }
+    }
+    for (const Setting<Settings>& row : rows) {
+      const toml::node* node = table_.get(row.key);
+      if (node == nullptr) continue;
+      SettingValue value;
+      switch (row.range.kind) {
+        case SettingKind::kInteger:
+          if (!node->is_integer()) fail(*node, row.key, "must be an integer");
+          value = node->as_integer()->get();
+          break;
+        case SettingKind::kNumber:
+          if (!node->is_number()) fail(*node, row.key, "must be a number");
+          value = node->is_integer() ? static_cast<double>(node->as_integer()->get())
+                                     : node->as_floating_point()->get();
+          break;
+        case SettingKind::kChoice:
+          if (!node->is_string()) fail(*node, row.key, "must be a string");
+          value = node->as_string()->get();
+          break;
+      }
+      if (const std::optional<std::string> problem = setting_problem(row.range, value)) {
+        fail(*node, row.key, *problem);
+      }
+      row.set(*settings, value);
+    }
+  }
+
   // Every key must be one this reader knows.
   void reject_unknown(std::initializer_list<const char*> known) const {
     for (const auto& [key, node] : table_) {
@@ -222,22 +258,8 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
   }
   if (const toml::table* speculative = document["speculative"].as_table()) {
     TableReader reader(path, *speculative, "speculative");
-    reader.reject_unknown({"method", "gamma", "gamma_min", "gamma_max", "controller",
-                           "verification", "draft_p_min", "lookup_min_ngram", "lookup_max_ngram",
-                           "draft_lookup_ngram", "draft_lookup_below", "draft_alternates"});
     SpeculationSettings& s = config.speculation;
-    reader.choice("method", &s.method, parse_speculation_method, speculation_methods());
-    reader.integer("gamma", &s.gamma, 0, kMaxGamma);
-    reader.integer("gamma_min", &s.gamma_min, 0, kMaxGamma);
-    reader.integer("gamma_max", &s.gamma_max, 0, kMaxGamma);
-    reader.choice("controller", &s.controller, parse_gamma_control, gamma_controls());
-    reader.choice("verification", &s.verification, parse_verification, verifications());
-    reader.number("draft_p_min", &s.draft_p_min, 0.0, 1.0, false, "in [0, 1]");
-    reader.integer("lookup_min_ngram", &s.lookup_min_ngram, 1, 64);
-    reader.integer("lookup_max_ngram", &s.lookup_max_ngram, 1, 64);
-    reader.integer("draft_lookup_ngram", &s.draft_lookup_ngram, 0, 64);
-    reader.number("draft_lookup_below", &s.draft_lookup_below, 0.0, 1.0, true, "in (0, 1]");
-    reader.integer("draft_alternates", &s.draft_alternates, 0, kMaxDraftAlternates);
+    reader.settings(speculation_settings(), &s);
     // Relations between keys: named by the first key of the table, whose line locates it.
     try {
       validate(s);
@@ -250,17 +272,7 @@ EngineConfig engine_config_from_toml_text(std::string_view text, const std::file
   }
   if (const toml::table* sampling = document["sampling"].as_table()) {
     TableReader reader(path, *sampling, "sampling");
-    reader.reject_unknown({"temperature", "top_k", "top_p", "min_p", "seed", "max_tokens"});
-    SamplingSettings& s = config.sampling;
-    reader.number("temperature", &s.temperature, 0.0, std::numeric_limits<float>::max(), false,
-                  "finite and >= 0");
-    reader.integer("top_k", &s.top_k, 0, std::numeric_limits<int32_t>::max());
-    reader.number("top_p", &s.top_p, 0.0, 1.0, true, "in (0, 1]");
-    reader.number("min_p", &s.min_p, 0.0, 1.0, false, "in [0, 1]");
-    int64_t seed = static_cast<int64_t>(s.seed);
-    reader.integer("seed", &seed, 0, std::numeric_limits<int64_t>::max());
-    s.seed = static_cast<uint64_t>(seed);
-    reader.integer("max_tokens", &s.max_tokens, 0, std::numeric_limits<int32_t>::max());
+    reader.settings(sampling_settings(), &config.sampling);
   }
   if (const toml::table* runtime = document["runtime"].as_table()) {
     TableReader reader(path, *runtime, "runtime");

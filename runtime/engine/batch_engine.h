@@ -34,7 +34,7 @@
 
 #include "runtime/engine/stats.h"
 #include "runtime/model/model.h"
-#include "specrun/specrun.hpp"
+#include "specrun/settings.hpp"
 
 namespace specrun {
 
@@ -70,9 +70,9 @@ struct BatchEngineOptions {
   // run on the host when set: tests pass deliberately broken ones to show that the distribution
   // checks catch them. Needs a target backend in host memory. Must outlive the engine.
   const Verifier* verifier = nullptr;
-  // Drafting ahead while the target verifies (specrun.hpp's OverlapDrafting). kAuto leaves it to
-  // each row's gamma policy where the draft has a stream of its own that the device runs beside
-  // the target's (a GPU's; the CPU runs one op at a time).
+  // Drafting ahead while the target verifies (specrun/settings.hpp's OverlapDrafting). kAuto leaves
+  // it to each row's gamma policy where the draft has a stream of its own that the device runs
+  // beside the target's (a GPU's; the CPU runs one op at a time).
   OverlapDrafting overlap = OverlapDrafting::kAuto;
 };
 

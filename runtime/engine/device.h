@@ -8,7 +8,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
-#include "specrun/specrun.hpp"
+#include "specrun/settings.hpp"
 
 namespace specrun {
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "runtime/base/check.h"
+#include "specrun/settings.hpp"
 
 namespace specrun {
 namespace {
@@ -212,17 +213,11 @@ void validate(const SamplingSettings& sampling) {
 }
 
 void validate(const SpeculationSettings& s) {
-  if (!parse_speculation_method(to_string(s.method))) {
-    throw Error("speculation method " + std::to_string(static_cast<int>(s.method)) +
-                " is not one of draft, prompt_lookup, none");
-  }
-  if (!parse_gamma_control(to_string(s.controller))) {
-    throw Error("gamma controller " + std::to_string(static_cast<int>(s.controller)) +
-                " is not one of goodput, heuristic, fixed");
-  }
-  if (!parse_verification(to_string(s.verification))) {
-    throw Error("verification " + std::to_string(static_cast<int>(s.verification)) +
-                " is not one of shared_noise, rejection");
+  // Each setting alone, by its row (specrun/settings.hpp), then the relations between them.
+  for (const Setting<SpeculationSettings>& row : speculation_settings()) {
+    if (const std::optional<std::string> problem = setting_problem(row.range, row.get(s))) {
+      throw Error(std::string(row.key) + " " + *problem);
+    }
   }
   if (s.gamma_min < 0 || s.gamma_max < s.gamma_min || s.gamma < s.gamma_min ||
       s.gamma > s.gamma_max) {
@@ -230,31 +225,16 @@ void validate(const SpeculationSettings& s) {
                 std::to_string(s.gamma_min) + ", gamma " + std::to_string(s.gamma) +
                 ", gamma_max " + std::to_string(s.gamma_max));
   }
-  if (s.gamma_max > kMaxGamma) {
-    throw Error("gamma_max must be at most " + std::to_string(kMaxGamma) + ", got " +
-                std::to_string(s.gamma_max));
-  }
-  if (!(s.draft_p_min >= 0.0f && s.draft_p_min <= 1.0f)) {
-    throw Error("draft_p_min must be in [0, 1], got " + std::to_string(s.draft_p_min));
-  }
-  if (s.lookup_min_ngram < 1 || s.lookup_max_ngram < s.lookup_min_ngram) {
+  if (s.lookup_max_ngram < s.lookup_min_ngram) {
     throw Error("prompt lookup n-gram sizes must satisfy 1 <= lookup_min_ngram <= " +
                 std::string("lookup_max_ngram, got ") + std::to_string(s.lookup_min_ngram) +
                 " and " + std::to_string(s.lookup_max_ngram));
   }
-  if (s.draft_lookup_ngram < 0 || s.draft_lookup_ngram > s.lookup_max_ngram) {
+  if (s.draft_lookup_ngram > s.lookup_max_ngram) {
     throw Error("draft_lookup_ngram must be 0 (off) or within [1, lookup_max_ngram " +
                 std::to_string(s.lookup_max_ngram) + "], got " +
                 std::to_string(s.draft_lookup_ngram) +
                 ": lower it, set it to 0, or raise lookup_max_ngram");
-  }
-  if (!(s.draft_lookup_below > 0.0f && s.draft_lookup_below <= 1.0f)) {
-    throw Error("draft_lookup_below must be in (0, 1], got " +
-                std::to_string(s.draft_lookup_below));
-  }
-  if (s.draft_alternates < 0 || s.draft_alternates > kMaxDraftAlternates) {
-    throw Error("draft_alternates must be in [0, " + std::to_string(kMaxDraftAlternates) +
-                "], got " + std::to_string(s.draft_alternates));
   }
 }
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "specrun/settings.hpp"
+
 namespace specrun::server {
 namespace {
 
@@ -94,19 +96,6 @@ class Fields {
   std::string prefix_;
 };
 
-template <typename Enum, size_t N>
-Enum choose(const json& value, const std::string& param, const Enum (&choices)[N]) {
-  std::string names;
-  if (value.is_string()) {
-    for (const Enum choice : choices) {
-      if (value.get<std::string>() == to_string(choice)) return choice;
-    }
-  }
-  for (const Enum choice : choices)
-    names += (names.empty() ? "" : ", ") + std::string(to_string(choice));
-  refuse(param, "'" + param + "' must be one of " + names);
-}
-
 // The "speculative" extension: false turns speculation off for the request; an object overrides
 // the engine's speculation settings field by field.
 void apply_speculative(const json& value, SpeculationSettings& settings) {
@@ -117,49 +106,57 @@ void apply_speculative(const json& value, SpeculationSettings& settings) {
   if (!value.is_object()) {
     refuse("speculative", "'speculative' must be an object or a boolean");
   }
-  static constexpr SpeculationMethod kMethods[] = {
-      SpeculationMethod::kDraftModel, SpeculationMethod::kPromptLookup, SpeculationMethod::kNone};
-  static constexpr GammaControl kControls[] = {GammaControl::kGoodput, GammaControl::kHeuristic,
-                                               GammaControl::kFixed};
-  static constexpr Verification kVerifications[] = {Verification::kSharedNoise,
-                                                    Verification::kRejection};
+  // Every field by its row (specrun/settings.hpp); gamma last, as the command line's --gamma:
+  // it moves the range that gamma_min and gamma_max set to take it.
+  std::optional<int64_t> gamma;
+  const std::span<const Setting<SpeculationSettings>> rows = speculation_settings();
   const Fields fields(value, "speculative.");
   for (const auto& [key, unused] : value.items()) {
-    if (key != "method" && key != "controller" && key != "verification" && key != "gamma" &&
-        key != "gamma_min" && key != "gamma_max" && key != "draft_p_min" &&
-        key != "draft_lookup_ngram" && key != "draft_lookup_below" && key != "draft_alternates") {
-      refuse("speculative." + key, "'speculative." + key + "' is not a known field");
+    if (find_setting(rows, key) == nullptr) {
+      refuse("speculative." + key,
+             "'speculative." + key + "' is not a known field (" + setting_keys(rows) + ")");
     }
   }
-  if (const json* method = fields.get("method")) {
-    settings.method = choose(*method, "speculative.method", kMethods);
+  for (const Setting<SpeculationSettings>& row : rows) {
+    const json* field = fields.get(row.key);
+    if (field == nullptr) continue;
+    const std::string param = std::string("speculative.") + row.key;
+    SettingValue setting;
+    switch (row.range.kind) {
+      case SettingKind::kInteger:
+        if (!field->is_number_integer()) {
+          refuse(param, "'" + param + "' must be an integer, got " + type_name(*field));
+        }
+        // An unsigned past int64 is past every range: its maximum stands in for it.
+        setting =
+            field->is_number_unsigned() && field->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                ? INT64_MAX
+                : field->get<int64_t>();
+        break;
+      case SettingKind::kNumber:
+        if (!field->is_number()) {
+          refuse(param, "'" + param + "' must be a number, got " + type_name(*field));
+        }
+        setting = field->get<double>();
+        break;
+      case SettingKind::kChoice:
+        if (!field->is_string()) {
+          refuse(param, "'" + param + "' must be " + describe_range(row.range) + ", got " +
+                            type_name(*field));
+        }
+        setting = field->get<std::string>();
+        break;
+    }
+    if (const std::optional<std::string> problem = setting_problem(row.range, setting)) {
+      refuse(param, "'" + param + "' " + *problem);
+    }
+    if (std::string_view(row.key) == "gamma") {
+      gamma = std::get<int64_t>(setting);
+    } else {
+      row.set(settings, setting);
+    }
   }
-  if (const json* controller = fields.get("controller")) {
-    settings.controller = choose(*controller, "speculative.controller", kControls);
-  }
-  if (const json* verification = fields.get("verification")) {
-    settings.verification = choose(*verification, "speculative.verification", kVerifications);
-  }
-  if (auto gamma = fields.integer("gamma", 0, kMaxGamma)) {
-    settings.gamma = *gamma;
-    // A gamma past the engine's bounds moves them, as the command line's --gamma does.
-    settings.gamma_max = std::max(settings.gamma_max, *gamma);
-    settings.gamma_min = std::min(settings.gamma_min, *gamma);
-  }
-  if (auto minimum = fields.integer("gamma_min", 0, kMaxGamma)) settings.gamma_min = *minimum;
-  if (auto maximum = fields.integer("gamma_max", 0, kMaxGamma)) settings.gamma_max = *maximum;
-  if (auto floor = fields.number("draft_p_min", 0.0, 1.0)) {
-    settings.draft_p_min = static_cast<float>(*floor);
-  }
-  if (auto ngram = fields.integer("draft_lookup_ngram", 0, 64)) {
-    settings.draft_lookup_ngram = *ngram;
-  }
-  if (auto below = fields.number("draft_lookup_below", 0.0, 1.0)) {
-    settings.draft_lookup_below = static_cast<float>(*below);
-  }
-  if (auto alternates = fields.integer("draft_alternates", 0, kMaxDraftAlternates)) {
-    settings.draft_alternates = *alternates;
-  }
+  if (gamma) set_gamma_moving_range(settings, *gamma);
 }
 
 // A message's content as one string: a string, null, or OpenAI's list of text parts.
