@@ -107,6 +107,17 @@ void ModelProposer::observe_features(int64_t sequence, int64_t first_position,
             entry.features.begin() + static_cast<ptrdiff_t>(first * width));
 }
 
+std::span<const float> ModelProposer::target_feature(int64_t sequence, int64_t position) const {
+  const DraftSequence& entry = state(sequence);
+  const auto width = static_cast<size_t>(draft_.config().feature_width);
+  if (width == 0 || position < entry.features_from ||
+      static_cast<size_t>(position) >= entry.features.size() / width) {
+    return {};
+  }
+  return std::span<const float>(entry.features)
+      .subspan(static_cast<size_t>(position) * width, width);
+}
+
 int64_t ModelProposer::reuse_prefix(int64_t sequence, std::span<const int32_t> prompt) {
   DraftSequence& entry = state(sequence);
   KvCache& cache = draft_.kv_cache();

@@ -107,9 +107,13 @@ class ModelProposer : public Proposer {
   // The target's features at committed positions [first_position, first_position + rows), as
   // its forwards compute them: [rows, feature_width].
   void observe_features(int64_t sequence, int64_t first_position, std::span<const float> rows);
+  // The target's feature at committed position `position` as handed over, [feature_width];
+  // empty where it was not (served from the target's prefix cache, or not yet computed).
+  std::span<const float> target_feature(int64_t sequence, int64_t position) const;
   // Starts a new sequence's draft context from cached blocks of `prompt` (never its last token)
   // and returns how many tokens it reused. A feature-reading draft needs the target's features
-  // from the position before the first it reads, so the engine lets the target reuse no more.
+  // from the position before the first it reads: the engine lets the target reuse no more, and
+  // hands over the feature the target's last reused block keeps (KvCache::annotate).
   int64_t reuse_prefix(int64_t sequence, std::span<const int32_t> prompt);
 
  private:

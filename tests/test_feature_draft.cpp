@@ -378,6 +378,45 @@ TEST_F(FeatureDraftTest, PrefixCachedPromptsStillGiveTheDraftItsFeatures) {
   EXPECT_GT(engine.stats().cached_prompt_tokens, 0);
 }
 
+TEST_F(FeatureDraftTest, ARepeatedPromptReusesAsMuchOfTheTargetsCacheAsWithoutTheDraft) {
+  // A cached block keeps the target's feature at its last position, which the draft reads beside
+  // the first token it computes: the target reuses every whole block of the prompt but its last
+  // token, as it does without speculation. The draft's own cache bounds it: after a plain request
+  // alone (which never ran the draft) the first speculative one computes the prompt in full.
+  const auto make_prompt = [](int32_t step) {
+    std::vector<int32_t> prompt = {1};
+    for (int32_t i = 0; i < 21; ++i) prompt.push_back(3 + (i * step) % 70);  // 22, blocks of 4
+    return prompt;
+  };
+  const int64_t whole_blocks = 20;  // of the 21 before the last token
+  const auto request = [&](const std::vector<int32_t>& prompt, SpeculationMethod method) {
+    EngineRequest r;
+    r.prompt = prompt;
+    r.sampling = greedy(12);
+    r.speculation = speculation(method, GammaControl::kFixed, 3);
+    return r;
+  };
+  const std::vector<int32_t> speculative_first = make_prompt(5), plain_first = make_prompt(11);
+  const std::vector<int32_t> expected[] = {
+      reference_decode(*target_, speculative_first, greedy(12)).tokens,
+      reference_decode(*target_, plain_first, greedy(12)).tokens};
+  BatchEngine engine(*target_, draft_.get(), {});
+  for (const int64_t cached : {int64_t{0}, whole_blocks, whole_blocks}) {
+    const Completion result =
+        engine.run(request(speculative_first, SpeculationMethod::kDraftModel));
+    EXPECT_EQ(result.tokens, expected[0]) << result.error;
+    EXPECT_EQ(result.stats.cached_prompt_tokens, cached);
+    EXPECT_GT(result.stats.drafted, 0);
+  }
+  const Completion plain = engine.run(request(plain_first, SpeculationMethod::kNone));
+  EXPECT_EQ(plain.tokens, expected[1]);
+  for (const int64_t cached : {int64_t{0}, whole_blocks}) {
+    const Completion result = engine.run(request(plain_first, SpeculationMethod::kDraftModel));
+    EXPECT_EQ(result.tokens, expected[1]) << result.error;
+    EXPECT_EQ(result.stats.cached_prompt_tokens, cached);
+  }
+}
+
 TEST_F(FeatureDraftTest, RefusesWhatItCannotRead) {
   // A forward without features, or an ordinary model given some.
   const SequenceId sequence = draft_->kv_cache().add_sequence();

@@ -284,6 +284,40 @@ TEST_F(KvCacheTest, TokensLearnedAfterTheyWereFedKeyTheBlocksTheySeal) {
       {"rewrite 2 tokens", "length 10"});
 }
 
+TEST_F(KvCacheTest, AnAnnotationStaysWithItsCachedBlockUntilEvicted) {
+  const SequenceId a = cache_.add_sequence();
+  cache_.append(a, ids(9));
+  cache_.seal(a, 9);  // two sealed blocks
+  EXPECT_EQ(cache_.sealed_blocks(a), 2);
+  EXPECT_TRUE(cache_.annotation(a, 1).empty());
+  cache_.annotate(a, 1, std::vector<float>{0.5f, 1.5f});
+  cache_.annotate(a, 1, std::vector<float>{9.0f});  // the first stays
+  EXPECT_EQ(std::vector<float>(cache_.annotation(a, 1).begin(), cache_.annotation(a, 1).end()),
+            (std::vector<float>{0.5f, 1.5f}));
+  EXPECT_TRUE(cache_.annotation(a, 0).empty());
+  EXPECT_TRUE(cache_.annotation(a, 2).empty());  // not sealed
+  testing::expect_error([&] { cache_.annotate(a, 2, std::vector<float>{1.0f}); },
+                        {"annotate block 2", "2 sealed"});
+  // Another sequence with the same prefix reads it, and annotates the cached block it shares.
+  const SequenceId b = cache_.add_sequence();
+  EXPECT_EQ(cache_.reuse_prefix(b, ids(9)), 8);
+  EXPECT_EQ(cache_.annotation(b, 1).size(), 2u);
+  cache_.annotate(b, 0, std::vector<float>{7.0f});
+  EXPECT_EQ(cache_.annotation(a, 0).size(), 1u);
+  // Released, then evicted by appends that need every block: the annotation goes with it.
+  cache_.remove_sequence(a);
+  cache_.remove_sequence(b);
+  const SequenceId c = cache_.add_sequence();
+  cache_.append(c, ids(20, 100));
+  cache_.remove_sequence(c);
+  const SequenceId d = cache_.add_sequence();
+  EXPECT_EQ(cache_.reuse_prefix(d, ids(9)), 0);
+  cache_.append(d, ids(9));
+  cache_.seal(d, 9);
+  EXPECT_TRUE(cache_.annotation(d, 0).empty());
+  EXPECT_TRUE(cache_.annotation(d, 1).empty());
+}
+
 TEST_F(KvCacheTest, APrefixComputedTwiceIsCachedOnce) {
   const SequenceId a = cache_.add_sequence();
   const SequenceId b = cache_.add_sequence();

@@ -71,16 +71,19 @@ std::vector<int32_t> followed_by(std::span<const int32_t> committed,
 
 // One request, from submit() to its final update.
 struct Sequence {
-  RequestId id = 0;                    // the engine's id, also the proposer's sequence id
-  EngineRequest request;               // as submitted (validated)
-  SamplingParams sampling;             // what the sampler, proposers and scorer read of it
-  UpdateCallback on_update;            // where its updates go
-  Clock::time_point submitted;         // submit() time: every stat is measured from it
-  double queue_ms = 0.0;               // submit to admission
-  std::vector<int32_t> committed;      // prompt then every generated token
-  int64_t generated = 0;               // tokens emitted
-  SequenceId target_kv = -1;           // its target KV sequence, once admitted
-  bool drafts_with_model = false;      // proposes through the engine's draft model
+  RequestId id = 0;                // the engine's id, also the proposer's sequence id
+  EngineRequest request;           // as submitted (validated)
+  SamplingParams sampling;         // what the sampler, proposers and scorer read of it
+  UpdateCallback on_update;        // where its updates go
+  Clock::time_point submitted;     // submit() time: every stat is measured from it
+  double queue_ms = 0.0;           // submit to admission
+  std::vector<int32_t> committed;  // prompt then every generated token
+  int64_t generated = 0;           // tokens emitted
+  SequenceId target_kv = -1;       // its target KV sequence, once admitted
+  bool drafts_with_model = false;  // proposes through the engine's draft model
+  // With a feature-reading draft: the target's sealed blocks that carry the target's feature at
+  // their last position (KvCache::annotate), from the first.
+  int64_t annotated_blocks = 0;
   int64_t reserved_target_blocks = 0;  // KV blocks held back for its worst case
   int64_t worst_positions = 0;         // the most target positions it holds (what they cover)
   int64_t reserved_draft_blocks = 0;   // the same in the draft's cache
@@ -192,6 +195,9 @@ struct BatchEngine::State {
   void run();
   // The phases of a step.
   void admit(std::vector<std::unique_ptr<Sequence>> admitted);
+  // Keeps the target's feature at the last position of each block the target sealed since, with
+  // the block (KvCache::annotate): a later request reusing the block hands it to the draft.
+  void annotate_sealed(Sequence& sequence);
   void step();
   void retire_full_contexts();
   void plan(StepWork& work);
@@ -557,14 +563,31 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
     const std::span<const int32_t> fed =
         std::span<const int32_t>(sequence->committed).first(sequence->committed.size() - 1);
     // A draft reading the target's features needs them from the position before the first token
-    // it computes: the target reuses no more of its cache than that.
+    // it computes: the target reuses no more of its cache than the draft, and where it reuses as
+    // much, the feature at its last reused position comes from the block there (annotate_sealed
+    // kept it), or the target computes that block again.
+    const bool hands_features = reads_features && sequence->drafts_with_model;
     std::span<const int32_t> reusable = fed;
-    if (reads_features && sequence->drafts_with_model) {
-      const int64_t draft_reused =
+    int64_t draft_reused = 0;
+    if (hands_features) {
+      draft_reused =
           draft_proposer->reuse_prefix(static_cast<int64_t>(sequence->id), sequence->committed);
-      reusable = fed.first(static_cast<size_t>(std::max<int64_t>(draft_reused - 1, 0)));
+      reusable = fed.first(static_cast<size_t>(draft_reused));
     }
-    const int64_t reused = target.kv_cache().reuse_prefix(sequence->target_kv, reusable);
+    KvCache& cache = target.kv_cache();
+    int64_t reused = cache.reuse_prefix(sequence->target_kv, reusable);
+    if (hands_features && reused > 0 && reused == draft_reused) {
+      const int64_t block = cache.layout().block_size;
+      const std::span<const float> feature =
+          cache.annotation(sequence->target_kv, reused / block - 1);
+      if (feature.empty()) {
+        reused -= block;
+        cache.truncate(sequence->target_kv, reused);
+      } else {
+        draft_proposer->observe_features(static_cast<int64_t>(sequence->id), reused - 1, feature);
+      }
+    }
+    sequence->annotated_blocks = reused / target.kv_cache().layout().block_size;
     sequence->stats.cached_prompt_tokens = reused;
     if (reused < static_cast<int64_t>(fed.size())) {
       prefill.push_back({sequence->target_kv, fed.subspan(static_cast<size_t>(reused)), false});
@@ -596,6 +619,7 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
   int64_t prompt_tokens = 0, cached_prompt_tokens = 0;
   for (auto& sequence : starting) {
     target.kv_cache().seal(sequence->target_kv, target.kv_cache().length(sequence->target_kv));
+    annotate_sealed(*sequence);
     sequence->stats.target_ms += prefill_ms;
     prompt_tokens += static_cast<int64_t>(sequence->request.prompt.size());
     cached_prompt_tokens += sequence->stats.cached_prompt_tokens;
@@ -605,6 +629,19 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
   counters.target_ms += prefill_ms;
   counters.prompt_tokens += prompt_tokens;
   counters.cached_prompt_tokens += cached_prompt_tokens;
+}
+
+void BatchEngine::State::annotate_sealed(Sequence& sequence) {
+  if (!sequence.drafts_with_model || !draft_proposer->reads_features()) return;
+  KvCache& cache = target.kv_cache();
+  const int64_t block = cache.layout().block_size;
+  for (; sequence.annotated_blocks < cache.sealed_blocks(sequence.target_kv);
+       ++sequence.annotated_blocks) {
+    const std::span<const float> feature = draft_proposer->target_feature(
+        static_cast<int64_t>(sequence.id), (sequence.annotated_blocks + 1) * block - 1);
+    if (feature.empty()) return;
+    cache.annotate(sequence.target_kv, sequence.annotated_blocks, feature);
+  }
 }
 
 void BatchEngine::State::step() {
@@ -1055,6 +1092,7 @@ void BatchEngine::State::commit(StepWork& work) {
       draft_proposer->observe_features(static_cast<int64_t>(sequence.id),
                                        static_cast<int64_t>(work.first_new[b]) - 1,
                                        work.committed_features);
+      annotate_sealed(sequence);
     }
     if (sequence.drafts_with_model) {
       // Drafts ahead are kept when every draft was accepted and the new token is their first.

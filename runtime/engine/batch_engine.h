@@ -97,7 +97,7 @@ struct BatchEngineStats {
   int64_t kv_tokens_cached = 0;      // target KV positions in reusable prefix blocks now
   // What the steps (not prefills) waited for and copied back from the models' backends
   // (Backend::transfer_counts): one wait and a few bytes a row per step where only tokens come
-  // back; a draft model that drafts on the host reads its logits each draft position.
+  // back, one more for a draft model's drafts (one a draft position where its drafts look up).
   int64_t host_waits = 0;
   uint64_t bytes_to_host = 0;
 };

@@ -106,6 +106,7 @@ int32_t KvCache::take_block() {
     Block& evicted = blocks_[static_cast<size_t>(block)];
     table_.erase(evicted.key);
     evicted.cached = false;
+    evicted.annotation.clear();
   }
   blocks_[static_cast<size_t>(block)].references = 1;
   return block;
@@ -266,6 +267,29 @@ void KvCache::copy_position(SequenceId sequence, int64_t from, int64_t to) {
   if (prefix_caching_) {
     entry.tokens[static_cast<size_t>(to)] = entry.tokens[static_cast<size_t>(from)];
   }
+}
+
+void KvCache::annotate(SequenceId sequence, int64_t index, std::span<const float> values) {
+  const Sequence& entry = get(sequence);
+  if (index < 0 || index >= static_cast<int64_t>(entry.sealed.size())) {
+    throw Error("KV cache: cannot annotate block " + std::to_string(index) + " of sequence " +
+                std::to_string(sequence) + ", which has " + std::to_string(entry.sealed.size()) +
+                " sealed");
+  }
+  // The cached block under the key: the sequence's own, or the one another sequence sealed
+  // first with the same prefix.
+  const auto found = table_.find(entry.sealed[static_cast<size_t>(index)]);
+  if (found == table_.end()) return;
+  std::vector<float>& annotation = blocks_[static_cast<size_t>(found->second)].annotation;
+  if (annotation.empty()) annotation.assign(values.begin(), values.end());
+}
+
+std::span<const float> KvCache::annotation(SequenceId sequence, int64_t index) const {
+  const Sequence& entry = get(sequence);
+  if (index < 0 || index >= static_cast<int64_t>(entry.sealed.size())) return {};
+  const auto found = table_.find(entry.sealed[static_cast<size_t>(index)]);
+  if (found == table_.end()) return {};
+  return blocks_[static_cast<size_t>(found->second)].annotation;
 }
 
 void KvCache::rewrite_tokens(SequenceId sequence, int64_t position,

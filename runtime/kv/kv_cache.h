@@ -100,6 +100,17 @@ class KvCache {
   // same sequence: an accepted branch of a token tree, scored past the chain in the cache, moved
   // to the position its depth gives it. Both below length(); `to` past the sealed positions.
   void copy_position(SequenceId sequence, int64_t from, int64_t to);
+  // Sealed leading blocks of the sequence (its first sealed_blocks() x block_size positions).
+  int64_t sealed_blocks(SequenceId sequence) const {
+    return static_cast<int64_t>(get(sequence).sealed.size());
+  }
+  // Values the cached block holding the sequence's sealed block `index` keeps beside its keys
+  // and values while it stays cached, for whoever reuses it: a feature-reading draft's engine
+  // keeps there the target's feature at the block's last position, which the draft reads beside
+  // the first token it computes past a reused prefix. The first annotation of a block stays.
+  void annotate(SequenceId sequence, int64_t index, std::span<const float> values);
+  // What annotate() left beside the sequence's sealed block `index`; empty when nothing.
+  std::span<const float> annotation(SequenceId sequence, int64_t index) const;
   // Positions [position, position + tokens.size()) hold `tokens`: ids learned after they were
   // appended (fed from the backend's memory, SequenceInput::device_tokens), recorded before
   // they are sealed. All below length(), past the sealed positions.
@@ -132,6 +143,7 @@ class KvCache {
     BlockKey key;            // when cached
     BlockKey parent;         // the key of the block before it (the root key for a first block)
     uint64_t released = 0;   // when it last became evictable (orders eviction)
+    std::vector<float> annotation;  // when cached: annotate()'s values, empty when none
   };
   struct Sequence {
     int64_t length = 0;            // positions held

@@ -69,7 +69,8 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                             "Time spent in target passes (prefill and verification)");
   host_waits_ = counter(r, "specrun_device_waits_total",
                         "Times the engine's steps waited for the device (once per step for the "
-                        "verdict, once per draft position a draft model proposes)");
+                        "verdict, once more for a draft model's drafts, or once per draft "
+                        "position where prompt lookup joins the draft)");
   bytes_to_host_ = counter(r, "specrun_device_to_host_bytes_total",
                            "Bytes the engine's steps copied back from the device");
 }

@@ -296,8 +296,9 @@ typedef struct specrun_request_stats {
   int64_t alternates;           /* alternates the target scored beside the drafts */
   int64_t alternates_accepted;  /* of those, accepted (each brings one token more) */
   int64_t host_waits;           /* times the steps waited for the device (shared with the batch):
-                                   once a step for its verdict, once more per draft position a
-                                   draft model proposes */
+                                   once a step for its verdict, once more for a draft model's
+                                   drafts (once a draft position where prompt lookup joins
+                                   them) */
   uint64_t bytes_to_host;       /* bytes the steps copied back from the device (shared) */
 } specrun_request_stats;
 

@@ -118,7 +118,7 @@ struct RequestStats {
   double target_ms = 0.0;  // time in the steps' target passes (shared with the batch)
   // What the steps waited for and copied back from the device (shared with the batch): each wait
   // drains the device's queue and each byte crosses the bus. A step waits once for its verdict,
-  // and once more per draft position where a draft model proposes.
+  // once more for a draft model's drafts (once a draft position where prompt lookup joins them).
   int64_t host_waits = 0;
   uint64_t bytes_to_host = 0;
 };
