@@ -3,6 +3,7 @@
 // binding, the dequantisers against hand-computed blocks and against gguf-py, the tokenizer built
 // from metadata, and a GGUF model computing the same logits as the safetensors checkpoint it was
 // written from.
+#include "runtime/engine/checkpoint_tokenizer.h"
 #include "runtime/model/gguf.h"
 
 #include <gtest/gtest.h>

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/engine/checkpoint_tokenizer.h"
 #include "runtime/model/checkpoint.h"
 #include "runtime/model/gguf.h"
 #include "runtime/model/model.h"

@@ -111,7 +111,7 @@ TEST(ThreadPool, AWorkerThatCannotStartIsOneError) {
   try {
     ThreadPool pool(5, start);
     FAIL() << "no error";
-  } catch (const Error& error) {
+  } catch (const std::runtime_error& error) {
     const std::string message = error.what();
     EXPECT_NE(message.find("cannot start worker thread 3 of 4"), std::string::npos) << message;
   }

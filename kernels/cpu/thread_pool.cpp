@@ -3,13 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
-
-#include "specrun/error.hpp"
 
 namespace specrun::kernels::cpu {
 namespace {
@@ -69,8 +68,9 @@ ThreadPool::ThreadPool(int num_threads, const ThreadStarter& start_thread) {
       // The destructor does not run for a constructor that throws, and a joinable std::thread
       // left in workers_ would terminate the process: the started workers are stopped here.
       stop_workers();
-      throw Error("CPU thread pool: cannot start worker thread " + std::to_string(i + 1) + " of " +
-                  std::to_string(num_threads - 1) + ": " + error.what());
+      throw std::runtime_error("CPU thread pool: cannot start worker thread " +
+                               std::to_string(i + 1) + " of " + std::to_string(num_threads - 1) +
+                               ": " + error.what());
     }
   }
 }

@@ -29,8 +29,9 @@ class ThreadPool {
   using ThreadStarter = std::function<std::thread(std::function<void()>)>;
 
   // `num_threads` counts the calling thread, which always takes part; 0 means one per core. A
-  // worker that cannot be started (the process is out of threads) is one specrun::Error, after
-  // the workers already started have been stopped and joined.
+  // worker that cannot be started (the process is out of threads) is one std::runtime_error
+  // saying which, after the workers already started have been stopped and joined (the kernels
+  // know nothing of the runtime's Error: the runtime's make_thread_pool turns it into one).
   explicit ThreadPool(int num_threads = 0, const ThreadStarter& start_thread = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

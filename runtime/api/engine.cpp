@@ -17,6 +17,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "runtime/api/config.h"
 #include "runtime/engine/batch_engine.h"
+#include "runtime/engine/checkpoint_tokenizer.h"
 #include "runtime/engine/device.h"
 #include "runtime/engine/pairing.h"
 #include "runtime/engine/settings.h"
@@ -371,7 +372,7 @@ std::string to_string(const MemoryPlan& plan) {
 
 MemoryPlan plan_memory(const EngineConfig& config) {
   checked(config, "EngineConfig");
-  auto pool = std::make_shared<kernels::cpu::ThreadPool>(1);
+  auto pool = make_thread_pool(1);
   const std::unique_ptr<kernels::Backend> backend =
       make_backend(config.device, pool, backend_options(config));
   const Checkpoint target = open_checkpoint(config.target);
@@ -399,7 +400,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   auto core = std::make_shared<detail::EngineCore>();
   core->config = config;
   core->started = Clock::now();
-  core->pool = std::make_shared<kernels::cpu::ThreadPool>(config.threads);
+  core->pool = make_thread_pool(config.threads);
   core->backend = make_backend(config.device, core->pool, backend_options(config));
   // Refused before a weight is read when it cannot fit. The checkpoints are opened once (headers,
   // and a GGUF file's dequantisation) for the plan and the models.

@@ -1,6 +1,7 @@
 #include "runtime/engine/device.h"
 
 #include <charconv>
+#include <stdexcept>
 #include <string_view>
 
 #include <spdlog/spdlog.h>
@@ -12,6 +13,14 @@
 #endif
 
 namespace specrun {
+
+std::shared_ptr<kernels::cpu::ThreadPool> make_thread_pool(int threads) {
+  try {
+    return std::make_shared<kernels::cpu::ThreadPool>(threads);
+  } catch (const std::runtime_error& error) {  // a worker that cannot start, saying which
+    throw Error(error.what());
+  }
+}
 
 DeviceSpec parse_device(const std::string& text) {
   if (text == "cpu") return {DeviceSpec::Kind::kCpu, 0};

@@ -39,6 +39,9 @@ kernels::cpu::Activations cpu_activations(ActivationPrecision precision,
 // Whether this build has the CUDA backend (nvcc was found when it was configured).
 bool cuda_backend_built();
 
+// A pool of `threads` CPU threads (0: one per core); throws Error saying why one cannot start.
+std::shared_ptr<kernels::cpu::ThreadPool> make_thread_pool(int threads);
+
 // The backend for `device`; the CPU backend runs on `pool`. Throws Error naming the device when
 // this build has no CUDA backend, or when the CUDA device cannot be opened (no driver, no such
 // ordinal).

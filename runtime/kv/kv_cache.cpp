@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kernels/core/uniform_hash.h"
-#include "runtime/model/tensor_checks.h"
+#include "runtime/base/byte_count.h"
 
 namespace specrun {
 

@@ -9,7 +9,6 @@
 #include "runtime/base/json.h"
 #include "runtime/base/mapped_file.h"
 #include "runtime/model/gguf.h"
-#include "runtime/text/tokenizer.h"
 
 namespace specrun {
 namespace {
@@ -131,15 +130,6 @@ nlohmann::json read_tokenizer_document(const std::filesystem::path& tokenizer) {
     const MappedFile file(tokenizer);
     return parse_json(file.text(), tokenizer.string());
   });
-}
-
-std::unique_ptr<text::Tokenizer> load_tokenizer(const CheckpointPaths& paths) {
-  if (!paths.tokenizer) return nullptr;
-  if (paths.format == CheckpointFormat::kGguf) {
-    return text::Tokenizer::from_json(read_tokenizer_document(*paths.tokenizer),
-                                      paths.tokenizer->string());
-  }
-  return text::Tokenizer::load(*paths.tokenizer);
 }
 
 }  // namespace specrun

@@ -13,10 +13,6 @@
 
 namespace specrun {
 
-namespace text {
-class Tokenizer;
-}
-
 enum class CheckpointFormat {
   kSafetensors,  // config.json + safetensors (+ tokenizer.json)
   kGguf,         // one .gguf file: metadata, tokenizer and tensors
@@ -50,7 +46,5 @@ Checkpoint open_checkpoint(const std::filesystem::path& path);
 // The tokenizer.json document of `tokenizer` (CheckpointPaths::tokenizer): the file itself, or the
 // one a .gguf file's metadata describes (gguf_tokenizer_json). Throws Error naming the file.
 nlohmann::json read_tokenizer_document(const std::filesystem::path& tokenizer);
-// The checkpoint's tokenizer, one loader for both formats; nullptr when it has none.
-std::unique_ptr<text::Tokenizer> load_tokenizer(const CheckpointPaths& paths);
 
 }  // namespace specrun

@@ -9,18 +9,6 @@ std::string byte_range_to_string(uint64_t begin, uint64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
 }
 
-std::optional<uint64_t> checked_byte_count(std::span<const uint64_t> extents,
-                                           uint64_t element_bytes) {
-  uint64_t count = element_bytes;
-  for (const uint64_t extent : extents) {
-    if (extent > static_cast<uint64_t>(INT64_MAX) ||
-        __builtin_mul_overflow(count, extent, &count) || count > static_cast<uint64_t>(INT64_MAX)) {
-      return std::nullopt;
-    }
-  }
-  return count;
-}
-
 std::optional<std::pair<TensorByteRange, TensorByteRange>> find_overlap(
     std::vector<TensorByteRange> ranges) {
   std::sort(ranges.begin(), ranges.end(), [](const TensorByteRange& a, const TensorByteRange& b) {
