@@ -15,6 +15,7 @@
 #include "kernels/cpu/matmul.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
+#include "specrun/chat.hpp"
 #include "specrun/specrun.hpp"
 #include "tests/test_support.h"
 
@@ -748,6 +749,46 @@ TEST_F(ApiTest, FromTomlReadsTheModelsAndSettings) {
   testing::write_file(dir_ / "bad.toml", "[model]\ntarget = 1\n");
   testing::expect_error([&] { EngineConfig::from_toml((dir_ / "bad.toml").string()); },
                         {"bad.toml:2:", "model.target", "must be a string"});
+}
+
+// The public chat template: the target's (EngineInfo::chat_template) or a file in its place,
+// rendered from a JSON list of messages with the target's BOS and EOS texts; bad input is one
+// Error saying what.
+TEST(ApiChatTemplate, RendersAConversationAndSaysWhatIsWrongWithBadInput) {
+  EngineInfo info;
+  info.target = "models/m";
+  info.bos_token = "<s>";
+  info.eos_token = "</s>";
+  EXPECT_FALSE(ChatTemplate::load(info).has_value());  // no template: none
+  info.chat_template =
+      "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}{{ eos_token }}"
+      "{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}";
+  const std::optional<ChatTemplate> chat = ChatTemplate::load(info);
+  ASSERT_TRUE(chat.has_value());
+  const std::string messages =
+      R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])";
+  EXPECT_EQ(chat->render(messages), "<s>[system] Be brief.</s>[user] Hi</s>[assistant] ");
+  EXPECT_EQ(chat->render(messages, false), "<s>[system] Be brief.</s>[user] Hi</s>");
+  testing::expect_error([&] { chat->render("[{\"role\": "); }, {"chat messages", "not JSON"});
+  testing::expect_error([&] { chat->render(R"({"role": "user"})"); }, {"not a JSON list"});
+  testing::expect_error([&] { chat->render(R"(["hello"])"); }, {"not a JSON object"});
+
+  // A file in the checkpoint's place; a missing one and a broken one name themselves.
+  testing::TempDir dir;
+  testing::write_file(dir / "t.jinja",
+                      "{% for m in messages %}{{ m.content | upper }}{% endfor %}");
+  const std::optional<ChatTemplate> from_file =
+      ChatTemplate::load(info, (dir / "t.jinja").string());
+  ASSERT_TRUE(from_file.has_value());
+  EXPECT_EQ(from_file->render(messages), "BE BRIEF.HI");
+  testing::expect_error([&] { ChatTemplate::load(info, (dir / "none.jinja").string()); },
+                        {"none.jinja", "no such chat template file"});
+  testing::write_file(dir / "bad.jinja", "{% for m in messages %}");
+  testing::expect_error([&] { ChatTemplate::load(info, (dir / "bad.jinja").string()); },
+                        {"bad.jinja"});
+  info.chat_template = "{{ raise_exception('roles must alternate') }}";
+  testing::expect_error([&] { ChatTemplate::load(info)->render(messages); },
+                        {"roles must alternate"});
 }
 
 }  // namespace

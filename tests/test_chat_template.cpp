@@ -8,13 +8,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/server/chat_template.h"
-#include "runtime/server/jinja_eval.h"
-#include "runtime/server/jinja_parser.h"
+#include "runtime/chat/chat_template.h"
+#include "runtime/chat/jinja_eval.h"
+#include "runtime/chat/jinja_parser.h"
 #include "specrun/error.hpp"
 #include "tests/test_support.h"
 
-namespace specrun::server {
+namespace specrun::chat {
 namespace {
 
 using json = nlohmann::ordered_json;
@@ -737,4 +737,4 @@ TEST(ChatTemplateLimits, ValueDepthAndTemplateSize) {
 }
 
 }  // namespace
-}  // namespace specrun::server
+}  // namespace specrun::chat

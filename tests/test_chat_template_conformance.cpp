@@ -15,11 +15,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/server/chat_template.h"
+#include "runtime/chat/chat_template.h"
 #include "specrun/error.hpp"
 #include "tests/test_support.h"
 
-namespace specrun::server {
+namespace specrun::chat {
 namespace {
 
 namespace fs = std::filesystem;
@@ -133,4 +133,4 @@ TEST(ChatTemplateConformance, RendersAsTransformersDoes) {
 }
 
 }  // namespace
-}  // namespace specrun::server
+}  // namespace specrun::chat

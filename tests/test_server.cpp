@@ -13,7 +13,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <sstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include <httplib.h>
 
@@ -119,7 +122,7 @@ class ServerTest : public ::testing::Test {
     if (attach_engine) {
       auto loaded = Engine::create(engine);
       const std::optional<ChatTemplate> chat_template =
-          load_chat_template(with_template ? (dir_ / "chat.jinja").string() : "", loaded->info());
+          ChatTemplate::load(loaded->info(), with_template ? (dir_ / "chat.jinja").string() : "");
       server_->attach(std::move(loaded), chat_template, "tiny");
     }
     for (int i = 0; i < 500 && !client().Get("/health"); ++i) std::this_thread::sleep_for(10ms);
@@ -311,6 +314,89 @@ TEST_F(ServerTest, ErrorsInOpenAisShapeWithTheirStatus) {
                400, "no chat template");
   expect_error(get("/v1/nothing"), 404, "no route");
   EXPECT_EQ(metric("specrun_requests_total{outcome=\"rejected\"}"), 2);
+}
+
+// What a raw connection gets back for `head` (request line and headers, ending in a blank line)
+// followed by `pieces`, each sent as it is, until the server closes the connection or 8 s pass;
+// and how long the answer's first bytes took.
+struct RawReply {
+  std::string text;            // everything the server sent
+  bool closed = false;         // the server closed the connection
+  double first_seconds = 0.0;  // from the head's sending to the answer's first bytes
+};
+RawReply raw_exchange(int port, const std::string& head, const std::vector<std::string>& pieces) {
+  const int socket_fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  RawReply reply;
+  if (::connect(socket_fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    ::close(socket_fd);
+    return reply;
+  }
+  const timeval timeout{8, 0};
+  ::setsockopt(socket_fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  const auto start = std::chrono::steady_clock::now();
+  // A server that stops reading may reset the connection under the later pieces: not an error.
+  ::send(socket_fd, head.data(), head.size(), MSG_NOSIGNAL);
+  for (const std::string& piece : pieces)
+    ::send(socket_fd, piece.data(), piece.size(), MSG_NOSIGNAL);
+  char buffer[4096];
+  for (;;) {
+    const ssize_t got = ::recv(socket_fd, buffer, sizeof(buffer), 0);
+    if (got == 0) reply.closed = true;
+    if (got <= 0) break;
+    if (reply.text.empty()) {
+      reply.first_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    reply.text.append(buffer, static_cast<size_t>(got));
+  }
+  ::close(socket_fd);
+  return reply;
+}
+
+TEST_F(ServerTest, ABodyPastTheLimitIsRefusedWhateverItsFramingAndNeverBuffered) {
+  ServerConfig config;
+  config.max_body_bytes = 4096;
+  start(config);
+  // A valid request, padded with whitespace to 16 times the limit, sent in chunks of the limit.
+  std::string body = R"({"model": "tiny", "prompt": "x", "max_tokens": 1)";
+  body += std::string(16 * 4096, ' ') + "}";
+  const auto chunked = [](const std::string& text, size_t piece) {
+    std::vector<std::string> pieces;
+    for (size_t at = 0; at < text.size(); at += piece) {
+      const std::string part = text.substr(at, piece);
+      std::ostringstream framed;
+      framed << std::hex << part.size() << "\r\n" << part << "\r\n";
+      pieces.push_back(framed.str());
+    }
+    pieces.push_back("0\r\n\r\n");
+    return pieces;
+  };
+  const std::string chunked_head =
+      "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n";
+  const RawReply over = raw_exchange(server_->port(), chunked_head, chunked(body, 4096));
+  EXPECT_EQ(over.text.rfind("HTTP/1.1 413", 0), 0u) << over.text.substr(0, 300);
+  EXPECT_NE(over.text.find("4096 bytes"), std::string::npos) << over.text.substr(0, 300);
+  EXPECT_TRUE(over.closed);
+  // Announced past the limit: refused at once, before any of it arrives (the connection then
+  // closes within the server's read timeout).
+  const RawReply announced = raw_exchange(
+      server_->port(),
+      "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+      "Content-Length: 10000000\r\n\r\n",
+      {});
+  EXPECT_EQ(announced.text.rfind("HTTP/1.1 413", 0), 0u) << announced.text.substr(0, 300);
+  EXPECT_TRUE(announced.closed);
+  EXPECT_LT(announced.first_seconds, 2.0);
+  // Within the limit, chunked is as good as a length.
+  const RawReply within =
+      raw_exchange(server_->port(), chunked_head,
+                   chunked(R"({"model": "tiny", "prompt": "x", "max_tokens": 1})", 7));
+  EXPECT_EQ(within.text.rfind("HTTP/1.1 200", 0), 0u) << within.text.substr(0, 300);
 }
 
 TEST_F(ServerTest, WhileLoadingHealthSaysSoAndRequestsAreAskedToRetry) {

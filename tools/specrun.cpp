@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 
 #include "runtime/server/server.h"
+#include "specrun/chat.hpp"
 #include "specrun/specrun.hpp"
 #include "tools/bundled_pair.h"
 #include "tools/cli_support.h"
@@ -201,17 +202,12 @@ specrun::FinishReason finish_reason(const specrun::Result& result) {
 // `text` as the one user message of the target's chat template, with the assistant's turn opened;
 // the template writes the special tokens itself, as transformers' apply_chat_template does.
 std::string chat_prompt(const std::string& text, const specrun::EngineInfo& info) {
-  const std::optional<specrun::server::ChatTemplate> chat_template =
-      specrun::server::load_chat_template("", info);
+  const std::optional<specrun::ChatTemplate> chat_template = specrun::ChatTemplate::load(info);
   if (!chat_template) {
     throw specrun::Error(info.target + " has no chat template: run without --chat");
   }
-  const nlohmann::ordered_json context = {
-      {"messages", nlohmann::ordered_json::array({{{"role", "user"}, {"content", text}}})},
-      {"add_generation_prompt", true},
-      {"bos_token", info.bos_token},
-      {"eos_token", info.eos_token}};
-  return chat_template->render(context);
+  const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", text}}};
+  return chat_template->render(messages.dump(), /*add_generation_prompt=*/true);
 }
 
 int run(const Options& options) {

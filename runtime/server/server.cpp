@@ -79,7 +79,13 @@ struct Server::State {
   }
 
   void routes();
-  void completion(const httplib::Request& request, httplib::Response& response, Endpoint endpoint);
+  // Reads the request's body, at most config.max_body_bytes of it whatever its framing
+  // (Content-Length or chunked): false when there is more, or it cannot be read, with the error
+  // sent and the connection closed after it. A body announced past the limit is refused at once,
+  // unread.
+  bool read_body(const httplib::Request& request, const httplib::ContentReader& content,
+                 httplib::Response& response, std::string* body);
+  void completion(const std::string& body, httplib::Response& response, Endpoint endpoint);
   Request engine_request(const CompletionRequest& parsed);
 };
 
@@ -213,14 +219,9 @@ Request Server::State::engine_request(const CompletionRequest& parsed) {
                                       "server with --chat-template FILE",
                                   "messages", ""});
     }
-    const EngineInfo& info = engine->info();
-    const nlohmann::ordered_json context = {{"messages", parsed.messages},
-                                            {"add_generation_prompt", true},
-                                            {"bos_token", info.bos_token},
-                                            {"eos_token", info.eos_token}};
     std::string text;
     try {
-      text = chat_template->render(context);
+      text = chat_template->render(parsed.messages.dump(), /*add_generation_prompt=*/true);
     } catch (const Error& error) {
       throw ApiException(ApiError{
           400, "invalid_request_error",
@@ -245,7 +246,36 @@ Request Server::State::engine_request(const CompletionRequest& parsed) {
   return request;
 }
 
-void Server::State::completion(const httplib::Request& http_request, httplib::Response& response,
+bool Server::State::read_body(const httplib::Request& request,
+                              const httplib::ContentReader& content, httplib::Response& response,
+                              std::string* body) {
+  const auto limit = static_cast<uint64_t>(config.max_body_bytes);
+  bool over = request.has_header("Content-Length") &&
+              request.get_header_value<uint64_t>("Content-Length") > limit;
+  bool read = !over && content([&](const char* data, size_t length) {
+    if (body->size() + length > limit) {
+      over = true;
+      return false;  // stop reading: the rest is never buffered
+    }
+    body->append(data, length);
+    return true;
+  });
+  if (read) return true;
+  // What is left of the body is not read: the connection cannot carry another request.
+  response.set_header("Connection", "close");
+  if (over) {
+    send_error(response, ApiError{413, "invalid_request_error",
+                                  "the request body is larger than the server's limit of " +
+                                      std::to_string(config.max_body_bytes) + " bytes",
+                                  "", ""});
+  } else {
+    send_error(response, ApiError{400, "invalid_request_error",
+                                  "the request body could not be read", "", ""});
+  }
+  return false;
+}
+
+void Server::State::completion(const std::string& body, httplib::Response& response,
                                Endpoint endpoint) {
   if (!ready) {
     response.set_header("Retry-After", "5");
@@ -269,8 +299,7 @@ void Server::State::completion(const httplib::Request& http_request, httplib::Re
   }
   auto exchange = std::make_shared<Exchange>();
   try {
-    const CompletionRequest parsed =
-        parse_completion_request(http_request.body, endpoint, defaults, model_name);
+    const CompletionRequest parsed = parse_completion_request(body, endpoint, defaults, model_name);
     const Request request = engine_request(parsed);
     try {
       exchange->handle = engine->submit(request);
@@ -320,14 +349,16 @@ void Server::State::completion(const httplib::Request& http_request, httplib::Re
 }
 
 void Server::State::routes() {
-  http.Post("/v1/completions",
-            [this](const httplib::Request& request, httplib::Response& response) {
-              completion(request, response, Endpoint::kCompletions);
-            });
-  http.Post("/v1/chat/completions",
-            [this](const httplib::Request& request, httplib::Response& response) {
-              completion(request, response, Endpoint::kChat);
-            });
+  // The completion routes read their bodies themselves, so that the limit holds while a body
+  // streams in, however it is framed.
+  for (const auto& [path, endpoint] : {std::pair("/v1/completions", Endpoint::kCompletions),
+                                       std::pair("/v1/chat/completions", Endpoint::kChat)}) {
+    http.Post(path, [this, endpoint](const httplib::Request& request, httplib::Response& response,
+                                     const httplib::ContentReader& content) {
+      std::string body;
+      if (read_body(request, content, response, &body)) completion(body, response, endpoint);
+    });
+  }
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
     json data = json::array();
     if (ready) {
@@ -449,22 +480,6 @@ std::string default_model_name(const std::string& target) {
                                                              : path.filename().string();
 }
 
-std::optional<ChatTemplate> load_chat_template(const std::string& file, const EngineInfo& info) {
-  if (!file.empty()) {
-    std::error_code status;
-    if (!std::filesystem::is_regular_file(file, status)) {
-      throw Error(file + ": no such chat template file");
-    }
-    std::ifstream stream(file, std::ios::binary);
-    std::ostringstream source;
-    source << stream.rdbuf();
-    if (!stream) throw Error(file + ": cannot read the chat template");
-    return ChatTemplate::compile(source.str(), file);
-  }
-  if (info.chat_template.empty()) return std::nullopt;
-  return ChatTemplate::compile(info.chat_template, "the chat template of " + info.target);
-}
-
 int serve(const EngineConfig& engine_config, const ServerConfig& config) {
   // Every thread started from here on inherits the blocked signals; this one takes them with
   // sigwait, so a signal never interrupts a handler or the engine.
@@ -484,7 +499,7 @@ int serve(const EngineConfig& engine_config, const ServerConfig& config) {
     try {
       std::unique_ptr<Engine> engine = Engine::create(engine_config);
       std::optional<ChatTemplate> chat_template =
-          load_chat_template(config.chat_template, engine->info());
+          ChatTemplate::load(engine->info(), config.chat_template);
       const std::string name =
           config.model_name.empty() ? default_model_name(engine_config.target) : config.model_name;
       std::fprintf(

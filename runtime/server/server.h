@@ -13,7 +13,7 @@
 #include <optional>
 #include <string>
 
-#include "runtime/server/chat_template.h"
+#include "specrun/chat.hpp"
 #include "specrun/specrun.hpp"
 
 namespace specrun::server {
@@ -50,10 +50,6 @@ class Server {
 // The model id a server names its model by when the settings give none: the target checkpoint's
 // file or directory name, without a .gguf or .safetensors extension.
 std::string default_model_name(const std::string& target);
-
-// The chat template to serve: `file` when given (read and compiled), else the checkpoint's
-// (`info.chat_template`); nullopt when there is none. Throws Error naming the file or construct.
-std::optional<ChatTemplate> load_chat_template(const std::string& file, const EngineInfo& info);
 
 // `specrun serve`: binds, loads the models while /health says so, serves until SIGINT or SIGTERM,
 // then drains (in-flight requests get config.shutdown_grace_seconds) and returns 0. Throws Error

@@ -1,4 +1,4 @@
-// Fuzzes the chat template renderer (runtime/server). The input is a template source, optionally
+// Fuzzes the chat template renderer (runtime/chat). The input is a template source, optionally
 // followed by a NUL byte and conversation bytes: the template is compiled (a construct outside the
 // subset, a syntax error or a source over the bounds is a clean refusal), then rendered with a
 // fixed conversation and with one made of the conversation bytes (roles and contents cut at
@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/server/chat_template.h"
+#include "runtime/chat/chat_template.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace {
@@ -80,7 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       split == std::string_view::npos ? std::string_view() : input.substr(split + 1);
   specrun::fuzz::expect_clean_refusal([&] {
     const auto compiled =
-        specrun::server::ChatTemplate::compile(source, "fuzz tokenizer_config.json");
+        specrun::chat::ChatTemplate::compile(source, "fuzz tokenizer_config.json");
     specrun::fuzz::expect_clean_refusal([&] { (void)compiled.render(fixed_context()); });
     specrun::fuzz::expect_clean_refusal([&] { (void)compiled.render(context_from(conversation)); });
   });

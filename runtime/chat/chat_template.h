@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace specrun::server {
+namespace specrun::chat {
 
 class ChatTemplate {
  public:
@@ -30,4 +30,4 @@ class ChatTemplate {
   std::shared_ptr<const Program> program_;
 };
 
-}  // namespace specrun::server
+}  // namespace specrun::chat

@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/server/jinja_value.h"
+#include "runtime/chat/jinja_value.h"
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 
 struct Arguments {
   std::vector<Value> positional;
@@ -45,4 +45,4 @@ Value call_function(const Function& function, const Arguments& arguments, Budget
 // strftime_now. A name that is none of them yields nullopt.
 std::optional<Value> global_function(const std::string& name);
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja

@@ -1,4 +1,4 @@
-#include "runtime/server/jinja_builtins.h"
+#include "runtime/chat/jinja_builtins.h"
 
 #include <algorithm>
 #include <charconv>
@@ -10,10 +10,10 @@
 #include <limits>
 #include <unordered_set>
 
-#include "runtime/server/jinja_parser.h"
-#include "runtime/server/jinja_unicode.h"
+#include "runtime/chat/jinja_parser.h"
+#include "runtime/chat/jinja_unicode.h"
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 namespace {
 
 // ---- small helpers -----------------------------------------------------------------------------
@@ -2228,4 +2228,4 @@ std::optional<Value> global_function(const std::string& name) {
   return make_function(std::move(function));
 }
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja

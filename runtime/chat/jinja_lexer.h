@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 
 // A template that does not parse, or uses something outside the supported subset.
 struct SyntaxError {
@@ -41,4 +41,4 @@ struct Token {
 // Throws SyntaxError. The last token is kEnd.
 std::vector<Token> tokenize(std::string_view source);
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja

@@ -8,9 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/server/jinja_ast.h"
+#include "runtime/chat/jinja_ast.h"
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 
 // Why a rendering failed, and the template line it was at.
 struct RenderError {
@@ -23,4 +23,4 @@ struct RenderError {
 std::string render_template(const std::vector<StmtPtr>& program,
                             const nlohmann::ordered_json& context);
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja

@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 
 // The bounds on what one template may make the renderer do.
 inline constexpr size_t kMaxSourceBytes = 1 << 20;
@@ -248,4 +248,4 @@ Value from_json(const nlohmann::ordered_json& json);
 // Failure ("'int' object is not iterable").
 std::vector<Value> iterate(const Value& value, Budget& budget);
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja

@@ -6,10 +6,10 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/server/jinja_ast.h"
-#include "runtime/server/jinja_lexer.h"
+#include "runtime/chat/jinja_ast.h"
+#include "runtime/chat/jinja_lexer.h"
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 
 // Throws SyntaxError.
 std::vector<StmtPtr> parse_template(std::string_view source);
@@ -19,4 +19,4 @@ std::vector<StmtPtr> parse_template(std::string_view source);
 bool is_supported_filter(std::string_view name);
 bool is_supported_test(std::string_view name);
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja

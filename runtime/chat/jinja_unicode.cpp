@@ -1,10 +1,10 @@
-#include "runtime/server/jinja_unicode.h"
+#include "runtime/chat/jinja_unicode.h"
 
 #include <algorithm>
 #include <array>
 #include <utility>
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 namespace {
 
 // The non-ASCII code points Python 3.11's str.isprintable() rejects (Unicode 14.0 categories Cc,
@@ -315,4 +315,4 @@ std::string_view strip_space(std::string_view text, bool left, bool right) {
   return text.substr(begin, end - begin);
 }
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja

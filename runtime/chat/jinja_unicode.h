@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 
 struct CodePoint {
   char32_t value = 0;
@@ -42,4 +42,4 @@ bool all_space(std::string_view text);
 // Python's str.strip()/lstrip()/rstrip() without arguments: Unicode whitespace removed.
 std::string_view strip_space(std::string_view text, bool left, bool right);
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja

@@ -1,9 +1,9 @@
-#include "runtime/server/jinja_parser.h"
+#include "runtime/chat/jinja_parser.h"
 
 #include <algorithm>
 #include <initializer_list>
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 namespace {
 
 constexpr std::string_view kFilters[] = {
@@ -963,4 +963,4 @@ std::vector<StmtPtr> parse_template(std::string_view source) {
   return Parser(tokenize(source)).parse();
 }
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja

@@ -1,14 +1,14 @@
-#include "runtime/server/chat_template.h"
+#include "runtime/chat/chat_template.h"
 
 #include <cstdio>
 #include <vector>
 
-#include "runtime/server/jinja_ast.h"
-#include "runtime/server/jinja_eval.h"
-#include "runtime/server/jinja_parser.h"
+#include "runtime/chat/jinja_ast.h"
+#include "runtime/chat/jinja_eval.h"
+#include "runtime/chat/jinja_parser.h"
 #include "specrun/error.hpp"
 
-namespace specrun::server {
+namespace specrun::chat {
 
 struct ChatTemplate::Program {
   std::string origin;
@@ -68,4 +68,4 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
   }
 }
 
-}  // namespace specrun::server
+}  // namespace specrun::chat

@@ -1,13 +1,13 @@
-#include "runtime/server/jinja_lexer.h"
+#include "runtime/chat/jinja_lexer.h"
 
 #include <charconv>
 #include <cstdio>
 #include <limits>
 #include <system_error>
 
-#include "runtime/server/jinja_unicode.h"
+#include "runtime/chat/jinja_unicode.h"
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 namespace {
 
 bool is_digit(char c) {
@@ -557,4 +557,4 @@ std::vector<Token> tokenize(std::string_view source) {
   return Lexer(source).run();
 }
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja

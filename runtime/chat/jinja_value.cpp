@@ -1,4 +1,4 @@
-#include "runtime/server/jinja_value.h"
+#include "runtime/chat/jinja_value.h"
 
 #include <algorithm>
 #include <charconv>
@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <limits>
 
-#include "runtime/server/jinja_unicode.h"
+#include "runtime/chat/jinja_unicode.h"
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 namespace {
 
 // Recursive walks over values stop here: deeper than any value the limits let a template build.
@@ -884,4 +884,4 @@ std::vector<Value> iterate(const Value& value, Budget& budget) {
   throw Failure{"'" + type_name(value) + "' object is not iterable"};
 }
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja

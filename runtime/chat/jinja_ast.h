@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/server/jinja_value.h"
+#include "runtime/chat/jinja_value.h"
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 
 enum class ExprType : uint8_t {
   kLiteral,      // value
@@ -94,4 +94,4 @@ struct Stmt {
   std::vector<ExprPtr> defaults;        // kMacro: for the last defaults.size() parameters
 };
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja

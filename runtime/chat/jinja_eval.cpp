@@ -1,10 +1,10 @@
-#include "runtime/server/jinja_eval.h"
+#include "runtime/chat/jinja_eval.h"
 
 #include <unordered_map>
 
-#include "runtime/server/jinja_builtins.h"
+#include "runtime/chat/jinja_builtins.h"
 
-namespace specrun::server::jinja {
+namespace specrun::chat::jinja {
 namespace {
 
 // The variables one block sees: its own, then its parent's.
@@ -470,4 +470,4 @@ std::string render_template(const std::vector<StmtPtr>& program,
   return Renderer().render(program, context);
 }
 
-}  // namespace specrun::server::jinja
+}  // namespace specrun::chat::jinja
