@@ -215,6 +215,11 @@ TEST_F(CApiTest, NullPointersAreRejectedByEveryFunction) {
   expect_failure(specrun_submit(engine, &no_ids, &refused), invalid, "specrun_submit",
                  {"prompt_ids is NULL with prompt_id_count 2"});
   EXPECT_EQ(refused, nullptr);
+  specrun_request_params too_many = params;
+  too_many.prompt_id_count = SIZE_MAX;  // never read past the two ids there are
+  expect_failure(specrun_submit(engine, &too_many, &refused), invalid, "specrun_submit",
+                 {"prompt_id_count " + std::to_string(SIZE_MAX), "context limit"});
+  EXPECT_EQ(refused, nullptr);
   expect_failure(specrun_request_next(nullptr, 0, &event), invalid, "specrun_request_next",
                  {"request is NULL"});
   expect_failure(specrun_request_next(request, 0, nullptr), invalid, "specrun_request_next",

@@ -109,6 +109,10 @@ TEST(OpenAiRequest, TakesEverySpeculationSettingOfTheTable) {
     body["speculative"][row.key] = as_json(testing::bad_setting_value(row));
     expect_refused(body.dump(), 400, std::string("speculative.") + row.key, {"must be"});
   }
+  // Keys that disagree name the object.
+  expect_refused(
+      R"({"model": "m", "prompt": "x", "speculative": {"gamma_min": 5, "gamma_max": 3}})", 400,
+      "speculative", {"gamma_min", "gamma_max"});
   // gamma is set last, as --gamma: it moves the range given beside it.
   const SpeculationSettings moved =
       parse(R"({"model": "m", "prompt": "x", "speculative": {"gamma": 10, "gamma_max": 9}})")
@@ -174,13 +178,38 @@ TEST(OpenAiRequest, MalformedBodiesAndWrongTypes) {
                  "stream_options", {"only allowed with"});
 }
 
+// Inputs a lenient parser would take and guess at are refused, each naming what is wrong.
+TEST(OpenAiRequest, AmbiguousOrEmptyInputsAreRefusedRatherThanGuessed) {
+  // A key an object repeats: which one would count is a guess.
+  expect_refused(R"({"model": "m", "prompt": "x", "max_tokens": 1, "max_tokens": 9})", 400,
+                 "max_tokens", {"repeats the key 'max_tokens'"});
+  expect_refused(R"({"model": "m", "prompt": "x", "speculative": {"gamma": 1, "gamma": 2}})", 400,
+                 "gamma", {"repeats the key 'gamma'"});
+  // The same key in different objects is fine.
+  EXPECT_EQ(parse(R"({"model": "m", "messages": [{"role": "user", "content": "a"},
+                 {"role": "user", "content": "b"}]})",
+                  Endpoint::kChat)
+                .messages.size(),
+            2u);
+  // A system or user turn must say something.
+  for (const std::string content : {"", R"(, "content": null)", R"(, "content": [])"}) {
+    expect_refused(R"({"model": "m", "messages": [{"role": "user")" + content + "}]}", 400,
+                   "messages[0].content", {"required for a user message"}, Endpoint::kChat);
+  }
+  // Each endpoint's prompt field, never the other's.
+  expect_refused(R"({"model": "m", "prompt": "x", "messages": []})", 400, "messages",
+                 {"/v1/chat/completions"});
+  expect_refused(R"({"model": "m", "prompt": "x", "messages": [{"role": "user", "content": "a"}]})",
+                 400, "prompt", {"/v1/completions"}, Endpoint::kChat);
+}
+
 TEST(OpenAiRequest, OutOfRangeAndUnsupported) {
   expect_refused(R"({"model": "other", "prompt": "x"})", 404, "model",
                  {"'other' does not exist", "serves 'm'"});
   expect_refused(R"({"model": "m", "prompt": "x", "temperature": 2.5})", 400, "temperature",
                  {"[0, 2]", "2.5"});
   expect_refused(R"({"model": "m", "prompt": "x", "top_p": 0})", 400, "top_p", {"(0, 1]"});
-  expect_refused(R"({"model": "m", "prompt": "x", "top_p": 1.5})", 400, "top_p", {"[0, 1]"});
+  expect_refused(R"({"model": "m", "prompt": "x", "top_p": 1.5})", 400, "top_p", {"(0, 1]"});
   expect_refused(R"({"model": "m", "prompt": "x", "min_p": -0.1})", 400, "min_p", {"[0, 1]"});
   expect_refused(R"({"model": "m", "prompt": "x", "top_k": -2})", 400, "top_k", {"-2"});
   expect_refused(R"({"model": "m", "prompt": "x", "max_tokens": -1})", 400, "max_tokens", {"-1"});

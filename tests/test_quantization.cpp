@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -217,6 +218,21 @@ TEST_F(Fp8CheckpointErrors, ANanCode) {
     }
   });
   expect_load_error({"model.safetensors", weight, "NaN"});
+}
+
+TEST_F(Fp8CheckpointErrors, AScaleThatIsNotFiniteAndPositive) {
+  // A scale multiplies its whole block: zero, negative or non-finite would zero, flip or poison
+  // it without a word.
+  for (const float bad : {0.0f, -0.5f, std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN()}) {
+    SCOPED_TRACE(bad);
+    edit_tensors([&](std::vector<OwnedTensor>& tensors) {
+      for (OwnedTensor& t : tensors) {
+        if (t.name == scale_) std::memcpy(t.bytes.data(), &bad, sizeof(float));
+      }
+    });
+    expect_load_error({"model.safetensors", scale_, "at entry 0", "finite and positive"});
+  }
 }
 
 TEST_F(Fp8CheckpointErrors, StaticInputScales) {

@@ -664,6 +664,14 @@ specrun_status specrun_submit(specrun_engine* engine, const specrun_request_para
       throw InvalidArgument("params->prompt_ids is NULL with prompt_id_count " +
                             std::to_string(params->prompt_id_count));
     }
+    // Counted before any id is read: a count past the context (SIZE_MAX, a negative length cast)
+    // names itself rather than overflowing the copy.
+    const auto context = static_cast<size_t>(engine->engine->info().context_limit);
+    if (params->prompt_id_count > context) {
+      throw InvalidArgument("params->prompt_id_count " + std::to_string(params->prompt_id_count) +
+                            " is more than the context limit of " + std::to_string(context) +
+                            " tokens");
+    }
     if (engine->shut_down) throw ShutDown();
     specrun::Request settings;
     if (params->prompt != nullptr) settings.prompt = params->prompt;

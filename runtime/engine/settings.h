@@ -16,9 +16,9 @@ namespace specrun {
 // The kernels' dtype for a KV cache stored as `dtype`.
 DType kernel_dtype(KvCacheDtype dtype);
 
-// Throw Error naming the setting and its value when it is out of range or inconsistent.
+// Throws Error naming the setting and its value when it is out of range or inconsistent
+// (validate(const SpeculationSettings&) is public: specrun/settings.hpp).
 void validate(const SamplingSettings& sampling);
-void validate(const SpeculationSettings& speculation);
 // Throws Error when a prompt cannot start on `model`: empty, an id outside its vocabulary, or
 // longer than its context limit.
 void validate_prompt(const Model& model, std::span<const int32_t> prompt);

@@ -1,5 +1,6 @@
 #include "runtime/model/weights.h"
 
+#include <cmath>
 #include <regex>
 #include <set>
 #include <string>
@@ -103,6 +104,7 @@ class Binder {
     view.scales = scale->data;
     view.scale_dtype = scale->dtype;
     view.scale_count = count;
+    refuse_unusable_scales(view, scale->file.string(), scale_name);
     if (view.dtype == DType::kF8E4M3) refuse_nan_codes(view, file, name);
     return view;
   }
@@ -172,6 +174,19 @@ class Binder {
 
   // FP8 E4M3 has NaN codes (0x7F, 0xFF) and no use for them in weights; the kernels read codes
   // without testing for them, so a checkpoint holding one is refused here.
+  // A scale multiplies every code of its block: zero, negative, infinite or NaN would silently
+  // zero, flip or poison a whole block of weights.
+  static void refuse_unusable_scales(const WeightView& view, const std::string& file,
+                                     const std::string& name) {
+    for (size_t i = 0; i < static_cast<size_t>(view.scale_count); ++i) {
+      const float scale = load_as_f32(view.scales, view.scale_dtype, i);
+      if (!(std::isfinite(scale) && scale > 0.0f)) {
+        throw Error(file + ": tensor '" + name + "' holds the scale " + std::to_string(scale) +
+                    " at entry " + std::to_string(i) + "; scales must be finite and positive");
+      }
+    }
+  }
+
   static void refuse_nan_codes(const WeightView& view, const std::string& file,
                                const std::string& name) {
     const auto* codes = static_cast<const uint8_t*>(view.data);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
+#include <vector>
 
 #include "specrun/settings.hpp"
 
@@ -32,14 +34,18 @@ class Fields {
     return it == body_.end() || it->is_null() ? nullptr : &*it;
   }
 
-  std::optional<double> number(const char* name, double minimum, double maximum) const {
+  // In [minimum, maximum], or (minimum, maximum] where `exclusive_minimum`.
+  std::optional<double> number(const char* name, double minimum, double maximum,
+                               bool exclusive_minimum = false) const {
     const json* value = get(name);
     if (value == nullptr) return std::nullopt;
     if (!value->is_number()) refuse(param(name), "'" + param(name) + "' must be a number");
     const double number = value->get<double>();
-    if (!(number >= minimum && number <= maximum)) {
-      refuse(param(name), "'" + param(name) + "' must be in [" + compact(minimum) + ", " +
-                              compact(maximum) + "], got " + value->dump());
+    const bool above = exclusive_minimum ? number > minimum : number >= minimum;
+    if (!(above && number <= maximum)) {
+      refuse(param(name), "'" + param(name) + "' must be in " + (exclusive_minimum ? "(" : "[") +
+                              compact(minimum) + ", " + compact(maximum) + "], got " +
+                              value->dump());
     }
     return number;
   }
@@ -157,6 +163,12 @@ void apply_speculative(const json& value, SpeculationSettings& settings) {
     }
   }
   if (gamma) set_gamma_moving_range(settings, *gamma);
+  // Keys that disagree (gamma_min past gamma_max, ...) are the object's fault, named as such.
+  try {
+    validate(settings);
+  } catch (const Error& error) {
+    refuse("speculative", std::string("'speculative': ") + error.what());
+  }
 }
 
 // A message's content as one string: a string, null, or OpenAI's list of text parts.
@@ -200,6 +212,12 @@ nlohmann::ordered_json checked_messages(const json* messages) {
                                   name.substr(0, 64) + "' (this server takes no tools)");
     }
     const auto content = message.find("content");
+    // Only the assistant's turn may be empty (null content); a system or user turn says something.
+    if (name != "assistant" && (content == message.end() || content->is_null() ||
+                                (content->is_array() && content->empty()))) {
+      refuse(param + ".content", "'" + param + ".content' is required for a " + name +
+                                     " message: a string or a list of text parts");
+    }
     checked.push_back(
         {{"role", name},
          {"content", message_content(content == message.end() ? json() : *content, i)}});
@@ -235,10 +253,24 @@ void read_prompt(const json* prompt, CompletionRequest& request) {
 }
 
 json parse_body(std::string_view body) {
-  // Deeper nesting than any request needs is refused while parsing, before it is built.
-  const json::parser_callback_t bounded = [](int depth, json::parse_event_t, json&) {
+  // Deeper nesting than any request needs is refused while parsing, before it is built; so is a
+  // key an object repeats (which of the two counts would be a guess).
+  std::vector<std::set<std::string>> keys;  // each open object's keys so far
+  const json::parser_callback_t bounded = [&keys](int depth, json::parse_event_t event,
+                                                  json& parsed) {
     if (depth > kMaxJsonDepth) {
       refuse("", "the request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    }
+    if (event == json::parse_event_t::object_start) {
+      keys.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      keys.pop_back();
+    } else if (event == json::parse_event_t::key && !keys.empty()) {
+      const std::string key = parsed.get<std::string>();
+      if (!keys.back().insert(key).second) {
+        refuse(key.substr(0, 64),
+               "the request body repeats the key '" + key.substr(0, 64) + "' in one object");
+      }
     }
     return true;
   };
@@ -281,9 +313,16 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
                                     "' does not exist; this server serves '" + served_model + "'",
                                 "model", "model_not_found"});
   }
+  // Each endpoint takes its own prompt field and refuses the other's, rather than ignore it.
   if (endpoint == Endpoint::kChat) {
+    if (fields.get("prompt") != nullptr) {
+      refuse("prompt", "'prompt' belongs to /v1/completions: a chat completion takes 'messages'");
+    }
     request.messages = checked_messages(fields.get("messages"));
   } else {
+    if (fields.get("messages") != nullptr) {
+      refuse("messages", "'messages' belongs to /v1/chat/completions: a completion takes 'prompt'");
+    }
     read_prompt(fields.get("prompt"), request);
   }
 
@@ -296,8 +335,7 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
   if (auto value = fields.number("temperature", 0.0, 2.0)) {
     request.sampling.temperature = static_cast<float>(*value);
   }
-  if (auto value = fields.number("top_p", 0.0, 1.0)) {
-    if (*value == 0.0) refuse("top_p", "'top_p' must be in (0, 1], got 0");
+  if (auto value = fields.number("top_p", 0.0, 1.0, /*exclusive_minimum=*/true)) {
     request.sampling.top_p = static_cast<float>(*value);
   }
   if (auto value = fields.integer("top_k", -1, most)) {

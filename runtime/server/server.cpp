@@ -351,13 +351,16 @@ void Server::State::completion(const std::string& body, httplib::Response& respo
 void Server::State::routes() {
   // The completion routes read their bodies themselves, so that the limit holds while a body
   // streams in, however it is framed.
-  for (const auto& [path, endpoint] : {std::pair("/v1/completions", Endpoint::kCompletions),
-                                       std::pair("/v1/chat/completions", Endpoint::kChat)}) {
-    http.Post(path, [this, endpoint](const httplib::Request& request, httplib::Response& response,
-                                     const httplib::ContentReader& content) {
-      std::string body;
-      if (read_body(request, content, response, &body)) completion(body, response, endpoint);
-    });
+  for (const auto& route : {std::pair("/v1/completions", Endpoint::kCompletions),
+                            std::pair("/v1/chat/completions", Endpoint::kChat)}) {
+    const Endpoint endpoint = route.second;
+    http.Post(route.first,
+              [this, endpoint](const httplib::Request& request, httplib::Response& response,
+                               const httplib::ContentReader& content) {
+                std::string body;
+                if (read_body(request, content, response, &body))
+                  completion(body, response, endpoint);
+              });
   }
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
     json data = json::array();

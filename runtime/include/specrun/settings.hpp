@@ -244,6 +244,12 @@ std::optional<SettingValue> parse_setting_text(SettingKind kind, std::string_vie
 // A value as text: "4", "0.8", "goodput".
 std::string setting_text(const SettingValue& value);
 
+// Throws Error naming the key and its value where a speculation setting is out of its row's
+// range, or where keys disagree (gamma outside [gamma_min, gamma_max], lookup_min_ngram past
+// lookup_max_ngram, draft_lookup_ngram past lookup_max_ngram). Every front end's settings pass it
+// before a request runs.
+void validate(const SpeculationSettings& speculation);
+
 // Sets gamma as the command line's --gamma and the server's speculative.gamma do, after the
 // other settings given with it: the range [gamma_min, gamma_max] moves to take it (a file's gamma
 // must lie in its range instead).
