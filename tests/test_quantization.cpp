@@ -235,6 +235,30 @@ TEST_F(Fp8CheckpointErrors, AScaleThatIsNotFiniteAndPositive) {
   }
 }
 
+TEST_F(Fp8CheckpointErrors, PatternsOfUnquantizedModulesMatchWholeNamesAndAreBounded) {
+  // A "re:" entry matches a whole module name: one naming a quantized layer contradicts the file.
+  edit_config([](json& config) {
+    config["quantization_config"]["modules_to_not_convert"] = {"lm_head", "re:.*\\.down_proj"};
+  });
+  expect_load_error({"model.safetensors", "down_proj", "left unquantized"});
+  // Matching part of a name is not matching it.
+  edit_config([](json& config) {
+    config["quantization_config"]["modules_to_not_convert"] = {"re:down_proj"};
+  });
+  auto backend = testing::make_cpu_backend(1);
+  EXPECT_NO_THROW(Model::load(dir_ / "fp8", *backend));
+  // A pattern that does not compile, and one that backtracks without end, are one error naming
+  // the entry (the load neither hangs nor crashes).
+  for (const auto& [entry, why] : {std::pair<std::string, std::string>{"re:(", "does not compile"},
+                                   {"re:(\\w|\\w\\w|.)*(?<=[^.])$(?<!\\d)[.]", "match limit"}}) {
+    const std::string pattern = entry;  // a lambda below captures it (not a structured binding)
+    SCOPED_TRACE(pattern);
+    edit_config(
+        [&](json& config) { config["quantization_config"]["modules_to_not_convert"] = {pattern}; });
+    expect_load_error({"config.json", pattern, why});
+  }
+}
+
 TEST_F(Fp8CheckpointErrors, StaticInputScales) {
   edit_tensors([&](std::vector<OwnedTensor>& tensors) {
     tensors.push_back({"model.layers.0.mlp.up_proj.input_scale",

@@ -1,7 +1,8 @@
 #include "runtime/model/weights.h"
 
 #include <cmath>
-#include <regex>
+#include <map>
+#include <memory>
 #include <set>
 #include <string>
 
@@ -9,6 +10,7 @@
 
 #include "runtime/base/check.h"
 #include "runtime/model/gguf.h"
+#include "runtime/text/regex.h"
 
 namespace specrun {
 namespace {
@@ -133,14 +135,12 @@ class Binder {
 
   // Whether `module` is in a quantization_config list of names: exact, a suffix after a dot, or a
   // "re:" regular expression matching the whole name (compressed-tensors' spelling).
-  static bool listed(const std::vector<std::string>& names, const std::string& module) {
+  bool listed(const std::vector<std::string>& names, const std::string& module) {
     for (const std::string& entry : names) {
       if (entry.rfind("re:", 0) == 0) {
-        try {
-          if (std::regex_match(module, std::regex(entry.substr(3)))) return true;
-        } catch (const std::regex_error&) {
-          throw Error("quantization_config: '" + entry + "' is not a regular expression");
-        }
+        std::vector<std::pair<size_t, size_t>> matches;
+        pattern(entry).find_all(module, matches);
+        if (!matches.empty()) return true;  // anchored: a match is the whole name
         continue;
       }
       if (module == entry) return true;
@@ -154,6 +154,22 @@ class Binder {
   }
 
  private:
+  // A "re:" entry compiled once, anchored to match whole names, through the tokenizer's regex
+  // engine (PCRE2): a pattern that would backtrack without end hits its match limit, one Error
+  // naming the entry, rather than hanging the load.
+  const text::Regex& pattern(const std::string& entry) {
+    auto found = patterns_.find(entry);
+    if (found == patterns_.end()) {
+      found = patterns_
+                  .emplace(entry, std::make_unique<text::Regex>(
+                                      "\\A(?:" + entry.substr(3) + ")\\z",
+                                      checkpoint_.paths.config.string() +
+                                          ": quantization_config's entry '" + entry + "'"))
+                  .first;
+    }
+    return *found->second;
+  }
+
   std::string source() const { return checkpoint_.paths.weights.string(); }
   // A tensor as its file names it: GGUF files have their own names (blk.N.attn_q.weight).
   std::string shown(const std::string& name) const {
@@ -200,6 +216,7 @@ class Binder {
 
   const Checkpoint& checkpoint_;
   std::set<std::string> bound_;
+  std::map<std::string, std::unique_ptr<text::Regex>> patterns_;  // "re:" entries, compiled
 };
 
 }  // namespace
