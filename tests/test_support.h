@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <ostream>
 #include <span>
@@ -360,8 +361,10 @@ SettingValue other_setting_value(const Setting<Settings>& row, const Settings& d
 template <typename Settings>
 SettingValue bad_setting_value(const Setting<Settings>& row) {
   switch (row.range.kind) {
-    case SettingKind::kInteger:
-      return row.range.integer_maximum + 1;
+    case SettingKind::kInteger:  // past the maximum, or below the minimum where none is past it
+      return row.range.integer_maximum < std::numeric_limits<int64_t>::max()
+                 ? row.range.integer_maximum + 1
+                 : row.range.integer_minimum - 1;
     case SettingKind::kNumber:
       return std::isinf(row.range.number_maximum) ? row.range.number_minimum - 1.0
                                                   : row.range.number_maximum + 1.0;
