@@ -575,9 +575,9 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
       reusable = fed.first(static_cast<size_t>(draft_reused));
     }
     KvCache& cache = target.kv_cache();
+    const int64_t block = cache.layout().block_size;
     int64_t reused = cache.reuse_prefix(sequence->target_kv, reusable);
     if (hands_features && reused > 0 && reused == draft_reused) {
-      const int64_t block = cache.layout().block_size;
       const std::span<const float> feature =
           cache.annotation(sequence->target_kv, reused / block - 1);
       if (feature.empty()) {
@@ -587,7 +587,7 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
         draft_proposer->observe_features(static_cast<int64_t>(sequence->id), reused - 1, feature);
       }
     }
-    sequence->annotated_blocks = reused / target.kv_cache().layout().block_size;
+    sequence->annotated_blocks = reused / block;
     sequence->stats.cached_prompt_tokens = reused;
     if (reused < static_cast<int64_t>(fed.size())) {
       prefill.push_back({sequence->target_kv, fed.subspan(static_cast<size_t>(reused)), false});

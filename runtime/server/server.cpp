@@ -86,6 +86,11 @@ struct Server::State {
   bool read_body(const httplib::Request& request, const httplib::ContentReader& content,
                  httplib::Response& response, std::string* body);
   void completion(const std::string& body, httplib::Response& response, Endpoint endpoint);
+  // The 413's message, wherever the limit is met.
+  std::string body_too_large() const {
+    return "the request body is larger than the server's limit of " +
+           std::to_string(config.max_body_bytes) + " bytes";
+  }
   Request engine_request(const CompletionRequest& parsed);
 };
 
@@ -264,10 +269,7 @@ bool Server::State::read_body(const httplib::Request& request,
   // What is left of the body is not read: the connection cannot carry another request.
   response.set_header("Connection", "close");
   if (over) {
-    send_error(response, ApiError{413, "invalid_request_error",
-                                  "the request body is larger than the server's limit of " +
-                                      std::to_string(config.max_body_bytes) + " bytes",
-                                  "", ""});
+    send_error(response, ApiError{413, "invalid_request_error", body_too_large(), "", ""});
   } else {
     send_error(response, ApiError{400, "invalid_request_error",
                                   "the request body could not be read", "", ""});
@@ -388,8 +390,7 @@ void Server::State::routes() {
       error.type = "not_found_error";
       error.message = "no route for " + request.method + " " + request.path.substr(0, 256);
     } else if (response.status == 413) {
-      error.message = "the request body is larger than the server's limit of " +
-                      std::to_string(config.max_body_bytes) + " bytes";
+      error.message = body_too_large();
     } else {
       error.message =
           "the HTTP request could not be served (" + std::to_string(response.status) + ")";
