@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "draft/proposer.h"
+#include "draft/step_drafter.h"
 #include "runtime/engine/pairing.h"
 #include "runtime/engine/settings.h"
 #include "runtime/sampling/rng.h"
@@ -1665,6 +1666,89 @@ TEST(PromptLookupProposer, PadsToGammaForCalibration) {
   EXPECT_EQ(std::vector<int32_t>(first.begin(), first.end()),
             (std::vector<int32_t>{4, 3, 3, 3, 3}));
   EXPECT_EQ(std::vector<int32_t>(second.begin(), second.end()), (std::vector<int32_t>{3, 3, 3}));
+}
+
+// The drafter's rows without a draft model: prompt lookup where the text repeats, a calibration
+// step's filler padded to its gamma, nothing for gamma 0, one [batch, gamma] set of point masses.
+TEST(StepDrafter, ComposesLookupFillerAndEmptyRowsIntoOneSetOfProposals) {
+  StepDrafter drafter(nullptr, OverlapDrafting::kAuto, 32);
+  EXPECT_EQ(drafter.model(), nullptr);
+  const std::vector<int32_t> repeats = {1, 5, 6, 7, 8, 9, 2, 6, 7};  // "6 7" is followed by 8 9 2
+  const std::vector<int32_t> no_match = {1, 2, 3};
+  SpeculationSettings lookup;
+  lookup.method = SpeculationMethod::kPromptLookup;
+  lookup.lookup_min_ngram = 1;
+  lookup.lookup_max_ngram = 3;
+  const SamplingParams sampling;
+  std::vector<DraftingState> states(3);
+  std::vector<DraftingRow> rows(3);
+  const std::vector<int32_t>* texts[] = {&repeats, &no_match, &repeats};
+  const int64_t gammas[] = {3, 4, 0};
+  for (size_t b = 0; b < rows.size(); ++b) {
+    rows[b].sequence = static_cast<int64_t>(b);
+    rows[b].committed = *texts[b];
+    rows[b].sampling = &sampling;
+    rows[b].speculation = &lookup;
+    rows[b].gamma = gammas[b];
+    rows[b].state = &states[b];
+  }
+  rows[1].filler = true;
+  StepDrafts step;
+  drafter.propose(rows, step);
+  const Proposals& proposals = step.proposals;
+  ASSERT_EQ(proposals.batch, 3);
+  EXPECT_EQ(proposals.gamma, 4);
+  EXPECT_TRUE(proposals.point_masses());  // no model rows: nothing to materialise
+  const auto tokens = [&](int64_t b) {
+    const std::span<const int32_t> row = proposals.row_tokens(b);
+    return std::vector<int32_t>(row.begin(), row.end());
+  };
+  EXPECT_EQ(tokens(0), (std::vector<int32_t>{8, 9, 2}));
+  EXPECT_EQ(tokens(1), (std::vector<int32_t>{3, 3, 3, 3}));  // no match: the last token repeated
+  EXPECT_TRUE(tokens(2).empty());
+  EXPECT_EQ(step.from_kept, (std::vector<int64_t>{0, 0, 0}));
+  // Without a model nothing drafts ahead.
+  drafter.draft_ahead(rows, step);
+  EXPECT_TRUE(step.ahead_row.empty());
+  EXPECT_EQ(step.drafted_ahead(0), 0);
+}
+
+// A contest counts for whichever offer was the target's token, over the drafts the verdict decided
+// (those accepted and the first rejected; none past an accepted alternate), and the step after
+// follows the contests before it.
+TEST(StepDrafter, TalliesTheContestsTheVerdictDecided) {
+  Proposals proposals;
+  proposals.batch = 1;
+  proposals.gamma = 4;
+  proposals.counts = {4};
+  proposals.tokens = {10, 11, 12, 13};
+  proposals.model_offers = {20, 11, -1, 23};   // draft 0: lookup's 10 proposed over the model's 20
+  proposals.lookup_offers = {10, 31, -1, 13};  // draft 1: the model's 11 over lookup's 31
+  DraftingState state;
+  state.contests = {5, 1};
+  // Drafts 0 and 1 accepted, 2 rejected (the target's token there is 7): 0 and 1 are decided.
+  const std::vector<int32_t> decided = {10, 11, 7};
+  RowVerdict verdict;
+  verdict.accepted = 2;
+  const LookupCount counted = StepDrafter::tally_contests(state, proposals, 0, decided, verdict);
+  EXPECT_EQ(state.contests_before.lookup_won, 5);
+  EXPECT_EQ(state.contests_before.model_won, 1);
+  EXPECT_EQ(state.contests.lookup_won, 6);  // draft 0: lookup offered 10
+  EXPECT_EQ(state.contests.model_won, 2);   // draft 1: the model offered 11
+  EXPECT_EQ(counted.looked_up, 1);
+  EXPECT_EQ(counted.accepted, 1);
+  // The same verdict with its last accepted token an alternate: draft 1 was rejected (an
+  // alternate replaced it) and nothing after it was decided.
+  DraftingState alternate_state;
+  verdict.took_alternate = true;
+  const std::vector<int32_t> with_alternate = {10, 99, 7};
+  StepDrafter::tally_contests(alternate_state, proposals, 0, with_alternate, verdict);
+  EXPECT_EQ(alternate_state.contests.lookup_won, 1);
+  EXPECT_EQ(alternate_state.contests.model_won, 0);  // 99 is neither offer
+  // A second step shifts the contests into contests_before.
+  StepDrafter::tally_contests(state, Proposals{}, 0, {}, RowVerdict{});
+  EXPECT_EQ(state.contests_before.lookup_won, 6);
+  EXPECT_EQ(state.contests_before.model_won, 2);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "runtime/sampling/sampler.h"
 #include "tests/test_support.h"
 #include "tests/verify_testing.h"
+#include "verify/commit.h"
 #include "verify/verifier.h"
 
 namespace specrun {
@@ -352,6 +353,65 @@ TEST(RejectionSampler, TakesNoAlternates) {
   EXPECT_FALSE(RejectionSampler().takes_alternates());
   EXPECT_TRUE(SharedNoiseVerifier().takes_alternates());
   EXPECT_TRUE(GreedyVerifier().takes_alternates());
+}
+
+TEST(CommitRule, CommitsUntilAnEndOfSequenceTokenOrTheTokenLimit) {
+  const std::vector<int32_t> eos = {2};
+  // A sequence of 10 committed tokens (its pending token at position 9) accepted two drafts.
+  const auto decide = [&](std::vector<int32_t> decided, bool stop_at_eos, int64_t tokens_left) {
+    return decide_commit(decided, 10, 2, -1, {eos, stop_at_eos, tokens_left});
+  };
+  const RowCommit all = decide({5, 6, 7}, true, 100);
+  EXPECT_EQ(all.tokens, 3);
+  EXPECT_FALSE(all.stop.has_value());
+  EXPECT_EQ(all.keep, 12);  // the new token is the next step's pending one
+  EXPECT_EQ(all.draft_keep, 12);
+  EXPECT_EQ(all.alternate_from, -1);
+  EXPECT_EQ(all.alternate_to, -1);
+  const RowCommit at_eos = decide({5, 2, 7}, true, 100);
+  EXPECT_EQ(at_eos.tokens, 1);
+  EXPECT_EQ(at_eos.stop, FinishReason::kEndOfSequence);
+  EXPECT_EQ(at_eos.keep, 10);
+  EXPECT_EQ(decide({2, 6, 7}, true, 100).tokens, 0);
+  EXPECT_EQ(decide({2, 6, 7}, true, 100).keep, 9);
+  EXPECT_EQ(decide({5, 2, 7}, false, 100).tokens, 3);  // EOS is text when it does not stop
+  const RowCommit at_limit = decide({5, 6, 7}, true, 2);
+  EXPECT_EQ(at_limit.tokens, 2);
+  EXPECT_EQ(at_limit.stop, FinishReason::kMaxTokens);
+  EXPECT_EQ(at_limit.keep, 11);
+  EXPECT_EQ(decide({5, 6, 7}, true, 3).stop, FinishReason::kMaxTokens);
+}
+
+TEST(CommitRule, AnAcceptedAlternateMovesToItsPositionAndTheDraftReadsItAgain) {
+  // Pending token at position 9, drafts fed at 10..12, alternates after them: the row accepted
+  // draft 1 and then an alternate for draft 2, fed as the forward's input 4 (position 13).
+  const RowCommit commit = decide_commit(std::vector<int32_t>{5, 8, 7}, 10, 2, 4, {{}, true, 100});
+  EXPECT_EQ(commit.tokens, 3);
+  EXPECT_EQ(commit.keep, 12);
+  EXPECT_EQ(commit.alternate_from, 13);
+  EXPECT_EQ(commit.alternate_to, 11);
+  EXPECT_EQ(commit.draft_keep, 11);  // the draft's cache holds draft 2 at position 11
+  // Stopped by the token limit at the alternate: it is the new pending token, kept by neither.
+  const RowCommit stopped = decide_commit(std::vector<int32_t>{5, 8, 7}, 10, 2, 4, {{}, true, 2});
+  EXPECT_EQ(stopped.keep, 11);
+  EXPECT_EQ(stopped.alternate_to, -1);
+  EXPECT_EQ(stopped.draft_keep, 11);
+}
+
+TEST(Verifiers, EachRowsSettingsChooseItsRuleUnlessAReplacementDecidesEvery) {
+  SamplingParams greedy, sampled, shared;
+  greedy.temperature = 0.0f;
+  sampled.temperature = 0.8f;
+  shared.temperature = 0.8f;
+  shared.shared_noise = true;
+  const Verifiers verifiers;
+  EXPECT_NE(dynamic_cast<const GreedyVerifier*>(&verifiers.for_row(greedy)), nullptr);
+  EXPECT_NE(dynamic_cast<const RejectionSampler*>(&verifiers.for_row(sampled)), nullptr);
+  EXPECT_NE(dynamic_cast<const SharedNoiseVerifier*>(&verifiers.for_row(shared)), nullptr);
+  const RejectionSampler replacement;
+  const Verifiers replaced(&replacement);
+  EXPECT_EQ(&replaced.for_row(greedy), &replacement);
+  EXPECT_EQ(&replaced.for_row(shared), &replacement);
 }
 
 TEST(Verifier, RejectsScoresThatDoNotMatchTheProposals) {

@@ -47,6 +47,19 @@ kernels::VerifyRule verify_rule(const SamplingParams& sampling) {
                                : kernels::VerifyRule::kRejection;
 }
 
+const Verifier& Verifiers::for_row(const SamplingParams& sampling) const {
+  if (replacement_ != nullptr) return *replacement_;
+  switch (verify_rule(sampling)) {
+    case kernels::VerifyRule::kGreedy:
+      return greedy_;
+    case kernels::VerifyRule::kSharedNoise:
+      return shared_noise_;
+    case kernels::VerifyRule::kRejection:
+      break;
+  }
+  return rejection_;
+}
+
 namespace {
 
 // The verification's shape for these proposals and scores.

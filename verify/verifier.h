@@ -101,6 +101,21 @@ class GreedyVerifier : public Verifier {
                      const RowDraws& draws, std::span<int32_t> out) const override;
 };
 
+// The host rule each row's settings choose (verify_rule), or a replacement for every row: tests
+// pass deliberately broken rules to show that the distribution checks catch them.
+class Verifiers {
+ public:
+  explicit Verifiers(const Verifier* replacement = nullptr) : replacement_(replacement) {}
+  const Verifier& for_row(const SamplingParams& sampling) const;
+  const Verifier* replacement() const { return replacement_; }
+
+ private:
+  const Verifier* replacement_;
+  GreedyVerifier greedy_;
+  RejectionSampler rejection_;
+  SharedNoiseVerifier shared_noise_;
+};
+
 // Verification on the backend that scored the rows (Backend::verify): the step's drafts, their q
 // where a row's rule reads it, and the rows' rules and random numbers go to the backend; the
 // verdict (tokens, accepted counts, accepted alternates) is the one thing that comes back, in one
