@@ -55,7 +55,7 @@ class Collector {
     std::lock_guard lock(mutex_);
     return error_;
   }
-  SequenceStats stats() {
+  RequestStats stats() {
     std::lock_guard lock(mutex_);
     return stats_;
   }
@@ -72,7 +72,7 @@ class Collector {
   bool finished_ = false;
   FinishReason status_ = FinishReason::kMaxTokens;
   std::string error_;
-  SequenceStats stats_;
+  RequestStats stats_;
 };
 
 class BatchEngineTest : public ::testing::Test {

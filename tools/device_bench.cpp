@@ -349,7 +349,7 @@ int run_device_bench(const DeviceBenchOptions& options) {
       engine.run(request);  // warm-up
       return engine.run(request).stats;
     };
-    const SequenceStats alone = decode_with(SpeculationMethod::kNone, 0);
+    const RequestStats alone = decode_with(SpeculationMethod::kNone, 0);
     const double alone_tps = 1e3 * static_cast<double>(alone.tokens_generated) / alone.total_ms;
     std::printf(
         "generation, %lld greedy tokens after a %lld-token prompt: target alone %.1f tokens/s\n",
@@ -361,19 +361,19 @@ int run_device_bench(const DeviceBenchOptions& options) {
     nlohmann::json runs = nlohmann::json::array();
     for (const int64_t gamma : {2, 4, 6}) {
       if (gamma + 1 > options.max_verify_tokens) break;
-      const SequenceStats stats = decode_with(SpeculationMethod::kDraftModel, gamma);
+      const RequestStats stats = decode_with(SpeculationMethod::kDraftModel, gamma);
       const double tps = 1e3 * static_cast<double>(stats.tokens_generated) / stats.total_ms;
       const double steps = static_cast<double>(std::max<int64_t>(stats.steps, 1));
       const double v = verify_ratio[static_cast<size_t>(gamma + 1)];
       std::printf("%5lld  %8.1f  %6.2fx  %10.3f  %13.3f  %14.3f  %.2fx / %.2fx / %.2fx / %.2fx\n",
-                  static_cast<long long>(gamma), tps, tps / alone_tps, stats.acceptance_rate(),
+                  static_cast<long long>(gamma), tps, tps / alone_tps, stats.acceptance_rate,
                   stats.draft_ms / steps, stats.target_ms / steps,
                   predicted_speedup(0.6, gamma, c, v), predicted_speedup(0.7, gamma, c, v),
                   predicted_speedup(0.8, gamma, c, v), predicted_speedup(0.9, gamma, c, v));
       runs.push_back({{"gamma", gamma},
                       {"tokens_per_second", tps},
                       {"speedup", tps / alone_tps},
-                      {"acceptance", stats.acceptance_rate()},
+                      {"acceptance", stats.acceptance_rate},
                       {"draft_ms_per_step", stats.draft_ms / steps},
                       {"target_ms_per_step", stats.target_ms / steps},
                       {"predicted_speedup_alpha_0.8", predicted_speedup(0.8, gamma, c, v)}});

@@ -215,14 +215,14 @@ RunSummary run_generation(specrun::Model& target, specrun::Model* draft,
     request.sampling.max_tokens = tokens;
     request.sampling.stop_at_eos = false;
     request.speculation = speculation;
-    const specrun::SequenceStats stats = engine.run(std::move(request)).stats;
+    const specrun::RequestStats stats = engine.run(std::move(request)).stats;
     generated += stats.tokens_generated;
     total_ms += stats.total_ms;
     draft_ms += stats.draft_ms;
     drafted += stats.drafted;
     accepted += stats.accepted;
     steps += stats.steps;
-    committed += stats.committed_in_steps;
+    committed += stats.accepted + stats.steps;  // accepted drafts and one token a step
     rejections += stats.rejections;
     for (const auto& [gamma, count] : stats.gamma_histogram)
       summary.gamma_histogram[gamma] += count;

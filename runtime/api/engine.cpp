@@ -110,41 +110,13 @@ std::vector<int32_t> prompt_tokens(const detail::EngineCore& core, const Request
   return ids;
 }
 
-// The final figures of a request: times measured here from submit(), step figures from the batch
-// engine (null when it finished before it ever ran).
-RequestStats request_stats(const detail::RequestState& state, const SequenceStats* engine,
-                           double queue_ms, double total_ms, int64_t tokens) {
-  RequestStats stats;
+// The final figures of a request: the batch engine's (null when it never reached it), with the
+// timeline as this API's caller saw it, from its submit() (tokenizing included) to each event.
+RequestStats request_stats(const detail::RequestState& state, const RequestStats* engine,
+                           double total_ms) {
+  RequestStats stats = engine != nullptr ? *engine : RequestStats{};
   stats.prompt_tokens = state.prompt_tokens;
-  stats.tokens_generated = tokens;
-  stats.queue_ms = queue_ms;
-  stats.total_ms = total_ms;
-  stats.ttft_ms = state.token_ms.empty() ? 0.0 : state.token_ms.front();
-  SequenceStats arrivals;
-  arrivals.token_ms = state.token_ms;
-  const SequenceStats::Latency latency = arrivals.inter_token_latency();
-  stats.itl_ms_mean = latency.mean;
-  stats.itl_ms_p50 = latency.p50;
-  stats.itl_ms_p99 = latency.p99;
-  stats.tokens_per_second = total_ms > 0 ? 1e3 * static_cast<double>(tokens) / total_ms : 0.0;
-  if (engine != nullptr) {
-    stats.cached_prompt_tokens = engine->cached_prompt_tokens;
-    stats.steps = engine->steps;
-    stats.drafted = engine->drafted;
-    stats.accepted = engine->accepted;
-    stats.rejections = engine->rejections;
-    stats.looked_up = engine->looked_up;
-    stats.looked_up_accepted = engine->looked_up_accepted;
-    stats.alternates = engine->alternates;
-    stats.alternates_accepted = engine->alternates_accepted;
-    stats.acceptance_rate = engine->acceptance_rate();
-    stats.mean_accepted_length = engine->mean_accepted_length();
-    stats.gamma_histogram = engine->gamma_histogram;
-    stats.draft_ms = engine->draft_ms;
-    stats.target_ms = engine->target_ms;
-    stats.host_waits = engine->host_waits;
-    stats.bytes_to_host = engine->bytes_to_host;
-  }
+  record_timeline(stats, state.token_ms, total_ms);
   return stats;
 }
 
@@ -198,9 +170,7 @@ void deliver(detail::RequestState& state, BatchEngine& batch, const RequestUpdat
   if (update.finished) {
     result.reason = failure.empty() ? update.reason : FinishReason::kFailed;
     result.error = failure.empty() ? update.error : failure;
-    result.stats =
-        request_stats(state, update.stats, update.queue_ms, ms_between(state.submitted, now),
-                      static_cast<int64_t>(result.tokens.size()));
+    result.stats = request_stats(state, update.stats, ms_between(state.submitted, now));
     state.decoder.reset();  // the tokenizer it reads may go with the engine
   }
   if (!state.on_event) {

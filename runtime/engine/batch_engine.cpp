@@ -89,6 +89,7 @@ RequestId BatchEngine::submit(EngineRequest request, UpdateCallback on_update) {
     SPECRUN_CHECK(sequence->reserved_draft_blocks <= s.draft->kv_cache().layout().num_blocks);
   }
   sequence->submitted = Clock::now();
+  sequence->stats.prompt_tokens = prompt;
   sequence->committed = request.prompt;
   sequence->sampling = sampling_params(request.sampling, request.speculation.verification);
   sequence->random = RandomStream(request.sampling.seed);
@@ -189,9 +190,8 @@ void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishReason
       drafter.model()->remove_sequence(static_cast<int64_t>(sequence->id));
     for (auto& [kind, policy] : policies) policy->forget(static_cast<int64_t>(sequence->id));
   }
-  SequenceStats& stats = sequence->stats;
-  stats.total_ms = milliseconds(sequence->submitted, Clock::now());
-  stats.tokens_generated = sequence->generated;
+  RequestStats& stats = sequence->stats;
+  record_timeline(stats, sequence->token_ms, milliseconds(sequence->submitted, Clock::now()));
   {
     const KvCache& cache = target.kv_cache();
     std::lock_guard lock(mutex);
@@ -207,7 +207,6 @@ void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishReason
     update.reason = reason;
     update.error = error;
     update.stats = &stats;
-    update.queue_ms = sequence->queue_ms;
     sequence->on_update(update);
   }
 }

@@ -55,8 +55,7 @@ struct RequestUpdate {
   bool finished = false;                           // the request's last update
   FinishReason reason = FinishReason::kMaxTokens;  // when finished
   std::string error;                               // when reason is kFailed
-  const SequenceStats* stats = nullptr;  // the request's figures so far (final when finished)
-  double queue_ms = 0.0;                 // from submit to admission
+  const RequestStats* stats = nullptr;  // the request's figures so far (final when finished)
 };
 
 // Called for every update of a request, in order, on the scheduler thread, with no engine lock
@@ -107,7 +106,7 @@ struct Completion {
   std::vector<int32_t> tokens;                     // every generated token
   FinishReason reason = FinishReason::kMaxTokens;  // why it finished
   std::string error;                               // when reason is kFailed
-  SequenceStats stats;                             // its figures
+  RequestStats stats;                              // its figures
 };
 
 class BatchEngine {

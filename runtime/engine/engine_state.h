@@ -35,7 +35,6 @@ struct Sequence {
   SamplingParams sampling;         // what the sampler, proposers and scorer read of it
   UpdateCallback on_update;        // where its updates go
   Clock::time_point submitted;     // submit() time: every stat is measured from it
-  double queue_ms = 0.0;           // submit to admission
   std::vector<int32_t> committed;  // prompt then every generated token
   int64_t generated = 0;           // tokens emitted
   SequenceId target_kv = -1;       // its target KV sequence, once admitted
@@ -47,7 +46,8 @@ struct Sequence {
   int64_t worst_positions = 0;         // the most target positions it holds (what they cover)
   int64_t reserved_draft_blocks = 0;   // the same in the draft's cache
   RandomStream random;                 // its random numbers, keyed by its seed
-  SequenceStats stats;                 // its figures so far
+  RequestStats stats;                  // its figures so far (runtime/engine/stats.h)
+  std::vector<double> token_ms;        // each token's arrival, from submit
   DraftingState drafting;              // drafts kept ahead, lookup's contests
 };
 

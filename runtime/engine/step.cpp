@@ -19,7 +19,7 @@ void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) 
   std::vector<std::pair<Sequence*, int64_t>> prefilled;  // and the first position it computes
   const bool reads_features = drafter.model() != nullptr && drafter.model()->reads_features();
   for (auto& sequence : admitted) {
-    sequence->queue_ms = milliseconds(sequence->submitted, start);
+    sequence->stats.queue_ms = milliseconds(sequence->submitted, start);
     sequence->target_kv = target.kv_cache().add_sequence();
     if (sequence->drafts_with_model)
       drafter.model()->add_sequence(static_cast<int64_t>(sequence->id));
@@ -388,8 +388,8 @@ RowVerdict BatchEngine::State::commit_row(StepWork& work, size_t b, DraftOutcome
              work.drafts.from_kept[b],
              work.drafts.drafted_ahead(static_cast<int64_t>(b))};
   outcome.alternate_taken = fed >= 0;
-  SequenceStats& stats = sequence.stats;
-  stats.record_step(drafted, accepted, work.draft_ms, work.verify_ms);
+  RequestStats& stats = sequence.stats;
+  record_step(stats, drafted, accepted, work.draft_ms, work.verify_ms);
   stats.host_waits += work.transfers.host_waits;
   stats.bytes_to_host += work.transfers.bytes_to_host;
   if (proposals.has_alternates()) {
@@ -419,10 +419,10 @@ RowVerdict BatchEngine::State::commit_row(StepWork& work, size_t b, DraftOutcome
   for (int64_t i = 0; i < commit.tokens; ++i) {
     sequence.committed.push_back(decided[static_cast<size_t>(i)]);
     sequence.generated += 1;
-    stats.token_ms.push_back(milliseconds(sequence.submitted, now));
+    sequence.token_ms.push_back(milliseconds(sequence.submitted, now));
   }
   stats.tokens_generated = sequence.generated;
-  if (!stats.token_ms.empty()) stats.ttft_ms = stats.token_ms.front();
+  if (!sequence.token_ms.empty()) stats.ttft_ms = sequence.token_ms.front();
   verdict.new_token = sequence.committed.back();
 
   KvCache& cache = target.kv_cache();
@@ -463,7 +463,6 @@ void BatchEngine::State::deliver(StepWork& work) {
       update.id = sequence->id;
       update.tokens = new_tokens;
       update.stats = &sequence->stats;
-      update.queue_ms = sequence->queue_ms;
       sequence->on_update(update);
     }
     still_running.push_back(std::move(sequence));
