@@ -8,9 +8,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
@@ -630,8 +632,8 @@ TEST_F(CApiTest, RefusedRequestsAndConfigsReturnTheirCodeAndMessage) {
   specrun_sampling_init(&sampling);
   sampling.top_p = 0.0f;
   params.sampling = &sampling;
-  expect_failure(specrun_submit(engine, &params, &request), SPECRUN_ERROR_FAILED, "specrun_submit",
-                 {"top_p"});
+  expect_failure(specrun_submit(engine, &params, &request), SPECRUN_ERROR_INVALID_ARGUMENT,
+                 "specrun_submit", {"params->sampling.top_p must be in (0, 1], got 0"});
   params.sampling = nullptr;
   specrun_speculation speculation;
   specrun_speculation_init(&speculation);
@@ -650,6 +652,143 @@ TEST_F(CApiTest, RefusedRequestsAndConfigsReturnTheirCodeAndMessage) {
                  "specrun_tokenize", {"no tokenizer.json"});
   EXPECT_EQ(tokens, nullptr);
   EXPECT_EQ(count, 0u);
+  specrun_engine_destroy(engine);
+}
+
+// How this test writes a setting's value into the C structs, by key, independently of the library's
+// own binding: a C enum by its C name, a number the C field cannot hold reported as false.
+template <typename Field>
+bool store_integer(Field& field, int64_t value) {
+  if (!std::in_range<Field>(value)) return false;
+  field = static_cast<Field>(value);
+  return true;
+}
+
+template <typename Enum>
+bool store_choice(Enum& field, const std::string& name, const std::map<std::string, int>& numbers) {
+  const auto it = numbers.find(name);
+  store_int(&field, it == numbers.end() ? 99 : it->second);  // a name C has not: a stray number
+  return true;
+}
+
+bool write_c_setting(specrun_sampling& c, const std::string& key, const SettingValue& value) {
+  if (key == "temperature")
+    return c.temperature = static_cast<float>(std::get<double>(value)), true;
+  if (key == "top_p") return c.top_p = static_cast<float>(std::get<double>(value)), true;
+  if (key == "min_p") return c.min_p = static_cast<float>(std::get<double>(value)), true;
+  if (key == "top_k") return store_integer(c.top_k, std::get<int64_t>(value));
+  if (key == "seed") {
+    c.seed = static_cast<uint64_t>(std::get<int64_t>(value));  // -1 is 2^64 - 1, past int64
+    return true;
+  }
+  if (key == "max_tokens") return store_integer(c.max_tokens, std::get<int64_t>(value));
+  ADD_FAILURE() << "sampling setting " << key << " has no field in specrun_sampling";
+  return false;
+}
+
+bool write_c_setting(specrun_speculation& c, const std::string& key, const SettingValue& value) {
+  if (key == "method") {
+    return store_choice(c.method, std::get<std::string>(value),
+                        {{"draft", SPECRUN_METHOD_DRAFT},
+                         {"prompt_lookup", SPECRUN_METHOD_PROMPT_LOOKUP},
+                         {"none", SPECRUN_METHOD_NONE}});
+  }
+  if (key == "controller") {
+    return store_choice(c.controller, std::get<std::string>(value),
+                        {{"goodput", SPECRUN_CONTROLLER_GOODPUT},
+                         {"heuristic", SPECRUN_CONTROLLER_HEURISTIC},
+                         {"fixed", SPECRUN_CONTROLLER_FIXED}});
+  }
+  if (key == "verification") {
+    return store_choice(c.verification, std::get<std::string>(value),
+                        {{"rejection", SPECRUN_VERIFICATION_REJECTION},
+                         {"shared_noise", SPECRUN_VERIFICATION_SHARED_NOISE}});
+  }
+  int64_t* integers[] = {&c.gamma,
+                         &c.gamma_min,
+                         &c.gamma_max,
+                         &c.lookup_min_ngram,
+                         &c.lookup_max_ngram,
+                         &c.draft_lookup_ngram,
+                         &c.draft_alternates};
+  const char* integer_keys[] = {"gamma",
+                                "gamma_min",
+                                "gamma_max",
+                                "lookup_min_ngram",
+                                "lookup_max_ngram",
+                                "draft_lookup_ngram",
+                                "draft_alternates"};
+  for (size_t i = 0; i < std::size(integers); ++i) {
+    if (key == integer_keys[i]) return store_integer(*integers[i], std::get<int64_t>(value));
+  }
+  if (key == "draft_p_min")
+    return c.draft_p_min = static_cast<float>(std::get<double>(value)), true;
+  if (key == "draft_lookup_below") {
+    return c.draft_lookup_below = static_cast<float>(std::get<double>(value)), true;
+  }
+  ADD_FAILURE() << "speculation setting " << key << " has no field in specrun_speculation";
+  return false;
+}
+
+// The C structs are one more front end of the setting tables: every row has its field, a value
+// in range is taken, and one out of range is refused before the request runs, naming the field.
+TEST_F(CApiTest, TakesEverySettingOfTheTablesAndRefusesEachValueOutOfRangeNamingItsField) {
+  specrun_engine* engine = create();
+  ASSERT_NE(engine, nullptr);
+  const int32_t ids[] = {1, 2, 3};
+  const auto submit_and_wait = [&](const specrun_request_params& params) {
+    specrun_request* request = nullptr;
+    ASSERT_EQ(specrun_submit(engine, &params, &request), SPECRUN_OK) << specrun_last_error();
+    specrun_result* result = nullptr;
+    ASSERT_EQ(specrun_request_wait(request, &result), SPECRUN_OK) << specrun_last_error();
+    EXPECT_NE(result->reason, SPECRUN_FINISH_FAILED) << result->error;
+    specrun_result_free(result);
+    specrun_request_free(request);
+  };
+  const auto refused = [&](const specrun_request_params& params, const std::string& field) {
+    specrun_request* request = nullptr;
+    expect_failure(specrun_submit(engine, &params, &request), SPECRUN_ERROR_INVALID_ARGUMENT,
+                   "specrun_submit", {field});
+    EXPECT_EQ(request, nullptr);
+  };
+  for (const Setting<SamplingSettings>& row : sampling_settings()) {
+    SCOPED_TRACE(row.key);
+    specrun_sampling sampling;
+    specrun_sampling_init(&sampling);
+    sampling.max_tokens = 4;
+    specrun_request_params params;
+    specrun_request_params_init(&params);
+    params.prompt_ids = ids;
+    params.prompt_id_count = std::size(ids);
+    params.sampling = &sampling;
+    SamplingSettings defaults;
+    defaults.max_tokens = 4;
+    ASSERT_TRUE(write_c_setting(sampling, row.key, testing::other_setting_value(row, defaults)));
+    submit_and_wait(params);
+    specrun_sampling_init(&sampling);
+    SettingValue bad = testing::bad_setting_value(row);
+    if (!write_c_setting(sampling, row.key, bad)) {
+      bad = row.range.integer_minimum - 1;  // past what the C field holds: below the minimum
+      ASSERT_TRUE(write_c_setting(sampling, row.key, bad));
+    }
+    refused(params, std::string("params->sampling.") + row.key);
+  }
+  for (const Setting<SpeculationSettings>& row : speculation_settings()) {
+    SCOPED_TRACE(row.key);
+    specrun_speculation speculation;
+    specrun_speculation_init(&speculation);
+    specrun_request_params params;
+    specrun_request_params_init(&params);
+    params.prompt_ids = ids;
+    params.prompt_id_count = std::size(ids);
+    params.speculation = &speculation;
+    ASSERT_TRUE(write_c_setting(speculation, row.key,
+                                testing::other_setting_value(row, SpeculationSettings{})));
+    submit_and_wait(params);
+    specrun_speculation_init(&speculation);
+    ASSERT_TRUE(write_c_setting(speculation, row.key, testing::bad_setting_value(row)));
+    refused(params, std::string("params->speculation.") + row.key);
+  }
   specrun_engine_destroy(engine);
 }
 

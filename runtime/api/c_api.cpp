@@ -7,9 +7,12 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
 #include <optional>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -114,109 +117,207 @@ Pointer& require(Pointer& pointer, const char* name) {
 
 // ---- settings ---------------------------------------------------------------------------------
 
+// A C enum (`type`) as the C++ enum numbered the same way, whose every value All() lists (the
+// static_asserts below hold the numbering); InvalidArgument naming `name` for a number C does not
+// name. By reference: the bytes are read by enum_value, never loaded as the enum type.
+template <auto All, typename CEnum>
+auto enum_from_c(const CEnum& stored, const std::string& name, const char* type) {
+  const int64_t value = enum_value(stored);
+  for (const auto option : All()) {
+    if (static_cast<int64_t>(option) == value) return option;
+  }
+  throw InvalidArgument(name + " " + std::to_string(value) + " is not a " + type);
+}
+
+// The C structs of settings are one more front end of the setting tables (specrun/settings.hpp):
+// each row of a table has its field in the C struct, and the conversions walk the table, so a
+// value out of range is refused here, naming the C field, by the same range every front end uses.
+template <typename CStruct>
+struct CField {
+  const char* key;  // the table row's
+  // The C field as the row's value; throws InvalidArgument naming `where` for a value no row
+  // could take (an enum number C does not name, an unsigned integer past int64).
+  specrun::SettingValue (*read)(const CStruct& c, const std::string& where, const char* type);
+  void (*write)(CStruct& c, const specrun::SettingValue& value);  // a value of the row's
+  const char* type = "";  // a C enum's name ("specrun_method")
+};
+
+template <typename Member>
+struct CMember;
+template <typename CStruct, typename Type>
+struct CMember<Type CStruct::*> {
+  using Struct = CStruct;
+  using Field = Type;
+};
+template <auto Member>
+using CStructOf = typename CMember<decltype(Member)>::Struct;
+template <auto Member>
+using CFieldOf = typename CMember<decltype(Member)>::Field;
+
+template <auto Member>
+CField<CStructOf<Member>> c_integer(const char* key) {
+  return {key,
+          [](const CStructOf<Member>& c, const std::string& where,
+             const char*) -> specrun::SettingValue {
+            const CFieldOf<Member> value = c.*Member;
+            if constexpr (std::is_unsigned_v<CFieldOf<Member>>) {
+              if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+                throw InvalidArgument(where + " must be in [0, " +
+                                      std::to_string(std::numeric_limits<int64_t>::max()) +
+                                      "], got " + std::to_string(value));
+              }
+            }
+            return static_cast<int64_t>(value);
+          },
+          [](CStructOf<Member>& c, const specrun::SettingValue& value) {
+            c.*Member = static_cast<CFieldOf<Member>>(std::get<int64_t>(value));
+          }};
+}
+
+template <auto Member>
+CField<CStructOf<Member>> c_number(const char* key) {
+  return {key,
+          [](const CStructOf<Member>& c, const std::string&, const char*) -> specrun::SettingValue {
+            return static_cast<double>(c.*Member);
+          },
+          [](CStructOf<Member>& c, const specrun::SettingValue& value) {
+            c.*Member = static_cast<CFieldOf<Member>>(std::get<double>(value));
+          }};
+}
+
+// A C enum field (`type`), numbered as the C++ enum whose every value All() lists (the
+// static_asserts below).
+template <auto Member, auto All>
+CField<CStructOf<Member>> c_choice(const char* key, const char* type) {
+  return {key,
+          [](const CStructOf<Member>& c, const std::string& where,
+             const char* c_type) -> specrun::SettingValue {
+            return std::string(to_string(enum_from_c<All>(c.*Member, where, c_type)));
+          },
+          [](CStructOf<Member>& c, const specrun::SettingValue& value) {
+            for (const auto option : All()) {
+              if (std::get<std::string>(value) == to_string(option)) {
+                c.*Member = static_cast<CFieldOf<Member>>(option);
+              }
+            }
+          },
+          type};
+}
+
+std::span<const CField<specrun_sampling>> sampling_fields() {
+  static const CField<specrun_sampling> fields[] = {
+      c_number<&specrun_sampling::temperature>("temperature"),
+      c_integer<&specrun_sampling::top_k>("top_k"),
+      c_number<&specrun_sampling::top_p>("top_p"),
+      c_number<&specrun_sampling::min_p>("min_p"),
+      c_integer<&specrun_sampling::seed>("seed"),
+      c_integer<&specrun_sampling::max_tokens>("max_tokens"),
+  };
+  return fields;
+}
+
+std::span<const CField<specrun_speculation>> speculation_fields() {
+  static const CField<specrun_speculation> fields[] = {
+      c_choice<&specrun_speculation::method, specrun::speculation_methods>("method",
+                                                                           "specrun_method"),
+      c_choice<&specrun_speculation::controller, specrun::gamma_controls>("controller",
+                                                                          "specrun_controller"),
+      c_integer<&specrun_speculation::gamma>("gamma"),
+      c_integer<&specrun_speculation::gamma_min>("gamma_min"),
+      c_integer<&specrun_speculation::gamma_max>("gamma_max"),
+      c_number<&specrun_speculation::draft_p_min>("draft_p_min"),
+      c_integer<&specrun_speculation::lookup_min_ngram>("lookup_min_ngram"),
+      c_integer<&specrun_speculation::lookup_max_ngram>("lookup_max_ngram"),
+      c_choice<&specrun_speculation::verification, specrun::verifications>("verification",
+                                                                           "specrun_verification"),
+      c_integer<&specrun_speculation::draft_lookup_ngram>("draft_lookup_ngram"),
+      c_number<&specrun_speculation::draft_lookup_below>("draft_lookup_below"),
+      c_integer<&specrun_speculation::draft_alternates>("draft_alternates"),
+  };
+  return fields;
+}
+
+template <typename CStruct>
+const CField<CStruct>& field_of(std::span<const CField<CStruct>> fields, const char* key) {
+  for (const CField<CStruct>& field : fields) {
+    if (std::strcmp(field.key, key) == 0) return field;
+  }
+  throw std::logic_error(std::string("the C struct has no field for setting ") + key);
+}
+
+// `c`'s fields, row by row, each checked against its row's range; `name` is how the caller
+// spells the struct ("params->speculation").
+template <typename Settings, typename CStruct>
+Settings settings_from_c(const CStruct& c, std::span<const specrun::Setting<Settings>> table,
+                         std::span<const CField<CStruct>> fields, const std::string& name) {
+  Settings settings;
+  for (const specrun::Setting<Settings>& row : table) {
+    const std::string where = name + "." + row.key;
+    const CField<CStruct>& field = field_of(fields, row.key);
+    const specrun::SettingValue value = field.read(c, where, field.type);
+    if (const auto problem = specrun::setting_problem(row.range, value)) {
+      throw InvalidArgument(where + " " + *problem);
+    }
+    row.set(settings, value);
+  }
+  return settings;
+}
+
+template <typename CStruct, typename Settings>
+CStruct settings_to_c(const Settings& settings, std::span<const specrun::Setting<Settings>> table,
+                      std::span<const CField<CStruct>> fields) {
+  CStruct c{};
+  for (const specrun::Setting<Settings>& row : table) {
+    field_of(fields, row.key).write(c, row.get(settings));
+  }
+  return c;
+}
+
 specrun_sampling to_c(const specrun::SamplingSettings& settings) {
-  specrun_sampling sampling;
-  sampling.temperature = settings.temperature;
-  sampling.top_k = settings.top_k;
-  sampling.top_p = settings.top_p;
-  sampling.min_p = settings.min_p;
-  sampling.seed = settings.seed;
-  sampling.max_tokens = settings.max_tokens;
-  sampling.stop_at_eos = settings.stop_at_eos ? 1 : 0;
+  specrun_sampling sampling =
+      settings_to_c<specrun_sampling>(settings, specrun::sampling_settings(), sampling_fields());
+  sampling.stop_at_eos = settings.stop_at_eos ? 1 : 0;  // a flag, not a row of the table
   return sampling;
 }
 
-specrun::SamplingSettings from_c(const specrun_sampling& sampling) {
-  specrun::SamplingSettings settings;
-  settings.temperature = sampling.temperature;
-  settings.top_k = sampling.top_k;
-  settings.top_p = sampling.top_p;
-  settings.min_p = sampling.min_p;
-  settings.seed = sampling.seed;
-  settings.max_tokens = sampling.max_tokens;
+specrun::SamplingSettings from_c(const specrun_sampling& sampling, const std::string& name) {
+  specrun::SamplingSettings settings =
+      settings_from_c(sampling, specrun::sampling_settings(), sampling_fields(), name);
   settings.stop_at_eos = sampling.stop_at_eos != 0;
   return settings;
 }
 
 specrun_speculation to_c(const specrun::SpeculationSettings& settings) {
-  specrun_speculation speculation;
-  speculation.method = static_cast<specrun_method>(settings.method);
-  speculation.controller = static_cast<specrun_controller>(settings.controller);
-  speculation.gamma = settings.gamma;
-  speculation.gamma_min = settings.gamma_min;
-  speculation.gamma_max = settings.gamma_max;
-  speculation.draft_p_min = settings.draft_p_min;
-  speculation.lookup_min_ngram = settings.lookup_min_ngram;
-  speculation.lookup_max_ngram = settings.lookup_max_ngram;
-  speculation.draft_lookup_ngram = settings.draft_lookup_ngram;
-  speculation.draft_lookup_below = settings.draft_lookup_below;
-  speculation.draft_alternates = settings.draft_alternates;
-  speculation.verification = static_cast<specrun_verification>(settings.verification);
-  return speculation;
+  return settings_to_c<specrun_speculation>(settings, specrun::speculation_settings(),
+                                            speculation_fields());
 }
 
-specrun::SpeculationSettings from_c(const specrun_speculation& speculation, const char* name) {
-  specrun::SpeculationSettings settings;
-  const int64_t method = enum_value(speculation.method);
-  switch (method) {
-    case SPECRUN_METHOD_DRAFT:
-      settings.method = specrun::SpeculationMethod::kDraftModel;
-      break;
-    case SPECRUN_METHOD_PROMPT_LOOKUP:
-      settings.method = specrun::SpeculationMethod::kPromptLookup;
-      break;
-    case SPECRUN_METHOD_NONE:
-      settings.method = specrun::SpeculationMethod::kNone;
-      break;
-    default:
-      throw InvalidArgument(std::string(name) + ".method " + std::to_string(method) +
-                            " is not a specrun_method");
-  }
-  const int64_t controller = enum_value(speculation.controller);
-  switch (controller) {
-    case SPECRUN_CONTROLLER_GOODPUT:
-      settings.controller = specrun::GammaControl::kGoodput;
-      break;
-    case SPECRUN_CONTROLLER_HEURISTIC:
-      settings.controller = specrun::GammaControl::kHeuristic;
-      break;
-    case SPECRUN_CONTROLLER_FIXED:
-      settings.controller = specrun::GammaControl::kFixed;
-      break;
-    default:
-      throw InvalidArgument(std::string(name) + ".controller " + std::to_string(controller) +
-                            " is not a specrun_controller");
-  }
-  const int64_t verification = enum_value(speculation.verification);
-  switch (verification) {
-    case SPECRUN_VERIFICATION_REJECTION:
-      settings.verification = specrun::Verification::kRejection;
-      break;
-    case SPECRUN_VERIFICATION_SHARED_NOISE:
-      settings.verification = specrun::Verification::kSharedNoise;
-      break;
-    default:
-      throw InvalidArgument(std::string(name) + ".verification " + std::to_string(verification) +
-                            " is not a specrun_verification");
-  }
-  settings.gamma = speculation.gamma;
-  settings.gamma_min = speculation.gamma_min;
-  settings.gamma_max = speculation.gamma_max;
-  settings.draft_p_min = speculation.draft_p_min;
-  settings.lookup_min_ngram = speculation.lookup_min_ngram;
-  settings.lookup_max_ngram = speculation.lookup_max_ngram;
-  settings.draft_lookup_ngram = speculation.draft_lookup_ngram;
-  settings.draft_lookup_below = speculation.draft_lookup_below;
-  settings.draft_alternates = speculation.draft_alternates;
-  return settings;
+specrun::SpeculationSettings from_c(const specrun_speculation& speculation,
+                                    const std::string& name) {
+  return settings_from_c(speculation, specrun::speculation_settings(), speculation_fields(), name);
 }
 
-// The C enums number their values as the C++ ones do, so values convert by cast.
-static_assert(static_cast<int>(specrun::SpeculationMethod::kNone) == SPECRUN_METHOD_NONE &&
+// The C enums number their values as the C++ ones do, so values convert by cast (and back by
+// enum_from_c, which checks the number).
+static_assert(static_cast<int>(specrun::SpeculationMethod::kDraftModel) == SPECRUN_METHOD_DRAFT &&
+              static_cast<int>(specrun::SpeculationMethod::kNone) == SPECRUN_METHOD_NONE &&
               static_cast<int>(specrun::SpeculationMethod::kPromptLookup) ==
                   SPECRUN_METHOD_PROMPT_LOOKUP);
-static_assert(static_cast<int>(specrun::GammaControl::kFixed) == SPECRUN_CONTROLLER_FIXED &&
+static_assert(static_cast<int>(specrun::GammaControl::kGoodput) == SPECRUN_CONTROLLER_GOODPUT &&
+              static_cast<int>(specrun::GammaControl::kFixed) == SPECRUN_CONTROLLER_FIXED &&
               static_cast<int>(specrun::GammaControl::kHeuristic) == SPECRUN_CONTROLLER_HEURISTIC);
+static_assert(static_cast<int>(specrun::Quantization::kNone) == SPECRUN_QUANTIZATION_NONE &&
+              static_cast<int>(specrun::Quantization::kFP8) == SPECRUN_QUANTIZATION_FP8 &&
+              static_cast<int>(specrun::Quantization::kINT8) == SPECRUN_QUANTIZATION_INT8);
+static_assert(static_cast<int>(specrun::KvCacheDtype::kBF16) == SPECRUN_KV_CACHE_BF16 &&
+              static_cast<int>(specrun::KvCacheDtype::kF32) == SPECRUN_KV_CACHE_F32);
+static_assert(static_cast<int>(specrun::OverlapDrafting::kAuto) == SPECRUN_OVERLAP_AUTO &&
+              static_cast<int>(specrun::OverlapDrafting::kOn) == SPECRUN_OVERLAP_ON &&
+              static_cast<int>(specrun::OverlapDrafting::kOff) == SPECRUN_OVERLAP_OFF);
+static_assert(static_cast<int>(specrun::ActivationPrecision::kAuto) == SPECRUN_ACTIVATIONS_AUTO &&
+              static_cast<int>(specrun::ActivationPrecision::kF32) == SPECRUN_ACTIVATIONS_F32 &&
+              static_cast<int>(specrun::ActivationPrecision::kBF16) == SPECRUN_ACTIVATIONS_BF16 &&
+              static_cast<int>(specrun::ActivationPrecision::kInt8) == SPECRUN_ACTIVATIONS_INT8);
 static_assert(static_cast<int>(specrun::Verification::kRejection) ==
                   SPECRUN_VERIFICATION_REJECTION &&
               static_cast<int>(specrun::Verification::kSharedNoise) ==
@@ -360,93 +461,6 @@ specrun_result* owned(const specrun::Result& result) {
   return copy;
 }
 
-// The enums by reference: their bytes are read by enum_value, never loaded as the enum type.
-specrun::Quantization from_c(const specrun_quantization& quantization, const char* name) {
-  const int64_t value = enum_value(quantization);
-  switch (value) {
-    case SPECRUN_QUANTIZATION_NONE:
-      return specrun::Quantization::kNone;
-    case SPECRUN_QUANTIZATION_FP8:
-      return specrun::Quantization::kFP8;
-    case SPECRUN_QUANTIZATION_INT8:
-      return specrun::Quantization::kINT8;
-    default:
-      throw InvalidArgument(std::string(name) + " " + std::to_string(value) +
-                            " is not a specrun_quantization");
-  }
-}
-
-specrun::KvCacheDtype from_c(const specrun_kv_cache_dtype& dtype, const char* name) {
-  const int64_t value = enum_value(dtype);
-  switch (value) {
-    case SPECRUN_KV_CACHE_BF16:
-      return specrun::KvCacheDtype::kBF16;
-    case SPECRUN_KV_CACHE_F32:
-      return specrun::KvCacheDtype::kF32;
-    default:
-      throw InvalidArgument(std::string(name) + " " + std::to_string(value) +
-                            " is not a specrun_kv_cache_dtype");
-  }
-}
-
-specrun::OverlapDrafting from_c(const specrun_overlap_drafting& overlap, const char* name) {
-  const int64_t value = enum_value(overlap);
-  switch (value) {
-    case SPECRUN_OVERLAP_AUTO:
-      return specrun::OverlapDrafting::kAuto;
-    case SPECRUN_OVERLAP_ON:
-      return specrun::OverlapDrafting::kOn;
-    case SPECRUN_OVERLAP_OFF:
-      return specrun::OverlapDrafting::kOff;
-    default:
-      throw InvalidArgument(std::string(name) + " " + std::to_string(value) +
-                            " is not a specrun_overlap_drafting");
-  }
-}
-
-specrun_overlap_drafting to_c(specrun::OverlapDrafting overlap) {
-  switch (overlap) {
-    case specrun::OverlapDrafting::kOn:
-      return SPECRUN_OVERLAP_ON;
-    case specrun::OverlapDrafting::kOff:
-      return SPECRUN_OVERLAP_OFF;
-    case specrun::OverlapDrafting::kAuto:
-      break;
-  }
-  return SPECRUN_OVERLAP_AUTO;
-}
-
-specrun::ActivationPrecision from_c(const specrun_activations& activations, const char* name) {
-  const int64_t value = enum_value(activations);
-  switch (value) {
-    case SPECRUN_ACTIVATIONS_AUTO:
-      return specrun::ActivationPrecision::kAuto;
-    case SPECRUN_ACTIVATIONS_F32:
-      return specrun::ActivationPrecision::kF32;
-    case SPECRUN_ACTIVATIONS_BF16:
-      return specrun::ActivationPrecision::kBF16;
-    case SPECRUN_ACTIVATIONS_INT8:
-      return specrun::ActivationPrecision::kInt8;
-    default:
-      throw InvalidArgument(std::string(name) + " " + std::to_string(value) +
-                            " is not a specrun_activations");
-  }
-}
-
-specrun_activations to_c(specrun::ActivationPrecision activations) {
-  switch (activations) {
-    case specrun::ActivationPrecision::kF32:
-      return SPECRUN_ACTIVATIONS_F32;
-    case specrun::ActivationPrecision::kBF16:
-      return SPECRUN_ACTIVATIONS_BF16;
-    case specrun::ActivationPrecision::kInt8:
-      return SPECRUN_ACTIVATIONS_INT8;
-    case specrun::ActivationPrecision::kAuto:
-      break;
-  }
-  return SPECRUN_ACTIVATIONS_AUTO;
-}
-
 // The C settings as specrun::EngineConfig; throws naming the field that is wrong.
 specrun::EngineConfig from_c(const specrun_engine_config& config) {
   require(config.target, "config->target");
@@ -462,15 +476,20 @@ specrun::EngineConfig from_c(const specrun_engine_config& config) {
     settings.rope_style = config.rope_style;
   }
   settings.deterministic = config.deterministic != 0;
-  settings.activations = from_c(config.activations, "config->activations");
-  settings.sampling = from_c(config.sampling);
+  settings.activations = enum_from_c<specrun::activation_precisions>(
+      config.activations, "config->activations", "specrun_activations");
+  settings.sampling = from_c(config.sampling, "config->sampling");
   settings.speculation = from_c(config.speculation, "config->speculation");
   settings.prefix_cache = config.prefix_cache != 0;
-  settings.quantize = from_c(config.quantize, "config->quantize");
-  settings.draft_quantize = from_c(config.draft_quantize, "config->draft_quantize");
+  settings.quantize = enum_from_c<specrun::quantizations>(config.quantize, "config->quantize",
+                                                          "specrun_quantization");
+  settings.draft_quantize = enum_from_c<specrun::quantizations>(
+      config.draft_quantize, "config->draft_quantize", "specrun_quantization");
   settings.quantize_lm_head = config.quantize_lm_head != 0;
-  settings.kv_cache_dtype = from_c(config.kv_cache_dtype, "config->kv_cache_dtype");
-  settings.overlap_drafting = from_c(config.overlap_drafting, "config->overlap_drafting");
+  settings.kv_cache_dtype = enum_from_c<specrun::kv_cache_dtypes>(
+      config.kv_cache_dtype, "config->kv_cache_dtype", "specrun_kv_cache_dtype");
+  settings.overlap_drafting = enum_from_c<specrun::overlap_draftings>(
+      config.overlap_drafting, "config->overlap_drafting", "specrun_overlap_drafting");
   return settings;
 }
 
@@ -555,17 +574,15 @@ specrun_status specrun_engine_config_init(specrun_engine_config* config) {
     config->max_batch = defaults.max_batch;
     config->rope_style = nullptr;
     config->deterministic = defaults.deterministic ? 1 : 0;
-    config->activations = to_c(defaults.activations);
+    config->activations = static_cast<specrun_activations>(defaults.activations);
     config->sampling = to_c(defaults.sampling);
     config->speculation = to_c(defaults.speculation);
     config->prefix_cache = defaults.prefix_cache ? 1 : 0;
-    config->quantize = SPECRUN_QUANTIZATION_NONE;
-    config->draft_quantize = SPECRUN_QUANTIZATION_NONE;
+    config->quantize = static_cast<specrun_quantization>(defaults.quantize);
+    config->draft_quantize = static_cast<specrun_quantization>(defaults.draft_quantize);
     config->quantize_lm_head = defaults.quantize_lm_head ? 1 : 0;
-    config->kv_cache_dtype = defaults.kv_cache_dtype == specrun::KvCacheDtype::kF32
-                                 ? SPECRUN_KV_CACHE_F32
-                                 : SPECRUN_KV_CACHE_BF16;
-    config->overlap_drafting = to_c(defaults.overlap_drafting);
+    config->kv_cache_dtype = static_cast<specrun_kv_cache_dtype>(defaults.kv_cache_dtype);
+    config->overlap_drafting = static_cast<specrun_overlap_drafting>(defaults.overlap_drafting);
   });
 }
 
@@ -678,7 +695,9 @@ specrun_status specrun_submit(specrun_engine* engine, const specrun_request_para
     if (params->prompt_ids != nullptr) {
       settings.prompt_ids.assign(params->prompt_ids, params->prompt_ids + params->prompt_id_count);
     }
-    if (params->sampling != nullptr) settings.sampling = from_c(*params->sampling);
+    if (params->sampling != nullptr) {
+      settings.sampling = from_c(*params->sampling, "params->sampling");
+    }
     if (params->speculation != nullptr) {
       settings.speculation = from_c(*params->speculation, "params->speculation");
     }

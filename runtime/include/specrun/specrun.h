@@ -139,13 +139,16 @@ typedef enum specrun_finish_reason {
 /* "end_of_sequence", "max_tokens", ...; "unknown" for a value not listed. */
 const char* specrun_finish_reason_name(specrun_finish_reason reason);
 
-/* How tokens are chosen. specrun_sampling_init sets the defaults. */
+/* How tokens are chosen. specrun_sampling_init sets the defaults. Each field takes the range its
+ * setting has everywhere (the TOML key, the command-line flag and the server's field of the same
+ * name); a value out of it is refused with SPECRUN_ERROR_INVALID_ARGUMENT naming the field
+ * ("params->sampling.top_p must be in (0, 1], got 0"). */
 typedef struct specrun_sampling {
   float temperature;  /* 0 is greedy; default 1 */
   int32_t top_k;      /* keep the k most probable tokens; 0 (default) disables */
   float top_p;        /* keep the fewest tokens whose probability reaches p; 1 (default) disables */
   float min_p;        /* drop tokens below min_p times the top probability; 0 (default) disables */
-  uint64_t seed;      /* keys the request's random numbers; default 0 */
+  uint64_t seed;      /* keys the request's random numbers, in [0, INT64_MAX]; default 0 */
   int64_t max_tokens; /* new tokens at most; default 256 */
   int stop_at_eos;    /* nonzero (default): end at the model's end-of-sequence tokens */
 } specrun_sampling;
@@ -153,7 +156,8 @@ typedef struct specrun_sampling {
 /* The most drafts any step may verify (gamma_max's bound). */
 #define SPECRUN_MAX_GAMMA 64
 
-/* How drafts are proposed. specrun_speculation_init sets the defaults. */
+/* How drafts are proposed. specrun_speculation_init sets the defaults; ranges are checked as for
+ * specrun_sampling. */
 typedef struct specrun_speculation {
   specrun_method method;         /* who proposes; default SPECRUN_METHOD_DRAFT */
   specrun_controller controller; /* how gamma adapts; default SPECRUN_CONTROLLER_GOODPUT */
