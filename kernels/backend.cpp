@@ -1,6 +1,7 @@
 #include "kernels/backend.h"
 
 #include <climits>
+#include <cmath>
 #include <string>
 
 namespace specrun::kernels {
@@ -42,6 +43,86 @@ const char* row_status_message(RowStatus status) {
   return "an unknown row status";
 }
 
+Status check_embedding(const EmbeddingParams& params) {
+  if (params.num_tokens < 0 || params.dim <= 0 || params.vocab_size <= 0) {
+    return Status::invalid_argument("embedding: bad shape");
+  }
+  return Status::ok();
+}
+
+Status check_rmsnorm(const RmsNormParams& params, const char* op) {
+  if (params.rows < 0 || params.dim <= 0 || !(params.eps >= 0.0f)) {
+    return Status::invalid_argument(std::string(op) + ": bad shape or eps");
+  }
+  return Status::ok();
+}
+
+Status check_matmul(const MatmulParams& params, const float* weight_scales) {
+  const MatmulTarget target{params, nullptr, weight_scales, nullptr, nullptr};
+  return check_matmul_group(&target, 1);
+}
+
+Status check_rope(const RopeParams& params) {
+  if (params.num_tokens < 0 || params.head_dim <= 0 || params.head_dim % 2 != 0 ||
+      params.num_heads <= 0 || params.num_kv_heads <= 0) {
+    return Status::invalid_argument("rope: bad shape (head_dim must be even)");
+  }
+  return Status::ok();
+}
+
+Status check_kv_write(const KvWriteParams& params) {
+  if (params.num_tokens < 0 || params.num_kv_heads <= 0 || params.head_dim <= 0) {
+    return Status::invalid_argument("kv_write: bad shape");
+  }
+  if (!is_kv_cache_dtype(params.cache_dtype)) {
+    return Status::invalid_argument("kv_write: a KV cache is stored as BF16 or F32, not " +
+                                    std::string(dtype_name(params.cache_dtype)));
+  }
+  return Status::ok();
+}
+
+Status check_rope_kv_write(const RopeParams& rope, const KvWriteParams& cache) {
+  if (Status status = check_rope(rope); !status.is_ok()) return status;
+  if (Status status = check_kv_write(cache); !status.is_ok()) return status;
+  if (rope.num_tokens != cache.num_tokens || rope.num_kv_heads != cache.num_kv_heads ||
+      rope.head_dim != cache.head_dim) {
+    return Status::invalid_argument(
+        "rope_kv_write: the rotation and the cache write describe different tokens or heads");
+  }
+  return Status::ok();
+}
+
+Status check_attention(const AttentionParams& p) {
+  if (p.num_seqs < 0 || p.num_tokens < 0 || p.head_dim <= 0 || p.num_kv_heads <= 0 ||
+      p.num_heads <= 0 || p.num_heads % p.num_kv_heads != 0 || p.block_size <= 0 ||
+      p.max_blocks_per_seq < 0 || p.sliding_window < 0) {
+    return Status::invalid_argument("attention: bad shape");
+  }
+  if (!is_kv_cache_dtype(p.cache_dtype)) {
+    return Status::invalid_argument("attention: a KV cache is stored as BF16 or F32, not " +
+                                    std::string(dtype_name(p.cache_dtype)));
+  }
+  return Status::ok();
+}
+
+Status check_swiglu(const SwigluParams& params) {
+  if (params.rows < 0 || params.dim <= 0) return Status::invalid_argument("swiglu: bad shape");
+  return Status::ok();
+}
+
+Status check_fill(const FillParams& params) {
+  if (params.count < 0) return Status::invalid_argument("fill: negative count");
+  if (!std::isfinite(params.low) || !std::isfinite(params.high) || params.high < params.low) {
+    return Status::invalid_argument("fill: the range must be finite with low <= high");
+  }
+  return Status::ok();
+}
+
+Status check_add(int64_t count) {
+  if (count < 0) return Status::invalid_argument("add: negative count");
+  return Status::ok();
+}
+
 Status check_logits(const LogitsParams& params) {
   if (params.rows < 0 || params.vocab < 1 || params.vocab > INT32_MAX) {
     return Status::invalid_argument("logits: rows >= 0 and vocab in [1, 2^31 - 1], got " +
@@ -80,6 +161,120 @@ Status check_sample(const SampleParams& params, const int32_t* tokens) {
         std::to_string(params.vocab));
   }
   return Status::ok();
+}
+
+// ---- the ops: shapes checked once, then the backend's implementation ----------------------
+
+Status Backend::embedding(const EmbeddingParams& params, const int32_t* token_ids,
+                          const void* table, float* out) {
+  if (Status status = check_embedding(params); !status.is_ok()) return status;
+  return run_embedding(params, token_ids, table, out);
+}
+Status Backend::rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
+                        float* out) {
+  if (Status status = check_rmsnorm(params, "rmsnorm"); !status.is_ok()) return status;
+  return run_rmsnorm(params, x, weight, out);
+}
+Status Backend::matmul(const MatmulParams& params, const float* x, const void* weight,
+                       const float* weight_scales, const void* bias, float* out) {
+  if (Status status = check_matmul(params, weight_scales); !status.is_ok()) return status;
+  return run_matmul(params, x, weight, weight_scales, bias, out);
+}
+Status Backend::matmul_group(const float* x, const MatmulTarget* targets, size_t count) {
+  if (Status status = check_matmul_group(targets, count); !status.is_ok()) return status;
+  return run_matmul_group(x, targets, count);
+}
+Status Backend::rope(const RopeParams& params, const int32_t* positions, const float* inv_freq,
+                     float* q, float* k) {
+  if (Status status = check_rope(params); !status.is_ok()) return status;
+  return run_rope(params, positions, inv_freq, q, k);
+}
+Status Backend::rope_kv_write(const RopeParams& rope, const KvWriteParams& cache,
+                              const int32_t* positions, const float* inv_freq, const int32_t* slots,
+                              float* q, float* k, const float* v, void* k_cache, void* v_cache) {
+  if (Status status = check_rope_kv_write(rope, cache); !status.is_ok()) return status;
+  return run_rope_kv_write(rope, cache, positions, inv_freq, slots, q, k, v, k_cache, v_cache);
+}
+Status Backend::kv_write(const KvWriteParams& params, const float* k, const float* v,
+                         const int32_t* slots, void* k_cache, void* v_cache) {
+  if (Status status = check_kv_write(params); !status.is_ok()) return status;
+  return run_kv_write(params, k, v, slots, k_cache, v_cache);
+}
+Status Backend::attention(const AttentionParams& params, const float* q, const void* k_cache,
+                          const void* v_cache, const int32_t* query_start,
+                          const int32_t* context_lengths, const int32_t* block_tables,
+                          const int32_t* key_gaps, float* out) {
+  if (Status status = check_attention(params); !status.is_ok()) return status;
+  return run_attention(params, q, k_cache, v_cache, query_start, context_lengths, block_tables,
+                       key_gaps, out);
+}
+Status Backend::swiglu(const SwigluParams& params, const float* gate, const float* up, float* out) {
+  if (Status status = check_swiglu(params); !status.is_ok()) return status;
+  return run_swiglu(params, gate, up, out);
+}
+Status Backend::fill_uniform(const FillParams& params, void* out) {
+  if (Status status = check_fill(params); !status.is_ok()) return status;
+  return run_fill_uniform(params, out);
+}
+Status Backend::process_logits(const LogitsParams& params, const float* logits,
+                               const LogitsSettings* settings, float* probs, int32_t* row_status) {
+  if (Status status = check_logits(params); !status.is_ok()) return status;
+  return run_process_logits(params, logits, settings, probs, row_status);
+}
+Status Backend::argmax(const LogitsParams& params, const float* values, int32_t* out) {
+  if (Status status = check_logits(params); !status.is_ok()) return status;
+  return run_argmax(params, values, out);
+}
+Status Backend::verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
+                       const int32_t* p_status, const float* q, const int32_t* drafts,
+                       const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
+                       int32_t* accepted, int32_t* alternate_taken) {
+  if (Status status = check_verify(params, q, alternates, alternate_rows); !status.is_ok())
+    return status;
+  return run_verify(params, rows, p, p_status, q, drafts, alternates, alternate_rows, tokens,
+                    accepted, alternate_taken);
+}
+Status Backend::sample(const SampleParams& params, const SampleRow* rows, const float* logits,
+                       const int32_t* tokens, float* q, SampledRow* out, int32_t* drawn) {
+  if (Status status = check_sample(params, tokens); !status.is_ok()) return status;
+  return run_sample(params, rows, logits, tokens, q, out, drawn);
+}
+Status Backend::add(int64_t count, const float* addend, float* accumulator) {
+  if (Status status = check_add(count); !status.is_ok()) return status;
+  return run_add(count, addend, accumulator);
+}
+Status Backend::add_rmsnorm(const RmsNormParams& params, const float* addend, float* accumulator,
+                            const void* weight, float* out) {
+  if (Status status = check_rmsnorm(params, "add_rmsnorm"); !status.is_ok()) return status;
+  return run_add_rmsnorm(params, addend, accumulator, weight, out);
+}
+
+// The fused ops' defaults: the ops they fuse, one after another.
+Status Backend::run_matmul_group(const float* x, const MatmulTarget* targets, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const MatmulTarget& t = targets[i];
+    if (Status status = matmul(t.params, x, t.weight, t.weight_scales, t.bias, t.out);
+        !status.is_ok()) {
+      return status;
+    }
+  }
+  return Status::ok();
+}
+
+Status Backend::run_rope_kv_write(const RopeParams& rope, const KvWriteParams& cache,
+                                  const int32_t* positions, const float* inv_freq,
+                                  const int32_t* slots, float* q, float* k, const float* v,
+                                  void* k_cache, void* v_cache) {
+  if (Status status = this->rope(rope, positions, inv_freq, q, k); !status.is_ok()) return status;
+  return kv_write(cache, k, v, slots, k_cache, v_cache);
+}
+
+Status Backend::run_add_rmsnorm(const RmsNormParams& params, const float* addend,
+                                float* accumulator, const void* weight, float* out) {
+  if (Status status = add(params.rows * params.dim, addend, accumulator); !status.is_ok()) {
+    return status;
+  }
+  return rmsnorm(params, accumulator, weight, out);
 }
 
 void Backend::for_each_on_host(int64_t count, const std::function<void(int64_t)>& body) {

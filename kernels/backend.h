@@ -118,16 +118,6 @@ struct KvWriteParams {
   DType cache_dtype;     // storage dtype of the cache (is_kv_cache_dtype)
 };
 
-// rope_kv_write's two descriptions must be of the same tokens and heads.
-inline Status check_rope_kv_write(const RopeParams& rope, const KvWriteParams& cache) {
-  if (rope.num_tokens != cache.num_tokens || rope.num_kv_heads != cache.num_kv_heads ||
-      rope.head_dim != cache.head_dim) {
-    return Status::invalid_argument(
-        "rope_kv_write: the rotation and the cache write describe different tokens or heads");
-  }
-  return Status::ok();
-}
-
 struct AttentionParams {
   int64_t num_seqs;            // sequences in the batch
   int64_t num_tokens;          // query tokens over all sequences
@@ -277,6 +267,23 @@ Status check_verify(const VerifyParams& params, const float* q, const int32_t* a
 // kBadSettings.
 Status check_sample(const SampleParams& params, const int32_t* tokens);
 
+// The forward's ops' shape checks, kInvalidArgument naming the op where a count is negative, a
+// width not positive, a head_dim odd, a KV cache's dtype not one it is stored in, a fill's range
+// not finite: what Backend checks before any backend runs one.
+Status check_embedding(const EmbeddingParams& params);
+Status check_rmsnorm(const RmsNormParams& params, const char* op);  // "rmsnorm", "add_rmsnorm"
+Status check_matmul(const MatmulParams& params, const float* weight_scales);
+Status check_rope(const RopeParams& params);
+Status check_kv_write(const KvWriteParams& params);
+// rope's and kv_write's, and that the two describe the same tokens and heads.
+Status check_rope_kv_write(const RopeParams& rope, const KvWriteParams& cache);
+// The parameters; the index data (query_start, context lengths, key gaps) is each backend's to
+// check, where it can read it.
+Status check_attention(const AttentionParams& params);
+Status check_swiglu(const SwigluParams& params);
+Status check_fill(const FillParams& params);
+Status check_add(int64_t count);
+
 // A model's forwards at their largest, for Backend::scratch_bytes_bound: what a backend's ops may
 // ask of memory beyond the buffers the model passes them.
 struct ForwardShape {
@@ -383,78 +390,72 @@ class Backend {
     notice_handler_ = std::move(handler);
   }
 
+  // ---- Ops --------------------------------------------------------------------------------
+  // Each op checks its shapes once, here, for every backend (the check_* functions above), and
+  // only then dispatches to the backend's run_* implementation: an implementation may assume the
+  // shapes valid, and checks only what it alone can (what the data says, its own resources).
+
   // out[t, :] = table[token_ids[t], :]
-  virtual Status embedding(const EmbeddingParams& params,
-                           const int32_t* token_ids,  // [num_tokens]
-                           const void* table,         // [vocab_size, dim] table_dtype
-                           float* out) = 0;           // [num_tokens, dim]
+  Status embedding(const EmbeddingParams& params,
+                   const int32_t* token_ids,  // [num_tokens]
+                   const void* table,         // [vocab_size, dim] table_dtype
+                   float* out);
+  // [num_tokens, dim]
 
   // out = x / sqrt(mean(x^2) + eps) * weight, per row; out may alias x.
-  virtual Status rmsnorm(const RmsNormParams& params,
-                         const float* x,      // [rows, dim]
-                         const void* weight,  // [dim] weight_dtype
-                         float* out) = 0;     // [rows, dim]
+  Status rmsnorm(const RmsNormParams& params,
+                 const float* x,      // [rows, dim]
+                 const void* weight,  // [dim] weight_dtype
+                 float* out);
+  // [rows, dim]
 
-  virtual Status matmul(const MatmulParams& params,
-                        const float* x,              // [rows, in_features]
-                        const void* weight,          // [out_features, in_features] weight_dtype
-                        const float* weight_scales,  // the scale grid of a quantized weight, or
-                                                     // null for the others
-                        const void* bias,            // [out_features] bias_dtype, or null
-                        float* out) = 0;             // [rows, out_features]; must not alias x
+  Status matmul(const MatmulParams& params,
+                const float* x,              // [rows, in_features]
+                const void* weight,          // [out_features, in_features] weight_dtype
+                const float* weight_scales,  // the scale grid of a quantized weight, or
+                                             // null for the others
+                const void* bias,            // [out_features] bias_dtype, or null
+                float* out);
+  // [rows, out_features]; must not alias x
 
   // Every target's out exactly as matmul() computes it, bit for bit, in as few launches as the
   // backend can (a device launches one kernel for the group where its kernels allow: every weight
   // read in one pass instead of one kernel's ramp and tail each). Up to kMaxMatmulGroup targets
   // with the same rows and in_features; this default runs them one by one.
-  virtual Status matmul_group(const float* x,               // [rows, in_features]
-                              const MatmulTarget* targets,  // [count]
-                              size_t count) {
-    if (Status status = check_matmul_group(targets, count); !status.is_ok()) return status;
-    for (size_t i = 0; i < count; ++i) {
-      const MatmulTarget& t = targets[i];
-      if (Status status = matmul(t.params, x, t.weight, t.weight_scales, t.bias, t.out);
-          !status.is_ok()) {
-        return status;
-      }
-    }
-    return Status::ok();
-  }
+  Status matmul_group(const float* x,               // [rows, in_features]
+                      const MatmulTarget* targets,  // [count]
+                      size_t count);
 
   // Rotates q and k in place by position * inv_freq.
-  virtual Status rope(const RopeParams& params,
-                      const int32_t* positions,  // [num_tokens]
-                      const float* inv_freq,     // [head_dim / 2]
-                      float* q,                  // [num_tokens, num_heads, head_dim]
-                      float* k) = 0;             // [num_tokens, num_kv_heads, head_dim]
+  Status rope(const RopeParams& params,
+              const int32_t* positions,  // [num_tokens]
+              const float* inv_freq,     // [head_dim / 2]
+              float* q,                  // [num_tokens, num_heads, head_dim]
+              float* k);
+  // [num_tokens, num_kv_heads, head_dim]
 
   // rope() on q and k, then kv_write() of the rotated k and of v: bitwise the two calls, in as few
   // launches as the backend can (a device rotates and stores in one pass over k and v); this
   // default makes the two calls. rope and cache describe the same tokens, KV heads and head_dim.
-  virtual Status rope_kv_write(const RopeParams& rope, const KvWriteParams& cache,
-                               const int32_t* positions,  // [num_tokens]
-                               const float* inv_freq,     // [head_dim / 2]
-                               const int32_t* slots,      // [num_tokens]
-                               float* q,                  // [num_tokens, num_heads, head_dim]
-                               float* k,                  // [num_tokens, num_kv_heads, head_dim]
-                               const float* v,            // [num_tokens, num_kv_heads, head_dim]
-                               void* k_cache,    // [num_slots, num_kv_heads, head_dim] cache_dtype
-                               void* v_cache) {  // [num_slots, num_kv_heads, head_dim] cache_dtype
-    if (Status status = check_rope_kv_write(rope, cache); !status.is_ok()) return status;
-    if (Status status = this->rope(rope, positions, inv_freq, q, k); !status.is_ok()) {
-      return status;
-    }
-    return kv_write(cache, k, v, slots, k_cache, v_cache);
-  }
+  Status rope_kv_write(const RopeParams& rope, const KvWriteParams& cache,
+                       const int32_t* positions,  // [num_tokens]
+                       const float* inv_freq,     // [head_dim / 2]
+                       const int32_t* slots,      // [num_tokens]
+                       float* q,                  // [num_tokens, num_heads, head_dim]
+                       float* k,                  // [num_tokens, num_kv_heads, head_dim]
+                       const float* v,            // [num_tokens, num_kv_heads, head_dim]
+                       void* k_cache,             // [num_slots, num_kv_heads, head_dim] cache_dtype
+                       void* v_cache);
 
   // Stores each token's k and v at its cache slot (block * block_size + offset), rounded to the
   // cache's dtype.
-  virtual Status kv_write(const KvWriteParams& params,
-                          const float* k,        // [num_tokens, num_kv_heads, head_dim]
-                          const float* v,        // [num_tokens, num_kv_heads, head_dim]
-                          const int32_t* slots,  // [num_tokens]
-                          void* k_cache,         // [num_slots, num_kv_heads, head_dim] cache_dtype
-                          void* v_cache) = 0;    // [num_slots, num_kv_heads, head_dim] cache_dtype
+  Status kv_write(const KvWriteParams& params,
+                  const float* k,        // [num_tokens, num_kv_heads, head_dim]
+                  const float* v,        // [num_tokens, num_kv_heads, head_dim]
+                  const int32_t* slots,  // [num_tokens]
+                  void* k_cache,         // [num_slots, num_kv_heads, head_dim] cache_dtype
+                  void* v_cache);
+  // [num_slots, num_kv_heads, head_dim] cache_dtype
 
   // Causal attention of each sequence's new tokens over its paged cache, which already holds
   // them. Sequence s owns query rows [query_start[s], query_start[s+1]); its cache holds
@@ -466,39 +467,43 @@ class Backend {
   // in one forward: a branch forking from the chain of new tokens sits after it in the cache and
   // skips the chain past its fork. The sliding window counts from the row's position less the
   // gap's length, which is the row's position in its own branch.
-  virtual Status attention(const AttentionParams& params,
-                           const float* q,       // [num_tokens, num_heads, head_dim]
-                           const void* k_cache,  // [slots, num_kv_heads, head_dim] cache_dtype
-                           const void* v_cache,  // [slots, num_kv_heads, head_dim] cache_dtype
-                           const int32_t* query_start,      // [num_seqs + 1]
-                           const int32_t* context_lengths,  // [num_seqs]
-                           const int32_t* block_tables,     // [num_seqs, max_blocks_per_seq]
-                           const int32_t* key_gaps,         // [num_tokens, 2] or null
-                           float* out) = 0;                 // [num_tokens, num_heads, head_dim]
+  Status attention(const AttentionParams& params,
+                   const float* q,                  // [num_tokens, num_heads, head_dim]
+                   const void* k_cache,             // [slots, num_kv_heads, head_dim] cache_dtype
+                   const void* v_cache,             // [slots, num_kv_heads, head_dim] cache_dtype
+                   const int32_t* query_start,      // [num_seqs + 1]
+                   const int32_t* context_lengths,  // [num_seqs]
+                   const int32_t* block_tables,     // [num_seqs, max_blocks_per_seq]
+                   const int32_t* key_gaps,         // [num_tokens, 2] or null
+                   float* out);
+  // [num_tokens, num_heads, head_dim]
 
   // out = silu(gate) * up; out may alias gate.
-  virtual Status swiglu(const SwigluParams& params,
-                        const float* gate,  // [rows, dim]
-                        const float* up,    // [rows, dim]
-                        float* out) = 0;    // [rows, dim]
+  Status swiglu(const SwigluParams& params,
+                const float* gate,  // [rows, dim]
+                const float* up,    // [rows, dim]
+                float* out);
+  // [rows, dim]
 
-  virtual Status fill_uniform(const FillParams& params,
-                              void* out) = 0;  // [count] dtype
+  Status fill_uniform(const FillParams& params, void* out);
+  // [count] dtype
 
   // probs[r] = the processed distribution of logits[r] under settings[r]: temperature, top-k,
   // top-p, min-p in that order, ties ranked by lower token id, the kept weights renormalised; a
   // point mass on the argmax at temperature 0. row_status[r] says whether row r could be processed;
   // a row that could not is all zeros.
-  virtual Status process_logits(const LogitsParams& params,
-                                const float* logits,             // [rows, vocab]
-                                const LogitsSettings* settings,  // [rows]
-                                float* probs,                    // [rows, vocab]
-                                int32_t* row_status) = 0;        // [rows] RowStatus
+  Status process_logits(const LogitsParams& params,
+                        const float* logits,             // [rows, vocab]
+                        const LogitsSettings* settings,  // [rows]
+                        float* probs,                    // [rows, vocab]
+                        int32_t* row_status);
+  // [rows] RowStatus
 
   // out[r] = the index of the highest value of row r, the lowest among equals.
-  virtual Status argmax(const LogitsParams& params,
-                        const float* values,  // [rows, vocab]
-                        int32_t* out) = 0;    // [rows]
+  Status argmax(const LogitsParams& params,
+                const float* values,  // [rows, vocab]
+                int32_t* out);
+  // [rows]
 
   // Decides each row's drafts against the target's processed distributions by the row's rule,
   // with the random numbers of its stream at the positions it decides (kernels/cpu/verify.h is the
@@ -510,19 +515,20 @@ class Backend {
   // from 0), else -1. A row that cannot be decided (a count outside [0, gamma], a row of p outside
   // p_rows, a row of p it reads whose p_status is not kOk, a draw from a distribution with no mass)
   // gets accepted[b] = -1 and a row of -1.
-  virtual Status verify(const VerifyParams& params,
-                        const VerifyRow* rows,          // [batch]
-                        const float* p,                 // [p rows, vocab]
-                        const int32_t* p_status,        // [p rows] RowStatus, or null: all kOk
-                        const float* q,                 // [batch, gamma, vocab_q], or null: each
-                                                        // draft a point mass
-                        const int32_t* drafts,          // [batch, gamma], -1 past a row's count
-                        const int32_t* alternates,      // [batch, gamma, width] -1: none; or null
-                        const int64_t* alternate_rows,  // [batch, gamma, width] row of p after
-                                                        // each alternate; null with alternates
-                        int32_t* tokens,                // [batch, gamma + 1]
-                        int32_t* accepted,              // [batch]
-                        int32_t* alternate_taken) = 0;  // [batch]
+  Status verify(const VerifyParams& params,
+                const VerifyRow* rows,          // [batch]
+                const float* p,                 // [p rows, vocab]
+                const int32_t* p_status,        // [p rows] RowStatus, or null: all kOk
+                const float* q,                 // [batch, gamma, vocab_q], or null: each
+                                                // draft a point mass
+                const int32_t* drafts,          // [batch, gamma], -1 past a row's count
+                const int32_t* alternates,      // [batch, gamma, width] -1: none; or null
+                const int64_t* alternate_rows,  // [batch, gamma, width] row of p after
+                                                // each alternate; null with alternates
+                int32_t* tokens,                // [batch, gamma + 1]
+                int32_t* accepted,              // [batch]
+                int32_t* alternate_taken);
+  // [batch]
 
   // A draft model's step of sampling, for each row r: q[r] = the processed distribution of
   // logits[r] under rows[r].settings (process_logits), the token drawn from it by the row's rule,
@@ -534,37 +540,123 @@ class Backend {
   // each row's token is written there too, contiguous and 0 where the row failed: what the
   // model's next forward reads straight from the backend's memory (SequenceInput::device_tokens)
   // without the host waiting for it. kernels/cpu/sampling.h's sample_row is the reference.
-  virtual Status sample(const SampleParams& params,
-                        const SampleRow* rows,  // [rows]
-                        const float* logits,    // [rows, width]
-                        const int32_t* tokens,  // [width], strictly increasing; or null
-                        float* q,               // [rows, width]
-                        SampledRow* out,        // [rows]
-                        int32_t* drawn) = 0;    // [rows] or null
+  Status sample(const SampleParams& params,
+                const SampleRow* rows,  // [rows]
+                const float* logits,    // [rows, width]
+                const int32_t* tokens,  // [width], strictly increasing; or null
+                float* q,               // [rows, width]
+                SampledRow* out,        // [rows]
+                int32_t* drawn);
+  // [rows] or null
 
   // accumulator += addend, elementwise (the residual connection).
-  virtual Status add(int64_t count,
-                     const float* addend,      // [count]
-                     float* accumulator) = 0;  // [count]
+  Status add(int64_t count,
+             const float* addend,  // [count]
+             float* accumulator);
+  // [count]
 
   // add() of the rows, then rmsnorm() of the sums into out (a residual connection and the norm
   // after it): bitwise the two calls, in one launch where the backend can; this default makes the
   // two calls. out must not alias accumulator or addend.
-  virtual Status add_rmsnorm(const RmsNormParams& params,
-                             const float* addend,  // [rows, dim]
-                             float* accumulator,   // [rows, dim]
-                             const void* weight,   // [dim] weight_dtype
-                             float* out) {         // [rows, dim]
-    if (params.rows < 0 || params.dim <= 0) {
-      return Status::invalid_argument("add_rmsnorm: bad shape");
-    }
-    if (Status status = add(params.rows * params.dim, addend, accumulator); !status.is_ok()) {
-      return status;
-    }
-    return rmsnorm(params, accumulator, weight, out);
-  }
+  Status add_rmsnorm(const RmsNormParams& params,
+                     const float* addend,  // [rows, dim]
+                     float* accumulator,   // [rows, dim]
+                     const void* weight,   // [dim] weight_dtype
+                     float* out);
 
  protected:
+  // The ops' implementations, called with shapes already checked (the public op of the same name).
+  // matmul_group, rope_kv_write and add_rmsnorm default to the ops they fuse, one after another.
+  virtual Status run_embedding(const EmbeddingParams& params,
+                               const int32_t* token_ids,  // [num_tokens]
+                               const void* table,         // [vocab_size, dim] table_dtype
+                               float* out) = 0;
+  virtual Status run_rmsnorm(const RmsNormParams& params,
+                             const float* x,      // [rows, dim]
+                             const void* weight,  // [dim] weight_dtype
+                             float* out) = 0;
+  virtual Status run_matmul(const MatmulParams& params,
+                            const float* x,              // [rows, in_features]
+                            const void* weight,          // [out_features, in_features] weight_dtype
+                            const float* weight_scales,  // the scale grid of a quantized weight, or
+                                                         // null for the others
+                            const void* bias,            // [out_features] bias_dtype, or null
+                            float* out) = 0;
+  virtual Status run_matmul_group(const float* x,               // [rows, in_features]
+                                  const MatmulTarget* targets,  // [count]
+                                  size_t count);
+  virtual Status run_rope(const RopeParams& params,
+                          const int32_t* positions,  // [num_tokens]
+                          const float* inv_freq,     // [head_dim / 2]
+                          float* q,                  // [num_tokens, num_heads, head_dim]
+                          float* k) = 0;
+  virtual Status run_rope_kv_write(
+      const RopeParams& rope, const KvWriteParams& cache,
+      const int32_t* positions,  // [num_tokens]
+      const float* inv_freq,     // [head_dim / 2]
+      const int32_t* slots,      // [num_tokens]
+      float* q,                  // [num_tokens, num_heads, head_dim]
+      float* k,                  // [num_tokens, num_kv_heads, head_dim]
+      const float* v,            // [num_tokens, num_kv_heads, head_dim]
+      void* k_cache,             // [num_slots, num_kv_heads, head_dim] cache_dtype
+      void* v_cache);
+  virtual Status run_kv_write(const KvWriteParams& params,
+                              const float* k,        // [num_tokens, num_kv_heads, head_dim]
+                              const float* v,        // [num_tokens, num_kv_heads, head_dim]
+                              const int32_t* slots,  // [num_tokens]
+                              void* k_cache,  // [num_slots, num_kv_heads, head_dim] cache_dtype
+                              void* v_cache) = 0;
+  virtual Status run_attention(const AttentionParams& params,
+                               const float* q,       // [num_tokens, num_heads, head_dim]
+                               const void* k_cache,  // [slots, num_kv_heads, head_dim] cache_dtype
+                               const void* v_cache,  // [slots, num_kv_heads, head_dim] cache_dtype
+                               const int32_t* query_start,      // [num_seqs + 1]
+                               const int32_t* context_lengths,  // [num_seqs]
+                               const int32_t* block_tables,     // [num_seqs, max_blocks_per_seq]
+                               const int32_t* key_gaps,         // [num_tokens, 2] or null
+                               float* out) = 0;
+  virtual Status run_swiglu(const SwigluParams& params,
+                            const float* gate,  // [rows, dim]
+                            const float* up,    // [rows, dim]
+                            float* out) = 0;
+  virtual Status run_fill_uniform(const FillParams& params, void* out) = 0;
+  virtual Status run_process_logits(const LogitsParams& params,
+                                    const float* logits,             // [rows, vocab]
+                                    const LogitsSettings* settings,  // [rows]
+                                    float* probs,                    // [rows, vocab]
+                                    int32_t* row_status) = 0;
+  virtual Status run_argmax(const LogitsParams& params,
+                            const float* values,  // [rows, vocab]
+                            int32_t* out) = 0;
+  virtual Status run_verify(const VerifyParams& params,
+                            const VerifyRow* rows,      // [batch]
+                            const float* p,             // [p rows, vocab]
+                            const int32_t* p_status,    // [p rows] RowStatus, or null: all kOk
+                            const float* q,             // [batch, gamma, vocab_q], or null: each
+                                                        // draft a point mass
+                            const int32_t* drafts,      // [batch, gamma], -1 past a row's count
+                            const int32_t* alternates,  // [batch, gamma, width] -1: none; or null
+                            const int64_t* alternate_rows,  // [batch, gamma, width] row of p after
+                                                            // each alternate; null with alternates
+                            int32_t* tokens,                // [batch, gamma + 1]
+                            int32_t* accepted,              // [batch]
+                            int32_t* alternate_taken) = 0;
+  virtual Status run_sample(const SampleParams& params,
+                            const SampleRow* rows,  // [rows]
+                            const float* logits,    // [rows, width]
+                            const int32_t* tokens,  // [width], strictly increasing; or null
+                            float* q,               // [rows, width]
+                            SampledRow* out,        // [rows]
+                            int32_t* drawn) = 0;
+  virtual Status run_add(int64_t count,
+                         const float* addend,  // [count]
+                         float* accumulator) = 0;
+  virtual Status run_add_rmsnorm(const RmsNormParams& params,
+                                 const float* addend,  // [rows, dim]
+                                 float* accumulator,   // [rows, dim]
+                                 const void* weight,   // [dim] weight_dtype
+                                 float* out);
+
   void notice(std::string_view message) const {
     if (notice_handler_) notice_handler_(message);
   }

@@ -228,25 +228,25 @@ uint64_t DeferredBackend::scratch_bytes_bound(
 // Every op below is queued with its parameters copied: the caller's structs may be gone when it
 // runs, the device pointers it names are still the caller's to keep alive.
 
-Status DeferredBackend::embedding(const kernels::EmbeddingParams& params, const int32_t* token_ids,
-                                  const void* table, float* out) {
+Status DeferredBackend::run_embedding(const kernels::EmbeddingParams& params,
+                                      const int32_t* token_ids, const void* table, float* out) {
   return enqueue([=](CpuBackend& cpu) { return cpu.embedding(params, token_ids, table, out); });
 }
 
-Status DeferredBackend::rmsnorm(const kernels::RmsNormParams& params, const float* x,
-                                const void* weight, float* out) {
+Status DeferredBackend::run_rmsnorm(const kernels::RmsNormParams& params, const float* x,
+                                    const void* weight, float* out) {
   return enqueue([=](CpuBackend& cpu) { return cpu.rmsnorm(params, x, weight, out); });
 }
 
-Status DeferredBackend::matmul(const kernels::MatmulParams& params, const float* x,
-                               const void* weight, const float* weight_scales, const void* bias,
-                               float* out) {
+Status DeferredBackend::run_matmul(const kernels::MatmulParams& params, const float* x,
+                                   const void* weight, const float* weight_scales, const void* bias,
+                                   float* out) {
   return enqueue(
       [=](CpuBackend& cpu) { return cpu.matmul(params, x, weight, weight_scales, bias, out); });
 }
 
-Status DeferredBackend::matmul_group(const float* x, const kernels::MatmulTarget* targets,
-                                     size_t count) {
+Status DeferredBackend::run_matmul_group(const float* x, const kernels::MatmulTarget* targets,
+                                         size_t count) {
   // The targets are a host array of the caller's.
   std::vector<kernels::MatmulTarget> copied(targets, targets + count);
   return enqueue([x, copied = std::move(copied)](CpuBackend& cpu) {
@@ -254,84 +254,86 @@ Status DeferredBackend::matmul_group(const float* x, const kernels::MatmulTarget
   });
 }
 
-Status DeferredBackend::rope(const kernels::RopeParams& params, const int32_t* positions,
-                             const float* inv_freq, float* q, float* k) {
+Status DeferredBackend::run_rope(const kernels::RopeParams& params, const int32_t* positions,
+                                 const float* inv_freq, float* q, float* k) {
   return enqueue([=](CpuBackend& cpu) { return cpu.rope(params, positions, inv_freq, q, k); });
 }
 
-Status DeferredBackend::rope_kv_write(const kernels::RopeParams& rope,
-                                      const kernels::KvWriteParams& cache, const int32_t* positions,
-                                      const float* inv_freq, const int32_t* slots, float* q,
-                                      float* k, const float* v, void* k_cache, void* v_cache) {
+Status DeferredBackend::run_rope_kv_write(const kernels::RopeParams& rope,
+                                          const kernels::KvWriteParams& cache,
+                                          const int32_t* positions, const float* inv_freq,
+                                          const int32_t* slots, float* q, float* k, const float* v,
+                                          void* k_cache, void* v_cache) {
   return enqueue([=](CpuBackend& cpu) {
     return cpu.rope_kv_write(rope, cache, positions, inv_freq, slots, q, k, v, k_cache, v_cache);
   });
 }
 
-Status DeferredBackend::kv_write(const kernels::KvWriteParams& params, const float* k,
-                                 const float* v, const int32_t* slots, void* k_cache,
-                                 void* v_cache) {
+Status DeferredBackend::run_kv_write(const kernels::KvWriteParams& params, const float* k,
+                                     const float* v, const int32_t* slots, void* k_cache,
+                                     void* v_cache) {
   return enqueue(
       [=](CpuBackend& cpu) { return cpu.kv_write(params, k, v, slots, k_cache, v_cache); });
 }
 
-Status DeferredBackend::attention(const kernels::AttentionParams& params, const float* q,
-                                  const void* k_cache, const void* v_cache,
-                                  const int32_t* query_start, const int32_t* context_lengths,
-                                  const int32_t* block_tables, const int32_t* key_gaps,
-                                  float* out) {
+Status DeferredBackend::run_attention(const kernels::AttentionParams& params, const float* q,
+                                      const void* k_cache, const void* v_cache,
+                                      const int32_t* query_start, const int32_t* context_lengths,
+                                      const int32_t* block_tables, const int32_t* key_gaps,
+                                      float* out) {
   return enqueue([=](CpuBackend& cpu) {
     return cpu.attention(params, q, k_cache, v_cache, query_start, context_lengths, block_tables,
                          key_gaps, out);
   });
 }
 
-Status DeferredBackend::swiglu(const kernels::SwigluParams& params, const float* gate,
-                               const float* up, float* out) {
+Status DeferredBackend::run_swiglu(const kernels::SwigluParams& params, const float* gate,
+                                   const float* up, float* out) {
   return enqueue([=](CpuBackend& cpu) { return cpu.swiglu(params, gate, up, out); });
 }
 
-Status DeferredBackend::fill_uniform(const kernels::FillParams& params, void* out) {
+Status DeferredBackend::run_fill_uniform(const kernels::FillParams& params, void* out) {
   return enqueue([=](CpuBackend& cpu) { return cpu.fill_uniform(params, out); });
 }
 
-Status DeferredBackend::process_logits(const kernels::LogitsParams& params, const float* logits,
-                                       const kernels::LogitsSettings* settings, float* probs,
-                                       int32_t* row_status) {
+Status DeferredBackend::run_process_logits(const kernels::LogitsParams& params, const float* logits,
+                                           const kernels::LogitsSettings* settings, float* probs,
+                                           int32_t* row_status) {
   return enqueue([=](CpuBackend& cpu) {
     return cpu.process_logits(params, logits, settings, probs, row_status);
   });
 }
 
-Status DeferredBackend::argmax(const kernels::LogitsParams& params, const float* values,
-                               int32_t* out) {
+Status DeferredBackend::run_argmax(const kernels::LogitsParams& params, const float* values,
+                                   int32_t* out) {
   return enqueue([=](CpuBackend& cpu) { return cpu.argmax(params, values, out); });
 }
 
-Status DeferredBackend::sample(const kernels::SampleParams& params, const kernels::SampleRow* rows,
-                               const float* logits, const int32_t* tokens, float* q,
-                               kernels::SampledRow* out, int32_t* drawn) {
+Status DeferredBackend::run_sample(const kernels::SampleParams& params,
+                                   const kernels::SampleRow* rows, const float* logits,
+                                   const int32_t* tokens, float* q, kernels::SampledRow* out,
+                                   int32_t* drawn) {
   return enqueue(
       [=](CpuBackend& cpu) { return cpu.sample(params, rows, logits, tokens, q, out, drawn); });
 }
 
-Status DeferredBackend::verify(const kernels::VerifyParams& params, const kernels::VerifyRow* rows,
-                               const float* p, const int32_t* p_status, const float* q,
-                               const int32_t* drafts, const int32_t* alternates,
-                               const int64_t* alternate_rows, int32_t* tokens, int32_t* accepted,
-                               int32_t* alternate_taken) {
+Status DeferredBackend::run_verify(const kernels::VerifyParams& params,
+                                   const kernels::VerifyRow* rows, const float* p,
+                                   const int32_t* p_status, const float* q, const int32_t* drafts,
+                                   const int32_t* alternates, const int64_t* alternate_rows,
+                                   int32_t* tokens, int32_t* accepted, int32_t* alternate_taken) {
   return enqueue([=](CpuBackend& cpu) {
     return cpu.verify(params, rows, p, p_status, q, drafts, alternates, alternate_rows, tokens,
                       accepted, alternate_taken);
   });
 }
 
-Status DeferredBackend::add(int64_t count, const float* addend, float* accumulator) {
+Status DeferredBackend::run_add(int64_t count, const float* addend, float* accumulator) {
   return enqueue([=](CpuBackend& cpu) { return cpu.add(count, addend, accumulator); });
 }
 
-Status DeferredBackend::add_rmsnorm(const kernels::RmsNormParams& params, const float* addend,
-                                    float* accumulator, const void* weight, float* out) {
+Status DeferredBackend::run_add_rmsnorm(const kernels::RmsNormParams& params, const float* addend,
+                                        float* accumulator, const void* weight, float* out) {
   return enqueue(
       [=](CpuBackend& cpu) { return cpu.add_rmsnorm(params, addend, accumulator, weight, out); });
 }

@@ -63,40 +63,44 @@ class DeferredBackend final : public kernels::Backend {
   Status available_memory(uint64_t* bytes) override;
   uint64_t scratch_bytes_bound(const std::vector<kernels::ForwardShape>& shapes) const override;
 
-  Status embedding(const kernels::EmbeddingParams& params, const int32_t* token_ids,
-                   const void* table, float* out) override;
-  Status rmsnorm(const kernels::RmsNormParams& params, const float* x, const void* weight,
-                 float* out) override;
-  Status matmul(const kernels::MatmulParams& params, const float* x, const void* weight,
-                const float* weight_scales, const void* bias, float* out) override;
-  Status matmul_group(const float* x, const kernels::MatmulTarget* targets, size_t count) override;
-  Status rope(const kernels::RopeParams& params, const int32_t* positions, const float* inv_freq,
-              float* q, float* k) override;
-  Status rope_kv_write(const kernels::RopeParams& rope, const kernels::KvWriteParams& cache,
-                       const int32_t* positions, const float* inv_freq, const int32_t* slots,
-                       float* q, float* k, const float* v, void* k_cache, void* v_cache) override;
-  Status kv_write(const kernels::KvWriteParams& params, const float* k, const float* v,
-                  const int32_t* slots, void* k_cache, void* v_cache) override;
-  Status attention(const kernels::AttentionParams& params, const float* q, const void* k_cache,
-                   const void* v_cache, const int32_t* query_start, const int32_t* context_lengths,
-                   const int32_t* block_tables, const int32_t* key_gaps, float* out) override;
-  Status swiglu(const kernels::SwigluParams& params, const float* gate, const float* up,
-                float* out) override;
-  Status fill_uniform(const kernels::FillParams& params, void* out) override;
-  Status process_logits(const kernels::LogitsParams& params, const float* logits,
-                        const kernels::LogitsSettings* settings, float* probs,
-                        int32_t* row_status) override;
-  Status argmax(const kernels::LogitsParams& params, const float* values, int32_t* out) override;
-  Status sample(const kernels::SampleParams& params, const kernels::SampleRow* rows,
-                const float* logits, const int32_t* tokens, float* q, kernels::SampledRow* out,
-                int32_t* drawn) override;
-  Status verify(const kernels::VerifyParams& params, const kernels::VerifyRow* rows, const float* p,
-                const int32_t* p_status, const float* q, const int32_t* drafts,
-                const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
-                int32_t* accepted, int32_t* alternate_taken) override;
-  Status add(int64_t count, const float* addend, float* accumulator) override;
-  Status add_rmsnorm(const kernels::RmsNormParams& params, const float* addend, float* accumulator,
-                     const void* weight, float* out) override;
+  Status run_embedding(const kernels::EmbeddingParams& params, const int32_t* token_ids,
+                       const void* table, float* out) override;
+  Status run_rmsnorm(const kernels::RmsNormParams& params, const float* x, const void* weight,
+                     float* out) override;
+  Status run_matmul(const kernels::MatmulParams& params, const float* x, const void* weight,
+                    const float* weight_scales, const void* bias, float* out) override;
+  Status run_matmul_group(const float* x, const kernels::MatmulTarget* targets,
+                          size_t count) override;
+  Status run_rope(const kernels::RopeParams& params, const int32_t* positions,
+                  const float* inv_freq, float* q, float* k) override;
+  Status run_rope_kv_write(const kernels::RopeParams& rope, const kernels::KvWriteParams& cache,
+                           const int32_t* positions, const float* inv_freq, const int32_t* slots,
+                           float* q, float* k, const float* v, void* k_cache,
+                           void* v_cache) override;
+  Status run_kv_write(const kernels::KvWriteParams& params, const float* k, const float* v,
+                      const int32_t* slots, void* k_cache, void* v_cache) override;
+  Status run_attention(const kernels::AttentionParams& params, const float* q, const void* k_cache,
+                       const void* v_cache, const int32_t* query_start,
+                       const int32_t* context_lengths, const int32_t* block_tables,
+                       const int32_t* key_gaps, float* out) override;
+  Status run_swiglu(const kernels::SwigluParams& params, const float* gate, const float* up,
+                    float* out) override;
+  Status run_fill_uniform(const kernels::FillParams& params, void* out) override;
+  Status run_process_logits(const kernels::LogitsParams& params, const float* logits,
+                            const kernels::LogitsSettings* settings, float* probs,
+                            int32_t* row_status) override;
+  Status run_argmax(const kernels::LogitsParams& params, const float* values,
+                    int32_t* out) override;
+  Status run_sample(const kernels::SampleParams& params, const kernels::SampleRow* rows,
+                    const float* logits, const int32_t* tokens, float* q, kernels::SampledRow* out,
+                    int32_t* drawn) override;
+  Status run_verify(const kernels::VerifyParams& params, const kernels::VerifyRow* rows,
+                    const float* p, const int32_t* p_status, const float* q, const int32_t* drafts,
+                    const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
+                    int32_t* accepted, int32_t* alternate_taken) override;
+  Status run_add(int64_t count, const float* addend, float* accumulator) override;
+  Status run_add_rmsnorm(const kernels::RmsNormParams& params, const float* addend,
+                         float* accumulator, const void* weight, float* out) override;
 
   struct Device;  // what a device's streams share
   struct Queue;   // one stream's ops

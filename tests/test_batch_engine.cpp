@@ -509,11 +509,11 @@ TEST_F(BatchEngineTest, AHostVerifierOnABackendOutsideHostMemoryIsRefused) {
 class CorruptDraftBackend final : public testing::ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
-  Status sample(const kernels::SampleParams& params, const kernels::SampleRow* rows,
-                const float* logits, const int32_t* tokens, float* q, kernels::SampledRow* out,
-                int32_t* drawn) override {
+  Status run_sample(const kernels::SampleParams& params, const kernels::SampleRow* rows,
+                    const float* logits, const int32_t* tokens, float* q, kernels::SampledRow* out,
+                    int32_t* drawn) override {
     const_cast<float*>(logits)[0] = std::numeric_limits<float>::quiet_NaN();
-    return ForwardingBackend::sample(params, rows, logits, tokens, q, out, drawn);
+    return ForwardingBackend::run_sample(params, rows, logits, tokens, q, out, drawn);
   }
 };
 

@@ -63,12 +63,22 @@ TEST(DeferredBackend, ACopyToTheDeviceTakesTheHostsBytesAtOnce) {
 
 TEST(DeferredBackend, AFailedOpIsReportedByTheStreamsNextWait) {
   const auto device = make_deferred(0);
-  DeviceBuffer buffer(*device, 16, "out");
-  // A bad shape is accepted when queued, as a launch is, and reported when the stream is waited
-  // for.
-  EXPECT_TRUE(device->argmax({1, 0}, nullptr, buffer.as<int32_t>()).is_ok());
-  EXPECT_FALSE(device->synchronize().is_ok());
+  // An op that fails as it runs (a token id outside the table, which only the data says) is
+  // accepted when queued, as a launch is, and reported when the stream is waited for.
+  DeviceBuffer ids(*device, sizeof(int32_t), "ids");
+  DeviceBuffer table(*device, 4 * 2 * sizeof(float), "table");
+  DeviceBuffer out(*device, 2 * sizeof(float), "out");
+  write(*device, ids, std::vector<int32_t>{99});
+  write(*device, table, std::vector<float>(8, 1.0f));
+  const kernels::EmbeddingParams params{1, 4, 2, DType::kF32};
+  EXPECT_TRUE(device->embedding(params, ids.as<int32_t>(), table.data(), out.as<float>()).is_ok());
+  const Status reported = device->synchronize();
+  EXPECT_EQ(reported.code(), StatusCode::kOutOfRange) << reported.message();
   EXPECT_TRUE(device->synchronize().is_ok());  // reported once
+  // A bad shape is refused at once, before any backend sees it (Backend checks it).
+  EXPECT_EQ(device->argmax({1, 0}, nullptr, out.as<int32_t>()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(device->synchronize().is_ok());
 }
 
 // What the step will hand from the draft's stream to the target's: the producer computes a row of

@@ -228,60 +228,62 @@ class ForwardingBackend : public kernels::Backend {
   uint64_t scratch_bytes_bound(const std::vector<kernels::ForwardShape>& shapes) const override {
     return inner_.scratch_bytes_bound(shapes);
   }
-  Status embedding(const kernels::EmbeddingParams& p, const int32_t* ids, const void* table,
-                   float* out) override {
+  Status run_embedding(const kernels::EmbeddingParams& p, const int32_t* ids, const void* table,
+                       float* out) override {
     return inner_.embedding(p, ids, table, out);
   }
-  Status rmsnorm(const kernels::RmsNormParams& p, const float* x, const void* w,
-                 float* out) override {
+  Status run_rmsnorm(const kernels::RmsNormParams& p, const float* x, const void* w,
+                     float* out) override {
     return inner_.rmsnorm(p, x, w, out);
   }
-  Status matmul(const kernels::MatmulParams& p, const float* x, const void* w, const float* scales,
-                const void* bias, float* out) override {
+  Status run_matmul(const kernels::MatmulParams& p, const float* x, const void* w,
+                    const float* scales, const void* bias, float* out) override {
     return inner_.matmul(p, x, w, scales, bias, out);
   }
-  Status matmul_group(const float* x, const kernels::MatmulTarget* targets, size_t count) override {
+  Status run_matmul_group(const float* x, const kernels::MatmulTarget* targets,
+                          size_t count) override {
     return inner_.matmul_group(x, targets, count);
   }
-  Status rope(const kernels::RopeParams& p, const int32_t* positions, const float* inv_freq,
-              float* q, float* k) override {
+  Status run_rope(const kernels::RopeParams& p, const int32_t* positions, const float* inv_freq,
+                  float* q, float* k) override {
     return inner_.rope(p, positions, inv_freq, q, k);
   }
-  Status rope_kv_write(const kernels::RopeParams& rope, const kernels::KvWriteParams& cache,
-                       const int32_t* positions, const float* inv_freq, const int32_t* slots,
-                       float* q, float* k, const float* v, void* k_cache, void* v_cache) override {
+  Status run_rope_kv_write(const kernels::RopeParams& rope, const kernels::KvWriteParams& cache,
+                           const int32_t* positions, const float* inv_freq, const int32_t* slots,
+                           float* q, float* k, const float* v, void* k_cache,
+                           void* v_cache) override {
     return inner_.rope_kv_write(rope, cache, positions, inv_freq, slots, q, k, v, k_cache, v_cache);
   }
-  Status kv_write(const kernels::KvWriteParams& p, const float* k, const float* v,
-                  const int32_t* slots, void* k_cache, void* v_cache) override {
+  Status run_kv_write(const kernels::KvWriteParams& p, const float* k, const float* v,
+                      const int32_t* slots, void* k_cache, void* v_cache) override {
     return inner_.kv_write(p, k, v, slots, k_cache, v_cache);
   }
-  Status attention(const kernels::AttentionParams& p, const float* q, const void* k_cache,
-                   const void* v_cache, const int32_t* query_start, const int32_t* context,
-                   const int32_t* tables, const int32_t* key_gaps, float* out) override {
+  Status run_attention(const kernels::AttentionParams& p, const float* q, const void* k_cache,
+                       const void* v_cache, const int32_t* query_start, const int32_t* context,
+                       const int32_t* tables, const int32_t* key_gaps, float* out) override {
     return inner_.attention(p, q, k_cache, v_cache, query_start, context, tables, key_gaps, out);
   }
   bool attends_with_key_gaps() const override { return inner_.attends_with_key_gaps(); }
-  Status swiglu(const kernels::SwigluParams& p, const float* gate, const float* up,
-                float* out) override {
+  Status run_swiglu(const kernels::SwigluParams& p, const float* gate, const float* up,
+                    float* out) override {
     return inner_.swiglu(p, gate, up, out);
   }
-  Status fill_uniform(const kernels::FillParams& p, void* out) override {
+  Status run_fill_uniform(const kernels::FillParams& p, void* out) override {
     return inner_.fill_uniform(p, out);
   }
-  Status add(int64_t count, const float* addend, float* accumulator) override {
+  Status run_add(int64_t count, const float* addend, float* accumulator) override {
     return inner_.add(count, addend, accumulator);
   }
-  Status add_rmsnorm(const kernels::RmsNormParams& p, const float* addend, float* accumulator,
-                     const void* weight, float* out) override {
+  Status run_add_rmsnorm(const kernels::RmsNormParams& p, const float* addend, float* accumulator,
+                         const void* weight, float* out) override {
     return inner_.add_rmsnorm(p, addend, accumulator, weight, out);
   }
-  Status process_logits(const kernels::LogitsParams& p, const float* logits,
-                        const kernels::LogitsSettings* settings, float* probs,
-                        int32_t* row_status) override {
+  Status run_process_logits(const kernels::LogitsParams& p, const float* logits,
+                            const kernels::LogitsSettings* settings, float* probs,
+                            int32_t* row_status) override {
     return inner_.process_logits(p, logits, settings, probs, row_status);
   }
-  Status argmax(const kernels::LogitsParams& p, const float* values, int32_t* out) override {
+  Status run_argmax(const kernels::LogitsParams& p, const float* values, int32_t* out) override {
     return inner_.argmax(p, values, out);
   }
   // The inner backend's stream: a test backend's overrides do not reach it.
@@ -289,15 +291,15 @@ class ForwardingBackend : public kernels::Backend {
   std::unique_ptr<kernels::Event> create_event() override { return inner_.create_event(); }
   Status record(kernels::Event& event) override { return inner_.record(event); }
   Status wait(const kernels::Event& event) override { return inner_.wait(event); }
-  Status sample(const kernels::SampleParams& p, const kernels::SampleRow* rows, const float* logits,
-                const int32_t* tokens, float* q, kernels::SampledRow* out,
-                int32_t* drawn) override {
+  Status run_sample(const kernels::SampleParams& p, const kernels::SampleRow* rows,
+                    const float* logits, const int32_t* tokens, float* q, kernels::SampledRow* out,
+                    int32_t* drawn) override {
     return inner_.sample(p, rows, logits, tokens, q, out, drawn);
   }
-  Status verify(const kernels::VerifyParams& p, const kernels::VerifyRow* rows, const float* probs,
-                const int32_t* p_status, const float* q, const int32_t* drafts,
-                const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
-                int32_t* accepted, int32_t* alternate_taken) override {
+  Status run_verify(const kernels::VerifyParams& p, const kernels::VerifyRow* rows,
+                    const float* probs, const int32_t* p_status, const float* q,
+                    const int32_t* drafts, const int32_t* alternates, const int64_t* alternate_rows,
+                    int32_t* tokens, int32_t* accepted, int32_t* alternate_taken) override {
     return inner_.verify(p, rows, probs, p_status, q, drafts, alternates, alternate_rows, tokens,
                          accepted, alternate_taken);
   }
@@ -325,8 +327,9 @@ class DeviceLikeBackend final : private OwnsCpuBackend, public ForwardingBackend
   kernels::WeightLayout matmul_weight_layout(DType dtype) const override {
     return kernels::Backend::matmul_weight_layout(dtype);
   }
-  Status matmul_group(const float* x, const kernels::MatmulTarget* targets, size_t count) override {
-    return kernels::Backend::matmul_group(x, targets, count);
+  Status run_matmul_group(const float* x, const kernels::MatmulTarget* targets,
+                          size_t count) override {
+    return kernels::Backend::run_matmul_group(x, targets, count);
   }
   Status copy_to_device(void* dst, const void* src, size_t bytes) override {
     uploaded += bytes;

@@ -32,8 +32,8 @@ if [[ $stage == packages ]]; then
   exit 0
 fi
 
-gpu_tests=(test_cuda_device test_cuda_backend test_cuda_sampling test_cuda_engine
-  test_cuda_hf_conformance)
+gpu_tests=(test_cuda_device test_cuda_backend test_cuda_backend_ops test_cuda_sampling
+  test_cuda_engine test_cuda_hf_conformance)
 build=${SPECRUN_BUILD_DIR:-build-gpu}
 
 if [[ $stage == pack ]]; then

@@ -13,13 +13,7 @@ namespace specrun::kernels::cpu {
 
 Status kv_write(const KvWriteParams& params, const float* k, const float* v, const int32_t* slots,
                 void* k_cache, void* v_cache, ThreadPool& pool) {
-  if (params.num_tokens < 0 || params.num_kv_heads <= 0 || params.head_dim <= 0) {
-    return Status::invalid_argument("kv_write: bad shape");
-  }
-  if (!is_kv_cache_dtype(params.cache_dtype)) {
-    return Status::invalid_argument("kv_write: a KV cache is stored as BF16 or F32, not " +
-                                    std::string(dtype_name(params.cache_dtype)));
-  }
+  if (Status status = check_kv_write(params); !status.is_ok()) return status;
   for (int64_t t = 0; t < params.num_tokens; ++t) {
     if (slots[t] < 0 || slots[t] >= params.num_slots) {
       return Status::out_of_range("kv_write: slot " + std::to_string(slots[t]) +
@@ -237,14 +231,7 @@ Status attention(const AttentionParams& params, const float* q, const void* k_ca
                  const int32_t* block_tables, const int32_t* key_gaps, float* out,
                  ThreadPool& pool) {
   const AttentionParams& p = params;
-  if (p.num_seqs < 0 || p.num_tokens < 0 || p.head_dim <= 0 || p.num_kv_heads <= 0 ||
-      p.num_heads % p.num_kv_heads != 0 || p.block_size <= 0 || p.sliding_window < 0) {
-    return Status::invalid_argument("attention: bad shape");
-  }
-  if (!is_kv_cache_dtype(p.cache_dtype)) {
-    return Status::invalid_argument("attention: a KV cache is stored as BF16 or F32, not " +
-                                    std::string(dtype_name(p.cache_dtype)));
-  }
+  if (Status status = check_attention(p); !status.is_ok()) return status;
   if (query_start[0] != 0 || query_start[p.num_seqs] != p.num_tokens) {
     return Status::invalid_argument("attention: query_start does not cover the tokens");
   }

@@ -146,60 +146,59 @@ Status CpuBackend::copy_on_device(void* device_dst, const void* device_src, size
   return Status::ok();
 }
 
-Status CpuBackend::embedding(const EmbeddingParams& params, const int32_t* token_ids,
-                             const void* table, float* out) {
+Status CpuBackend::run_embedding(const EmbeddingParams& params, const int32_t* token_ids,
+                                 const void* table, float* out) {
   return cpu::embedding(params, token_ids, table, out, *pool_);
 }
 
-Status CpuBackend::rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
-                           float* out) {
+Status CpuBackend::run_rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
+                               float* out) {
   return cpu::rmsnorm(params, x, weight, out, *pool_);
 }
 
-Status CpuBackend::matmul(const MatmulParams& params, const float* x, const void* weight,
-                          const float* weight_scales, const void* bias, float* out) {
+Status CpuBackend::run_matmul(const MatmulParams& params, const float* x, const void* weight,
+                              const float* weight_scales, const void* bias, float* out) {
   return cpu::matmul(params, x, weight, weight_scales, bias, out, *pool_, activations_, variant_);
 }
 
-Status CpuBackend::matmul_group(const float* x, const MatmulTarget* targets, size_t count) {
+Status CpuBackend::run_matmul_group(const float* x, const MatmulTarget* targets, size_t count) {
   return cpu::matmul_group(x, targets, count, *pool_, activations_, variant_);
 }
 
-Status CpuBackend::rope(const RopeParams& params, const int32_t* positions, const float* inv_freq,
-                        float* q, float* k) {
+Status CpuBackend::run_rope(const RopeParams& params, const int32_t* positions,
+                            const float* inv_freq, float* q, float* k) {
   return cpu::rope(params, positions, inv_freq, q, k, *pool_);
 }
 
-Status CpuBackend::kv_write(const KvWriteParams& params, const float* k, const float* v,
-                            const int32_t* slots, void* k_cache, void* v_cache) {
+Status CpuBackend::run_kv_write(const KvWriteParams& params, const float* k, const float* v,
+                                const int32_t* slots, void* k_cache, void* v_cache) {
   return cpu::kv_write(params, k, v, slots, k_cache, v_cache, *pool_);
 }
 
-Status CpuBackend::attention(const AttentionParams& params, const float* q, const void* k_cache,
-                             const void* v_cache, const int32_t* query_start,
-                             const int32_t* context_lengths, const int32_t* block_tables,
-                             const int32_t* key_gaps, float* out) {
+Status CpuBackend::run_attention(const AttentionParams& params, const float* q, const void* k_cache,
+                                 const void* v_cache, const int32_t* query_start,
+                                 const int32_t* context_lengths, const int32_t* block_tables,
+                                 const int32_t* key_gaps, float* out) {
   return cpu::attention(params, q, k_cache, v_cache, query_start, context_lengths, block_tables,
                         key_gaps, out, *pool_);
 }
 
-Status CpuBackend::swiglu(const SwigluParams& params, const float* gate, const float* up,
-                          float* out) {
+Status CpuBackend::run_swiglu(const SwigluParams& params, const float* gate, const float* up,
+                              float* out) {
   return cpu::swiglu(params, gate, up, out, *pool_);
 }
 
-Status CpuBackend::add(int64_t count, const float* addend, float* accumulator) {
+Status CpuBackend::run_add(int64_t count, const float* addend, float* accumulator) {
   return cpu::add(count, addend, accumulator, *pool_);
 }
 
-Status CpuBackend::fill_uniform(const FillParams& params, void* out) {
+Status CpuBackend::run_fill_uniform(const FillParams& params, void* out) {
   return cpu::fill_uniform(params, out, *pool_);
 }
 
-Status CpuBackend::process_logits(const LogitsParams& params, const float* logits,
-                                  const LogitsSettings* settings, float* probs,
-                                  int32_t* row_status) {
-  if (Status status = check_logits(params); !status.is_ok()) return status;
+Status CpuBackend::run_process_logits(const LogitsParams& params, const float* logits,
+                                      const LogitsSettings* settings, float* probs,
+                                      int32_t* row_status) {
   const auto vocab = static_cast<size_t>(params.vocab);
   for_each_on_host(params.rows, [&](int64_t r) {
     const auto offset = static_cast<size_t>(r) * vocab;
@@ -209,8 +208,7 @@ Status CpuBackend::process_logits(const LogitsParams& params, const float* logit
   return Status::ok();
 }
 
-Status CpuBackend::argmax(const LogitsParams& params, const float* values, int32_t* out) {
-  if (Status status = check_logits(params); !status.is_ok()) return status;
+Status CpuBackend::run_argmax(const LogitsParams& params, const float* values, int32_t* out) {
   const auto vocab = static_cast<size_t>(params.vocab);
   for (int64_t r = 0; r < params.rows; ++r) {
     out[r] = cpu::argmax({values + static_cast<size_t>(r) * vocab, vocab});
@@ -218,9 +216,9 @@ Status CpuBackend::argmax(const LogitsParams& params, const float* values, int32
   return Status::ok();
 }
 
-Status CpuBackend::sample(const SampleParams& params, const SampleRow* rows, const float* logits,
-                          const int32_t* tokens, float* q, SampledRow* out, int32_t* drawn) {
-  if (Status status = check_sample(params, tokens); !status.is_ok()) return status;
+Status CpuBackend::run_sample(const SampleParams& params, const SampleRow* rows,
+                              const float* logits, const int32_t* tokens, float* q, SampledRow* out,
+                              int32_t* drawn) {
   const auto width = static_cast<size_t>(params.width);
   const std::span<const int32_t> map =
       tokens == nullptr ? std::span<const int32_t>() : std::span<const int32_t>(tokens, width);
@@ -232,13 +230,10 @@ Status CpuBackend::sample(const SampleParams& params, const SampleRow* rows, con
   return Status::ok();
 }
 
-Status CpuBackend::verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
-                          const int32_t* p_status, const float* q, const int32_t* drafts,
-                          const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
-                          int32_t* accepted, int32_t* alternate_taken) {
-  if (Status status = check_verify(params, q, alternates, alternate_rows); !status.is_ok()) {
-    return status;
-  }
+Status CpuBackend::run_verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
+                              const int32_t* p_status, const float* q, const int32_t* drafts,
+                              const int32_t* alternates, const int64_t* alternate_rows,
+                              int32_t* tokens, int32_t* accepted, int32_t* alternate_taken) {
   const int64_t gamma = params.gamma;
   const int64_t width = params.alternates_width;
   for_each_on_host(params.batch, [&](int64_t b) {

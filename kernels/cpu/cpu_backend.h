@@ -52,35 +52,40 @@ class CpuBackend final : public Backend {
   // On the pool's threads, the indices shared out in chunks.
   void for_each_on_host(int64_t count, const std::function<void(int64_t)>& body) override;
 
-  Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
-                   float* out) override;
-  Status rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
-                 float* out) override;
-  Status matmul(const MatmulParams& params, const float* x, const void* weight,
-                const float* weight_scales, const void* bias, float* out) override;
-  Status matmul_group(const float* x, const MatmulTarget* targets, size_t count) override;
-  Status rope(const RopeParams& params, const int32_t* positions, const float* inv_freq, float* q,
-              float* k) override;
-  Status kv_write(const KvWriteParams& params, const float* k, const float* v, const int32_t* slots,
-                  void* k_cache, void* v_cache) override;
-  Status attention(const AttentionParams& params, const float* q, const void* k_cache,
-                   const void* v_cache, const int32_t* query_start, const int32_t* context_lengths,
-                   const int32_t* block_tables, const int32_t* key_gaps, float* out) override;
   bool attends_with_key_gaps() const override { return true; }
-  Status swiglu(const SwigluParams& params, const float* gate, const float* up,
-                float* out) override;
-  Status add(int64_t count, const float* addend, float* accumulator) override;
-  Status fill_uniform(const FillParams& params, void* out) override;
+
+ protected:
+  // The ops, their shapes checked by Backend: each runs the reference in kernels/cpu/ on the pool.
+  Status run_embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
+                       float* out) override;
+  Status run_rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
+                     float* out) override;
+  Status run_matmul(const MatmulParams& params, const float* x, const void* weight,
+                    const float* weight_scales, const void* bias, float* out) override;
+  Status run_matmul_group(const float* x, const MatmulTarget* targets, size_t count) override;
+  Status run_rope(const RopeParams& params, const int32_t* positions, const float* inv_freq,
+                  float* q, float* k) override;
+  Status run_kv_write(const KvWriteParams& params, const float* k, const float* v,
+                      const int32_t* slots, void* k_cache, void* v_cache) override;
+  Status run_attention(const AttentionParams& params, const float* q, const void* k_cache,
+                       const void* v_cache, const int32_t* query_start,
+                       const int32_t* context_lengths, const int32_t* block_tables,
+                       const int32_t* key_gaps, float* out) override;
+  Status run_swiglu(const SwigluParams& params, const float* gate, const float* up,
+                    float* out) override;
+  Status run_add(int64_t count, const float* addend, float* accumulator) override;
+  Status run_fill_uniform(const FillParams& params, void* out) override;
   // The rows shared out over the pool (kernels/cpu/sampling.h and verify.h are the reference).
-  Status process_logits(const LogitsParams& params, const float* logits,
-                        const LogitsSettings* settings, float* probs, int32_t* row_status) override;
-  Status argmax(const LogitsParams& params, const float* values, int32_t* out) override;
-  Status sample(const SampleParams& params, const SampleRow* rows, const float* logits,
-                const int32_t* tokens, float* q, SampledRow* out, int32_t* drawn) override;
-  Status verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
-                const int32_t* p_status, const float* q, const int32_t* drafts,
-                const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
-                int32_t* accepted, int32_t* alternate_taken) override;
+  Status run_process_logits(const LogitsParams& params, const float* logits,
+                            const LogitsSettings* settings, float* probs,
+                            int32_t* row_status) override;
+  Status run_argmax(const LogitsParams& params, const float* values, int32_t* out) override;
+  Status run_sample(const SampleParams& params, const SampleRow* rows, const float* logits,
+                    const int32_t* tokens, float* q, SampledRow* out, int32_t* drawn) override;
+  Status run_verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
+                    const int32_t* p_status, const float* q, const int32_t* drafts,
+                    const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
+                    int32_t* accepted, int32_t* alternate_taken) override;
 
  private:
   std::shared_ptr<ThreadPool> pool_;

@@ -9,7 +9,7 @@ constexpr int64_t kElementGrain = 16384;
 
 Status swiglu(const SwigluParams& params, const float* gate, const float* up, float* out,
               ThreadPool& pool) {
-  if (params.rows < 0 || params.dim <= 0) return Status::invalid_argument("swiglu: bad shape");
+  if (Status status = check_swiglu(params); !status.is_ok()) return status;
   // 16 elements at a time where there is AVX-512, the same bits as one at a time (exp_lanes).
   pool.parallel_for(params.rows * params.dim, kElementGrain, [&](int64_t begin, int64_t end) {
     int64_t i = begin;
@@ -31,7 +31,7 @@ Status swiglu(const SwigluParams& params, const float* gate, const float* up, fl
 }
 
 Status add(int64_t count, const float* addend, float* accumulator, ThreadPool& pool) {
-  if (count < 0) return Status::invalid_argument("add: negative count");
+  if (Status status = check_add(count); !status.is_ok()) return status;
   pool.parallel_for(count, kElementGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) accumulator[i] += addend[i];
   });

@@ -7,9 +7,7 @@ namespace specrun::kernels::cpu {
 
 Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
                  float* out, ThreadPool& pool) {
-  if (params.num_tokens < 0 || params.dim <= 0 || params.vocab_size <= 0) {
-    return Status::invalid_argument("embedding: bad shape");
-  }
+  if (Status status = check_embedding(params); !status.is_ok()) return status;
   if (is_quantized(params.table_dtype)) {
     return Status::unsupported("embedding: a quantized table (embeddings stay in bf16)");
   }

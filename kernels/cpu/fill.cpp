@@ -8,10 +8,7 @@
 namespace specrun::kernels::cpu {
 
 Status fill_uniform(const FillParams& params, void* out, ThreadPool& pool) {
-  if (params.count < 0) return Status::invalid_argument("fill: negative count");
-  if (!std::isfinite(params.low) || !std::isfinite(params.high) || params.high < params.low) {
-    return Status::invalid_argument("fill: the range must be finite with low <= high");
-  }
+  if (Status status = check_fill(params); !status.is_ok()) return status;
   const float width = params.high - params.low;
   // Big chunks: each element is a few integer operations, so splitting finely only adds overhead.
   pool.parallel_for(params.count, 1 << 16, [&](int64_t begin, int64_t end) {

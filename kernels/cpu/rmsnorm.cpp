@@ -8,9 +8,7 @@ namespace specrun::kernels::cpu {
 
 Status rmsnorm(const RmsNormParams& params, const float* x, const void* weight, float* out,
                ThreadPool& pool) {
-  if (params.rows < 0 || params.dim <= 0 || !(params.eps >= 0.0f)) {
-    return Status::invalid_argument("rmsnorm: bad shape or eps");
-  }
+  if (Status status = check_rmsnorm(params, "rmsnorm"); !status.is_ok()) return status;
   if (is_quantized(params.weight_dtype)) {
     return Status::unsupported("rmsnorm: a quantized weight (norms stay unquantized)");
   }

@@ -27,10 +27,7 @@ void rotate_heads(float* heads, int64_t num_heads, int64_t head_dim, RopeStyle s
 
 Status rope(const RopeParams& params, const int32_t* positions, const float* inv_freq, float* q,
             float* k, ThreadPool& pool) {
-  if (params.num_tokens < 0 || params.head_dim <= 0 || params.head_dim % 2 != 0 ||
-      params.num_heads <= 0 || params.num_kv_heads <= 0) {
-    return Status::invalid_argument("rope: bad shape (head_dim must be even)");
-  }
+  if (Status status = check_rope(params); !status.is_ok()) return status;
   const int64_t half = params.head_dim / 2;
   pool.parallel_for(params.num_tokens, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> cosines(static_cast<size_t>(half));

@@ -537,14 +537,7 @@ Status launch_attention(const AttentionParams& params, const float* q, const voi
                         const int32_t* context_lengths, const int32_t* block_tables, float* out,
                         const AttentionWorkspace& workspace, cudaStream_t stream) {
   const AttentionParams& p = params;
-  if (p.num_seqs < 0 || p.num_tokens < 0 || p.head_dim <= 0 || p.num_kv_heads <= 0 ||
-      p.num_heads % p.num_kv_heads != 0 || p.block_size <= 0 || p.sliding_window < 0) {
-    return Status::invalid_argument("attention: bad shape");
-  }
-  if (!is_kv_cache_dtype(p.cache_dtype)) {
-    return Status::invalid_argument("attention: a KV cache is stored as BF16 or F32, not " +
-                                    std::string(dtype_name(p.cache_dtype)));
-  }
+  if (Status status = check_attention(p); !status.is_ok()) return status;
   if (p.num_seqs == 0) {
     // query_start = {0} must equal num_tokens.
     if (p.num_tokens != 0) {

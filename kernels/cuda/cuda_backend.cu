@@ -462,38 +462,37 @@ Status CudaBackend::after_checked_op(Status launched, const char* what) {
   return wait_and_take_device_error(what);
 }
 
-Status CudaBackend::embedding(const EmbeddingParams& params, const int32_t* token_ids,
-                              const void* table, float* out) {
+Status CudaBackend::run_embedding(const EmbeddingParams& params, const int32_t* token_ids,
+                                  const void* table, float* out) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return after_checked_op(launch_embedding(params, token_ids, table, out, device_errors_, stream_),
                           "embedding");
 }
 
-Status CudaBackend::rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
-                            float* out) {
+Status CudaBackend::run_rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
+                                float* out) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return launch_rmsnorm(params, x, weight, out, stream_);
 }
 
-Status CudaBackend::add_rmsnorm(const RmsNormParams& params, const float* addend,
-                                float* accumulator, const void* weight, float* out) {
+Status CudaBackend::run_add_rmsnorm(const RmsNormParams& params, const float* addend,
+                                    float* accumulator, const void* weight, float* out) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return launch_add_rmsnorm(params, addend, accumulator, weight, out, stream_);
 }
 
-Status CudaBackend::matmul(const MatmulParams& params, const float* x, const void* weight,
-                           const float* weight_scales, const void* bias, float* out) {
+Status CudaBackend::run_matmul(const MatmulParams& params, const float* x, const void* weight,
+                               const float* weight_scales, const void* bias, float* out) {
   const MatmulTarget target{params, weight, weight_scales, bias, out};
   return matmul_group(x, &target, 1);
 }
 
-Status CudaBackend::matmul_group(const float* x, const MatmulTarget* targets, size_t count) {
+Status CudaBackend::run_matmul_group(const float* x, const MatmulTarget* targets, size_t count) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
-  if (Status status = check_matmul_group(targets, count); !status.is_ok()) return status;
   size_t scratch = 0;
   for (size_t i = 0; i < count; ++i) {
     const MatmulTarget& t = targets[i];
@@ -520,18 +519,17 @@ Status CudaBackend::matmul_group(const float* x, const MatmulTarget* targets, si
   return launch_matmul_group(x, targets, count, context, stream_);
 }
 
-Status CudaBackend::rope(const RopeParams& params, const int32_t* positions, const float* inv_freq,
-                         float* q, float* k) {
+Status CudaBackend::run_rope(const RopeParams& params, const int32_t* positions,
+                             const float* inv_freq, float* q, float* k) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return launch_rope(params, positions, inv_freq, q, k, stream_);
 }
 
-Status CudaBackend::rope_kv_write(const RopeParams& rope, const KvWriteParams& cache,
-                                  const int32_t* positions, const float* inv_freq,
-                                  const int32_t* slots, float* q, float* k, const float* v,
-                                  void* k_cache, void* v_cache) {
-  if (Status status = check_rope_kv_write(rope, cache); !status.is_ok()) return status;
+Status CudaBackend::run_rope_kv_write(const RopeParams& rope, const KvWriteParams& cache,
+                                      const int32_t* positions, const float* inv_freq,
+                                      const int32_t* slots, float* q, float* k, const float* v,
+                                      void* k_cache, void* v_cache) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return after_checked_op(
@@ -540,18 +538,19 @@ Status CudaBackend::rope_kv_write(const RopeParams& rope, const KvWriteParams& c
       "rope_kv_write");
 }
 
-Status CudaBackend::kv_write(const KvWriteParams& params, const float* k, const float* v,
-                             const int32_t* slots, void* k_cache, void* v_cache) {
+Status CudaBackend::run_kv_write(const KvWriteParams& params, const float* k, const float* v,
+                                 const int32_t* slots, void* k_cache, void* v_cache) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return after_checked_op(
       launch_kv_write(params, k, v, slots, k_cache, v_cache, device_errors_, stream_), "kv_write");
 }
 
-Status CudaBackend::attention(const AttentionParams& params, const float* q, const void* k_cache,
-                              const void* v_cache, const int32_t* query_start,
-                              const int32_t* context_lengths, const int32_t* block_tables,
-                              const int32_t* key_gaps, float* out) {
+Status CudaBackend::run_attention(const AttentionParams& params, const float* q,
+                                  const void* k_cache, const void* v_cache,
+                                  const int32_t* query_start, const int32_t* context_lengths,
+                                  const int32_t* block_tables, const int32_t* key_gaps,
+                                  float* out) {
   if (key_gaps != nullptr) {
     return Status::unsupported("attention: key gaps (token trees) are not implemented on CUDA");
   }
@@ -568,30 +567,29 @@ Status CudaBackend::attention(const AttentionParams& params, const float* q, con
                           "attention");
 }
 
-Status CudaBackend::swiglu(const SwigluParams& params, const float* gate, const float* up,
-                           float* out) {
+Status CudaBackend::run_swiglu(const SwigluParams& params, const float* gate, const float* up,
+                               float* out) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return launch_swiglu(params, gate, up, out, stream_);
 }
 
-Status CudaBackend::add(int64_t count, const float* addend, float* accumulator) {
+Status CudaBackend::run_add(int64_t count, const float* addend, float* accumulator) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return launch_add(count, addend, accumulator, stream_);
 }
 
-Status CudaBackend::fill_uniform(const FillParams& params, void* out) {
+Status CudaBackend::run_fill_uniform(const FillParams& params, void* out) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return launch_fill_uniform(params.count, params.dtype, params.seed, params.low, params.high, out,
                              stream_);
 }
 
-Status CudaBackend::process_logits(const LogitsParams& params, const float* logits,
-                                   const LogitsSettings* settings, float* probs,
-                                   int32_t* row_status) {
-  if (Status status = check_logits(params); !status.is_ok()) return status;
+Status CudaBackend::run_process_logits(const LogitsParams& params, const float* logits,
+                                       const LogitsSettings* settings, float* probs,
+                                       int32_t* row_status) {
   if (params.rows == 0) return Status::ok();
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
@@ -605,17 +603,16 @@ Status CudaBackend::process_logits(const LogitsParams& params, const float* logi
                                row_status, stream_);
 }
 
-Status CudaBackend::argmax(const LogitsParams& params, const float* values, int32_t* out) {
-  if (Status status = check_logits(params); !status.is_ok()) return status;
+Status CudaBackend::run_argmax(const LogitsParams& params, const float* values, int32_t* out) {
   if (params.rows == 0) return Status::ok();
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return launch_argmax({params.rows, params.vocab}, values, out, stream_);
 }
 
-Status CudaBackend::sample(const SampleParams& params, const SampleRow* rows, const float* logits,
-                           const int32_t* tokens, float* q, SampledRow* out, int32_t* drawn) {
-  if (Status status = check_sample(params, tokens); !status.is_ok()) return status;
+Status CudaBackend::run_sample(const SampleParams& params, const SampleRow* rows,
+                               const float* logits, const int32_t* tokens, float* q,
+                               SampledRow* out, int32_t* drawn) {
   if (params.rows == 0) return Status::ok();
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
@@ -628,10 +625,10 @@ Status CudaBackend::sample(const SampleParams& params, const SampleRow* rows, co
                             stream_);
 }
 
-Status CudaBackend::verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
-                           const int32_t* p_status, const float* q, const int32_t* drafts,
-                           const int32_t* alternates, const int64_t* alternate_rows,
-                           int32_t* tokens, int32_t* accepted, int32_t* alternate_taken) {
+Status CudaBackend::run_verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
+                               const int32_t* p_status, const float* q, const int32_t* drafts,
+                               const int32_t* alternates, const int64_t* alternate_rows,
+                               int32_t* tokens, int32_t* accepted, int32_t* alternate_taken) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return launch_verify(params, rows, p, p_status, q, drafts, alternates, alternate_rows, tokens,

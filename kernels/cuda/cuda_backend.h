@@ -109,41 +109,46 @@ class CudaBackend final : public Backend {
   // holds process_logits'); 0 where the device cannot say.
   uint64_t scratch_bytes_bound(const std::vector<ForwardShape>& shapes) const override;
 
-  Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
-                   float* out) override;
-  Status rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
-                 float* out) override;
-  Status matmul(const MatmulParams& params, const float* x, const void* weight,
-                const float* weight_scales, const void* bias, float* out) override;
-  Status matmul_group(const float* x, const MatmulTarget* targets, size_t count) override;
-  Status rope(const RopeParams& params, const int32_t* positions, const float* inv_freq, float* q,
-              float* k) override;
-  Status kv_write(const KvWriteParams& params, const float* k, const float* v, const int32_t* slots,
-                  void* k_cache, void* v_cache) override;
-  Status attention(const AttentionParams& params, const float* q, const void* k_cache,
-                   const void* v_cache, const int32_t* query_start, const int32_t* context_lengths,
-                   const int32_t* block_tables, const int32_t* key_gaps, float* out) override;
-  Status swiglu(const SwigluParams& params, const float* gate, const float* up,
-                float* out) override;
-  Status add(int64_t count, const float* addend, float* accumulator) override;
-  Status fill_uniform(const FillParams& params, void* out) override;
+ protected:
+  // The ops, their shapes checked by Backend: each launches the kernels of kernels/cuda/.
+  Status run_embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
+                       float* out) override;
+  Status run_rmsnorm(const RmsNormParams& params, const float* x, const void* weight,
+                     float* out) override;
+  Status run_matmul(const MatmulParams& params, const float* x, const void* weight,
+                    const float* weight_scales, const void* bias, float* out) override;
+  Status run_matmul_group(const float* x, const MatmulTarget* targets, size_t count) override;
+  Status run_rope(const RopeParams& params, const int32_t* positions, const float* inv_freq,
+                  float* q, float* k) override;
+  Status run_kv_write(const KvWriteParams& params, const float* k, const float* v,
+                      const int32_t* slots, void* k_cache, void* v_cache) override;
+  Status run_attention(const AttentionParams& params, const float* q, const void* k_cache,
+                       const void* v_cache, const int32_t* query_start,
+                       const int32_t* context_lengths, const int32_t* block_tables,
+                       const int32_t* key_gaps, float* out) override;
+  Status run_swiglu(const SwigluParams& params, const float* gate, const float* up,
+                    float* out) override;
+  Status run_add(int64_t count, const float* addend, float* accumulator) override;
+  Status run_fill_uniform(const FillParams& params, void* out) override;
   // One kernel each (kernels/cuda/rope.h, kernels/cuda/rmsnorm.h), bitwise the two ops.
-  Status rope_kv_write(const RopeParams& rope, const KvWriteParams& cache, const int32_t* positions,
-                       const float* inv_freq, const int32_t* slots, float* q, float* k,
-                       const float* v, void* k_cache, void* v_cache) override;
-  Status add_rmsnorm(const RmsNormParams& params, const float* addend, float* accumulator,
-                     const void* weight, float* out) override;
+  Status run_rope_kv_write(const RopeParams& rope, const KvWriteParams& cache,
+                           const int32_t* positions, const float* inv_freq, const int32_t* slots,
+                           float* q, float* k, const float* v, void* k_cache,
+                           void* v_cache) override;
+  Status run_add_rmsnorm(const RmsNormParams& params, const float* addend, float* accumulator,
+                         const void* weight, float* out) override;
   // kernels/cuda/sampling.h (process_logits' and sample's sorts take their workspace from the
   // scratch buffer) and kernels/cuda/verify.h.
-  Status process_logits(const LogitsParams& params, const float* logits,
-                        const LogitsSettings* settings, float* probs, int32_t* row_status) override;
-  Status argmax(const LogitsParams& params, const float* values, int32_t* out) override;
-  Status sample(const SampleParams& params, const SampleRow* rows, const float* logits,
-                const int32_t* tokens, float* q, SampledRow* out, int32_t* drawn) override;
-  Status verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
-                const int32_t* p_status, const float* q, const int32_t* drafts,
-                const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
-                int32_t* accepted, int32_t* alternate_taken) override;
+  Status run_process_logits(const LogitsParams& params, const float* logits,
+                            const LogitsSettings* settings, float* probs,
+                            int32_t* row_status) override;
+  Status run_argmax(const LogitsParams& params, const float* values, int32_t* out) override;
+  Status run_sample(const SampleParams& params, const SampleRow* rows, const float* logits,
+                    const int32_t* tokens, float* q, SampledRow* out, int32_t* drawn) override;
+  Status run_verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
+                    const int32_t* p_status, const float* q, const int32_t* drafts,
+                    const int32_t* alternates, const int64_t* alternate_rows, int32_t* tokens,
+                    int32_t* accepted, int32_t* alternate_taken) override;
 
  private:
   explicit CudaBackend(int device_index);

@@ -69,7 +69,7 @@ unsigned blocks_for(int64_t items) {
 
 Status launch_swiglu(const SwigluParams& params, const float* gate, const float* up, float* out,
                      cudaStream_t stream) {
-  if (params.rows < 0 || params.dim <= 0) return Status::invalid_argument("swiglu: bad shape");
+  if (Status status = check_swiglu(params); !status.is_ok()) return status;
   const int64_t count = params.rows * params.dim;
   if (count == 0) return Status::ok();
   const bool vector =
@@ -83,7 +83,7 @@ Status launch_swiglu(const SwigluParams& params, const float* gate, const float*
 }
 
 Status launch_add(int64_t count, const float* addend, float* accumulator, cudaStream_t stream) {
-  if (count < 0) return Status::invalid_argument("add: negative count");
+  if (Status status = check_add(count); !status.is_ok()) return status;
   if (count == 0) return Status::ok();
   const bool vector = count % 4 == 0 && is_aligned(addend, 16) && is_aligned(accumulator, 16);
   if (vector) {

@@ -65,9 +65,7 @@ void launch_typed(const EmbeddingParams& params, const int32_t* token_ids, const
 
 Status launch_embedding(const EmbeddingParams& params, const int32_t* token_ids, const void* table,
                         float* out, DeviceErrorRecord* errors, cudaStream_t stream) {
-  if (params.num_tokens < 0 || params.dim <= 0 || params.vocab_size <= 0) {
-    return Status::invalid_argument("embedding: bad shape");
-  }
+  if (Status status = check_embedding(params); !status.is_ok()) return status;
   if (params.table_layout != WeightLayout::kRows) {
     return Status::unsupported("embedding: the CUDA kernel reads a row-major table only");
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/backend.h"
 #include "kernels/core/uniform_hash.h"
 #include "kernels/cuda/common.cuh"
 
@@ -40,10 +41,7 @@ __global__ void __launch_bounds__(kThreads)
 
 Status launch_fill_uniform(int64_t count, DType dtype, uint64_t seed, float low, float high,
                            void* out, cudaStream_t stream) {
-  if (count < 0) return Status::invalid_argument("fill: negative count");
-  if (!std::isfinite(low) || !std::isfinite(high) || high < low) {
-    return Status::invalid_argument("fill: the range must be finite with low <= high");
-  }
+  if (Status status = check_fill({count, dtype, seed, low, high}); !status.is_ok()) return status;
   if (count == 0) return Status::ok();
   const float width = high - low;  // the CPU backend's rounded difference
   const auto blocks =

@@ -139,10 +139,9 @@ Status launch_norm(const RmsNormParams& params, const float* addend, float* x, c
   return launch_status(kAdd ? "add_rmsnorm kernel" : "rmsnorm kernel");
 }
 
-Status check_rmsnorm(const RmsNormParams& params) {
-  if (params.rows < 0 || params.dim <= 0 || !(params.eps >= 0.0f)) {
-    return Status::invalid_argument("rmsnorm: bad shape or eps");
-  }
+// Backend's shape check (kernels/backend.h), then what this kernel cannot do.
+Status check_rmsnorm_launch(const RmsNormParams& params, const char* op) {
+  if (Status status = check_rmsnorm(params, op); !status.is_ok()) return status;
   if (params.rows > INT32_MAX) return Status::unsupported("rmsnorm: more than 2^31 - 1 rows");
   return Status::ok();
 }
@@ -151,7 +150,7 @@ Status check_rmsnorm(const RmsNormParams& params) {
 
 Status launch_rmsnorm(const RmsNormParams& params, const float* x, const void* weight, float* out,
                       cudaStream_t stream) {
-  if (Status status = check_rmsnorm(params); !status.is_ok()) return status;
+  if (Status status = check_rmsnorm_launch(params, "rmsnorm"); !status.is_ok()) return status;
   if (params.rows == 0) return Status::ok();
   // Without an addend the kernel only reads x (out may alias it).
   return launch_norm<false>(params, nullptr, const_cast<float*>(x), weight, out, stream);
@@ -159,7 +158,7 @@ Status launch_rmsnorm(const RmsNormParams& params, const float* x, const void* w
 
 Status launch_add_rmsnorm(const RmsNormParams& params, const float* addend, float* accumulator,
                           const void* weight, float* out, cudaStream_t stream) {
-  if (Status status = check_rmsnorm(params); !status.is_ok()) return status;
+  if (Status status = check_rmsnorm_launch(params, "add_rmsnorm"); !status.is_ok()) return status;
   if (params.rows == 0) return Status::ok();
   if (vector_path(params, accumulator, weight, out) && !is_aligned(addend, 16)) {
     if (Status status = launch_add(params.rows * params.dim, addend, accumulator, stream);

@@ -187,17 +187,9 @@ void launch_kv_write_kernel(bool vector, unsigned tokens, const float* k, const 
   }
 }
 
-Status check_cache_dtype(DType dtype, const char* op) {
-  if (is_kv_cache_dtype(dtype)) return Status::ok();
-  return Status::invalid_argument(std::string(op) + ": a KV cache is stored as BF16 or F32, not " +
-                                  std::string(dtype_name(dtype)));
-}
-
+// Backend's shape check (kernels/backend.h), then what this kernel cannot do.
 Status check_rope_shape(const RopeParams& params) {
-  if (params.num_tokens < 0 || params.head_dim <= 0 || params.head_dim % 2 != 0 ||
-      params.num_heads <= 0 || params.num_kv_heads <= 0) {
-    return Status::invalid_argument("rope: bad shape (head_dim must be even)");
-  }
+  if (Status status = check_rope(params); !status.is_ok()) return status;
   if (params.num_tokens > INT32_MAX) return Status::unsupported("rope: more than 2^31 - 1 tokens");
   // The angles of one token live in shared memory.
   if (params.head_dim * static_cast<int64_t>(sizeof(float)) > 48 * 1024) {
@@ -244,12 +236,7 @@ Status launch_rope(const RopeParams& params, const int32_t* positions, const flo
 Status launch_kv_write(const KvWriteParams& params, const float* k, const float* v,
                        const int32_t* slots, void* k_cache, void* v_cache,
                        DeviceErrorRecord* errors, cudaStream_t stream) {
-  if (params.num_tokens < 0 || params.num_kv_heads <= 0 || params.head_dim <= 0) {
-    return Status::invalid_argument("kv_write: bad shape");
-  }
-  if (Status status = check_cache_dtype(params.cache_dtype, "kv_write"); !status.is_ok()) {
-    return status;
-  }
+  if (Status status = check_kv_write(params); !status.is_ok()) return status;
   if (params.num_tokens == 0) return Status::ok();
   if (params.num_tokens > INT32_MAX) {
     return Status::unsupported("kv_write: more than 2^31 - 1 tokens");
@@ -276,10 +263,13 @@ Status launch_rope_kv_write(const RopeKvWriteParams& params, const int32_t* posi
                             const float* inv_freq, const int32_t* slots, float* q, float* k,
                             const float* v, void* k_cache, void* v_cache, DeviceErrorRecord* errors,
                             cudaStream_t stream) {
-  if (Status status = check_rope_shape(params.rope); !status.is_ok()) return status;
-  if (Status status = check_cache_dtype(params.cache_dtype, "rope_kv_write"); !status.is_ok()) {
+  const RopeParams& rope = params.rope;
+  if (Status status = check_rope_kv_write(rope, {rope.num_tokens, rope.num_kv_heads, rope.head_dim,
+                                                 params.num_slots, params.cache_dtype});
+      !status.is_ok()) {
     return status;
   }
+  if (Status status = check_rope_shape(rope); !status.is_ok()) return status;
   if (params.rope.num_tokens == 0) return Status::ok();
   const RopeArgs args{positions,
                       inv_freq,

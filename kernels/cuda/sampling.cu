@@ -518,10 +518,8 @@ struct WorkspaceLayout {
 };
 
 Status check_shape(const ProcessLogitsParams& params) {
-  if (params.rows < 0 || params.vocab <= 0) {
-    return Status::invalid_argument("process_logits: rows must be >= 0 and vocab > 0");
-  }
-  if (params.vocab > INT32_MAX || params.rows > INT32_MAX / params.vocab) {
+  if (Status status = check_logits({params.rows, params.vocab}); !status.is_ok()) return status;
+  if (params.rows > INT32_MAX / params.vocab) {
     return Status::unsupported("process_logits: rows * vocab must fit in an int32");
   }
   return Status::ok();
@@ -644,12 +642,8 @@ Status launch_process_logits(const ProcessLogitsParams& params, const float* log
 
 Status launch_argmax(const RowsParams& params, const float* values, int32_t* out,
                      CUstream_st* stream) {
-  if (params.rows < 0 || params.vocab <= 0) {
-    return Status::invalid_argument("argmax: rows must be >= 0 and vocab > 0");
-  }
-  if (params.vocab > INT32_MAX || params.rows > INT32_MAX) {
-    return Status::unsupported("argmax: vocab and rows must fit in an int32");
-  }
+  if (Status status = check_logits({params.rows, params.vocab}); !status.is_ok()) return status;
+  if (params.rows > INT32_MAX) return Status::unsupported("argmax: more than 2^31 - 1 rows");
   if (params.rows == 0) return Status::ok();
   if (values == nullptr || out == nullptr) return Status::invalid_argument("argmax: null pointer");
   argmax_kernel<<<static_cast<unsigned>(params.rows), kThreads, 0, stream>>>(values, params.vocab,
@@ -659,9 +653,7 @@ Status launch_argmax(const RowsParams& params, const float* values, int32_t* out
 
 Status sample_workspace_bytes(const SampleParams& params, size_t* bytes) {
   if (bytes == nullptr) return Status::invalid_argument("sample: null bytes");
-  if (params.rows < 0 || params.width < 1 || params.width > INT32_MAX) {
-    return Status::invalid_argument("sample: rows >= 0 and width in [1, 2^31 - 1]");
-  }
+  if (Status status = check_logits({params.rows, params.width}); !status.is_ok()) return status;
   size_t process_bytes = 0;
   if (Status status = process_logits_workspace_bytes({params.rows, params.width}, &process_bytes);
       !status.is_ok()) {
