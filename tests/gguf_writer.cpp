@@ -175,6 +175,9 @@ void write_gguf_from_checkpoint(const std::filesystem::path& checkpoint_dir,
     writer.kv_u32("tokenizer.ggml.bos_token_id", 1);
     writer.kv_u32("tokenizer.ggml.eos_token_id", 2);
     writer.kv_bool("tokenizer.ggml.add_bos_token", false);
+    if (!options.chat_template.empty()) {
+      writer.kv_string("tokenizer.chat_template", options.chat_template);
+    }
   } else {
     writer.kv_u32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
     writer.kv_u32("tokenizer.ggml.bos_token_id", 1);

@@ -69,9 +69,10 @@ class GgufWriter {
 // pairing as llama.cpp's converter does, names and dimension order GGUF's. The metadata has a
 // byte-level gpt2 tokenizer when `tokenizer` is true.
 struct GgufModelOptions {
-  uint32_t type = kGgmlF32;  // ggml type of the matrices: F32, F16, BF16 or Q8_0
-  bool tokenizer = true;     // write tokenizer.* metadata
-  bool tied = false;         // no output.weight
+  uint32_t type = kGgmlF32;   // ggml type of the matrices: F32, F16, BF16 or Q8_0
+  bool tokenizer = true;      // write tokenizer.* metadata
+  bool tied = false;          // no output.weight
+  std::string chat_template;  // tokenizer.chat_template, when not empty
 };
 void write_gguf_from_checkpoint(const std::filesystem::path& checkpoint_dir,
                                 const std::filesystem::path& out, const GgufModelOptions& options);

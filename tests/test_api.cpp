@@ -17,6 +17,7 @@
 #include "runtime/text/tokenizer.h"
 #include "specrun/chat.hpp"
 #include "specrun/specrun.hpp"
+#include "tests/gguf_writer.h"
 #include "tests/test_support.h"
 
 namespace specrun {
@@ -789,6 +790,38 @@ TEST(ApiChatTemplate, RendersAConversationAndSaysWhatIsWrongWithBadInput) {
   info.chat_template = "{{ raise_exception('roles must alternate') }}";
   testing::expect_error([&] { ChatTemplate::load(info)->render(messages); },
                         {"roles must alternate"});
+}
+
+// A broken template names the file it came from: a GGUF file's metadata, or the
+// tokenizer_config.json beside a Hugging Face checkpoint's tokenizer.json (not just its folder).
+TEST(ApiChatTemplate, ABrokenTemplateNamesTheFileItCameFrom) {
+  testing::TempDir dir;
+  fixtures::GeneratorOptions options;
+  options.dtype = DType::kF32;
+  options.vocab_size = 256;
+  options.num_layers = 1;
+  fixtures::write_random_checkpoint(options, dir / "hf");
+  testing::GgufModelOptions gguf;
+  gguf.chat_template = "{% for m in messages %}";
+  testing::write_gguf_from_checkpoint(dir / "hf", dir / "m.gguf", gguf);
+  EngineConfig config;
+  config.target = (dir / "m.gguf").string();
+  config.threads = 1;
+  config.kv_cache_tokens = 256;
+  const auto from_gguf = Engine::create(config);
+  EXPECT_EQ(from_gguf->info().chat_template_origin,
+            (dir / "m.gguf").string() + " (tokenizer.chat_template)");
+  testing::expect_error([&] { ChatTemplate::load(from_gguf->info()); },
+                        {(dir / "m.gguf").string() + " (tokenizer.chat_template)"});
+
+  testing::write_file(dir / "hf" / "tokenizer.json", testing::byte_tokenizer_json());
+  testing::write_file(dir / "hf" / "tokenizer_config.json",
+                      R"({"chat_template": "{% for m in messages %}"})");
+  config.target = (dir / "hf").string();
+  const auto from_hf = Engine::create(config);
+  EXPECT_EQ(from_hf->info().chat_template_origin, (dir / "hf" / "tokenizer_config.json").string());
+  testing::expect_error([&] { ChatTemplate::load(from_hf->info()); },
+                        {(dir / "hf" / "tokenizer_config.json").string()});
 }
 
 }  // namespace

@@ -689,6 +689,12 @@ TEST(ChatTemplateLimits, ExpressionDepth) {
                        {"expression nests deeper than 128"});
   expect_compile_error("{{ " + repeated("[", 300) + repeated("]", 300) + " }}",
                        {"expression nests deeper than 128"});
+  expect_compile_error("{{ " + repeated("[", 3000) + repeated("]", 3000) + " }}",
+                       {"expression nests deeper than 128"});
+  expect_compile_error("{{ " + repeated("{'k': ", 3000) + "1" + repeated("}", 3000) + " }}",
+                       {"expression nests deeper than 128"});
+  expect_compile_error("{% set x = " + repeated("[", 3000) + repeated("]", 3000) + " %}",
+                       {"expression nests deeper than 128"});
   expect_compile_error("{{ x" + repeated("|trim", 300) + " }}",
                        {"expression nests deeper than 128"});
 }

@@ -225,6 +225,17 @@ TEST_F(GgufTest, HugeCountsAndLengthsAreRefusedBeforeAllocating) {
   writer.tensor_count = uint64_t{1} << 60;
   expect_file_error(writer, {"tensor count 1152921504606846976 cannot fit"});
 
+  // A first entry that is itself impossible is the error named, not the count it was part of.
+  for (const bool tensor : {false, true}) {
+    const fs::path path = dir_ / "length.gguf";
+    testing::write_file(path, "GGUF" + GgufWriter::le<uint32_t>(3) +
+                                  GgufWriter::le<uint64_t>(tensor ? 1 : 0) +
+                                  GgufWriter::le<uint64_t>(tensor ? 0 : 1) +
+                                  GgufWriter::le<uint64_t>(uint64_t{1} << 62) + "ab");
+    expect_error([&] { GgufFile file(path); },
+                 {path.string(), tensor ? "tensor 0 name" : "metadata key 0",
+                  "string length 4611686018427387904 exceeds the limit"});
+  }
   writer = GgufWriter();
   writer.kv_raw("k", GgufType::kString, GgufWriter::le<uint64_t>(uint64_t{1} << 50));
   expect_file_error(writer, {"key 'k' value", "exceeds the limit"});

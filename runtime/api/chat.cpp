@@ -41,7 +41,9 @@ std::optional<ChatTemplate> ChatTemplate::load(const EngineInfo& info, const std
     return compiled(source.str(), file);
   }
   if (info.chat_template.empty()) return std::nullopt;
-  return compiled(info.chat_template, "the chat template of " + info.target);
+  return compiled(info.chat_template, info.chat_template_origin.empty()
+                                          ? "the chat template of " + info.target
+                                          : info.chat_template_origin);
 }
 
 std::string ChatTemplate::render(std::string_view messages, bool add_generation_prompt) const {

@@ -415,8 +415,17 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
   info.has_tokenizer = core->tokenizer != nullptr;
   if (core->tokenizer) {
     const text::Tokenizer& tokenizer = *core->tokenizer;
-    info.chat_template = !tokenizer.chat_template().empty() ? tokenizer.chat_template()
-                                                            : core->target->config().chat_template;
+    // The tokenizer's comes from tokenizer_config.json beside tokenizer.json; a GGUF file's
+    // from its metadata.
+    const CheckpointPaths& paths = core->target->paths();
+    if (!tokenizer.chat_template().empty()) {
+      info.chat_template = tokenizer.chat_template();
+      info.chat_template_origin =
+          (paths.tokenizer->parent_path() / "tokenizer_config.json").string();
+    } else if (!core->target->config().chat_template.empty()) {
+      info.chat_template = core->target->config().chat_template;
+      info.chat_template_origin = paths.weights.string() + " (tokenizer.chat_template)";
+    }
     // The tokenizer's own bos and eos when tokenizer_config.json names them, else the model's.
     const std::vector<int32_t>& eos = core->target->config().eos_token_ids;
     const std::optional<int32_t> bos_id =

@@ -250,10 +250,16 @@ GgufFile::GgufFile(const std::filesystem::path& path) : file_(path) {
   }
   const uint64_t tensor_count = cursor.read<uint64_t>("the tensor count");
   const uint64_t kv_count = cursor.read<uint64_t>("the metadata count");
-  // A key/value takes at least 8 + 4 + 1 bytes, a tensor info 8 + 4 + 4 + 8.
-  if (kv_count > cursor.left() / 13) {
-    cursor.fail("metadata count " + std::to_string(kv_count) + " cannot fit in the file");
-  }
+  // A key/value takes at least 8 + 4 + 1 bytes, a tensor info 8 + 4 + 4 + 8. A count is checked
+  // against the bytes left once its first entry has been read, so that a first entry that is
+  // itself impossible (a key length of 2^62) is the error named.
+  const auto check_count = [&](uint64_t count, uint64_t read, uint64_t entry_bytes,
+                               const char* what) {
+    if (count - read > cursor.left() / entry_bytes) {
+      cursor.fail(std::string(what) + " count " + std::to_string(count) +
+                  " cannot fit in the file");
+    }
+  };
   for (uint64_t i = 0; i < kv_count; ++i) {
     std::string key = cursor.read_string("metadata key " + std::to_string(i));
     const uint32_t type = cursor.read<uint32_t>("key '" + key + "' type");
@@ -263,6 +269,7 @@ GgufFile::GgufFile(const std::filesystem::path& path) : file_(path) {
     GgufValue value = read_value(cursor, static_cast<GgufType>(type), key, 0);
     if (metadata_.count(key) != 0) cursor.fail("key '" + key + "' appears twice");
     metadata_.emplace(std::move(key), std::move(value));
+    if (i == 0) check_count(kv_count, 1, 13, "metadata");
   }
   if (const GgufValue* alignment = find("general.alignment")) {
     if (alignment->type != GgufType::kUint32) {
@@ -277,13 +284,13 @@ GgufFile::GgufFile(const std::filesystem::path& path) : file_(path) {
     alignment_ = kDefaultAlignment;
   }
 
-  if (tensor_count > cursor.left() / 24) {
-    cursor.fail("tensor count " + std::to_string(tensor_count) + " cannot fit in the file");
-  }
-  tensors_.reserve(static_cast<size_t>(tensor_count));
   for (uint64_t i = 0; i < tensor_count; ++i) {
     GgufTensorInfo info;
     info.name = cursor.read_string("tensor " + std::to_string(i) + " name");
+    if (i == 0) {
+      check_count(tensor_count, 0, 24, "tensor");
+      tensors_.reserve(static_cast<size_t>(tensor_count));
+    }
     const std::string what = "tensor '" + info.name + "'";
     const uint32_t dims = cursor.read<uint32_t>(what + " dimension count");
     if (dims == 0 || dims > kMaxGgufDimensions) {

@@ -204,19 +204,20 @@ std::string to_string(const MemoryPlan& plan);
 MemoryPlan plan_memory(const EngineConfig& config);
 
 struct EngineInfo {
-  std::string target;             // resolved checkpoint directory
-  std::string draft;              // "" without a draft
-  int64_t target_parameters = 0;  // parameters of the target
-  int64_t draft_parameters = 0;   // of the draft; 0 without one
-  int64_t vocab_size = 0;         // rows of the target's embedding: token ids are below this
-  int32_t bos_token_id = -1;      // the model's (first) beginning-of-sequence id; -1 when none
-  int64_t context_limit = 0;      // positions one sequence may hold
-  bool has_tokenizer = false;     // text in and out (else token ids only)
-  std::string chat_template;      // the checkpoint's Jinja chat template ("" when none)
-  std::string bos_token;          // the text of the beginning-of-sequence token ("" when none)
-  std::string eos_token;          // the text of the (first) end-of-sequence token
-  std::string device;             // "cpu", "cuda:0"
-  int threads = 0;                // CPU threads
+  std::string target;                // resolved checkpoint directory
+  std::string draft;                 // "" without a draft
+  int64_t target_parameters = 0;     // parameters of the target
+  int64_t draft_parameters = 0;      // of the draft; 0 without one
+  int64_t vocab_size = 0;            // rows of the target's embedding: token ids are below this
+  int32_t bos_token_id = -1;         // the model's (first) beginning-of-sequence id; -1 when none
+  int64_t context_limit = 0;         // positions one sequence may hold
+  bool has_tokenizer = false;        // text in and out (else token ids only)
+  std::string chat_template;         // the checkpoint's Jinja chat template ("" when none)
+  std::string chat_template_origin;  // the file it came from: tokenizer_config.json, or the .gguf
+  std::string bos_token;             // the text of the beginning-of-sequence token ("" when none)
+  std::string eos_token;             // the text of the (first) end-of-sequence token
+  std::string device;                // "cpu", "cuda:0"
+  int threads = 0;                   // CPU threads
   // The CPU's matmul: the copy of its kernels that runs ("native", "x86-64-v4+bf16", ...) and
   // what activations meet the weights as, runtime.activations resolved ("f32", "bf16", "int8");
   // both "" on a GPU.
