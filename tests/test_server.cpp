@@ -320,9 +320,10 @@ TEST_F(ServerTest, ErrorsInOpenAisShapeWithTheirStatus) {
 // followed by `pieces`, each sent as it is, until the server closes the connection or 8 s pass;
 // and how long the answer's first bytes took.
 struct RawReply {
-  std::string text;            // everything the server sent
-  bool closed = false;         // the server closed the connection
-  double first_seconds = 0.0;  // from the head's sending to the answer's first bytes
+  std::string text;             // everything the server sent
+  bool closed = false;          // the server closed the connection
+  double first_seconds = 0.0;   // from the head's sending to the answer's first bytes
+  double closed_seconds = 0.0;  // from the head's sending to the server's close
 };
 RawReply raw_exchange(int port, const std::string& head, const std::vector<std::string>& pieces) {
   const int socket_fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -345,7 +346,11 @@ RawReply raw_exchange(int port, const std::string& head, const std::vector<std::
   char buffer[4096];
   for (;;) {
     const ssize_t got = ::recv(socket_fd, buffer, sizeof(buffer), 0);
-    if (got == 0) reply.closed = true;
+    if (got == 0) {
+      reply.closed = true;
+      reply.closed_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
     if (got <= 0) break;
     if (reply.text.empty()) {
       reply.first_seconds =
@@ -382,8 +387,7 @@ TEST_F(ServerTest, ABodyPastTheLimitIsRefusedWhateverItsFramingAndNeverBuffered)
   EXPECT_EQ(over.text.rfind("HTTP/1.1 413", 0), 0u) << over.text.substr(0, 300);
   EXPECT_NE(over.text.find("4096 bytes"), std::string::npos) << over.text.substr(0, 300);
   EXPECT_TRUE(over.closed);
-  // Announced past the limit: refused at once, before any of it arrives (the connection then
-  // closes within the server's read timeout).
+  // Announced past the limit: refused at once, before any of it arrives, and the connection closed.
   const RawReply announced = raw_exchange(
       server_->port(),
       "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
@@ -392,11 +396,39 @@ TEST_F(ServerTest, ABodyPastTheLimitIsRefusedWhateverItsFramingAndNeverBuffered)
   EXPECT_EQ(announced.text.rfind("HTTP/1.1 413", 0), 0u) << announced.text.substr(0, 300);
   EXPECT_TRUE(announced.closed);
   EXPECT_LT(announced.first_seconds, 2.0);
+  EXPECT_LT(announced.closed_seconds, 2.0);
   // Within the limit, chunked is as good as a length.
   const RawReply within =
       raw_exchange(server_->port(), chunked_head,
                    chunked(R"({"model": "tiny", "prompt": "x", "max_tokens": 1})", 7));
   EXPECT_EQ(within.text.rfind("HTTP/1.1 200", 0), 0u) << within.text.substr(0, 300);
+}
+
+// One request a connection: requests pipelined behind the first are never dropped silently (the
+// first is answered with "Connection: close" and the connection closes at once, so the client
+// knows the rest were not read), and a refused request's connection closes at once too (not at
+// the keep-alive timeout, 5 s).
+TEST_F(ServerTest, EachConnectionCarriesOneRequestAndClosesAtOnceAfterItsAnswer) {
+  start({});
+  const std::string health = "GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  const RawReply pipelined = raw_exchange(server_->port(), health + health + health, {});
+  size_t answers = 0;
+  for (size_t at = pipelined.text.find("HTTP/1.1 "); at != std::string::npos;
+       at = pipelined.text.find("HTTP/1.1 ", at + 1)) {
+    answers += 1;
+  }
+  EXPECT_EQ(answers, 1u) << pipelined.text;
+  EXPECT_EQ(pipelined.text.rfind("HTTP/1.1 200", 0), 0u) << pipelined.text;
+  EXPECT_NE(pipelined.text.find("Connection: close"), std::string::npos) << pipelined.text;
+  EXPECT_TRUE(pipelined.closed);
+  EXPECT_LT(pipelined.closed_seconds, 2.0);
+  for (const std::string& refused :
+       {std::string("\x16\x03\x01 garbage\r\n\r\n"), std::string("BREW /pot HTTP/1.1\r\n\r\n"),
+        std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), std::string("GET /health\r\n\r\n")}) {
+    const RawReply reply = raw_exchange(server_->port(), refused, {});
+    EXPECT_TRUE(reply.closed) << refused;
+    EXPECT_LT(reply.closed_seconds, 2.0) << refused << ": " << reply.text;
+  }
 }
 
 TEST_F(ServerTest, WhileLoadingHealthSaysSoAndRequestsAreAskedToRetry) {

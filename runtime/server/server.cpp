@@ -420,6 +420,13 @@ Server::Server(const ServerConfig& config, const EngineConfig& defaults)
                 std::to_string(config.max_requests));
   }
   s.http.set_payload_max_length(static_cast<size_t>(config.max_body_bytes));
+  // One request a connection, answered with "Connection: close" and closed at once. httplib
+  // drops requests pipelined behind the first (it reads them into a buffer it then discards), and
+  // keeps a connection it refused (garbage, an unknown method, HTTP/2's preface) open until its
+  // keep-alive timeout: closing after each answer makes both explicit and prompt, as RFC 9112
+  // 9.6 lets a server do. A connection costs a fraction of a millisecond on a request that
+  // decodes for tens of them at least.
+  s.http.set_keep_alive_max_count(1);
   // A worker per request in flight (a stream holds one for its life), and a few for the cheap
   // routes and for the refusals past the limit.
   const auto workers = static_cast<size_t>(config.max_requests) + 8;
