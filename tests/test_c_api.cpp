@@ -792,6 +792,42 @@ TEST_F(CApiTest, TakesEverySettingOfTheTablesAndRefusesEachValueOutOfRangeNaming
   specrun_engine_destroy(engine);
 }
 
+// In a debug build every entry point checks its handles: memory that is not a live handle (what a
+// destroyed or freed one's is, until reused) is refused, and destroying or freeing it does
+// nothing but say so. A release build does not check (the header says it is undefined there).
+TEST_F(CApiTest, HandlesThatAreNotLiveAreRefusedInDebugBuilds) {
+#ifdef NDEBUG
+  GTEST_SKIP() << "handles are checked in debug builds only";
+#else
+  const auto invalid = SPECRUN_ERROR_INVALID_ARGUMENT;
+  // Zeroed memory as large and aligned as any handle: not the live mark.
+  alignas(64) static unsigned char not_a_handle[256] = {};
+  auto* engine = reinterpret_cast<specrun_engine*>(not_a_handle);
+  auto* request = reinterpret_cast<specrun_request*>(not_a_handle);
+  specrun_engine_stats stats;
+  expect_failure(specrun_engine_stats_get(engine, &stats), invalid, "specrun_engine_stats_get",
+                 {"engine is not a live handle"});
+  specrun_request_params params;
+  specrun_request_params_init(&params);
+  specrun_request* submitted = nullptr;
+  expect_failure(specrun_submit(engine, &params, &submitted), invalid, "specrun_submit",
+                 {"engine is not a live handle"});
+  expect_failure(specrun_request_cancel(request), invalid, "specrun_request_cancel",
+                 {"request is not a live handle"});
+  specrun_engine_destroy(engine);  // does nothing but say so
+  EXPECT_NE(std::string(specrun_last_error()).find("engine is not a live handle"),
+            std::string::npos);
+  specrun_request_free(request);
+  EXPECT_NE(std::string(specrun_last_error()).find("request is not a live handle"),
+            std::string::npos);
+  // A live engine and request pass, and are freed once.
+  specrun_engine* live_engine = create();
+  ASSERT_NE(live_engine, nullptr);
+  EXPECT_EQ(specrun_engine_stats_get(live_engine, &stats), SPECRUN_OK);
+  specrun_engine_destroy(live_engine);
+#endif
+}
+
 TEST_F(CApiTest, ShutdownFinishesRequestsAndRefusesNewOnes) {
   specrun_engine* engine = create();
   ASSERT_NE(engine, nullptr);

@@ -5,6 +5,7 @@
 #include "specrun/specrun.h"
 
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -20,14 +21,31 @@
 
 #include "specrun/specrun.hpp"
 
+namespace {
+
+// What a handle the library made holds in `magic` while it lives, and once it is destroyed or
+// freed. In debug builds every entry point checks it (require), so that a handle used after
+// specrun_engine_destroy or specrun_request_free, or one the library never made, is
+// SPECRUN_ERROR_INVALID_ARGUMENT rather than a crash later. Best effort, as SQLite's handle checks
+// are: a freed handle's memory may be reused. The word sits past the first 16 bytes, which an
+// allocator may overwrite with its own list pointers when the block is freed.
+constexpr uint64_t kLiveHandle = 0x5350454352554e31;  // "SPECRUN1"
+constexpr uint64_t kDeadHandle = 0xdeadbeefdeadbeef;
+
+}  // namespace
+
 struct specrun_engine {
   std::unique_ptr<specrun::Engine> engine;  // the C++ engine this handle owns
   std::atomic<bool> shut_down{false};       // specrun_engine_shutdown ran: submit says SHUT_DOWN
+  uint64_t magic = kLiveHandle;             // kDeadHandle once destroyed
 };
 
 struct specrun_request {
   specrun::RequestHandle handle;  // shares the request's state; outlives the engine if need be
+  uint64_t magic = kLiveHandle;   // kDeadHandle once freed
 };
+
+static_assert(offsetof(specrun_engine, magic) >= 16 && offsetof(specrun_request, magic) >= 16);
 
 namespace {
 
@@ -108,10 +126,29 @@ int64_t enum_value(const Enum& stored) {
   return static_cast<int64_t>(value);
 }
 
-// `pointer` itself, or InvalidArgument naming it when it is NULL.
+// Whether a handle is live (debug builds; always true with NDEBUG).
+template <typename Handle>
+bool live(const Handle* handle) {
+#ifdef NDEBUG
+  static_cast<void>(handle);
+  return true;
+#else
+  return handle->magic == kLiveHandle;
+#endif
+}
+
+// `pointer` itself, or InvalidArgument naming it when it is NULL, or (in debug builds) a handle
+// that is not live.
 template <typename Pointer>
 Pointer& require(Pointer& pointer, const char* name) {
   if (pointer == nullptr) throw InvalidArgument(std::string(name) + " is NULL");
+  if constexpr (requires { pointer->magic; }) {
+    if (!live(pointer)) {
+      throw InvalidArgument(std::string(name) +
+                            " is not a live handle: destroyed or freed already, or not made by "
+                            "the library");
+    }
+  }
   return pointer;
 }
 
@@ -648,12 +685,15 @@ specrun_status specrun_engine_shutdown(specrun_engine* engine) {
 }
 
 void specrun_engine_destroy(specrun_engine* engine) {
+  if (engine == nullptr) return;
+  // A handle that is not live (debug builds) is left alone, its error the last error.
+  if (guarded("specrun_engine_destroy", [&] { require(engine, "engine"); }) != SPECRUN_OK) return;
   // Shutting down joins the scheduler; it has no failure to report, and nothing may escape.
   guarded("specrun_engine_destroy", [&] {
-    if (engine == nullptr) return;
     engine->shut_down = true;
     engine->engine->shutdown();
   });
+  engine->magic = kDeadHandle;
   delete engine;
 }
 
@@ -787,6 +827,9 @@ specrun_status specrun_request_cancel(specrun_request* request) {
 }
 
 void specrun_request_free(specrun_request* request) {
+  if (request == nullptr) return;
+  if (guarded("specrun_request_free", [&] { require(request, "request"); }) != SPECRUN_OK) return;
+  request->magic = kDeadHandle;
   delete request;
 }
 

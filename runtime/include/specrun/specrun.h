@@ -30,7 +30,12 @@
  * matching function: specrun_engine_destroy, specrun_request_free, specrun_event_free,
  * specrun_result_free, specrun_tokens_free, specrun_string_free. Pointers inside an event handed
  * to a callback are valid only during that call. Pointers in specrun_engine_info are the
- * engine's and valid until specrun_engine_destroy.
+ * engine's and valid until specrun_engine_destroy. Using an engine after specrun_engine_destroy,
+ * or a request after specrun_request_free (destroying or freeing it twice included), is undefined
+ * in release builds; a debug build (without NDEBUG) checks every handle on entry and refuses one
+ * that is not live with SPECRUN_ERROR_INVALID_ARGUMENT ("engine is not a live handle"), and
+ * specrun_engine_destroy and specrun_request_free then do nothing but set the last error. The
+ * check is best effort: a freed handle's memory may have been reused.
  *
  * Threads. An engine is thread-safe: any thread may submit, cancel, read stats or shut it down.
  * A request handle may be used from any thread, but specrun_request_free must not run while
