@@ -19,7 +19,7 @@ shift || true
 harnesses=("$@")
 if [[ ${#harnesses[@]} -eq 0 ]]; then
   harnesses=(fuzz_safetensors fuzz_gguf fuzz_model_config fuzz_tokenizer fuzz_settings
-    fuzz_chat_template fuzz_openai_request)
+    fuzz_chat_template fuzz_openai_request fuzz_http_request)
 fi
 build_dir=${SPECRUN_BUILD_DIR:-build-fuzz}
 

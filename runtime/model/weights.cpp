@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -10,7 +11,7 @@
 
 #include "runtime/base/check.h"
 #include "runtime/model/gguf.h"
-#include "runtime/text/regex.h"
+#include "runtime/model/module_list.h"
 
 namespace specrun {
 namespace {
@@ -55,7 +56,10 @@ class Binder {
                   std::string(dtype_name(info->dtype)) +
                   " but config.json has no quantization_config to say how it is scaled");
     }
-    if (listed(quantization->unquantized, module)) {
+    if (!unquantized_) {
+      unquantized_.emplace(quantization->unquantized, checkpoint_.paths.config.string());
+    }
+    if (unquantized_->contains(module)) {
       throw Error(file + ": tensor '" + shown(name) + "' is quantized, but quantization_config " +
                   "lists '" + module + "' as left unquantized");
     }
@@ -133,43 +137,7 @@ class Binder {
   // Marks a tensor as seen without binding it (an lm_head that tying replaces).
   void mark(const std::string& name) { bound_.insert(name); }
 
-  // Whether `module` is in a quantization_config list of names: exact, a suffix after a dot, or a
-  // "re:" regular expression matching the whole name (compressed-tensors' spelling).
-  bool listed(const std::vector<std::string>& names, const std::string& module) {
-    for (const std::string& entry : names) {
-      if (entry.rfind("re:", 0) == 0) {
-        std::vector<std::pair<size_t, size_t>> matches;
-        pattern(entry).find_all(module, matches);
-        if (!matches.empty()) return true;  // anchored: a match is the whole name
-        continue;
-      }
-      if (module == entry) return true;
-      if (module.size() > entry.size() &&
-          module.compare(module.size() - entry.size(), entry.size(), entry) == 0 &&
-          module[module.size() - entry.size() - 1] == '.') {
-        return true;
-      }
-    }
-    return false;
-  }
-
  private:
-  // A "re:" entry compiled once, anchored to match whole names, through the tokenizer's regex
-  // engine (PCRE2): a pattern that would backtrack without end hits its match limit, one Error
-  // naming the entry, rather than hanging the load.
-  const text::Regex& pattern(const std::string& entry) {
-    auto found = patterns_.find(entry);
-    if (found == patterns_.end()) {
-      found = patterns_
-                  .emplace(entry, std::make_unique<text::Regex>(
-                                      "\\A(?:" + entry.substr(3) + ")\\z",
-                                      checkpoint_.paths.config.string() +
-                                          ": quantization_config's entry '" + entry + "'"))
-                  .first;
-    }
-    return *found->second;
-  }
-
   std::string source() const { return checkpoint_.paths.weights.string(); }
   // A tensor as its file names it: GGUF files have their own names (blk.N.attn_q.weight).
   std::string shown(const std::string& name) const {
@@ -216,7 +184,7 @@ class Binder {
 
   const Checkpoint& checkpoint_;
   std::set<std::string> bound_;
-  std::map<std::string, std::unique_ptr<text::Regex>> patterns_;  // "re:" entries, compiled
+  std::optional<ModuleList> unquantized_;  // quantization_config's, its patterns compiled once
 };
 
 }  // namespace

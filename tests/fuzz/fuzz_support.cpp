@@ -38,9 +38,13 @@ class ScratchDirectory {
 
 }  // namespace
 
-std::filesystem::path write_scratch_file(std::string_view name, std::span<const uint8_t> bytes) {
+const std::filesystem::path& scratch_directory() {
   static const ScratchDirectory directory;
-  const std::filesystem::path path = directory.path() / name;
+  return directory.path();
+}
+
+std::filesystem::path write_scratch_file(std::string_view name, std::span<const uint8_t> bytes) {
+  const std::filesystem::path path = scratch_directory() / name;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()),
             static_cast<std::streamsize>(bytes.size()));

@@ -16,8 +16,11 @@
 
 namespace specrun::fuzz {
 
-// Writes `bytes` to a file named `name` in this process's own scratch directory (made on first
-// use, removed at exit) and returns its path. Loaders that map files read the input from there.
+// This process's own scratch directory: made on first use, removed at exit.
+const std::filesystem::path& scratch_directory();
+
+// Writes `bytes` to a file named `name` in the scratch directory and returns its path. Loaders
+// that map files read the input from there.
 std::filesystem::path write_scratch_file(std::string_view name, std::span<const uint8_t> bytes);
 
 // Runs `body`; returns normally when it succeeds or throws specrun::Error, aborts with the

@@ -221,6 +221,22 @@ def config_corpus():
     write("fuzz_model_config", "huge-numbers", json.dumps(dict(llama, vocab_size=10**30, rope_theta=1e308)))
     # Found by fuzzing: a head_dim within the dimension limit sized RoPE's table at 3.8 GB.
     write("fuzz_model_config", "huge-head-dim", json.dumps(dict(llama, head_dim=1888888888)))
+    # quantization_config module lists: names, suffixes and compressed-tensors' "re:" patterns,
+    # one that would backtrack without end and one that does not compile.
+    compressed = {"quant_method": "compressed-tensors", "format": "float-quantized",
+                  "config_groups": {"group_0": {"targets": ["Linear"],
+                                                "weights": {"num_bits": 8, "type": "float",
+                                                            "strategy": "channel"}}}}
+    for name, ignore in [("ignore-names", ["lm_head", "self_attn.q_proj"]),
+                         ("ignore-patterns", ["re:.*lm_head", "re:model\\.layers\\.[0-9]+\\.mlp\\..*"]),
+                         ("ignore-backtracking", ["re:(.*)*x$", "re:(a|a)*b", "re:((.+)+)+y"]),
+                         ("ignore-bad-pattern", ["re:[", "re:(?<", "re:\\"])]:
+        write("fuzz_model_config", name,
+              json.dumps(dict(llama, quantization_config=dict(compressed, ignore=ignore))))
+    write("fuzz_model_config", "fp8-not-convert",
+          json.dumps(dict(llama, quantization_config={
+              "quant_method": "fp8", "activation_scheme": "dynamic",
+              "modules_to_not_convert": ["lm_head", "re:.*gate.*"]})))
 
 
 # ---- tokenizer.json --------------------------------------------------------------------------
@@ -463,6 +479,68 @@ def openai_request_corpus():
     request("truncated", 1, '{"model": "model", "messages": [{"role": "us')
 
 
+# ---- raw HTTP connections ------------------------------------------------------------------------
+
+
+def http_corpus():
+    def write_http(name, text):
+        write("fuzz_http_request", name, text.encode("latin-1") if isinstance(text, str) else text)
+
+    def post(path, body, extra=""):
+        return ("POST %s HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\n%s"
+                "Content-Length: %d\r\n\r\n%s" % (path, extra, len(body), body))
+
+    def chunked(path, body, piece):
+        framed = "".join("%x\r\n%s\r\n" % (len(body[i:i + piece]), body[i:i + piece])
+                         for i in range(0, len(body), piece))
+        return ("POST %s HTTP/1.1\r\nHost: fuzz\r\nContent-Type: application/json\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n%s0\r\n\r\n" % (path, framed))
+
+    completion = json.dumps({"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2})
+    chat = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    health = "GET /health HTTP/1.1\r\nHost: fuzz\r\n\r\n"
+    write_http("health", health)
+    write_http("models", "GET /v1/models HTTP/1.1\r\nHost: fuzz\r\n\r\n")
+    write_http("metrics", "GET /metrics HTTP/1.1\r\nHost: fuzz\r\n\r\n")
+    write_http("completion", post("/v1/completions", completion))
+    write_http("completion-stream", post("/v1/completions", json.dumps(
+        {"model": "tiny", "prompt": [5, 6], "max_tokens": 3, "stream": True})))
+    write_http("chat-no-tokenizer", post("/v1/chat/completions", chat))
+    write_http("chunked", chunked("/v1/completions", completion, 7))
+    write_http("chunked-one-byte", chunked("/v1/completions", completion, 1))
+    write_http("chunked-extension",
+               "POST /v1/completions HTTP/1.1\r\nHost: fuzz\r\nTransfer-Encoding: chunked\r\n\r\n"
+               "5;name=value\r\n{\"a\":\r\n0\r\nTrailer: x\r\n\r\n")
+    write_http("chunked-huge-size", "POST /v1/completions HTTP/1.1\r\nHost: fuzz\r\n"
+               "Transfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nxx\r\n0\r\n\r\n")
+    write_http("chunked-bad-size", "POST /v1/completions HTTP/1.1\r\nHost: fuzz\r\n"
+               "Transfer-Encoding: chunked\r\n\r\nzz\r\nxx\r\n0\r\n\r\n")
+    write_http("chunked-past-limit", chunked("/v1/completions",
+                                             completion[:-1] + " " * 70000 + "}", 4096))
+    write_http("chunked-and-length", "POST /v1/completions HTTP/1.1\r\nHost: fuzz\r\n"
+               "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+               "2\r\n{}\r\n0\r\n\r\n")
+    write_http("length-past-limit", "POST /v1/completions HTTP/1.1\r\nHost: fuzz\r\n"
+               "Content-Length: 99999999999\r\n\r\n{")
+    write_http("length-negative", "POST /v1/completions HTTP/1.1\r\nHost: fuzz\r\n"
+               "Content-Length: -5\r\n\r\n{}")
+    write_http("length-short", post("/v1/completions", completion)[:-10])
+    write_http("pipelined-gets", health * 3)
+    write_http("pipelined-posts", post("/v1/completions", completion) * 2 + health)
+    write_http("pipelined-chunked", chunked("/v1/completions", completion, 5) + health)
+    write_http("expect-continue", post("/v1/completions", completion, "Expect: 100-continue\r\n"))
+    write_http("garbage", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(256)))
+    write_http("http09", "GET /health\r\n\r\n")
+    write_http("http2-preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    write_http("unknown-method", "BREW /pot HTTP/1.1\r\nHost: fuzz\r\n\r\n")
+    write_http("header-no-colon", "GET /health HTTP/1.1\r\nHost fuzz\r\n\r\n")
+    write_http("many-headers", "GET /health HTTP/1.1\r\n" +
+               "".join("X-%d: %d\r\n" % (i, i) for i in range(500)) + "\r\n")
+    write_http("long-header", "GET /health HTTP/1.1\r\nX-Long: " + "a" * 70000 + "\r\n\r\n")
+    write_http("long-path", "GET /" + "a" * 70000 + " HTTP/1.1\r\nHost: fuzz\r\n\r\n")
+    write_http("unfinished", "POST /v1/completions HTTP/1.1\r\nHost: fu")
+
+
 def main():
     safetensors_corpus()
     gguf_corpus()
@@ -471,6 +549,7 @@ def main():
     settings_corpus()
     chat_template_corpus()
     openai_request_corpus()
+    http_corpus()
     total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(CORPUS) for f in files)
     print("fuzz corpus: %d bytes in %s" % (total, CORPUS), file=sys.stderr)
 
