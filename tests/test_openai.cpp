@@ -121,6 +121,37 @@ TEST(OpenAiRequest, TakesEverySpeculationSettingOfTheTable) {
   EXPECT_EQ(moved.gamma_max, 10);
 }
 
+// Fields vLLM users send: taken where specrun does what they ask, refused with a 400 naming them
+// where it does not, never accepted and ignored.
+TEST(OpenAiRequest, VllmFieldsAreHonouredOrRefusedNeverIgnored) {
+  EXPECT_TRUE(parse(R"({"model": "m", "prompt": "x"})").sampling.stop_at_eos);
+  EXPECT_FALSE(parse(R"({"model": "m", "prompt": "x", "ignore_eos": true})").sampling.stop_at_eos);
+  EXPECT_TRUE(parse(R"({"model": "m", "prompt": "x", "ignore_eos": false})").sampling.stop_at_eos);
+  expect_refused(R"({"model": "m", "prompt": "x", "ignore_eos": 1})", 400, "ignore_eos",
+                 {"true or false"});
+  const std::string chat = R"({"model": "m", "messages": [{"role": "user", "content": "hi"}])";
+  EXPECT_TRUE(parse(chat + "}", Endpoint::kChat).add_generation_prompt);
+  EXPECT_FALSE(
+      parse(chat + R"(, "add_generation_prompt": false})", Endpoint::kChat).add_generation_prompt);
+  expect_refused(R"({"model": "m", "prompt": "x", "add_generation_prompt": false})", 400,
+                 "add_generation_prompt", {"belongs to /v1/chat/completions"});
+  EXPECT_NO_THROW(parse(chat + R"(, "chat_template_kwargs": {}})", Endpoint::kChat));
+  expect_refused(chat + R"(, "chat_template_kwargs": {"enable_thinking": false}})", 400,
+                 "chat_template_kwargs", {"not supported"}, Endpoint::kChat);
+  // An assistant turn's tool calls would be left out of the prompt: refused, naming the message.
+  const std::string with_call =
+      R"({"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant",
+          "content": null, "tool_calls": [{"id": "1", "type": "function",
+          "function": {"name": "f", "arguments": "{}"}}]}]})";
+  expect_refused(with_call, 400, "messages[1].tool_calls", {"not supported"}, Endpoint::kChat);
+  expect_refused(R"({"model": "m", "messages": [{"role": "assistant", "content": "x",
+                    "function_call": {"name": "f"}}]})",
+                 400, "messages[0].function_call", {"not supported"}, Endpoint::kChat);
+  EXPECT_NO_THROW(parse(R"({"model": "m", "messages": [{"role": "assistant", "content": "x",
+                           "tool_calls": []}]})",
+                        Endpoint::kChat));
+}
+
 TEST(OpenAiRequest, PromptFormsAndMessages) {
   EXPECT_EQ(parse(R"({"model": "m", "prompt": ["one"]})").prompt, "one");
   EXPECT_EQ(parse(R"({"model": "m", "prompt": [1, 2, 3]})").prompt_ids,

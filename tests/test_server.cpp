@@ -431,6 +431,23 @@ TEST_F(ServerTest, EachConnectionCarriesOneRequestAndClosesAtOnceAfterItsAnswer)
   }
 }
 
+// add_generation_prompt false renders the conversation without opening the assistant's turn (the
+// model continues the last message): the prompt is the template's text less "<assistant>".
+TEST_F(ServerTest, AddGenerationPromptFalseLeavesTheAssistantsTurnUnopened) {
+  start({}, true, /*with_template=*/true);
+  const std::string messages = R"("messages": [{"role": "user", "content": "hi"}])";
+  const auto prompt_tokens = [&](const std::string& extra) {
+    const Reply reply = post("/v1/chat/completions",
+                             R"({"model": "tiny", "max_tokens": 1, )" + messages + extra + "}");
+    EXPECT_EQ(reply.status, 200) << reply.body;
+    return reply.parsed()["usage"]["prompt_tokens"].get<int64_t>();
+  };
+  const int64_t opened = prompt_tokens("");
+  EXPECT_EQ(prompt_tokens(R"(, "add_generation_prompt": true)"), opened);
+  // The byte tokenizer spends one token a byte: "<assistant>" is 11.
+  EXPECT_EQ(prompt_tokens(R"(, "add_generation_prompt": false)"), opened - 11);
+}
+
 TEST_F(ServerTest, WhileLoadingHealthSaysSoAndRequestsAreAskedToRetry) {
   start({}, /*attach_engine=*/false);
   const Reply health = get("/health");

@@ -211,6 +211,14 @@ nlohmann::ordered_json checked_messages(const json* messages) {
       refuse(param + ".role", "'" + param + ".role' must be system, user or assistant, got '" +
                                   name.substr(0, 64) + "' (this server takes no tools)");
     }
+    for (const char* calls : {"tool_calls", "function_call"}) {
+      const auto found = message.find(calls);
+      if (found != message.end() && !found->is_null() && !(found->is_array() && found->empty())) {
+        refuse(param + "." + calls, "'" + param + "." + calls +
+                                        "' is not supported: this server takes no tools, and would "
+                                        "otherwise leave the call out of the prompt");
+      }
+    }
     const auto content = message.find("content");
     // Only the assistant's turn may be empty (null content); a system or user turn says something.
     if (name != "assistant" && (content == message.end() || content->is_null() ||
@@ -319,9 +327,15 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
       refuse("prompt", "'prompt' belongs to /v1/completions: a chat completion takes 'messages'");
     }
     request.messages = checked_messages(fields.get("messages"));
+    request.add_generation_prompt = fields.boolean("add_generation_prompt").value_or(true);
   } else {
     if (fields.get("messages") != nullptr) {
       refuse("messages", "'messages' belongs to /v1/chat/completions: a completion takes 'prompt'");
+    }
+    if (fields.get("add_generation_prompt") != nullptr) {
+      refuse("add_generation_prompt",
+             "'add_generation_prompt' belongs to /v1/chat/completions: a completion's prompt is "
+             "its text as given");
     }
     read_prompt(fields.get("prompt"), request);
   }
@@ -373,6 +387,8 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
       }
     }
   }
+  // vLLM's: generate past the model's end-of-sequence tokens (to max_tokens).
+  if (auto ignore = fields.boolean("ignore_eos")) request.sampling.stop_at_eos = !*ignore;
   request.stream = fields.boolean("stream").value_or(false);
   if (const json* options = fields.get("stream_options")) {
     if (!options->is_object()) refuse("stream_options", "'stream_options' must be an object");
@@ -412,6 +428,8 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
   fields.unsupported_unless("functions", empty("functions"));
   fields.unsupported_unless("tool_choice", equals("tool_choice", "none"));
   fields.unsupported_unless("response_format", equals("response_format", json{{"type", "text"}}));
+  // Variables for the chat template (Qwen3's enable_thinking): not passed on, so not accepted.
+  fields.unsupported_unless("chat_template_kwargs", empty("chat_template_kwargs"));
   return request;
 }
 

@@ -48,6 +48,9 @@ struct CompletionRequest {
   std::string prompt;               // completions: the prompt text (BOS added when encoded)
   std::vector<int32_t> prompt_ids;  // completions: or the prompt as token ids
   nlohmann::ordered_json messages;  // chat: [{role, content}], content flattened to strings
+  // chat: open the assistant's turn after the messages (false: the text ends with the last
+  // message, for the model to continue it), as apply_chat_template's add_generation_prompt.
+  bool add_generation_prompt = true;
   SamplingSettings sampling;        // the engine's defaults with the request's fields applied
   SpeculationSettings speculation;  // the same, from the "speculative" extension object
   bool seeded = false;              // the request gave a seed
@@ -64,7 +67,8 @@ inline constexpr int kMaxJsonDepth = 64;
 // Parses `body` (JSON nested at most kMaxJsonDepth deep) as a request to `endpoint`: the fields
 // OpenAI defines that specrun honours (model, prompt or messages, max_tokens and
 // max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop, n = 1, stream,
-// stream_options, user) and the "speculative" extension object; fields that would change the
+// stream_options, user, and vLLM's ignore_eos and add_generation_prompt) and the "speculative"
+// extension object; fields that would change the
 // output in ways specrun does not implement (penalties, logprobs, logit_bias, tools, n > 1, ...)
 // are refused rather than ignored. `defaults` fill what the request leaves out; `served_model` is
 // the only model name accepted (404 otherwise). Throws ApiException.

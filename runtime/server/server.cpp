@@ -226,7 +226,7 @@ Request Server::State::engine_request(const CompletionRequest& parsed) {
     }
     std::string text;
     try {
-      text = chat_template->render(parsed.messages.dump(), /*add_generation_prompt=*/true);
+      text = chat_template->render(parsed.messages.dump(), parsed.add_generation_prompt);
     } catch (const Error& error) {
       throw ApiException(ApiError{
           400, "invalid_request_error",
