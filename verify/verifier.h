@@ -107,7 +107,6 @@ class Verifiers {
  public:
   explicit Verifiers(const Verifier* replacement = nullptr) : replacement_(replacement) {}
   const Verifier& for_row(const SamplingParams& sampling) const;
-  const Verifier* replacement() const { return replacement_; }
 
  private:
   const Verifier* replacement_;

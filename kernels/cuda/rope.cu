@@ -263,13 +263,15 @@ Status launch_rope_kv_write(const RopeKvWriteParams& params, const int32_t* posi
                             const float* inv_freq, const int32_t* slots, float* q, float* k,
                             const float* v, void* k_cache, void* v_cache, DeviceErrorRecord* errors,
                             cudaStream_t stream) {
+  // The cache write describes the rotation's tokens and heads by construction: its own check
+  // (shape and dtype) and the rotation's are all there is.
   const RopeParams& rope = params.rope;
-  if (Status status = check_rope_kv_write(rope, {rope.num_tokens, rope.num_kv_heads, rope.head_dim,
-                                                 params.num_slots, params.cache_dtype});
+  if (Status status = check_rope_shape(rope); !status.is_ok()) return status;
+  if (Status status = check_kv_write({rope.num_tokens, rope.num_kv_heads, rope.head_dim,
+                                      params.num_slots, params.cache_dtype});
       !status.is_ok()) {
     return status;
   }
-  if (Status status = check_rope_shape(rope); !status.is_ok()) return status;
   if (params.rope.num_tokens == 0) return Status::ok();
   const RopeArgs args{positions,
                       inv_freq,

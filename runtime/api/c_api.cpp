@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/base/member_pointer.h"
 #include "specrun/specrun.hpp"
 
 namespace {
@@ -179,25 +180,13 @@ struct CField {
   const char* type = "";  // a C enum's name ("specrun_method")
 };
 
-template <typename Member>
-struct CMember;
-template <typename CStruct, typename Type>
-struct CMember<Type CStruct::*> {
-  using Struct = CStruct;
-  using Field = Type;
-};
 template <auto Member>
-using CStructOf = typename CMember<decltype(Member)>::Struct;
-template <auto Member>
-using CFieldOf = typename CMember<decltype(Member)>::Field;
-
-template <auto Member>
-CField<CStructOf<Member>> c_integer(const char* key) {
+CField<specrun::OwnerOf<Member>> c_integer(const char* key) {
   return {key,
-          [](const CStructOf<Member>& c, const std::string& where,
+          [](const specrun::OwnerOf<Member>& c, const std::string& where,
              const char*) -> specrun::SettingValue {
-            const CFieldOf<Member> value = c.*Member;
-            if constexpr (std::is_unsigned_v<CFieldOf<Member>>) {
+            const specrun::FieldOf<Member> value = c.*Member;
+            if constexpr (std::is_unsigned_v<specrun::FieldOf<Member>>) {
               if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
                 throw InvalidArgument(where + " must be in [0, " +
                                       std::to_string(std::numeric_limits<int64_t>::max()) +
@@ -206,35 +195,34 @@ CField<CStructOf<Member>> c_integer(const char* key) {
             }
             return static_cast<int64_t>(value);
           },
-          [](CStructOf<Member>& c, const specrun::SettingValue& value) {
-            c.*Member = static_cast<CFieldOf<Member>>(std::get<int64_t>(value));
+          [](specrun::OwnerOf<Member>& c, const specrun::SettingValue& value) {
+            c.*Member = static_cast<specrun::FieldOf<Member>>(std::get<int64_t>(value));
           }};
 }
 
 template <auto Member>
-CField<CStructOf<Member>> c_number(const char* key) {
+CField<specrun::OwnerOf<Member>> c_number(const char* key) {
   return {key,
-          [](const CStructOf<Member>& c, const std::string&, const char*) -> specrun::SettingValue {
-            return static_cast<double>(c.*Member);
-          },
-          [](CStructOf<Member>& c, const specrun::SettingValue& value) {
-            c.*Member = static_cast<CFieldOf<Member>>(std::get<double>(value));
+          [](const specrun::OwnerOf<Member>& c, const std::string&,
+             const char*) -> specrun::SettingValue { return static_cast<double>(c.*Member); },
+          [](specrun::OwnerOf<Member>& c, const specrun::SettingValue& value) {
+            c.*Member = static_cast<specrun::FieldOf<Member>>(std::get<double>(value));
           }};
 }
 
 // A C enum field (`type`), numbered as the C++ enum whose every value All() lists (the
 // static_asserts below).
 template <auto Member, auto All>
-CField<CStructOf<Member>> c_choice(const char* key, const char* type) {
+CField<specrun::OwnerOf<Member>> c_choice(const char* key, const char* type) {
   return {key,
-          [](const CStructOf<Member>& c, const std::string& where,
+          [](const specrun::OwnerOf<Member>& c, const std::string& where,
              const char* c_type) -> specrun::SettingValue {
             return std::string(to_string(enum_from_c<All>(c.*Member, where, c_type)));
           },
-          [](CStructOf<Member>& c, const specrun::SettingValue& value) {
+          [](specrun::OwnerOf<Member>& c, const specrun::SettingValue& value) {
             for (const auto option : All()) {
               if (std::get<std::string>(value) == to_string(option)) {
-                c.*Member = static_cast<CFieldOf<Member>>(option);
+                c.*Member = static_cast<specrun::FieldOf<Member>>(option);
               }
             }
           },

@@ -7,23 +7,11 @@
 #include <limits>
 #include <sstream>
 
+#include "runtime/base/member_pointer.h"
 #include "runtime/engine/settings.h"
 
 namespace specrun {
 namespace {
-
-template <typename Member>
-struct MemberOf;
-template <typename Settings, typename Type>
-struct MemberOf<Type Settings::*> {
-  using Owner = Settings;
-  using Field = Type;
-};
-
-template <auto Member>
-using OwnerOf = typename MemberOf<decltype(Member)>::Owner;
-template <auto Member>
-using FieldOf = typename MemberOf<decltype(Member)>::Field;
 
 template <auto Member>
 Setting<OwnerOf<Member>> integer(const char* key, int64_t minimum, int64_t maximum,
