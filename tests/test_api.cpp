@@ -459,6 +459,59 @@ TEST_F(ApiTest, TextStreamsInWholeCharactersAndAddsUpToTheResult) {
   EXPECT_GT(held_back, 0);
 }
 
+// Each event says how many drafts its step verified, how many of its tokens (the first) were drafts
+// the target accepted, and how much of its text (the start) those completed: the text a streaming
+// decoder gives for the accepted drafts, continuing from the events before. The target drafting
+// for itself accepts every draft, so all of an event's tokens but the target's last; without a
+// draft none is.
+TEST_F(ApiTest, EventsSayWhichOfTheirTokensAndTextCameFromAcceptedDrafts) {
+  testing::write_file(dir_ / "target" / "tokenizer.json", testing::byte_tokenizer_json());
+  const auto tokenizer = text::Tokenizer::load(dir_ / "target" / "tokenizer.json");
+  for (const bool with_draft : {true, false}) {
+    SCOPED_TRACE(with_draft ? "the target drafting for itself" : "no draft");
+    EngineConfig settings = config(/*with_draft=*/false);
+    if (with_draft) settings.draft = settings.target;
+    settings.speculation.controller = GammaControl::kFixed;
+    settings.speculation.gamma = 3;
+    settings.speculation.draft_lookup_ngram = 0;  // the model's drafts alone
+    const auto engine = Engine::create(settings);
+    Request request;
+    request.prompt = "Once upon a time";
+    SamplingSettings sampling;
+    sampling.temperature = 1.0f;  // random bytes: characters split across tokens and events
+    sampling.seed = 5;
+    sampling.max_tokens = 48;
+    sampling.stop_at_eos = false;
+    request.sampling = sampling;
+    Stream stream;
+    const Result result =
+        engine->submit(request, [&](const Event& event) { stream.events.push_back(event); }).wait();
+    expect_stream_matches(stream, result);
+    text::StreamingDecoder decoder(*tokenizer, /*skip_special_tokens=*/true);
+    int64_t drafted = 0, accepted = 0;
+    for (const Event& event : stream.events) {
+      ASSERT_LE(event.accepted_drafts, static_cast<int64_t>(event.tokens.size()));
+      std::string from_drafts, from_target;
+      for (size_t i = 0; i < event.tokens.size(); ++i) {
+        const bool draft = static_cast<int64_t>(i) < event.accepted_drafts;
+        (draft ? from_drafts : from_target) += decoder.step(event.tokens[i]);
+      }
+      if (event.finished) from_target += decoder.flush();
+      EXPECT_EQ(event.text, from_drafts + from_target);
+      EXPECT_EQ(event.accepted_text, from_drafts.size());
+      EXPECT_EQ(event.accepted_drafts, with_draft ? event.drafted : 0);
+      EXPECT_EQ(event.accepted_drafts + 1, static_cast<int64_t>(event.tokens.size()));
+      drafted += event.drafted;
+      accepted += event.accepted_drafts;
+    }
+    EXPECT_EQ(drafted, result.stats.drafted);
+    EXPECT_EQ(accepted, result.stats.accepted);
+    if (with_draft) {
+      EXPECT_GT(accepted, 0);
+    }
+  }
+}
+
 TEST_F(ApiTest, AHugeTimeoutWaitsRatherThanTimingOut) {
   // now() + milliseconds::max() overflows the clock; the wait must still be a wait (the C ABI's
   // specrun_request_next with INT64_MAX comes here too).

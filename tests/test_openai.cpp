@@ -293,6 +293,29 @@ TEST(OpenAiResponse, ShapesOfResponsesAndChunks) {
   const json last = usage_chunk(Endpoint::kChat, header, usage);
   EXPECT_EQ(last["choices"], json::array());
   EXPECT_EQ(last["usage"], usage);
+  EXPECT_FALSE(opening.contains("speculative"));
+
+  // The "speculative" extension: a text chunk's counts and pieces, and a finished request's figures
+  // (the non-streamed response's and the last chunk's).
+  const json pieces = json::parse(R"([{"text": "He", "accepted_draft": true}])");
+  const json extended = completion_chunk(Endpoint::kCompletions, header, "He", true, std::nullopt,
+                                         false, chunk_speculative_json({3, 4, 2}, pieces));
+  EXPECT_EQ(extended["speculative"],
+            json::parse(R"({"tokens": 3, "drafted": 4, "accepted_drafts": 2, "pieces":
+                            [{"text": "He", "accepted_draft": true}]})"));
+  RequestStats stats;
+  stats.drafted = 8;
+  stats.accepted = 6;
+  stats.acceptance_rate = 0.75;
+  stats.steps = 5;
+  stats.looked_up = 2;
+  stats.looked_up_accepted = 1;
+  stats.alternates = 4;
+  stats.alternates_accepted = 1;
+  EXPECT_EQ(speculative_json(stats),
+            json::parse(R"({"drafted": 8, "accepted": 6, "acceptance_rate": 0.75, "steps": 5,
+                            "looked_up": 2, "looked_up_accepted": 1, "alternates": 4,
+                            "alternates_accepted": 1})"));
 
   EXPECT_EQ(finish_reason(FinishReason::kEndOfSequence, false), "stop");
   EXPECT_EQ(finish_reason(FinishReason::kMaxTokens, false), "length");
@@ -328,6 +351,48 @@ TEST(StopMatcher, StopsAcrossPiecesAndNeverEmitsTheStopString) {
   EXPECT_EQ(once.feed("abc"), "a");
   EXPECT_EQ(once.feed("more"), "");
   EXPECT_EQ(once.flush(), "");
+}
+
+// The pieces of released text by origin: `runs` are (text, accepted drafts' bytes at its start)
+// as fed; `released` what the matcher let out, in order.
+json origins(const std::vector<std::pair<std::string, size_t>>& runs,
+             const std::vector<std::string>& released) {
+  TextOrigins tracker;
+  for (const auto& run : runs) tracker.fed(run.first, run.second);
+  json all = json::array();
+  for (const std::string& text : released) all.push_back(tracker.released(text));
+  return all;
+}
+
+TEST(TextOrigins, ReleasedTextKeepsTheOriginOfTheBytesFedAtItsPlace) {
+  // Released as fed: each event's accepted drafts' text, then the target's.
+  EXPECT_EQ(origins({{"abcd", 3}, {"ef", 0}}, {"abcd", "ef"}), json::parse(R"([
+      [{"text": "abc", "accepted_draft": true}, {"text": "d", "accepted_draft": false}],
+      [{"text": "ef", "accepted_draft": false}]])"));
+  // Held back and released later, across events: runs of one origin are one piece.
+  EXPECT_EQ(origins({{"ab", 1}, {"cd", 2}, {"e", 0}}, {"a", "bcde"}), json::parse(R"([
+      [{"text": "a", "accepted_draft": true}],
+      [{"text": "b", "accepted_draft": false}, {"text": "cd", "accepted_draft": true},
+       {"text": "e", "accepted_draft": false}]])"));
+  // Through a real matcher: what it releases, whatever it held, keeps its origins; a stop drops
+  // the rest.
+  StopMatcher matcher({"STOP"});
+  TextOrigins tracker;
+  std::string out;
+  json pieces = json::array();
+  for (const auto& [text, accepted] :
+       std::vector<std::pair<std::string, size_t>>{{"xS", 1}, {"Ty", 2}, {"zST", 0}, {"OPw", 3}}) {
+    tracker.fed(text, accepted);
+    const std::string released = matcher.feed(text);
+    out += released;
+    for (const json& piece : tracker.released(released)) pieces.push_back(piece);
+  }
+  EXPECT_TRUE(matcher.stopped());
+  EXPECT_EQ(out, "xSTyz");
+  EXPECT_EQ(pieces, json::parse(R"([{"text": "x", "accepted_draft": true},
+                                    {"text": "S", "accepted_draft": false},
+                                    {"text": "Ty", "accepted_draft": true},
+                                    {"text": "z", "accepted_draft": false}])"));
 }
 
 TEST(StopMatcher, HeldTextIsReleasedAsSoonAsItCannotStartAStop) {

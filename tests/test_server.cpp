@@ -20,6 +20,7 @@
 
 #include <httplib.h>
 
+#include "runtime/server/chat_page.h"
 #include "runtime/server/server.h"
 #include "tests/test_support.h"
 
@@ -236,6 +237,73 @@ TEST_F(ServerTest, CompletionsStreamedAddUpToTheResponseAndGreedyEqualsTheCli) {
     EXPECT_TRUE(chunks.back()["choices"].empty());
     EXPECT_EQ(chunks.back()["usage"], whole.parsed()["usage"]);
   }
+}
+
+// Each streamed chunk with text says how the tokens since the previous one were made, its pieces
+// (adding up to its text) say which text came from accepted drafts, even where a stop string held
+// text back, and the last chunk carries the request's figures as the non-streamed response does.
+TEST_F(ServerTest, StreamedChunksSayWhatSpeculationDid) {
+  start();
+  const json whole = post("/v1/completions",
+                          json{{"model", "tiny"}, {"prompt", "x = "}, {"max_tokens", 40}}.dump())
+                         .parsed();
+  for (const json& extra : {json::object(), json{{"stop", {"a", "zz"}}}, json{{"seed", 3}},
+                            json{{"speculative", false}}}) {
+    SCOPED_TRACE(extra.dump());
+    json body = {{"model", "tiny"},    {"prompt", "x = "},
+                 {"max_tokens", 40},   {"stream", true},
+                 {"temperature", 0.9}, {"stream_options", {{"include_usage", true}}}};
+    body.update(extra);
+    const std::vector<json> chunks = events(post("/v1/completions", body.dump()).body);
+    ASSERT_GE(chunks.size(), 2u);
+    int64_t tokens = 0, drafted = 0, accepted = 0, from_drafts = 0;
+    for (size_t i = 0; i + 2 < chunks.size(); ++i) {
+      const json& speculative = chunks[i]["speculative"];
+      std::string pieces;
+      for (const json& piece : speculative["pieces"]) {
+        EXPECT_FALSE(piece["text"].get<std::string>().empty());
+        pieces += piece["text"].get<std::string>();
+        from_drafts += piece["accepted_draft"].get<bool>() ? 1 : 0;
+      }
+      EXPECT_EQ(pieces, chunks[i]["choices"][0]["text"]);
+      EXPECT_LE(speculative["accepted_drafts"].get<int64_t>(),
+                speculative["tokens"].get<int64_t>());
+      tokens += speculative["tokens"].get<int64_t>();
+      drafted += speculative["drafted"].get<int64_t>();
+      accepted += speculative["accepted_drafts"].get<int64_t>();
+    }
+    const json& last = chunks[chunks.size() - 2];
+    ASSERT_FALSE(last["choices"][0]["finish_reason"].is_null());
+    const json& totals = last["speculative"];
+    for (const auto& field : whole["speculative"].items())
+      EXPECT_TRUE(totals.contains(field.key()));
+    // Tokens whose text never reached a chunk (held back, then cut by a stop string) count in the
+    // totals alone.
+    EXPECT_LE(tokens, chunks.back()["usage"]["completion_tokens"].get<int64_t>());
+    EXPECT_LE(drafted, totals["drafted"].get<int64_t>());
+    EXPECT_LE(accepted, totals["accepted"].get<int64_t>());
+    if (extra.contains("speculative")) {
+      EXPECT_EQ(totals["drafted"], 0);
+      EXPECT_EQ(from_drafts, 0);
+    }
+  }
+}
+
+// GET / is the chat page, whole and self-contained: it names no other site, and the browser is
+// told to load nothing from anywhere else.
+TEST_F(ServerTest, ServesTheChatPageAtTheRoot) {
+  start();
+  const Reply page = get("/");
+  EXPECT_EQ(page.status, 200);
+  EXPECT_EQ(page.headers.find("Content-Type")->second, "text/html; charset=utf-8");
+  EXPECT_EQ(page.body, chat_page());
+  EXPECT_EQ(page.body.rfind("<!doctype html>", 0), 0u);
+  EXPECT_NE(page.body.find("<textarea"), std::string::npos);
+  EXPECT_NE(page.body.find("/v1/chat/completions"), std::string::npos);
+  EXPECT_EQ(page.body.find("://"), std::string::npos);
+  const std::string policy = page.headers.find("Content-Security-Policy")->second;
+  EXPECT_EQ(policy.rfind("default-src 'none';", 0), 0u) << policy;
+  EXPECT_NE(policy.find("connect-src 'self'"), std::string::npos) << policy;
 }
 
 TEST_F(ServerTest, ChatCompletionsThroughTheTemplate) {

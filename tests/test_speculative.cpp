@@ -90,6 +90,35 @@ std::vector<std::vector<int32_t>> prompts() {
   return {{1}, {1, 5, 9, 13}, {1, 40, 41, 42, 40, 41, 42, 40, 41}, {7, 7, 7, 7, 7, 7}};
 }
 
+// What one update of a request said of its tokens.
+struct Delivery {
+  size_t tokens = 0;            // how many it carried
+  int64_t drafted = 0;          // RequestUpdate::drafted
+  int64_t accepted_drafts = 0;  // RequestUpdate::accepted_drafts
+};
+
+// One request through a fresh engine on these models: its updates in order, and its final figures.
+std::pair<std::vector<Delivery>, RequestStats> deliveries(Model& target, Model* draft,
+                                                          EngineRequest request) {
+  BatchEngine engine(target, draft, {});
+  std::mutex mutex;
+  std::condition_variable done;
+  bool finished = false;
+  std::vector<Delivery> updates;
+  RequestStats stats;
+  engine.submit(std::move(request), [&](const RequestUpdate& update) {
+    std::lock_guard lock(mutex);
+    updates.push_back({update.tokens.size(), update.drafted, update.accepted_drafts});
+    if (!update.finished) return;
+    stats = *update.stats;
+    finished = true;
+    done.notify_all();
+  });
+  std::unique_lock lock(mutex);
+  done.wait(lock, [&] { return finished; });
+  return {updates, stats};
+}
+
 TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyForEveryGammaControllerAndProposer) {
   struct Proposer {
     const char* name;
@@ -598,6 +627,55 @@ TEST_F(SpeculativeTest, StopsAtEosInsideAnAcceptedRun) {
   const testing::ReferenceRun plain = reference_decode(*target_, prompt, sampling);
   EXPECT_EQ(result.tokens, plain.tokens);
   EXPECT_EQ(plain.reason, FinishReason::kEndOfSequence);
+  // The step that met the EOS committed accepted drafts only, and its update says so.
+  const EngineRequest again{prompt, sampling,
+                            speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, 8)};
+  const std::vector<Delivery> updates = deliveries(*target_, self_draft_.get(), again).first;
+  ASSERT_FALSE(updates.empty());
+  EXPECT_EQ(updates.back().accepted_drafts, static_cast<int64_t>(updates.back().tokens));
+}
+
+// Each update says how many drafts its step verified and how many of its tokens (the first) were
+// drafts the target accepted: a step commits those and one token of the target's own (the budget
+// leaves room for it), so all but one with the target drafting for itself, none without drafts,
+// and over the request the counts are the request's own.
+TEST_F(SpeculativeTest, UpdatesSayWhichOfTheirTokensWereAcceptedDrafts) {
+  const std::vector<int32_t> prompt = {1, 5, 9};
+  for (Model* draft : {self_draft_.get(), foreign_draft_.get(), static_cast<Model*>(nullptr)}) {
+    for (const float temperature : {0.0f, 1.0f}) {
+      SCOPED_TRACE(draft == nullptr             ? "no draft"
+                   : draft == self_draft_.get() ? "self draft"
+                                                : "foreign draft");
+      SCOPED_TRACE(temperature);
+      EngineRequest request{prompt, greedy(40),
+                            speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, 3)};
+      request.sampling.temperature = temperature;
+      request.sampling.seed = 7;
+      request.speculation.draft_lookup_ngram = 0;  // the model's drafts alone
+      const auto [updates, stats] = deliveries(*target_, draft, request);
+      int64_t drafted = 0, accepted = 0;
+      size_t tokens = 0;
+      for (const Delivery& update : updates) {
+        EXPECT_EQ(update.tokens, static_cast<size_t>(update.accepted_drafts) + 1);
+        EXPECT_LE(update.accepted_drafts, update.drafted);
+        if (draft == self_draft_.get()) {
+          EXPECT_EQ(update.accepted_drafts, update.drafted);
+        }
+        if (draft == nullptr) {
+          EXPECT_EQ(update.drafted, 0);
+        }
+        drafted += update.drafted;
+        accepted += update.accepted_drafts;
+        tokens += update.tokens;
+      }
+      EXPECT_EQ(tokens, 40u);
+      EXPECT_EQ(drafted, stats.drafted);
+      EXPECT_EQ(accepted, stats.accepted);
+      if (draft != nullptr) {
+        EXPECT_GT(drafted, 0);
+      }
+    }
+  }
 }
 
 TEST_F(SpeculativeTest, TokenLimitInTheMiddleOfADraft) {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs specrun's build and test dependencies from Debian 12's packages (only those missing).
 # The CUDA toolkit is not installed here: the CUDA backend is built when nvcc is already present.
+# Usage: tools/install-deps.sh [--tests]. --tests adds what only the test suite needs (a browser
+# for the chat page's test: tools/run-tests.sh passes it), so that the demo's setup stays light.
 set -euo pipefail
 
 packages=(
@@ -15,6 +17,14 @@ packages=(
   clang libclang-rt-14-dev               # libFuzzer and CI's Clang sanitizer pass (tests/fuzz)
   libcpp-httplib-dev prometheus-cpp-dev  # specrun serve: HTTP, Prometheus metrics
 )
+if [[ ${1:-} == --tests ]]; then
+  packages+=(
+    chromium chromium-driver  # the chat page of specrun serve in a headless browser (label browser)
+  )
+elif [[ $# -gt 0 ]]; then
+  echo "usage: tools/install-deps.sh [--tests]" >&2
+  exit 2
+fi
 
 missing=()
 for package in "${packages[@]}"; do

@@ -470,7 +470,7 @@ int main(int argc, char** argv) {
   CLI::App* serve_command = app.add_subcommand(
       "serve",
       "Serve the models over HTTP with OpenAI's API (/v1/completions, /v1/chat/completions, "
-      "/v1/models, /health, /metrics) until SIGINT or SIGTERM");
+      "/v1/models, /health, /metrics) and a chat page (/) until SIGINT or SIGTERM");
   serve_command->fallthrough();
   CLI::Option* host = serve_command->add_option("--host", server_flags.host, "Address to listen on")
                           ->capture_default_str();

@@ -130,11 +130,20 @@ void deliver(detail::RequestState& state, BatchEngine& batch, const RequestUpdat
   try {
     event.request = update.id;
     event.tokens.assign(update.tokens.begin(), update.tokens.end());
+    event.drafted = update.drafted;
+    event.accepted_drafts = update.accepted_drafts;
     for (size_t i = 0; i < event.tokens.size(); ++i) {
       state.token_ms.push_back(ms_between(state.submitted, now));
     }
     if (state.decoder) {
-      for (const int32_t token : event.tokens) event.text += state.decoder->step(token);
+      // The accepted drafts come first: the text they complete is the start of the event's.
+      const auto accepted =
+          std::min(static_cast<size_t>(update.accepted_drafts), event.tokens.size());
+      for (size_t i = 0; i < event.tokens.size(); ++i) {
+        if (i == accepted) event.accepted_text = event.text.size();
+        event.text += state.decoder->step(event.tokens[i]);
+      }
+      if (accepted == event.tokens.size()) event.accepted_text = event.text.size();
       if (update.finished) event.text += state.decoder->flush();
     }
     event.finished = update.finished;

@@ -181,7 +181,7 @@ GammaPolicy& BatchEngine::State::policy(GammaControl kind) {
 }
 
 void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishReason reason,
-                                const std::string& error, std::span<const int32_t> last_tokens) {
+                                const std::string& error, const RequestUpdate& last) {
   if (sequence->target_kv >= 0) {
     target.kv_cache().remove_sequence(sequence->target_kv);
     reserved_target_blocks -= sequence->reserved_target_blocks;
@@ -202,7 +202,9 @@ void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishReason
   if (sequence->on_update) {
     RequestUpdate update;
     update.id = sequence->id;
-    update.tokens = last_tokens;
+    update.tokens = last.tokens;
+    update.drafted = last.drafted;
+    update.accepted_drafts = last.accepted_drafts;
     update.finished = true;
     update.reason = reason;
     update.error = error;

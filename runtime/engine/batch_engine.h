@@ -56,6 +56,10 @@ struct RequestUpdate {
   FinishReason reason = FinishReason::kMaxTokens;  // when finished
   std::string error;                               // when reason is kFailed
   const RequestStats* stats = nullptr;  // the request's figures so far (final when finished)
+  int64_t drafted = 0;                  // drafts the target verified in the step
+  // The first this many of `tokens` are drafts the target accepted; the rest (one, unless the
+  // request stopped first) it chose itself.
+  int64_t accepted_drafts = 0;
 };
 
 // Called for every update of a request, in order, on the scheduler thread, with no engine lock

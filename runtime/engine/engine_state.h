@@ -68,6 +68,7 @@ struct StepWork {
   std::vector<int64_t> alternate_input;
   std::vector<std::optional<FinishReason>> stops;       // [batch] why a row ends with this step
   std::vector<size_t> first_new;                        // [batch] where its new tokens begin
+  std::vector<int64_t> accepted_new;                    // [batch] of those, the accepted drafts
   std::map<GammaControl, std::vector<size_t>> rows_of;  // the rows each policy planned
   double draft_ms = 0.0;                                // proposing
   double verify_ms = 0.0;                               // scoring and verifying
@@ -116,8 +117,9 @@ struct BatchEngine::State {
 
   // The scheduler thread (batch_engine.cpp): applies cancels, admits, steps.
   void run();
+  // The final update carries `last`'s tokens, drafted and accepted_drafts: a final step's.
   void finish(std::unique_ptr<Sequence> sequence, FinishReason reason, const std::string& error,
-              std::span<const int32_t> last_tokens = {});
+              const RequestUpdate& last = {});
   void publish_kv();
   // The KV figures of `counters` from the target's cache; `mutex` must be held.
   void count_kv(const KvCache& cache) {

@@ -337,6 +337,7 @@ void BatchEngine::State::commit(StepWork& work) {
   std::vector<DraftOutcome> outcomes(batch);
   work.stops.assign(batch, std::nullopt);
   work.first_new.assign(batch, 0);
+  work.accepted_new.assign(batch, 0);
   int64_t emitted_total = 0, drafted_total = 0, accepted_total = 0, continuing = 0;
   int64_t drafted_ahead = 0, ahead_taken = 0;
   for (size_t b = 0; b < batch; ++b) {
@@ -415,6 +416,8 @@ RowVerdict BatchEngine::State::commit_row(StepWork& work, size_t b, DraftOutcome
 
   work.stops[b] = commit.stop;
   work.first_new[b] = sequence.committed.size();
+  // The row's accepted drafts come first among its tokens: those committed, where it stopped.
+  work.accepted_new[b] = std::min(accepted, commit.tokens);
   const auto now = Clock::now();
   for (int64_t i = 0; i < commit.tokens; ++i) {
     sequence.committed.push_back(decided[static_cast<size_t>(i)]);
@@ -452,15 +455,18 @@ void BatchEngine::State::deliver(StepWork& work) {
     std::unique_ptr<Sequence>& sequence = running[b];
     const std::span<const int32_t> new_tokens =
         std::span<const int32_t>(sequence->committed).subspan(work.first_new[b]);
+    RequestUpdate update;
+    update.id = sequence->id;
+    update.drafted = work.drafts.proposals.counts[b];
+    update.accepted_drafts = work.accepted_new[b];
     if (const std::optional<FinishReason> stop = work.stops[b]) {
       // The final update carries this step's tokens.
       const std::vector<int32_t> last(new_tokens.begin(), new_tokens.end());
-      finish(std::move(sequence), *stop, "", last);
+      update.tokens = last;
+      finish(std::move(sequence), *stop, "", update);
       continue;
     }
     if (sequence->on_update) {
-      RequestUpdate update;
-      update.id = sequence->id;
       update.tokens = new_tokens;
       update.stats = &sequence->stats;
       sequence->on_update(update);

@@ -489,7 +489,8 @@ nlohmann::json completion_response(Endpoint endpoint, const ResponseHeader& head
 
 nlohmann::json completion_chunk(Endpoint endpoint, const ResponseHeader& header,
                                 const std::string& text, bool first,
-                                const std::optional<std::string>& finish, bool include_usage) {
+                                const std::optional<std::string>& finish, bool include_usage,
+                                const nlohmann::json& speculative) {
   json chunk = base(endpoint, header, true);
   json choice = {
       {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish ? json(*finish) : json()}};
@@ -503,6 +504,7 @@ nlohmann::json completion_chunk(Endpoint endpoint, const ResponseHeader& header,
   }
   chunk["choices"] = json::array({choice});
   if (include_usage) chunk["usage"] = nullptr;
+  if (!speculative.is_null()) chunk["speculative"] = speculative;
   return chunk;
 }
 
@@ -512,6 +514,55 @@ nlohmann::json usage_chunk(Endpoint endpoint, const ResponseHeader& header,
   chunk["choices"] = json::array();
   chunk["usage"] = usage;
   return chunk;
+}
+
+nlohmann::json speculative_json(const RequestStats& stats) {
+  return {{"drafted", stats.drafted},
+          {"accepted", stats.accepted},
+          {"acceptance_rate", stats.acceptance_rate},
+          {"steps", stats.steps},
+          {"looked_up", stats.looked_up},
+          {"looked_up_accepted", stats.looked_up_accepted},
+          {"alternates", stats.alternates},
+          {"alternates_accepted", stats.alternates_accepted}};
+}
+
+nlohmann::json chunk_speculative_json(const ChunkSpeculation& counts,
+                                      const nlohmann::json& pieces) {
+  return {{"tokens", counts.tokens},
+          {"drafted", counts.drafted},
+          {"accepted_drafts", counts.accepted_drafts},
+          {"pieces", pieces}};
+}
+
+void TextOrigins::fed(std::string_view text, size_t accepted) {
+  accepted = std::min(accepted, text.size());
+  for (const auto& [length, from_draft] :
+       {std::pair(accepted, true), std::pair(text.size() - accepted, false)}) {
+    if (length == 0) continue;
+    if (!runs_.empty() && runs_.back().second == from_draft) {
+      runs_.back().first += length;
+    } else {
+      runs_.emplace_back(length, from_draft);
+    }
+  }
+}
+
+nlohmann::json TextOrigins::released(std::string_view text) {
+  json pieces = json::array();
+  size_t at = 0;
+  while (at < text.size() && !runs_.empty()) {
+    auto& [length, from_draft] = runs_.front();
+    const size_t taken = std::min(length, text.size() - at);
+    pieces.push_back({{"text", text.substr(at, taken)}, {"accepted_draft", from_draft}});
+    at += taken;
+    length -= taken;
+    if (length == 0) runs_.pop_front();
+  }
+  // The matcher never releases more than it was fed; were it to, the rest would count as the
+  // target's rather than vanish.
+  if (at < text.size()) pieces.push_back({{"text", text.substr(at)}, {"accepted_draft", false}});
+  return pieces;
 }
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}

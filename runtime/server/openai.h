@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -95,13 +97,46 @@ nlohmann::json completion_response(Endpoint endpoint, const ResponseHeader& head
                                    const std::string& text, const std::string& finish,
                                    const nlohmann::json& usage);
 // A chunk carrying `text` (and, for chat, the assistant role in the first one); `finish` set on
-// the last. With include_usage every chunk has "usage": null.
+// the last. With include_usage every chunk has "usage": null. A `speculative` object other than
+// null is the chunk's extension of that name.
 nlohmann::json completion_chunk(Endpoint endpoint, const ResponseHeader& header,
                                 const std::string& text, bool first,
-                                const std::optional<std::string>& finish, bool include_usage);
+                                const std::optional<std::string>& finish, bool include_usage,
+                                const nlohmann::json& speculative = nullptr);
 // The final chunk of a stream with include_usage: no choices, the usage.
 nlohmann::json usage_chunk(Endpoint endpoint, const ResponseHeader& header,
                            const nlohmann::json& usage);
+
+// The "speculative" extension object of a finished request, in the non-streamed response and in
+// a stream's last chunk (the one with the finish reason): what speculation did for it.
+nlohmann::json speculative_json(const RequestStats& stats);
+
+// What the tokens behind a streamed chunk's text were: the engine's events since the previous
+// chunk with text, summed (Event's fields of the same names).
+struct ChunkSpeculation {
+  int64_t tokens = 0;           // tokens committed
+  int64_t drafted = 0;          // drafts the target verified in the steps that committed them
+  int64_t accepted_drafts = 0;  // of `tokens`, drafts the target accepted
+};
+// The "speculative" extension object of a streamed chunk with text: {"tokens", "drafted",
+// "accepted_drafts"} and "pieces", the chunk's text by origin (TextOrigins::released).
+nlohmann::json chunk_speculative_json(const ChunkSpeculation& counts, const nlohmann::json& pieces);
+
+// Which of the text a StopMatcher releases came from drafts the target accepted. The matcher
+// releases what it was fed in order, so each byte it releases has the origin of the byte fed at
+// the same place, whatever it held back in between.
+class TextOrigins {
+ public:
+  // `text` was fed to the matcher; its first `accepted` bytes are accepted drafts' text
+  // (Event::accepted_text).
+  void fed(std::string_view text, size_t accepted);
+  // The matcher released `text`: its pieces in order, each of one origin, as
+  // [{"text": ..., "accepted_draft": true or false}].
+  nlohmann::json released(std::string_view text);
+
+ private:
+  std::deque<std::pair<size_t, bool>> runs_;  // fed, not yet released: bytes, from a draft
+};
 
 // Matches stop strings in streamed text, across token boundaries: text that might be the start of
 // a stop string is held back until it is known not to be; at the first occurrence the text before

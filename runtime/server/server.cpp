@@ -16,6 +16,7 @@
 
 #include <httplib.h>
 
+#include "runtime/server/chat_page.h"
 #include "runtime/server/metrics.h"
 #include "runtime/server/openai.h"
 
@@ -110,6 +111,8 @@ struct Exchange {
   Clock::time_point last_write;                // when bytes were last written, for heartbeats
   std::string text;                            // the whole completion, when not streaming
   int64_t completion_tokens = 0;               // up to the stop string, when one matched
+  TextOrigins origins;                         // which streamed text came from accepted drafts
+  ChunkSpeculation unsent;                     // the events' counts the next text chunk carries
   bool first_chunk = true;                     // chat streams open with the assistant role
   bool finished = false;                       // the final bytes were written
 };
@@ -139,8 +142,10 @@ bool emit(Exchange& exchange, httplib::DataSink& sink, const std::string& text) 
   const bool first = exchange.first_chunk;
   exchange.first_chunk = false;
   exchange.last_write = now;
+  const json speculative = chunk_speculative_json(exchange.unsent, exchange.origins.released(text));
+  exchange.unsent = {};
   return write_event(sink, completion_chunk(exchange.endpoint, exchange.header, text, first,
-                                            std::nullopt, exchange.include_usage));
+                                            std::nullopt, exchange.include_usage, speculative));
 }
 
 // The request ended: the last text, the finish reason and the usage, or an error.
@@ -168,9 +173,9 @@ bool finish(Exchange& exchange, httplib::DataSink& sink) {
                                 result.stats.cached_prompt_tokens);
   bool written = true;
   if (exchange.stream) {
-    written =
-        write_event(sink, completion_chunk(exchange.endpoint, exchange.header, "",
-                                           exchange.first_chunk, reason, exchange.include_usage));
+    written = write_event(
+        sink, completion_chunk(exchange.endpoint, exchange.header, "", exchange.first_chunk, reason,
+                               exchange.include_usage, speculative_json(result.stats)));
     if (written && exchange.include_usage) {
       written = write_event(sink, usage_chunk(exchange.endpoint, exchange.header, usage));
     }
@@ -178,14 +183,7 @@ bool finish(Exchange& exchange, httplib::DataSink& sink) {
   } else {
     json response =
         completion_response(exchange.endpoint, exchange.header, exchange.text, *reason, usage);
-    response["speculative"] = {{"drafted", result.stats.drafted},
-                               {"accepted", result.stats.accepted},
-                               {"acceptance_rate", result.stats.acceptance_rate},
-                               {"steps", result.stats.steps},
-                               {"looked_up", result.stats.looked_up},
-                               {"looked_up_accepted", result.stats.looked_up_accepted},
-                               {"alternates", result.stats.alternates},
-                               {"alternates_accepted", result.stats.alternates_accepted}};
+    response["speculative"] = speculative_json(result.stats);
     written = write(sink, dump(response));
   }
   sink.done();
@@ -198,6 +196,10 @@ bool provide(Exchange& exchange, httplib::DataSink& sink) {
   if (std::optional<Event> event = exchange.handle.next(kHeartbeat)) {
     if (!exchange.matcher.stopped()) {
       exchange.completion_tokens += static_cast<int64_t>(event->tokens.size());
+      exchange.unsent.tokens += static_cast<int64_t>(event->tokens.size());
+      exchange.unsent.drafted += event->drafted;
+      exchange.unsent.accepted_drafts += event->accepted_drafts;
+      if (exchange.stream) exchange.origins.fed(event->text, event->accepted_text);
       if (!emit(exchange, sink, exchange.matcher.feed(event->text))) return false;
       // A stop string ends the completion: the engine stops at its next step.
       if (exchange.matcher.stopped()) exchange.handle.cancel();
@@ -364,6 +366,15 @@ void Server::State::routes() {
                   completion(body, response, endpoint);
               });
   }
+  http.Get("/", [](const httplib::Request&, httplib::Response& response) {
+    const std::string_view page = chat_page();
+    // The page is self-contained: it may talk to this server and load nothing from elsewhere.
+    response.set_header("Content-Security-Policy",
+                        "default-src 'none'; script-src 'unsafe-inline'; "
+                        "style-src 'unsafe-inline'; connect-src 'self'; img-src data:; "
+                        "base-uri 'none'; form-action 'none'");
+    response.set_content(page.data(), page.size(), "text/html; charset=utf-8");
+  });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
     json data = json::array();
     if (ready) {
@@ -502,7 +513,8 @@ int serve(const EngineConfig& engine_config, const ServerConfig& config) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   Server server(config, engine_config);
-  std::fprintf(stderr, "specrun serve: listening on http://%s:%d (loading the models)\n",
+  std::fprintf(stderr,
+               "specrun serve: listening on http://%s:%d (loading the models; a chat page at /)\n",
                config.host.c_str(), server.port());
   std::thread http([&] { server.listen(); });
   std::string load_error;

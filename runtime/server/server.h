@@ -2,8 +2,9 @@
 //
 // Endpoints: POST /v1/completions and /v1/chat/completions (JSON or server-sent events),
 // GET /v1/models, GET /health (200 once the models are loaded, 503 while loading or draining),
-// GET /metrics (Prometheus text format). Every request is independent: replicas scale out behind
-// any HTTP load balancer that routes on /health.
+// GET /metrics (Prometheus text format), and GET /, a chat page (chat_page.html) that streams
+// answers from /v1/chat/completions and colours them by what speculation did. Every request is
+// independent: replicas scale out behind any HTTP load balancer that routes on /health.
 //
 // It uses the public API (specrun/specrun.hpp) and nothing below it, as any embedder would.
 #pragma once

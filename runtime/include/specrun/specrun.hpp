@@ -99,6 +99,15 @@ struct Event {
   bool finished = false;        // the last event of the request
   FinishReason reason = FinishReason::kMaxTokens;  // why it finished (when finished)
   std::string error;                               // what failed (reason kFailed)
+  // How speculation made the tokens (an event is one engine step of the request): the target
+  // verified `drafted` drafts, and the first `accepted_drafts` of `tokens` are drafts it
+  // accepted; the rest (one, unless the request stopped first) it chose itself. Both 0 in a step
+  // without drafts, and in a final event that no step sent (cancelled, shut down, failed).
+  int64_t drafted = 0;
+  int64_t accepted_drafts = 0;
+  // Bytes at the start of `text` that those drafts completed; a character that a draft began and
+  // the target's token completed is the target's.
+  size_t accepted_text = 0;
 };
 
 struct Result {
