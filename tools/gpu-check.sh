@@ -5,19 +5,19 @@
 # is judged by. Logs go to $OUT when it is set (one archive and the benchmark JSON), else to
 # gpu-check-logs/.
 #
-#   tools/gpu-check.sh build|test|sanitize|bench|bench-quantized|bench-kv|profile|profile-detail|all
+#   tools/gpu-check.sh build|test|sanitize|bench|bench-quantized|bench-kv|profile|profile-detail|recipes|all
 #   tools/gpu-check.sh pack                              here: binaries for sm_90 into gpu-carry/
 #   tools/gpu-check.sh carried                           there: test, sanitize, bench on gpu-carry/
 #   tools/gpu-check.sh carried bench-ab                  there: this build's step against a baseline
 #
 # Device time is short and a 16-core build still costs minutes of it, so the usual path is to
 # build here (same nvcc, sm_90), `pack`, carry gpu-carry/ along and run `carried` there. The pack
-# holds the GPU test binaries, specbench, the shared libraries Debian gives them (spdlog, fmt,
-# PCRE2, utf8proc; cuBLAS is the machine's own) and the Hugging Face references, compressed.
+# holds the GPU test binaries, specbench, specrun, the shared libraries Debian gives them (spdlog,
+# fmt, PCRE2, utf8proc; cuBLAS is the machine's own) and the Hugging Face references, compressed.
 #
-# Where the machine must build and reaches no package registry, stage the Debian packages first on
-# one that does (from the project root), and take .deps along:
-#   ../shared/offline/stage-deps.sh $(tools/gpu-check.sh packages)
+# Where the machine must build and reaches no package registry, download the Debian packages that
+# `tools/gpu-check.sh packages` lists on a machine that reaches them (`apt-get download`), unpack
+# each into .deps/root (`dpkg -x PACKAGE.deb .deps/root`) and take .deps along.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,11 +37,11 @@ gpu_tests=(test_cuda_device test_cuda_backend test_cuda_backend_ops test_cuda_sa
 build=${SPECRUN_BUILD_DIR:-build-gpu}
 
 if [[ $stage == pack ]]; then
-  # Here, after `cmake --build <build> --target ${gpu_tests[*]} specbench` with
+  # Here, after `cmake --build <build> --target ${gpu_tests[*]} specbench specrun` with
   # SPECRUN_CUDA_ARCHITECTURES=90: SPECRUN_BUILD_DIR names that build.
   rm -rf gpu-carry && mkdir -p gpu-carry/pack/tests gpu-carry/pack/bin gpu-carry/pack/lib
   for test in "${gpu_tests[@]}"; do cp "$build/tests/$test" gpu-carry/pack/tests/; done
-  cp "$build/bin/specbench" gpu-carry/pack/bin/
+  cp "$build/bin/specbench" "$build/bin/specrun" gpu-carry/pack/bin/
   for binary in gpu-carry/pack/tests/* gpu-carry/pack/bin/*; do
     ldd "$binary" | awk '/=> \// {print $3}'
   done | sort -u | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so|ld-linux|libcublas' |
@@ -322,6 +322,16 @@ profile_detail() {
   return $status
 }
 
+# The README's GPU recipes (the blocks marked `device`), as written but for the checkpoints, which
+# small stand-ins replace (tools/check-docs.py recipes --device).
+recipes() {
+  local status=0
+  timeout "${RECIPE_TIMEOUT:-300}" python3 tools/check-docs.py recipes "$bin_root" python3 --device \
+    >"$logs/recipes.txt" 2>&1 || status=1
+  tail -n 20 "$logs/recipes.txt"
+  return $status
+}
+
 finish() {
   if [[ -n ${OUT:-} ]]; then
     cp "$logs"/bench-*.json "$logs"/ncu-*.json "$logs"/ncu-detail-*.txt "$OUT"/ 2>/dev/null || true
@@ -340,13 +350,14 @@ case $stage in
   bench-ab) bench_ab ;;
   profile) profile ;;
   profile-detail) profile_detail ;;
+  recipes) recipes ;;
   all | carried)
     # `carried test sanitize` runs those steps alone. The benchmark comes before the sanitizers:
     # its figures are the ones a slow sanitizer must not cost.
     status=0
     if [[ $stage == all ]]; then build_all; fi
     steps=("${@:2}")
-    [[ ${#steps[@]} -gt 0 ]] || steps=(test bench sanitize)
+    [[ ${#steps[@]} -gt 0 ]] || steps=(test recipes bench sanitize)
     for step in "${steps[@]}"; do
       case $step in
         test) run_tests || status=1 ;;
@@ -357,13 +368,14 @@ case $stage in
         sanitize) sanitize || status=1 ;;
         profile) profile || status=1 ;;
         profile-detail) profile_detail || status=1 ;;
+        recipes) recipes || status=1 ;;
         *) echo "unknown step $step" >&2; exit 2 ;;
       esac
     done
     exit $status
     ;;
   *)
-    echo "usage: $0 build|test|sanitize|bench|bench-quantized|bench-kv|bench-ab|profile|profile-detail|all|pack|carried|packages" >&2
+    echo "usage: $0 build|test|sanitize|bench|bench-quantized|bench-kv|bench-ab|profile|profile-detail|recipes|all|pack|carried|packages" >&2
     exit 2
     ;;
 esac

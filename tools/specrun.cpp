@@ -444,8 +444,8 @@ int main(int argc, char** argv) {
   CLI::Option* overlap = app.add_option(
       "--overlap-drafting", f.overlap_drafting,
       "Draft ahead while the target verifies (runtime.overlap_drafting): auto (where the draft "
-      "runs beside the verification, which no backend does yet), on or off; output is the same "
-      "either way");
+      "runs beside the verification, on its own stream: CUDA, where each row's gamma policy "
+      "decides), on or off; output is the same either way");
   overlap
       ->transform(choices({specrun::OverlapDrafting::kAuto, specrun::OverlapDrafting::kOn,
                            specrun::OverlapDrafting::kOff}))

@@ -6,7 +6,7 @@
 # WORK_DIR (default build/distill) and asked again only where it has none; answers kept for
 # another number of questions are refused.
 # The demo's draft (the default, installed as OUT, default models/smollm2-draft/draft.gguf): one
-# layer that reads the target's features (EAGLE-style; README "Drafts that read the target's
+# layer that reads the target's features (EAGLE-style; docs/speculation.md, "Drafts that read the target's
 # features"). The target's features at every position of the answers are computed once
 # (store-features, ~13 minutes, 2.1 GB), then the draft learns them and the next token, 850 steps
 # of 2,048 tokens and 1,600 of 4,096 from there (~15 and ~45 minutes); the checkpoint with the

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a generated bf16 Llama checkpoint (specrun-genmodel's config.json and model.safetensors)
 as a BF16 GGUF that llama.cpp loads, so that llama-bench measures the same weights specbench does
-(README, "Performance (CPU backend)"). Its vocabulary is placeholder tokens of the model's size:
+(bench/README.md, "The CPU backend"). Its vocabulary is placeholder tokens of the model's size:
 llama-bench measures speed, not text. q and k rows are interleaved for GGUF's RoPE pairing, as
 llama.cpp's own converter does.
 

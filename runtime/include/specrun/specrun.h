@@ -178,7 +178,8 @@ typedef struct specrun_speculation {
                                         least this many tokens (at most lookup_max_ngram) seen before,
                                         and the draft's top probability is below draft_lookup_below,
                                         lookup offers what followed it, proposed in the draft's
-                                        place while it wins as many contests (README); 0 never;
+                                        place while it wins as many contests
+                                        (docs/speculation.md); 0 never;
                                         default 2 */
   float draft_lookup_below; /* in (0, 1]; 1 looks up wherever the text repeats; default 0.8 */
   int64_t draft_alternates; /* other guesses per draft the target scores beside it, a token tree
