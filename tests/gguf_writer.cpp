@@ -147,17 +147,28 @@ void write_gguf_from_checkpoint(const std::filesystem::path& checkpoint_dir,
                                 const std::filesystem::path& out, const GgufModelOptions& options) {
   const Checkpoint checkpoint = open_checkpoint(checkpoint_dir);
   const ModelConfig& c = checkpoint.config;
+  // As llama.cpp's converter writes each: a Llama's q/k rows permuted to Meta's interleaved
+  // pairing, Qwen's kept as Hugging Face holds them.
+  const std::string architecture = c.architecture == Architecture::kQwen2   ? "qwen2"
+                                   : c.architecture == Architecture::kQwen3 ? "qwen3"
+                                                                            : "llama";
+  const bool permute = architecture == "llama";
+  const std::string prefix = architecture + ".";
   GgufWriter writer;
-  writer.kv_string("general.architecture", "llama");
-  writer.kv_u32("llama.context_length", static_cast<uint32_t>(c.max_position_embeddings));
-  writer.kv_u32("llama.embedding_length", static_cast<uint32_t>(c.hidden_size));
-  writer.kv_u32("llama.block_count", static_cast<uint32_t>(c.num_layers));
-  writer.kv_u32("llama.feed_forward_length", static_cast<uint32_t>(c.intermediate_size));
-  writer.kv_u32("llama.attention.head_count", static_cast<uint32_t>(c.num_heads));
-  writer.kv_u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.num_kv_heads));
-  writer.kv_f32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
-  writer.kv_f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
-  writer.kv_u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_dim));
+  writer.kv_string("general.architecture", architecture);
+  writer.kv_u32(prefix + "context_length", static_cast<uint32_t>(c.max_position_embeddings));
+  writer.kv_u32(prefix + "embedding_length", static_cast<uint32_t>(c.hidden_size));
+  writer.kv_u32(prefix + "block_count", static_cast<uint32_t>(c.num_layers));
+  writer.kv_u32(prefix + "feed_forward_length", static_cast<uint32_t>(c.intermediate_size));
+  writer.kv_u32(prefix + "attention.head_count", static_cast<uint32_t>(c.num_heads));
+  writer.kv_u32(prefix + "attention.head_count_kv", static_cast<uint32_t>(c.num_kv_heads));
+  writer.kv_f32(prefix + "rope.freq_base", static_cast<float>(c.rope_theta));
+  writer.kv_f32(prefix + "attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
+  writer.kv_u32(prefix + "rope.dimension_count", static_cast<uint32_t>(c.head_dim));
+  if (c.head_dim * c.num_heads != c.hidden_size) {
+    writer.kv_u32(prefix + "attention.key_length", static_cast<uint32_t>(c.head_dim));
+    writer.kv_u32(prefix + "attention.value_length", static_cast<uint32_t>(c.head_dim));
+  }
   if (options.tokenizer) {
     std::vector<std::string> tokens = byte_level_alphabet();
     tokens.resize(static_cast<size_t>(c.vocab_size), "");
@@ -179,7 +190,7 @@ void write_gguf_from_checkpoint(const std::filesystem::path& checkpoint_dir,
       writer.kv_string("tokenizer.chat_template", options.chat_template);
     }
   } else {
-    writer.kv_u32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
+    writer.kv_u32(prefix + "vocab_size", static_cast<uint32_t>(c.vocab_size));
     writer.kv_u32("tokenizer.ggml.bos_token_id", 1);
     writer.kv_u32("tokenizer.ggml.eos_token_id", 2);
   }
@@ -192,7 +203,7 @@ void write_gguf_from_checkpoint(const std::filesystem::path& checkpoint_dir,
                               static_cast<const float*>(info->data) + info->num_elements());
     const bool q = info->name.ends_with("q_proj.weight");
     const bool k = info->name.ends_with("k_proj.weight");
-    if (q || k) {
+    if (permute && (q || k)) {
       // Rotate-half rows (head h, half j, pair i) to Meta's interleaved (head h, pair i, member j).
       const int64_t heads = q ? c.num_heads : c.num_kv_heads;
       const int64_t head_dim = c.head_dim;

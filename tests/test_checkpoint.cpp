@@ -463,6 +463,24 @@ TEST(CheckpointBindTest, Qwen2MissingQkvBias) {
                {weights.string(), "missing tensor 'model.layers.1.self_attn.v_proj.bias'", "[32]"});
 }
 
+TEST(CheckpointBindTest, Qwen3BindsItsQueryAndKeyNormsAndMissesNoneOfThem) {
+  TempDir dir;
+  GeneratorOptions options;
+  options.architecture = "Qwen3ForCausalLM";
+  options.head_dim = 32;
+  const fs::path checkpoint = make_checkpoint(dir, options);
+  const Checkpoint opened = open_checkpoint(checkpoint);
+  const ModelWeights weights = bind_weights(opened);
+  EXPECT_EQ(weights.layers[1].q_norm.shape, std::vector<int64_t>{32});
+  EXPECT_EQ(weights.layers[1].k_norm.shape, std::vector<int64_t>{32});
+  EXPECT_FALSE(weights.layers[0].q_bias);
+  const fs::path file = checkpoint / "model.safetensors";
+  remove_tensor(file, "model.layers.1.self_attn.k_norm.weight");
+  const Checkpoint missing = open_checkpoint(checkpoint);
+  expect_error([&] { bind_weights(missing); },
+               {file.string(), "missing tensor 'model.layers.1.self_attn.k_norm.weight'", "[32]"});
+}
+
 TEST(CheckpointBindTest, LlamaAttentionBiasMissingOutputBias) {
   TempDir dir;
   GeneratorOptions options;

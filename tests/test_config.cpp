@@ -204,6 +204,37 @@ constexpr const char* kQwen25_05B = R"({
   "vocab_size": 151936
 })";
 
+// Qwen3-0.6B's config.json as published: heads wider than hidden / heads, q/k norms (implied by the
+// architecture; no key says so), tied embeddings.
+constexpr const char* kQwen3_06B = R"({
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
 TEST(ConfigTest, Llama2_7B) {
   const ModelConfig c = parse(kLlama2_7B);
   EXPECT_EQ(c.architecture, Architecture::kLlama);
@@ -298,6 +329,36 @@ TEST(ConfigTest, Qwen25_05B) {
   EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{151643});
 }
 
+TEST(ConfigTest, Qwen3_06B) {
+  const ModelConfig c = parse(kQwen3_06B);
+  EXPECT_EQ(c.architecture, Architecture::kQwen3);
+  EXPECT_EQ(c.architecture_name, "Qwen3ForCausalLM");
+  EXPECT_EQ(c.hidden_size, 1024);
+  EXPECT_EQ(c.num_heads, 16);
+  EXPECT_EQ(c.num_kv_heads, 8);
+  EXPECT_EQ(c.head_dim, 128);  // 16 x 128 = 2,048 query channels on a 1,024-wide model
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_EQ(c.max_position_embeddings, 40960);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{151645});
+
+  json document = json::parse(kQwen3_06B);
+  document["attention_bias"] = true;  // Qwen3's switch for bias on q, k, v and o
+  const ModelConfig biased = parse_model_config(document, kSource);
+  EXPECT_TRUE(biased.qkv_bias);
+  EXPECT_TRUE(biased.o_bias);
+  EXPECT_TRUE(biased.qk_norm);
+
+  document = json::parse(kQwen3_06B);
+  document["use_sliding_window"] = true;
+  expect_error([&] { parse_model_config(document, kSource); },
+               {kSource, "use_sliding_window", "not supported"});
+}
+
 TEST(ConfigTest, LlamaWithAttentionAndMlpBias) {
   json document = json::parse(kLlama2_7B);
   document["attention_bias"] = true;
@@ -312,7 +373,8 @@ TEST(ConfigTest, ModelTypeFallbackWithoutArchitectures) {
   for (const auto& [type, architecture, name] :
        {std::tuple{"llama", Architecture::kLlama, "LlamaForCausalLM"},
         std::tuple{"mistral", Architecture::kMistral, "MistralForCausalLM"},
-        std::tuple{"qwen2", Architecture::kQwen2, "Qwen2ForCausalLM"}}) {
+        std::tuple{"qwen2", Architecture::kQwen2, "Qwen2ForCausalLM"},
+        std::tuple{"qwen3", Architecture::kQwen3, "Qwen3ForCausalLM"}}) {
     SCOPED_TRACE(type);
     json document = json::parse(kLlama2_7B);
     document.erase("architectures");

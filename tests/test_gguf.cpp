@@ -572,6 +572,56 @@ TEST_F(GgufModelTest, LogitsEqualTheSafetensorsCheckpoint) {
   }
 }
 
+// Qwen2 and Qwen3 files as llama.cpp writes them: keys under the architecture's name, q/k rows as
+// Hugging Face holds them (rotate-half RoPE), Qwen2's q/k/v biases, Qwen3's per-head q/k norms
+// (attn_q_norm, attn_k_norm) and heads wider than hidden / heads (attention.key_length).
+TEST_F(GgufModelTest, QwenFilesReadAsTheirSafetensorsCheckpoints) {
+  for (const std::string architecture : {"Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+    SCOPED_TRACE(architecture);
+    const bool qwen3 = architecture == "Qwen3ForCausalLM";
+    fixtures::GeneratorOptions options;
+    options.architecture = architecture;
+    options.dtype = DType::kF32;
+    options.vocab_size = 256;
+    options.num_layers = 2;
+    options.hidden_size = 64;
+    options.num_heads = 4;
+    options.num_kv_heads = 2;
+    options.head_dim = qwen3 ? 32 : 0;  // 4 x 32 = 128 query channels on a 64-wide model
+    const fs::path hf_dir = dir_ / architecture;
+    fixtures::write_random_checkpoint(options, hf_dir);
+    const fs::path path = dir_ / (architecture + ".gguf");
+    testing::write_gguf_from_checkpoint(hf_dir, path, {});
+
+    const Checkpoint checkpoint = open_checkpoint(path);
+    const ModelConfig& c = checkpoint.config;
+    EXPECT_EQ(c.architecture, qwen3 ? Architecture::kQwen3 : Architecture::kQwen2);
+    EXPECT_EQ(c.architecture_name, qwen3 ? "qwen3" : "qwen2");
+    EXPECT_EQ(c.rope_style, kernels::RopeStyle::kRotateHalf);
+    EXPECT_EQ(c.head_dim, qwen3 ? 32 : 16);
+    EXPECT_EQ(c.qk_norm, qwen3);
+    EXPECT_EQ(c.qkv_bias, !qwen3);
+    EXPECT_FALSE(c.o_bias);
+    if (qwen3) {
+      ASSERT_NE(checkpoint.tensors.find("model.layers.1.self_attn.k_norm.weight"), nullptr);
+    } else {
+      ASSERT_NE(checkpoint.tensors.find("model.layers.1.self_attn.v_proj.bias"), nullptr);
+    }
+
+    auto hf = Model::load(hf_dir, *backend_);
+    auto gguf = Model::load(path, *backend_);
+    const std::vector<int32_t> tokens = {1, 17, 200, 3, 99, 45, 45, 7};
+    auto run = [&](Model& model) {
+      const SequenceInput input{model.kv_cache().add_sequence(), tokens, /*all_logits=*/true};
+      Logits logits;
+      model.forward(std::span<const SequenceInput>(&input, 1), &logits);
+      return logits.values;
+    };
+    // The same f32 weights in the same layout: the same sums in the same order.
+    EXPECT_EQ(run(*gguf), run(*hf));
+  }
+}
+
 TEST_F(GgufModelTest, QuantizedTensorsAreDequantisedToBf16AtLoad) {
   testing::GgufModelOptions options;
   options.type = kGgmlQ8_0;
@@ -673,7 +723,8 @@ TEST_F(GgufModelTest, ArchitectureAndKeysAreChecked) {
         load_edited({"general.architecture",
                      [](GgufWriter& w) { w.kv_string("general.architecture", "gpt2"); }});
       },
-      {"edited.gguf", "key 'general.architecture' is 'gpt2', which is not supported (llama)"});
+      {"edited.gguf",
+       "key 'general.architecture' is 'gpt2', which is not supported (llama, qwen2, qwen3)"});
   expect_error([&] { load_edited({"general.architecture"}); },
                {"edited.gguf", "key 'general.architecture' is required"});
   expect_error([&] { load_edited({"llama.block_count"}); },

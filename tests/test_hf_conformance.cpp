@@ -7,9 +7,15 @@
 // (tools/setup-python.sh transformers).
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "runtime/model/safetensors.h"
 #include "tests/hf_conformance.h"
 
 namespace specrun {
@@ -60,6 +66,62 @@ TEST_P(HfConformanceTest, LogitsAndGreedyContinuationMatchTransformers) {
   EXPECT_EQ(c.greedy_failures, 0) << "greedy choices differ where the reference has a clear "
                                      "margin; first at "
                                   << c.first_greedy_failure;
+}
+
+// A copy of a case's model with its q/k norm changed: every gain 1 (`drop_gains`), or the norm
+// gone altogether, the model read as a Llama (same tensors but the norms' own).
+std::filesystem::path broken_qwen3(const std::filesystem::path& model,
+                                   const std::filesystem::path& out, bool drop_gains) {
+  std::filesystem::create_directories(out);
+  nlohmann::json config = nlohmann::json::parse(testing::read_file(model / "config.json"));
+  if (!drop_gains) {
+    config["architectures"] = {"LlamaForCausalLM"};
+    config["model_type"] = "llama";
+  }
+  std::ofstream(out / "config.json") << config.dump();
+  const SafetensorsFile file(model / "model.safetensors");
+  std::vector<std::vector<std::byte>> kept;
+  std::vector<TensorToWrite> tensors;
+  for (const TensorInfo& tensor : file.tensors()) {
+    const bool norm =
+        tensor.name.ends_with("q_norm.weight") || tensor.name.ends_with("k_norm.weight");
+    if (norm && !drop_gains) continue;
+    const auto* bytes = static_cast<const std::byte*>(tensor.data);
+    std::vector<std::byte>& copy = kept.emplace_back(bytes, bytes + tensor.size_bytes());
+    if (norm) {  // an f32 case's gains
+      const float one = 1.0f;
+      for (int64_t i = 0; i < tensor.num_elements(); ++i) {
+        std::memcpy(copy.data() + i * sizeof(float), &one, sizeof(float));
+      }
+    }
+    tensors.push_back({tensor.name, tensor.dtype, tensor.shape, copy});
+  }
+  write_safetensors(out / "model.safetensors", tensors, file.metadata());
+  return out;
+}
+
+// The bound catches what Qwen3 adds: the same weights with the q/k norm's gains all one, or without
+// the norm at all, miss transformers' logits far beyond it.
+TEST(HfConformanceBreaks, AQwen3WithoutItsQueryAndKeyNormsIsCaught) {
+  const std::string name = "qwen3_qk_norm_f32";
+  testing::TempDir scratch;
+  std::string skip_reason;
+  const std::filesystem::path directory = testing::hf_reference_dir(name, scratch, &skip_reason);
+  if (directory.empty()) GTEST_SKIP() << skip_reason;
+  const testing::HfReference reference = testing::load_hf_reference(directory, name);
+  auto backend = testing::make_cpu_backend(2);
+  ModelOptions options;
+  options.kv_cache_tokens = 1024;
+  options.kv_cache_dtype = DType::kF32;
+  for (const bool drop_gains : {true, false}) {
+    SCOPED_TRACE(drop_gains ? "gains all one" : "no q/k norm");
+    const std::filesystem::path broken = broken_qwen3(
+        directory / name, scratch.path() / (drop_gains ? "gains" : "none"), drop_gains);
+    auto model = Model::load(broken, *backend, options);
+    const testing::HfComparison c = testing::compare_with_hf(*model, reference, kTolerance);
+    std::cout << "[ hf cpu ] broken: " << testing::describe(name, c, kTolerance) << "\n";
+    EXPECT_GT(c.worst_ratio, 10.0) << "a q/k norm change stays within 10x the bound";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfConformanceTest, ::testing::ValuesIn(testing::hf_case_names()),

@@ -253,6 +253,40 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyWithAPartlyAgreeingLayerSkipDraft)
   EXPECT_LT(acceptance, 0.98);
 }
 
+// The same for a Qwen3 pair (q/k norms, heads wider than hidden / heads) with its own first layer
+// as the draft, alternates scored beside the drafts.
+TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyForAQwen3PairWithItsLayerSkipDraft) {
+  GeneratorOptions target_options = small_model(7);
+  target_options.architecture = "Qwen3ForCausalLM";
+  target_options.head_dim = 16;  // 4 x 16 = 64 query channels on a 48-wide model
+  target_options.shallow_layers = 1;
+  target_options.deep_layer_scale = 0.5f;
+  fixtures::write_random_checkpoint(target_options, dir_ / "qwen3-target");
+  fixtures::write_truncated_checkpoint(dir_ / "qwen3-target", 1, dir_ / "qwen3-draft");
+  auto target = load("qwen3-target");
+  auto draft = load("qwen3-draft");
+  ASSERT_TRUE(target->config().qk_norm);
+  ASSERT_TRUE(draft->config().qk_norm);
+  check_pairing(*target, *draft);
+  int64_t drafted = 0, accepted = 0;
+  for (const auto& prompt : prompts()) {
+    const std::vector<int32_t> expected = reference_decode(*target, prompt, greedy(40)).tokens;
+    for (const GammaControl controller : kControls) {
+      for (const int64_t gamma : {1, 3, 6}) {
+        SpeculationSettings settings =
+            speculation(SpeculationMethod::kDraftModel, controller, gamma);
+        settings.draft_alternates = 2;
+        const Completion result = decode(*target, draft.get(), prompt, greedy(40), settings);
+        ASSERT_EQ(result.tokens, expected) << to_string(controller) << ", gamma " << gamma;
+        drafted += result.stats.drafted;
+        accepted += result.stats.accepted;
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+}
+
 // Alternates (a token tree): greedy and shared-noise output stays the target's own token for token,
 // alone and in a batch, while alternates are accepted (an accepted one's keys and values move into
 // place in the target's cache, and the draft reads it again); rejection sampling takes none.

@@ -153,10 +153,7 @@ uint64_t bf16_weight_bytes(const ModelConfig& config) {
   uint64_t bytes =
       layout.embedding.size_bytes + layout.final_norm.size_bytes + layout.output.size_bytes;
   for (const LayerWeights& l : layout.layers) {
-    for (const WeightView* view : {&l.attention_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj,
-                                   &l.mlp_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
-      bytes += view->size_bytes;
-    }
+    for (const WeightView* view : l.views()) bytes += view->size_bytes;
   }
   return bytes;
 }

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "Directory to write config.json and the safetensors into")
       ->required();
   app.add_option("--architecture", o.architecture,
-                 "LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM")
+                 "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM")
       ->capture_default_str();
   app.add_option("--vocab", o.vocab_size, "Vocabulary size")->capture_default_str();
   app.add_option("--hidden", o.hidden_size, "Model width")->capture_default_str();
@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", o.head_dim, "Channels per head; 0 derives hidden / heads")
       ->capture_default_str();
   app.add_flag("--tied", o.tie_word_embeddings, "Tie the output projection to the embedding");
-  app.add_flag("--bias", o.attention_bias, "Llama: bias on q, k, v and o");
+  app.add_flag("--bias", o.attention_bias, "Llama, Qwen3: bias on q, k, v and o");
   app.add_option("--dtype", dtype, "f32, f16 or bf16")->capture_default_str();
   app.add_option("--seed", o.seed, "Seed; the same seed writes the same bytes")
       ->capture_default_str();

@@ -267,8 +267,10 @@ Architecture parse_architecture(const json& document, const std::string& source,
     if (*name == "LlamaForCausalLM") return Architecture::kLlama;
     if (*name == "MistralForCausalLM") return Architecture::kMistral;
     if (*name == "Qwen2ForCausalLM") return Architecture::kQwen2;
+    if (*name == "Qwen3ForCausalLM") return Architecture::kQwen3;
     throw Error(source + ": architecture '" + *name +
-                "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+                "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                "Qwen3ForCausalLM)");
   }
   // Some configs name only the model type.
   const auto model_type = document.find("model_type");
@@ -279,7 +281,9 @@ Architecture parse_architecture(const json& document, const std::string& source,
   if (type == "llama") return *name = "LlamaForCausalLM", Architecture::kLlama;
   if (type == "mistral") return *name = "MistralForCausalLM", Architecture::kMistral;
   if (type == "qwen2") return *name = "Qwen2ForCausalLM", Architecture::kQwen2;
-  throw Error(source + ": model_type '" + type + "' is not supported (llama, mistral, qwen2)");
+  if (type == "qwen3") return *name = "Qwen3ForCausalLM", Architecture::kQwen3;
+  throw Error(source + ": model_type '" + type +
+              "' is not supported (llama, mistral, qwen2, qwen3)");
 }
 
 // `object_key` names the object in errors: rope_scaling, or rope_parameters (transformers 5).
@@ -406,6 +410,17 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
                   "is true; Qwen2's per-layer sliding window is not supported");
       }
       break;
+    case Architecture::kQwen3: {
+      const bool attention_bias = keys.boolean("attention_bias", false);
+      config.qkv_bias = attention_bias;
+      config.o_bias = attention_bias;
+      config.qk_norm = true;
+      if (keys.boolean("use_sliding_window", false)) {
+        keys.fail("use_sliding_window",
+                  "is true; Qwen3's per-layer sliding window is not supported");
+      }
+      break;
+    }
   }
 
   config.quantization = parse_quantization(document, source);

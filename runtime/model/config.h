@@ -18,6 +18,7 @@ enum class Architecture {
   kLlama,    // LlamaForCausalLM: Llama 2, 3, 3.1, 3.2 and their derivatives
   kMistral,  // MistralForCausalLM: optional sliding-window attention
   kQwen2,    // Qwen2ForCausalLM: bias on q, k and v
+  kQwen3,    // Qwen3ForCausalLM: q and k RMS-normalised per head before RoPE, no bias by default
 };
 
 enum class RopeScalingType {
@@ -80,6 +81,7 @@ struct ModelConfig {
   bool qkv_bias = false;                   // q, k, v projections carry a bias
   bool o_bias = false;                     // the attention output projection carries a bias
   bool mlp_bias = false;                   // gate, up and down projections carry a bias
+  bool qk_norm = false;  // each head of q and k is RMS-normalised (a gain per channel) before RoPE
   int64_t sliding_window = 0;              // attend to this many latest positions; 0: all
   std::vector<int32_t> bos_token_ids;      // beginning-of-sequence ids (may be empty)
   std::vector<int32_t> eos_token_ids;      // any of these ends generation (may be empty)

@@ -23,6 +23,7 @@ constexpr std::pair<std::string_view, std::string_view> kLayerParts[] = {
     {"attn_norm", "input_layernorm"},    {"attn_q", "self_attn.q_proj"},
     {"attn_k", "self_attn.k_proj"},      {"attn_v", "self_attn.v_proj"},
     {"attn_output", "self_attn.o_proj"}, {"ffn_norm", "post_attention_layernorm"},
+    {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"},
     {"ffn_gate", "mlp.gate_proj"},       {"ffn_up", "mlp.up_proj"},
     {"ffn_down", "mlp.down_proj"},
 };
@@ -84,10 +85,11 @@ double positive_number(const GgufFile& file, const std::string& key, double fall
   return *value;
 }
 
-int64_t vocabulary_size(const GgufFile& file) {
-  if (const std::optional<int64_t> size = file.get_int("llama.vocab_size")) {
+int64_t vocabulary_size(const GgufFile& file, const std::string& prefix) {
+  if (const std::optional<int64_t> size = file.get_int(prefix + "vocab_size")) {
     if (*size <= 0 || *size > INT32_MAX) {
-      file.fail_key("llama.vocab_size", "must be a positive integer, got " + std::to_string(*size));
+      file.fail_key(prefix + "vocab_size",
+                    "must be a positive integer, got " + std::to_string(*size));
     }
     return *size;
   }
@@ -101,8 +103,8 @@ int64_t vocabulary_size(const GgufFile& file) {
       return embedding->ne[1];
     }
   }
-  throw Error(file.path().string() +
-              ": no vocabulary size (no llama.vocab_size, tokenizer.ggml.tokens or "
+  throw Error(file.path().string() + ": no vocabulary size (no " + prefix +
+              "vocab_size, tokenizer.ggml.tokens or "
               "token_embd.weight [hidden, vocab])");
 }
 
@@ -270,76 +272,92 @@ std::string hf_to_gguf_tensor_name(std::string_view name) {
 
 ModelConfig gguf_model_config(const GgufFile& file) {
   const std::string architecture = file.require_string("general.architecture");
-  if (architecture != "llama") {
-    file.fail_key("general.architecture",
-                  "is '" + architecture + "', which is not supported (llama)");
-  }
   ModelConfig c;
-  c.architecture = Architecture::kLlama;
-  c.architecture_name = "llama";
-  c.hidden_size = positive(file, "llama.embedding_length");
-  c.intermediate_size = positive(file, "llama.feed_forward_length");
-  c.num_layers = positive(file, "llama.block_count");
-  c.num_heads = positive(file, "llama.attention.head_count");
-  c.num_kv_heads = file.find("llama.attention.head_count_kv") != nullptr
-                       ? positive(file, "llama.attention.head_count_kv")
+  if (architecture == "llama") {
+    c.architecture = Architecture::kLlama;
+    // llama.cpp's converter permutes a Llama's q and k rows into Meta's interleaved pairing.
+    c.rope_style = kernels::RopeStyle::kInterleaved;
+  } else if (architecture == "qwen2" || architecture == "qwen3") {
+    c.architecture = architecture == "qwen2" ? Architecture::kQwen2 : Architecture::kQwen3;
+    // Qwen's q and k rows are stored as Hugging Face holds them (llama.cpp's NEOX rotation).
+    c.rope_style = kernels::RopeStyle::kRotateHalf;
+  } else {
+    file.fail_key("general.architecture",
+                  "is '" + architecture + "', which is not supported (llama, qwen2, qwen3)");
+  }
+  c.architecture_name = architecture;
+  // The hyperparameters' keys start with the architecture's name: "qwen3.block_count".
+  const std::string prefix = architecture + ".";
+  c.hidden_size = positive(file, prefix + "embedding_length");
+  c.intermediate_size = positive(file, prefix + "feed_forward_length");
+  c.num_layers = positive(file, prefix + "block_count");
+  c.num_heads = positive(file, prefix + "attention.head_count");
+  c.num_kv_heads = file.find(prefix + "attention.head_count_kv") != nullptr
+                       ? positive(file, prefix + "attention.head_count_kv")
                        : c.num_heads;
   if (c.num_heads % c.num_kv_heads != 0) {
-    file.fail_key("llama.attention.head_count_kv", "(" + std::to_string(c.num_kv_heads) +
-                                                       ") must divide attention.head_count (" +
-                                                       std::to_string(c.num_heads) + ")");
+    file.fail_key(prefix + "attention.head_count_kv", "(" + std::to_string(c.num_kv_heads) +
+                                                          ") must divide attention.head_count (" +
+                                                          std::to_string(c.num_heads) + ")");
   }
-  if (file.find("llama.attention.key_length") != nullptr) {
-    c.head_dim = positive(file, "llama.attention.key_length");
-    if (file.find("llama.attention.value_length") != nullptr &&
-        positive(file, "llama.attention.value_length") != c.head_dim) {
-      file.fail_key("llama.attention.value_length", "must equal attention.key_length");
+  if (file.find(prefix + "attention.key_length") != nullptr) {
+    c.head_dim = positive(file, prefix + "attention.key_length");
+    if (file.find(prefix + "attention.value_length") != nullptr &&
+        positive(file, prefix + "attention.value_length") != c.head_dim) {
+      file.fail_key(prefix + "attention.value_length", "must equal attention.key_length");
     }
   } else {
     if (c.hidden_size % c.num_heads != 0) {
-      file.fail_key("llama.embedding_length",
+      file.fail_key(prefix + "embedding_length",
                     "is not a multiple of attention.head_count and no attention.key_length is "
                     "given");
     }
     c.head_dim = c.hidden_size / c.num_heads;
   }
   if (c.head_dim > kMaxHeadDim) {
-    file.fail_key(file.find("llama.attention.key_length") != nullptr ? "llama.attention.key_length"
-                                                                     : "llama.embedding_length",
+    file.fail_key(file.find(prefix + "attention.key_length") != nullptr
+                      ? prefix + "attention.key_length"
+                      : prefix + "embedding_length",
                   "gives " + std::to_string(c.head_dim) +
                       " channels per head, beyond the limit of " + std::to_string(kMaxHeadDim));
   }
-  if (c.head_dim % 2 != 0) file.fail_key("llama.attention.key_length", "must be even for RoPE");
-  if (file.find("llama.rope.dimension_count") != nullptr &&
-      positive(file, "llama.rope.dimension_count") != c.head_dim) {
-    file.fail_key("llama.rope.dimension_count",
-                  "is " + std::to_string(*file.get_int("llama.rope.dimension_count")) +
+  if (c.head_dim % 2 != 0) file.fail_key(prefix + "attention.key_length", "must be even for RoPE");
+  if (file.find(prefix + "rope.dimension_count") != nullptr &&
+      positive(file, prefix + "rope.dimension_count") != c.head_dim) {
+    file.fail_key(prefix + "rope.dimension_count",
+                  "is " + std::to_string(*file.get_int(prefix + "rope.dimension_count")) +
                       ", but RoPE over part of a head is not supported (head dim " +
                       std::to_string(c.head_dim) + ")");
   }
-  if (const std::optional<int64_t> experts = file.get_int("llama.expert_count");
+  if (const std::optional<int64_t> experts = file.get_int(prefix + "expert_count");
       experts && *experts > 0) {
-    file.fail_key("llama.expert_count", "is " + std::to_string(*experts) +
-                                            ": mixture-of-experts models are not supported");
+    file.fail_key(prefix + "expert_count", "is " + std::to_string(*experts) +
+                                               ": mixture-of-experts models are not supported");
   }
-  c.rms_norm_eps = positive_number(file, "llama.attention.layer_norm_rms_epsilon", 1e-5);
-  c.rope_theta = positive_number(file, "llama.rope.freq_base", 10000.0);
-  const std::string scaling = file.get_string("llama.rope.scaling.type").value_or("none");
+  c.rms_norm_eps = positive_number(file, prefix + "attention.layer_norm_rms_epsilon", 1e-5);
+  c.rope_theta = positive_number(file, prefix + "rope.freq_base", 10000.0);
+  const std::string scaling = file.get_string(prefix + "rope.scaling.type").value_or("none");
   if (scaling == "linear") {
     c.rope_scaling.type = RopeScalingType::kLinear;
-    c.rope_scaling.factor = positive_number(file, "llama.rope.scaling.factor", 0.0);
-    if (c.rope_scaling.factor == 0.0) file.fail_key("llama.rope.scaling.factor", "is required");
+    c.rope_scaling.factor = positive_number(file, prefix + "rope.scaling.factor", 0.0);
+    if (c.rope_scaling.factor == 0.0) file.fail_key(prefix + "rope.scaling.factor", "is required");
   } else if (scaling != "none") {
-    file.fail_key("llama.rope.scaling.type",
+    file.fail_key(prefix + "rope.scaling.type",
                   "is '" + scaling + "', which is not supported (none, linear)");
-  } else if (const std::optional<double> scale = file.get_number("llama.rope.scale_linear");
+  } else if (const std::optional<double> scale = file.get_number(prefix + "rope.scale_linear");
              scale && *scale != 1.0) {
     c.rope_scaling.type = RopeScalingType::kLinear;
-    c.rope_scaling.factor = positive_number(file, "llama.rope.scale_linear", 1.0);
+    c.rope_scaling.factor = positive_number(file, prefix + "rope.scale_linear", 1.0);
   }
-  c.rope_style = kernels::RopeStyle::kInterleaved;
-  c.max_position_embeddings = positive(file, "llama.context_length");
-  c.vocab_size = vocabulary_size(file);
+  c.max_position_embeddings = positive(file, prefix + "context_length");
+  if (c.architecture == Architecture::kQwen2) c.qkv_bias = true;
+  if (c.architecture == Architecture::kQwen3) {
+    c.qk_norm = true;
+    // Qwen3's attention_bias, off in every published model, shows as the tensors' presence.
+    c.qkv_bias = file.find_tensor("blk.0.attn_q.bias") != nullptr;
+    c.o_bias = file.find_tensor("blk.0.attn_output.bias") != nullptr;
+  }
+  c.vocab_size = vocabulary_size(file, prefix);
   c.tie_word_embeddings = file.find_tensor("output.weight") == nullptr;
   if (const GgufValue* ids = file.get_array(kOutputTokenIdsKey, GgufType::kInt32)) {
     for (const GgufValue& id : ids->array) {
@@ -360,8 +378,8 @@ ModelConfig gguf_model_config(const GgufFile& file) {
   if (file.get_int(kFeatureWidthKey)) {
     c.feature_width = positive(file, std::string(kFeatureWidthKey));
     if (c.feature_width != c.hidden_size) {
-      file.fail_key(kFeatureWidthKey, "is " + std::to_string(c.feature_width) +
-                                          ", not llama.embedding_length: the draft's own output "
+      file.fail_key(kFeatureWidthKey, "is " + std::to_string(c.feature_width) + ", not " + prefix +
+                                          "embedding_length: the draft's own output "
                                           "stands for the target's feature");
     }
     const GgufTensorInfo* embedding = file.find_tensor("token_embd.weight");
@@ -374,7 +392,8 @@ ModelConfig gguf_model_config(const GgufFile& file) {
     if (c.tie_word_embeddings && c.embedding_width != c.hidden_size) {
       file.fail_key(kFeatureWidthKey,
                     "needs an output.weight tensor of its own: its token_embd.weight is " +
-                        std::to_string(c.embedding_width) + " wide, not llama.embedding_length");
+                        std::to_string(c.embedding_width) + " wide, not " + prefix +
+                        "embedding_length");
     }
   }
   if (const auto bos = token_id(file, "tokenizer.ggml.bos_token_id", c.vocab_size)) {

@@ -191,12 +191,7 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
   count(weights_.token_projection);
   count(weights_.feature_projection);
   for (const LayerWeights& l : weights_.layers) {
-    for (const WeightView* view :
-         {&l.attention_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_bias, &l.k_bias,
-          &l.v_bias, &l.o_bias, &l.mlp_norm, &l.gate_proj, &l.up_proj, &l.down_proj, &l.gate_bias,
-          &l.up_bias, &l.down_bias}) {
-      count(*view);
-    }
+    for (const WeightView* view : l.views()) count(*view);
   }
   count(weights_.final_norm);
   if (weights_.output.data != weights_.embedding.data) count(weights_.output);  // tied: once
@@ -510,11 +505,7 @@ void Model::place_weights() {
   std::vector<WeightView*> views = {&weights_.embedding, &weights_.token_projection,
                                     &weights_.feature_projection};
   for (LayerWeights& l : weights_.layers) {
-    for (WeightView* view : {&l.attention_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj,
-                             &l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias, &l.mlp_norm, &l.gate_proj,
-                             &l.up_proj, &l.down_proj, &l.gate_bias, &l.up_bias, &l.down_bias}) {
-      views.push_back(view);
-    }
+    for (WeightView* view : l.views()) views.push_back(view);
   }
   views.push_back(&weights_.final_norm);
   // A tied head shares the table, unless it is quantized: then it is a quantized copy.
@@ -653,6 +644,10 @@ void Model::write_synthetic_weights(uint64_t seed) {
   write(weights_.embedding, -std::sqrt(3.0f), std::sqrt(3.0f));
   for (LayerWeights& l : weights_.layers) {
     gain(l.attention_norm);
+    if (checkpoint_.config.qk_norm) {
+      gain(l.q_norm);
+      gain(l.k_norm);
+    }
     for (WeightView* view : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj}) projection(*view);
     gain(l.mlp_norm);
     for (WeightView* view : {&l.gate_proj, &l.up_proj, &l.down_proj}) projection(*view);
@@ -1044,6 +1039,16 @@ void Model::run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks)
     matmul_group(
         normed, {{{&l.q_proj, &l.q_bias, q}, {&l.k_proj, &l.k_bias, k}, {&l.v_proj, &l.v_bias, v}}},
         num_tokens, "q/k/v projections", layer);
+    if (c.qk_norm) {
+      // Each head's channels normalised on their own, in place: [tokens * heads, head_dim].
+      SPECRUN_CHECK_OK(backend_.rmsnorm({num_tokens * c.num_heads, c.head_dim, eps, l.q_norm.dtype},
+                                        q, l.q_norm.data, q),
+                       layer_op("query norm", layer));
+      SPECRUN_CHECK_OK(
+          backend_.rmsnorm({num_tokens * c.num_kv_heads, c.head_dim, eps, l.k_norm.dtype}, k,
+                           l.k_norm.data, k),
+          layer_op("key norm", layer));
+    }
     SPECRUN_CHECK_OK(
         backend_.rope_kv_write({num_tokens, c.num_heads, c.num_kv_heads, c.head_dim, c.rope_style},
                                {num_tokens, c.num_kv_heads, c.head_dim,

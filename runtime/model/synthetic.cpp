@@ -69,6 +69,10 @@ ModelWeights synthetic_layout(const ModelConfig& c, DType dtype) {
     l.k_proj = view(dtype, {kv_width, c.hidden_size});
     l.v_proj = view(dtype, {kv_width, c.hidden_size});
     l.o_proj = view(dtype, {c.hidden_size, q_width});
+    if (c.qk_norm) {
+      l.q_norm = view(dtype, {c.head_dim});
+      l.k_norm = view(dtype, {c.head_dim});
+    }
     l.mlp_norm = view(dtype, {c.hidden_size});
     l.gate_proj = view(dtype, {c.intermediate_size, c.hidden_size});
     l.up_proj = view(dtype, {c.intermediate_size, c.hidden_size});

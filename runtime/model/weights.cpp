@@ -230,6 +230,8 @@ ModelWeights bind_weights(const Checkpoint& checkpoint) {
     l.v_bias = binder.optional(c.qkv_bias, attention + "v_proj.bias", {kv_width},
                                "num_key_value_heads * head_dim");
     l.o_bias = binder.optional(c.o_bias, attention + "o_proj.bias", {c.hidden_size}, "hidden_size");
+    l.q_norm = binder.optional(c.qk_norm, attention + "q_norm.weight", {c.head_dim}, "head_dim");
+    l.k_norm = binder.optional(c.qk_norm, attention + "k_norm.weight", {c.head_dim}, "head_dim");
     l.mlp_norm =
         binder.require(prefix + "post_attention_layernorm.weight", {c.hidden_size}, "hidden_size");
     l.gate_proj = binder.linear(mlp + "gate_proj", {c.intermediate_size, c.hidden_size},

@@ -92,6 +92,19 @@ _FAMILIES = {
         num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False,
         use_sliding_window=False, rope_parameters=dict(rope_type="default",
                                                        rope_theta=1000000.0))),
+    # Qwen3: every head of q and k RMS-normalised with its own gains before RoPE; heads wider
+    # than hidden / heads (4 x 32 = 128 query channels on a 96-wide model), as Qwen3's are.
+    "qwen3_qk_norm": ("Qwen3", dict(
+        vocab_size=336, hidden_size=96, intermediate_size=224, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+        attention_bias=False, use_sliding_window=False,
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    # Qwen3 with tied embeddings, as its smaller models ship, and one KV head.
+    "qwen3_tied": ("Qwen3", dict(
+        vocab_size=304, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
+        attention_bias=False, use_sliding_window=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
 }
 _DTYPES = ("bf16", "f32")
 CASES = [f"{family}_{dtype}" for family in _FAMILIES for dtype in _DTYPES]
