@@ -47,6 +47,7 @@ Status check_embedding(const EmbeddingParams& params) {
   if (params.num_tokens < 0 || params.dim <= 0 || params.vocab_size <= 0) {
     return Status::invalid_argument("embedding: bad shape");
   }
+  if (!std::isfinite(params.scale)) return Status::invalid_argument("embedding: scale not finite");
   return Status::ok();
 }
 
@@ -105,8 +106,14 @@ Status check_attention(const AttentionParams& p) {
   return Status::ok();
 }
 
-Status check_swiglu(const SwigluParams& params) {
-  if (params.rows < 0 || params.dim <= 0) return Status::invalid_argument("swiglu: bad shape");
+Status check_gated_activation(const GatedActivationParams& params) {
+  if (params.rows < 0 || params.dim <= 0) {
+    return Status::invalid_argument("gated_activation: bad shape");
+  }
+  if (params.activation != GateActivation::kSilu &&
+      params.activation != GateActivation::kGeluTanh) {
+    return Status::invalid_argument("gated_activation: unknown activation");
+  }
   return Status::ok();
 }
 
@@ -208,9 +215,10 @@ Status Backend::attention(const AttentionParams& params, const float* q, const v
   return run_attention(params, q, k_cache, v_cache, query_start, context_lengths, block_tables,
                        key_gaps, out);
 }
-Status Backend::swiglu(const SwigluParams& params, const float* gate, const float* up, float* out) {
-  if (Status status = check_swiglu(params); !status.is_ok()) return status;
-  return run_swiglu(params, gate, up, out);
+Status Backend::gated_activation(const GatedActivationParams& params, const float* gate,
+                                 const float* up, float* out) {
+  if (Status status = check_gated_activation(params); !status.is_ok()) return status;
+  return run_gated_activation(params, gate, up, out);
 }
 Status Backend::fill_uniform(const FillParams& params, void* out) {
   if (Status status = check_fill(params); !status.is_ok()) return status;

@@ -38,6 +38,7 @@ struct EmbeddingParams {
   // The table's layout: a tied LM head shares it, so it is laid out as the backend's matmul
   // weights are (Backend::matmul_weight_layout).
   WeightLayout table_layout = WeightLayout::kRows;
+  float scale = 1.0f;  // every gathered element is multiplied by it (Gemma: sqrt(dim)); finite
 };
 
 struct RmsNormParams {
@@ -143,9 +144,16 @@ struct FillParams {
   float high;
 };
 
-struct SwigluParams {
-  int64_t rows;  // tokens
-  int64_t dim;   // intermediate width
+// The activation of a gated MLP's gate: out = act(gate) * up.
+enum class GateActivation {
+  kSilu,      // SwiGLU: g / (1 + exp(-g))
+  kGeluTanh,  // GeGLU, tanh's approximation: 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))
+};
+
+struct GatedActivationParams {
+  int64_t rows;                                       // tokens
+  int64_t dim;                                        // intermediate width
+  GateActivation activation = GateActivation::kSilu;  // what the gate goes through
 };
 
 // ---- Sampling and verification --------------------------------------------------------------
@@ -280,7 +288,7 @@ Status check_rope_kv_write(const RopeParams& rope, const KvWriteParams& cache);
 // The parameters; the index data (query_start, context lengths, key gaps) is each backend's to
 // check, where it can read it.
 Status check_attention(const AttentionParams& params);
-Status check_swiglu(const SwigluParams& params);
+Status check_gated_activation(const GatedActivationParams& params);
 Status check_fill(const FillParams& params);
 Status check_add(int64_t count);
 
@@ -479,10 +487,10 @@ class Backend {
   // [num_tokens, num_heads, head_dim]
 
   // out = silu(gate) * up; out may alias gate.
-  Status swiglu(const SwigluParams& params,
-                const float* gate,  // [rows, dim]
-                const float* up,    // [rows, dim]
-                float* out);
+  Status gated_activation(const GatedActivationParams& params,
+                          const float* gate,  // [rows, dim]
+                          const float* up,    // [rows, dim]
+                          float* out);
   // [rows, dim]
 
   Status fill_uniform(const FillParams& params, void* out);
@@ -615,10 +623,10 @@ class Backend {
                                const int32_t* block_tables,     // [num_seqs, max_blocks_per_seq]
                                const int32_t* key_gaps,         // [num_tokens, 2] or null
                                float* out) = 0;
-  virtual Status run_swiglu(const SwigluParams& params,
-                            const float* gate,  // [rows, dim]
-                            const float* up,    // [rows, dim]
-                            float* out) = 0;
+  virtual Status run_gated_activation(const GatedActivationParams& params,
+                                      const float* gate,  // [rows, dim]
+                                      const float* up,    // [rows, dim]
+                                      float* out) = 0;
   virtual Status run_fill_uniform(const FillParams& params, void* out) = 0;
   virtual Status run_process_logits(const LogitsParams& params,
                                     const float* logits,             // [rows, vocab]

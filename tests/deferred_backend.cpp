@@ -287,9 +287,9 @@ Status DeferredBackend::run_attention(const kernels::AttentionParams& params, co
   });
 }
 
-Status DeferredBackend::run_swiglu(const kernels::SwigluParams& params, const float* gate,
-                                   const float* up, float* out) {
-  return enqueue([=](CpuBackend& cpu) { return cpu.swiglu(params, gate, up, out); });
+Status DeferredBackend::run_gated_activation(const kernels::GatedActivationParams& params,
+                                             const float* gate, const float* up, float* out) {
+  return enqueue([=](CpuBackend& cpu) { return cpu.gated_activation(params, gate, up, out); });
 }
 
 Status DeferredBackend::run_fill_uniform(const kernels::FillParams& params, void* out) {

@@ -83,8 +83,8 @@ class DeferredBackend final : public kernels::Backend {
                        const void* v_cache, const int32_t* query_start,
                        const int32_t* context_lengths, const int32_t* block_tables,
                        const int32_t* key_gaps, float* out) override;
-  Status run_swiglu(const kernels::SwigluParams& params, const float* gate, const float* up,
-                    float* out) override;
+  Status run_gated_activation(const kernels::GatedActivationParams& params, const float* gate,
+                              const float* up, float* out) override;
   Status run_fill_uniform(const kernels::FillParams& params, void* out) override;
   Status run_process_logits(const kernels::LogitsParams& params, const float* logits,
                             const kernels::LogitsSettings* settings, float* probs,

@@ -15,7 +15,7 @@
 
 namespace specrun::testing {
 
-// The models hf_reference.py builds (its CASES): seven configurations, each in bf16 and f32.
+// The models hf_reference.py builds (its CASES): eight configurations, each in bf16 and f32.
 std::vector<std::string> hf_case_names();
 
 // One case's reference: prompts, the greedy continuation of each, and the logits after every

@@ -165,6 +165,18 @@ std::vector<OpCase> op_cases() {
            }});
     }
   }
+  // Gemma's scaled rows: one rounding of each element times the scale, on every backend.
+  cases.push_back({"embedding/bf16/scaled/5x64", exact, [](Backend& backend) {
+                     const Weight table = weight_of(DType::kBF16, 32, 64, 75);
+                     const std::vector<int32_t> ids = {3, 0, 31, 3, 17};
+                     const DeviceBuffer ids_d = upload(backend, ids);
+                     const DeviceBuffer table_d = upload(backend, table.bytes);
+                     const DeviceBuffer out = output<float>(backend, 5 * 64);
+                     expect_ok(backend.embedding(
+                         {5, 32, 64, DType::kBF16, kernels::WeightLayout::kRows, std::sqrt(64.5f)},
+                         ids_d.as<int32_t>(), table_d.data(), out.as<float>()));
+                     return Outputs{{as_doubles(download<float>(backend, out, 5 * 64))}, {}};
+                   }});
 
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
     for (const std::array<int64_t, 2> size : {std::array<int64_t, 2>{1, 16}, {3, 96}}) {
@@ -368,14 +380,20 @@ std::vector<OpCase> op_cases() {
     }
   }
 
-  cases.push_back(
-      {"swiglu/f32/3x40", close, [](Backend& backend) {
-         const DeviceBuffer gate = upload(backend, random_floats(120, 81, 4.0f));
-         const DeviceBuffer up = upload(backend, random_floats(120, 82));
-         const DeviceBuffer out = output<float>(backend, 120);
-         expect_ok(backend.swiglu({3, 40}, gate.as<float>(), up.as<float>(), out.as<float>()));
-         return Outputs{{as_doubles(download<float>(backend, out, 120))}, {}};
-       }});
+  for (const auto& [name, activation] :
+       {std::pair{"silu", kernels::GateActivation::kSilu},
+        std::pair{"gelu_tanh", kernels::GateActivation::kGeluTanh}}) {
+    // 3 x 41: the vector path's tail too. The device's exp and tanh are within 2 ulp of libm's.
+    cases.push_back({std::string("gated_activation/") + name + "/f32/3x41", close,
+                     [activation = activation](Backend& backend) {
+                       const DeviceBuffer gate = upload(backend, random_floats(123, 81, 4.0f));
+                       const DeviceBuffer up = upload(backend, random_floats(123, 82));
+                       const DeviceBuffer out = output<float>(backend, 123);
+                       expect_ok(backend.gated_activation({3, 41, activation}, gate.as<float>(),
+                                                          up.as<float>(), out.as<float>()));
+                       return Outputs{{as_doubles(download<float>(backend, out, 123))}, {}};
+                     }});
+  }
   cases.push_back({"add/f32/77", exact, [](Backend& backend) {
                      const DeviceBuffer addend = upload(backend, random_floats(77, 83));
                      const DeviceBuffer accumulator = upload(backend, random_floats(77, 84));
@@ -514,6 +532,12 @@ std::vector<BadShape> bad_shapes() {
        [](Backend& b) {
          return b.embedding({1, 4, 0, DType::kF32}, nullptr, nullptr, nullptr);
        }},
+      {"embedding: a scale that is not finite",
+       [](Backend& b) {
+         return b.embedding({1, 4, 4, DType::kF32, kernels::WeightLayout::kRows,
+                             std::numeric_limits<float>::infinity()},
+                            nullptr, nullptr, nullptr);
+       }},
       {"rmsnorm: negative eps",
        [](Backend& b) {
          return b.rmsnorm({1, 4, -1.0f, DType::kF32}, nullptr, nullptr, nullptr);
@@ -553,9 +577,14 @@ std::vector<BadShape> bad_shapes() {
          return b.attention({1, 1, 3, 2, 4, 4, 1, 0.5f, 0, DType::kF32}, nullptr, nullptr, nullptr,
                             nullptr, nullptr, nullptr, nullptr, nullptr);
        }},
-      {"swiglu: dim 0",
+      {"gated_activation: dim 0",
        [](Backend& b) {
-         return b.swiglu({1, 0}, nullptr, nullptr, nullptr);
+         return b.gated_activation({1, 0}, nullptr, nullptr, nullptr);
+       }},
+      {"gated_activation: an activation out of the enum",
+       [](Backend& b) {
+         return b.gated_activation({1, 4, static_cast<kernels::GateActivation>(7)}, nullptr,
+                                   nullptr, nullptr);
        }},
       {"add: negative count", [](Backend& b) { return b.add(-1, nullptr, nullptr); }},
       {"fill_uniform: low above high",

@@ -329,6 +329,100 @@ TEST(ConfigTest, Qwen25_05B) {
   EXPECT_EQ(c.eos_token_ids, std::vector<int32_t>{151643});
 }
 
+// Gemma 3 1B's config.json as published (transformers 4.50: the layer pattern as a number, the
+// local RoPE base as its own key).
+constexpr const char* kGemma3_1B = R"({
+  "architectures": ["Gemma3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "attn_logit_softcapping": null,
+  "bos_token_id": 2,
+  "cache_implementation": "hybrid",
+  "eos_token_id": [1, 106],
+  "final_logit_softcapping": null,
+  "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh",
+  "hidden_size": 1152,
+  "initializer_range": 0.02,
+  "intermediate_size": 6912,
+  "max_position_embeddings": 32768,
+  "model_type": "gemma3_text",
+  "num_attention_heads": 4,
+  "num_hidden_layers": 26,
+  "num_key_value_heads": 1,
+  "pad_token_id": 0,
+  "query_pre_attn_scalar": 256,
+  "rms_norm_eps": 1e-06,
+  "rope_local_base_freq": 10000,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": 512,
+  "sliding_window_pattern": 6,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.50.0.dev0",
+  "use_cache": true,
+  "vocab_size": 262144
+})";
+
+TEST(ConfigTest, Gemma3_1B) {
+  const ModelConfig c = parse(kGemma3_1B);
+  EXPECT_EQ(c.architecture, Architecture::kGemma3);
+  EXPECT_EQ(c.head_dim, 256);  // 4 x 256 = 1,024 query channels on a 1,152-wide model
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_TRUE(c.norm_gain_offset);
+  EXPECT_TRUE(c.output_norms);
+  EXPECT_EQ(c.mlp_activation, MlpActivation::kGeluTanh);
+  EXPECT_TRUE(c.tie_word_embeddings);  // Gemma's default: the file does not say
+  EXPECT_FLOAT_EQ(c.embedding_scale, std::sqrt(1152.0f));
+  EXPECT_FLOAT_EQ(c.query_scale, 1.0f / 16.0f);
+  EXPECT_EQ(c.sliding_window, 512);
+  ASSERT_EQ(c.sliding_layers.size(), 26u);
+  for (int64_t layer = 0; layer < 26; ++layer) {
+    // Every sixth layer global: 5, 11, 17, 23.
+    EXPECT_EQ(c.layer_window(layer), layer % 6 == 5 ? 0 : 512) << layer;
+    EXPECT_EQ(c.local_rope(layer), layer % 6 != 5) << layer;
+  }
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(c.local_rope_theta, 1e4);
+  EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kNone);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{1, 106}));
+  // The local layers rotate with base 1e4, the global ones with 1e6.
+  EXPECT_FLOAT_EQ(rope_inverse_frequencies(c, true)[1], std::pow(1e4f, -2.0f / 256.0f));
+  EXPECT_FLOAT_EQ(rope_inverse_frequencies(c, false)[1], std::pow(1e6f, -2.0f / 256.0f));
+
+  // transformers 5's form: layer_types and a rope_parameters entry per kind of layer; the 4B's
+  // global layers scale linearly by 8.
+  json document = json::parse(kGemma3_1B);
+  for (const char* key : {"sliding_window_pattern", "rope_local_base_freq", "rope_theta"}) {
+    document.erase(key);
+  }
+  document["layer_types"] = json::array();
+  for (int i = 0; i < 26; ++i) {
+    document["layer_types"].push_back(i % 2 ? "full_attention" : "sliding_attention");
+  }
+  document["rope_parameters"] = {
+      {"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1e6}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  const ModelConfig v5 = parse_model_config(document, kSource);
+  EXPECT_EQ(v5.layer_window(0), 512);
+  EXPECT_EQ(v5.layer_window(1), 0);
+  EXPECT_EQ(v5.rope_scaling.type, RopeScalingType::kLinear);
+  EXPECT_DOUBLE_EQ(v5.rope_scaling.factor, 8.0);
+  EXPECT_DOUBLE_EQ(v5.local_rope_theta, 1e4);
+
+  // What it does not run is refused by name.
+  for (const auto& [key, value] : {std::pair{"final_logit_softcapping", json(30.0)},
+                                   std::pair{"attn_logit_softcapping", json(50.0)},
+                                   std::pair{"use_bidirectional_attention", json(true)},
+                                   std::pair{"hidden_activation", json("silu")},
+                                   std::pair{"layer_types", json::array({"full_attention"})}}) {
+    SCOPED_TRACE(key);
+    json broken = json::parse(kGemma3_1B);
+    broken[key] = value;
+    expect_error([&] { parse_model_config(broken, kSource); }, {kSource, key});
+  }
+}
+
 TEST(ConfigTest, Qwen3_06B) {
   const ModelConfig c = parse(kQwen3_06B);
   EXPECT_EQ(c.architecture, Architecture::kQwen3);
@@ -374,7 +468,8 @@ TEST(ConfigTest, ModelTypeFallbackWithoutArchitectures) {
        {std::tuple{"llama", Architecture::kLlama, "LlamaForCausalLM"},
         std::tuple{"mistral", Architecture::kMistral, "MistralForCausalLM"},
         std::tuple{"qwen2", Architecture::kQwen2, "Qwen2ForCausalLM"},
-        std::tuple{"qwen3", Architecture::kQwen3, "Qwen3ForCausalLM"}}) {
+        std::tuple{"qwen3", Architecture::kQwen3, "Qwen3ForCausalLM"},
+        std::tuple{"gemma3_text", Architecture::kGemma3, "Gemma3ForCausalLM"}}) {
     SCOPED_TRACE(type);
     json document = json::parse(kLlama2_7B);
     document.erase("architectures");

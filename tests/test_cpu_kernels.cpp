@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numbers>
 #include <numeric>
 #include <random>
 #include <string>
@@ -886,7 +887,7 @@ TEST_P(CpuKernels, SwigluIsExpF32sFormulaBitwiseWhereverAnElementLands) {
   const std::vector<float> up = random_floats(rows * dim, 30);
   std::vector<float> out(rows * dim);
   for (const int64_t count : {dim, int64_t{15}, int64_t{17}, int64_t{33}}) {
-    ASSERT_TRUE(swiglu({1, count}, gate.data(), up.data(), out.data(), pool_).is_ok());
+    ASSERT_TRUE(gated_activation({1, count}, gate.data(), up.data(), out.data(), pool_).is_ok());
     for (int64_t i = 0; i < count; ++i) {
       const float expected = gate[i] / (1.0f + exp_f32(-gate[i])) * up[i];
       ASSERT_EQ(std::memcmp(&out[i], &expected, sizeof(float)), 0)
@@ -900,7 +901,7 @@ TEST_P(CpuKernels, SwigluAndAddMatchReference) {
   const std::vector<float> gate = random_floats(rows * dim, 27, 6.0f);
   const std::vector<float> up = random_floats(rows * dim, 28);
   std::vector<float> out(rows * dim);
-  ASSERT_TRUE(swiglu({rows, dim}, gate.data(), up.data(), out.data(), pool_).is_ok());
+  ASSERT_TRUE(gated_activation({rows, dim}, gate.data(), up.data(), out.data(), pool_).is_ok());
   for (int64_t i = 0; i < rows * dim; i += 97) {
     const double g = gate[i];
     const double expected = g / (1.0 + std::exp(-g)) * up[i];
@@ -909,6 +910,36 @@ TEST_P(CpuKernels, SwigluAndAddMatchReference) {
   std::vector<float> accumulator = up;
   ASSERT_TRUE(add(rows * dim, gate.data(), accumulator.data(), pool_).is_ok());
   for (int64_t i = 0; i < rows * dim; ++i) ASSERT_EQ(accumulator[i], up[i] + gate[i]);
+}
+
+// GeGLU (Gemma's MLP): PyTorch's gelu(approximate="tanh") times up, against the formula in double.
+// f32 rounds x^3, the inner sum and tanh's argument (a few ulp of g, where tanh's slope is at most
+// one and 0.5 g (1 + t) has |g|'s scale), then tanh within an ulp: 16 u |g u| bounds it.
+TEST_P(CpuKernels, GeluTanhMatchesTheFormulaInDouble) {
+  const int64_t rows = 3, dim = 40000;
+  const std::vector<float> gate = random_floats(rows * dim, 31, 8.0f);
+  const std::vector<float> up = random_floats(rows * dim, 32);
+  std::vector<float> out(rows * dim);
+  ASSERT_TRUE(gated_activation({rows, dim, GateActivation::kGeluTanh}, gate.data(), up.data(),
+                               out.data(), pool_)
+                  .is_ok());
+  for (int64_t i = 0; i < rows * dim; i += 37) {
+    const double g = gate[i];
+    const double expected =
+        0.5 * g *
+        (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (g + 0.044715 * g * g * g))) * up[i];
+    EXPECT_NEAR(out[i], expected, 16 * kUnitRoundoff * std::abs(g * up[i]) + 1e-30) << g;
+  }
+  // It is GELU: zero at zero, the identity far right, zero far left.
+  const std::vector<float> points = {0.0f, 30.0f, -30.0f};
+  const std::vector<float> ones(3, 1.0f);
+  std::vector<float> at(3);
+  ASSERT_TRUE(gated_activation({1, 3, GateActivation::kGeluTanh}, points.data(), ones.data(),
+                               at.data(), pool_)
+                  .is_ok());
+  EXPECT_EQ(at[0], 0.0f);
+  EXPECT_EQ(at[1], 30.0f);
+  EXPECT_EQ(at[2], -0.0f);
 }
 
 TEST_P(CpuKernels, AMatmulGroupIsEachTargetsMatmulBitwise) {

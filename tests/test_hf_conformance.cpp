@@ -7,9 +7,11 @@
 // (tools/setup-python.sh transformers).
 #include <gtest/gtest.h>
 
-#include <cstring>
+#include <algorithm>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -68,42 +70,41 @@ TEST_P(HfConformanceTest, LogitsAndGreedyContinuationMatchTransformers) {
                                   << c.first_greedy_failure;
 }
 
-// A copy of a case's model with its q/k norm changed: every gain 1 (`drop_gains`), or the norm
-// gone altogether, the model read as a Llama (same tensors but the norms' own).
-std::filesystem::path broken_qwen3(const std::filesystem::path& model,
-                                   const std::filesystem::path& out, bool drop_gains) {
+// A deliberate break of an f32 case's model: its config.json edited by `edit_config`, and each
+// tensor's f32 values by `edit_tensor` (returning false drops the tensor).
+struct Break {
+  std::string what;
+  std::function<void(nlohmann::json&)> edit_config = [](nlohmann::json&) {};
+  std::function<bool(const std::string&, std::span<float>)> edit_tensor =
+      [](const std::string&, std::span<float>) { return true; };
+};
+
+std::filesystem::path write_broken(const std::filesystem::path& model,
+                                   const std::filesystem::path& out, const Break& change) {
   std::filesystem::create_directories(out);
   nlohmann::json config = nlohmann::json::parse(testing::read_file(model / "config.json"));
-  if (!drop_gains) {
-    config["architectures"] = {"LlamaForCausalLM"};
-    config["model_type"] = "llama";
-  }
+  change.edit_config(config);
   std::ofstream(out / "config.json") << config.dump();
   const SafetensorsFile file(model / "model.safetensors");
-  std::vector<std::vector<std::byte>> kept;
+  std::vector<std::vector<float>> kept;
   std::vector<TensorToWrite> tensors;
   for (const TensorInfo& tensor : file.tensors()) {
-    const bool norm =
-        tensor.name.ends_with("q_norm.weight") || tensor.name.ends_with("k_norm.weight");
-    if (norm && !drop_gains) continue;
-    const auto* bytes = static_cast<const std::byte*>(tensor.data);
-    std::vector<std::byte>& copy = kept.emplace_back(bytes, bytes + tensor.size_bytes());
-    if (norm) {  // an f32 case's gains
-      const float one = 1.0f;
-      for (int64_t i = 0; i < tensor.num_elements(); ++i) {
-        std::memcpy(copy.data() + i * sizeof(float), &one, sizeof(float));
-      }
+    EXPECT_EQ(tensor.dtype, DType::kF32) << tensor.name;
+    const auto* values = static_cast<const float*>(tensor.data);
+    std::vector<float>& copy = kept.emplace_back(values, values + tensor.num_elements());
+    if (!change.edit_tensor(tensor.name, copy)) {
+      kept.pop_back();
+      continue;
     }
-    tensors.push_back({tensor.name, tensor.dtype, tensor.shape, copy});
+    tensors.push_back({tensor.name, tensor.dtype, tensor.shape, std::as_bytes(std::span(copy))});
   }
   write_safetensors(out / "model.safetensors", tensors, file.metadata());
   return out;
 }
 
-// The bound catches what Qwen3 adds: the same weights with the q/k norm's gains all one, or without
-// the norm at all, miss transformers' logits far beyond it.
-TEST(HfConformanceBreaks, AQwen3WithoutItsQueryAndKeyNormsIsCaught) {
-  const std::string name = "qwen3_qk_norm_f32";
+// Each break of `name` misses transformers' logits by far more than the bound: the bound catches
+// what the architecture adds.
+void expect_breaks_caught(const std::string& name, const std::vector<Break>& breaks) {
   testing::TempDir scratch;
   std::string skip_reason;
   const std::filesystem::path directory = testing::hf_reference_dir(name, scratch, &skip_reason);
@@ -113,15 +114,59 @@ TEST(HfConformanceBreaks, AQwen3WithoutItsQueryAndKeyNormsIsCaught) {
   ModelOptions options;
   options.kv_cache_tokens = 1024;
   options.kv_cache_dtype = DType::kF32;
-  for (const bool drop_gains : {true, false}) {
-    SCOPED_TRACE(drop_gains ? "gains all one" : "no q/k norm");
-    const std::filesystem::path broken = broken_qwen3(
-        directory / name, scratch.path() / (drop_gains ? "gains" : "none"), drop_gains);
+  for (size_t i = 0; i < breaks.size(); ++i) {
+    SCOPED_TRACE(breaks[i].what);
+    const std::filesystem::path broken =
+        write_broken(directory / name, scratch.path() / ("break" + std::to_string(i)), breaks[i]);
     auto model = Model::load(broken, *backend, options);
     const testing::HfComparison c = testing::compare_with_hf(*model, reference, kTolerance);
-    std::cout << "[ hf cpu ] broken: " << testing::describe(name, c, kTolerance) << "\n";
-    EXPECT_GT(c.worst_ratio, 10.0) << "a q/k norm change stays within 10x the bound";
+    std::cout << "[ hf cpu ] " << breaks[i].what << ": " << testing::describe(name, c, kTolerance)
+              << "\n";
+    EXPECT_GT(c.worst_ratio, 10.0) << "the break stays within 10x the bound";
   }
+}
+
+bool is_qk_norm(const std::string& tensor) {
+  return tensor.ends_with("q_norm.weight") || tensor.ends_with("k_norm.weight");
+}
+
+TEST(HfConformanceBreaks, AQwen3WithoutItsQueryAndKeyNormsIsCaught) {
+  expect_breaks_caught(
+      "qwen3_qk_norm_f32",
+      {{"q/k norm gains all one", [](nlohmann::json&) {},
+        [](const std::string& tensor, std::span<float> values) {
+          if (is_qk_norm(tensor)) std::ranges::fill(values, 1.0f);
+          return true;
+        }},
+       {"no q/k norm (read as a Llama)",
+        [](nlohmann::json& config) {
+          config["architectures"] = {"LlamaForCausalLM"};
+          config["model_type"] = "llama";
+        },
+        [](const std::string& tensor, std::span<float>) { return !is_qk_norm(tensor); }}});
+}
+
+TEST(HfConformanceBreaks, AGemma3MissingAnyOfItsDifferencesIsCaught) {
+  expect_breaks_caught(
+      "gemma3_local_global_f32",
+      {{"gains w, not 1 + w", [](nlohmann::json&) {},
+        [](const std::string& tensor, std::span<float> values) {
+          if (tensor.ends_with("norm.weight")) {
+            for (float& value : values) value -= 1.0f;  // read as 1 + (w - 1)
+          }
+          return true;
+        }},
+       {"every layer global",
+        [](nlohmann::json& config) {
+          config["layer_types"] = {"full_attention", "full_attention", "full_attention"};
+        }},
+       {"a window of 16", [](nlohmann::json& config) { config["sliding_window"] = 16; }},
+       {"the local layers on the global RoPE base",
+        [](nlohmann::json& config) {
+          config["rope_parameters"]["sliding_attention"]["rope_theta"] = 100000.0;
+        }},
+       {"scores scaled by head_dim^-0.5",
+        [](nlohmann::json& config) { config["query_pre_attn_scalar"] = 32; }}});
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfConformanceTest, ::testing::ValuesIn(testing::hf_case_names()),

@@ -287,6 +287,41 @@ TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyForAQwen3PairWithItsLayerSkipDraft
   EXPECT_LT(accepted, drafted);
 }
 
+// And for a Gemma 3 pair: local and global layers, post-norms, GELU-tanh, scaled embeddings.
+TEST_F(SpeculativeTest, GreedyEqualsTargetOnlyForAGemma3PairWithItsLayerSkipDraft) {
+  GeneratorOptions target_options = small_model(9, 3);
+  target_options.architecture = "Gemma3ForCausalLM";
+  target_options.head_dim = 16;
+  target_options.sliding_window = 3;  // shorter than every continuation
+  target_options.shallow_layers = 1;
+  target_options.deep_layer_scale = 0.5f;
+  fixtures::write_random_checkpoint(target_options, dir_ / "gemma3-target");
+  fixtures::write_truncated_checkpoint(dir_ / "gemma3-target", 1, dir_ / "gemma3-draft");
+  auto target = load("gemma3-target");
+  auto draft = load("gemma3-draft");
+  ASSERT_TRUE(target->config().output_norms);
+  ASSERT_EQ(target->config().layer_window(0), 3);
+  ASSERT_EQ(target->config().layer_window(1), 0);
+  check_pairing(*target, *draft);
+  int64_t drafted = 0, accepted = 0;
+  for (const auto& prompt : prompts()) {
+    const std::vector<int32_t> expected = reference_decode(*target, prompt, greedy(40)).tokens;
+    for (const GammaControl controller : kControls) {
+      for (const int64_t gamma : {1, 3, 6}) {
+        SpeculationSettings settings =
+            speculation(SpeculationMethod::kDraftModel, controller, gamma);
+        settings.draft_alternates = 2;
+        const Completion result = decode(*target, draft.get(), prompt, greedy(40), settings);
+        ASSERT_EQ(result.tokens, expected) << to_string(controller) << ", gamma " << gamma;
+        drafted += result.stats.drafted;
+        accepted += result.stats.accepted;
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+}
+
 // Alternates (a token tree): greedy and shared-noise output stays the target's own token for token,
 // alone and in a batch, while alternates are accepted (an accepted one's keys and values move into
 // place in the target's cache, and the draft reads it again); rejection sampling takes none.

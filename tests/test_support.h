@@ -264,9 +264,9 @@ class ForwardingBackend : public kernels::Backend {
     return inner_.attention(p, q, k_cache, v_cache, query_start, context, tables, key_gaps, out);
   }
   bool attends_with_key_gaps() const override { return inner_.attends_with_key_gaps(); }
-  Status run_swiglu(const kernels::SwigluParams& p, const float* gate, const float* up,
-                    float* out) override {
-    return inner_.swiglu(p, gate, up, out);
+  Status run_gated_activation(const kernels::GatedActivationParams& p, const float* gate,
+                              const float* up, float* out) override {
+    return inner_.gated_activation(p, gate, up, out);
   }
   Status run_fill_uniform(const kernels::FillParams& p, void* out) override {
     return inner_.fill_uniform(p, out);

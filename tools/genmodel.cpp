@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "Directory to write config.json and the safetensors into")
       ->required();
   app.add_option("--architecture", o.architecture,
-                 "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM")
+                 "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or "
+                 "Gemma3ForCausalLM")
       ->capture_default_str();
   app.add_option("--vocab", o.vocab_size, "Vocabulary size")->capture_default_str();
   app.add_option("--hidden", o.hidden_size, "Model width")->capture_default_str();
@@ -35,7 +36,8 @@ int main(int argc, char** argv) {
   app.add_flag("--llama3-rope", o.llama3_rope_scaling, "Write a Llama 3.1 rope_scaling block");
   app.add_option("--max-position", o.max_position_embeddings, "Trained context length")
       ->capture_default_str();
-  app.add_option("--sliding-window", o.sliding_window, "Mistral sliding window; 0 for none")
+  app.add_option("--sliding-window", o.sliding_window,
+                 "Mistral sliding window, 0 for none; Gemma 3 local layers' window, 0 for 4")
       ->capture_default_str();
   app.add_option("--bos", o.bos_token_id, "BOS token id")->capture_default_str();
   app.add_option("--eos", o.eos_token_id, "EOS token id")->capture_default_str();

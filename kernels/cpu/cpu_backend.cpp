@@ -183,9 +183,9 @@ Status CpuBackend::run_attention(const AttentionParams& params, const float* q, 
                         key_gaps, out, *pool_);
 }
 
-Status CpuBackend::run_swiglu(const SwigluParams& params, const float* gate, const float* up,
-                              float* out) {
-  return cpu::swiglu(params, gate, up, out, *pool_);
+Status CpuBackend::run_gated_activation(const GatedActivationParams& params, const float* gate,
+                                        const float* up, float* out) {
+  return cpu::gated_activation(params, gate, up, out, *pool_);
 }
 
 Status CpuBackend::run_add(int64_t count, const float* addend, float* accumulator) {

@@ -71,8 +71,8 @@ class CpuBackend final : public Backend {
                        const void* v_cache, const int32_t* query_start,
                        const int32_t* context_lengths, const int32_t* block_tables,
                        const int32_t* key_gaps, float* out) override;
-  Status run_swiglu(const SwigluParams& params, const float* gate, const float* up,
-                    float* out) override;
+  Status run_gated_activation(const GatedActivationParams& params, const float* gate,
+                              const float* up, float* out) override;
   Status run_add(int64_t count, const float* addend, float* accumulator) override;
   Status run_fill_uniform(const FillParams& params, void* out) override;
   // The rows shared out over the pool (kernels/cpu/sampling.h and verify.h are the reference).

@@ -1,15 +1,34 @@
 #include "kernels/cpu/elementwise.h"
 
+#include <cmath>
+
 #include "kernels/cpu/vector_math.h"
 
 namespace specrun::kernels::cpu {
+namespace {
 
 // Elements per scheduling grain: enough to amortise waking a thread.
 constexpr int64_t kElementGrain = 16384;
 
-Status swiglu(const SwigluParams& params, const float* gate, const float* up, float* out,
-              ThreadPool& pool) {
-  if (Status status = check_swiglu(params); !status.is_ok()) return status;
+// PyTorch's gelu(approximate="tanh"), in f32 as it computes it (x^3 as x * x * x).
+float gelu_tanh(float x) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  const float inner = kBeta * (x + kKappa * (x * x * x));
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+}  // namespace
+
+Status gated_activation(const GatedActivationParams& params, const float* gate, const float* up,
+                        float* out, ThreadPool& pool) {
+  if (Status status = check_gated_activation(params); !status.is_ok()) return status;
+  if (params.activation == GateActivation::kGeluTanh) {
+    pool.parallel_for(params.rows * params.dim, kElementGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = gelu_tanh(gate[i]) * up[i];
+    });
+    return Status::ok();
+  }
   // 16 elements at a time where there is AVX-512, the same bits as one at a time (exp_lanes).
   pool.parallel_for(params.rows * params.dim, kElementGrain, [&](int64_t begin, int64_t end) {
     int64_t i = begin;

@@ -1,4 +1,4 @@
-// Elementwise ops: the SwiGLU gate and the residual add.
+// Elementwise ops: a gated MLP's activation (SwiGLU, GeGLU) and the residual add.
 #pragma once
 
 #include "kernels/backend.h"
@@ -6,11 +6,11 @@
 
 namespace specrun::kernels::cpu {
 
-Status swiglu(const SwigluParams& params,
-              const float* gate,  // [rows, dim]
-              const float* up,    // [rows, dim]
-              float* out,         // [rows, dim]; may alias gate
-              ThreadPool& pool);
+Status gated_activation(const GatedActivationParams& params,
+                        const float* gate,  // [rows, dim]
+                        const float* up,    // [rows, dim]
+                        float* out,         // [rows, dim]; may alias gate
+                        ThreadPool& pool);
 
 Status add(int64_t count,
            const float* addend,  // [count]

@@ -47,6 +47,11 @@ Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const 
         }
       }
     }
+    if (params.scale != 1.0f) {
+      for (int64_t t = begin; t < end; ++t) {
+        for (int64_t c = 0; c < params.dim; ++c) out[t * params.dim + c] *= params.scale;
+      }
+    }
   });
   return Status::ok();
 }

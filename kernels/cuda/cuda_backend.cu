@@ -567,11 +567,11 @@ Status CudaBackend::run_attention(const AttentionParams& params, const float* q,
                           "attention");
 }
 
-Status CudaBackend::run_swiglu(const SwigluParams& params, const float* gate, const float* up,
-                               float* out) {
+Status CudaBackend::run_gated_activation(const GatedActivationParams& params, const float* gate,
+                                         const float* up, float* out) {
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
-  return launch_swiglu(params, gate, up, out, stream_);
+  return launch_gated_activation(params, gate, up, out, stream_);
 }
 
 Status CudaBackend::run_add(int64_t count, const float* addend, float* accumulator) {

@@ -126,8 +126,8 @@ class CudaBackend final : public Backend {
                        const void* v_cache, const int32_t* query_start,
                        const int32_t* context_lengths, const int32_t* block_tables,
                        const int32_t* key_gaps, float* out) override;
-  Status run_swiglu(const SwigluParams& params, const float* gate, const float* up,
-                    float* out) override;
+  Status run_gated_activation(const GatedActivationParams& params, const float* gate,
+                              const float* up, float* out) override;
   Status run_add(int64_t count, const float* addend, float* accumulator) override;
   Status run_fill_uniform(const FillParams& params, void* out) override;
   // One kernel each (kernels/cuda/rope.h, kernels/cuda/rmsnorm.h), bitwise the two ops.

@@ -1,4 +1,4 @@
-// Elementwise ops on the device: the SwiGLU gate and the residual add.
+// Elementwise ops on the device: a gated MLP's activation (SwiGLU, GeGLU) and the residual add.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,7 +11,7 @@ namespace specrun::kernels::cuda {
 
 // out = silu(gate) * up = gate / (1 + exp(-gate)) * up; out may alias gate (each element is read
 // and written by one thread). Grid-stride, 16-byte accesses when all three are aligned.
-Status launch_swiglu(const SwigluParams& params,
+Status launch_gated_activation(const GatedActivationParams& params,
                      const float* gate,  // [rows, dim]
                      const float* up,    // [rows, dim]
                      float* out,         // [rows, dim]

@@ -15,7 +15,7 @@ __global__ void __launch_bounds__(kThreads)
     embedding_kernel(const int32_t* token_ids,  // [num_tokens]
                      const void* table,         // [vocab_size, dim]
                      float* out,                // [num_tokens, dim]
-                     int64_t vocab_size, int64_t dim, DeviceErrorRecord* errors) {
+                     int64_t vocab_size, int64_t dim, float scale, DeviceErrorRecord* errors) {
   using T = typename Stored<kDType>::Type;
   const int64_t token = blockIdx.x;
   const int32_t id = token_ids[token];
@@ -36,12 +36,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int i = 0; i < kVec / 4; ++i) {
         target[i] =
-            make_float4(values[4 * i], values[4 * i + 1], values[4 * i + 2], values[4 * i + 3]);
+            make_float4(__fmul_rn(values[4 * i], scale), __fmul_rn(values[4 * i + 1], scale),
+                        __fmul_rn(values[4 * i + 2], scale), __fmul_rn(values[4 * i + 3], scale));
       }
     }
   } else {
     for (int64_t c = threadIdx.x; c < dim; c += kThreads) {
-      destination[c] = Stored<kDType>::widen(row[c]);
+      destination[c] = __fmul_rn(Stored<kDType>::widen(row[c]), scale);
     }
   }
 }
@@ -54,10 +55,10 @@ void launch_typed(const EmbeddingParams& params, const int32_t* token_ids, const
   const dim3 grid(static_cast<unsigned>(params.num_tokens));
   if (vector) {
     embedding_kernel<kDType, true><<<grid, kThreads, 0, stream>>>(
-        token_ids, table, out, params.vocab_size, params.dim, errors);
+        token_ids, table, out, params.vocab_size, params.dim, params.scale, errors);
   } else {
     embedding_kernel<kDType, false><<<grid, kThreads, 0, stream>>>(
-        token_ids, table, out, params.vocab_size, params.dim, errors);
+        token_ids, table, out, params.vocab_size, params.dim, params.scale, errors);
   }
 }
 

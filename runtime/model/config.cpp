@@ -268,9 +268,10 @@ Architecture parse_architecture(const json& document, const std::string& source,
     if (*name == "MistralForCausalLM") return Architecture::kMistral;
     if (*name == "Qwen2ForCausalLM") return Architecture::kQwen2;
     if (*name == "Qwen3ForCausalLM") return Architecture::kQwen3;
+    if (*name == "Gemma3ForCausalLM") return Architecture::kGemma3;
     throw Error(source + ": architecture '" + *name +
                 "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                "Qwen3ForCausalLM)");
+                "Qwen3ForCausalLM, Gemma3ForCausalLM)");
   }
   // Some configs name only the model type.
   const auto model_type = document.find("model_type");
@@ -282,8 +283,9 @@ Architecture parse_architecture(const json& document, const std::string& source,
   if (type == "mistral") return *name = "MistralForCausalLM", Architecture::kMistral;
   if (type == "qwen2") return *name = "Qwen2ForCausalLM", Architecture::kQwen2;
   if (type == "qwen3") return *name = "Qwen3ForCausalLM", Architecture::kQwen3;
+  if (type == "gemma3_text") return *name = "Gemma3ForCausalLM", Architecture::kGemma3;
   throw Error(source + ": model_type '" + type +
-              "' is not supported (llama, mistral, qwen2, qwen3)");
+              "' is not supported (llama, mistral, qwen2, qwen3, gemma3_text)");
 }
 
 // `object_key` names the object in errors: rope_scaling, or rope_parameters (transformers 5).
@@ -331,6 +333,93 @@ RopeScaling parse_rope_scaling(const KeyReader& keys, const json* value,
             "has rope_type '" + name + "', which is not supported (default, linear, llama3)");
 }
 
+// Gemma 3's RoPE: a base and scaling for its global layers and a base for its local ones, as
+// transformers 5 writes them (rope_parameters.full_attention, .sliding_attention) or as earlier
+// configs do (rope_theta, rope_scaling, rope_local_base_freq).
+void parse_gemma3_rope(const KeyReader& keys, const std::string& source, ModelConfig& config) {
+  config.rope_theta = 1e6;  // transformers' defaults: global 1e6, local 1e4
+  config.local_rope_theta = 1e4;
+  const json* parameters = keys.find("rope_parameters");
+  if (parameters == nullptr) {
+    config.rope_theta = keys.positive_number("rope_theta", config.rope_theta);
+    config.local_rope_theta = keys.positive_number("rope_local_base_freq", config.local_rope_theta);
+    config.rope_scaling =
+        parse_rope_scaling(keys, keys.find("rope_scaling"), "rope_scaling", source);
+    return;
+  }
+  if (!parameters->is_object()) keys.fail("rope_parameters", "must be an object or null");
+  const KeyReader layers(*parameters, source + ": rope_parameters");
+  for (const char* type : {"full_attention", "sliding_attention"}) {
+    const json* entry = layers.find(type);
+    if (entry == nullptr) continue;
+    if (!entry->is_object()) layers.fail(type, "must be an object");
+    const KeyReader inner(*entry, source + ": rope_parameters." + type);
+    const bool global = std::string_view(type) == "full_attention";
+    double& theta = global ? config.rope_theta : config.local_rope_theta;
+    theta = inner.positive_number("rope_theta", theta);
+    const RopeScaling scaling =
+        parse_rope_scaling(keys, entry, std::string("rope_parameters.") + type, source);
+    if (global) {
+      config.rope_scaling = scaling;
+    } else if (scaling.type != RopeScalingType::kNone) {
+      inner.fail("rope_type", "is not default: scaled RoPE on the local layers is not supported");
+    }
+  }
+}
+
+// What Gemma 3 adds to the Llama layout, with what it must not use.
+void parse_gemma3(const KeyReader& keys, ModelConfig& config) {
+  if (const json* activation = keys.find("hidden_activation")) {
+    if (!activation->is_string() || (activation->get<std::string>() != "gelu_pytorch_tanh" &&
+                                     activation->get<std::string>() != "gelu_tanh")) {
+      keys.fail("hidden_activation",
+                "must be \"gelu_pytorch_tanh\", got " + json_excerpt(*activation));
+    }
+  }
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (const json* value = keys.find(key); value != nullptr && !value->is_null()) {
+      keys.fail(key, "is set: logit soft-capping (Gemma 2's) is not supported");
+    }
+  }
+  if (keys.boolean("use_bidirectional_attention", false)) {
+    keys.fail("use_bidirectional_attention", "is true; only causal attention is supported");
+  }
+  const bool attention_bias = keys.boolean("attention_bias", false);
+  config.qkv_bias = attention_bias;
+  config.o_bias = attention_bias;
+  config.qk_norm = true;
+  config.norm_gain_offset = true;
+  config.output_norms = true;
+  config.mlp_activation = MlpActivation::kGeluTanh;
+  config.tie_word_embeddings = keys.boolean("tie_word_embeddings", true);
+  config.embedding_scale = static_cast<float>(std::sqrt(static_cast<double>(config.hidden_size)));
+  const double query_scalar = keys.positive_number("query_pre_attn_scalar", 256.0);
+  config.query_scale = static_cast<float>(1.0 / std::sqrt(query_scalar));
+  config.sliding_window = keys.positive_int("sliding_window", 4096);
+  config.sliding_layers.assign(static_cast<size_t>(config.num_layers), false);
+  if (const json* types = keys.find("layer_types")) {
+    if (!types->is_array() || types->size() != static_cast<size_t>(config.num_layers)) {
+      keys.fail("layer_types",
+                "must list one type per layer (" + std::to_string(config.num_layers) + ")");
+    }
+    for (size_t i = 0; i < types->size(); ++i) {
+      const json& type = (*types)[i];
+      if (type == "sliding_attention") {
+        config.sliding_layers[i] = true;
+      } else if (type != "full_attention") {
+        keys.fail("layer_types",
+                  "holds " + json_excerpt(type) + " (sliding_attention or full_attention)");
+      }
+    }
+  } else {
+    // Earlier configs give the pattern: every pattern-th layer is global.
+    const int64_t pattern = keys.positive_int("sliding_window_pattern", 6);
+    for (int64_t i = 0; i < config.num_layers; ++i) {
+      config.sliding_layers[static_cast<size_t>(i)] = (i + 1) % pattern != 0;
+    }
+  }
+}
+
 }  // namespace
 
 ModelConfig parse_model_config(const json& document, const std::string& source) {
@@ -369,7 +458,9 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
 
   config.rms_norm_eps = keys.positive_number("rms_norm_eps", 1e-6);
   config.rope_theta = keys.positive_number("rope_theta", 10000.0);
-  if (const json* parameters = keys.find("rope_parameters")) {
+  if (config.architecture == Architecture::kGemma3) {
+    parse_gemma3_rope(keys, source, config);
+  } else if (const json* parameters = keys.find("rope_parameters")) {
     // transformers 5 writes theta and the scaling together, as rope_parameters, and no
     // rope_theta or rope_scaling at the top level.
     if (!parameters->is_object()) keys.fail("rope_parameters", "must be an object or null");
@@ -382,11 +473,14 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
   }
   const int64_t default_context = config.architecture == Architecture::kLlama     ? 2048
                                   : config.architecture == Architecture::kMistral ? 131072
+                                  : config.architecture == Architecture::kGemma3  ? 131072
                                                                                   : 32768;
   config.max_position_embeddings = keys.positive_int("max_position_embeddings", default_context);
   config.tie_word_embeddings = keys.boolean("tie_word_embeddings", false);
 
-  if (const json* activation = keys.find("hidden_act")) {
+  if (config.architecture == Architecture::kGemma3) {
+    parse_gemma3(keys, config);
+  } else if (const json* activation = keys.find("hidden_act")) {
     if (!activation->is_string() || activation->get<std::string>() != "silu") {
       keys.fail("hidden_act", "must be \"silu\", got " + json_excerpt(*activation));
     }
@@ -410,6 +504,8 @@ ModelConfig parse_model_config(const json& document, const std::string& source) 
                   "is true; Qwen2's per-layer sliding window is not supported");
       }
       break;
+    case Architecture::kGemma3:
+      break;  // parse_gemma3
     case Architecture::kQwen3: {
       const bool attention_bias = keys.boolean("attention_bias", false);
       config.qkv_bias = attention_bias;
@@ -484,13 +580,15 @@ ModelConfig load_model_config(const std::filesystem::path& path) {
   return parse_model_config(document, path.string());
 }
 
-std::vector<float> rope_inverse_frequencies(const ModelConfig& config) {
+std::vector<float> rope_inverse_frequencies(const ModelConfig& config, bool local) {
   const int64_t half = config.head_dim / 2;
   std::vector<float> inv_freq(static_cast<size_t>(half));
-  const RopeScaling& scaling = config.rope_scaling;
+  const RopeScaling scaling = local ? RopeScaling{} : config.rope_scaling;
+  const double theta =
+      local && config.local_rope_theta > 0.0 ? config.local_rope_theta : config.rope_theta;
   for (int64_t i = 0; i < half; ++i) {
-    double frequency = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) /
-                                                             static_cast<double>(config.head_dim));
+    double frequency =
+        1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(config.head_dim));
     if (scaling.type == RopeScalingType::kLinear) {
       frequency /= scaling.factor;
     } else if (scaling.type == RopeScalingType::kLlama3) {

@@ -19,6 +19,14 @@ enum class Architecture {
   kMistral,  // MistralForCausalLM: optional sliding-window attention
   kQwen2,    // Qwen2ForCausalLM: bias on q, k and v
   kQwen3,    // Qwen3ForCausalLM: q and k RMS-normalised per head before RoPE, no bias by default
+  kGemma3,   // Gemma3ForCausalLM: Qwen3's q/k norms, norms around attention and MLP with gains
+             // 1 + w, a GELU-tanh MLP, local (windowed) and global layers with their own RoPE
+};
+
+// The activation of the gated MLP: down(act(gate(x)) * up(x)).
+enum class MlpActivation {
+  kSilu,      // SwiGLU: Llama, Mistral, Qwen
+  kGeluTanh,  // GeGLU with tanh's approximation of GELU: Gemma
 };
 
 enum class RopeScalingType {
@@ -82,9 +90,22 @@ struct ModelConfig {
   bool o_bias = false;                     // the attention output projection carries a bias
   bool mlp_bias = false;                   // gate, up and down projections carry a bias
   bool qk_norm = false;  // each head of q and k is RMS-normalised (a gain per channel) before RoPE
-  int64_t sliding_window = 0;              // attend to this many latest positions; 0: all
-  std::vector<int32_t> bos_token_ids;      // beginning-of-sequence ids (may be empty)
-  std::vector<int32_t> eos_token_ids;      // any of these ends generation (may be empty)
+  // Gemma: every norm's gain is stored as its offset from one (the model multiplies by 1 + w).
+  bool norm_gain_offset = false;
+  // Gemma: the attention's and the MLP's outputs are normalised before their residual adds
+  // (post_attention_layernorm, post_feedforward_layernorm); the MLP's input norm is then
+  // pre_feedforward_layernorm.
+  bool output_norms = false;
+  MlpActivation mlp_activation = MlpActivation::kSilu;  // the gated MLP's activation
+  float embedding_scale = 1.0f;  // the embedding's rows are multiplied by it (Gemma: sqrt(hidden))
+  float query_scale = 0.0f;      // attention's score scale; 0: 1 / sqrt(head_dim)
+  // Which layers attend through the window (sliding_window positions): Gemma's local layers.
+  // Empty: every layer, when sliding_window > 0.
+  std::vector<bool> sliding_layers;
+  double local_rope_theta = 0.0;       // the windowed layers' RoPE base, unscaled; 0: rope_theta
+  int64_t sliding_window = 0;          // attend to this many latest positions; 0: all
+  std::vector<int32_t> bos_token_ids;  // beginning-of-sequence ids (may be empty)
+  std::vector<int32_t> eos_token_ids;  // any of these ends generation (may be empty)
   // The token each row of the output projection scores, when it scores only part of the
   // vocabulary (a draft's reduced head: the tokens outside it are never proposed, which costs
   // acceptance only where the target would pick them). Strictly increasing ids below vocab_size;
@@ -103,6 +124,16 @@ struct ModelConfig {
   std::optional<WeightQuantization> quantization;  // a pre-quantized checkpoint's layout
 
   int64_t embedding_columns() const { return embedding_width > 0 ? embedding_width : hidden_size; }
+  // The window `layer` attends through; 0: every position.
+  int64_t layer_window(int64_t layer) const {
+    if (sliding_layers.empty()) return sliding_window;
+    return sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
+  }
+  // Whether `layer` rotates with the local RoPE base (local_rope_theta).
+  bool local_rope(int64_t layer) const {
+    return local_rope_theta > 0.0 && !sliding_layers.empty() &&
+           sliding_layers[static_cast<size_t>(layer)];
+  }
   bool reads_features() const { return feature_width > 0; }
 };
 
@@ -117,7 +148,8 @@ std::optional<std::string> output_token_ids_problem(std::span<const int32_t> ids
 ModelConfig parse_model_config(const nlohmann::json& document, const std::string& source);
 ModelConfig load_model_config(const std::filesystem::path& path);
 
-// The RoPE inverse frequencies, scaling applied: [head_dim / 2].
-std::vector<float> rope_inverse_frequencies(const ModelConfig& config);
+// The RoPE inverse frequencies, scaling applied: [head_dim / 2]. `local`: the windowed layers'
+// (local_rope_theta, no scaling).
+std::vector<float> rope_inverse_frequencies(const ModelConfig& config, bool local = false);
 
 }  // namespace specrun

@@ -172,6 +172,7 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
     if (config.tie_word_embeddings && checkpoint_.tensors.find("lm_head.weight") != nullptr) {
       parameter_count_ -= config.vocab_size * config.hidden_size;
     }
+    if (config.norm_gain_offset) offset_norm_gains();
   }
   check_cache_options(options);
   if (synthetic_seed) {
@@ -202,11 +203,16 @@ Model::Model(Checkpoint checkpoint, kernels::Backend& backend, const ModelOption
     decode_read_bytes_ -= weights_.embedding.size_bytes - row_bytes;
   }
 
-  const std::vector<float> inv_freq = rope_inverse_frequencies(config);
-  inv_freq_ = DeviceBuffer(backend_, inv_freq.size() * sizeof(float), "RoPE frequencies");
-  SPECRUN_CHECK_OK(
-      backend_.copy_to_device(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(float)),
-      "uploading RoPE frequencies");
+  auto upload_frequencies = [&](bool local) {
+    const std::vector<float> inv_freq = rope_inverse_frequencies(config, local);
+    DeviceBuffer buffer(backend_, inv_freq.size() * sizeof(float), "RoPE frequencies");
+    SPECRUN_CHECK_OK(
+        backend_.copy_to_device(buffer.data(), inv_freq.data(), inv_freq.size() * sizeof(float)),
+        "uploading RoPE frequencies");
+    return buffer;
+  };
+  inv_freq_ = upload_frequencies(false);
+  if (config.local_rope_theta > 0.0) local_inv_freq_ = upload_frequencies(true);
 
   const int64_t blocks = kv_capacity_tokens(config, options) / options.kv_block_size;
   kv_cache_ = std::make_unique<KvCache>(
@@ -350,6 +356,19 @@ std::vector<WeightView*> linear_weights(ModelWeights& weights) {
       views.push_back(view);
     }
   }
+  return views;
+}
+
+// Every norm's gain: the layers' (those the config has) and the final one.
+std::vector<WeightView*> norm_gains(ModelWeights& weights) {
+  std::vector<WeightView*> views;
+  for (LayerWeights& l : weights.layers) {
+    for (WeightView* view : {&l.attention_norm, &l.q_norm, &l.k_norm, &l.attention_output_norm,
+                             &l.mlp_norm, &l.mlp_output_norm}) {
+      if (*view) views.push_back(view);
+    }
+  }
+  views.push_back(&weights.final_norm);
   return views;
 }
 
@@ -502,6 +521,10 @@ void Model::place_weights() {
     for (const WeightView* view : linear_weights(weights_)) to_quantize.insert(view);
     if (options_.quantize_output) to_quantize.insert(&weights_.output);
   }
+  std::set<const WeightView*> offset_gains;
+  if (checkpoint_.config.norm_gain_offset) {
+    for (const WeightView* view : norm_gains(weights_)) offset_gains.insert(view);
+  }
   std::vector<WeightView*> views = {&weights_.embedding, &weights_.token_projection,
                                     &weights_.feature_projection};
   for (LayerWeights& l : weights_.layers) {
@@ -539,6 +562,16 @@ void Model::place_weights() {
       weight_buffers_.push_back(std::move(buffer));
       continue;
     }
+    if (offset_gains.count(view) != 0) {
+      // Gains of 1 + w stay f32 on the device too.
+      DeviceBuffer buffer(backend_, view->size_bytes, "norm gains");
+      SPECRUN_CHECK_OK(backend_.copy_to_device(buffer.data(), view->data, view->size_bytes),
+                       "uploading norm gains");
+      progress.advance(view->size_bytes);
+      view->data = buffer.data();
+      weight_buffers_.push_back(std::move(buffer));
+      continue;
+    }
     const bool convert = view->dtype != DType::kBF16;
     DeviceBuffer buffer(backend_, elements * sizeof(uint16_t), "weights");
     const uint64_t chunk = kChunkBytes / element_size;  // elements per chunk
@@ -563,6 +596,17 @@ void Model::place_weights() {
     weight_buffers_.push_back(std::move(buffer));
   }
   if (shares_table) weights_.output = weights_.embedding;
+}
+
+void Model::offset_norm_gains() {
+  for (WeightView* view : norm_gains(weights_)) {
+    const auto count = static_cast<size_t>(view->shape[0]);
+    std::vector<float>& gains = offset_gains_.emplace_back(count);
+    for (size_t i = 0; i < count; ++i) gains[i] = 1.0f + load_as_f32(view->data, view->dtype, i);
+    view->data = gains.data();
+    view->dtype = DType::kF32;
+    view->size_bytes = count * sizeof(float);
+  }
 }
 
 void Model::lay_out_weights() {
@@ -1021,10 +1065,11 @@ void Model::run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks)
     SPECRUN_CHECK_OK(backend_.add(num_tokens * c.hidden_size, w.projected.as<float>(), x),
                      "adding the projected features");
   } else {
-    SPECRUN_CHECK_OK(backend_.embedding({num_tokens, c.vocab_size, c.hidden_size,
-                                         weights_.embedding.dtype, weights_.embedding.layout},
-                                        w.tokens, weights_.embedding.data, x),
-                     "embedding");
+    SPECRUN_CHECK_OK(
+        backend_.embedding({num_tokens, c.vocab_size, c.hidden_size, weights_.embedding.dtype,
+                            weights_.embedding.layout, c.embedding_scale},
+                           w.tokens, weights_.embedding.data, x),
+        "embedding");
   }
   // Each residual add runs with the norm after it (one launch on a device); only the first layer's
   // attention norm runs alone, and only the last residual add.
@@ -1049,33 +1094,56 @@ void Model::run_layers(int64_t num_tokens, int64_t num_seqs, int64_t max_blocks)
                            l.k_norm.data, k),
           layer_op("key norm", layer));
     }
+    const float* inv_freq =
+        c.local_rope(layer) ? local_inv_freq_.as<float>() : inv_freq_.as<float>();
     SPECRUN_CHECK_OK(
         backend_.rope_kv_write({num_tokens, c.num_heads, c.num_kv_heads, c.head_dim, c.rope_style},
                                {num_tokens, c.num_kv_heads, c.head_dim,
                                 kv_cache_->capacity_tokens(), kv_cache_->layout().dtype},
-                               w.positions, inv_freq_.as<float>(), w.slots, q, k, v,
-                               kv_cache_->keys(layer), kv_cache_->values(layer)),
+                               w.positions, inv_freq, w.slots, q, k, v, kv_cache_->keys(layer),
+                               kv_cache_->values(layer)),
         layer_op("rope and KV cache write", layer));
-    const kernels::AttentionParams attention_params{
-        num_seqs,         num_tokens,
-        c.num_heads,      c.num_kv_heads,
-        c.head_dim,       kv_cache_->layout().block_size,
-        max_blocks,       1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-        c.sliding_window, kv_cache_->layout().dtype};
+    const float query_scale =
+        c.query_scale > 0.0f ? c.query_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const kernels::AttentionParams attention_params{num_seqs,
+                                                    num_tokens,
+                                                    c.num_heads,
+                                                    c.num_kv_heads,
+                                                    c.head_dim,
+                                                    kv_cache_->layout().block_size,
+                                                    max_blocks,
+                                                    query_scale,
+                                                    c.layer_window(layer),
+                                                    kv_cache_->layout().dtype};
     SPECRUN_CHECK_OK(
         backend_.attention(attention_params, q, kv_cache_->keys(layer), kv_cache_->values(layer),
                            w.query_start, w.context_lengths, w.block_tables, w.key_gaps, attention),
         layer_op("attention", layer));
     matmul(attention, l.o_proj, l.o_bias, num_tokens, projected, "o_proj", layer);
+    if (c.output_norms) {
+      SPECRUN_CHECK_OK(
+          backend_.rmsnorm({num_tokens, c.hidden_size, eps, l.attention_output_norm.dtype},
+                           projected, l.attention_output_norm.data, projected),
+          layer_op("attention output norm", layer));
+    }
     SPECRUN_CHECK_OK(backend_.add_rmsnorm({num_tokens, c.hidden_size, eps, l.mlp_norm.dtype},
                                           projected, x, l.mlp_norm.data, normed),
                      layer_op("attention residual and mlp norm", layer));
 
     matmul_group(normed, {{{&l.gate_proj, &l.gate_bias, gate}, {&l.up_proj, &l.up_bias, up}}},
                  num_tokens, "gate/up projections", layer);
-    SPECRUN_CHECK_OK(backend_.swiglu({num_tokens, c.intermediate_size}, gate, up, gate),
-                     layer_op("swiglu", layer));
+    const kernels::GateActivation activation = c.mlp_activation == MlpActivation::kGeluTanh
+                                                   ? kernels::GateActivation::kGeluTanh
+                                                   : kernels::GateActivation::kSilu;
+    SPECRUN_CHECK_OK(
+        backend_.gated_activation({num_tokens, c.intermediate_size, activation}, gate, up, gate),
+        layer_op("gated activation", layer));
     matmul(gate, l.down_proj, l.down_bias, num_tokens, projected, "down_proj", layer);
+    if (c.output_norms) {
+      SPECRUN_CHECK_OK(backend_.rmsnorm({num_tokens, c.hidden_size, eps, l.mlp_output_norm.dtype},
+                                        projected, l.mlp_output_norm.data, projected),
+                       layer_op("mlp output norm", layer));
+    }
     if (layer + 1 < c.num_layers) {
       const WeightView& next_norm = weights_.layers[static_cast<size_t>(layer) + 1].attention_norm;
       SPECRUN_CHECK_OK(backend_.add_rmsnorm({num_tokens, c.hidden_size, eps, next_norm.dtype},

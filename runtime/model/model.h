@@ -190,6 +190,8 @@ class Model {
   void place_scales();
   // Lays the matmul weights (and a table a tied head shares) out as the backend's matmul reads
   // them fastest (Backend::matmul_weight_layout): copies in its memory, made once at load.
+  // Gemma: each norm gain w replaced by 1 + w, in f32 (offset_gains_).
+  void offset_norm_gains();
   void lay_out_weights();
   void write_synthetic_weights(uint64_t seed);
   void ensure_workspace(int64_t tokens, int64_t logit_rows, int64_t metadata_ints);
@@ -214,6 +216,10 @@ class Model {
   ModelWeights weights_;
   std::vector<DeviceBuffer> weight_buffers_;  // device copies, quantized weights, f32 scales
   DeviceBuffer inv_freq_;                     // [head_dim / 2] f32
+  DeviceBuffer local_inv_freq_;  // [head_dim / 2] f32: the windowed layers' (local_rope_theta)
+  // Gemma's norm gains as the model multiplies by them, 1 + w, in f32 (in bf16 1 + w would lose
+  // w's low bits): host copies the views point at until the weights are placed.
+  std::vector<std::vector<float>> offset_gains_;
   std::unique_ptr<KvCache> kv_cache_;
   std::unique_ptr<Workspace> workspace_;
   int64_t parameter_count_ = 0;

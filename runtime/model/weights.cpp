@@ -232,8 +232,18 @@ ModelWeights bind_weights(const Checkpoint& checkpoint) {
     l.o_bias = binder.optional(c.o_bias, attention + "o_proj.bias", {c.hidden_size}, "hidden_size");
     l.q_norm = binder.optional(c.qk_norm, attention + "q_norm.weight", {c.head_dim}, "head_dim");
     l.k_norm = binder.optional(c.qk_norm, attention + "k_norm.weight", {c.head_dim}, "head_dim");
-    l.mlp_norm =
-        binder.require(prefix + "post_attention_layernorm.weight", {c.hidden_size}, "hidden_size");
+    if (c.output_norms) {
+      // Gemma: post_attention_layernorm normalises the attention's output, not the MLP's input.
+      l.attention_output_norm = binder.require(prefix + "post_attention_layernorm.weight",
+                                               {c.hidden_size}, "hidden_size");
+      l.mlp_norm = binder.require(prefix + "pre_feedforward_layernorm.weight", {c.hidden_size},
+                                  "hidden_size");
+      l.mlp_output_norm = binder.require(prefix + "post_feedforward_layernorm.weight",
+                                         {c.hidden_size}, "hidden_size");
+    } else {
+      l.mlp_norm = binder.require(prefix + "post_attention_layernorm.weight", {c.hidden_size},
+                                  "hidden_size");
+    }
     l.gate_proj = binder.linear(mlp + "gate_proj", {c.intermediate_size, c.hidden_size},
                                 "intermediate_size, hidden_size");
     l.up_proj = binder.linear(mlp + "up_proj", {c.intermediate_size, c.hidden_size},

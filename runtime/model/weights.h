@@ -34,28 +34,30 @@ struct WeightView {
 };
 
 struct LayerWeights {
-  WeightView attention_norm;  // [hidden]
-  WeightView q_proj;          // [heads * head_dim, hidden]
-  WeightView k_proj;          // [kv_heads * head_dim, hidden]
-  WeightView v_proj;          // [kv_heads * head_dim, hidden]
-  WeightView o_proj;          // [hidden, heads * head_dim]
-  WeightView q_bias;          // [heads * head_dim] when qkv_bias
-  WeightView k_bias;          // [kv_heads * head_dim] when qkv_bias
-  WeightView v_bias;          // [kv_heads * head_dim] when qkv_bias
-  WeightView o_bias;          // [hidden] when o_bias
-  WeightView q_norm;          // [head_dim] when qk_norm: every query head's gain
-  WeightView k_norm;          // [head_dim] when qk_norm: every key head's gain
-  WeightView mlp_norm;        // [hidden]
-  WeightView gate_proj;       // [intermediate, hidden]
-  WeightView up_proj;         // [intermediate, hidden]
-  WeightView down_proj;       // [hidden, intermediate]
-  WeightView gate_bias;       // [intermediate] when mlp_bias
-  WeightView up_bias;         // [intermediate] when mlp_bias
-  WeightView down_bias;       // [hidden] when mlp_bias
+  WeightView attention_norm;         // [hidden]
+  WeightView q_proj;                 // [heads * head_dim, hidden]
+  WeightView k_proj;                 // [kv_heads * head_dim, hidden]
+  WeightView v_proj;                 // [kv_heads * head_dim, hidden]
+  WeightView o_proj;                 // [hidden, heads * head_dim]
+  WeightView q_bias;                 // [heads * head_dim] when qkv_bias
+  WeightView k_bias;                 // [kv_heads * head_dim] when qkv_bias
+  WeightView v_bias;                 // [kv_heads * head_dim] when qkv_bias
+  WeightView o_bias;                 // [hidden] when o_bias
+  WeightView q_norm;                 // [head_dim] when qk_norm: every query head's gain
+  WeightView k_norm;                 // [head_dim] when qk_norm: every key head's gain
+  WeightView attention_output_norm;  // [hidden] when output_norms: on o_proj's output
+  WeightView mlp_output_norm;        // [hidden] when output_norms: on down_proj's output
+  WeightView mlp_norm;               // [hidden]: the MLP's input norm
+  WeightView gate_proj;              // [intermediate, hidden]
+  WeightView up_proj;                // [intermediate, hidden]
+  WeightView down_proj;              // [hidden, intermediate]
+  WeightView gate_bias;              // [intermediate] when mlp_bias
+  WeightView up_bias;                // [intermediate] when mlp_bias
+  WeightView down_bias;              // [hidden] when mlp_bias
 
   // Every tensor of the layer, those the config leaves out empty: what walks all of them (byte
   // counts, uploads) walks this, so that a new tensor is one line here.
-  static constexpr size_t kTensors = 18;
+  static constexpr size_t kTensors = 20;
   std::array<WeightView*, kTensors> views() { return views_of<WeightView>(*this); }
   std::array<const WeightView*, kTensors> views() const {
     return views_of<const WeightView>(*this);
@@ -64,9 +66,11 @@ struct LayerWeights {
  private:
   template <typename View, typename Layer>
   static std::array<View*, kTensors> views_of(Layer& l) {
-    return {&l.attention_norm, &l.q_proj,  &l.k_proj,    &l.v_proj,    &l.o_proj,  &l.q_bias,
-            &l.k_bias,         &l.v_bias,  &l.o_bias,    &l.q_norm,    &l.k_norm,  &l.mlp_norm,
-            &l.gate_proj,      &l.up_proj, &l.down_proj, &l.gate_bias, &l.up_bias, &l.down_bias};
+    return {&l.attention_norm, &l.q_proj,    &l.k_proj,    &l.v_proj,
+            &l.o_proj,         &l.q_bias,    &l.k_bias,    &l.v_bias,
+            &l.o_bias,         &l.q_norm,    &l.k_norm,    &l.attention_output_norm,
+            &l.mlp_norm,       &l.gate_proj, &l.up_proj,   &l.down_proj,
+            &l.gate_bias,      &l.up_bias,   &l.down_bias, &l.mlp_output_norm};
   }
 };
 

@@ -15,7 +15,8 @@
 //   tolerance is looser.
 // - attention: scores carry head_dim roundings into exp and the weighted sum carries the context
 //   length (values in [-1, 1]): 8 (head_dim + context + 16) u, as in the CPU suite, doubled.
-// - swiglu: exp within 2 ulp (CUDA) and 1 ulp (libm), then a quotient and a product: 16 u |ref|.
+// - gated_activation (SwiGLU): exp within 2 ulp (CUDA) and 1 ulp (libm), then a quotient and a
+// product: 16 u |ref|.
 // - whole model: from the per-op bounds through two layers; 1e-3 of the largest logit with f32
 //   activations everywhere (batch-invariant mode), 3e-2 when prefill GEMMs round activations to
 //   bf16/f16. The argmax must agree wherever the CPU's top-2 margin exceeds twice the tolerance.
@@ -1062,16 +1063,17 @@ TEST_F(CudaBackendTest, SwigluAndAddMatchCpu) {
       const std::vector<float> gate = random_floats(rows * dim, 21 + rows, 6.0f);
       const std::vector<float> up = random_floats(rows * dim, 22 + dim, 2.0f);
       std::vector<float> ref(gate.size());
-      ASSERT_TRUE(cpu_->swiglu({rows, dim}, gate.data(), up.data(), ref.data()).is_ok());
+      ASSERT_TRUE(cpu_->gated_activation({rows, dim}, gate.data(), up.data(), ref.data()).is_ok());
       DeviceBuffer gate_d = upload(*gpu_, gate), up_d = upload(*gpu_, up);
       DeviceBuffer out = poisoned(*gpu_, gate.size());
       ASSERT_TRUE(
-          gpu_->swiglu({rows, dim}, gate_d.as<float>(), up_d.as<float>(), out.as<float>()).is_ok());
+          gpu_->gated_activation({rows, dim}, gate_d.as<float>(), up_d.as<float>(), out.as<float>())
+              .is_ok());
       EXPECT_TRUE(all_close(download(*gpu_, out, ref.size()), ref, 1e-30, 16 * kUnitRoundoff));
       // out aliasing gate.
-      ASSERT_TRUE(
-          gpu_->swiglu({rows, dim}, gate_d.as<float>(), up_d.as<float>(), gate_d.as<float>())
-              .is_ok());
+      ASSERT_TRUE(gpu_->gated_activation({rows, dim}, gate_d.as<float>(), up_d.as<float>(),
+                                         gate_d.as<float>())
+                      .is_ok());
       EXPECT_TRUE(
           bitwise_equal(download(*gpu_, gate_d, ref.size()), download(*gpu_, out, ref.size())));
 
@@ -1166,8 +1168,10 @@ TEST_F(CudaBackendTest, BadShapesGiveTheCpuStatusCodes) {
     same(cpu_->attention(p, c, c, c, ci, ci, ci, nullptr, c),
          gpu_->attention(p, f, f, f, i32, i32, i32, nullptr, mutable_f), "attention");
   }
-  same(cpu_->swiglu({-1, 4}, c, c, c), gpu_->swiglu({-1, 4}, f, f, mutable_f), "swiglu");
-  same(cpu_->swiglu({1, 0}, c, c, c), gpu_->swiglu({1, 0}, f, f, mutable_f), "swiglu");
+  same(cpu_->gated_activation({-1, 4}, c, c, c), gpu_->gated_activation({-1, 4}, f, f, mutable_f),
+       "gated_activation");
+  same(cpu_->gated_activation({1, 0}, c, c, c), gpu_->gated_activation({1, 0}, f, f, mutable_f),
+       "gated_activation");
   same(cpu_->add(-1, c, c), gpu_->add(-1, f, mutable_f), "add");
   EXPECT_TRUE(gpu_->synchronize().is_ok());
 }

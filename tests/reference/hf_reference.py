@@ -105,6 +105,18 @@ _FAMILIES = {
         num_attention_heads=4, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
         attention_bias=False, use_sliding_window=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # Gemma 3: local layers (a window of 8, RoPE base 1e4) around a global one (base 1e5, scaled
+    # linearly by 4), q/k norms, norms on the attention's and the MLP's outputs, gains 1 + w,
+    # GELU-tanh, embeddings times sqrt(hidden), a query scale of 24^-0.5 rather than 32^-0.5,
+    # heads wider than hidden / heads, tied embeddings.
+    "gemma3_local_global": ("Gemma3", dict(
+        vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24,
+        sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
+        rope_parameters=dict(
+            full_attention=dict(rope_type="linear", factor=4.0, rope_theta=100000.0),
+            sliding_attention=dict(rope_type="default", rope_theta=10000.0)))),
 }
 _DTYPES = ("bf16", "f32")
 CASES = [f"{family}_{dtype}" for family in _FAMILIES for dtype in _DTYPES]
@@ -118,16 +130,20 @@ def _initialize(model, config, seed):
     logits are nearly flat (every top-2 margin tiny, greedy decoding then meaningless).
 
     Projections: normal with std 1/sqrt(fan_in), so each keeps its input's scale and attention
-    scores are of order one (attention is neither uniform nor one-hot). Norm gains 1 +- 0.1,
-    biases std 0.3 (large enough that dropping them changes the logits). The output projection
-    has std 3/sqrt(hidden): logits have a spread of ~3 and a peaked top, as trained models do.
-    A tied embedding is the output projection, so it takes that scale too.
+    scores are of order one (attention is neither uniform nor one-hot). Norm gains 1 +- 0.1
+    (Gemma stores a gain's offset from one: 0 +- 0.1), biases std 0.3 (large enough that
+    dropping them changes the logits). The output projection has std 3/sqrt(hidden): logits have
+    a spread of ~3 and a peaked top, as trained models do. A tied embedding is the output
+    projection, so it takes that scale too.
     """
     generator = torch.Generator().manual_seed(seed)
     hidden = config.hidden_size
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") and config.model_type.startswith("gemma"):
+                # Gemma stores a gain as its offset from one: 1 + w is the gain, about one.
+                values = 0.1 * torch.randn(parameter.shape, generator=generator)
+            elif name.endswith("norm.weight"):
                 values = 1.0 + 0.1 * torch.randn(parameter.shape, generator=generator)
             elif name.endswith(".bias"):
                 values = 0.3 * torch.randn(parameter.shape, generator=generator)
@@ -147,7 +163,13 @@ def build(case, model_dir):
         raise SystemExit(f"unknown case {case!r}; cases: {', '.join(CASES)}")
     family, dtype_name = case.rsplit("_", 1)
     prefix, options = _FAMILIES[family]
-    config = getattr(transformers, prefix + "Config")(**_COMMON, **options)
+    # Gemma 3's text model has its own config class (its "Gemma3Config" is the multimodal one);
+    # it names its activation hidden_activation.
+    config_class = getattr(transformers, prefix + ("TextConfig" if prefix == "Gemma3" else "Config"))
+    common = dict(_COMMON)
+    if prefix == "Gemma3":
+        del common["hidden_act"]
+    config = config_class(**common, **options)
     model = getattr(transformers, prefix + "ForCausalLM")(config).eval()
     _initialize(model, config, seed=CASES.index(case) + 1)
     model.to(torch.bfloat16 if dtype_name == "bf16" else torch.float32)
