@@ -365,6 +365,64 @@ TEST(GgufDequantize, Q4_0AndQ4_1) {
   }
 }
 
+TEST(GgufDequantize, Q5_0AndQ5_1) {
+  // Element j (of 32) holds the 5-bit value (5j + 3) mod 32: its low four bits in qs (elements
+  // 0-15 low nibbles, 16-31 high), its fifth as bit j of the little-endian qh.
+  std::string qs(16, '\0');
+  uint32_t high = 0;
+  for (int j = 0; j < 32; ++j) {
+    const int q = (5 * j + 3) % 32;
+    qs[j % 16] = static_cast<char>(qs[j % 16] | ((q & 15) << (j < 16 ? 0 : 4)));
+    high |= static_cast<uint32_t>(q >> 4) << j;
+  }
+  std::string qh(4, '\0');
+  for (int b = 0; b < 4; ++b) qh[b] = static_cast<char>((high >> (8 * b)) & 0xff);
+  const std::vector<float> q5_0 = dequantized(kGgmlQ5_0, f16_bytes(2.0f) + qh + qs, 32);
+  const std::vector<float> q5_1 =
+      dequantized(kGgmlQ5_1, f16_bytes(0.5f) + f16_bytes(-3.0f) + qh + qs, 32);
+  for (int j = 0; j < 32; ++j) {
+    const int q = (5 * j + 3) % 32;
+    EXPECT_EQ(q5_0[j], (q - 16) * 2.0f) << j;
+    EXPECT_EQ(q5_1[j], q * 0.5f - 3.0f) << j;
+  }
+}
+
+TEST(GgufDequantize, Q5_K) {
+  // Q4_K's scales and nibbles, and a fifth bit: element 64g + l (low nibble) reads bit 2g of
+  // qh[l], element 64g + 32 + l (high nibble) bit 2g + 1. Here the fifth bit is set where l + g
+  // is odd.
+  const int sc[8] = {1, 2, 3, 4, 17, 18, 19, 20};
+  const int mn[8] = {0, 1, 2, 3, 33, 34, 35, 36};
+  std::string scales(12, '\0');
+  for (int j = 0; j < 4; ++j) {
+    scales[j] = static_cast<char>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    scales[j + 4] = static_cast<char>(mn[j] | ((mn[j + 4] >> 4) << 6));
+    scales[j + 8] = static_cast<char>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+  }
+  std::string qh(32, '\0');
+  std::string qs;
+  for (int g = 0; g < 4; ++g) {
+    for (int l = 0; l < 32; ++l) {
+      qs += static_cast<char>((l % 16) | (((l + g) % 16) << 4));
+      if ((l + g) % 2 == 1) qh[l] = static_cast<char>(qh[l] | (3 << (2 * g)));
+    }
+  }
+  const float d = 1.0f;
+  const float dmin = 0.5f;
+  const std::vector<float> x =
+      dequantized(kGgmlQ5_K, f16_bytes(d) + f16_bytes(dmin) + scales + qh + qs, 256);
+  for (int g = 0; g < 4; ++g) {
+    for (int l = 0; l < 32; ++l) {
+      const int fifth = (l + g) % 2 == 1 ? 16 : 0;
+      EXPECT_EQ(x[64 * g + l], d * sc[2 * g] * (l % 16 + fifth) - dmin * mn[2 * g])
+          << g << " " << l;
+      EXPECT_EQ(x[64 * g + 32 + l],
+                d * sc[2 * g + 1] * ((l + g) % 16 + fifth) - dmin * mn[2 * g + 1])
+          << g << " " << l;
+    }
+  }
+}
+
 TEST(GgufDequantize, Q4_K) {
   // Eight sub-blocks of 32 with 6-bit scales and mins; the upper four need their top two bits
   // from the first eight bytes.
@@ -417,7 +475,7 @@ TEST(GgufDequantize, Q6_K) {
 }
 
 TEST(GgufDequantize, UnsupportedTypesAndPartialBlocksAreErrors) {
-  expect_error([] { dequantize(13, nullptr, 256, nullptr); }, {"Q5_K is not supported"});
+  expect_error([] { dequantize(11, nullptr, 256, nullptr); }, {"Q3_K is not supported"});
   expect_error([] { dequantize(77, nullptr, 1, nullptr); }, {"ggml type 77 is not supported"});
   expect_error([] { dequantize(kGgmlQ8_0, nullptr, 31, nullptr); },
                {"31 elements of Q8_0 are not a whole number of 32-element blocks"});
@@ -432,8 +490,8 @@ TEST(GgufDequantize, MatchesGgufPyOnRandomBlocks) {
   }
   TempDir dir;
   std::mt19937 random(7);
-  for (const uint32_t type :
-       {kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ4_K, kGgmlQ6_K, kGgmlF16, kGgmlBF16}) {
+  for (const uint32_t type : {kGgmlQ8_0, kGgmlQ4_0, kGgmlQ4_1, kGgmlQ5_0, kGgmlQ5_1, kGgmlQ4_K,
+                              kGgmlQ5_K, kGgmlQ6_K, kGgmlF16, kGgmlBF16}) {
     const GgmlTypeInfo& info = *ggml_type_info(type);
     SCOPED_TRACE(std::string(info.name));
     const int64_t blocks = 64;
@@ -447,10 +505,11 @@ TEST(GgufDequantize, MatchesGgufPyOnRandomBlocks) {
         const std::string half = f16_bytes(scale(random));
         std::memcpy(block + at, half.data(), 2);
       };
-      if (type == kGgmlQ8_0 || type == kGgmlQ4_0 || type == kGgmlQ4_1 || type == kGgmlQ4_K) {
+      if (type == kGgmlQ8_0 || type == kGgmlQ4_0 || type == kGgmlQ4_1 || type == kGgmlQ5_0 ||
+          type == kGgmlQ5_1 || type == kGgmlQ4_K || type == kGgmlQ5_K) {
         put(0);
       }
-      if (type == kGgmlQ4_1 || type == kGgmlQ4_K) put(2);
+      if (type == kGgmlQ4_1 || type == kGgmlQ5_1 || type == kGgmlQ4_K || type == kGgmlQ5_K) put(2);
       if (type == kGgmlQ6_K) put(208);
       if (type == kGgmlF16) put(0);
       if (type == kGgmlBF16) {

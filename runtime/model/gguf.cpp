@@ -19,10 +19,10 @@ constexpr uint64_t kDefaultAlignment = 32;
 constexpr GgmlTypeInfo kGgmlTypes[] = {
     {0, "F32", 1, 4, true},          {1, "F16", 1, 2, true},
     {2, "Q4_0", 32, 18, true},       {3, "Q4_1", 32, 20, true},
-    {6, "Q5_0", 32, 22, false},      {7, "Q5_1", 32, 24, false},
+    {6, "Q5_0", 32, 22, true},       {7, "Q5_1", 32, 24, true},
     {8, "Q8_0", 32, 34, true},       {9, "Q8_1", 32, 40, false},
     {10, "Q2_K", 256, 84, false},    {11, "Q3_K", 256, 110, false},
-    {12, "Q4_K", 256, 144, true},    {13, "Q5_K", 256, 176, false},
+    {12, "Q4_K", 256, 144, true},    {13, "Q5_K", 256, 176, true},
     {14, "Q6_K", 256, 210, true},    {15, "Q8_K", 256, 292, false},
     {16, "IQ2_XXS", 256, 66, false}, {17, "IQ2_XS", 256, 74, false},
     {18, "IQ3_XXS", 256, 98, false}, {19, "IQ1_S", 256, 50, false},
@@ -476,6 +476,40 @@ void dequantize_q4_1(const uint8_t* block, float* out) {
   }
 }
 
+// Q5_0 and Q5_1's fifth bits: bit j of the little-endian qh is element j's.
+uint32_t load_u32(const uint8_t* bytes) {
+  return static_cast<uint32_t>(bytes[0]) | static_cast<uint32_t>(bytes[1]) << 8 |
+         static_cast<uint32_t>(bytes[2]) << 16 | static_cast<uint32_t>(bytes[3]) << 24;
+}
+
+// Q5_0: {d, qh[4], qs[16]}: 5-bit values (low 4 bits in qs as Q4_0 lays them, the fifth in qh)
+// minus 16, times d.
+void dequantize_q5_0(const uint8_t* block, float* out) {
+  const float d = load_f16(block);
+  const uint32_t qh = load_u32(block + 2);
+  const uint8_t* qs = block + 6;
+  for (int j = 0; j < 16; ++j) {
+    const int high_0 = static_cast<int>(((qh >> j) << 4) & 0x10);
+    const int high_1 = static_cast<int>((qh >> (j + 12)) & 0x10);
+    out[j] = static_cast<float>(((qs[j] & 0x0f) | high_0) - 16) * d;
+    out[j + 16] = static_cast<float>(((qs[j] >> 4) | high_1) - 16) * d;
+  }
+}
+
+// Q5_1: {d, m, qh[4], qs[16]}: the same 5-bit values, x = q * d + m.
+void dequantize_q5_1(const uint8_t* block, float* out) {
+  const float d = load_f16(block);
+  const float m = load_f16(block + 2);
+  const uint32_t qh = load_u32(block + 4);
+  const uint8_t* qs = block + 8;
+  for (int j = 0; j < 16; ++j) {
+    const int high_0 = static_cast<int>(((qh >> j) << 4) & 0x10);
+    const int high_1 = static_cast<int>((qh >> (j + 12)) & 0x10);
+    out[j] = static_cast<float>((qs[j] & 0x0f) | high_0) * d + m;
+    out[j + 16] = static_cast<float>((qs[j] >> 4) | high_1) * d + m;
+  }
+}
+
 // Q8_0: {d, int8 qs[32]}: x = q * d.
 void dequantize_q8_0(const uint8_t* block, float* out) {
   const float d = load_f16(block);
@@ -514,6 +548,39 @@ void dequantize_q4_k(const uint8_t* block, float* out) {
     for (int l = 0; l < 32; ++l) *out++ = d2 * static_cast<float>(q[l] >> 4) - m2;
     q += 32;
     is += 2;
+  }
+}
+
+// Q5_K: {d, dmin, scales[12], qh[32], qs[128]}: Q4_K's layout with a fifth bit per element in qh
+// (bit 2i of qh[l] for the low nibbles of pass i, bit 2i + 1 for the high ones).
+void dequantize_q5_k(const uint8_t* block, float* out) {
+  const float d = load_f16(block);
+  const float dmin = load_f16(block + 2);
+  const uint8_t* scales = block + 4;
+  const uint8_t* qh = block + 16;
+  const uint8_t* ql = block + 48;
+  int is = 0;
+  uint8_t low_bit = 1;
+  uint8_t high_bit = 2;
+  for (int j = 0; j < 256; j += 64) {
+    uint8_t sc = 0;
+    uint8_t m = 0;
+    scale_min_k4(is, scales, &sc, &m);
+    const float d1 = d * sc;
+    const float m1 = dmin * m;
+    scale_min_k4(is + 1, scales, &sc, &m);
+    const float d2 = d * sc;
+    const float m2 = dmin * m;
+    for (int l = 0; l < 32; ++l) {
+      *out++ = d1 * static_cast<float>((ql[l] & 0x0f) + ((qh[l] & low_bit) ? 16 : 0)) - m1;
+    }
+    for (int l = 0; l < 32; ++l) {
+      *out++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & high_bit) ? 16 : 0)) - m2;
+    }
+    ql += 32;
+    is += 2;
+    low_bit = static_cast<uint8_t>(low_bit << 2);
+    high_bit = static_cast<uint8_t>(high_bit << 2);
   }
 }
 
@@ -568,6 +635,12 @@ BlockDequantizer block_dequantizer(uint32_t type) {
       return dequantize_q4_0;
     case kGgmlQ4_1:
       return dequantize_q4_1;
+    case kGgmlQ5_0:
+      return dequantize_q5_0;
+    case kGgmlQ5_1:
+      return dequantize_q5_1;
+    case kGgmlQ5_K:
+      return dequantize_q5_k;
     case kGgmlQ8_0:
       return dequantize_q8_0;
     case kGgmlQ4_K:

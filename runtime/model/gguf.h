@@ -65,7 +65,7 @@ struct GgufValue {
 
 // The ggml tensor types. Every type llama.cpp has numbered is known (so that a file holding one
 // specrun cannot compute with is refused by name); dequantize supports F32, F16, BF16, Q8_0, Q4_0,
-// Q4_1, Q4_K and Q6_K.
+// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K.
 struct GgmlTypeInfo {
   uint32_t id;             // the number in the file
   std::string_view name;   // "Q4_K"
@@ -80,8 +80,11 @@ inline constexpr uint32_t kGgmlF32 = 0;
 inline constexpr uint32_t kGgmlF16 = 1;
 inline constexpr uint32_t kGgmlQ4_0 = 2;
 inline constexpr uint32_t kGgmlQ4_1 = 3;
+inline constexpr uint32_t kGgmlQ5_0 = 6;
+inline constexpr uint32_t kGgmlQ5_1 = 7;
 inline constexpr uint32_t kGgmlQ8_0 = 8;
 inline constexpr uint32_t kGgmlQ4_K = 12;
+inline constexpr uint32_t kGgmlQ5_K = 13;
 inline constexpr uint32_t kGgmlQ6_K = 14;
 inline constexpr uint32_t kGgmlBF16 = 30;
 
