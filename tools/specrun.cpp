@@ -43,7 +43,7 @@ struct Options {
   bool chat = false;                      // the prompt is a user message of the chat template
   std::string stats_json;                 // --stats-json FILE
   std::string rope_style = "auto";        // auto, rotate-half, interleaved
-  std::string log_level = "warn";         // spdlog level (info: the memory plan before loading)
+  std::string log_level = "warn";         // spdlog level (debug: the memory plan before loading)
   bool ignore_eos = false;                // generate past EOS
   bool quiet = false;                     // no stats on stderr
   specrun::EngineConfig flags;            // values of the settings given as flags
@@ -460,7 +460,7 @@ int main(int argc, char** argv) {
                  "interleaved for GGUF), rotate-half or interleaved (Meta's weight layout)")
       ->capture_default_str();
   app.add_option("--log-level", options.log_level,
-                 "trace, debug, info (the memory plan before loading), warn, error or off")
+                 "trace, debug (the memory plan before loading, the kernels chosen), info, warn, error or off")
       ->capture_default_str();
   app.add_flag("--quiet", options.quiet, "Print no stats on stderr");
   app.require_subcommand(0, 1);
