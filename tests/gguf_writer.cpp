@@ -149,9 +149,10 @@ void write_gguf_from_checkpoint(const std::filesystem::path& checkpoint_dir,
   const ModelConfig& c = checkpoint.config;
   // As llama.cpp's converter writes each: a Llama's q/k rows permuted to Meta's interleaved
   // pairing, Qwen's kept as Hugging Face holds them.
-  const std::string architecture = c.architecture == Architecture::kQwen2   ? "qwen2"
-                                   : c.architecture == Architecture::kQwen3 ? "qwen3"
-                                                                            : "llama";
+  const std::string architecture = c.architecture == Architecture::kQwen2    ? "qwen2"
+                                   : c.architecture == Architecture::kQwen3  ? "qwen3"
+                                   : c.architecture == Architecture::kGemma3 ? "gemma3"
+                                                                             : "llama";
   const bool permute = architecture == "llama";
   const std::string prefix = architecture + ".";
   GgufWriter writer;
@@ -165,6 +166,9 @@ void write_gguf_from_checkpoint(const std::filesystem::path& checkpoint_dir,
   writer.kv_f32(prefix + "rope.freq_base", static_cast<float>(c.rope_theta));
   writer.kv_f32(prefix + "attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
   writer.kv_u32(prefix + "rope.dimension_count", static_cast<uint32_t>(c.head_dim));
+  if (c.architecture == Architecture::kGemma3) {
+    writer.kv_u32(prefix + "attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
+  }
   if (c.head_dim * c.num_heads != c.hidden_size) {
     writer.kv_u32(prefix + "attention.key_length", static_cast<uint32_t>(c.head_dim));
     writer.kv_u32(prefix + "attention.value_length", static_cast<uint32_t>(c.head_dim));
@@ -201,6 +205,10 @@ void write_gguf_from_checkpoint(const std::filesystem::path& checkpoint_dir,
     if (options.tied && info->name == "lm_head.weight") continue;
     std::vector<float> values(static_cast<const float*>(info->data),
                               static_cast<const float*>(info->data) + info->num_elements());
+    // llama.cpp's converter stores Gemma's norm gains as the model multiplies by them: 1 + w.
+    if (c.norm_gain_offset && info->name.ends_with("norm.weight")) {
+      for (float& value : values) value += 1.0f;
+    }
     const bool q = info->name.ends_with("q_proj.weight");
     const bool k = info->name.ends_with("k_proj.weight");
     if (permute && (q || k)) {
@@ -223,7 +231,7 @@ void write_gguf_from_checkpoint(const std::filesystem::path& checkpoint_dir,
     const bool matrix = info->shape.size() == 2;
     const uint32_t type = matrix ? options.type : kGgmlF32;
     std::vector<uint64_t> ne(info->shape.rbegin(), info->shape.rend());
-    writer.tensor(hf_to_gguf_tensor_name(info->name), type, ne,
+    writer.tensor(hf_to_gguf_tensor_name(info->name, architecture), type, ne,
                   encode_as(type, values.data(), values.size()));
   }
   writer.write(out);

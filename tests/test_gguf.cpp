@@ -631,22 +631,28 @@ TEST_F(GgufModelTest, LogitsEqualTheSafetensorsCheckpoint) {
   }
 }
 
-// Qwen2 and Qwen3 files as llama.cpp writes them: keys under the architecture's name, q/k rows as
-// Hugging Face holds them (rotate-half RoPE), Qwen2's q/k/v biases, Qwen3's per-head q/k norms
-// (attn_q_norm, attn_k_norm) and heads wider than hidden / heads (attention.key_length).
-TEST_F(GgufModelTest, QwenFilesReadAsTheirSafetensorsCheckpoints) {
-  for (const std::string architecture : {"Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+// Qwen2, Qwen3 and Gemma 3 files as llama.cpp writes them: keys under the architecture's name,
+// q/k rows as Hugging Face holds them (rotate-half RoPE), Qwen2's q/k/v biases, Qwen3's and
+// Gemma's per-head q/k norms (attn_q_norm, attn_k_norm), heads wider than hidden / heads
+// (attention.key_length); Gemma's norms named its own way and stored as 1 + w, its window, its
+// every-sixth-layer global and the rest left to the loader's constants.
+TEST_F(GgufModelTest, QwenAndGemmaFilesReadAsTheirSafetensorsCheckpoints) {
+  for (const std::string architecture :
+       {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM"}) {
     SCOPED_TRACE(architecture);
     const bool qwen3 = architecture == "Qwen3ForCausalLM";
+    const bool gemma3 = architecture == "Gemma3ForCausalLM";
     fixtures::GeneratorOptions options;
     options.architecture = architecture;
     options.dtype = DType::kF32;
     options.vocab_size = 256;
-    options.num_layers = 2;
+    options.num_layers = gemma3 ? 6 : 2;  // Gemma's sixth layer is its first global one
     options.hidden_size = 64;
     options.num_heads = 4;
     options.num_kv_heads = 2;
-    options.head_dim = qwen3 ? 32 : 0;  // 4 x 32 = 128 query channels on a 64-wide model
+    options.head_dim = qwen3 || gemma3 ? 32 : 0;  // 4 x 32 = 128 query channels, 64 wide
+    options.global_every = 6;
+    options.sliding_window = 3;  // shorter than the tokens below
     const fs::path hf_dir = dir_ / architecture;
     fixtures::write_random_checkpoint(options, hf_dir);
     const fs::path path = dir_ / (architecture + ".gguf");
@@ -654,14 +660,28 @@ TEST_F(GgufModelTest, QwenFilesReadAsTheirSafetensorsCheckpoints) {
 
     const Checkpoint checkpoint = open_checkpoint(path);
     const ModelConfig& c = checkpoint.config;
-    EXPECT_EQ(c.architecture, qwen3 ? Architecture::kQwen3 : Architecture::kQwen2);
-    EXPECT_EQ(c.architecture_name, qwen3 ? "qwen3" : "qwen2");
+    const Checkpoint hf_checkpoint = open_checkpoint(hf_dir);
+    EXPECT_EQ(c.architecture, hf_checkpoint.config.architecture);
+    EXPECT_EQ(c.architecture_name, gemma3 ? "gemma3" : qwen3 ? "qwen3" : "qwen2");
     EXPECT_EQ(c.rope_style, kernels::RopeStyle::kRotateHalf);
-    EXPECT_EQ(c.head_dim, qwen3 ? 32 : 16);
-    EXPECT_EQ(c.qk_norm, qwen3);
-    EXPECT_EQ(c.qkv_bias, !qwen3);
+    EXPECT_EQ(c.head_dim, qwen3 || gemma3 ? 32 : 16);
+    EXPECT_EQ(c.qk_norm, qwen3 || gemma3);
+    EXPECT_EQ(c.qkv_bias, !qwen3 && !gemma3);
     EXPECT_FALSE(c.o_bias);
-    if (qwen3) {
+    // Gemma's gains arrive as 1 + w: nothing to add.
+    EXPECT_FALSE(c.norm_gain_offset);
+    EXPECT_EQ(c.output_norms, gemma3);
+    EXPECT_EQ(c.sliding_layers, hf_checkpoint.config.sliding_layers);
+    EXPECT_EQ(c.query_scale, hf_checkpoint.config.query_scale);
+    EXPECT_EQ(c.embedding_scale, hf_checkpoint.config.embedding_scale);
+    if (gemma3) {
+      EXPECT_EQ(c.sliding_window, 3);
+      EXPECT_EQ(c.local_rope_theta, 10000.0);
+      ASSERT_NE(checkpoint.tensors.find("model.layers.5.pre_feedforward_layernorm.weight"),
+                nullptr);
+      ASSERT_NE(checkpoint.tensors.find("model.layers.5.post_feedforward_layernorm.weight"),
+                nullptr);
+    } else if (qwen3) {
       ASSERT_NE(checkpoint.tensors.find("model.layers.1.self_attn.k_norm.weight"), nullptr);
     } else {
       ASSERT_NE(checkpoint.tensors.find("model.layers.1.self_attn.v_proj.bias"), nullptr);
@@ -783,7 +803,8 @@ TEST_F(GgufModelTest, ArchitectureAndKeysAreChecked) {
                      [](GgufWriter& w) { w.kv_string("general.architecture", "gpt2"); }});
       },
       {"edited.gguf",
-       "key 'general.architecture' is 'gpt2', which is not supported (llama, qwen2, qwen3)"});
+       "key 'general.architecture' is 'gpt2', which is not supported (llama, qwen2, qwen3, "
+       "gemma3)"});
   expect_error([&] { load_edited({"general.architecture"}); },
                {"edited.gguf", "key 'general.architecture' is required"});
   expect_error([&] { load_edited({"llama.block_count"}); },

@@ -150,11 +150,14 @@ class GgufFile {
   std::map<std::string, size_t, std::less<>> tensor_index_;
 };
 
-// The Hugging Face name of a `llama` GGUF tensor ("blk.3.attn_q.weight" ->
-// "model.layers.3.self_attn.q_proj.weight"); nullopt for a name outside the architecture.
-std::optional<std::string> gguf_to_hf_tensor_name(std::string_view gguf_name);
+// The Hugging Face name of a GGUF tensor of `architecture` (general.architecture; Gemma's norms
+// are named their own way): "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight";
+// nullopt for a name outside the architecture.
+std::optional<std::string> gguf_to_hf_tensor_name(std::string_view gguf_name,
+                                                  std::string_view architecture = "llama");
 // The inverse, for messages about a GGUF checkpoint; a name without a GGUF form is returned as is.
-std::string hf_to_gguf_tensor_name(std::string_view hf_name);
+std::string hf_to_gguf_tensor_name(std::string_view hf_name,
+                                   std::string_view architecture = "llama");
 
 // The model config a `llama` GGUF file describes (general.architecture, llama.* keys, the
 // tokenizer's special ids), with interleaved RoPE: llama.cpp's converter permutes q and k into

@@ -2,8 +2,10 @@
 // into what the Hugging Face loading path already understands (ModelConfig, HF tensor names, a
 // tokenizer.json document), so that both formats share one binding, one forward and one tokenizer.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -27,6 +29,20 @@ constexpr std::pair<std::string_view, std::string_view> kLayerParts[] = {
     {"ffn_gate", "mlp.gate_proj"},       {"ffn_up", "mlp.up_proj"},
     {"ffn_down", "mlp.down_proj"},
 };
+// Gemma's norms: its ffn_norm is the MLP's input norm (pre_feedforward_layernorm), and it has two
+// more, on the attention's and the MLP's outputs. Looked up before kLayerParts.
+constexpr std::pair<std::string_view, std::string_view> kGemmaLayerParts[] = {
+    {"ffn_norm", "pre_feedforward_layernorm"},
+    {"post_attention_norm", "post_attention_layernorm"},
+    {"post_ffw_norm", "post_feedforward_layernorm"},
+};
+// The per-layer names of `architecture`'s files, the most specific first.
+using NameParts = std::span<const std::pair<std::string_view, std::string_view>>;
+std::array<NameParts, 2> layer_parts(std::string_view architecture) {
+  return {architecture == "gemma3" ? NameParts(kGemmaLayerParts) : NameParts(),
+          NameParts(kLayerParts)};
+}
+
 constexpr std::pair<std::string_view, std::string_view> kGlobalTensors[] = {
     {"token_embd.weight", "model.embed_tokens.weight"},
     {"output_norm.weight", "model.norm.weight"},
@@ -83,6 +99,29 @@ double positive_number(const GgufFile& file, const std::string& key, double fall
     file.fail_key(key, "must be a positive number, got " + std::to_string(*value));
   }
   return *value;
+}
+
+// Gemma 3 as llama.cpp runs it: what Hugging Face's config says in keys, llama.cpp's converter
+// writes as weights (every norm gain already 1 + w) or leaves to its loader's constants (every
+// sixth layer global, the local layers' RoPE base 1e4, scores scaled by head_dim^-0.5 but for the
+// 27B's hidden / heads).
+void gemma3_config(const GgufFile& file, const std::string& prefix, ModelConfig& c) {
+  c.qk_norm = true;
+  c.output_norms = true;
+  c.mlp_activation = MlpActivation::kGeluTanh;
+  c.embedding_scale = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
+  constexpr int64_t kGlobalEvery = 6;
+  c.sliding_layers.assign(static_cast<size_t>(c.num_layers), false);
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    c.sliding_layers[static_cast<size_t>(layer)] = (layer + 1) % kGlobalEvery != 0;
+  }
+  c.sliding_window = positive(file, prefix + "attention.sliding_window");
+  c.local_rope_theta = 10000.0;
+  constexpr int64_t k27bLayers = 62;
+  const double query_scalar = c.num_layers == k27bLayers ? static_cast<double>(c.hidden_size) /
+                                                               static_cast<double>(c.num_heads)
+                                                         : static_cast<double>(c.head_dim);
+  c.query_scale = static_cast<float>(1.0 / std::sqrt(query_scalar));
 }
 
 int64_t vocabulary_size(const GgufFile& file, const std::string& prefix) {
@@ -233,36 +272,41 @@ std::optional<json> byte_level_pre_tokenizer(const std::string& pre, bool* ignor
 
 }  // namespace
 
-std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name) {
+std::optional<std::string> gguf_to_hf_tensor_name(std::string_view name,
+                                                  std::string_view architecture) {
   for (const auto& [gguf, hf] : kGlobalTensors) {
     if (name == gguf) return std::string(hf);
   }
   std::string_view layer;
   std::string_view rest;
   if (!split_layer(name, "blk.", &layer, &rest)) return std::nullopt;
-  for (const auto& [gguf, hf] : kLayerParts) {
-    for (const std::string_view suffix : {".weight", ".bias"}) {
-      if (rest.size() == gguf.size() + suffix.size() && rest.starts_with(gguf) &&
-          rest.ends_with(suffix)) {
-        return "model.layers." + std::string(layer) + "." + std::string(hf) + std::string(suffix);
+  for (const NameParts parts : layer_parts(architecture)) {
+    for (const auto& [gguf, hf] : parts) {
+      for (const std::string_view suffix : {".weight", ".bias"}) {
+        if (rest.size() == gguf.size() + suffix.size() && rest.starts_with(gguf) &&
+            rest.ends_with(suffix)) {
+          return "model.layers." + std::string(layer) + "." + std::string(hf) + std::string(suffix);
+        }
       }
     }
   }
   return std::nullopt;
 }
 
-std::string hf_to_gguf_tensor_name(std::string_view name) {
+std::string hf_to_gguf_tensor_name(std::string_view name, std::string_view architecture) {
   for (const auto& [gguf, hf] : kGlobalTensors) {
     if (name == hf) return std::string(gguf);
   }
   std::string_view layer;
   std::string_view rest;
   if (split_layer(name, "model.layers.", &layer, &rest)) {
-    for (const auto& [gguf, hf] : kLayerParts) {
-      for (const std::string_view suffix : {".weight", ".bias"}) {
-        if (rest.size() == hf.size() + suffix.size() && rest.starts_with(hf) &&
-            rest.ends_with(suffix)) {
-          return "blk." + std::string(layer) + "." + std::string(gguf) + std::string(suffix);
+    for (const NameParts parts : layer_parts(architecture)) {
+      for (const auto& [gguf, hf] : parts) {
+        for (const std::string_view suffix : {".weight", ".bias"}) {
+          if (rest.size() == hf.size() + suffix.size() && rest.starts_with(hf) &&
+              rest.ends_with(suffix)) {
+            return "blk." + std::string(layer) + "." + std::string(gguf) + std::string(suffix);
+          }
         }
       }
     }
@@ -277,13 +321,16 @@ ModelConfig gguf_model_config(const GgufFile& file) {
     c.architecture = Architecture::kLlama;
     // llama.cpp's converter permutes a Llama's q and k rows into Meta's interleaved pairing.
     c.rope_style = kernels::RopeStyle::kInterleaved;
-  } else if (architecture == "qwen2" || architecture == "qwen3") {
-    c.architecture = architecture == "qwen2" ? Architecture::kQwen2 : Architecture::kQwen3;
-    // Qwen's q and k rows are stored as Hugging Face holds them (llama.cpp's NEOX rotation).
+  } else if (architecture == "qwen2" || architecture == "qwen3" || architecture == "gemma3") {
+    c.architecture = architecture == "qwen2"   ? Architecture::kQwen2
+                     : architecture == "qwen3" ? Architecture::kQwen3
+                                               : Architecture::kGemma3;
+    // Their q and k rows are stored as Hugging Face holds them (llama.cpp's NEOX rotation).
     c.rope_style = kernels::RopeStyle::kRotateHalf;
   } else {
-    file.fail_key("general.architecture",
-                  "is '" + architecture + "', which is not supported (llama, qwen2, qwen3)");
+    file.fail_key("general.architecture", "is '" + architecture +
+                                              "', which is not supported (llama, qwen2, qwen3, "
+                                              "gemma3)");
   }
   c.architecture_name = architecture;
   // The hyperparameters' keys start with the architecture's name: "qwen3.block_count".
@@ -351,6 +398,7 @@ ModelConfig gguf_model_config(const GgufFile& file) {
   }
   c.max_position_embeddings = positive(file, prefix + "context_length");
   if (c.architecture == Architecture::kQwen2) c.qkv_bias = true;
+  if (c.architecture == Architecture::kGemma3) gemma3_config(file, prefix, c);
   if (c.architecture == Architecture::kQwen3) {
     c.qk_norm = true;
     // Qwen3's attention_bias, off in every published model, shows as the tensors' presence.
@@ -403,10 +451,19 @@ ModelConfig gguf_model_config(const GgufFile& file) {
     c.eos_token_ids = {*eos};
   }
   // Chat models end a turn with their end-of-turn token, which llama.cpp also stops on.
-  if (const auto eot = token_id(file, "tokenizer.ggml.eot_token_id", c.vocab_size)) {
-    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), *eot) == c.eos_token_ids.end()) {
-      c.eos_token_ids.push_back(*eot);
+  std::optional<int32_t> eot = token_id(file, "tokenizer.ggml.eot_token_id", c.vocab_size);
+  if (!eot && c.architecture == Architecture::kGemma3) {
+    // Gemma's files name no end-of-turn id; llama.cpp finds <end_of_turn> by its text.
+    if (const GgufValue* tokens = file.get_array("tokenizer.ggml.tokens", GgufType::kString)) {
+      for (size_t id = 0; id < tokens->array.size() && id < static_cast<size_t>(c.vocab_size);
+           ++id) {
+        if (tokens->array[id].string == "<end_of_turn>") eot = static_cast<int32_t>(id);
+      }
     }
+  }
+  if (eot &&
+      std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), *eot) == c.eos_token_ids.end()) {
+    c.eos_token_ids.push_back(*eot);
   }
   c.chat_template = file.get_string("tokenizer.chat_template").value_or("");
   return c;
@@ -569,9 +626,11 @@ TensorStore TensorStore::open_gguf(const std::filesystem::path& path) {
   TensorStore store;
   auto file = std::make_shared<const GgufFile>(path);
   store.gguf_tensors_.reserve(file->tensors().size());
+  // Tensor names depend on it; a file without one is refused with the model config.
+  const std::string architecture = file->get_string("general.architecture").value_or("llama");
   for (const GgufTensorInfo& tensor : file->tensors()) {
     const GgmlTypeInfo& type = *ggml_type_info(tensor.type);  // the reader refused unknown types
-    TensorInfo info{gguf_to_hf_tensor_name(tensor.name).value_or(tensor.name),
+    TensorInfo info{gguf_to_hf_tensor_name(tensor.name, architecture).value_or(tensor.name),
                     DType::kBF16,
                     tensor.shape(),
                     tensor.offset,

@@ -141,8 +141,9 @@ class Binder {
   std::string source() const { return checkpoint_.paths.weights.string(); }
   // A tensor as its file names it: GGUF files have their own names (blk.N.attn_q.weight).
   std::string shown(const std::string& name) const {
-    return checkpoint_.paths.format == CheckpointFormat::kGguf ? hf_to_gguf_tensor_name(name)
-                                                               : name;
+    return checkpoint_.paths.format == CheckpointFormat::kGguf
+               ? hf_to_gguf_tensor_name(name, checkpoint_.config.architecture_name)
+               : name;
   }
 
   WeightView take(const TensorInfo& info, const std::vector<int64_t>& shape,
