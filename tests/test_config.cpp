@@ -297,6 +297,7 @@ TEST(ConfigTest, Mistral7B_v01) {
   EXPECT_EQ(c.architecture, Architecture::kMistral);
   EXPECT_EQ(c.architecture_name, "MistralForCausalLM");
   EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.widest_window(), 4096);  // every layer windowed
   EXPECT_EQ(c.num_kv_heads, 8);
   EXPECT_EQ(c.head_dim, 128);
   EXPECT_EQ(c.max_position_embeddings, 32768);
@@ -382,6 +383,7 @@ TEST(ConfigTest, Gemma3_1B) {
     EXPECT_EQ(c.layer_window(layer), layer % 6 == 5 ? 0 : 512) << layer;
     EXPECT_EQ(c.local_rope(layer), layer % 6 != 5) << layer;
   }
+  EXPECT_EQ(c.widest_window(), 0);  // the global layers size attention's workspace
   EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
   EXPECT_DOUBLE_EQ(c.local_rope_theta, 1e4);
   EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kNone);

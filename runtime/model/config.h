@@ -129,6 +129,14 @@ struct ModelConfig {
     if (sliding_layers.empty()) return sliding_window;
     return sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
   }
+  // The widest window any layer attends through (0: some layer sees every position): what sizes
+  // attention's workspace.
+  int64_t widest_window() const {
+    for (int64_t layer = 0; layer < num_layers; ++layer) {
+      if (layer_window(layer) == 0) return 0;
+    }
+    return sliding_window;
+  }
   // Whether `layer` rotates with the local RoPE base (local_rope_theta).
   bool local_rope(int64_t layer) const {
     return local_rope_theta > 0.0 && !sliding_layers.empty() &&

@@ -316,7 +316,7 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
                              block,
                              (needs.kv_tokens + block - 1) / block,
                              1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-                             c.sliding_window,
+                             c.widest_window(),
                              options.kv_cache_dtype};
   needs.kv_bytes_per_token = 2 * static_cast<uint64_t>(c.num_layers) * c.num_kv_heads * c.head_dim *
                              dtype_size(options.kv_cache_dtype);
