@@ -824,12 +824,15 @@ TEST(CliChatTest, ChatFormatsThePromptWithTheCheckpointsTemplate) {
   for (const fs::path& copy : {plain, chat}) {
     fs::copy(testing::source_path("models/pycode-target"), copy, fs::copy_options::recursive);
   }
-  nlohmann::json tokenizer_config =
-      nlohmann::json::parse(testing::read_file(chat / "tokenizer_config.json"));
-  tokenizer_config["chat_template"] =
+  const std::string jinja =
       "{% for m in messages %}{{ bos_token }}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"
       "{% if add_generation_prompt %} [assistant]{% endif %}";
+  nlohmann::json tokenizer_config =
+      nlohmann::json::parse(testing::read_file(chat / "tokenizer_config.json"));
+  tokenizer_config["chat_template"] = jinja;
   std::ofstream(chat / "tokenizer_config.json") << tokenizer_config.dump();
+  const fs::path template_file = dir.path() / "template.jinja";
+  std::ofstream(template_file) << jinja;
 
   const std::string question = "def add(a, b):";
   const CommandResult ids = testing::run_command(
@@ -854,11 +857,28 @@ TEST(CliChatTest, ChatFormatsThePromptWithTheCheckpointsTemplate) {
   EXPECT_EQ(chatted.stdout_text, by_ids.stdout_text);
   const nlohmann::json a = nlohmann::json::parse(testing::read_file(dir.path() / "a.json"));
   EXPECT_EQ(a["prompt_tokens"].get<size_t>(), rendered.size());
+  // A checkpoint without a template takes one from a file, as specrun serve does.
+  const CommandResult from_file =
+      run_tool("specrun", "--target " + quote(plain.string()) + " --chat --chat-template " +
+                              quote(template_file.string()) + " --prompt " + quote(question) +
+                              common + quote((dir.path() / "c.json").string()));
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.stderr_text;
+  EXPECT_EQ(from_file.stdout_text, chatted.stdout_text);
 
-  // Without a template, or with a prompt that is not text, --chat is one clear error.
+  // Without a template, or with a prompt that is not text, --chat is one clear error; so are a
+  // template file that is not there and a template without --chat.
   expect_one_error_line(run_tool("specrun", "--target " + quote(plain.string()) +
                                                 " --chat --prompt " + quote(question)),
-                        {{"no chat template"}, {"--chat"}, {plain.string()}});
+                        {{"no chat template"}, {"--chat-template"}, {plain.string()}});
+  const std::string missing = (dir.path() / "missing.jinja").string();
+  expect_one_error_line(
+      run_tool("specrun", "--target " + quote(plain.string()) + " --chat --chat-template " +
+                              quote(missing) + " --prompt " + quote(question)),
+      {{missing}});
+  expect_one_error_line(
+      run_tool("specrun", "--target " + quote(plain.string()) + " --chat-template " +
+                              quote(template_file.string()) + " --prompt " + quote(question)),
+      {{"--chat-template"}, {"--chat"}});
   expect_one_error_line(
       run_tool("specrun", "--target " + quote(chat.string()) + " --chat --prompt-ids 1,2"),
       {{"--chat"}, {"--prompt-ids"}});

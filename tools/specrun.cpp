@@ -41,6 +41,7 @@ struct Options {
   bool compare = false;                   // rerun on the target alone and report the speedup
   int compare_rounds = 3;                 // speculative / target-alone pairs --compare times
   bool chat = false;                      // the prompt is a user message of the chat template
+  std::string chat_template;              // a Jinja template file in place of the target's
   std::string stats_json;                 // --stats-json FILE
   std::string rope_style = "auto";        // auto, rotate-half, interleaved
   std::string log_level = "warn";         // spdlog level (debug: the memory plan before loading)
@@ -201,10 +202,14 @@ specrun::FinishReason finish_reason(const specrun::Result& result) {
 
 // `text` as the one user message of the target's chat template, with the assistant's turn opened;
 // the template writes the special tokens itself, as transformers' apply_chat_template does.
-std::string chat_prompt(const std::string& text, const specrun::EngineInfo& info) {
-  const std::optional<specrun::ChatTemplate> chat_template = specrun::ChatTemplate::load(info);
+std::string chat_prompt(const std::string& text, const specrun::EngineInfo& info,
+                        const std::string& template_file) {
+  const std::optional<specrun::ChatTemplate> chat_template =
+      specrun::ChatTemplate::load(info, template_file);
   if (!chat_template) {
-    throw specrun::Error(info.target + " has no chat template: run without --chat");
+    throw specrun::Error(info.target +
+                         " has no chat template: give one with --chat-template FILE, or run "
+                         "without --chat");
   }
   const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", text}}};
   return chat_template->render(messages.dump(), /*add_generation_prompt=*/true);
@@ -219,6 +224,11 @@ int run(const Options& options) {
   }
   if (options.chat && options.prompt_ids) {
     throw specrun::Error("--chat formats a text prompt: it excludes --prompt-ids");
+  }
+  if (!options.chat_template.empty() && !options.chat) {
+    throw specrun::Error(
+        "--chat-template is the template of --chat (or of specrun serve): give "
+        "--chat too");
   }
   if (options.compare_rounds < 1) {
     throw specrun::Error("--compare-rounds must be at least 1, got " +
@@ -247,7 +257,8 @@ int run(const Options& options) {
                              " has no tokenizer.json: give the prompt as --prompt-ids");
       }
       if (options.chat) {
-        request.prompt_ids = engine->tokenize(chat_prompt(*text, info), false);
+        request.prompt_ids =
+            engine->tokenize(chat_prompt(*text, info, options.chat_template), false);
       } else {
         request.prompt = *text;
       }
@@ -384,6 +395,11 @@ int main(int argc, char** argv) {
   app.add_flag("--chat", options.chat,
                "The prompt is a user message: format it with the target's chat template (from "
                "tokenizer_config.json or the GGUF file) and let the model answer");
+  // One flag for the run's --chat and for specrun serve, which takes it through fallthrough.
+  CLI::Option* chat_template =
+      app.add_option("--chat-template", options.chat_template,
+                     "A Jinja chat template file in place of the target's: --chat's, or the "
+                     "server's");
   // A flag for every setting of a request's speculation and sampling ([speculative] and
   // [sampling] of the TOML file, the server's "speculative" object), from one table each.
   SettingFlags<specrun::SpeculationSettings> speculation_flags(specrun::speculation_settings());
@@ -460,7 +476,8 @@ int main(int argc, char** argv) {
                  "interleaved for GGUF), rotate-half or interleaved (Meta's weight layout)")
       ->capture_default_str();
   app.add_option("--log-level", options.log_level,
-                 "trace, debug (the memory plan before loading, the kernels chosen), info, warn, error or off")
+                 "trace, debug (the memory plan before loading, the kernels chosen), info, warn, "
+                 "error or off")
       ->capture_default_str();
   app.add_flag("--quiet", options.quiet, "Print no stats on stderr");
   app.require_subcommand(0, 1);
@@ -480,9 +497,6 @@ int main(int argc, char** argv) {
   CLI::Option* model_name = serve_command->add_option(
       "--model-name", server_flags.model_name,
       "The model id clients name (default: the target's file or directory name)");
-  CLI::Option* chat_template =
-      serve_command->add_option("--chat-template", server_flags.chat_template,
-                                "A Jinja chat template file replacing the checkpoint's");
   CLI::Option* max_requests =
       serve_command
           ->add_option("--max-requests", server_flags.max_requests,
@@ -522,7 +536,7 @@ int main(int argc, char** argv) {
       if (given(host)) config.host = server_flags.host;
       if (given(port)) config.port = server_flags.port;
       if (given(model_name)) config.model_name = server_flags.model_name;
-      if (given(chat_template)) config.chat_template = server_flags.chat_template;
+      if (given(chat_template)) config.chat_template = options.chat_template;
       if (given(max_requests)) config.max_requests = server_flags.max_requests;
       if (given(max_body)) config.max_body_bytes = server_flags.max_body_bytes;
       if (given(grace)) config.shutdown_grace_seconds = server_flags.shutdown_grace_seconds;
