@@ -476,38 +476,37 @@ void dequantize_q4_1(const uint8_t* block, float* out) {
   }
 }
 
-// Q5_0 and Q5_1's fifth bits: bit j of the little-endian qh is element j's.
+// A little-endian 32-bit word (Q5_0 and Q5_1's fifth bits).
 uint32_t load_u32(const uint8_t* bytes) {
   return static_cast<uint32_t>(bytes[0]) | static_cast<uint32_t>(bytes[1]) << 8 |
          static_cast<uint32_t>(bytes[2]) << 16 | static_cast<uint32_t>(bytes[3]) << 24;
 }
 
-// Q5_0: {d, qh[4], qs[16]}: 5-bit values (low 4 bits in qs as Q4_0 lays them, the fifth in qh)
-// minus 16, times d.
-void dequantize_q5_0(const uint8_t* block, float* out) {
-  const float d = load_f16(block);
-  const uint32_t qh = load_u32(block + 2);
-  const uint8_t* qs = block + 6;
+// Q5_0 and Q5_1's 5-bit values: the low four bits in qs as Q4_0 lays them (elements 0-15 in the
+// low nibbles, 16-31 in the high), the fifth as bit j of the little-endian qh.
+void five_bit_values(const uint8_t* qh_bytes, const uint8_t* qs, int* values) {
+  const uint32_t qh = load_u32(qh_bytes);
   for (int j = 0; j < 16; ++j) {
-    const int high_0 = static_cast<int>(((qh >> j) << 4) & 0x10);
-    const int high_1 = static_cast<int>((qh >> (j + 12)) & 0x10);
-    out[j] = static_cast<float>(((qs[j] & 0x0f) | high_0) - 16) * d;
-    out[j + 16] = static_cast<float>(((qs[j] >> 4) | high_1) - 16) * d;
+    values[j] = (qs[j] & 0x0f) | static_cast<int>(((qh >> j) << 4) & 0x10);
+    values[j + 16] = (qs[j] >> 4) | static_cast<int>((qh >> (j + 12)) & 0x10);
   }
 }
 
-// Q5_1: {d, m, qh[4], qs[16]}: the same 5-bit values, x = q * d + m.
+// Q5_0: {d, qh[4], qs[16]}: x = (q - 16) * d.
+void dequantize_q5_0(const uint8_t* block, float* out) {
+  const float d = load_f16(block);
+  int q[32];
+  five_bit_values(block + 2, block + 6, q);
+  for (int j = 0; j < 32; ++j) out[j] = static_cast<float>(q[j] - 16) * d;
+}
+
+// Q5_1: {d, m, qh[4], qs[16]}: x = q * d + m.
 void dequantize_q5_1(const uint8_t* block, float* out) {
   const float d = load_f16(block);
   const float m = load_f16(block + 2);
-  const uint32_t qh = load_u32(block + 4);
-  const uint8_t* qs = block + 8;
-  for (int j = 0; j < 16; ++j) {
-    const int high_0 = static_cast<int>(((qh >> j) << 4) & 0x10);
-    const int high_1 = static_cast<int>((qh >> (j + 12)) & 0x10);
-    out[j] = static_cast<float>((qs[j] & 0x0f) | high_0) * d + m;
-    out[j + 16] = static_cast<float>((qs[j] >> 4) | high_1) * d + m;
-  }
+  int q[32];
+  five_bit_values(block + 4, block + 8, q);
+  for (int j = 0; j < 32; ++j) out[j] = static_cast<float>(q[j]) * d + m;
 }
 
 // Q8_0: {d, int8 qs[32]}: x = q * d.
@@ -528,14 +527,15 @@ void scale_min_k4(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
 }
 
 // Q4_K: {d, dmin, scales[12], qs[128]}: 256 elements in 8 sub-blocks of 32, each with its own
-// 6-bit scale and min; x = d * scale * nibble - dmin * min.
-void dequantize_q4_k(const uint8_t* block, float* out) {
+// 6-bit scale and min; x = d * scale * nibble - dmin * min. Q5_K: {d, dmin, scales[12], qh[32],
+// qs[128]}, the same with a fifth bit per element in qh (bit 2i of qh[l] for the low nibbles of
+// pass i, bit 2i + 1 for the high ones); `qh` is null for Q4_K.
+void dequantize_k4_or_k5(const uint8_t* block, const uint8_t* qh, const uint8_t* q, float* out) {
   const float d = load_f16(block);
   const float dmin = load_f16(block + 2);
   const uint8_t* scales = block + 4;
-  const uint8_t* q = block + 16;
   int is = 0;
-  for (int j = 0; j < 256; j += 64) {
+  for (int pass = 0; pass < 4; ++pass) {
     uint8_t sc = 0;
     uint8_t m = 0;
     scale_min_k4(is, scales, &sc, &m);
@@ -544,44 +544,23 @@ void dequantize_q4_k(const uint8_t* block, float* out) {
     scale_min_k4(is + 1, scales, &sc, &m);
     const float d2 = d * sc;
     const float m2 = dmin * m;
-    for (int l = 0; l < 32; ++l) *out++ = d1 * static_cast<float>(q[l] & 0x0f) - m1;
-    for (int l = 0; l < 32; ++l) *out++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+    const auto fifth = [&](int l, int bit) {
+      return qh != nullptr && (qh[l] >> (2 * pass + bit)) & 1 ? 16 : 0;
+    };
+    for (int l = 0; l < 32; ++l) {
+      *out++ = d1 * static_cast<float>((q[l] & 0x0f) + fifth(l, 0)) - m1;
+    }
+    for (int l = 0; l < 32; ++l) *out++ = d2 * static_cast<float>((q[l] >> 4) + fifth(l, 1)) - m2;
     q += 32;
     is += 2;
   }
 }
 
-// Q5_K: {d, dmin, scales[12], qh[32], qs[128]}: Q4_K's layout with a fifth bit per element in qh
-// (bit 2i of qh[l] for the low nibbles of pass i, bit 2i + 1 for the high ones).
+void dequantize_q4_k(const uint8_t* block, float* out) {
+  dequantize_k4_or_k5(block, nullptr, block + 16, out);
+}
 void dequantize_q5_k(const uint8_t* block, float* out) {
-  const float d = load_f16(block);
-  const float dmin = load_f16(block + 2);
-  const uint8_t* scales = block + 4;
-  const uint8_t* qh = block + 16;
-  const uint8_t* ql = block + 48;
-  int is = 0;
-  uint8_t low_bit = 1;
-  uint8_t high_bit = 2;
-  for (int j = 0; j < 256; j += 64) {
-    uint8_t sc = 0;
-    uint8_t m = 0;
-    scale_min_k4(is, scales, &sc, &m);
-    const float d1 = d * sc;
-    const float m1 = dmin * m;
-    scale_min_k4(is + 1, scales, &sc, &m);
-    const float d2 = d * sc;
-    const float m2 = dmin * m;
-    for (int l = 0; l < 32; ++l) {
-      *out++ = d1 * static_cast<float>((ql[l] & 0x0f) + ((qh[l] & low_bit) ? 16 : 0)) - m1;
-    }
-    for (int l = 0; l < 32; ++l) {
-      *out++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & high_bit) ? 16 : 0)) - m2;
-    }
-    ql += 32;
-    is += 2;
-    low_bit = static_cast<uint8_t>(low_bit << 2);
-    high_bit = static_cast<uint8_t>(high_bit << 2);
-  }
+  dequantize_k4_or_k5(block, block + 16, block + 48, out);
 }
 
 // Q6_K: {ql[128], qh[64], int8 scales[16], d}: 6-bit values (low 4 bits in ql, high 2 in qh)
