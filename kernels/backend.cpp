@@ -139,6 +139,28 @@ Status check_logits(const LogitsParams& params) {
   return Status::ok();
 }
 
+Status check_logit_edits(const LogitEditParams& params, const uint32_t* masks) {
+  if (Status status = check_logits({params.rows, params.vocab}); !status.is_ok()) return status;
+  const int64_t words = (params.vocab + 31) / 32;
+  if ((params.mask_words != 0 && params.mask_words != words) ||
+      (params.mask_words != 0) != (masks != nullptr)) {
+    return Status::invalid_argument(
+        "edit_logits: mask_words 0 without masks or " + std::to_string(words) + " with them, got " +
+        std::to_string(params.mask_words) + (masks != nullptr ? " with masks" : " without masks"));
+  }
+  return Status::ok();
+}
+
+Status check_logprobs(const LogprobParams& params) {
+  if (Status status = check_logits({params.rows, params.vocab}); !status.is_ok()) return status;
+  if (params.top < 0 || params.top > kMaxTopLogprobs) {
+    return Status::invalid_argument("token_logprobs: top in [0, " +
+                                    std::to_string(kMaxTopLogprobs) + "], got " +
+                                    std::to_string(params.top));
+  }
+  return Status::ok();
+}
+
 Status check_verify(const VerifyParams& params, const float* q, const int32_t* alternates,
                     const int64_t* alternate_rows) {
   if (params.batch < 0 || params.gamma < 0 || params.p_rows < 0 || params.vocab < 1 ||
@@ -232,6 +254,17 @@ Status Backend::process_logits(const LogitsParams& params, const float* logits,
 Status Backend::argmax(const LogitsParams& params, const float* values, int32_t* out) {
   if (Status status = check_logits(params); !status.is_ok()) return status;
   return run_argmax(params, values, out);
+}
+Status Backend::edit_logits(const LogitEditParams& params, const int64_t* edit_begin,
+                            const LogitEdit* edits, const uint32_t* masks, float* logits) {
+  if (Status status = check_logit_edits(params, masks); !status.is_ok()) return status;
+  return run_edit_logits(params, edit_begin, edits, masks, logits);
+}
+Status Backend::token_logprobs(const LogprobParams& params, const float* logits,
+                               const int32_t* token_slots, const int32_t* tokens, float* chosen,
+                               int32_t* top_tokens, float* top_logprobs) {
+  if (Status status = check_logprobs(params); !status.is_ok()) return status;
+  return run_token_logprobs(params, logits, token_slots, tokens, chosen, top_tokens, top_logprobs);
 }
 Status Backend::verify(const VerifyParams& params, const VerifyRow* rows, const float* p,
                        const int32_t* p_status, const float* q, const int32_t* drafts,

@@ -187,6 +187,29 @@ struct LogitsParams {
   int64_t vocab;  // row width
 };
 
+// One change to one logit of a row (edit_logits), what a request's penalties and logit bias make
+// of it: the repetition penalty's scaling, then an addition.
+struct LogitEdit {
+  int32_t token;     // the column; at most once among a row's edits
+  float repetition;  // x > 0 ? x / repetition : x * repetition (1: unchanged)
+  float add;         // then + add (frequency and presence penalties, logit bias)
+};
+
+struct LogitEditParams {
+  int64_t rows;        // rows of logits
+  int64_t vocab;       // row width
+  int64_t mask_words;  // 32-bit words per row of the masks, (vocab + 31) / 32; 0: no masks
+};
+
+// The most likely tokens token_logprobs reports per row, at most (OpenAI's top_logprobs bound).
+inline constexpr int64_t kMaxTopLogprobs = 20;
+
+struct LogprobParams {
+  int64_t rows;   // rows of logits
+  int64_t vocab;  // row width
+  int64_t top;    // most likely tokens reported per row, in [0, kMaxTopLogprobs]
+};
+
 // The rule a verified row follows (verify/verifier.h describes each).
 enum class VerifyRule : int32_t {
   kGreedy = 0,       // accept while the draft is the argmax; the new token is the argmax
@@ -264,6 +287,12 @@ struct SampledRow {
 // kInvalidArgument unless the shapes are ones process_logits and argmax accept: rows >= 0, vocab in
 // [1, 2^31 - 1].
 Status check_logits(const LogitsParams& params);
+// kInvalidArgument unless edit_logits accepts the shape: check_logits' rows and vocab, and
+// mask_words 0 or (vocab + 31) / 32 with masks given exactly when it is not 0.
+Status check_logit_edits(const LogitEditParams& params, const uint32_t* masks);
+// kInvalidArgument unless token_logprobs accepts the shape: check_logits' rows and vocab, top in
+// [0, kMaxTopLogprobs].
+Status check_logprobs(const LogprobParams& params);
 // kInvalidArgument unless the shapes and pointers are ones verify accepts: every count and width
 // in range, q's width given with q, alternate rows with alternates.
 Status check_verify(const VerifyParams& params, const float* q, const int32_t* alternates,
@@ -513,6 +542,33 @@ class Backend {
                 int32_t* out);
   // [rows]
 
+  // A request's logits processors, applied to its rows in place before process_logits: row r's
+  // edits (entries [edit_begin[r], edit_begin[r + 1]) of `edits`) set logits[r, token] to
+  // (x > 0 ? x / repetition : x * repetition) + add, skipping a token outside [0, vocab); then,
+  // with masks, every token whose bit is clear in row r's mask (bit t % 32 of word t / 32) is
+  // -infinity: a grammar's allowed tokens. kernels/cpu/logit_edits.h is the reference.
+  Status edit_logits(const LogitEditParams& params,
+                     const int64_t* edit_begin,  // [rows + 1]
+                     const LogitEdit* edits,     // [edit_begin[rows]]
+                     const uint32_t* masks,      // [rows, mask_words], or null (mask_words 0)
+                     float* logits);
+  // [rows, vocab] in place
+
+  // The log-softmax of each row, log p(t) = x_t - log sum_j exp x_j, where a client reads it
+  // (OpenAI's logprobs): at row r's chosen token, tokens[token_slots[r]], into chosen[r] (0 where
+  // the slot is -1 or the token outside the row), and at its `top` most likely tokens, highest
+  // first and the lower id among equals, into top_tokens[r, :] and top_logprobs[r, :]. The chosen
+  // token is read through a slot so that it may be what another op wrote on the backend (a
+  // verdict's tokens) without the host reading it first. kernels/cpu/logprobs.h is the reference.
+  Status token_logprobs(const LogprobParams& params,
+                        const float* logits,         // [rows, vocab]
+                        const int32_t* token_slots,  // [rows] index into tokens, or -1
+                        const int32_t* tokens,       // what token_slots index
+                        float* chosen,               // [rows]
+                        int32_t* top_tokens,         // [rows, top]
+                        float* top_logprobs);
+  // [rows, top]
+
   // Decides each row's drafts against the target's processed distributions by the row's rule,
   // with the random numbers of its stream at the positions it decides (kernels/cpu/verify.h is the
   // reference). Row b writes d_1..d_k, then the new token, then -1 into tokens[b] and k into
@@ -636,6 +692,18 @@ class Backend {
   virtual Status run_argmax(const LogitsParams& params,
                             const float* values,  // [rows, vocab]
                             int32_t* out) = 0;
+  virtual Status run_edit_logits(const LogitEditParams& params,
+                                 const int64_t* edit_begin,  // [rows + 1]
+                                 const LogitEdit* edits,     // [edit_begin[rows]]
+                                 const uint32_t* masks,      // [rows, mask_words] or null
+                                 float* logits) = 0;         // [rows, vocab]
+  virtual Status run_token_logprobs(const LogprobParams& params,
+                                    const float* logits,         // [rows, vocab]
+                                    const int32_t* token_slots,  // [rows]
+                                    const int32_t* tokens,
+                                    float* chosen,             // [rows]
+                                    int32_t* top_tokens,       // [rows, top]
+                                    float* top_logprobs) = 0;  // [rows, top]
   virtual Status run_verify(const VerifyParams& params,
                             const VerifyRow* rows,      // [batch]
                             const float* p,             // [p rows, vocab]

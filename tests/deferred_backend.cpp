@@ -309,6 +309,23 @@ Status DeferredBackend::run_argmax(const kernels::LogitsParams& params, const fl
   return enqueue([=](CpuBackend& cpu) { return cpu.argmax(params, values, out); });
 }
 
+Status DeferredBackend::run_edit_logits(const kernels::LogitEditParams& params,
+                                        const int64_t* edit_begin, const kernels::LogitEdit* edits,
+                                        const uint32_t* masks, float* logits) {
+  return enqueue(
+      [=](CpuBackend& cpu) { return cpu.edit_logits(params, edit_begin, edits, masks, logits); });
+}
+
+Status DeferredBackend::run_token_logprobs(const kernels::LogprobParams& params,
+                                           const float* logits, const int32_t* token_slots,
+                                           const int32_t* tokens, float* chosen,
+                                           int32_t* top_tokens, float* top_logprobs) {
+  return enqueue([=](CpuBackend& cpu) {
+    return cpu.token_logprobs(params, logits, token_slots, tokens, chosen, top_tokens,
+                              top_logprobs);
+  });
+}
+
 Status DeferredBackend::run_sample(const kernels::SampleParams& params,
                                    const kernels::SampleRow* rows, const float* logits,
                                    const int32_t* tokens, float* q, kernels::SampledRow* out,

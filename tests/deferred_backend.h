@@ -91,6 +91,12 @@ class DeferredBackend final : public kernels::Backend {
                             int32_t* row_status) override;
   Status run_argmax(const kernels::LogitsParams& params, const float* values,
                     int32_t* out) override;
+  Status run_edit_logits(const kernels::LogitEditParams& params, const int64_t* edit_begin,
+                         const kernels::LogitEdit* edits, const uint32_t* masks,
+                         float* logits) override;
+  Status run_token_logprobs(const kernels::LogprobParams& params, const float* logits,
+                            const int32_t* token_slots, const int32_t* tokens, float* chosen,
+                            int32_t* top_tokens, float* top_logprobs) override;
   Status run_sample(const kernels::SampleParams& params, const kernels::SampleRow* rows,
                     const float* logits, const int32_t* tokens, float* q, kernels::SampledRow* out,
                     int32_t* drawn) override;

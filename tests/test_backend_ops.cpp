@@ -436,6 +436,59 @@ std::vector<OpCase> op_cases() {
                      expect_ok(backend.argmax({rows, kVocab}, v.as<float>(), out.as<int32_t>()));
                      return Outputs{{}, {as_integers(download<int32_t>(backend, out, rows))}};
                    }});
+  // Penalties and bias as edits (a repetition penalty on positive and negative logits, a token
+  // outside the row, rows without edits), with and without a grammar's masks.
+  for (const bool masked : {false, true}) {
+    cases.push_back(
+        {std::string("edit_logits/f32/6x50/") + (masked ? "masked" : "unmasked"), exact,
+         [=](Backend& backend) {
+           std::vector<float> values = random_floats(rows * kVocab, 104, 3.0f);
+           values[3] = 2.5f;
+           values[4] = -2.5f;
+           const std::vector<int64_t> begin = {0, 4, 4, 7, 7, 8, 10};
+           const std::vector<kernels::LogitEdit> edits = {
+               {3, 1.3f, 0.0f},  {4, 1.3f, -0.4f}, {9, 1.0f, 5.0f},  {60, 2.0f, 1.0f},
+               {0, 1.1f, -0.2f}, {49, 0.8f, 0.1f}, {-1, 2.0f, 1.0f}, {17, 1.0f, -100.0f},
+               {5, 1.5f, 0.25f}, {6, 1.0f, 100.0f}};
+           std::vector<uint32_t> masks;
+           for (int64_t r = 0; r < rows; ++r) {
+             masks.push_back(r == 2 ? 0xffffffffu : 0xa5f00ff3u ^ static_cast<uint32_t>(r));
+             masks.push_back(r == 2 ? 0x3ffffu : 0x2a0f1u + static_cast<uint32_t>(r));
+           }
+           const DeviceBuffer logits = upload(backend, values);
+           const DeviceBuffer b = upload(backend, begin);
+           const DeviceBuffer e = upload(backend, edits);
+           const DeviceBuffer m = upload(backend, masks);
+           expect_ok(backend.edit_logits({rows, kVocab, masked ? 2 : 0}, b.as<int64_t>(),
+                                         e.as<kernels::LogitEdit>(),
+                                         masked ? m.as<uint32_t>() : nullptr, logits.as<float>()));
+           return Outputs{{as_doubles(download<float>(backend, logits, rows * kVocab))}, {}};
+         }});
+  }
+  // Each row's log-softmax at a chosen token (read through a slot: none, out of the row, a token)
+  // and its top tokens, with ties (the lower id first) and banned tokens; top 0 too.
+  for (const int64_t top : {int64_t{0}, int64_t{5}}) {
+    cases.push_back(
+        {"token_logprobs/f32/6x50/top" + std::to_string(top), close, [=](Backend& backend) {
+           std::vector<float> values = random_floats(rows * kVocab, 105, 4.0f);
+           values[7] = values[9] = 6.0f;
+           for (int64_t t = 0; t < kVocab; t += 2) values[kVocab + t] = -INFINITY;
+           const std::vector<int32_t> slots = {0, -1, 1, 2, 3, 4};
+           const std::vector<int32_t> tokens = {9, 1, 49, 50, 0};
+           const DeviceBuffer logits = upload(backend, values);
+           const DeviceBuffer s = upload(backend, slots);
+           const DeviceBuffer t = upload(backend, tokens);
+           const DeviceBuffer chosen = output<float>(backend, rows);
+           const DeviceBuffer top_tokens = output<int32_t>(backend, rows * top);
+           const DeviceBuffer top_logprobs = output<float>(backend, rows * top);
+           expect_ok(backend.token_logprobs({rows, kVocab, top}, logits.as<float>(),
+                                            s.as<int32_t>(), t.as<int32_t>(), chosen.as<float>(),
+                                            top_tokens.as<int32_t>(), top_logprobs.as<float>()));
+           return Outputs{{as_doubles(download<float>(backend, chosen, rows)),
+                           as_doubles(download<float>(backend, top_logprobs, rows * top))},
+                          {as_integers(download<int32_t>(backend, top_tokens, rows * top))}};
+         }});
+  }
   cases.push_back(
       {"sample/argmax/6x50", close, [=](Backend& backend) {
          std::vector<kernels::SampleRow> sample_rows(static_cast<size_t>(rows));
@@ -594,6 +647,20 @@ std::vector<BadShape> bad_shapes() {
       {"process_logits: vocab 0",
        [](Backend& b) {
          return b.process_logits({1, 0}, nullptr, nullptr, nullptr, nullptr);
+       }},
+      {"edit_logits: masks without their width",
+       [](Backend& b) {
+         static const uint32_t mask = 0;
+         return b.edit_logits({1, 40, 0}, nullptr, nullptr, &mask, nullptr);
+       }},
+      {"edit_logits: a mask width not the vocabulary's",
+       [](Backend& b) {
+         static const uint32_t mask = 0;
+         return b.edit_logits({1, 40, 1}, nullptr, nullptr, &mask, nullptr);
+       }},
+      {"token_logprobs: more than 20 top tokens",
+       [](Backend& b) {
+         return b.token_logprobs({1, 40, 21}, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
        }},
       {"argmax: negative rows",
        [](Backend& b) {

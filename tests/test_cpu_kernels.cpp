@@ -25,6 +25,8 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/fill.h"
+#include "kernels/cpu/logit_edits.h"
+#include "kernels/cpu/logprobs.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -910,6 +912,43 @@ TEST_P(CpuKernels, SwigluAndAddMatchReference) {
   std::vector<float> accumulator = up;
   ASSERT_TRUE(add(rows * dim, gate.data(), accumulator.data(), pool_).is_ok());
   for (int64_t i = 0; i < rows * dim; ++i) ASSERT_EQ(accumulator[i], up[i] + gate[i]);
+}
+
+// The repetition penalty divides a positive logit and multiplies a negative one, then the
+// additions (penalties, bias) apply; a mask bans every token whose bit is clear, edited or not.
+TEST(CpuLogits, EditsScaleThenAddThenMask) {
+  std::vector<float> logits = {2.5f, -2.0f, 0.0f, 1.0f, 3.0f, -1.0f, 0.5f, 7.0f};
+  const std::vector<kernels::LogitEdit> edits = {
+      {0, 1.25f, 0.0f}, {1, 1.5f, 0.0f}, {2, 2.0f, -0.5f}, {3, 1.0f, 4.0f}, {8, 2.0f, 9.0f}};
+  kernels::cpu::edit_logits(edits, {}, logits);
+  EXPECT_EQ(logits, (std::vector<float>{2.0f, -3.0f, -0.5f, 5.0f, 3.0f, -1.0f, 0.5f, 7.0f}));
+  const std::vector<uint32_t> mask = {0b01011001u};  // tokens 0, 3, 4, 6
+  kernels::cpu::edit_logits({}, mask, logits);
+  const float banned = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(logits, (std::vector<float>{2.0f, banned, banned, 5.0f, 3.0f, banned, 0.5f, banned}));
+}
+
+// Log-probabilities are the log of the softmax, computed here the long way in double; the top
+// tokens come highest first, the lower id among equals, banned tokens last.
+TEST(CpuLogits, LogprobsAreTheLogOfTheSoftmax) {
+  const float banned = -std::numeric_limits<float>::infinity();
+  const std::vector<float> logits = {1.0f, 3.0f, -2.0f, 3.0f, banned, 0.25f};
+  double total = 0.0;
+  for (const float x : logits) total += std::exp(static_cast<double>(x));
+  float chosen = 0.0f;
+  std::array<int32_t, 6> top{};
+  std::array<float, 6> top_logprobs{};
+  kernels::cpu::token_logprobs(logits, 5, &chosen, top, top_logprobs);
+  EXPECT_FLOAT_EQ(chosen, static_cast<float>(std::log(std::exp(0.25) / total)));
+  EXPECT_EQ(top, (std::array<int32_t, 6>{1, 3, 0, 5, 2, 4}));
+  for (size_t k = 0; k < top.size(); ++k) {
+    const double x = logits[static_cast<size_t>(top[k])];
+    EXPECT_FLOAT_EQ(top_logprobs[k], static_cast<float>(x - std::log(total))) << k;
+  }
+  kernels::cpu::token_logprobs(logits, 6, &chosen, {}, {});
+  EXPECT_EQ(chosen, 0.0f) << "a token outside the row has none";
+  kernels::cpu::token_logprobs(logits, -1, &chosen, {}, {});
+  EXPECT_EQ(chosen, 0.0f);
 }
 
 // GeGLU (Gemma's MLP): PyTorch's gelu(approximate="tanh") times up, against the formula in double.

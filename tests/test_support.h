@@ -286,6 +286,16 @@ class ForwardingBackend : public kernels::Backend {
   Status run_argmax(const kernels::LogitsParams& p, const float* values, int32_t* out) override {
     return inner_.argmax(p, values, out);
   }
+  Status run_edit_logits(const kernels::LogitEditParams& p, const int64_t* edit_begin,
+                         const kernels::LogitEdit* edits, const uint32_t* masks,
+                         float* logits) override {
+    return inner_.edit_logits(p, edit_begin, edits, masks, logits);
+  }
+  Status run_token_logprobs(const kernels::LogprobParams& p, const float* logits,
+                            const int32_t* token_slots, const int32_t* tokens, float* chosen,
+                            int32_t* top_tokens, float* top_logprobs) override {
+    return inner_.token_logprobs(p, logits, token_slots, tokens, chosen, top_tokens, top_logprobs);
+  }
   // The inner backend's stream: a test backend's overrides do not reach it.
   std::unique_ptr<kernels::Backend> create_stream() override { return inner_.create_stream(); }
   std::unique_ptr<kernels::Event> create_event() override { return inner_.create_event(); }

@@ -14,6 +14,8 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/fill.h"
+#include "kernels/cpu/logit_edits.h"
+#include "kernels/cpu/logprobs.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
@@ -213,6 +215,35 @@ Status CpuBackend::run_argmax(const LogitsParams& params, const float* values, i
   for (int64_t r = 0; r < params.rows; ++r) {
     out[r] = cpu::argmax({values + static_cast<size_t>(r) * vocab, vocab});
   }
+  return Status::ok();
+}
+
+Status CpuBackend::run_edit_logits(const LogitEditParams& params, const int64_t* edit_begin,
+                                   const LogitEdit* edits, const uint32_t* masks, float* logits) {
+  const auto vocab = static_cast<size_t>(params.vocab);
+  const auto words = static_cast<size_t>(params.mask_words);
+  for_each_on_host(params.rows, [&](int64_t r) {
+    const auto first = static_cast<size_t>(edit_begin[r]);
+    const auto count = static_cast<size_t>(edit_begin[r + 1] - edit_begin[r]);
+    cpu::edit_logits({edits + first, count},
+                     masks == nullptr ? std::span<const uint32_t>()
+                                      : std::span<const uint32_t>(masks + r * words, words),
+                     {logits + static_cast<size_t>(r) * vocab, vocab});
+  });
+  return Status::ok();
+}
+
+Status CpuBackend::run_token_logprobs(const LogprobParams& params, const float* logits,
+                                      const int32_t* token_slots, const int32_t* tokens,
+                                      float* chosen, int32_t* top_tokens, float* top_logprobs) {
+  const auto vocab = static_cast<size_t>(params.vocab);
+  const auto top = static_cast<size_t>(params.top);
+  for_each_on_host(params.rows, [&](int64_t r) {
+    const int32_t token = token_slots[r] >= 0 ? tokens[token_slots[r]] : -1;
+    cpu::token_logprobs({logits + static_cast<size_t>(r) * vocab, vocab}, token, chosen + r,
+                        {top_tokens + static_cast<size_t>(r) * top, top},
+                        {top_logprobs + static_cast<size_t>(r) * top, top});
+  });
   return Status::ok();
 }
 

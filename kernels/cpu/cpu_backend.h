@@ -80,6 +80,11 @@ class CpuBackend final : public Backend {
                             const LogitsSettings* settings, float* probs,
                             int32_t* row_status) override;
   Status run_argmax(const LogitsParams& params, const float* values, int32_t* out) override;
+  Status run_edit_logits(const LogitEditParams& params, const int64_t* edit_begin,
+                         const LogitEdit* edits, const uint32_t* masks, float* logits) override;
+  Status run_token_logprobs(const LogprobParams& params, const float* logits,
+                            const int32_t* token_slots, const int32_t* tokens, float* chosen,
+                            int32_t* top_tokens, float* top_logprobs) override;
   Status run_sample(const SampleParams& params, const SampleRow* rows, const float* logits,
                     const int32_t* tokens, float* q, SampledRow* out, int32_t* drawn) override;
   Status run_verify(const VerifyParams& params, const VerifyRow* rows, const float* p,

@@ -14,6 +14,8 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/fill.h"
+#include "kernels/cuda/logit_edits.h"
+#include "kernels/cuda/logprobs.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
@@ -608,6 +610,24 @@ Status CudaBackend::run_argmax(const LogitsParams& params, const float* values, 
   DeviceScope scope(device_);
   if (Status status = scope.status(); !status.is_ok()) return status;
   return launch_argmax({params.rows, params.vocab}, values, out, stream_);
+}
+
+Status CudaBackend::run_edit_logits(const LogitEditParams& params, const int64_t* edit_begin,
+                                    const LogitEdit* edits, const uint32_t* masks, float* logits) {
+  if (params.rows == 0) return Status::ok();
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return launch_edit_logits(params, edit_begin, edits, masks, logits, stream_);
+}
+
+Status CudaBackend::run_token_logprobs(const LogprobParams& params, const float* logits,
+                                       const int32_t* token_slots, const int32_t* tokens,
+                                       float* chosen, int32_t* top_tokens, float* top_logprobs) {
+  if (params.rows == 0) return Status::ok();
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return launch_token_logprobs(params, logits, token_slots, tokens, chosen, top_tokens,
+                               top_logprobs, stream_);
 }
 
 Status CudaBackend::run_sample(const SampleParams& params, const SampleRow* rows,
