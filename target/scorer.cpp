@@ -1,5 +1,7 @@
 #include "target/scorer.h"
 
+#include <algorithm>
+
 #include "runtime/base/check.h"
 #include "runtime/sampling/sampler.h"
 
@@ -104,6 +106,7 @@ const Scores& Scorer::score(std::span<const ScoreRequest> requests, Features* fe
     }
   }
   kernels::Backend& backend = target_.backend();
+  apply_processors(requests);
   device_settings_.reserve(backend, settings_.size() * sizeof(kernels::LogitsSettings),
                            "sampling settings");
   probs_.reserve(backend, static_cast<size_t>(rows * scores.vocab) * sizeof(float),
@@ -118,7 +121,47 @@ const Scores& Scorer::score(std::span<const ScoreRequest> requests, Features* fe
                    "processing the target's logits");
   scores.probs = probs_.as<float>();
   scores.status = status_.as<int32_t>();
+  scores.logits = logits_.device;
   return scores;
+}
+
+void Scorer::apply_processors(std::span<const ScoreRequest> requests) {
+  const bool any = std::any_of(requests.begin(), requests.end(),
+                               [](const ScoreRequest& request) { return request.processor; });
+  if (!any) return;
+  edit_begin_.assign(1, 0);
+  edits_.clear();
+  for (size_t b = 0; b < requests.size(); ++b) {
+    const ScoreRequest& request = requests[b];
+    const auto rows = static_cast<size_t>(logits_.row_begin[b + 1] - logits_.row_begin[b]);
+    if (request.processor == nullptr) {
+      edit_begin_.insert(edit_begin_.end(), rows, static_cast<int64_t>(edits_.size()));
+      continue;
+    }
+    SPECRUN_CHECK(rows == request.drafts.size() + 1)
+        << "a row with logits processors brings alternates (" << rows << " rows for "
+        << request.drafts.size() << " drafts)";
+    request.processor->edits(request.drafts, rows, edits_, edit_begin_);
+  }
+  if (edits_.empty()) return;  // penalties with nothing yet to penalise
+  kernels::Backend& backend = target_.backend();
+  const size_t begin_bytes = edit_begin_.size() * sizeof(int64_t);
+  const size_t edit_bytes = edits_.size() * sizeof(kernels::LogitEdit);
+  device_edits_.reserve(backend, begin_bytes + edit_bytes, "logit edits");
+  SPECRUN_CHECK_OK(backend.copy_to_device(device_edits_.data(), edit_begin_.data(), begin_bytes),
+                   "uploading the logit edits");
+  if (edit_bytes > 0) {
+    SPECRUN_CHECK_OK(
+        backend.copy_to_device(device_edits_.as<char>() + begin_bytes, edits_.data(), edit_bytes),
+        "uploading the logit edits");
+  }
+  const int64_t rows = logits_.row_begin.back();
+  // The rows are the scorer's until the target's next forward: edited where they lie.
+  SPECRUN_CHECK_OK(backend.edit_logits({rows, logits_.vocab_size, 0}, device_edits_.as<int64_t>(),
+                                       reinterpret_cast<const kernels::LogitEdit*>(
+                                           device_edits_.as<char>() + begin_bytes),
+                                       nullptr, const_cast<float*>(logits_.device)),
+                   "applying the requests' penalties and logit bias");
 }
 
 }  // namespace specrun

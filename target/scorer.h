@@ -9,6 +9,7 @@
 
 #include "runtime/base/device_buffer.h"
 #include "runtime/model/model.h"
+#include "runtime/sampling/logit_processor.h"
 #include "runtime/sampling/sampler.h"
 #include "runtime/sampling/speculative_step.h"
 
@@ -25,6 +26,10 @@ struct ScoreRequest {
   // drafts, and scored (Scores::alternate_rows). Empty: none.
   std::span<const int32_t> alternates{};
   int64_t alternates_width = 0;
+  // The request's penalties and bias (runtime/sampling/logit_processor.h), applied to each row's
+  // logits as the text before its position (the drafts before it counted) makes them; null:
+  // none. A row with a processor brings no alternates.
+  const LogitProcessor* processor = nullptr;
 };
 
 // The target's features at the positions a row's verification committed, from those of its fed
@@ -40,13 +45,17 @@ class Scorer {
   // Feeds every row in one batched forward (the target cache grows by n + 1 per row) and
   // returns p_0..p_n per row, processed with the sampling settings on the target's backend; with
   // `features`, the target's features at every token fed too (each row's [pending, drafts,
-  // alternates]). The scores are the scorer's own, valid until its next call: their rows of
+  // alternates]). Rows of requests with a processor have their logits edited first (Scores::logits
+  // keeps them so). The scores are the scorer's own, valid until its next call: their rows of
   // vocabulary-wide distributions (megabytes a step) are written over in place, in the backend's
   // memory. A row that could not be processed (corrupt logits) is marked in Scores::status, for
   // the verification to refuse.
   const Scores& score(std::span<const ScoreRequest> requests, Features* features = nullptr);
 
  private:
+  // Edits the rows of requests with a processor in place (Backend::edit_logits).
+  void apply_processors(std::span<const ScoreRequest> requests);
+
   Model& target_;
   SamplingParams sampling_;
   std::vector<std::vector<int32_t>> inputs_;   // reused per call
@@ -54,6 +63,9 @@ class Scorer {
   Logits logits_;
   Scores scores_;                                  // what score returns
   std::vector<kernels::LogitsSettings> settings_;  // [rows] host, reused per call
+  std::vector<int64_t> edit_begin_;                // [rows + 1] host, reused per call
+  std::vector<kernels::LogitEdit> edits_;          // the rows' edits, host, reused per call
+  DeviceBuffer device_edits_;                      // edit_begin_, then edits_
   DeviceBuffer device_settings_;                   // [rows] LogitsSettings
   DeviceBuffer probs_;                             // [rows, vocab] f32
   DeviceBuffer status_;                            // [rows] RowStatus

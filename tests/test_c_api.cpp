@@ -676,6 +676,12 @@ bool write_c_setting(specrun_sampling& c, const std::string& key, const SettingV
     return c.temperature = static_cast<float>(std::get<double>(value)), true;
   if (key == "top_p") return c.top_p = static_cast<float>(std::get<double>(value)), true;
   if (key == "min_p") return c.min_p = static_cast<float>(std::get<double>(value)), true;
+  if (key == "frequency_penalty")
+    return c.frequency_penalty = static_cast<float>(std::get<double>(value)), true;
+  if (key == "presence_penalty")
+    return c.presence_penalty = static_cast<float>(std::get<double>(value)), true;
+  if (key == "repetition_penalty")
+    return c.repetition_penalty = static_cast<float>(std::get<double>(value)), true;
   if (key == "top_k") return store_integer(c.top_k, std::get<int64_t>(value));
   if (key == "seed") {
     c.seed = static_cast<uint64_t>(std::get<int64_t>(value));  // -1 is 2^64 - 1, past int64

@@ -19,8 +19,10 @@
 
 #include "draft/proposer.h"
 #include "draft/step_drafter.h"
+#include "kernels/cpu/logit_edits.h"
 #include "runtime/engine/pairing.h"
 #include "runtime/engine/settings.h"
+#include "runtime/sampling/logit_processor.h"
 #include "runtime/sampling/rng.h"
 #include "runtime/sampling/sampler.h"
 #include "target/scorer.h"
@@ -621,6 +623,77 @@ TEST_F(SpeculativeTest, SharedNoiseOutputIsTheSameWithAndWithoutSpeculation) {
   for (size_t i = 0; i < completions.size(); ++i) {
     EXPECT_EQ(completions[i].tokens, expected[i]) << "request " << i;
   }
+}
+
+// Penalties and a logit bias change the tokens, and with shared noise the output is still the
+// target's plain sample token for token, whoever drafts; each token's log-probability (with the
+// top ones beside it) is the target's own at its position, drafted or not.
+TEST_F(SpeculativeTest, PenaltiesBiasAndLogprobsAreTheTargetsWithAndWithoutSpeculation) {
+  SamplingSettings sampling;
+  sampling.temperature = 0.9f;
+  sampling.seed = 11;
+  sampling.max_tokens = 24;
+  sampling.stop_at_eos = false;
+  sampling.frequency_penalty = 0.6f;
+  sampling.presence_penalty = 0.3f;
+  sampling.repetition_penalty = 1.2f;
+  const std::map<int32_t, float> bias = {{5, 1.5f}, {9, -2.0f}, {40, 3.0f}};
+  int64_t accepted = 0;
+  for (const auto& prompt : prompts()) {
+    const testing::ReferenceRun expected =
+        reference_decode(*target_, prompt, sampling, Verification::kSharedNoise, bias);
+    ASSERT_NE(expected.tokens,
+              reference_decode(
+                  *target_, prompt,
+                  SamplingSettings{
+                      .temperature = 0.9f, .seed = 11, .max_tokens = 24, .stop_at_eos = false},
+                  Verification::kSharedNoise)
+                  .tokens)
+        << "the penalties and bias should change the output, or this test shows little";
+    for (Model* draft : {self_draft_.get(), foreign_draft_.get(), static_cast<Model*>(nullptr)}) {
+      for (const int64_t gamma : {1, 3}) {
+        BatchEngine engine(*target_, draft, {});
+        EngineRequest request;
+        request.prompt = prompt;
+        request.sampling = sampling;
+        request.speculation =
+            speculation(draft ? SpeculationMethod::kDraftModel : SpeculationMethod::kPromptLookup,
+                        GammaControl::kFixed, gamma);
+        request.speculation.verification = Verification::kSharedNoise;
+        request.logit_bias = bias;
+        request.logprobs = 3;
+        const Completion result = engine.run(std::move(request));
+        ASSERT_EQ(result.tokens, expected.tokens) << "gamma " << gamma;
+        ASSERT_EQ(result.logprobs.size(), result.tokens.size());
+        accepted += result.stats.accepted;
+        for (size_t i = 0; i < result.tokens.size(); ++i) {
+          const TokenLogprob& logprob = result.logprobs[i];
+          EXPECT_EQ(logprob.token, result.tokens[i]);
+          EXPECT_NEAR(logprob.logprob, expected.logprobs[i], 1e-5) << "token " << i;
+          ASSERT_EQ(logprob.top.size(), 3u);
+          EXPECT_GE(logprob.top[0].logprob, logprob.logprob - 1e-6f);
+          EXPECT_GE(logprob.top[0].logprob, logprob.top[1].logprob);
+          EXPECT_GE(logprob.top[1].logprob, logprob.top[2].logprob);
+        }
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0) << "no draft was accepted: the rows after drafts were never checked";
+}
+
+// A request out of range is refused at submit, naming what: a bias outside [-100, 100] or on a
+// token outside the vocabulary, more top log-probabilities than 20.
+TEST_F(SpeculativeTest, RefusesABiasOrLogprobsOutOfRange) {
+  BatchEngine engine(*target_, nullptr, {});
+  EngineRequest request;
+  request.prompt = {1, 2};
+  request.logit_bias = {{3, 101.0f}};
+  testing::expect_error([&] { engine.submit(request, {}); }, {"logit_bias", "token 3", "101"});
+  request.logit_bias = {{static_cast<int32_t>(target_->config().vocab_size), 1.0f}};
+  testing::expect_error([&] { engine.submit(request, {}); }, {"logit_bias", "outside"});
+  request.logit_bias = {};
+  request.logprobs = 21;
+  testing::expect_error([&] { engine.submit(request, {}); }, {"logprobs", "21"});
 }
 
 TEST_F(SpeculativeTest, SeededRejectionSamplingDoesNotDependOnBatchMates) {
@@ -1368,9 +1441,13 @@ TEST_F(SpeculativeTest, RejectsBadSettings) {
 // ---- losslessness by distribution --------------------------------------------------------------
 
 // The exact joint distribution of the first three generated tokens under the target's processed
-// distributions, by enumeration: P(a, b, c) = p(a | prompt) p(b | prompt a) p(c | prompt a b).
+// distributions, by enumeration: P(a, b, c) = p(a | prompt) p(b | prompt a) p(c | prompt a b),
+// each after the penalties of `settings` over the text before it and `bias`.
 std::map<int64_t, double> enumerate_target(Model& target, const std::vector<int32_t>& prompt,
-                                           const SamplingParams& sampling, int64_t vocab) {
+                                           const SamplingSettings& settings,
+                                           Verification verification, int64_t vocab,
+                                           const std::map<int32_t, float>& bias = {}) {
+  const SamplingParams sampling = sampling_params(settings, verification);
   std::map<int64_t, double> distribution;
   std::vector<float> p(static_cast<size_t>(vocab));
   auto processed = [&](const std::vector<int32_t>& tokens) {
@@ -1380,7 +1457,14 @@ std::map<int64_t, double> enumerate_target(Model& target, const std::vector<int3
     target.forward(input, &logits);
     target.kv_cache().remove_sequence(s);
     std::vector<double> probs(static_cast<size_t>(vocab));
-    process_logits(sampling, logits.last(0), p);
+    LogitProcessor processor(settings, prompt, bias);
+    processor.commit(std::span<const int32_t>(tokens).subspan(prompt.size()));
+    std::vector<kernels::LogitEdit> edits;
+    std::vector<int64_t> row_ends;
+    processor.edits({}, 1, edits, row_ends);
+    std::vector<float> row(logits.last(0).begin(), logits.last(0).end());
+    kernels::cpu::edit_logits(edits, {}, row);
+    process_logits(sampling, row, p);
     for (size_t i = 0; i < p.size(); ++i) probs[i] = p[i];
     return probs;
   };
@@ -1437,7 +1521,7 @@ class LosslessnessTest : public ::testing::Test {
                            OverlapDrafting overlap = OverlapDrafting::kOff) {
     const std::vector<int32_t>& prompt = prompt_;
     const std::map<int64_t, double> exact =
-        enumerate_target(*target_, prompt, sampling_params(sampling, verification), kVocab);
+        enumerate_target(*target_, prompt, sampling, verification, kVocab, bias_);
     std::map<int64_t, int64_t> counts;
     int64_t looked_up = 0;
     BatchEngine engine(*target_, draft_.get(),
@@ -1454,6 +1538,7 @@ class LosslessnessTest : public ::testing::Test {
         request.sampling.max_tokens = overlap == OverlapDrafting::kOff ? 3 : 4;
         request.sampling.stop_at_eos = false;
         request.sampling.seed = static_cast<uint64_t>(i) * 7919 + 17;
+        request.logit_bias = bias_;
         request.speculation =
             testing::speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, gamma);
         request.speculation.verification = verification;
@@ -1480,12 +1565,15 @@ class LosslessnessTest : public ::testing::Test {
     if (lookup_everywhere_) {
       EXPECT_GT(looked_up, kSamples / 2) << "prompt lookup seldom proposed";
     }
+    counts_ = counts;
     return testing::chi_square(counts, exact, kSamples);
   }
 
   std::vector<int32_t> prompt_ = {1, 4};
   // Prompt lookup in the draft model's place wherever the last token occurred before.
   bool lookup_everywhere_ = false;
+  std::map<int32_t, float> bias_;      // every request's logit bias
+  std::map<int64_t, int64_t> counts_;  // the last check's samples, by (a * vocab + b) * vocab + c
 
   testing::TempDir dir_;
   std::unique_ptr<kernels::Backend> backend_ = testing::make_suite_backend(1);
@@ -1512,6 +1600,33 @@ TEST_F(LosslessnessTest, MatchesTheTargetWithHighTemperatureAndMinP) {
   sampling.temperature = 1.5f;
   sampling.min_p = 0.1f;
   const auto result = check(sampling, nullptr, 1);
+  EXPECT_LT(result.statistic, result.critical()) << "df " << result.degrees;
+}
+
+// Penalties count the drafts before each position the target scores: the distribution at each is
+// the one plain decoding would have had. The draft's q is left unpenalised (this pair's drafts are
+// verified exactly whatever q they come from); a check that enumerates the target without the
+// penalties fails on the same samples, so the penalties do change what is checked.
+TEST_F(LosslessnessTest, MatchesTheTargetWithPenalties) {
+  SamplingSettings sampling;
+  sampling.frequency_penalty = 0.8f;
+  sampling.presence_penalty = 0.5f;
+  sampling.repetition_penalty = 1.4f;
+  prompt_ = {1, 4, 2};
+  const auto result = check(sampling, nullptr, 3);
+  EXPECT_LT(result.statistic, result.critical()) << "df " << result.degrees;
+  const auto unpenalised = testing::chi_square(
+      counts_, enumerate_target(*target_, prompt_, {}, Verification::kRejection, kVocab), kSamples);
+  EXPECT_GT(unpenalised.statistic, 10 * unpenalised.critical()) << "df " << unpenalised.degrees;
+}
+
+// A logit bias (one token favoured, one all but banned, one discouraged) under shared-noise
+// verification, whose draws the bias changes as it changes p.
+TEST_F(LosslessnessTest, MatchesTheTargetWithALogitBias) {
+  SamplingSettings sampling;
+  sampling.temperature = 0.9f;
+  bias_ = {{2, 2.5f}, {5, -100.0f}, {3, -1.0f}};
+  const auto result = check(sampling, nullptr, 2, Verification::kSharedNoise);
   EXPECT_LT(result.statistic, result.critical()) << "df " << result.degrees;
 }
 

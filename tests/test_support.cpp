@@ -15,10 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/logit_edits.h"
+#include "kernels/cpu/logprobs.h"
 #include "runtime/base/check.h"
 #include "runtime/engine/device.h"
 #include "runtime/engine/settings.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/sampling/logit_processor.h"
 #include "runtime/sampling/rng.h"
 #include "runtime/sampling/sampler.h"
 
@@ -167,8 +170,13 @@ std::vector<double> reference_logits(const std::filesystem::path& model_dir,
 }
 
 ReferenceRun reference_decode(Model& model, std::span<const int32_t> prompt,
-                              const SamplingSettings& sampling, Verification verification) {
+                              const SamplingSettings& sampling, Verification verification,
+                              const std::map<int32_t, float>& logit_bias) {
   Sampler sampler(sampling_params(sampling, verification));
+  LogitProcessor processor(sampling, prompt, logit_bias);
+  std::vector<kernels::LogitEdit> edits;
+  std::vector<int64_t> row_ends;
+  std::vector<float> row;
   const std::vector<int32_t>& eos = model.config().eos_token_ids;
   const SequenceId sequence = model.kv_cache().add_sequence();
   ReferenceRun run;
@@ -182,12 +190,18 @@ ReferenceRun reference_decode(Model& model, std::span<const int32_t> prompt,
     }
     const SequenceInput input[] = {{sequence, fed, false}};
     model.forward(input, &logits);
-    const int32_t token = sampler.sample(logits.last(0));
+    row.assign(logits.last(0).begin(), logits.last(0).end());
+    edits.clear();
+    processor.edits({}, 1, edits, row_ends);
+    kernels::cpu::edit_logits(edits, {}, row);
+    const int32_t token = sampler.sample(row);
     if (sampling.stop_at_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) {
       run.reason = FinishReason::kEndOfSequence;
       break;
     }
     run.tokens.push_back(token);
+    processor.commit({&token, 1});
+    run.logprobs.push_back(row[static_cast<size_t>(token)] - kernels::cpu::log_sum_exp(row));
     fed = {token};
   }
   model.kv_cache().remove_sequence(sequence);

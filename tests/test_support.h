@@ -10,6 +10,7 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <span>
@@ -110,14 +111,18 @@ std::string byte_tokenizer_json();
 // The reference the engine's plain decoding is checked against: the simplest loop over
 // Model::forward and the Sampler (the n-th token drawn with output position n's numbers, as
 // `verification` draws them), on a fresh sequence of the model's cache, independent of the
-// engine's step. Stops at EOS (when asked), max_tokens, or a full context.
+// engine's step. Stops at EOS (when asked), max_tokens, or a full context. The sampling's
+// penalties and `logit_bias` edit each position's logits first (the CPU kernel's edits of the
+// LogitProcessor's), as the engine's do.
 struct ReferenceRun {
   std::vector<int32_t> tokens;                     // generated, EOS excluded
   FinishReason reason = FinishReason::kMaxTokens;  // why it stopped
+  std::vector<double> logprobs;  // each token's log-softmax of its edited logits, in double
 };
 ReferenceRun reference_decode(Model& model, std::span<const int32_t> prompt,
                               const SamplingSettings& sampling,
-                              Verification verification = SpeculationSettings{}.verification);
+                              Verification verification = SpeculationSettings{}.verification,
+                              const std::map<int32_t, float>& logit_bias = {});
 
 // The mean next-token cross-entropy (nats per token) of `tokens` under `model`: one prefill on a
 // fresh sequence of its cache, every position but the last predicting the next.

@@ -136,6 +136,9 @@ class BackendVerification {
   // The verdict of the last enqueue(), of these proposals and scores: the one wait for it.
   Verdict collect(const Proposals& proposals, const Scores& scores,
                   std::vector<int64_t>* alternate_input);
+  // [batch, gamma + 1] the tokens the last enqueue() has the backend write, in its memory: what
+  // ops enqueued after it may read before the host does.
+  const int32_t* tokens() const { return outputs_.as<int32_t>(); }
 
  private:
   kernels::Backend& backend_;

@@ -237,6 +237,9 @@ std::span<const CField<specrun_sampling>> sampling_fields() {
       c_number<&specrun_sampling::min_p>("min_p"),
       c_integer<&specrun_sampling::seed>("seed"),
       c_integer<&specrun_sampling::max_tokens>("max_tokens"),
+      c_number<&specrun_sampling::frequency_penalty>("frequency_penalty"),
+      c_number<&specrun_sampling::presence_penalty>("presence_penalty"),
+      c_number<&specrun_sampling::repetition_penalty>("repetition_penalty"),
   };
   return fields;
 }

@@ -63,6 +63,11 @@ RequestId BatchEngine::submit(EngineRequest request, UpdateCallback on_update) {
   validate_prompt(s.target, request.prompt);
   validate(request.sampling);
   validate(request.speculation);
+  validate_logit_bias(request.logit_bias, s.target.config().vocab_size);
+  if (request.logprobs < -1 || request.logprobs > kMaxTopLogprobs) {
+    throw Error("logprobs must be -1 (none) or top tokens in [0, " +
+                std::to_string(kMaxTopLogprobs) + "], got " + std::to_string(request.logprobs));
+  }
 
   auto sequence = std::make_unique<Sequence>();
   sequence->drafts_with_model =
@@ -93,6 +98,10 @@ RequestId BatchEngine::submit(EngineRequest request, UpdateCallback on_update) {
   sequence->committed = request.prompt;
   sequence->sampling = sampling_params(request.sampling, request.speculation.verification);
   sequence->random = RandomStream(request.sampling.seed);
+  if (LogitProcessor::edits_logits(request.sampling, request.logit_bias)) {
+    sequence->processor =
+        std::make_unique<LogitProcessor>(request.sampling, request.prompt, request.logit_bias);
+  }
   sequence->request = std::move(request);
   sequence->on_update = std::move(on_update);
 
@@ -123,6 +132,8 @@ std::vector<Completion> BatchEngine::run(std::vector<EngineRequest> requests) {
         Completion& completion = completions[i];
         completion.tokens.insert(completion.tokens.end(), update.tokens.begin(),
                                  update.tokens.end());
+        completion.logprobs.insert(completion.logprobs.end(), update.logprobs.begin(),
+                                   update.logprobs.end());
         if (!update.finished) return;
         completion.reason = update.reason;
         completion.error = update.error;
@@ -205,6 +216,7 @@ void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishReason
     update.tokens = last.tokens;
     update.drafted = last.drafted;
     update.accepted_drafts = last.accepted_drafts;
+    update.logprobs = last.logprobs;
     update.finished = true;
     update.reason = reason;
     update.error = error;

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -34,6 +35,7 @@
 
 #include "runtime/engine/stats.h"
 #include "runtime/model/model.h"
+#include "specrun/logprobs.hpp"
 #include "specrun/settings.hpp"
 
 namespace specrun {
@@ -43,9 +45,14 @@ class Verifier;
 using RequestId = uint64_t;
 
 struct EngineRequest {
-  std::vector<int32_t> prompt;      // token ids (BOS included when wanted); not empty
-  SamplingSettings sampling;        // sampling, max_tokens, stop_at_eos
-  SpeculationSettings speculation;  // method, controller, gamma limits, draft_p_min, lookup
+  std::vector<int32_t> prompt;            // token ids (BOS included when wanted); not empty
+  SamplingSettings sampling;              // sampling, penalties, max_tokens, stop_at_eos
+  SpeculationSettings speculation;        // method, controller, gamma limits, draft_p_min, lookup
+  std::map<int32_t, float> logit_bias{};  // added to these tokens' logits at every position
+  // Log-probabilities of each generated token with this many top tokens beside it (at most
+  // kMaxTopLogprobs); -1: none. A request asking for them, or with penalties or bias, brings no
+  // alternates (a token tree's rows would need their own processing).
+  int64_t logprobs = -1;
 };
 
 // What one step did for one request, delivered on the scheduler thread.
@@ -60,6 +67,7 @@ struct RequestUpdate {
   // The first this many of `tokens` are drafts the target accepted; the rest (one, unless the
   // request stopped first) it chose itself.
   int64_t accepted_drafts = 0;
+  std::span<const TokenLogprob> logprobs;  // one per token, where the request asked for them
 };
 
 // Called for every update of a request, in order, on the scheduler thread, with no engine lock
@@ -108,6 +116,7 @@ struct BatchEngineStats {
 // A request run to its end (BatchEngine::run).
 struct Completion {
   std::vector<int32_t> tokens;                     // every generated token
+  std::vector<TokenLogprob> logprobs;              // one per token, where the request asked
   FinishReason reason = FinishReason::kMaxTokens;  // why it finished
   std::string error;                               // when reason is kFailed
   RequestStats stats;                              // its figures

@@ -16,6 +16,7 @@
 #include "draft/step_drafter.h"
 #include "runtime/engine/batch_engine.h"
 #include "runtime/engine/settings.h"
+#include "target/logprobs.h"
 #include "target/scorer.h"
 #include "verify/gamma_policy.h"
 #include "verify/verifier.h"
@@ -46,9 +47,11 @@ struct Sequence {
   int64_t worst_positions = 0;         // the most target positions it holds (what they cover)
   int64_t reserved_draft_blocks = 0;   // the same in the draft's cache
   RandomStream random;                 // its random numbers, keyed by its seed
-  RequestStats stats;                  // its figures so far (runtime/engine/stats.h)
-  std::vector<double> token_ms;        // each token's arrival, from submit
-  DraftingState drafting;              // drafts kept ahead, lookup's contests
+  // Its penalties and logit bias, over its text so far; null when it has none.
+  std::unique_ptr<LogitProcessor> processor;
+  RequestStats stats;            // its figures so far (runtime/engine/stats.h)
+  std::vector<double> token_ms;  // each token's arrival, from submit
+  DraftingState drafting;        // drafts kept ahead, lookup's contests
 };
 
 // What one step carries from phase to phase; rows are the running sequences, in order.
@@ -66,6 +69,8 @@ struct StepWork {
   // [batch] where the target's forward fed the alternate a row accepted (0 the pending token),
   // -1 where it accepted none.
   std::vector<int64_t> alternate_input;
+  // [batch] the log-probabilities of each row's committed tokens, where it asked for them
+  std::vector<std::vector<TokenLogprob>> logprobs;
   std::vector<std::optional<FinishReason>> stops;       // [batch] why a row ends with this step
   std::vector<size_t> first_new;                        // [batch] where its new tokens begin
   std::vector<int64_t> accepted_new;                    // [batch] of those, the accepted drafts
@@ -84,6 +89,7 @@ struct BatchEngine::State {
         drafter(draft_model, engine_options.overlap, target_model.config().vocab_size),
         scorer(target_model, SamplingParams{}),
         verification(target_model.backend()),
+        logprobs(target_model.backend()),
         verifiers(engine_options.verifier) {}
 
   Model& target;
@@ -92,6 +98,7 @@ struct BatchEngine::State {
   StepDrafter drafter;               // the proposers, composed per row
   Scorer scorer;                     // each row brings its own sampling settings
   BackendVerification verification;  // on the target's backend, where the scores are
+  LogprobReader logprobs;            // the rows' log-probabilities, where requests ask
   Verifiers verifiers;               // the rules on the host: what each row's rule reads
   // The gamma policies in use, made on first use; they persist across requests, since acceptance
   // and costs are properties of the model pair and the machine.
@@ -153,8 +160,16 @@ struct BatchEngine::State {
   // and the target's backend reads token trees.
   int64_t alternates_for(const Sequence& sequence) const {
     const bool possible = draft != nullptr && target.backend().attends_with_key_gaps() &&
-                          verifiers.for_row(sequence.sampling).takes_alternates();
+                          verifiers.for_row(sequence.sampling).takes_alternates() &&
+                          sequence.processor == nullptr && sequence.request.logprobs < 0;
     return possible ? sequence.request.speculation.draft_alternates : 0;
+  }
+  // [batch] the top tokens each running row asks beside its logprobs, -1 where it asks none.
+  std::vector<int64_t> logprob_tops() const {
+    std::vector<int64_t> tops;
+    tops.reserve(running.size());
+    for (const auto& sequence : running) tops.push_back(sequence->request.logprobs);
+    return tops;
   }
   // Drafts a step starting now could verify, gamma_max aside: the tokens still to come less the
   // one a step always adds, and room in both models' contexts (DraftingRow::room).

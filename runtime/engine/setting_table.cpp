@@ -93,6 +93,16 @@ std::span<const Setting<SamplingSettings>> sampling_settings() {
                                        "Seed of the request's random numbers"),
       integer<&SamplingSettings::max_tokens>("max_tokens", 0, std::numeric_limits<int32_t>::max(),
                                              "Most new tokens to generate"),
+      number<&SamplingSettings::frequency_penalty>(
+          "frequency_penalty", -2.0, 2.0, false,
+          "Subtract this times a token's count in the output so far from its logit; 0 disables"),
+      number<&SamplingSettings::presence_penalty>(
+          "presence_penalty", -2.0, 2.0, false,
+          "Subtract this from the logit of every token in the output so far; 0 disables"),
+      number<&SamplingSettings::repetition_penalty>(
+          "repetition_penalty", 0.0, kUnbounded, true,
+          "Divide the positive logits of tokens in the prompt or output by this (multiply the "
+          "negative ones); 1 disables"),
   };
   return table;
 }

@@ -258,6 +258,7 @@ void BatchEngine::State::score(StepWork& work) {
     ScoreRequest& request = score_requests.emplace_back();
     request = {sequence.target_kv, sequence.committed.back(), work.drafts.proposals.row_tokens(b),
                &sequence.sampling};
+    request.processor = sequence.processor.get();
     if (work.drafts.proposals.has_alternates()) {
       const Proposals& proposals = work.drafts.proposals;
       request.alternates_width = proposals.alternates_width;
@@ -278,6 +279,9 @@ void BatchEngine::State::score(StepWork& work) {
     }
     if (options.verifier == nullptr) {
       verification.enqueue(work.drafts.proposals, *work.scores, rules, work.draws);
+      // Read where the verification leaves its tokens, before the step waits for them.
+      logprobs.enqueue(*work.scores, logprob_tops(), verification.tokens(),
+                       work.drafts.proposals.gamma + 1);
     }
   } catch (const std::exception& error) {
     work.failure = std::string("verification failed: ") + error.what();
@@ -294,6 +298,7 @@ void BatchEngine::State::collect_verdict(StepWork& work) {
   try {
     if (options.verifier == nullptr) {
       work.verdict = verification.collect(work.drafts.proposals, scores, &work.alternate_input);
+      logprobs.collect();
     } else {
       // A test's rule, on the host (the scores are in host memory: see the constructor).
       Verdict& verdict = work.verdict;
@@ -306,6 +311,9 @@ void BatchEngine::State::collect_verdict(StepWork& work) {
         work.alternate_input[static_cast<size_t>(b)] =
             scores.alternate_inputs[scores.alternate_entry(b, replaced, k)];
       }
+      // The host's verdict is in host memory, which a test's rule needs its backend to use.
+      logprobs.enqueue(scores, logprob_tops(), verdict.tokens.data(), verdict.width);
+      logprobs.collect();
     }
   } catch (const std::exception& error) {
     work.failure = std::string("verification failed: ") + error.what();
@@ -336,6 +344,7 @@ void BatchEngine::State::commit(StepWork& work) {
   const size_t batch = running.size();
   std::vector<DraftOutcome> outcomes(batch);
   work.stops.assign(batch, std::nullopt);
+  work.logprobs.assign(batch, {});
   work.first_new.assign(batch, 0);
   work.accepted_new.assign(batch, 0);
   int64_t emitted_total = 0, drafted_total = 0, accepted_total = 0, continuing = 0;
@@ -423,7 +432,14 @@ RowVerdict BatchEngine::State::commit_row(StepWork& work, size_t b, DraftOutcome
     sequence.committed.push_back(decided[static_cast<size_t>(i)]);
     sequence.generated += 1;
     sequence.token_ms.push_back(milliseconds(sequence.submitted, now));
+    if (sequence.request.logprobs >= 0) {
+      TokenLogprob& logprob =
+          work.logprobs[b].emplace_back(logprobs.at(static_cast<int64_t>(b), i));
+      logprob.token = decided[static_cast<size_t>(i)];
+    }
   }
+  if (sequence.processor)
+    sequence.processor->commit(decided.first(static_cast<size_t>(commit.tokens)));
   stats.tokens_generated = sequence.generated;
   if (!sequence.token_ms.empty()) stats.ttft_ms = sequence.token_ms.front();
   verdict.new_token = sequence.committed.back();
@@ -459,6 +475,7 @@ void BatchEngine::State::deliver(StepWork& work) {
     update.id = sequence->id;
     update.drafted = work.drafts.proposals.counts[b];
     update.accepted_drafts = work.accepted_new[b];
+    update.logprobs = work.logprobs[b];
     if (const std::optional<FinishReason> stop = work.stops[b]) {
       // The final update carries this step's tokens.
       const std::vector<int32_t> last(new_tokens.begin(), new_tokens.end());

@@ -58,6 +58,10 @@ struct Scores {
   // tests). Each row's RowStatus beside them ([rows]; null: every row kOk).
   const float* probs = nullptr;
   const int32_t* status = nullptr;
+  // [rows, vocab] the logits they were processed from, in the same memory, after the requests'
+  // penalties and bias (LogitProcessor): what their log-probabilities are read from. Null for
+  // scores made on the host.
+  const float* logits = nullptr;
   // [batch + 1]: row b's p_i is row row_begin[b] + i (i = 0..n); the rows after its p_n, up to
   // row_begin[b + 1], are the distributions after its alternates.
   std::vector<int64_t> row_begin;
@@ -79,6 +83,7 @@ struct Scores {
     probs = held_->data();
     rows = vocab == 0 ? 0 : static_cast<int64_t>(held_->size()) / vocab;
     status = nullptr;
+    logits = nullptr;
   }
 
   // Row b's entry for alternate k of draft i (from 0).

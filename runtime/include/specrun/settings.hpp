@@ -117,6 +117,15 @@ struct SamplingSettings {
   uint64_t seed = 0;         // keys the request's random numbers (see Verification)
   int64_t max_tokens = 256;  // new tokens at most
   bool stop_at_eos = true;   // end at the model's end-of-sequence tokens (not emitted)
+  // Penalties on tokens already in the text, applied to the logits of every position the target
+  // decides (drafted tokens before it counted) before temperature and the filters, as vLLM and
+  // OpenAI define them: a token's logit less frequency_penalty times its count in the output so
+  // far and presence_penalty if it occurs there; the repetition penalty (Keskar et al., as
+  // transformers applies it) divides a positive logit of a token in the prompt or the output by
+  // it and multiplies a negative one.
+  float frequency_penalty = 0.0f;   // in [-2, 2]; 0 disables
+  float presence_penalty = 0.0f;    // in [-2, 2]; 0 disables
+  float repetition_penalty = 1.0f;  // > 0; 1 disables
 };
 
 // The most alternates per draft (SpeculationSettings::draft_alternates).

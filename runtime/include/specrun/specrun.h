@@ -156,6 +156,9 @@ typedef struct specrun_sampling {
   uint64_t seed;      /* keys the request's random numbers, in [0, INT64_MAX]; default 0 */
   int64_t max_tokens; /* new tokens at most; default 256 */
   int stop_at_eos;    /* nonzero (default): end at the model's end-of-sequence tokens */
+  float frequency_penalty;  /* minus this times a token's count in the output; 0 (default) off */
+  float presence_penalty;   /* minus this for a token in the output; 0 (default) disables */
+  float repetition_penalty; /* divides positive logits of tokens seen; 1 (default) disables */
 } specrun_sampling;
 
 /* The most drafts any step may verify (gamma_max's bound). */

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "specrun/error.hpp"
+#include "specrun/logprobs.hpp"
 #include "specrun/settings.hpp"
 #include "specrun/stats.hpp"
 

@@ -1,0 +1,85 @@
+#include "runtime/sampling/logit_processor.h"
+
+#include <cmath>
+#include <string>
+
+#include "runtime/base/check.h"
+#include "specrun/error.hpp"
+
+namespace specrun {
+
+void validate_logit_bias(const std::map<int32_t, float>& bias, int64_t vocab) {
+  if (bias.size() > kMaxLogitBias) {
+    throw Error("logit_bias holds " + std::to_string(bias.size()) + " tokens, more than " +
+                std::to_string(kMaxLogitBias));
+  }
+  for (const auto& [token, value] : bias) {
+    if (token < 0 || token >= vocab) {
+      throw Error("logit_bias names token " + std::to_string(token) +
+                  ", outside the vocabulary of " + std::to_string(vocab));
+    }
+    if (!std::isfinite(value) || value < -100.0f || value > 100.0f) {
+      throw Error("logit_bias for token " + std::to_string(token) +
+                  " must be in [-100, 100], got " + std::to_string(value));
+    }
+  }
+}
+
+bool LogitProcessor::edits_logits(const SamplingSettings& sampling,
+                                  const std::map<int32_t, float>& bias) {
+  return sampling.frequency_penalty != 0.0f || sampling.presence_penalty != 0.0f ||
+         sampling.repetition_penalty != 1.0f || !bias.empty();
+}
+
+LogitProcessor::LogitProcessor(const SamplingSettings& sampling, std::span<const int32_t> prompt,
+                               const std::map<int32_t, float>& bias)
+    : frequency_(sampling.frequency_penalty),
+      presence_(sampling.presence_penalty),
+      repetition_(sampling.repetition_penalty),
+      bias_(bias) {
+  if (repetition_ != 1.0f) prompt_tokens_.insert(prompt.begin(), prompt.end());
+}
+
+void LogitProcessor::commit(std::span<const int32_t> generated) {
+  for (const int32_t token : generated) output_counts_[token] += 1;
+}
+
+void LogitProcessor::edits(std::span<const int32_t> drafts, size_t rows,
+                           std::vector<kernels::LogitEdit>& out,
+                           std::vector<int64_t>& row_ends) const {
+  SPECRUN_CHECK(rows == 0 || rows - 1 <= drafts.size())
+      << rows << " rows after " << drafts.size() << " drafts";
+  // Each token that any edit touches, with its count in the output so far and whether the
+  // repetition penalty reaches it: a map keyed by token, so each row comes out in token order.
+  struct Seen {
+    int32_t count = 0;
+    bool repeated = false;  // in the prompt or the output
+  };
+  std::map<int32_t, Seen> seen;
+  const bool counts = frequency_ != 0.0f || presence_ != 0.0f || repetition_ != 1.0f;
+  if (counts) {
+    for (const auto& [token, count] : output_counts_) seen[token] = {count, true};
+  }
+  if (repetition_ != 1.0f) {
+    for (const int32_t token : prompt_tokens_) seen[token].repeated = true;
+  }
+  for (const auto& [token, value] : bias_) seen.try_emplace(token);
+  for (size_t row = 0; row < rows; ++row) {
+    if (row > 0 && counts) {
+      Seen& entry = seen[drafts[row - 1]];
+      entry.count += 1;
+      entry.repeated = true;
+    }
+    for (const auto& [token, entry] : seen) {
+      const auto bias = bias_.find(token);
+      const float penalty =
+          -(frequency_ * static_cast<float>(entry.count)) - (entry.count > 0 ? presence_ : 0.0f);
+      const float add = bias == bias_.end() ? penalty : penalty + bias->second;
+      const float repetition = entry.repeated ? repetition_ : 1.0f;
+      if (repetition != 1.0f || add != 0.0f) out.push_back({token, repetition, add});
+    }
+    row_ends.push_back(static_cast<int64_t>(out.size()));
+  }
+}
+
+}  // namespace specrun
