@@ -557,6 +557,9 @@ class SequenceDecoder : public Decoder {
   void decode_chain(std::vector<std::string>& tokens, bool& incomplete) const override {
     for (const auto& step : steps_) step->decode_chain(tokens, incomplete);
   }
+  void piece(std::string& token, bool& fused) const override {
+    for (const auto& step : steps_) step->piece(token, fused);
+  }
 
  private:
   std::vector<std::unique_ptr<Decoder>> steps_;
@@ -588,6 +591,18 @@ class ByteLevelDecoder : public Decoder {
     }
     incomplete = incomplete_utf8_suffix(bytes) > 0;
     tokens.assign(1, is_valid_utf8(bytes) ? std::move(bytes) : repair_utf8(bytes));
+  }
+  void piece(std::string& token, bool& /*fused*/) const override {
+    const ByteLevelTables& tables = byte_level_tables();
+    std::string bytes;
+    size_t i = 0;
+    while (i < token.size()) {
+      const char32_t c = next_code_point(token, i);
+      const int byte = c < tables.byte_of_char.size() ? tables.byte_of_char[c] : -1;
+      if (byte < 0) return;  // an added token, kept as it is
+      bytes += static_cast<char>(byte);
+    }
+    token = std::move(bytes);
   }
 };
 
@@ -622,6 +637,12 @@ class ByteFallbackDecoder : public Decoder {
     flush(true);
     tokens = std::move(out);
   }
+  void piece(std::string& token, bool& /*fused*/) const override {
+    if (token.size() == 6 && token.compare(0, 3, "<0x") == 0 && token[5] == '>') {
+      const int byte = parse_hex(token[3], token[4]);
+      if (byte >= 0) token.assign(1, static_cast<char>(byte));
+    }
+  }
 
  private:
   static int hex_digit(char c) {
@@ -644,6 +665,7 @@ class FuseDecoder : public Decoder {
     for (const std::string& token : tokens) joined += token;
     tokens.assign(1, std::move(joined));
   }
+  void piece(std::string& /*token*/, bool& fused) const override { fused = true; }
 };
 
 class StripDecoder : public Decoder {
@@ -653,35 +675,40 @@ class StripDecoder : public Decoder {
         start_(get_count(object, "start", where)),
         stop_(get_count(object, "stop", where)) {}
   void decode_chain(std::vector<std::string>& tokens, bool& /*incomplete*/) const override {
-    for (std::string& token : tokens) {
-      std::vector<size_t> starts;  // byte offset of each character, and the end
-      size_t i = 0;
-      while (i < token.size()) {
-        starts.push_back(i);
-        next_code_point(token, i);
-      }
-      const size_t chars = starts.size();
-      starts.push_back(token.size());
-      auto char_at = [&](size_t index) {
-        size_t at = starts[index];
-        return next_code_point(token, at);
-      };
-      size_t start_cut = 0;
-      for (size_t k = 0; k < std::min<uint64_t>(start_, chars); ++k) {
-        if (char_at(k) != content_) break;
-        start_cut = k + 1;
-      }
-      size_t stop_cut = chars;
-      for (size_t k = 0; k < std::min<uint64_t>(stop_, chars - start_cut); ++k) {
-        const size_t index = chars - k - 1;
-        if (char_at(index) != content_) break;
-        stop_cut = index;
-      }
-      token = token.substr(starts[start_cut], starts[stop_cut] - starts[start_cut]);
-    }
+    for (std::string& token : tokens) strip(token);
+  }
+  void piece(std::string& token, bool& fused) const override {
+    if (!fused) strip(token);
   }
 
  private:
+  void strip(std::string& token) const {
+    std::vector<size_t> starts;  // byte offset of each character, and the end
+    size_t i = 0;
+    while (i < token.size()) {
+      starts.push_back(i);
+      next_code_point(token, i);
+    }
+    const size_t chars = starts.size();
+    starts.push_back(token.size());
+    auto char_at = [&](size_t index) {
+      size_t at = starts[index];
+      return next_code_point(token, at);
+    };
+    size_t start_cut = 0;
+    for (size_t k = 0; k < std::min<uint64_t>(start_, chars); ++k) {
+      if (char_at(k) != content_) break;
+      start_cut = k + 1;
+    }
+    size_t stop_cut = chars;
+    for (size_t k = 0; k < std::min<uint64_t>(stop_, chars - start_cut); ++k) {
+      const size_t index = chars - k - 1;
+      if (char_at(index) != content_) break;
+      stop_cut = index;
+    }
+    token = token.substr(starts[start_cut], starts[stop_cut] - starts[start_cut]);
+  }
+
   char32_t content_;
   uint64_t start_;
   uint64_t stop_;
@@ -693,6 +720,9 @@ class ReplaceDecoder : public Decoder {
       : pattern_(object.at("pattern"), where), content_(get_string(object, "content", where)) {}
   void decode_chain(std::vector<std::string>& tokens, bool& /*incomplete*/) const override {
     for (std::string& token : tokens) token = replace_all(pattern_, token, content_);
+  }
+  void piece(std::string& token, bool& /*fused*/) const override {
+    token = replace_all(pattern_, token, content_);
   }
 
  private:
@@ -725,6 +755,19 @@ class MetaspaceDecoder : public Decoder {
       tokens[t] = std::move(out);
     }
   }
+  void piece(std::string& token, bool& /*fused*/) const override {
+    std::string out;
+    size_t i = 0;
+    while (i < token.size()) {
+      const size_t start = i;
+      if (next_code_point(token, i) == replacement_) {
+        out += ' ';
+      } else {
+        out.append(token, start, i - start);
+      }
+    }
+    token = std::move(out);
+  }
 
  private:
   char32_t replacement_;
@@ -752,6 +795,19 @@ class BpeSuffixDecoder : public Decoder {
       out.append(token, from);
       token = std::move(out);
     }
+  }
+  void piece(std::string& token, bool& /*fused*/) const override {
+    // Not the text's last token: the suffix stands for a space.
+    if (suffix_.empty()) return;
+    std::string out;
+    size_t from = 0;
+    for (size_t at = token.find(suffix_); at != std::string::npos; at = token.find(suffix_, from)) {
+      out.append(token, from, at - from);
+      out += ' ';
+      from = at + suffix_.size();
+    }
+    out.append(token, from);
+    token = std::move(out);
   }
 
  private:

@@ -75,6 +75,12 @@ class Decoder {
   // Rewrites the token strings in place (the reference's decode_chain). A decoder that turns
   // tokens into bytes sets `incomplete` when those bytes end in an unfinished UTF-8 character.
   virtual void decode_chain(std::vector<std::string>& tokens, bool& incomplete) const = 0;
+  // Rewrites one token's string into the bytes it adds to a text it does not begin: the rules
+  // for a text's first token (Metaspace dropping its leading space, Strip at the start) do not
+  // apply and nothing is repaired, so a byte-fallback or byte-level token yields its raw byte.
+  // `fused` is set once a Fuse step has run: a later Strip then sees the whole text, whose ends
+  // this token is not at.
+  virtual void piece(std::string& token, bool& fused) const = 0;
 };
 
 class PostProcessor {

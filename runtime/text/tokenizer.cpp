@@ -457,6 +457,27 @@ std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
   return std::nullopt;
 }
 
+std::string Tokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || id >= id_limit_) return "";
+  std::string token;
+  const int32_t added = added_index_by_id_[static_cast<size_t>(id)];
+  if (added >= 0) {
+    const AddedToken& entry = added_[static_cast<size_t>(added)];
+    if (entry.special) return "";
+    token = entry.content;
+  } else if (const std::string* model_token = model_->id_to_token(id)) {
+    if (special_contents_->find(*model_token)) return "";
+    token = *model_token;
+  } else {
+    return "";
+  }
+  // Without a decoder, decode() joins the tokens with spaces.
+  if (!decoder_) return " " + token;
+  bool fused = false;
+  decoder_->piece(token, fused);
+  return token;
+}
+
 bool Tokenizer::is_special(int32_t id) const {
   if (id < 0 || id >= id_limit_) return false;
   const int32_t added = added_index_by_id_[static_cast<size_t>(id)];

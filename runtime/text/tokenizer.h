@@ -77,6 +77,14 @@ class Tokenizer {
   // nullopt for an id neither knows.
   std::optional<std::string> id_to_token(int32_t id) const;
   bool is_special(int32_t id) const;
+  // The bytes token `id` adds to a detokenized text it does not begin: the decoder's rules for one
+  // token (byte-level characters and byte-fallback <0xNN> tokens as their raw bytes,
+  // SentencePiece's replacement character as a space) without those for the text's first token or
+  // its ends and without repairing UTF-8, so that a token ending inside a character gives its
+  // partial bytes. Concatenated after a first token, they are decode()'s bytes before its UTF-8
+  // repair. "" for a special token and an id the tokenizer does not know. What a grammar matcher
+  // checks a token by.
+  std::string token_bytes(int32_t id) const;
   const std::vector<AddedToken>& added_tokens() const { return added_; }
 
   // decode() that also reports whether the decoded bytes end inside a UTF-8 character (which
