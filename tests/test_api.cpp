@@ -822,7 +822,8 @@ TEST(ApiChatTemplate, RendersAConversationAndSaysWhatIsWrongWithBadInput) {
   const std::string messages =
       R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])";
   EXPECT_EQ(chat->render(messages), "<s>[system] Be brief.</s>[user] Hi</s>[assistant] ");
-  EXPECT_EQ(chat->render(messages, false), "<s>[system] Be brief.</s>[user] Hi</s>");
+  EXPECT_EQ(chat->render(messages, {.add_generation_prompt = false}),
+            "<s>[system] Be brief.</s>[user] Hi</s>");
   testing::expect_error([&] { chat->render("[{\"role\": "); }, {"chat messages", "not JSON"});
   testing::expect_error([&] { chat->render(R"({"role": "user"})"); }, {"not a JSON list"});
   testing::expect_error([&] { chat->render(R"(["hello"])"); }, {"not a JSON object"});

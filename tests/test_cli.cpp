@@ -212,6 +212,63 @@ TEST_F(CliTest, UnwritableOutputFails) {
       << result.stderr_text;
 }
 
+// `specrun template` prints the prompt a chat request renders to, exactly (no newline added), from
+// a file or stdin, a bare list of messages or an object like a chat request's body; bad input is
+// one line and a non-zero exit. (tests/test_chat_request_conformance.cpp compares it with
+// transformers on the real templates.)
+TEST_F(CliTest, TemplatePrintsThePromptAChatRequestRendersTo) {
+  testing::write_file(dir_ / "t.jinja",
+                      "{# <tool_call> #}{{ bos_token }}{% for m in messages %}[{{ m.role }}] "
+                      "{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments "
+                      "| tojson }}{% endif %};{% endfor %}{% if tools %}{{ tools | length }} "
+                      "tools{% endif %}{% if flag is defined %}({{ flag }}){% endif %}"
+                      "{% if add_generation_prompt %}[assistant]{% endif %}");
+  testing::write_file(dir_ / "list.json", R"([{"role": "user", "content": "Hi"}])");
+  const std::string with = "template --chat-template " + quote((dir_ / "t.jinja").string());
+  CommandResult result = run_tool("specrun", with + " " + quote((dir_ / "list.json").string()));
+  EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_EQ(result.stdout_text, "[user] Hi;[assistant]");
+  testing::write_file(dir_ / "body.json", R"({"messages": [{"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "1", "type": "function",
+      "function": {"name": "f", "arguments": "{\"b\": 1, \"a\": 2}"}}]},
+      {"role": "tool", "tool_call_id": "1", "content": "3"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}],
+      "add_generation_prompt": false, "chat_template_kwargs": {"flag": "on"}})");
+  result = run_tool("specrun", with + " < " + quote((dir_ / "body.json").string()));
+  EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_EQ(result.stdout_text, R"([user] Hi;[assistant] {"b": 1, "a": 2};[tool] 3;1 tools(on))");
+  // A checkpoint (loaded as a run loads it) with the file's template over its own.
+  result = run_tool("specrun", with + " --target " + quote(good_model().string()) + " " +
+                                   quote((dir_ / "list.json").string()));
+  EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_NE(result.stdout_text.find("[user] Hi;[assistant]"), std::string::npos);
+
+  const std::string list = quote((dir_ / "list.json").string());
+  expect_one_error_line(run_tool("specrun", with + " " + quote((dir_ / "none.json").string())),
+                        {{"none.json"}, {"no such file"}});
+  testing::write_file(dir_ / "bad.json", R"([{"role": "user", "content": )");
+  expect_one_error_line(run_tool("specrun", with + " " + quote((dir_ / "bad.json").string())),
+                        {{"bad.json"}, {"not valid JSON"}});
+  testing::write_file(dir_ / "unknown.json", R"({"messages": [], "max_tokens": 3})");
+  expect_one_error_line(run_tool("specrun", with + " " + quote((dir_ / "unknown.json").string())),
+                        {{"'max_tokens' is not a key that shapes the prompt"}});
+  testing::write_file(dir_ / "role.json", R"([{"role": "narrator", "content": "x"}])");
+  expect_one_error_line(run_tool("specrun", with + " " + quote((dir_ / "role.json").string())),
+                        {{"messages[0].role"}});
+  expect_one_error_line(run_tool("specrun", "template " + list),
+                        {{"--target", "--tokenizer", "--chat-template"}});
+  expect_one_error_line(run_tool("specrun", with + " --ids " + list), {{"--ids needs"}});
+  expect_one_error_line(run_tool("specrun", "template --chat-template " +
+                                                quote((dir_ / "no.jinja").string()) + " " + list),
+                        {{"no.jinja"}, {"no such chat template file"}});
+  // Tools for a template that teaches no call format this server reads: the server's 400.
+  testing::write_file(dir_ / "plain.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}");
+  expect_one_error_line(
+      run_tool("specrun", "template --chat-template " + quote((dir_ / "plain.jinja").string()) +
+                              " " + quote((dir_ / "body.json").string())),
+      {{"'tools' needs a chat template with a tool-call format"}});
+}
+
 // --- Malformed checkpoints ---
 
 TEST_F(CliTest, NonexistentTarget) {

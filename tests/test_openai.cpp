@@ -130,26 +130,180 @@ TEST(OpenAiRequest, VllmFieldsAreHonouredOrRefusedNeverIgnored) {
   expect_refused(R"({"model": "m", "prompt": "x", "ignore_eos": 1})", 400, "ignore_eos",
                  {"true or false"});
   const std::string chat = R"({"model": "m", "messages": [{"role": "user", "content": "hi"}])";
-  EXPECT_TRUE(parse(chat + "}", Endpoint::kChat).add_generation_prompt);
-  EXPECT_FALSE(
-      parse(chat + R"(, "add_generation_prompt": false})", Endpoint::kChat).add_generation_prompt);
-  expect_refused(R"({"model": "m", "prompt": "x", "add_generation_prompt": false})", 400,
-                 "add_generation_prompt", {"belongs to /v1/chat/completions"});
-  EXPECT_NO_THROW(parse(chat + R"(, "chat_template_kwargs": {}})", Endpoint::kChat));
-  expect_refused(chat + R"(, "chat_template_kwargs": {"enable_thinking": false}})", 400,
-                 "chat_template_kwargs", {"not supported"}, Endpoint::kChat);
-  // An assistant turn's tool calls would be left out of the prompt: refused, naming the message.
-  const std::string with_call =
-      R"({"model": "m", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant",
-          "content": null, "tool_calls": [{"id": "1", "type": "function",
-          "function": {"name": "f", "arguments": "{}"}}]}]})";
-  expect_refused(with_call, 400, "messages[1].tool_calls", {"not supported"}, Endpoint::kChat);
-  expect_refused(R"({"model": "m", "messages": [{"role": "assistant", "content": "x",
+  EXPECT_TRUE(parse(chat + "}", Endpoint::kChat).chat.add_generation_prompt);
+  // false: the prompt ends after the last message, no assistant turn opened.
+  const CompletionRequest closed =
+      parse(chat + R"(, "add_generation_prompt": false})", Endpoint::kChat);
+  EXPECT_FALSE(closed.chat.add_generation_prompt);
+  EXPECT_FALSE(closed.chat.continue_final_message);
+  // continue_final_message needs the generation prompt off, as vLLM says.
+  const std::string partial =
+      R"({"model": "m", "messages": [{"role": "user", "content": "hi"},
+          {"role": "assistant", "content": "Once upon"}])";
+  EXPECT_TRUE(
+      parse(partial + R"(, "continue_final_message": true, "add_generation_prompt": false})",
+            Endpoint::kChat)
+          .chat.continue_final_message);
+  expect_refused(partial + R"(, "continue_final_message": true})", 400, "continue_final_message",
+                 {"add_generation_prompt", "false"}, Endpoint::kChat);
+  for (const char* chat_only : {"add_generation_prompt", "continue_final_message"}) {
+    expect_refused(R"({"model": "m", "prompt": "x", ")" + std::string(chat_only) + R"(": false})",
+                   400, chat_only, {"belongs to /v1/chat/completions"});
+  }
+  // chat_template_kwargs: template variables, in the order given; the request's own fields are
+  // not variables.
+  EXPECT_TRUE(
+      parse(chat + R"(, "chat_template_kwargs": {}})", Endpoint::kChat).chat.variables.is_null());
+  EXPECT_EQ(parse(chat + R"(, "chat_template_kwargs": {"z": 1, "enable_thinking": false}})",
+                  Endpoint::kChat)
+                .chat.variables.dump(),
+            R"({"z":1,"enable_thinking":false})");
+  expect_refused(chat + R"(, "chat_template_kwargs": [1]})", 400, "chat_template_kwargs",
+                 {"must be an object"}, Endpoint::kChat);
+  expect_refused(chat + R"(, "chat_template_kwargs": {"add_generation_prompt": false}})", 400,
+                 "chat_template_kwargs.add_generation_prompt", {"request's own field"},
+                 Endpoint::kChat);
+  expect_refused(R"({"model": "m", "prompt": "x", "chat_template_kwargs": {}})", 400,
+                 "chat_template_kwargs", {"belongs to /v1/chat/completions"});
+  // add_special_tokens: read for either endpoint (the server applies it when it encodes).
+  EXPECT_FALSE(parse(R"({"model": "m", "prompt": "x"})").add_special_tokens.has_value());
+  EXPECT_EQ(
+      parse(R"({"model": "m", "prompt": "x", "add_special_tokens": false})").add_special_tokens,
+      std::optional<bool>(false));
+  // vLLM's sampling and output extras: refused unless neutral.
+  for (const char* field :
+       {R"("min_tokens": 4)", R"("stop_token_ids": [2])", R"("include_stop_str_in_output": true)",
+        R"("skip_special_tokens": false)", R"("truncate_prompt_tokens": 5)",
+        R"("use_beam_search": true)", R"("guided_json": {})", R"("chat_template": "x")",
+        R"("documents": [])", R"("reasoning_effort": "low")", R"("bad_words": ["x"])"}) {
+    const std::string body = std::string(R"({"model": "m", "prompt": "x", )") + field + "}";
+    const std::string name = std::string(field).substr(1, std::string(field).find('"', 1) - 1);
+    expect_refused(body, 400, name, {"not supported"});
+  }
+  EXPECT_NO_THROW(parse(R"({"model": "m", "prompt": "x", "min_tokens": 0, "stop_token_ids": [],
+                           "skip_special_tokens": true, "include_stop_str_in_output": false})"));
+}
+
+// An assistant's tool calls and the tools' answers reach the template as vLLM hands them to
+// apply_chat_template: arguments parsed from JSON text, tool_call_id and name kept.
+TEST(OpenAiRequest, ToolHistoryReachesTheTemplateAsVllmGivesIt) {
+  const CompletionRequest request = parse(R"({"model": "m", "messages": [
+      {"role": "user", "content": "weather?", "name": "ann"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"a\": [1]}"}},
+          {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": ""}}]},
+      {"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
+       "content": [{"type": "text", "text": "sunny"}]},
+      {"role": "tool", "tool_call_id": "call_2", "content": "noon"},
+      {"role": "assistant", "content": "x", "tool_calls": []}]})",
+                                          Endpoint::kChat);
+  EXPECT_EQ(request.chat.messages.dump(),
+            R"([{"role":"user","content":"weather?","name":"ann"},)"
+            R"({"role":"assistant","content":"","tool_calls":[{"id":"call_1","type":"function",)"
+            R"("function":{"name":"get_weather","arguments":{"city":"Paris","a":[1]}}},)"
+            R"({"id":"call_2","type":"function","function":{"name":"now","arguments":{}}}]},)"
+            R"({"role":"tool","content":"sunny","tool_call_id":"call_1","name":"get_weather"},)"
+            R"({"role":"tool","content":"noon","tool_call_id":"call_2"},)"
+            R"({"role":"assistant","content":"x"}])");
+  const std::string head = R"({"model": "m", "messages": [{"role": "user", "content": "hi"}, )";
+  expect_refused(head + R"({"role": "assistant", "tool_calls": [{"type": "function",
+                     "function": {"name": "f", "arguments": "{oops"}}]}]})",
+                 400, "messages[1].tool_calls[0].function.arguments", {"not JSON", "{oops"},
+                 Endpoint::kChat);
+  expect_refused(
+      head + R"({"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]})", 400,
+      "messages[1].tool_calls[0].function.name", {"must be a string"}, Endpoint::kChat);
+  expect_refused(head + R"({"role": "assistant", "tool_calls": {}}]})", 400,
+                 "messages[1].tool_calls", {"list of tool calls"}, Endpoint::kChat);
+  expect_refused(head + R"({"role": "user", "content": "a", "tool_calls": []}]})", 400,
+                 "messages[1].tool_calls", {"belongs to an assistant message"}, Endpoint::kChat);
+  expect_refused(head + R"({"role": "assistant", "content": "x",
                     "function_call": {"name": "f"}}]})",
-                 400, "messages[0].function_call", {"not supported"}, Endpoint::kChat);
-  EXPECT_NO_THROW(parse(R"({"model": "m", "messages": [{"role": "assistant", "content": "x",
-                           "tool_calls": []}]})",
-                        Endpoint::kChat));
+                 400, "messages[1].function_call", {"deprecated", "tool_calls"}, Endpoint::kChat);
+  expect_refused(head + R"({"role": "tool", "tool_call_id": 5, "content": "x"}]})", 400,
+                 "messages[1].tool_call_id", {"must be a string"}, Endpoint::kChat);
+  expect_refused(head + R"({"role": "tool", "tool_call_id": "1"}]})", 400, "messages[1].content",
+                 {"required for a tool message"}, Endpoint::kChat);
+}
+
+// tools and tool_choice: the tools go to the template as given; "auto" (the default with tools)
+// reads the output for calls, "none" does not; "required" and a named function need
+// grammar-constrained decoding and say so.
+TEST(OpenAiRequest, ToolsAndToolChoice) {
+  const std::string head =
+      R"({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type":
+          "function", "function": {"name": "get_weather", "description": "d",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])";
+  const CompletionRequest automatic = parse(head + "}", Endpoint::kChat);
+  EXPECT_EQ(automatic.tool_choice, ToolChoice::kAuto);
+  EXPECT_TRUE(automatic.parallel_tool_calls);
+  EXPECT_EQ(automatic.chat.tools.dump(),
+            R"([{"type":"function","function":{"name":"get_weather","description":"d",)"
+            R"("parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])");
+  EXPECT_EQ(parse(head + R"(, "tool_choice": "none"})", Endpoint::kChat).tool_choice,
+            ToolChoice::kNone);
+  EXPECT_EQ(parse(head + R"(, "tool_choice": "auto"})", Endpoint::kChat).tool_choice,
+            ToolChoice::kAuto);
+  EXPECT_FALSE(
+      parse(head + R"(, "parallel_tool_calls": false})", Endpoint::kChat).parallel_tool_calls);
+  expect_refused(head + R"(, "tool_choice": "required"})", 400, "tool_choice",
+                 {"\"required\"", "grammar-constrained decoding"}, Endpoint::kChat);
+  expect_refused(head + R"(, "tool_choice": {"type": "function",
+                     "function": {"name": "get_weather"}}})",
+                 400, "tool_choice", {"naming a function", "grammar-constrained decoding"},
+                 Endpoint::kChat);
+  expect_refused(head + R"(, "tool_choice": "sometimes"})", 400, "tool_choice",
+                 {"\"none\", \"auto\"", "sometimes"}, Endpoint::kChat);
+  // No tools: nothing to choose from, and no calls read.
+  const std::string bare = R"({"model": "m", "messages": [{"role": "user", "content": "hi"}])";
+  EXPECT_EQ(parse(bare + "}", Endpoint::kChat).tool_choice, ToolChoice::kNone);
+  EXPECT_EQ(parse(bare + R"(, "tool_choice": "none"})", Endpoint::kChat).tool_choice,
+            ToolChoice::kNone);
+  expect_refused(bare + R"(, "tool_choice": "auto"})", 400, "tool_choice", {"needs 'tools'"},
+                 Endpoint::kChat);
+  expect_refused(bare + R"(, "tools": [{"type": "code_interpreter"}]})", 400, "tools[0].type",
+                 {"\"function\""}, Endpoint::kChat);
+  expect_refused(bare + R"(, "tools": [{"type": "function", "function": {"name": ""}}]})", 400,
+                 "tools[0].function.name", {"non-empty string"}, Endpoint::kChat);
+  expect_refused(bare + R"(, "tools": [{"type": "function", "function": {"name": "f",
+                     "parameters": "x"}}]})",
+                 400, "tools[0].function.parameters", {"JSON Schema object"}, Endpoint::kChat);
+  expect_refused(bare + R"(, "tools": {}})", 400, "tools", {"list of tools"}, Endpoint::kChat);
+  expect_refused(bare + R"(, "functions": [{"name": "f"}]})", 400, "functions", {"not supported"},
+                 Endpoint::kChat);
+  for (const char* chat_only : {R"("tools": [])", R"("tool_choice": "none")"}) {
+    const std::string body = std::string(R"({"model": "m", "prompt": "x", )") + chat_only + "}";
+    const std::string name =
+        std::string(chat_only).substr(1, std::string(chat_only).find('"', 1) - 1);
+    expect_refused(body, 400, name, {"belongs to /v1/chat/completions"});
+  }
+}
+
+// specrun template's input: a list of messages, or an object of the keys that shape the prompt.
+TEST(OpenAiRequest, ChatPromptOfSpecrunTemplate) {
+  const ChatPrompt bare = parse_chat_prompt(R"([{"role": "user", "content": "hi"}])");
+  EXPECT_EQ(bare.messages.dump(), R"([{"role":"user","content":"hi"}])");
+  EXPECT_TRUE(bare.add_generation_prompt);
+  EXPECT_TRUE(bare.tools.is_null());
+  const ChatPrompt full = parse_chat_prompt(R"({"messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}], "add_generation_prompt": false,
+      "chat_template_kwargs": {"enable_thinking": false}})");
+  EXPECT_FALSE(full.add_generation_prompt);
+  EXPECT_EQ(full.tools.size(), 1u);
+  EXPECT_EQ(full.variables.dump(), R"({"enable_thinking":false})");
+  for (const auto& [body, fragment] : std::vector<std::pair<std::string, std::string>>{
+           {"{bad", "not valid JSON"},
+           {"5", "list of messages"},
+           {R"({"messages": [{"role": "user", "content": "x"}], "model": "m"})",
+            "'model' is not a key that shapes the prompt"},
+           {R"({"tools": []})", "'messages' is required"}}) {
+    try {
+      parse_chat_prompt(body);
+      ADD_FAILURE() << body << " accepted";
+    } catch (const ApiException& error) {
+      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+    }
+  }
 }
 
 TEST(OpenAiRequest, PromptFormsAndMessages) {
@@ -163,9 +317,9 @@ TEST(OpenAiRequest, PromptFormsAndMessages) {
       {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
       {"role": "assistant", "content": null, "name": "x"}]})",
                                        Endpoint::kChat);
-  EXPECT_EQ(chat.messages.dump(),
+  EXPECT_EQ(chat.chat.messages.dump(),
             R"([{"role":"system","content":"be brief"},{"role":"user","content":"a\nb"},)"
-            R"({"role":"assistant","content":""}])");
+            R"({"role":"assistant","content":"","name":"x"}])");
 }
 
 TEST(OpenAiRequest, MalformedBodiesAndWrongTypes) {
@@ -192,8 +346,9 @@ TEST(OpenAiRequest, MalformedBodiesAndWrongTypes) {
   expect_refused(R"({"model": "m", "prompt": "x", "user": 3})", 400, "user", {"string"});
   expect_refused(R"({"model": "m", "messages": "hi"})", 400, "messages", {"non-empty list"},
                  Endpoint::kChat);
-  expect_refused(R"({"model": "m", "messages": [{"role": "tool", "content": "x"}]})", 400,
-                 "messages[0].role", {"system, user or assistant"}, Endpoint::kChat);
+  expect_refused(R"({"model": "m", "messages": [{"role": "narrator", "content": "x"}]})", 400,
+                 "messages[0].role", {"system, user, assistant or tool", "narrator"},
+                 Endpoint::kChat);
   expect_refused(R"({"model": "m", "messages": [{"role": "user", "content": 5}]})", 400,
                  "messages[0].content", {"string or a list of parts"}, Endpoint::kChat);
   expect_refused(R"({"model": "m", "messages": [{"role": "user",
@@ -220,7 +375,7 @@ TEST(OpenAiRequest, AmbiguousOrEmptyInputsAreRefusedRatherThanGuessed) {
   EXPECT_EQ(parse(R"({"model": "m", "messages": [{"role": "user", "content": "a"},
                  {"role": "user", "content": "b"}]})",
                   Endpoint::kChat)
-                .messages.size(),
+                .chat.messages.size(),
             2u);
   // A system or user turn must say something.
   for (const std::string content : {"", R"(, "content": null)", R"(, "content": [])"}) {
@@ -250,17 +405,16 @@ TEST(OpenAiRequest, OutOfRangeAndUnsupported) {
   expect_refused(R"({"model": "m", "prompt": "x", "stop": ""})", 400, "stop", {"1 to"});
   expect_refused(R"({"model": "m", "prompt": "x", "speculative": {"gamma": 65}})", 400,
                  "speculative.gamma", {"[0, 64]"});
-  for (const char* field :
-       {R"("presence_penalty": 0.5)", R"("frequency_penalty": -1)", R"("logprobs": 2)",
-        R"("logit_bias": {"5": 1})", R"("echo": true)", R"("best_of": 3)",
-        R"("tools": [{"type": "function"}])", R"("response_format": {"type": "json_object"})"}) {
+  for (const char* field : {R"("presence_penalty": 0.5)", R"("frequency_penalty": -1)",
+                            R"("logprobs": 2)", R"("logit_bias": {"5": 1})", R"("echo": true)",
+                            R"("best_of": 3)", R"("response_format": {"type": "json_object"})"}) {
     const std::string body = std::string(R"({"model": "m", "prompt": "x", )") + field + "}";
     const std::string name = std::string(field).substr(1, std::string(field).find('"', 1) - 1);
     expect_refused(body, 400, name, {"not supported"});
   }
   // Their neutral values are accepted.
   EXPECT_NO_THROW(parse(R"({"model": "m", "prompt": "x", "presence_penalty": 0, "logprobs": false,
-                           "echo": false, "best_of": 1, "logit_bias": {}, "tools": [],
+                           "echo": false, "best_of": 1, "logit_bias": {},
                            "response_format": {"type": "text"}})"));
 }
 
@@ -279,6 +433,27 @@ TEST(OpenAiResponse, ShapesOfResponsesAndChunks) {
   const json text = completion_response(Endpoint::kCompletions, header, "hi", "length", usage);
   EXPECT_EQ(text["object"], "text_completion");
   EXPECT_EQ(text["choices"][0]["text"], "hi");
+
+  // Tool calls: OpenAI's message with tool_calls, content null where nothing else was said.
+  const IdentifiedCall call{"call_7", {"get_weather", R"({"city":"Paris"})"}};
+  const json called = completion_response(Endpoint::kChat, header, "", "tool_calls", usage, {call});
+  EXPECT_EQ(called["choices"][0]["message"], json::parse(R"({"role": "assistant", "content": null,
+      "tool_calls": [{"id": "call_7", "type": "function", "function": {"name": "get_weather",
+      "arguments": "{\"city\":\"Paris\"}"}}]})"));
+  EXPECT_EQ(completion_response(Endpoint::kChat, header, "Let me see.", "tool_calls", usage,
+                                {call})["choices"][0]["message"]["content"],
+            "Let me see.");
+  // Streamed: the id, type and name first (with the role where the stream opens), the arguments
+  // next, each under the call's index.
+  const std::vector<json> chunks = tool_call_chunks(header, call, 1, true, true);
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"], json::parse(R"({"role": "assistant", "tool_calls":
+      [{"index": 1, "id": "call_7", "type": "function", "function": {"name": "get_weather",
+      "arguments": ""}}]})"));
+  EXPECT_EQ(chunks[1]["choices"][0]["delta"], json::parse(R"({"tool_calls": [{"index": 1,
+      "function": {"arguments": "{\"city\":\"Paris\"}"}}]})"));
+  EXPECT_TRUE(chunks[1].contains("usage") && chunks[1]["usage"].is_null());
+  EXPECT_EQ(chunks[1]["object"], "chat.completion.chunk");
 
   const json opening = completion_chunk(Endpoint::kChat, header, "He", true, std::nullopt, true);
   EXPECT_EQ(opening["object"], "chat.completion.chunk");

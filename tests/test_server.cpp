@@ -31,7 +31,11 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 
 // A prompt-follows-the-role chat format, written in the Jinja subset real templates use.
+// It teaches Hermes's <tool_call> format (in a comment: the format is read from the text), and
+// shows how many tools it got and a `flag` variable when given.
 constexpr const char* kChatTemplate =
+    "{# calls: <tool_call>{...}</tool_call> #}{% if tools %}<tools>{{ tools | length }}"
+    "</tools>{% endif %}{% if flag is defined %}[{{ flag }}]{% endif %}"
     "{{ bos_token }}{% for message in messages %}<{{ message['role'] }}>"
     "{{ message['content'] | trim }}\n{% endfor %}{% if add_generation_prompt %}<assistant>"
     "{% endif %}";
@@ -514,6 +518,66 @@ TEST_F(ServerTest, AddGenerationPromptFalseLeavesTheAssistantsTurnUnopened) {
   EXPECT_EQ(prompt_tokens(R"(, "add_generation_prompt": true)"), opened);
   // The byte tokenizer spends one token a byte: "<assistant>" is 11.
   EXPECT_EQ(prompt_tokens(R"(, "add_generation_prompt": false)"), opened - 11);
+}
+
+// tools and chat_template_kwargs reach the template; continue_final_message ends the prompt inside
+// the last message; with tools the output is read for calls ("auto"), streamed and not alike;
+// what needs a grammar, or a template without a tool-call format, is refused.
+TEST_F(ServerTest, ToolsAndTemplateVariablesReachThePrompt) {
+  start({}, true, /*with_template=*/true);
+  const std::string messages = R"("messages": [{"role": "user", "content": "hi"}])";
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}])";
+  const auto reply = [&](const std::string& extra) {
+    return post("/v1/chat/completions",
+                R"({"model": "tiny", "max_tokens": 8, "seed": 1, )" + messages + extra + "}");
+  };
+  const auto prompt_tokens = [&](const std::string& extra) {
+    const Reply answer = reply(extra);
+    EXPECT_EQ(answer.status, 200) << answer.body;
+    return answer.parsed()["usage"]["prompt_tokens"].get<int64_t>();
+  };
+  const int64_t plain = prompt_tokens("");
+  // The byte tokenizer spends one token a byte.
+  EXPECT_EQ(prompt_tokens(", " + tools), plain + 16);  // "<tools>1</tools>"
+  EXPECT_EQ(prompt_tokens(R"(, "chat_template_kwargs": {"flag": "xy"})"), plain + 4);  // "[xy]"
+  // "<assistant>" unopened, and the last message's text not closed ("\n" dropped).
+  EXPECT_EQ(prompt_tokens(R"(, "add_generation_prompt": false, "continue_final_message": true)"),
+            plain - 12);
+
+  const Reply whole = reply(", " + tools);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json message = whole.parsed()["choices"][0]["message"];
+  const Reply streamed = reply(", " + tools + R"(, "stream": true)");
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  const std::vector<json> chunks = events(streamed.body);
+  // Random weights write no call: the text is content, the same either way.
+  EXPECT_FALSE(message.contains("tool_calls"));
+  EXPECT_EQ(streamed_text(chunks), message["content"]);
+  EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"],
+            whole.parsed()["choices"][0]["finish_reason"]);
+
+  const Reply required = reply(", " + tools + R"(, "tool_choice": "required")");
+  EXPECT_EQ(required.status, 400);
+  EXPECT_EQ(required.parsed()["error"]["param"], "tool_choice");
+  EXPECT_NE(required.body.find("grammar-constrained decoding"), std::string::npos);
+}
+
+TEST_F(ServerTest, ToolsForATemplateWithoutACallFormatAreRefused) {
+  testing::write_file(dir_ / "plain.jinja",
+                      "{% for m in messages %}{{ m.content }}{% endfor %}{{ tools | length }}");
+  ServerConfig config;
+  start(config, /*attach_engine=*/false);
+  auto loaded = Engine::create(engine_config());
+  server_->attach(std::move(loaded),
+                  ChatTemplate::load(EngineInfo{}, (dir_ / "plain.jinja").string()), "tiny");
+  const Reply refused =
+      post("/v1/chat/completions",
+           R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type":
+          "function", "function": {"name": "f"}}]})");
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_EQ(refused.parsed()["error"]["param"], "tools");
+  EXPECT_NE(refused.body.find("tool-call format"), std::string::npos) << refused.body;
 }
 
 TEST_F(ServerTest, WhileLoadingHealthSaysSoAndRequestsAreAskedToRetry) {

@@ -212,7 +212,7 @@ std::string chat_prompt(const std::string& text, const specrun::EngineInfo& info
                          "without --chat");
   }
   const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", text}}};
-  return chat_template->render(messages.dump(), /*add_generation_prompt=*/true);
+  return chat_template->render(messages.dump());
 }
 
 int run(const Options& options) {

@@ -1,5 +1,6 @@
-// The `specrun tokenize` and `specrun detokenize` subcommands: token counting and conformance
-// checks from outside, one input line at a time on stdin, one output line per input line.
+// The `specrun tokenize`, `specrun detokenize` and `specrun template` subcommands: token counting
+// and conformance checks from outside (one input line at a time on stdin, one output line per
+// input line), and the prompt text a chat request renders to.
 #pragma once
 
 #include <string>
@@ -19,7 +20,21 @@ int run_tokenize(const std::string& tokenizer_path, bool add_special);
 // is an error naming its line number.
 int run_detokenize(const std::string& tokenizer_path, bool skip_special, bool json);
 
-// Registers both subcommands on `app`; after parsing, ran() says whether one was given and run()
+// Where `specrun template` finds its chat template: a checkpoint (loaded as a run loads it), a
+// tokenizer (tokenizer.json or its folder, with tokenizer_config.json beside it), or a Jinja file
+// (over either's template, or alone).
+struct TemplateSource {
+  std::string target;         // --target: a checkpoint, as a run's
+  std::string tokenizer;      // --tokenizer: tokenizer.json, its folder, or tokenizer_config.json
+  std::string chat_template;  // --chat-template: a Jinja file in place of their template
+};
+
+// Reads a chat request's prompt (a JSON list of messages, or an object of the keys of a chat
+// request that shape the prompt) from `input` ("" or "-": stdin) and prints the prompt text the
+// server renders for it, exactly; with `ids`, one JSON object {"prompt", "token_ids"} instead.
+int run_template(const TemplateSource& source, const std::string& input, bool ids);
+
+// Registers the subcommands on `app`; after parsing, ran() says whether one was given and run()
 // executes it.
 class TextCommands {
  public:
@@ -30,10 +45,14 @@ class TextCommands {
  private:
   CLI::App* tokenize_;
   CLI::App* detokenize_;
-  std::string tokenizer_path_;  // --tokenizer: tokenizer.json or its directory
-  bool add_special_ = false;    // tokenize --add-special
-  bool skip_special_ = false;   // detokenize --skip-special
-  bool json_ = false;           // detokenize --json
+  CLI::App* template_;
+  TemplateSource template_source_;  // template's --target, --tokenizer, --chat-template
+  std::string template_input_;      // template's messages file; "" or "-": stdin
+  bool template_ids_ = false;       // template --ids
+  std::string tokenizer_path_;      // --tokenizer: tokenizer.json or its directory
+  bool add_special_ = false;        // tokenize --add-special
+  bool skip_special_ = false;       // detokenize --skip-special
+  bool json_ = false;               // detokenize --json
 };
 
 }  // namespace specrun::tools

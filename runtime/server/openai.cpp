@@ -11,7 +11,9 @@
 namespace specrun::server {
 namespace {
 
-using nlohmann::json;
+// Ordered: the members of what the client sent (tools, tool calls' arguments, template
+// variables) reach the template in the client's order, as in Python.
+using json = nlohmann::ordered_json;
 
 [[noreturn]] void refuse(const std::string& param, const std::string& message,
                          const std::string& code = "") {
@@ -192,12 +194,62 @@ std::string message_content(const json& content, size_t index) {
   return text;
 }
 
-nlohmann::ordered_json checked_messages(const json* messages) {
+// A message's string member `key`, if it has one; refused if it is there and not a string.
+std::optional<std::string> string_member(const json& message, const char* key,
+                                         const std::string& param) {
+  const auto found = message.find(key);
+  if (found == message.end() || found->is_null()) return std::nullopt;
+  if (!found->is_string()) {
+    refuse(param + "." + key,
+           "'" + param + "." + key + "' must be a string, got " + type_name(*found));
+  }
+  return found->get<std::string>();
+}
+
+// An assistant message's tool_calls as vLLM gives them to the template: each call as sent, its
+// function.arguments (JSON text in OpenAI's protocol) parsed into the object templates print.
+json checked_tool_calls(const json& calls, const std::string& param) {
+  json checked = calls;
+  for (size_t j = 0; j < checked.size(); ++j) {
+    const std::string at = param + "[" + std::to_string(j) + "]";
+    json& call = checked[j];
+    if (!call.is_object()) refuse(at, "'" + at + "' must be an object");
+    if (call.contains("type") && call["type"] != "function") {
+      refuse(at + ".type", "'" + at + ".type' must be \"function\"");
+    }
+    if (!call.contains("function") || !call["function"].is_object()) {
+      refuse(at + ".function", "'" + at + ".function' must be an object with name and arguments");
+    }
+    json& function = call["function"];
+    if (!function.contains("name") || !function["name"].is_string()) {
+      refuse(at + ".function.name", "'" + at + ".function.name' must be a string");
+    }
+    json& arguments = function["arguments"];
+    const std::string where = at + ".function.arguments";
+    if (arguments.is_null() || (arguments.is_string() && arguments.get<std::string>().empty())) {
+      arguments = json::object();  // no arguments
+    } else if (arguments.is_string()) {
+      json parsed = json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded()) {
+        refuse(where, "'" + where + "' is not JSON: " + arguments.get<std::string>().substr(0, 64));
+      }
+      arguments = std::move(parsed);
+    } else if (!arguments.is_object()) {
+      refuse(where, "'" + where + "' must be a JSON object as text");
+    }
+  }
+  return checked;
+}
+
+// The messages as vLLM hands them to apply_chat_template: {role, content} with content flattened
+// to a string, then an assistant's tool_calls (arguments parsed), a tool's tool_call_id, any
+// message's name; a message's other members are not part of the prompt.
+json checked_messages(const json* messages) {
   if (messages == nullptr) refuse("messages", "'messages' is required");
   if (!messages->is_array() || messages->empty()) {
     refuse("messages", "'messages' must be a non-empty list");
   }
-  nlohmann::ordered_json checked = nlohmann::ordered_json::array();
+  json checked = json::array();
   for (size_t i = 0; i < messages->size(); ++i) {
     const json& message = (*messages)[i];
     const std::string param = "messages[" + std::to_string(i) + "]";
@@ -207,30 +259,110 @@ nlohmann::ordered_json checked_messages(const json* messages) {
       refuse(param + ".role", "'" + param + ".role' must be a string");
     }
     const std::string name = role->get<std::string>();
-    if (name != "system" && name != "user" && name != "assistant") {
-      refuse(param + ".role", "'" + param + ".role' must be system, user or assistant, got '" +
-                                  name.substr(0, 64) + "' (this server takes no tools)");
+    if (name != "system" && name != "user" && name != "assistant" && name != "tool") {
+      refuse(param + ".role", "'" + param +
+                                  ".role' must be system, user, assistant or tool, got '" +
+                                  name.substr(0, 64) + "'");
     }
-    for (const char* calls : {"tool_calls", "function_call"}) {
-      const auto found = message.find(calls);
-      if (found != message.end() && !found->is_null() && !(found->is_array() && found->empty())) {
-        refuse(param + "." + calls, "'" + param + "." + calls +
-                                        "' is not supported: this server takes no tools, and would "
-                                        "otherwise leave the call out of the prompt");
-      }
+    const auto function_call = message.find("function_call");
+    if (function_call != message.end() && !function_call->is_null()) {
+      refuse(param + ".function_call", "'" + param +
+                                           ".function_call' is the deprecated form of "
+                                           "'tool_calls', which this server takes instead");
+    }
+    const auto calls = message.find("tool_calls");
+    const bool has_calls = calls != message.end() && !calls->is_null();
+    if (has_calls && name != "assistant") {
+      refuse(param + ".tool_calls", "'" + param + ".tool_calls' belongs to an assistant message");
+    }
+    if (has_calls && !calls->is_array()) {
+      refuse(param + ".tool_calls", "'" + param + ".tool_calls' must be a list of tool calls");
     }
     const auto content = message.find("content");
-    // Only the assistant's turn may be empty (null content); a system or user turn says something.
+    // Only the assistant's turn may be empty (null content); the others say something.
     if (name != "assistant" && (content == message.end() || content->is_null() ||
                                 (content->is_array() && content->empty()))) {
       refuse(param + ".content", "'" + param + ".content' is required for a " + name +
                                      " message: a string or a list of text parts");
     }
-    checked.push_back(
-        {{"role", name},
-         {"content", message_content(content == message.end() ? json() : *content, i)}});
+    json entry = {{"role", name},
+                  {"content", message_content(content == message.end() ? json() : *content, i)}};
+    // An empty list is no calls, as vLLM drops it: the template takes the plain assistant path.
+    if (has_calls && !calls->empty()) {
+      entry["tool_calls"] = checked_tool_calls(*calls, param + ".tool_calls");
+    }
+    if (name == "tool") {
+      if (auto id = string_member(message, "tool_call_id", param)) entry["tool_call_id"] = *id;
+    }
+    if (auto author = string_member(message, "name", param)) entry["name"] = *author;
+    checked.push_back(std::move(entry));
   }
   return checked;
+}
+
+// tools: OpenAI's [{"type": "function", "function": {"name", "description", "parameters"}}],
+// given to the template as sent; null when absent.
+json checked_tools(const json* tools) {
+  if (tools == nullptr) return nullptr;
+  if (!tools->is_array()) refuse("tools", "'tools' must be a list of tools");
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const json& tool = (*tools)[i];
+    const std::string param = "tools[" + std::to_string(i) + "]";
+    if (!tool.is_object() || tool.value("type", json()) != "function") {
+      refuse(param + ".type",
+             "'" + param + ".type' must be \"function\" (the only kind of tool there is)");
+    }
+    const auto function = tool.find("function");
+    if (function == tool.end() || !function->is_object() || !function->contains("name") ||
+        !(*function)["name"].is_string() || (*function)["name"].get<std::string>().empty()) {
+      refuse(param + ".function.name", "'" + param + ".function.name' must be a non-empty string");
+    }
+    const auto parameters = function->find("parameters");
+    if (parameters != function->end() && !parameters->is_null() && !parameters->is_object()) {
+      refuse(param + ".function.parameters",
+             "'" + param + ".function.parameters' must be a JSON Schema object");
+    }
+  }
+  return *tools;
+}
+
+// chat_template_kwargs: an object whose members become template variables, except the names the
+// request sets through its own fields.
+json checked_template_variables(const json* variables) {
+  if (variables == nullptr) return nullptr;
+  if (!variables->is_object()) {
+    refuse("chat_template_kwargs",
+           "'chat_template_kwargs' must be an object of template variables");
+  }
+  for (const auto& [key, unused] : variables->items()) {
+    for (const char* own : {"messages", "tools", "documents", "add_generation_prompt",
+                            "continue_final_message", "chat_template", "tokenize"}) {
+      if (key == own) {
+        refuse("chat_template_kwargs." + key,
+               "'chat_template_kwargs." + key +
+                   "' is not a template variable: give it as the request's own field, where "
+                   "there is one");
+      }
+    }
+  }
+  return variables->empty() ? json() : *variables;
+}
+
+// The fields of a chat request that shape its prompt.
+ChatPrompt read_chat_prompt(const Fields& fields) {
+  ChatPrompt prompt;
+  prompt.messages = checked_messages(fields.get("messages"));
+  prompt.tools = checked_tools(fields.get("tools"));
+  prompt.variables = checked_template_variables(fields.get("chat_template_kwargs"));
+  prompt.add_generation_prompt = fields.boolean("add_generation_prompt").value_or(true);
+  prompt.continue_final_message = fields.boolean("continue_final_message").value_or(false);
+  // As vLLM: the generation prompt is on by default, so continuing needs it turned off.
+  if (prompt.continue_final_message && prompt.add_generation_prompt) {
+    refuse("continue_final_message",
+           "'continue_final_message' continues the last message and 'add_generation_prompt' "
+           "opens a new turn: set \"add_generation_prompt\": false with it");
+  }
+  return prompt;
 }
 
 void read_prompt(const json* prompt, CompletionRequest& request) {
@@ -258,6 +390,37 @@ void read_prompt(const json* prompt, CompletionRequest& request) {
            "prompt per request)");
   }
   if (request.prompt.empty() && request.prompt_ids.empty()) refuse("prompt", "'prompt' is empty");
+}
+
+// tool_choice and parallel_tool_calls of a chat request, after its tools.
+void read_tool_choice(const Fields& fields, CompletionRequest& request) {
+  const bool has_tools = !request.chat.tools.is_null() && !request.chat.tools.empty();
+  // OpenAI's default: the model may call a tool when it has some.
+  request.tool_choice = has_tools ? ToolChoice::kAuto : ToolChoice::kNone;
+  if (const json* choice = fields.get("tool_choice")) {
+    if (*choice == "none") {
+      request.tool_choice = ToolChoice::kNone;
+    } else if (*choice == "auto") {
+      request.tool_choice = ToolChoice::kAuto;
+    } else if (*choice == "required" ||
+               (choice->is_object() && choice->value("type", json()) == "function")) {
+      refuse("tool_choice",
+             "'tool_choice' " +
+                 (choice->is_string() ? std::string("\"required\"")
+                                      : std::string("naming a function")) +
+                 " needs grammar-constrained decoding to force a call, which this server does not "
+                 "have yet: use \"auto\"");
+    } else {
+      refuse("tool_choice",
+             "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+             "\"function\": {\"name\": ...}}, got " +
+                 choice->dump().substr(0, 64));
+    }
+    if (request.tool_choice == ToolChoice::kAuto && !has_tools) {
+      refuse("tool_choice", "'tool_choice' \"auto\" needs 'tools' to choose from");
+    }
+  }
+  request.parallel_tool_calls = fields.boolean("parallel_tool_calls").value_or(true);
 }
 
 json parse_body(std::string_view body) {
@@ -326,19 +489,24 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
     if (fields.get("prompt") != nullptr) {
       refuse("prompt", "'prompt' belongs to /v1/completions: a chat completion takes 'messages'");
     }
-    request.messages = checked_messages(fields.get("messages"));
-    request.add_generation_prompt = fields.boolean("add_generation_prompt").value_or(true);
+    request.chat = read_chat_prompt(fields);
+    read_tool_choice(fields, request);
   } else {
     if (fields.get("messages") != nullptr) {
       refuse("messages", "'messages' belongs to /v1/chat/completions: a completion takes 'prompt'");
     }
-    if (fields.get("add_generation_prompt") != nullptr) {
-      refuse("add_generation_prompt",
-             "'add_generation_prompt' belongs to /v1/chat/completions: a completion's prompt is "
-             "its text as given");
+    for (const char* chat_only :
+         {"add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools",
+          "tool_choice", "parallel_tool_calls"}) {
+      if (fields.get(chat_only) != nullptr) {
+        refuse(chat_only, "'" + std::string(chat_only) +
+                              "' belongs to /v1/chat/completions: a completion's prompt is its "
+                              "text as given");
+      }
     }
     read_prompt(fields.get("prompt"), request);
   }
+  request.add_special_tokens = fields.boolean("add_special_tokens");
 
   // max_completion_tokens is the newer name; either sets the limit.
   const int64_t most = std::numeric_limits<int32_t>::max();
@@ -424,13 +592,77 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
   fields.unsupported_unless("echo", equals("echo", false));
   fields.unsupported_unless("best_of", equals("best_of", 1));
   fields.unsupported_unless("suffix", equals("suffix", ""));
-  fields.unsupported_unless("tools", empty("tools"));
   fields.unsupported_unless("functions", empty("functions"));
-  fields.unsupported_unless("tool_choice", equals("tool_choice", "none"));
+  fields.unsupported_unless("function_call", equals("function_call", "none"));
   fields.unsupported_unless("response_format", equals("response_format", json{{"type", "text"}}));
-  // Variables for the chat template (Qwen3's enable_thinking): not passed on, so not accepted.
-  fields.unsupported_unless("chat_template_kwargs", empty("chat_template_kwargs"));
+  // vLLM's extensions that change the output, refused unless neutral: a client moving from vLLM
+  // learns here rather than from different text.
+  fields.unsupported_unless("min_tokens", zero("min_tokens"));
+  fields.unsupported_unless("stop_token_ids", empty("stop_token_ids"));
+  fields.unsupported_unless("include_stop_str_in_output",
+                            equals("include_stop_str_in_output", false));
+  fields.unsupported_unless("skip_special_tokens", equals("skip_special_tokens", true));
+  fields.unsupported_unless("spaces_between_special_tokens",
+                            equals("spaces_between_special_tokens", true));
+  fields.unsupported_unless("truncate_prompt_tokens", false);
+  fields.unsupported_unless("allowed_token_ids", false);
+  fields.unsupported_unless("bad_words", empty("bad_words"));
+  fields.unsupported_unless("use_beam_search", equals("use_beam_search", false));
+  fields.unsupported_unless("length_penalty", equals("length_penalty", 1));
+  fields.unsupported_unless("prompt_logprobs", zero("prompt_logprobs"));
+  fields.unsupported_unless("chat_template", false);
+  fields.unsupported_unless("documents", false);
+  fields.unsupported_unless("reasoning_effort", false);
+  for (const char* guided :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+    fields.unsupported_unless(guided, false);
+  }
   return request;
+}
+
+ChatPrompt parse_chat_prompt(std::string_view body) {
+  json document;
+  try {
+    document = json::parse(body);
+  } catch (const json::exception& error) {
+    refuse("", std::string("not valid JSON: ") + error.what());
+  }
+  // A bare list is the messages, with the request's defaults for the rest.
+  if (document.is_array()) document = json{{"messages", std::move(document)}};
+  if (!document.is_object()) {
+    refuse("", "expected a JSON list of messages, or an object with \"messages\"");
+  }
+  std::string keys;
+  for (const char* key : kChatPromptKeys) keys += (keys.empty() ? "" : ", ") + std::string(key);
+  for (const auto& [key, unused] : document.items()) {
+    if (std::find_if(std::begin(kChatPromptKeys), std::end(kChatPromptKeys),
+                     [&](const char* known) { return key == known; }) ==
+        std::end(kChatPromptKeys)) {
+      refuse(key, "'" + key.substr(0, 64) + "' is not a key that shapes the prompt (" + keys + ")");
+    }
+  }
+  return read_chat_prompt(Fields(document));
+}
+
+std::string render_chat_prompt(const ChatTemplate& chat_template, const ChatPrompt& prompt) {
+  const bool has_tools = !prompt.tools.is_null() && !prompt.tools.empty();
+  // Tools the model cannot call in a format read back would be a prompt promising what the
+  // answer cannot deliver; a template that does not print them would drop them silently.
+  if (has_tools && tool_call_format(chat_template.source()) == ToolCallFormat::kNone) {
+    refuse("tools",
+           "'tools' needs a chat template with a tool-call format this server reads (Hermes "
+           "<tool_call> or Llama 3.1 JSON); this model's template has none");
+  }
+  ChatOptions options;
+  options.add_generation_prompt = prompt.add_generation_prompt;
+  options.continue_final_message = prompt.continue_final_message;
+  if (!prompt.tools.is_null()) options.tools = prompt.tools.dump();
+  if (!prompt.variables.is_null()) options.variables = prompt.variables.dump();
+  try {
+    return chat_template.render(prompt.messages.dump(), options);
+  } catch (const Error& error) {
+    refuse("messages", std::string("the chat template refused the messages: ") + error.what());
+  }
 }
 
 std::optional<std::string> finish_reason(FinishReason reason, bool stopped_by_string) {
@@ -474,11 +706,23 @@ json base(Endpoint endpoint, const ResponseHeader& header, bool chunk) {
 
 nlohmann::json completion_response(Endpoint endpoint, const ResponseHeader& header,
                                    const std::string& text, const std::string& finish,
-                                   const nlohmann::json& usage) {
+                                   const nlohmann::json& usage,
+                                   const std::vector<IdentifiedCall>& calls) {
   json response = base(endpoint, header, false);
   json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
   if (endpoint == Endpoint::kChat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
+    choice["message"] = {{"role", "assistant"},
+                         {"content", calls.empty() || !text.empty() ? json(text) : json()}};
+    if (!calls.empty()) {
+      json list = json::array();
+      for (const IdentifiedCall& call : calls) {
+        list.push_back(
+            {{"id", call.id},
+             {"type", "function"},
+             {"function", {{"name", call.call.name}, {"arguments", call.call.arguments}}}});
+      }
+      choice["message"]["tool_calls"] = std::move(list);
+    }
   } else {
     choice["text"] = text;
   }
@@ -506,6 +750,28 @@ nlohmann::json completion_chunk(Endpoint endpoint, const ResponseHeader& header,
   if (include_usage) chunk["usage"] = nullptr;
   if (!speculative.is_null()) chunk["speculative"] = speculative;
   return chunk;
+}
+
+std::vector<nlohmann::json> tool_call_chunks(const ResponseHeader& header,
+                                             const IdentifiedCall& call, size_t index, bool first,
+                                             bool include_usage) {
+  std::vector<nlohmann::json> chunks;
+  const json deltas[] = {{{"index", index},
+                          {"id", call.id},
+                          {"type", "function"},
+                          {"function", {{"name", call.call.name}, {"arguments", ""}}}},
+                         {{"index", index}, {"function", {{"arguments", call.call.arguments}}}}};
+  for (const json& entry : deltas) {
+    json chunk = base(Endpoint::kChat, header, true);
+    json delta = json::object();
+    if (first && chunks.empty()) delta["role"] = "assistant";
+    delta["tool_calls"] = json::array({entry});
+    chunk["choices"] = json::array(
+        {{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+    if (include_usage) chunk["usage"] = nullptr;
+    chunks.push_back(std::move(chunk));
+  }
+  return chunks;
 }
 
 nlohmann::json usage_chunk(Endpoint endpoint, const ResponseHeader& header,

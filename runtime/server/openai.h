@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/server/tool_calls.h"
+#include "specrun/chat.hpp"
 #include "specrun/specrun.hpp"
 
 namespace specrun::server {
@@ -43,16 +45,42 @@ class ApiException : public std::exception {
 
 enum class Endpoint { kCompletions, kChat };
 
+// What a chat request's prompt is made of: the arguments of the chat template's rendering, as
+// vLLM hands an OpenAI request to transformers' apply_chat_template. Object members keep the
+// order the client gave them (a template printing a tool or its tojson shows it).
+struct ChatPrompt {
+  // [{role, content, tool_calls, tool_call_id, name, ...}]: content flattened to a string, an
+  // assistant's tool_calls with their function.arguments parsed from JSON text to objects.
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tools;      // the request's tools as given; null for none
+  nlohmann::ordered_json variables;  // chat_template_kwargs: extra template variables; null
+  // Open the assistant's turn after the messages; false ends the prompt with the last message
+  // closed, no turn opened.
+  bool add_generation_prompt = true;
+  // End the prompt inside the last message, for the model to continue it (vLLM's; it needs
+  // add_generation_prompt false).
+  bool continue_final_message = false;
+};
+
+// tool_choice: whether the output is read for tool calls. ("required" and a named function need
+// the output constrained to a call, which is refused until grammar-constrained decoding exists.)
+enum class ToolChoice {
+  kNone,  // the tools are in the prompt, the output is all content
+  kAuto,  // the output is parsed for calls in the template's format
+};
+
 // A request body, checked.
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;                // as the client named it
   std::string prompt;               // completions: the prompt text (BOS added when encoded)
   std::vector<int32_t> prompt_ids;  // completions: or the prompt as token ids
-  nlohmann::ordered_json messages;  // chat: [{role, content}], content flattened to strings
-  // chat: open the assistant's turn after the messages (false: the text ends with the last
-  // message, for the model to continue it), as apply_chat_template's add_generation_prompt.
-  bool add_generation_prompt = true;
+  ChatPrompt chat;                  // chat: what the template renders
+  ToolChoice tool_choice = ToolChoice::kNone;  // chat: kAuto with tools unless told otherwise
+  bool parallel_tool_calls = true;             // false: at most one call is returned (the first)
+  // vLLM's add_special_tokens: the tokenizer's own special tokens (BOS) around the prompt text;
+  // nullopt: the endpoint's default (completions yes, chat no: its template writes them).
+  std::optional<bool> add_special_tokens;
   SamplingSettings sampling;        // the engine's defaults with the request's fields applied
   SpeculationSettings speculation;  // the same, from the "speculative" extension object
   bool seeded = false;              // the request gave a seed
@@ -67,16 +95,31 @@ inline constexpr size_t kMaxStopLength = 1024;
 inline constexpr int kMaxJsonDepth = 64;
 
 // Parses `body` (JSON nested at most kMaxJsonDepth deep) as a request to `endpoint`: the fields
-// OpenAI defines that specrun honours (model, prompt or messages, max_tokens and
-// max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop, n = 1, stream,
-// stream_options, user, and vLLM's ignore_eos and add_generation_prompt) and the "speculative"
-// extension object; fields that would change the
-// output in ways specrun does not implement (penalties, logprobs, logit_bias, tools, n > 1, ...)
+// OpenAI defines that specrun honours (model, prompt or messages, tools, tool_choice,
+// parallel_tool_calls, max_tokens and max_completion_tokens, temperature, top_p, top_k, min_p,
+// seed, stop, n = 1, stream, stream_options, user), vLLM's (ignore_eos, add_generation_prompt,
+// continue_final_message, chat_template_kwargs, add_special_tokens) and the "speculative"
+// extension object; fields that would change the output in ways specrun does not implement
+// (penalties, logprobs, logit_bias, n > 1, tool_choice "required", vLLM's sampling extras, ...)
 // are refused rather than ignored. `defaults` fill what the request leaves out; `served_model` is
 // the only model name accepted (404 otherwise). Throws ApiException.
 CompletionRequest parse_completion_request(std::string_view body, Endpoint endpoint,
                                            const EngineConfig& defaults,
                                            const std::string& served_model);
+
+// The keys of a chat request that shape its prompt, which `specrun template` reads.
+inline constexpr const char* kChatPromptKeys[] = {"messages", "tools", "add_generation_prompt",
+                                                  "continue_final_message", "chat_template_kwargs"};
+
+// `specrun template`'s input: a JSON list of messages, or an object of kChatPromptKeys as a chat
+// request has them (any other key refused), read by the server's own rules. Throws ApiException.
+ChatPrompt parse_chat_prompt(std::string_view body);
+
+// The prompt text of `prompt` through `chat_template`, as the server renders a chat request:
+// tools need a template whose tool-call format specrun reads (400 otherwise); what the template
+// refuses is a 400 naming the messages. The one renderer of the server and `specrun template`.
+// Throws ApiException.
+std::string render_chat_prompt(const ChatTemplate& chat_template, const ChatPrompt& prompt);
 
 // OpenAI's finish_reason for how a request ended ("stop", "length"), or nullopt when it ended
 // without a result (cancelled, shut down, failed).
@@ -93,9 +136,16 @@ struct ResponseHeader {
   int64_t created = 0;
   std::string model;
 };
+// A tool call as the response gives it: its id ("call_..."), and the call.
+struct IdentifiedCall {
+  std::string id;  // the call's id, which the tool's answer names (tool_call_id)
+  ToolCall call;   // the function and its arguments
+};
+// With `calls`, a chat message has them as "tool_calls" and "content" null where `text` is empty.
 nlohmann::json completion_response(Endpoint endpoint, const ResponseHeader& header,
                                    const std::string& text, const std::string& finish,
-                                   const nlohmann::json& usage);
+                                   const nlohmann::json& usage,
+                                   const std::vector<IdentifiedCall>& calls = {});
 // A chunk carrying `text` (and, for chat, the assistant role in the first one); `finish` set on
 // the last. With include_usage every chunk has "usage": null. A `speculative` object other than
 // null is the chunk's extension of that name.
@@ -103,6 +153,12 @@ nlohmann::json completion_chunk(Endpoint endpoint, const ResponseHeader& header,
                                 const std::string& text, bool first,
                                 const std::optional<std::string>& finish, bool include_usage,
                                 const nlohmann::json& speculative = nullptr);
+// The chunks that stream one tool call, the call's `index` among the output's: the first with
+// its id, type and name (and empty arguments; the role too where it opens the stream), the second
+// with its arguments.
+std::vector<nlohmann::json> tool_call_chunks(const ResponseHeader& header,
+                                             const IdentifiedCall& call, size_t index, bool first,
+                                             bool include_usage);
 // The final chunk of a stream with include_usage: no choices, the usage.
 nlohmann::json usage_chunk(Endpoint endpoint, const ResponseHeader& header,
                            const nlohmann::json& usage);

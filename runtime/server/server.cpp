@@ -115,6 +115,10 @@ struct Exchange {
   ChunkSpeculation unsent;                     // the events' counts the next text chunk carries
   bool first_chunk = true;                     // chat streams open with the assistant role
   bool finished = false;                       // the final bytes were written
+  // tool_choice "auto": the text past the stop strings read for tool calls (no value: all content)
+  std::optional<ToolCallStream> tool_calls;
+  bool parallel_tool_calls = true;    // false: calls after the first are not returned
+  std::vector<IdentifiedCall> calls;  // the calls returned so far, in order
 };
 
 bool write(httplib::DataSink& sink, const std::string& bytes) {
@@ -125,9 +129,8 @@ bool write_event(httplib::DataSink& sink, const json& value) {
   return write(sink, "data: " + dump(value) + "\n\n");
 }
 
-// Text that became sendable: streamed as a chunk, or kept for the JSON body.
-bool emit(Exchange& exchange, httplib::DataSink& sink, const std::string& text) {
-  if (text.empty()) return true;
+// Something is sent: the latencies' clock.
+void sent(Exchange& exchange) {
   const auto now = Clock::now();
   if (exchange.last_text) {
     exchange.server->metrics.inter_token_latency(seconds_between(*exchange.last_text, now));
@@ -135,26 +138,73 @@ bool emit(Exchange& exchange, httplib::DataSink& sink, const std::string& text) 
     exchange.server->metrics.time_to_first_token(seconds_between(exchange.arrived, now));
   }
   exchange.last_text = now;
+}
+
+// Content that became sendable: streamed as a chunk, or kept for the JSON body. `pieces` says
+// which of it came from accepted drafts (null where tool-call parsing rearranged the text).
+bool emit_content(Exchange& exchange, httplib::DataSink& sink, const std::string& text,
+                  const json& pieces) {
+  if (text.empty()) return true;
+  sent(exchange);
   if (!exchange.stream) {
     exchange.text += text;
     return true;
   }
   const bool first = exchange.first_chunk;
   exchange.first_chunk = false;
-  exchange.last_write = now;
-  const json speculative = chunk_speculative_json(exchange.unsent, exchange.origins.released(text));
+  exchange.last_write = Clock::now();  // (a JSON body's heartbeats go on: nothing is written)
+  const json speculative = chunk_speculative_json(exchange.unsent, pieces);
   exchange.unsent = {};
   return write_event(sink, completion_chunk(exchange.endpoint, exchange.header, text, first,
                                             std::nullopt, exchange.include_usage, speculative));
 }
 
+// A tool call read from the output: streamed as its chunks, or kept for the JSON body.
+bool emit_call(Exchange& exchange, httplib::DataSink& sink, ToolCall call) {
+  if (!exchange.parallel_tool_calls && !exchange.calls.empty()) return true;
+  sent(exchange);
+  exchange.calls.push_back({exchange.server->new_id("call_"), std::move(call)});
+  if (!exchange.stream) return true;
+  const bool first = exchange.first_chunk;
+  exchange.first_chunk = false;
+  exchange.last_write = Clock::now();
+  for (const json& chunk :
+       tool_call_chunks(exchange.header, exchange.calls.back(), exchange.calls.size() - 1, first,
+                        exchange.include_usage)) {
+    if (!write_event(sink, chunk)) return false;
+  }
+  return true;
+}
+
+// Text the stop strings released: content, or read for tool calls first. `end`: the output
+// ended, so nothing is held back any more.
+bool emit(Exchange& exchange, httplib::DataSink& sink, const std::string& text, bool end = false) {
+  if (!exchange.tool_calls) {
+    return emit_content(exchange, sink, text,
+                        exchange.stream ? exchange.origins.released(text) : json());
+  }
+  if (exchange.stream) exchange.origins.released(text);  // kept in step; not told per chunk
+  std::vector<ToolCallPiece> pieces = exchange.tool_calls->feed(text);
+  if (end) {
+    for (ToolCallPiece& piece : exchange.tool_calls->finish()) pieces.push_back(std::move(piece));
+  }
+  for (ToolCallPiece& piece : pieces) {
+    const bool written = piece.is_call ? emit_call(exchange, sink, std::move(piece.call))
+                                       : emit_content(exchange, sink, piece.content, json());
+    if (!written) return false;
+  }
+  return true;
+}
+
 // The request ended: the last text, the finish reason and the usage, or an error.
 bool finish(Exchange& exchange, httplib::DataSink& sink) {
   const bool stopped = exchange.matcher.stopped();
-  if (!emit(exchange, sink, exchange.matcher.flush())) return false;
+  if (!emit(exchange, sink, exchange.matcher.flush(), /*end=*/true)) return false;
   const Result result = exchange.handle.wait();
   exchange.server->metrics.request_stats(result.stats);
-  const std::optional<std::string> reason = finish_reason(result.reason, stopped);
+  std::optional<std::string> reason = finish_reason(result.reason, stopped);
+  // As vLLM: an output that called a tool ends for that reason.
+  if (reason && !exchange.calls.empty()) reason = "tool_calls";
   exchange.finished = true;
   if (!reason) {
     const bool shutdown = result.reason == FinishReason::kShutdown;
@@ -181,8 +231,8 @@ bool finish(Exchange& exchange, httplib::DataSink& sink) {
     }
     written = written && write(sink, "data: [DONE]\n\n");
   } else {
-    json response =
-        completion_response(exchange.endpoint, exchange.header, exchange.text, *reason, usage);
+    json response = completion_response(exchange.endpoint, exchange.header, exchange.text, *reason,
+                                        usage, exchange.calls);
     response["speculative"] = speculative_json(result.stats);
     written = write(sink, dump(response));
   }
@@ -226,17 +276,16 @@ Request Server::State::engine_request(const CompletionRequest& parsed) {
                                       "server with --chat-template FILE",
                                   "messages", ""});
     }
-    std::string text;
-    try {
-      text = chat_template->render(parsed.messages.dump(), parsed.add_generation_prompt);
-    } catch (const Error& error) {
-      throw ApiException(ApiError{
-          400, "invalid_request_error",
-          std::string("the chat template refused the messages: ") + error.what(), "messages", ""});
-    }
+    const std::string text = render_chat_prompt(*chat_template, parsed.chat);
     // The template writes the special tokens itself, as transformers' apply_chat_template.
-    request.prompt_ids = engine->tokenize(text, /*add_special_tokens=*/false);
+    request.prompt_ids = engine->tokenize(text, parsed.add_special_tokens.value_or(false));
   } else if (!parsed.prompt_ids.empty()) {
+    if (parsed.add_special_tokens) {
+      throw ApiException(ApiError{400, "invalid_request_error",
+                                  "'add_special_tokens' applies to a prompt given as text; token "
+                                  "ids are the prompt as given",
+                                  "add_special_tokens", ""});
+    }
     request.prompt_ids = parsed.prompt_ids;
   } else {
     if (!engine->info().has_tokenizer) {
@@ -244,7 +293,11 @@ Request Server::State::engine_request(const CompletionRequest& parsed) {
                                   "the model has no tokenizer: give the prompt as token ids",
                                   "prompt", ""});
     }
-    request.prompt = parsed.prompt;
+    if (parsed.add_special_tokens.value_or(true)) {
+      request.prompt = parsed.prompt;  // the engine adds the tokenizer's special tokens
+    } else {
+      request.prompt_ids = engine->tokenize(parsed.prompt, /*add_special_tokens=*/false);
+    }
   }
   request.sampling = parsed.sampling;
   // Without a seed each request draws its own, as OpenAI's API samples; with one it reproduces.
@@ -322,6 +375,10 @@ void Server::State::completion(const std::string& body, httplib::Response& respo
     exchange->stream = parsed.stream;
     exchange->include_usage = parsed.include_usage;
     exchange->matcher = StopMatcher(parsed.stop);
+    if (endpoint == Endpoint::kChat && parsed.tool_choice == ToolChoice::kAuto) {
+      exchange->tool_calls.emplace(tool_call_format(chat_template->source()));
+    }
+    exchange->parallel_tool_calls = parsed.parallel_tool_calls;
     exchange->header = {new_id(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"),
                         static_cast<int64_t>(std::time(nullptr)), model_name};
     exchange->arrived = Clock::now();
