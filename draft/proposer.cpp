@@ -311,6 +311,7 @@ void ModelProposer::enqueue_sample(Call& call, int64_t round, const Logits& logi
     entry.weigh = (candidate >= 0 && request.lookup_below < 1.0f) || p_min > 0.0f ||
                   (request.alternates > 0 && request.alternate_floor > 0.0f);
   }
+  enqueue_processing(call, round, logits);
   auto* rows_device = sample_rows_device_.as<kernels::SampleRow>() + first;
   SPECRUN_CHECK_OK(backend.copy_to_device(rows_device, sample_rows_.data() + first,
                                           rows.size() * sizeof(kernels::SampleRow)),
@@ -323,6 +324,93 @@ void ModelProposer::enqueue_sample(Call& call, int64_t round, const Logits& logi
                                   reinterpret_cast<kernels::SampledRow*>(block),
                                   drawn_device_.as<int32_t>() + first),
                    "sampling the draft's rows");
+}
+
+void ModelProposer::enqueue_processing(Call& call, int64_t round, const Logits& logits) {
+  const std::vector<int64_t>& rows = call.round_rows[static_cast<size_t>(round)];
+  const bool any = std::any_of(rows.begin(), rows.end(),
+                               [&](int64_t b) { return call.request(b).processor != nullptr; });
+  if (!any) return;
+  const std::vector<int32_t>& head = draft_.config().output_token_ids;
+  const int64_t width = logits.device_width;
+  const auto words = static_cast<size_t>((width + 31) / 32);
+  const auto vocab_words = static_cast<size_t>((draft_.config().vocab_size + 31) / 32);
+  const bool any_masks = std::any_of(rows.begin(), rows.end(), [&](int64_t b) {
+    return call.request(b).processor != nullptr && call.request(b).processor->masks();
+  });
+  edit_ends_.assign(1, 0);
+  edits_.clear();
+  masks_.clear();
+  std::vector<int32_t> text;  // what the row's processor has not committed: then its drafts
+  for (const int64_t b : rows) {
+    const DraftRequest& request = call.request(b);
+    const size_t first_mask = masks_.size();
+    if (any_masks) masks_.resize(first_mask + words, ~0u);
+    if (request.processor == nullptr) {
+      edit_ends_.push_back(static_cast<int64_t>(edits_.size()));
+      continue;
+    }
+    text.assign(request.committed.end() - request.uncommitted, request.committed.end());
+    const int32_t* drafts = call.proposals.tokens.data() + b * call.proposals.gamma;
+    text.insert(text.end(), drafts, drafts + round);
+    const size_t before = edits_.size();
+    std::vector<int64_t> ends;
+    request.processor->edits(text, text.size() + 1, edits_, ends, text.size());
+    if (!head.empty()) {
+      // Columns of the reduced head: an edit of a token it does not score is dropped.
+      size_t kept = before;
+      for (size_t e = before; e < edits_.size(); ++e) {
+        const auto at = std::lower_bound(head.begin(), head.end(), edits_[e].token);
+        if (at == head.end() || *at != edits_[e].token) continue;
+        edits_[kept] = edits_[e];
+        edits_[kept++].token = static_cast<int32_t>(at - head.begin());
+      }
+      edits_.resize(kept);
+    }
+    edit_ends_.push_back(static_cast<int64_t>(edits_.size()));
+    if (!request.processor->masks()) continue;
+    token_mask_.clear();
+    request.processor->masks(text, text.size() + 1, head.empty() ? words : vocab_words, token_mask_,
+                             text.size());
+    uint32_t* mask = masks_.data() + first_mask;
+    if (head.empty()) {
+      std::copy(token_mask_.begin(), token_mask_.end(), mask);
+      continue;
+    }
+    std::fill(mask, mask + words, 0u);
+    for (size_t c = 0; c < head.size(); ++c) {
+      const auto token = static_cast<size_t>(head[c]);
+      if ((token_mask_[token / 32] >> (token % 32)) & 1u) mask[c / 32] |= 1u << (c % 32);
+    }
+  }
+  if (edits_.empty() && !any_masks) return;
+  kernels::Backend& backend = draft_.backend();
+  const size_t end_bytes = edit_ends_.size() * sizeof(int64_t);
+  const size_t edit_bytes = (edits_.size() * sizeof(kernels::LogitEdit) + 7) / 8 * 8;
+  const size_t mask_bytes = masks_.size() * sizeof(uint32_t);
+  edits_device_.reserve(backend, end_bytes + edit_bytes + mask_bytes, "the draft's logit edits");
+  char* device = edits_device_.as<char>();
+  SPECRUN_CHECK_OK(backend.copy_to_device(device, edit_ends_.data(), end_bytes),
+                   "uploading the draft's logit edits");
+  if (!edits_.empty()) {
+    SPECRUN_CHECK_OK(backend.copy_to_device(device + end_bytes, edits_.data(),
+                                            edits_.size() * sizeof(kernels::LogitEdit)),
+                     "uploading the draft's logit edits");
+  }
+  if (any_masks) {
+    SPECRUN_CHECK_OK(
+        backend.copy_to_device(device + end_bytes + edit_bytes, masks_.data(), mask_bytes),
+        "uploading the draft's grammar masks");
+  }
+  // The forward's rows are this call's until the draft's next forward: edited where they lie.
+  SPECRUN_CHECK_OK(
+      backend.edit_logits(
+          {static_cast<int64_t>(rows.size()), width, any_masks ? static_cast<int64_t>(words) : 0},
+          reinterpret_cast<const int64_t*>(device),
+          reinterpret_cast<const kernels::LogitEdit*>(device + end_bytes),
+          any_masks ? reinterpret_cast<const uint32_t*>(device + end_bytes + edit_bytes) : nullptr,
+          const_cast<float*>(logits.device)),
+      "applying the requests' penalties, logit bias and grammars to the draft's rows");
 }
 
 void ModelProposer::read_back(const Call& call, int64_t first, int64_t count) {
@@ -481,8 +569,10 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
   const bool has_floor = any([this](const DraftRequest& request) {
     return (request.draft_p_min >= 0.0f ? request.draft_p_min : draft_p_min_) > 0.0f;
   });
-  call.settle_each_round =
-      looks_up || reads_features() || (has_floor && draft_.backend().uses_host_memory());
+  const bool processes =
+      any([](const DraftRequest& request) { return request.processor != nullptr; });
+  call.settle_each_round = looks_up || reads_features() || processes ||
+                           (has_floor && draft_.backend().uses_host_memory());
   // A reduced head (ModelConfig::output_token_ids) scores part of the vocabulary, every other
   // token's logit -infinity: its rows are sampled as it scores them, entry i standing for token
   // head_tokens[i] (the softmax, filters and draws of 8,192 entries rather than 49,152 for the

@@ -9,6 +9,7 @@
 
 #include "runtime/base/device_buffer.h"
 #include "runtime/model/model.h"
+#include "runtime/sampling/logit_processor.h"
 #include "runtime/sampling/sampler.h"
 #include "runtime/sampling/speculative_step.h"
 
@@ -54,6 +55,13 @@ struct DraftRequest {
   // it the proposals are point masses (Proposals::point_masses), and no row of the vocabulary's
   // width is kept per draft. A call keeps them if any of its requests asks.
   bool keep_distributions = true;
+  // The sequence's penalties, bias and grammar (runtime/sampling/logit_processor.h), applied to
+  // the draft's logits as to the target's, so that it drafts what the target may accept (the
+  // verification is exact whatever q is); null: none. Its committed text is `committed` but the
+  // last `uncommitted` tokens (drafts of the step being verified, when drafting ahead). A call
+  // with a processor settles each round: the next round's edits follow the drafts so far.
+  const LogitProcessor* processor = nullptr;
+  int64_t uncommitted = 0;
 };
 
 // Prompt lookup's match: the index of the token after the latest earlier occurrence of the
@@ -149,6 +157,13 @@ class ModelProposer : public Proposer {
   DeviceBuffer drawn_device_;        // [rounds, round_rows_] int32: what each round's rows drew
   DeviceBuffer q_scratch_device_;    // [round_rows_, row width]: q where the call keeps none
   DeviceBuffer head_tokens_device_;  // a reduced head's output_token_ids
+  // The round's logits processing, where its requests have processors: host staging and the
+  // upload (row offsets, edits, masks), reused from round to round.
+  std::vector<int64_t> edit_ends_;
+  std::vector<kernels::LogitEdit> edits_;
+  std::vector<uint32_t> masks_;
+  std::vector<uint32_t> token_mask_;  // one row's mask over the vocabulary, before mapping
+  DeviceBuffer edits_device_;
 
   // The round's forward: each row of the round reads its unseen committed tokens (round 0) or
   // its previous draft, from the host or, where the call settles its rounds at the end, straight
@@ -159,6 +174,9 @@ class ModelProposer : public Proposer {
   void catch_up(Call& call, int64_t b);
   // Enqueues the sampling of the round's rows of the forward's logits.
   void enqueue_sample(Call& call, int64_t round, const Logits& logits);
+  // Edits the round's rows of the forward's logits by their requests' processors (a reduced
+  // head's columns through its map), in place, before they are sampled.
+  void enqueue_processing(Call& call, int64_t round, const Logits& logits);
   // Reads back the results blocks of rounds [first, first + count) in one copy.
   void read_back(const Call& call, int64_t first, int64_t count);
   // The host's decisions for one row of a round read back (lookup, the confidence floor,

@@ -52,6 +52,9 @@ DraftRequest draft_request(const DraftingRow& row, std::span<const int32_t> text
   request.prefer_lookup = contests.prefer_lookup();
   request.alternates = alternates;
   request.keep_distributions = row.keep_distributions;
+  request.processor = row.processor;
+  request.uncommitted =
+      static_cast<int64_t>(text.size()) - static_cast<int64_t>(row.committed.size());
   return request;
 }
 

@@ -64,6 +64,8 @@ struct DraftingRow {
   // one a step always adds, and room in both models' contexts. May be negative.
   int64_t room = 0;
   DraftingState* state = nullptr;  // the sequence's, carried across steps
+  // Its penalties, bias and grammar (the draft's rows are processed as the target's); null: none.
+  const LogitProcessor* processor = nullptr;
 };
 
 // One step's drafting, from proposal to the verdict; rows are the step's, in order.

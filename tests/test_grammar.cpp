@@ -318,7 +318,9 @@ TEST(GrammarVocabulary, TrieIsPreorderWithEveryToken) {
   for (size_t i = 0; i < trie.size(); ++i) {
     tokens += trie[i].token_count;
     EXPECT_GT(trie[i].end, i);
-    if (i + 1 < trie.size()) EXPECT_LE(trie[i + 1].depth, trie[i].depth + 1);
+    if (i + 1 < trie.size()) {
+      EXPECT_LE(trie[i + 1].depth, trie[i].depth + 1);
+    }
   }
   size_t with_bytes = 0;
   for (int32_t id = 0; id < vocabulary->size(); ++id) {

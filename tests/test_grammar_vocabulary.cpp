@@ -96,7 +96,9 @@ TEST_P(GrammarVocabularyTest, TokenBytesAreWhatDecodeAdds) {
   const std::string whole = tokenizer->decode(split, false);
   EXPECT_EQ(joined.substr(joined.size() - 7), whole.substr(whole.size() - 7));
   for (const int32_t id : split) EXPECT_FALSE(tokenizer->token_bytes(id).empty());
-  if (tokenizer->eos_id()) EXPECT_EQ(tokenizer->token_bytes(*tokenizer->eos_id()), "");
+  if (tokenizer->eos_id()) {
+    EXPECT_EQ(tokenizer->token_bytes(*tokenizer->eos_id()), "");
+  }
 }
 
 TEST_P(GrammarVocabularyTest, MasksEqualBruteForce) {

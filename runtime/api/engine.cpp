@@ -21,6 +21,8 @@
 #include "runtime/engine/device.h"
 #include "runtime/engine/pairing.h"
 #include "runtime/engine/settings.h"
+#include "runtime/grammar/gbnf.h"
+#include "runtime/grammar/json_schema.h"
 #include "runtime/model/checkpoint.h"
 #include "runtime/model/model.h"
 #include "runtime/text/tokenizer.h"
@@ -47,6 +49,9 @@ struct EngineCore {
   std::unique_ptr<Model> draft;                    // null without a draft
   std::unique_ptr<text::Tokenizer> tokenizer;      // null without the target's tokenizer.json
   std::unique_ptr<BatchEngine> batch;              // the scheduler over both models
+  // The target's vocabulary as grammars spell it, made on the first constrained request.
+  std::mutex vocabulary_mutex;
+  std::shared_ptr<const grammar::TokenVocabulary> vocabulary;
 };
 
 // What a RequestHandle shares with the update callback running on the scheduler thread. The
@@ -120,6 +125,33 @@ RequestStats request_stats(const detail::RequestState& state, const RequestStats
   return stats;
 }
 
+// The grammar of a request's constraint (Error naming what is wrong with it).
+std::shared_ptr<const grammar::Grammar> compile_constraint(const OutputConstraint& constraint) {
+  switch (constraint.kind) {
+    case ConstraintKind::kJsonObject:
+      return grammar::any_json_grammar(/*object_only=*/true);
+    case ConstraintKind::kJsonSchema:
+      return grammar::json_schema_grammar(std::string_view(constraint.text));
+    case ConstraintKind::kGbnf:
+      return grammar::parse_gbnf(constraint.text, "the request's grammar");
+    case ConstraintKind::kNone:
+      break;
+  }
+  throw Error("constraint: an unknown kind " + std::to_string(static_cast<int>(constraint.kind)));
+}
+
+// The target's vocabulary as grammars spell it (its tokenizer's bytes, its end-of-sequence ids),
+// made once.
+std::shared_ptr<const grammar::TokenVocabulary> grammar_vocabulary(detail::EngineCore& core) {
+  if (!core.tokenizer) throw Error("constraint: a grammar needs the target's tokenizer");
+  std::lock_guard lock(core.vocabulary_mutex);
+  if (!core.vocabulary) {
+    core.vocabulary = grammar::TokenVocabulary::from_tokenizer(*core.tokenizer,
+                                                               core.target->config().eos_token_ids);
+  }
+  return core.vocabulary;
+}
+
 // One update of the batch engine for one request, on the scheduler thread: becomes an Event
 // (text decoded to whole characters), goes to the stream callback or the queue, and extends the
 // result. Never throws into the scheduler.
@@ -132,6 +164,7 @@ void deliver(detail::RequestState& state, BatchEngine& batch, const RequestUpdat
     event.tokens.assign(update.tokens.begin(), update.tokens.end());
     event.drafted = update.drafted;
     event.accepted_drafts = update.accepted_drafts;
+    event.logprobs.assign(update.logprobs.begin(), update.logprobs.end());
     for (size_t i = 0; i < event.tokens.size(); ++i) {
       state.token_ms.push_back(ms_between(state.submitted, now));
     }
@@ -175,6 +208,7 @@ void deliver(detail::RequestState& state, BatchEngine& batch, const RequestUpdat
   Result& result = state.result;
   result.request = update.id;
   result.tokens.insert(result.tokens.end(), update.tokens.begin(), update.tokens.end());
+  result.logprobs.insert(result.logprobs.end(), update.logprobs.begin(), update.logprobs.end());
   result.text += event.text;
   if (update.finished) {
     result.reason = failure.empty() ? update.reason : FinishReason::kFailed;
@@ -465,8 +499,14 @@ RequestHandle Engine::submit(const Request& request, StreamCallback on_event) {
   internal.sampling = checked(request.sampling.value_or(core.config.sampling), "request");
   internal.speculation = checked(request.speculation.value_or(core.config.speculation), "request");
   internal.prompt = prompt_tokens(core, request);
+  internal.logit_bias = request.logit_bias;
+  internal.logprobs = request.logprobs;
   try {
     validate_prompt(*core.target, internal.prompt);
+    if (request.constraint.kind != ConstraintKind::kNone) {
+      internal.grammar = compile_constraint(request.constraint);
+      internal.vocabulary = grammar_vocabulary(core);
+    }
   } catch (const Error& error) {
     throw Error(std::string("request: ") + error.what());
   }

@@ -64,6 +64,13 @@ RequestId BatchEngine::submit(EngineRequest request, UpdateCallback on_update) {
   validate(request.sampling);
   validate(request.speculation);
   validate_logit_bias(request.logit_bias, s.target.config().vocab_size);
+  if ((request.grammar == nullptr) != (request.vocabulary == nullptr) ||
+      (request.vocabulary && request.vocabulary->size() > s.target.config().vocab_size)) {
+    throw Error("a grammar needs the target's vocabulary beside it (" +
+                std::to_string(request.vocabulary ? request.vocabulary->size() : 0) +
+                " tokens given, the target has " + std::to_string(s.target.config().vocab_size) +
+                ")");
+  }
   if (request.logprobs < -1 || request.logprobs > kMaxTopLogprobs) {
     throw Error("logprobs must be -1 (none) or top tokens in [0, " +
                 std::to_string(kMaxTopLogprobs) + "], got " + std::to_string(request.logprobs));
@@ -98,9 +105,12 @@ RequestId BatchEngine::submit(EngineRequest request, UpdateCallback on_update) {
   sequence->committed = request.prompt;
   sequence->sampling = sampling_params(request.sampling, request.speculation.verification);
   sequence->random = RandomStream(request.sampling.seed);
-  if (LogitProcessor::edits_logits(request.sampling, request.logit_bias)) {
-    sequence->processor =
-        std::make_unique<LogitProcessor>(request.sampling, request.prompt, request.logit_bias);
+  if (LogitProcessor::processes_logits(request.sampling, request.logit_bias,
+                                       request.grammar != nullptr)) {
+    std::optional<grammar::Matcher> matcher;
+    if (request.grammar) matcher.emplace(request.grammar, request.vocabulary);
+    sequence->processor = std::make_unique<LogitProcessor>(request.sampling, request.prompt,
+                                                           request.logit_bias, std::move(matcher));
   }
   sequence->request = std::move(request);
   sequence->on_update = std::move(on_update);

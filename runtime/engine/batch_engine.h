@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "runtime/engine/stats.h"
+#include "runtime/grammar/matcher.h"
 #include "runtime/model/model.h"
 #include "specrun/logprobs.hpp"
 #include "specrun/settings.hpp"
@@ -50,9 +51,13 @@ struct EngineRequest {
   SpeculationSettings speculation;        // method, controller, gamma limits, draft_p_min, lookup
   std::map<int32_t, float> logit_bias{};  // added to these tokens' logits at every position
   // Log-probabilities of each generated token with this many top tokens beside it (at most
-  // kMaxTopLogprobs); -1: none. A request asking for them, or with penalties or bias, brings no
-  // alternates (a token tree's rows would need their own processing).
+  // kMaxTopLogprobs); -1: none. A request asking for them, or with penalties, bias or a grammar,
+  // brings no alternates (a token tree's rows would need their own processing).
   int64_t logprobs = -1;
+  // Structured output: the generated text follows this grammar, spelled in this vocabulary of
+  // the target's (runtime/grammar); both null: free text.
+  std::shared_ptr<const grammar::Grammar> grammar{};
+  std::shared_ptr<const grammar::TokenVocabulary> vocabulary{};
 };
 
 // What one step did for one request, delivered on the scheduler thread.

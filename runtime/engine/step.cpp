@@ -218,6 +218,7 @@ void BatchEngine::State::propose(StepWork& work) {
     row.keep_distributions = rule.reads_draft_distributions();
     row.room = room(sequence);
     row.state = &sequence.drafting;
+    row.processor = sequence.processor.get();
   }
   try {
     drafter.propose(work.rows, work.drafts);

@@ -25,28 +25,57 @@ void validate_logit_bias(const std::map<int32_t, float>& bias, int64_t vocab) {
   }
 }
 
-bool LogitProcessor::edits_logits(const SamplingSettings& sampling,
-                                  const std::map<int32_t, float>& bias) {
+bool LogitProcessor::processes_logits(const SamplingSettings& sampling,
+                                      const std::map<int32_t, float>& bias, bool constrained) {
   return sampling.frequency_penalty != 0.0f || sampling.presence_penalty != 0.0f ||
-         sampling.repetition_penalty != 1.0f || !bias.empty();
+         sampling.repetition_penalty != 1.0f || !bias.empty() || constrained;
 }
 
 LogitProcessor::LogitProcessor(const SamplingSettings& sampling, std::span<const int32_t> prompt,
-                               const std::map<int32_t, float>& bias)
+                               const std::map<int32_t, float>& bias,
+                               std::optional<grammar::Matcher> matcher)
     : frequency_(sampling.frequency_penalty),
       presence_(sampling.presence_penalty),
       repetition_(sampling.repetition_penalty),
-      bias_(bias) {
+      bias_(bias),
+      matcher_(std::move(matcher)) {
   if (repetition_ != 1.0f) prompt_tokens_.insert(prompt.begin(), prompt.end());
 }
 
 void LogitProcessor::commit(std::span<const int32_t> generated) {
-  for (const int32_t token : generated) output_counts_[token] += 1;
+  for (const int32_t token : generated) {
+    output_counts_[token] += 1;
+    // A token the grammar refuses is committed only where it allowed nothing (an end-of-sequence
+    // id let through, masks()) or the request ignores end-of-sequence; the matcher stays put.
+    if (matcher_) matcher_->accept_token(token);
+  }
+}
+
+void LogitProcessor::masks(std::span<const int32_t> drafts, size_t rows, size_t words,
+                           std::vector<uint32_t>& out, size_t first_row) const {
+  SPECRUN_CHECK(matcher_ && words >= matcher_->vocabulary().mask_words() &&
+                (rows == 0 || rows - 1 <= drafts.size()))
+      << rows << " masks of " << words << " words after " << drafts.size() << " drafts";
+  grammar::Matcher probe = *matcher_;
+  bool followed = true;  // every draft so far is one the grammar allows
+  for (size_t row = 0; row < rows; ++row) {
+    if (row > 0 && followed) followed = probe.accept_token(drafts[row - 1]);
+    if (row < first_row) continue;
+    const size_t first = out.size();
+    out.resize(first + words, followed ? 0u : ~0u);
+    if (!followed) continue;
+    const std::span<uint32_t> mask(out.data() + first, words);
+    if (probe.fill_mask(mask) == 0) {
+      for (const int32_t id : probe.vocabulary().eos_ids()) {
+        if (id >= 0 && static_cast<size_t>(id) < words * 32) mask[id / 32] |= 1u << (id % 32);
+      }
+    }
+  }
 }
 
 void LogitProcessor::edits(std::span<const int32_t> drafts, size_t rows,
-                           std::vector<kernels::LogitEdit>& out,
-                           std::vector<int64_t>& row_ends) const {
+                           std::vector<kernels::LogitEdit>& out, std::vector<int64_t>& row_ends,
+                           size_t first_row) const {
   SPECRUN_CHECK(rows == 0 || rows - 1 <= drafts.size())
       << rows << " rows after " << drafts.size() << " drafts";
   // Each token that any edit touches, with its count in the output so far and whether the
@@ -70,6 +99,7 @@ void LogitProcessor::edits(std::span<const int32_t> drafts, size_t rows,
       entry.count += 1;
       entry.repeated = true;
     }
+    if (row < first_row) continue;
     for (const auto& [token, entry] : seen) {
       const auto bias = bias_.find(token);
       const float penalty =

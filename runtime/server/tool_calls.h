@@ -76,8 +76,8 @@ class ToolCallStream {
     kHolding,      // Llama: it may be calls, which only the end tells
     kPassthrough,  // Llama: it is not (kNone: never is); everything is content
   };
-  State state_;
   ToolCallFormat format_;
+  State state_;
   std::string buffer_;             // text fed and not yet given or released
   std::string held_space_;         // Hermes: whitespace that may border a call (then dropped)
   bool segment_has_text_ = false;  // Hermes: the stretch since the last call has non-whitespace

@@ -31,11 +31,11 @@ struct ChatOptions {
   // (apply_chat_template's continue_final_message); excludes add_generation_prompt.
   bool continue_final_message = false;
   // A JSON list of tool definitions, the template's `tools` ("": none, which it sees as none).
-  std::string tools;
+  std::string tools{};
   // A JSON object whose members become extra template variables (e.g. Qwen3's
   // {"enable_thinking": false}), over bos_token and eos_token as apply_chat_template's keyword
   // arguments are; "": none.
-  std::string variables;
+  std::string variables{};
 };
 
 class ChatTemplate {

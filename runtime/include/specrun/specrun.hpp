@@ -85,11 +85,34 @@ struct ServerConfig {
   static ServerConfig from_toml(const std::string& path);
 };
 
+// Structured output: what the generated text must be (docs/structured-output.md). The target's
+// distribution at every position is masked to the tokens that keep the text a prefix of a
+// sentence of the grammar, and its end-of-sequence tokens are allowed exactly where the text is
+// one: the output is exactly the constrained target's, with or without speculation.
+enum class ConstraintKind {
+  kNone,        // free text
+  kJsonObject,  // any JSON object (OpenAI's response_format json_object)
+  kJsonSchema,  // JSON valid against the JSON Schema in `text`
+  kGbnf,        // a sentence of the GBNF grammar in `text` (llama.cpp's format; its rule root)
+};
+
+struct OutputConstraint {
+  ConstraintKind kind = ConstraintKind::kNone;
+  std::string text{};  // kJsonSchema: the schema as JSON; kGbnf: the grammar; else ""
+};
+
 struct Request {
   std::string prompt{};                              // text; BOS is added as the tokenizer says
   std::vector<int32_t> prompt_ids{};                 // or token ids (then `prompt` must be empty)
   std::optional<SamplingSettings> sampling{};        // default: the engine's
   std::optional<SpeculationSettings> speculation{};  // default: the engine's
+  // Added to these tokens' logits at every position (OpenAI's logit_bias: each in [-100, 100], at
+  // most 300 tokens), before temperature and the filters.
+  std::map<int32_t, float> logit_bias{};
+  // The log-probability of every generated token with this many most likely tokens beside it
+  // (Event::logprobs, Result::logprobs), at most kMaxTopLogprobs; -1: none.
+  int64_t logprobs = -1;
+  OutputConstraint constraint{};  // structured output; kNone: free text (needs a tokenizer)
 };
 
 // One delivery on a request's stream.
@@ -109,6 +132,7 @@ struct Event {
   // Bytes at the start of `text` that those drafts completed; a character that a draft began and
   // the target's token completed is the target's.
   size_t accepted_text = 0;
+  std::vector<TokenLogprob> logprobs;  // one per token of `tokens`, where the request asked
 };
 
 struct Result {
@@ -118,6 +142,7 @@ struct Result {
   FinishReason reason = FinishReason::kMaxTokens;  // why it finished
   std::string error;                               // what failed (reason kFailed)
   RequestStats stats;                              // its figures
+  std::vector<TokenLogprob> logprobs;              // one per token, where the request asked
 };
 
 // Called on the engine's thread for every event of the request, in order; keep it short. It may
