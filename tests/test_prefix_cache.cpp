@@ -186,6 +186,25 @@ TEST_F(PrefixCacheTest, AConversationContinuesFromItsOwnCachedAnswer) {
   }
 }
 
+// Requests admitted together with one prompt (a server's n choices) prefill it once: the first
+// computes its blocks, the others reuse them in a second wave of the same admission, and the
+// output is the same as with the cache off. A different prompt in the batch prefills alongside.
+TEST_F(PrefixCacheTest, RequestsAdmittedTogetherWithOnePromptPrefillItOnce) {
+  const std::vector<int32_t> prompt = join({1}, text(3 * kBlock + 5, 44));
+  std::vector<EngineRequest> together;
+  for (int i = 0; i < 4; ++i) together.push_back(request(prompt, 8, 3, 100 + i));
+  together.push_back(request(join({1}, text(2 * kBlock, 45)), 8, 1, 0));
+  Pair on = load(true), off = load(false);
+  const std::vector<Completion> cached = run_waves(on, {together});
+  expect_same(cached, run_waves(off, {together}));
+  const auto whole_blocks = static_cast<int64_t>((prompt.size() - 1) / kBlock * kBlock);
+  EXPECT_EQ(cached[0].stats.cached_prompt_tokens, 0);
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_EQ(cached[static_cast<size_t>(i)].stats.cached_prompt_tokens, whole_blocks) << i;
+  }
+  EXPECT_EQ(cached[4].stats.cached_prompt_tokens, 0);
+}
+
 TEST_F(PrefixCacheTest, ABlockIsReusedOnlyAfterTheSamePrefix) {
   // X S and Y T are cached; Y S holds S's tokens after another first block, so only Y may be
   // reused: S's keys and values there depend on Y.

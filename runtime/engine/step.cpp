@@ -1,6 +1,7 @@
 // The phases of a step, in the order step() runs them: admit, plan, propose, score, draft ahead,
 // collect the verdict, commit, deliver (the architecture's "One step").
 #include <algorithm>
+#include <set>
 
 #include "runtime/base/check.h"
 #include "runtime/engine/engine_state.h"
@@ -10,9 +11,32 @@ namespace specrun {
 
 // Admit and prefill: one batched target prefill of every prompt but its last token (which is fed
 // with the first step's drafts), after the cached blocks it starts with; the prefilled prompt is
-// sealed, so that later requests reuse it. The draft catches up in its first proposal. A request
-// for no tokens at all finishes here.
+// sealed, so that later requests reuse it. Requests admitted together whose prompts begin with the
+// same block (n choices of one prompt, a shared system prompt) are prefilled in waves: the first
+// of them in the first wave, whose sealed blocks the others then reuse in the next, so the shared
+// prefix is computed once. The draft catches up in its first proposal. A request for no tokens at
+// all finishes here.
 void BatchEngine::State::admit(std::vector<std::unique_ptr<Sequence>> admitted) {
+  KvCache& cache = target.kv_cache();
+  const auto block = static_cast<size_t>(cache.layout().block_size);
+  while (!admitted.empty()) {
+    std::vector<std::unique_ptr<Sequence>> wave, later;
+    std::set<std::vector<int32_t>> claimed;  // the first blocks this wave prefills
+    for (auto& sequence : admitted) {
+      const std::vector<int32_t>& prompt = sequence->committed;
+      if (cache.prefix_caching() && prompt.size() > block &&
+          !claimed.emplace(prompt.begin(), prompt.begin() + static_cast<ptrdiff_t>(block)).second) {
+        later.push_back(std::move(sequence));
+      } else {
+        wave.push_back(std::move(sequence));
+      }
+    }
+    admit_wave(std::move(wave));
+    admitted = std::move(later);
+  }
+}
+
+void BatchEngine::State::admit_wave(std::vector<std::unique_ptr<Sequence>> admitted) {
   const auto start = Clock::now();
   std::vector<std::unique_ptr<Sequence>> starting;
   std::vector<SequenceInput> prefill;
