@@ -378,10 +378,17 @@ void ModelProposer::enqueue_processing(Call& call, int64_t round, const Logits& 
       continue;
     }
     std::fill(mask, mask + words, 0u);
+    bool allows_any = false;
     for (size_t c = 0; c < head.size(); ++c) {
       const auto token = static_cast<size_t>(head[c]);
-      if ((token_mask_[token / 32] >> (token % 32)) & 1u) mask[c / 32] |= 1u << (c % 32);
+      if ((token_mask_[token / 32] >> (token % 32)) & 1u) {
+        mask[c / 32] |= 1u << (c % 32);
+        allows_any = true;
+      }
     }
+    // Where the grammar allows only tokens the head does not score, the row goes unmasked: its
+    // draft is refused by the target, which is exact whatever the draft proposes.
+    if (!allows_any) std::fill(mask, mask + words, ~0u);
   }
   if (edits_.empty() && !any_masks) return;
   kernels::Backend& backend = draft_.backend();

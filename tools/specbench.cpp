@@ -25,11 +25,16 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/fill.h"
 #include "runtime/engine/batch_engine.h"
+#include "runtime/engine/checkpoint_tokenizer.h"
 #include "runtime/engine/pairing.h"
 #include "runtime/engine/settings.h"
+#include "runtime/grammar/json_schema.h"
+#include "runtime/grammar/matcher.h"
 #include "runtime/model/model.h"
 #include "runtime/sampling/rng.h"
 #include "runtime/sampling/sampler.h"
+#include "specrun/chat.hpp"
+#include "specrun/specrun.hpp"
 #include "tools/cli_support.h"
 #include "tools/device_bench.h"
 #include "tools/fixtures/checkpoint_generator.h"
@@ -245,6 +250,157 @@ std::string histogram_text(const std::map<int64_t, int64_t>& histogram) {
     text += (text.empty() ? "" : " ") + std::to_string(gamma) + ":" + std::to_string(count);
   }
   return text;
+}
+
+// ---- structured output
+// ---------------------------------------------------------------------------
+
+// What structured output costs: the same chat requests free and under a JSON schema, target-only
+// and speculative, through one engine (greedy, so every configuration answers alike where the
+// schema allows), each configuration's tokens/s the median over `repeats` interleaved rounds; and
+// the grammar's mask per position, replayed over the constrained answers with a matcher as the
+// engine holds one (its mask cache warm from earlier answers), beside the target-only step.
+nlohmann::json constrained_bench(const std::string& target_path, const std::string& draft_path,
+                                 int threads, int64_t tokens, int repeats) {
+  specrun::EngineConfig config;
+  config.target = target_path;
+  config.draft = draft_path;
+  config.threads = threads;
+  const auto engine = specrun::Engine::create(config);
+  const auto chat = specrun::ChatTemplate::load(engine->info());
+  if (!chat) throw specrun::Error("--constrained needs a target with a chat template");
+  const std::string schema = R"({"type": "object", "properties": {"title": {"type": "string"},)"
+                             R"( "author": {"type": "string"}, "year": {"type": "integer"},)"
+                             R"( "genres": {"type": "array", "items": {"type": "string"}}},)"
+                             R"( "required": ["title", "author", "year", "genres"]})";
+  const char* questions[] = {
+      "Describe a famous novel as JSON with its title, author, year and genres.",
+      "Give me a classic science fiction book as JSON: title, author, year, genres.",
+      "Answer in JSON: a children's book with its title, author, year and genres.",
+      "Name a book about history, as JSON with title, author, year and genres."};
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* question : questions) {
+    const nlohmann::json messages = {{{"role", "user"}, {"content", question}}};
+    prompts.push_back(engine->tokenize(chat->render(messages.dump()), false));
+  }
+  struct Configuration {
+    const char* name;
+    bool constrained;
+    bool speculative;
+    std::vector<double> tokens_per_second{};
+    int64_t drafted = 0, accepted = 0;
+    std::vector<std::vector<int32_t>> answers{};
+  };
+  std::vector<Configuration> configurations = {{"free, target only", false, false},
+                                               {"free, speculative", false, true},
+                                               {"json schema, target only", true, false},
+                                               {"json schema, speculative", true, true}};
+  for (int round = 0; round < repeats + 1; ++round) {  // round 0 warms up
+    for (Configuration& configuration : configurations) {
+      int64_t generated = 0;
+      double total_ms = 0.0;
+      configuration.answers.clear();
+      for (const std::vector<int32_t>& prompt : prompts) {
+        specrun::Request request;
+        request.prompt_ids = prompt;
+        request.sampling = specrun::SamplingSettings{.temperature = 0.0f, .max_tokens = tokens};
+        specrun::SpeculationSettings speculation;
+        if (!configuration.speculative) speculation.method = specrun::SpeculationMethod::kNone;
+        request.speculation = speculation;
+        if (configuration.constrained) {
+          request.constraint = {specrun::ConstraintKind::kJsonSchema, schema};
+        }
+        const specrun::Result result = engine->submit(request).wait();
+        if (result.reason == specrun::FinishReason::kFailed) throw specrun::Error(result.error);
+        generated += result.stats.tokens_generated;
+        total_ms += result.stats.total_ms;
+        if (round > 0) {
+          configuration.drafted += result.stats.drafted;
+          configuration.accepted += result.stats.accepted;
+        }
+        configuration.answers.push_back(result.tokens);
+      }
+      if (round > 0) configuration.tokens_per_second.push_back(1e3 * generated / total_ms);
+    }
+  }
+
+  // The mask's own cost per position, on the constrained answers.
+  const specrun::Checkpoint checkpoint = specrun::open_checkpoint(target_path);
+  const auto tokenizer = specrun::load_tokenizer(checkpoint.paths);
+  const auto vocabulary = specrun::grammar::TokenVocabulary::from_tokenizer(
+      *tokenizer, checkpoint.config.eos_token_ids);
+  const auto grammar = specrun::grammar::json_schema_grammar(std::string_view(schema));
+  std::vector<uint32_t> mask(vocabulary->mask_words());
+  std::vector<double> mask_us, cold_us;
+  specrun::grammar::Matcher cached(grammar, vocabulary);  // its copies share the mask cache
+  for (int pass = 0; pass < 2; ++pass) {  // the first pass fills the cache, as earlier steps do
+    for (const std::vector<int32_t>& answer : configurations[2].answers) {
+      specrun::grammar::Matcher matcher = cached;
+      for (const int32_t token : answer) {
+        const auto start = Clock::now();
+        matcher.fill_mask(mask);
+        (pass == 1 ? mask_us : cold_us).push_back(1e3 * milliseconds(start));
+        if (!matcher.accept_token(token)) break;
+      }
+    }
+  }
+  const double cold_mean_us = cold_us.empty()
+                                  ? 0.0
+                                  : std::accumulate(cold_us.begin(), cold_us.end(), 0.0) /
+                                        static_cast<double>(cold_us.size());
+  const double free_plain = median(configurations[0].tokens_per_second);
+  const double step_ms = 1e3 / free_plain;
+  const double mask_mean_us = mask_us.empty()
+                                  ? 0.0
+                                  : std::accumulate(mask_us.begin(), mask_us.end(), 0.0) /
+                                        static_cast<double>(mask_us.size());
+  std::sort(mask_us.begin(), mask_us.end());
+  const double mask_p90_us = mask_us.empty() ? 0.0 : mask_us[mask_us.size() * 9 / 10];
+
+  nlohmann::json result = {
+      {"label", "structured output"}, {"target", target_path},
+      {"draft", draft_path},          {"tokens", tokens},
+      {"prompts", prompts.size()},    {"schema", nlohmann::json::parse(schema)}};
+  std::printf("\n== structured output: %zu chat requests x %lld tokens, greedy, median of %d ==\n",
+              prompts.size(), static_cast<long long>(tokens), repeats);
+  std::printf("%-26s %10s %10s\n", "configuration", "tokens/s", "accepted");
+  for (const Configuration& configuration : configurations) {
+    const double acceptance = configuration.drafted ? static_cast<double>(configuration.accepted) /
+                                                          static_cast<double>(configuration.drafted)
+                                                    : 0.0;
+    const double tps = median(configuration.tokens_per_second);
+    std::printf("%-26s %10.1f %10.3f\n", configuration.name, tps, acceptance);
+    result["runs"].push_back({{"configuration", configuration.name},
+                              {"tokens_per_second", tps},
+                              {"acceptance", acceptance}});
+  }
+  const double free_speedup = median(configurations[1].tokens_per_second) / free_plain;
+  const double constrained_plain = median(configurations[2].tokens_per_second);
+  const double constrained_speedup =
+      median(configurations[3].tokens_per_second) / constrained_plain;
+  result["constrained_over_free_target_only"] = constrained_plain / free_plain;
+  result["speedup_free"] = free_speedup;
+  result["speedup_constrained"] = constrained_speedup;
+  result["speedup_constrained_over_free"] = constrained_speedup / free_speedup;
+  for (const std::vector<int32_t>& answer : configurations[2].answers) {
+    result["constrained_answers"].push_back(engine->detokenize(answer));
+  }
+  result["mask_positions"] = mask_us.size();
+  result["mask_mean_us"] = mask_mean_us;
+  result["mask_first_sight_mean_us"] = cold_mean_us;
+  result["mask_p90_us"] = mask_p90_us;
+  result["target_only_ms_per_token"] = step_ms;
+  result["mask_share_of_step"] = mask_mean_us / 1e3 / step_ms;
+  std::printf(
+      "constrained / free tokens/s, target only: %.2f; speculation's speedup free %.2fx, "
+      "constrained %.2fx (ratio %.2f)\n",
+      constrained_plain / free_plain, free_speedup, constrained_speedup,
+      constrained_speedup / free_speedup);
+  std::printf(
+      "grammar mask per position: mean %.1f us, p90 %.1f us = %.2f%% of a target-only token "
+      "(%.2f ms); %.1f us on first sight of each state (an empty mask cache)\n",
+      mask_mean_us, mask_p90_us, 100.0 * mask_mean_us / 1e3 / step_ms, step_ms, cold_mean_us);
+  return result;
 }
 
 // Speculative against target-only on the same prompts in the same run, with the measured costs
@@ -725,6 +881,11 @@ int main(int argc, char** argv) {
                "Speculative against target-only decoding: measured costs, speedups, and the "
                "speedups predicted from them (default: two generated layer-skip pairs, a small "
                "compute-bound and a large memory-bound target)");
+  bool constrained = false;
+  app.add_flag("--constrained", constrained,
+               "Structured output's cost: chat requests free and under a JSON schema, target-only "
+               "and speculative, on the --target and --draft pair (with a tokenizer), and the "
+               "grammar mask's cost per position");
   app.add_option("--target", target_path, "With --speculative: the target checkpoint");
   app.add_option("--draft", draft_path, "With --speculative: the draft checkpoint");
   app.add_option("--spec-tokens", spec_tokens, "With --speculative: tokens per prompt")
@@ -811,6 +972,19 @@ int main(int argc, char** argv) {
       if (app.count("--prompt-tokens") > 0) device_bench.prefill_tokens = prompt_tokens;
       if (app.count("--decode-tokens") > 0) device_bench.generate_tokens = decode_tokens;
       return specrun::tools::run_device_bench(device_bench);
+    });
+  }
+
+  if (constrained) {
+    return specrun::tools::run_reporting_errors("specbench", "warn", [&] {
+      if (target_path.empty() || draft_path.empty()) {
+        throw specrun::Error("--constrained takes --target and --draft (a pair with a tokenizer)");
+      }
+      std::printf("machine: %d threads\n", threads);
+      const nlohmann::json result =
+          constrained_bench(target_path, draft_path, threads, spec_tokens, repeats);
+      if (!json_path.empty()) std::ofstream(json_path) << result.dump(2) << "\n";
+      return 0;
     });
   }
 
