@@ -541,6 +541,36 @@ def http_corpus():
     write_http("unfinished", "POST /v1/completions HTTP/1.1\r\nHost: fu")
 
 
+def grammar_corpus():
+    # The first byte picks GBNF (even) or JSON Schema (odd); after a NUL, bytes choose tokens.
+    steps = bytes(range(0, 250, 7)) + b"\xff\xff" + bytes(range(3, 200, 11))
+    gbnf = {
+        "arithmetic": 'root ::= expr\nexpr ::= term ([-+*/] term)*\nterm ::= [0-9]+ | "(" expr ")"\n',
+        "repetition": 'root ::= "a"{2,5} [^"\\\\]* "\\u4f60"? ("x" | "y"){3}\n',
+        "classes": 'root ::= [a-zA-Z_] [a-zA-Z0-9_]{0,8} ws "=" ws [0-9]+\nws ::= [ \\t]*\n',
+        "left-recursion": "root ::= root \"a\" | \"b\"\n",
+        "undefined": "root ::= missing\n",
+        "deep-groups": "root ::= " + "(" * 200 + '"a"' + ")" * 200 + "\n",
+    }
+    for name, text in gbnf.items():
+        write("fuzz_grammar", "gbnf-" + name, b"\x00" + text.encode() + b"\0" + steps)
+    schemas = {
+        "object": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                   "age": {"type": "integer"}, "tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                   "maxItems": 3}}, "required": ["name"]},
+        "recursive": {"$defs": {"node": {"type": "object", "properties": {"next": {"anyOf": [
+            {"$ref": "#/$defs/node"}, {"type": "null"}]}}, "required": ["next"]}},
+            "$ref": "#/$defs/node"},
+        "pattern": {"type": "string", "pattern": "^[a-z]{2,4}-[0-9]+$"},
+        "formats": {"type": "array", "prefixItems": [{"type": "string", "format": "date-time"},
+                    {"type": "string", "format": "uuid"}]},
+        "unsupported": {"type": "object", "not": {}},
+    }
+    for name, schema in schemas.items():
+        write("fuzz_grammar", "schema-" + name, b"\x01" + json.dumps(schema).encode() + b"\0" + steps)
+    write("fuzz_grammar", "schema-malformed", b"\x01{\"type\": [\"object\"")
+
+
 def main():
     safetensors_corpus()
     gguf_corpus()
@@ -550,6 +580,7 @@ def main():
     chat_template_corpus()
     openai_request_corpus()
     http_corpus()
+    grammar_corpus()
     total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(CORPUS) for f in files)
     print("fuzz corpus: %d bytes in %s" % (total, CORPUS), file=sys.stderr)
 
