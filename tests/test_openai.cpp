@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "runtime/server/openai.h"
@@ -174,7 +175,7 @@ TEST(OpenAiRequest, VllmFieldsAreHonouredOrRefusedNeverIgnored) {
   for (const char* field :
        {R"("min_tokens": 4)", R"("stop_token_ids": [2])", R"("include_stop_str_in_output": true)",
         R"("skip_special_tokens": false)", R"("truncate_prompt_tokens": 5)",
-        R"("use_beam_search": true)", R"("guided_json": {})", R"("chat_template": "x")",
+        R"("use_beam_search": true)", R"("guided_regex": "a+")", R"("chat_template": "x")",
         R"("documents": [])", R"("reasoning_effort": "low")", R"("bad_words": ["x"])"}) {
     const std::string body = std::string(R"({"model": "m", "prompt": "x", )") + field + "}";
     const std::string name = std::string(field).substr(1, std::string(field).find('"', 1) - 1);
@@ -227,8 +228,8 @@ TEST(OpenAiRequest, ToolHistoryReachesTheTemplateAsVllmGivesIt) {
 }
 
 // tools and tool_choice: the tools go to the template as given; "auto" (the default with tools)
-// reads the output for calls, "none" does not; "required" and a named function need
-// grammar-constrained decoding and say so.
+// reads the output for calls, "none" does not; "required" and a named function (one of the tools)
+// constrain it to calls.
 TEST(OpenAiRequest, ToolsAndToolChoice) {
   const std::string head =
       R"({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type":
@@ -246,12 +247,21 @@ TEST(OpenAiRequest, ToolsAndToolChoice) {
             ToolChoice::kAuto);
   EXPECT_FALSE(
       parse(head + R"(, "parallel_tool_calls": false})", Endpoint::kChat).parallel_tool_calls);
-  expect_refused(head + R"(, "tool_choice": "required"})", 400, "tool_choice",
-                 {"\"required\"", "grammar-constrained decoding"}, Endpoint::kChat);
-  expect_refused(head + R"(, "tool_choice": {"type": "function",
+  EXPECT_EQ(parse(head + R"(, "tool_choice": "required"})", Endpoint::kChat).tool_choice,
+            ToolChoice::kRequired);
+  const CompletionRequest named = parse(head + R"(, "tool_choice": {"type": "function",
                      "function": {"name": "get_weather"}}})",
-                 400, "tool_choice", {"naming a function", "grammar-constrained decoding"},
+                                        Endpoint::kChat);
+  EXPECT_EQ(named.tool_choice, ToolChoice::kFunction);
+  EXPECT_EQ(named.tool_function, "get_weather");
+  expect_refused(head + R"(, "tool_choice": {"type": "function", "function": {"name": "other"}}})",
+                 400, "tool_choice.function.name", {"'other'", "not one of the request's tools"},
                  Endpoint::kChat);
+  expect_refused(head + R"(, "tool_choice": {"type": "function", "function": {}}})", 400,
+                 "tool_choice.function.name", {"must be a string"}, Endpoint::kChat);
+  expect_refused(head + R"(, "tool_choice": "required", "response_format": {"type":
+                     "json_object"}})",
+                 400, "response_format", {"'tool_choice' both constrain"}, Endpoint::kChat);
   expect_refused(head + R"(, "tool_choice": "sometimes"})", 400, "tool_choice",
                  {"\"none\", \"auto\"", "sometimes"}, Endpoint::kChat);
   // No tools: nothing to choose from, and no calls read.
@@ -401,21 +411,133 @@ TEST(OpenAiRequest, OutOfRangeAndUnsupported) {
   expect_refused(R"({"model": "m", "prompt": "x", "max_tokens": -1})", 400, "max_tokens", {"-1"});
   expect_refused(R"({"model": "m", "prompt": "x", "max_tokens": 99999999999999})", 400,
                  "max_tokens", {"[0, 2147483647]", "99999999999999"});
-  expect_refused(R"({"model": "m", "prompt": "x", "n": 2})", 400, "n", {"must be 1"});
+  expect_refused(R"({"model": "m", "prompt": "x", "n": 17})", 400, "n", {"[1, 16]", "17"});
   expect_refused(R"({"model": "m", "prompt": "x", "stop": ""})", 400, "stop", {"1 to"});
   expect_refused(R"({"model": "m", "prompt": "x", "speculative": {"gamma": 65}})", 400,
                  "speculative.gamma", {"[0, 64]"});
-  for (const char* field : {R"("presence_penalty": 0.5)", R"("frequency_penalty": -1)",
-                            R"("logprobs": 2)", R"("logit_bias": {"5": 1})", R"("echo": true)",
-                            R"("best_of": 3)", R"("response_format": {"type": "json_object"})"}) {
-    const std::string body = std::string(R"({"model": "m", "prompt": "x", )") + field + "}";
-    const std::string name = std::string(field).substr(1, std::string(field).find('"', 1) - 1);
-    expect_refused(body, 400, name, {"not supported"});
-  }
-  // Their neutral values are accepted.
-  EXPECT_NO_THROW(parse(R"({"model": "m", "prompt": "x", "presence_penalty": 0, "logprobs": false,
-                           "echo": false, "best_of": 1, "logit_bias": {},
+  // What the server does not implement is refused rather than ignored; neutral values pass.
+  expect_refused(R"({"model": "m", "prompt": "x", "min_tokens": 3})", 400, "min_tokens",
+                 {"not supported"});
+  EXPECT_NO_THROW(parse(R"({"model": "m", "prompt": "x", "min_tokens": 0, "suffix": "",
                            "response_format": {"type": "text"}})"));
+}
+
+// The penalties walk the sampling table's rows: their ranges and messages are the TOML keys'.
+TEST(OpenAiRequest, PenaltiesAndLogitBias) {
+  const CompletionRequest request =
+      parse(R"({"model": "m", "prompt": "x", "frequency_penalty": 0.5, "presence_penalty": -1,
+                "repetition_penalty": 1.2, "logit_bias": {"5": 10, "17": -100}})");
+  EXPECT_EQ(request.sampling.frequency_penalty, 0.5f);
+  EXPECT_EQ(request.sampling.presence_penalty, -1.0f);
+  EXPECT_EQ(request.sampling.repetition_penalty, 1.2f);
+  EXPECT_EQ(request.logit_bias, (std::map<int32_t, float>{{5, 10.0f}, {17, -100.0f}}));
+  expect_refused(R"({"model": "m", "prompt": "x", "frequency_penalty": 2.5})", 400,
+                 "frequency_penalty", {"[-2, 2]", "2.5"});
+  expect_refused(R"({"model": "m", "prompt": "x", "presence_penalty": "high"})", 400,
+                 "presence_penalty", {"must be a number"});
+  expect_refused(R"({"model": "m", "prompt": "x", "repetition_penalty": 0})", 400,
+                 "repetition_penalty", {"> 0", "got 0"});
+  expect_refused(R"({"model": "m", "prompt": "x", "logit_bias": [1]})", 400, "logit_bias",
+                 {"must be an object"});
+  expect_refused(R"({"model": "m", "prompt": "x", "logit_bias": {"a5": 1}})", 400, "logit_bias",
+                 {"token ids", "'a5'"});
+  expect_refused(R"({"model": "m", "prompt": "x", "logit_bias": {"-1": 1}})", 400, "logit_bias",
+                 {"'-1'"});
+  expect_refused(R"({"model": "m", "prompt": "x", "logit_bias": {"5": 101}})", 400, "logit_bias",
+                 {"[-100, 100]", "101", "token 5"});
+  expect_refused(R"({"model": "m", "prompt": "x", "logit_bias": {"5": "up"}})", 400, "logit_bias",
+                 {"[-100, 100]"});
+}
+
+// Chat: logprobs true with top_logprobs; completions: logprobs as the number of top tokens.
+TEST(OpenAiRequest, Logprobs) {
+  const std::string chat = R"({"model": "m", "messages": [{"role": "user", "content": "hi"}])";
+  EXPECT_EQ(parse(chat + "}", Endpoint::kChat).logprobs, -1);
+  EXPECT_EQ(parse(chat + R"(, "logprobs": false})", Endpoint::kChat).logprobs, -1);
+  EXPECT_EQ(parse(chat + R"(, "logprobs": true})", Endpoint::kChat).logprobs, 0);
+  EXPECT_EQ(parse(chat + R"(, "logprobs": true, "top_logprobs": 20})", Endpoint::kChat).logprobs,
+            20);
+  expect_refused(chat + R"(, "top_logprobs": 2})", 400, "top_logprobs", {"\"logprobs\": true"},
+                 Endpoint::kChat);
+  expect_refused(chat + R"(, "logprobs": true, "top_logprobs": 21})", 400, "top_logprobs",
+                 {"[0, 20]"}, Endpoint::kChat);
+  expect_refused(chat + R"(, "logprobs": 2})", 400, "logprobs", {"true or false"}, Endpoint::kChat);
+  EXPECT_EQ(parse(R"({"model": "m", "prompt": "x"})").logprobs, -1);
+  EXPECT_EQ(parse(R"({"model": "m", "prompt": "x", "logprobs": 0})").logprobs, 0);
+  EXPECT_EQ(parse(R"({"model": "m", "prompt": "x", "logprobs": 5})").logprobs, 5);
+  expect_refused(R"({"model": "m", "prompt": "x", "logprobs": 21})", 400, "logprobs", {"[0, 20]"});
+  expect_refused(R"({"model": "m", "prompt": "x", "logprobs": true})", 400, "logprobs",
+                 {"integer"});
+  expect_refused(R"({"model": "m", "prompt": "x", "top_logprobs": 2})", 400, "top_logprobs",
+                 {"/v1/chat/completions"});
+}
+
+// n, best_of (completions, not streamed, at least n) and echo (completions, not with logprobs).
+TEST(OpenAiRequest, ChoicesBestOfAndEcho) {
+  const CompletionRequest request =
+      parse(R"({"model": "m", "prompt": "x", "n": 3, "best_of": 5, "echo": true})");
+  EXPECT_EQ(request.n, 3);
+  EXPECT_EQ(request.best_of, 5);
+  EXPECT_TRUE(request.echo);
+  const CompletionRequest plain = parse(R"({"model": "m", "prompt": "x", "n": 2})");
+  EXPECT_EQ(plain.best_of, 2);  // best_of defaults to n
+  EXPECT_FALSE(plain.echo);
+  expect_refused(R"({"model": "m", "prompt": "x", "n": 0})", 400, "n", {"[1, 16]"});
+  expect_refused(R"({"model": "m", "prompt": "x", "best_of": 17})", 400, "best_of", {"[1, 16]"});
+  expect_refused(R"({"model": "m", "prompt": "x", "n": 3, "best_of": 2})", 400, "best_of",
+                 {"at least 'n'"});
+  expect_refused(R"({"model": "m", "prompt": "x", "best_of": 2, "stream": true})", 400, "best_of",
+                 {"cannot be streamed"});
+  expect_refused(R"({"model": "m", "prompt": "x", "echo": true, "logprobs": 1})", 400, "echo",
+                 {"prompt's log-probabilities"});
+  const std::string chat = R"({"model": "m", "messages": [{"role": "user", "content": "hi"}])";
+  EXPECT_EQ(parse(chat + R"(, "n": 4})", Endpoint::kChat).n, 4);
+  expect_refused(chat + R"(, "best_of": 2})", 400, "best_of", {"/v1/completions"}, Endpoint::kChat);
+  expect_refused(chat + R"(, "echo": true})", 400, "echo", {"/v1/completions"}, Endpoint::kChat);
+}
+
+// response_format, "grammar" and guided_json become the request's constraint, compiled while
+// parsing: a schema or grammar that does not compile is a 400 naming its field.
+TEST(OpenAiRequest, StructuredOutput) {
+  const std::string head = R"({"model": "m", "prompt": "x", )";
+  EXPECT_EQ(parse(head + R"("response_format": {"type": "text"}})").constraint.kind,
+            ConstraintKind::kNone);
+  EXPECT_EQ(parse(head + R"("response_format": {"type": "json_object"}})").constraint.kind,
+            ConstraintKind::kJsonObject);
+  // The schema's members keep the client's order.
+  const CompletionRequest schema = parse(head + R"("response_format": {"type": "json_schema",
+      "json_schema": {"name": "p", "strict": true, "schema": {"type": "object", "properties":
+      {"zeta": {"type": "integer"}, "alpha": {"type": "string"}}}}}})");
+  EXPECT_EQ(schema.constraint.kind, ConstraintKind::kJsonSchema);
+  EXPECT_EQ(
+      schema.constraint.text,
+      R"({"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}})");
+  EXPECT_EQ(schema.constraint_field, "response_format");
+  const CompletionRequest grammar = parse(head + R"("grammar": "root ::= \"yes\" | \"no\""})");
+  EXPECT_EQ(grammar.constraint.kind, ConstraintKind::kGbnf);
+  EXPECT_EQ(grammar.constraint.text, R"(root ::= "yes" | "no")");
+  EXPECT_EQ(parse(head + R"("guided_json": {"type": "integer"}})").constraint.kind,
+            ConstraintKind::kJsonSchema);
+  EXPECT_EQ(parse(head + R"("guided_json": "{\"type\": \"integer\"}"})").constraint.text,
+            R"({"type": "integer"})");
+
+  expect_refused(head + R"("response_format": {"type": "xml"}})", 400, "response_format",
+                 {"json_schema"});
+  expect_refused(head + R"("response_format": {"type": "json_schema"}})", 400, "response_format",
+                 {"'response_format.json_schema.schema'"});
+  expect_refused(head + R"("response_format": {"type": "json_schema", "json_schema": {"schema":
+      {"type": "object", "multipleOf": 3}}}})",
+                 400, "response_format", {"does not compile", "multipleOf"});
+  expect_refused(head + R"("grammar": "root ::= missing"})", 400, "grammar",
+                 {"does not compile", "missing"});
+  expect_refused(head + R"("grammar": 3})", 400, "grammar", {"must be a string"});
+  expect_refused(head + R"("guided_json": "{not json"})", 400, "guided_json",
+                 {"does not compile", "not JSON"});
+  expect_refused(head + R"("grammar": "root ::= \"a\"", "response_format": {"type":
+      "json_object"}})",
+                 400, "grammar", {"both constrain"});
+  expect_refused(head + R"("guided_grammar": "root ::= \"a\""})", 400, "guided_grammar",
+                 {"not supported"});
 }
 
 TEST(OpenAiResponse, ShapesOfResponsesAndChunks) {
@@ -424,28 +546,34 @@ TEST(OpenAiResponse, ShapesOfResponsesAndChunks) {
   EXPECT_EQ(usage, json::parse(R"({"prompt_tokens": 5, "completion_tokens": 3,
                                    "total_tokens": 8, "prompt_tokens_details":
                                    {"cached_tokens": 2}})"));
-  const json chat = completion_response(Endpoint::kChat, header, "hi", "stop", usage);
+  const json chat = completion_response(Endpoint::kChat, header, {{"hi", "stop"}}, usage);
   EXPECT_EQ(chat["object"], "chat.completion");
   EXPECT_EQ(chat["choices"][0]["message"],
             json::parse(R"({"role": "assistant", "content": "hi"})"));
   EXPECT_EQ(chat["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(chat["usage"], usage);
-  const json text = completion_response(Endpoint::kCompletions, header, "hi", "length", usage);
+  const json text = completion_response(Endpoint::kCompletions, header,
+                                        {{"hi", "length"}, {"ho", "stop"}}, usage);
+  ASSERT_EQ(text["choices"].size(), 2u);
+  EXPECT_EQ(text["choices"][1]["index"], 1);
+  EXPECT_EQ(text["choices"][1]["text"], "ho");
+  EXPECT_TRUE(text["choices"][1]["logprobs"].is_null());
   EXPECT_EQ(text["object"], "text_completion");
   EXPECT_EQ(text["choices"][0]["text"], "hi");
 
   // Tool calls: OpenAI's message with tool_calls, content null where nothing else was said.
   const IdentifiedCall call{"call_7", {"get_weather", R"({"city":"Paris"})"}};
-  const json called = completion_response(Endpoint::kChat, header, "", "tool_calls", usage, {call});
+  const json called =
+      completion_response(Endpoint::kChat, header, {{"", "tool_calls", {call}}}, usage);
   EXPECT_EQ(called["choices"][0]["message"], json::parse(R"({"role": "assistant", "content": null,
       "tool_calls": [{"id": "call_7", "type": "function", "function": {"name": "get_weather",
       "arguments": "{\"city\":\"Paris\"}"}}]})"));
-  EXPECT_EQ(completion_response(Endpoint::kChat, header, "Let me see.", "tool_calls", usage,
-                                {call})["choices"][0]["message"]["content"],
+  EXPECT_EQ(completion_response(Endpoint::kChat, header, {{"Let me see.", "tool_calls", {call}}},
+                                usage)["choices"][0]["message"]["content"],
             "Let me see.");
   // Streamed: the id, type and name first (with the role where the stream opens), the arguments
   // next, each under the call's index.
-  const std::vector<json> chunks = tool_call_chunks(header, call, 1, true, true);
+  const std::vector<json> chunks = tool_call_chunks(header, 2, call, 1, true, true);
   ASSERT_EQ(chunks.size(), 2u);
   EXPECT_EQ(chunks[0]["choices"][0]["delta"], json::parse(R"({"role": "assistant", "tool_calls":
       [{"index": 1, "id": "call_7", "type": "function", "function": {"name": "get_weather",
@@ -454,16 +582,18 @@ TEST(OpenAiResponse, ShapesOfResponsesAndChunks) {
       "function": {"arguments": "{\"city\":\"Paris\"}"}}]})"));
   EXPECT_TRUE(chunks[1].contains("usage") && chunks[1]["usage"].is_null());
   EXPECT_EQ(chunks[1]["object"], "chat.completion.chunk");
+  EXPECT_EQ(chunks[1]["choices"][0]["index"], 2);
 
-  const json opening = completion_chunk(Endpoint::kChat, header, "He", true, std::nullopt, true);
+  const json opening = completion_chunk(Endpoint::kChat, header, 0, "He", true, std::nullopt, true);
   EXPECT_EQ(opening["object"], "chat.completion.chunk");
   EXPECT_EQ(opening["choices"][0]["delta"],
             json::parse(R"({"role": "assistant", "content": "He"})"));
   EXPECT_TRUE(opening["choices"][0]["finish_reason"].is_null());
   EXPECT_TRUE(opening.contains("usage") && opening["usage"].is_null());
-  const json closing = completion_chunk(Endpoint::kChat, header, "", false, "stop", false);
+  const json closing = completion_chunk(Endpoint::kChat, header, 1, "", false, "stop", false);
   EXPECT_EQ(closing["choices"][0]["delta"], json::object());
   EXPECT_EQ(closing["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(closing["choices"][0]["index"], 1);
   EXPECT_FALSE(closing.contains("usage"));
   const json last = usage_chunk(Endpoint::kChat, header, usage);
   EXPECT_EQ(last["choices"], json::array());
@@ -473,8 +603,9 @@ TEST(OpenAiResponse, ShapesOfResponsesAndChunks) {
   // The "speculative" extension: a text chunk's counts and pieces, and a finished request's figures
   // (the non-streamed response's and the last chunk's).
   const json pieces = json::parse(R"([{"text": "He", "accepted_draft": true}])");
-  const json extended = completion_chunk(Endpoint::kCompletions, header, "He", true, std::nullopt,
-                                         false, chunk_speculative_json({3, 4, 2}, pieces));
+  const json extended =
+      completion_chunk(Endpoint::kCompletions, header, 0, "He", true, std::nullopt, false,
+                       chunk_speculative_json({3, 4, 2}, pieces));
   EXPECT_EQ(extended["speculative"],
             json::parse(R"({"tokens": 3, "drafted": 4, "accepted_drafts": 2, "pieces":
                             [{"text": "He", "accepted_draft": true}]})"));
@@ -568,6 +699,71 @@ TEST(TextOrigins, ReleasedTextKeepsTheOriginOfTheBytesFedAtItsPlace) {
                                     {"text": "S", "accepted_draft": false},
                                     {"text": "Ty", "accepted_draft": true},
                                     {"text": "z", "accepted_draft": false}])"));
+}
+
+TokenLogprob token(int32_t id, float logprob, std::vector<TopLogprob> top = {}) {
+  return {id, logprob, std::move(top)};
+}
+
+// A token is released with the text that covers its bytes; one a stop string cut never is.
+TEST(TokenAligner, TokensGoOutWithTheirTextAndThoseAStopCutsNever) {
+  StopMatcher matcher({"STOP"});
+  TokenAligner aligner;
+  std::vector<std::vector<int32_t>> released;  // the tokens of each release
+  std::vector<std::vector<size_t>> offsets;
+  // (text, tokens, their lengths): "ab" "S" | "T" "c" | "ST" "OP" "x"
+  const std::vector<std::tuple<std::string, std::vector<TokenLogprob>, std::vector<size_t>>>
+      events = {{"abS", {token(1, -1), token(2, -2)}, {2, 1}},
+                {"Tc", {token(3, -3), token(4, -4)}, {1, 1}},
+                {"STOPx", {token(5, -5), token(6, -6), token(7, -7)}, {2, 2, 1}}};
+  for (const auto& [text, tokens, lengths] : events) {
+    aligner.fed(text, tokens, lengths);
+    const std::string out = matcher.feed(text);
+    std::vector<int32_t> ids;
+    std::vector<size_t> at;
+    for (const ReportedToken& reported : aligner.released(out.size())) {
+      ids.push_back(reported.logprob.token);
+      at.push_back(reported.offset);
+    }
+    released.push_back(ids);
+    offsets.push_back(at);
+  }
+  EXPECT_TRUE(matcher.stopped());
+  // "S" is held (it may begin STOP) with its token until "Tc" shows it does not.
+  EXPECT_EQ(released, (std::vector<std::vector<int32_t>>{{1}, {2, 3, 4}, {}}));
+  EXPECT_EQ(offsets, (std::vector<std::vector<size_t>>{{0}, {2, 3, 4}, {}}));
+
+  // A token ending inside a character runs on into the next event's text; a special token has
+  // no text; without a stop string, rest() gives what is left.
+  TokenAligner split;
+  split.fed("", {token(10, -0.5f)}, {2});  // the first two bytes of a three-byte character
+  EXPECT_TRUE(split.released(0).empty());
+  split.fed("\xe2\x82\xac", {token(11, -0.25f), token(2, -0.1f)}, {1, 0});
+  const std::vector<ReportedToken> out = split.released(3);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].offset, 0u);
+  EXPECT_EQ(out[1].offset, 2u);
+  EXPECT_EQ(out[2].offset, 3u);
+  EXPECT_TRUE(split.rest().empty());
+}
+
+TEST(OpenAiResponse, LogprobsInEachEndpointsShape) {
+  const TokenPieces pieces = [](int32_t id) {
+    return id == 2 ? TokenPiece{"</s>", true} : TokenPiece{std::string(1, char('a' + id)), false};
+  };
+  const std::vector<ReportedToken> tokens = {{token(0, -0.5f, {{0, -0.5f}, {1, -1.5f}}), 3},
+                                             {token(2, -0.25f, {{2, -0.25f}, {0, -2}}), 4}};
+  EXPECT_EQ(logprobs_json(Endpoint::kChat, tokens, pieces), json::parse(R"({"content": [
+      {"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": [
+        {"token": "a", "logprob": -0.5, "bytes": [97]}, {"token": "b", "logprob": -1.5,
+         "bytes": [98]}]},
+      {"token": "</s>", "logprob": -0.25, "bytes": [60, 47, 115, 62], "top_logprobs": [
+        {"token": "</s>", "logprob": -0.25, "bytes": [60, 47, 115, 62]},
+        {"token": "a", "logprob": -2.0, "bytes": [97]}]}]})"));
+  EXPECT_EQ(logprobs_json(Endpoint::kCompletions, tokens, pieces), json::parse(R"({
+      "tokens": ["a", "</s>"], "token_logprobs": [-0.5, -0.25],
+      "top_logprobs": [{"a": -0.5, "b": -1.5}, {"</s>": -0.25, "a": -2.0}],
+      "text_offset": [3, 4]})"));
 }
 
 TEST(StopMatcher, HeldTextIsReleasedAsSoonAsItCannotStartAStop) {

@@ -99,9 +99,9 @@ TEST_F(PackageTest, InstallsHeadersLibraryAndPackageFiles) {
   for (const char* file :
        {"include/specrun/specrun.h", "include/specrun/specrun.hpp", "include/specrun/error.hpp",
         "include/specrun/settings.hpp", "include/specrun/stats.hpp", "include/specrun/chat.hpp",
-        "lib/libspecrun.so", "lib/cmake/specrun/specrunConfig.cmake",
-        "lib/cmake/specrun/specrunConfigVersion.cmake", "lib/cmake/specrun/specrunTargets.cmake",
-        "lib/pkgconfig/specrun.pc"}) {
+        "include/specrun/logprobs.hpp", "lib/libspecrun.so",
+        "lib/cmake/specrun/specrunConfig.cmake", "lib/cmake/specrun/specrunConfigVersion.cmake",
+        "lib/cmake/specrun/specrunTargets.cmake", "lib/pkgconfig/specrun.pc"}) {
     EXPECT_TRUE(fs::exists(prefix() / file)) << file;
   }
   // The library component alone: no command-line tools, no models.

@@ -11,8 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -369,7 +372,7 @@ TEST_F(ServerTest, ErrorsInOpenAisShapeWithTheirStatus) {
   expect_error(post("/v1/completions", R"({"model": "big", "prompt": "x"})"), 404, "'big'");
   expect_error(post("/v1/completions", R"({"model": "tiny", "prompt": "x", "top_p": 7})"), 400,
                "top_p");
-  expect_error(post("/v1/completions", R"({"model": "tiny", "prompt": "x", "n": 3})"), 400, "'n'");
+  expect_error(post("/v1/completions", R"({"model": "tiny", "prompt": "x", "n": 17})"), 400, "'n'");
   std::vector<int> ids(2000, 65);
   expect_error(post("/v1/completions", json{{"model", "tiny"}, {"prompt", ids}}.dump()), 413,
                "4096 bytes");
@@ -521,8 +524,7 @@ TEST_F(ServerTest, AddGenerationPromptFalseLeavesTheAssistantsTurnUnopened) {
 }
 
 // tools and chat_template_kwargs reach the template; continue_final_message ends the prompt inside
-// the last message; with tools the output is read for calls ("auto"), streamed and not alike;
-// what needs a grammar, or a template without a tool-call format, is refused.
+// the last message; with tools the output is read for calls ("auto"), streamed and not alike.
 TEST_F(ServerTest, ToolsAndTemplateVariablesReachThePrompt) {
   start({}, true, /*with_template=*/true);
   const std::string messages = R"("messages": [{"role": "user", "content": "hi"}])";
@@ -556,11 +558,365 @@ TEST_F(ServerTest, ToolsAndTemplateVariablesReachThePrompt) {
   EXPECT_EQ(streamed_text(chunks), message["content"]);
   EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"],
             whole.parsed()["choices"][0]["finish_reason"]);
+}
 
-  const Reply required = reply(", " + tools + R"(, "tool_choice": "required")");
-  EXPECT_EQ(required.status, 400);
-  EXPECT_EQ(required.parsed()["error"]["param"], "tool_choice");
-  EXPECT_NE(required.body.find("grammar-constrained decoding"), std::string::npos);
+// The tokens of each choice of a response or a stream, by choice index: what their logprobs say.
+std::map<int64_t, json> streamed_logprobs(const std::vector<json>& chunks) {
+  std::map<int64_t, json> by_choice;
+  for (const json& chunk : chunks) {
+    for (const json& choice : chunk["choices"]) {
+      const json& logprobs = choice["logprobs"];
+      if (logprobs.is_null()) continue;
+      json& into = by_choice[choice["index"].get<int64_t>()];
+      if (logprobs.contains("content")) {
+        if (into.is_null()) into = {{"content", json::array()}};
+        for (const json& entry : logprobs["content"]) into["content"].push_back(entry);
+      } else {
+        if (into.is_null())
+          into = {{"tokens", json::array()},
+                  {"token_logprobs", json::array()},
+                  {"top_logprobs", json::array()},
+                  {"text_offset", json::array()}};
+        for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+          for (const json& entry : logprobs[key]) into[key].push_back(entry);
+        }
+      }
+    }
+  }
+  return by_choice;
+}
+
+// The text of each choice of a stream, by index.
+std::map<int64_t, std::string> streamed_texts(const std::vector<json>& chunks) {
+  std::map<int64_t, std::string> texts;
+  for (const json& chunk : chunks) {
+    for (const json& choice : chunk["choices"]) {
+      std::string& text = texts[choice["index"].get<int64_t>()];
+      if (choice.contains("text")) text += choice["text"].get<std::string>();
+      if (choice.contains("delta") && choice["delta"].contains("content") &&
+          choice["delta"]["content"].is_string()) {
+        text += choice["delta"]["content"].get<std::string>();
+      }
+    }
+  }
+  return texts;
+}
+
+// Logprobs: one entry per generated token, in each endpoint's shape, the same streamed or not and
+// with or without speculation (the target's own, after penalties and bias, before temperature);
+// held back by a stop string they stay with their text, and those the stop cut are not reported.
+TEST_F(ServerTest, LogprobsInEachShapeTheSameStreamedAndWithoutSpeculation) {
+  start({}, true, /*with_template=*/true);
+  // ASCII only (no special token, no byte past 0x7f), so that each token is one byte of the text.
+  json ascii = json::object();
+  for (int id = 0; id < 256; ++id) {
+    if (id < 3 || id >= 0x80 + 3) ascii[std::to_string(id)] = -100;
+  }
+  const auto completions = [&](json extra) {
+    json body = {{"model", "tiny"},
+                 {"prompt", "def fib(n):"},
+                 {"max_tokens", 30},
+                 {"temperature", 0.8},
+                 {"seed", 4},
+                 {"logprobs", 3},
+                 {"frequency_penalty", 0.5},
+                 {"logit_bias", ascii}};
+    body.update(extra);
+    return post("/v1/completions", body.dump());
+  };
+  const Reply whole = completions(json::object());
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json choice = whole.parsed()["choices"][0];
+  const json& logprobs = choice["logprobs"];
+  ASSERT_EQ(logprobs["tokens"].size(), 30u);
+  std::string joined;
+  for (size_t i = 0; i < 30; ++i) {
+    EXPECT_EQ(logprobs["text_offset"][i], joined.size());
+    joined += logprobs["tokens"][i].get<std::string>();
+    const double value = logprobs["token_logprobs"][i].get<double>();
+    EXPECT_LE(value, 0.0);
+    const json& top = logprobs["top_logprobs"][i];
+    EXPECT_LE(top.size(), 3u);
+    double best = -1e30;
+    for (const auto& entry : top.items()) best = std::max(best, entry.value().get<double>());
+    EXPECT_LE(value, best + 1e-6);
+  }
+  EXPECT_EQ(joined, choice["text"]);
+
+  json streamed_body = {{"stream", true}};
+  const std::vector<json> chunks = events(completions(streamed_body).body);
+  EXPECT_EQ(streamed_logprobs(chunks)[0], logprobs);
+  EXPECT_EQ(completions({{"speculative", false}}).parsed()["choices"][0]["logprobs"], logprobs);
+
+  // Chat: {"content": [{token, logprob, bytes, top_logprobs}]}.
+  json chat = {{"model", "tiny"},    {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+               {"max_tokens", 12},   {"temperature", 0},
+               {"logprobs", true},   {"top_logprobs", 2},
+               {"logit_bias", ascii}};
+  const json answer = post("/v1/chat/completions", chat.dump()).parsed();
+  const json& content = answer["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 12u);
+  for (const json& entry : content) {
+    EXPECT_EQ(entry["bytes"].size(), 1u);  // one byte a token
+    ASSERT_EQ(entry["top_logprobs"].size(), 2u);
+    // Greedy: the token is the likeliest.
+    EXPECT_EQ(entry["top_logprobs"][0]["bytes"], entry["bytes"]);
+    EXPECT_EQ(entry["top_logprobs"][0]["logprob"], entry["logprob"]);
+  }
+  chat["stream"] = true;
+  EXPECT_EQ(streamed_logprobs(events(post("/v1/chat/completions", chat.dump()).body))[0],
+            answer["choices"][0]["logprobs"]);
+  chat["speculative"] = false;
+  EXPECT_EQ(streamed_logprobs(events(post("/v1/chat/completions", chat.dump()).body))[0],
+            answer["choices"][0]["logprobs"]);
+
+  // A stop string: the tokens before it, each with its text; none of the stop's.
+  const std::string text = choice["text"].get<std::string>();
+  const std::string stop = text.substr(10, 2);
+  const size_t cut = text.find(stop);
+  for (const bool stream : {false, true}) {
+    const Reply stopped = completions({{"stop", stop}, {"stream", stream}});
+    const json reported = stream ? streamed_logprobs(events(stopped.body))[0]
+                                 : stopped.parsed()["choices"][0]["logprobs"];
+    ASSERT_EQ(reported["tokens"].size(), cut) << stopped.body.substr(0, 400);
+    for (size_t i = 0; i < cut; ++i) EXPECT_EQ(reported["tokens"][i], logprobs["tokens"][i]);
+  }
+}
+
+// logit_bias makes a token certain; the penalties are accepted and change greedy output.
+TEST_F(ServerTest, LogitBiasAndPenalties) {
+  start();
+  json body = {{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 8}, {"temperature", 0}};
+  const std::string plain = post("/v1/completions", body.dump()).parsed()["choices"][0]["text"];
+  body["logit_bias"] = {{std::to_string('Z' + 3), 100}};  // the byte tokenizer's "Z"
+  const Reply biased = post("/v1/completions", body.dump());
+  ASSERT_EQ(biased.status, 200) << biased.body;
+  EXPECT_EQ(biased.parsed()["choices"][0]["text"], "ZZZZZZZZ");
+  body["temperature"] = 0.8;
+  body["seed"] = 4;
+  EXPECT_EQ(post("/v1/completions", body.dump()).parsed()["choices"][0]["text"], "ZZZZZZZZ");
+  body["prompt"] = "def fib(n):";
+  body["logprobs"] = 3;
+  EXPECT_EQ(post("/v1/completions", body.dump()).parsed()["choices"][0]["text"], "ZZZZZZZZ");
+  body.erase("logprobs");
+  body["temperature"] = 0;
+  body["logit_bias"] = {{"99999", 1}};
+  const Reply outside = post("/v1/completions", body.dump());
+  EXPECT_EQ(outside.status, 400);
+  EXPECT_EQ(outside.parsed()["error"]["param"], "logit_bias");
+  body.erase("logit_bias");
+  body["presence_penalty"] = 2;
+  body["repetition_penalty"] = 1.5;
+  const Reply penalised = post("/v1/completions", body.dump());
+  ASSERT_EQ(penalised.status, 200) << penalised.body;
+  EXPECT_EQ(penalised.parsed()["usage"]["completion_tokens"], 8);
+}
+
+// n choices, each its own request (choice i seeded seed + i): reproducible, streamed by index,
+// usage summed over the choices with the prompt counted once; best_of returns the likeliest of
+// its choices; echo begins each with the prompt.
+TEST_F(ServerTest, SeveralChoicesBestOfAndEcho) {
+  start();
+  json body = {{"model", "tiny"}, {"prompt", "abc"}, {"max_tokens", 16}, {"temperature", 1.0},
+               {"seed", 21},      {"n", 3},          {"logprobs", 0}};
+  const json first = post("/v1/completions", body.dump()).parsed();
+  ASSERT_EQ(first["choices"].size(), 3u) << first.dump();
+  EXPECT_EQ(post("/v1/completions", body.dump()).parsed()["choices"], first["choices"]);
+  EXPECT_EQ(first["usage"]["completion_tokens"], 48);
+  EXPECT_EQ(first["usage"]["prompt_tokens"], 4);
+  std::set<std::string> distinct;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(first["choices"][i]["index"], i);
+    distinct.insert(first["choices"][i]["text"].get<std::string>());
+  }
+  EXPECT_EQ(distinct.size(), 3u);
+  // Choice i is the request seeded 21 + i alone.
+  json single = body;
+  single["n"] = 1;
+  single["seed"] = 22;
+  EXPECT_EQ(post("/v1/completions", single.dump()).parsed()["choices"][0]["text"],
+            first["choices"][1]["text"]);
+  json streamed = body;
+  streamed["stream"] = true;
+  const std::vector<json> chunks = events(post("/v1/completions", streamed.dump()).body);
+  const std::map<int64_t, std::string> texts = streamed_texts(chunks);
+  ASSERT_EQ(texts.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(texts.at(i), first["choices"][i]["text"]);
+
+  // best_of 3, n 1: the choice whose tokens are likeliest together.
+  size_t best = 0;
+  double best_sum = -1e30;
+  for (size_t i = 0; i < 3; ++i) {
+    double sum = 0;
+    for (const json& value : first["choices"][i]["logprobs"]["token_logprobs"]) {
+      sum += value.get<double>();
+    }
+    if (sum > best_sum) best_sum = sum, best = i;
+  }
+  json best_of = body;
+  best_of.erase("logprobs");
+  best_of["n"] = 1;
+  best_of["best_of"] = 3;
+  const json picked = post("/v1/completions", best_of.dump()).parsed();
+  ASSERT_EQ(picked["choices"].size(), 1u) << picked.dump();
+  EXPECT_EQ(picked["choices"][0]["text"], first["choices"][best]["text"]);
+  EXPECT_TRUE(picked["choices"][0]["logprobs"].is_null());  // not asked for
+  EXPECT_EQ(picked["usage"]["completion_tokens"], 48);      // every choice made counts
+
+  // echo: the prompt first, whole and streamed.
+  json echo = {
+      {"model", "tiny"}, {"prompt", "abc"}, {"max_tokens", 5}, {"seed", 3}, {"echo", true}};
+  const std::string echoed = post("/v1/completions", echo.dump()).parsed()["choices"][0]["text"];
+  EXPECT_EQ(echoed.substr(0, 3), "abc");
+  EXPECT_GT(echoed.size(), 3u);
+  echo["stream"] = true;
+  const std::vector<json> echo_chunks = events(post("/v1/completions", echo.dump()).body);
+  EXPECT_EQ(echo_chunks.front()["choices"][0]["text"], "abc");
+  EXPECT_EQ(streamed_text(echo_chunks), echoed);
+  echo["logprobs"] = 1;
+  const Reply refused = post("/v1/completions", echo.dump());
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_EQ(refused.parsed()["error"]["param"], "echo");
+}
+
+// Structured output on random weights: response_format's JSON schema (its members in order) and
+// the grammar field hold whatever the model would say.
+TEST_F(ServerTest, ResponseFormatAndGrammarConstrainTheOutput) {
+  start({}, true, /*with_template=*/true);
+  const nlohmann::ordered_json schema =
+      nlohmann::ordered_json::parse(R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 8},
+      "age": {"type": "integer", "minimum": 0, "maximum": 150},
+      "pet": {"enum": ["cat", "dog"]}}, "required": ["name", "age", "pet"]})");
+  for (const int seed : {1, 2, 3}) {
+    SCOPED_TRACE(seed);
+    // Ordered, so that the schema goes out in its order.
+    nlohmann::ordered_json body = {
+        {"model", "tiny"},
+        {"messages", {{{"role", "user"}, {"content", "Who?"}}}},
+        {"max_tokens", 300},
+        {"seed", seed},
+        {"ignore_eos", false},
+        {"response_format",
+         {{"type", "json_schema"},
+          {"json_schema", {{"name", "person"}, {"strict", true}, {"schema", schema}}}}}};
+    const json answer = post("/v1/chat/completions", body.dump()).parsed();
+    ASSERT_EQ(answer["choices"][0]["finish_reason"], "stop") << answer.dump();
+    const std::string content = answer["choices"][0]["message"]["content"];
+    const nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(content);
+    std::vector<std::string> keys;
+    for (const auto& item : parsed.items()) keys.push_back(item.key());
+    EXPECT_EQ(keys, (std::vector<std::string>{"name", "age", "pet"})) << content;
+    const std::string name = parsed["name"];
+    // maxLength counts characters: UTF-8 bytes other than continuation bytes.
+    EXPECT_LE(std::count_if(name.begin(), name.end(), [](char c) { return (c & 0xC0) != 0x80; }),
+              8);
+    EXPECT_TRUE(parsed["age"].is_number_integer());
+    EXPECT_GE(parsed["age"].get<int64_t>(), 0);
+    EXPECT_LE(parsed["age"].get<int64_t>(), 150);
+    EXPECT_TRUE(parsed["pet"] == "cat" || parsed["pet"] == "dog");
+  }
+  json object = {{"model", "tiny"},     {"prompt", "x"},
+                 {"max_tokens", 400},   {"seed", 5},
+                 {"ignore_eos", false}, {"response_format", {{"type", "json_object"}}}};
+  const json answer = post("/v1/completions", object.dump()).parsed();
+  if (answer["choices"][0]["finish_reason"] == "stop") {
+    EXPECT_TRUE(json::parse(answer["choices"][0]["text"].get<std::string>()).is_object());
+  }
+  const json grammar = {{"model", "tiny"},    {"prompt", "x"},
+                        {"max_tokens", 10},   {"ignore_eos", false},
+                        {"temperature", 1.0}, {"grammar", "root ::= (\"yes\" | \"no\") \"!\""}};
+  for (const int seed : {1, 2, 3, 4}) {
+    json body = grammar;
+    body["seed"] = seed;
+    const std::string text = post("/v1/completions", body.dump()).parsed()["choices"][0]["text"];
+    EXPECT_TRUE(text == "yes!" || text == "no!") << text;
+  }
+  json bad = grammar;
+  bad["grammar"] = "root ::= undefined-rule";
+  const Reply refused = post("/v1/completions", bad.dump());
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_EQ(refused.parsed()["error"]["param"], "grammar");
+}
+
+// tool_choice "required" and a named function on random weights: the output is calls the
+// template's parser reads, each call's arguments valid against its function's parameters.
+TEST_F(ServerTest, ToolChoiceRequiredAndNamedForceValidCalls) {
+  start({}, true, /*with_template=*/true);
+  const json tools = json::parse(R"([
+      {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+       "properties": {"city": {"type": "string", "maxLength": 10},
+                      "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+       "required": ["city", "days"]}}},
+      {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+       "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}])");
+  // maxLength counts characters: UTF-8 bytes other than continuation bytes.
+  const auto characters = [](const std::string& text) {
+    return std::count_if(text.begin(), text.end(), [](char c) { return (c & 0xC0) != 0x80; });
+  };
+  const auto valid = [&](const json& call) {
+    const json arguments = json::parse(call["function"]["arguments"].get<std::string>());
+    if (call["function"]["name"] == "get_weather") {
+      return arguments.size() == 2 && arguments["city"].is_string() &&
+             characters(arguments["city"].get<std::string>()) <= 10 &&
+             arguments["days"].is_number_integer() && arguments["days"] >= 1 &&
+             arguments["days"] <= 14;
+    }
+    return call["function"]["name"] == "get_time" && arguments.size() == 1 &&
+           (arguments["zone"] == "UTC" || arguments["zone"] == "CET");
+  };
+  for (const json& choice :
+       {json("required"), json{{"type", "function"}, {"function", {{"name", "get_time"}}}}}) {
+    for (const bool parallel : {false, true}) {
+      for (const bool stream : {false, true}) {
+        SCOPED_TRACE(choice.dump() + (parallel ? " parallel" : "") + (stream ? " stream" : ""));
+        const json body = {{"model", "tiny"},
+                           {"messages", {{{"role", "user"}, {"content", "Weather?"}}}},
+                           {"tools", tools},
+                           {"tool_choice", choice},
+                           {"parallel_tool_calls", parallel},
+                           {"max_tokens", 2000},
+                           {"seed", 7},
+                           {"ignore_eos", false},
+                           {"stream", stream}};
+        const Reply reply = post("/v1/chat/completions", body.dump());
+        ASSERT_EQ(reply.status, 200) << reply.body;
+        json calls = json::array();
+        std::string finish;
+        if (stream) {
+          for (const json& chunk : events(reply.body)) {
+            for (const json& entry : chunk["choices"]) {
+              if (!entry["finish_reason"].is_null()) finish = entry["finish_reason"];
+              for (const json& delta : entry["delta"].value("tool_calls", json::array())) {
+                if (delta.contains("id")) calls.push_back(delta);
+                if (delta["function"].contains("arguments")) {
+                  calls.back()["function"]["arguments"] =
+                      calls.back()["function"]["arguments"].get<std::string>() +
+                      delta["function"]["arguments"].get<std::string>();
+                }
+              }
+            }
+          }
+        } else {
+          const json message = reply.parsed()["choices"][0];
+          finish = message["finish_reason"];
+          calls = message["message"].value("tool_calls", json::array());
+          EXPECT_TRUE(message["message"]["content"].is_null()) << message.dump();
+        }
+        EXPECT_EQ(finish, "tool_calls") << reply.body.substr(0, 600);
+        ASSERT_FALSE(calls.empty()) << reply.body.substr(0, 600);
+        if (!parallel || choice.is_object()) {
+          EXPECT_EQ(calls.size(), 1u);
+        }
+        for (const json& call : calls) {
+          EXPECT_TRUE(valid(call)) << call.dump();
+          if (choice.is_object()) {
+            EXPECT_EQ(call["function"]["name"], "get_time");
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_F(ServerTest, ToolsForATemplateWithoutACallFormatAreRefused) {

@@ -9,6 +9,10 @@
 
 #include "runtime/server/tool_calls.h"
 
+#include "runtime/grammar/automaton.h"
+#include "runtime/grammar/gbnf.h"
+#include "specrun/specrun.hpp"
+
 namespace specrun::server {
 namespace {
 
@@ -206,6 +210,76 @@ TEST(ToolCallParsing, StreamReleasesTextAsSoonAsItCannotBeACall) {
   out = call.finish();
   ASSERT_EQ(out.size(), 1u);
   EXPECT_TRUE(out[0].is_call);
+}
+
+// Whether `text` is a sentence of the GBNF grammar `gbnf`.
+bool accepts(const std::string& gbnf, const std::string& text) {
+  grammar::Automaton automaton(grammar::parse_gbnf(gbnf));
+  int32_t state = automaton.initial();
+  for (const char c : text) {
+    state = automaton.next(state, static_cast<uint8_t>(c));
+    if (state == grammar::Automaton::kDead) return false;
+  }
+  return automaton.accepting(state);
+}
+
+// tool_choice "required" and a named function: the grammar's sentences are calls the format's
+// parser reads, their arguments valid against the function's parameters.
+TEST(ToolCallGrammar, ForcesCallsTheParserReadsWithValidArguments) {
+  const auto tools = nlohmann::ordered_json::parse(R"([
+      {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+       "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+       "required": ["city"]}}},
+      {"type": "function", "function": {"name": "now"}}])");
+  const std::string many = tool_call_grammar(ToolCallFormat::kHermes, tools, "", true);
+  const std::string weather =
+      R"(<tool_call>
+{"name":"get_weather","arguments":{"city":"Paris","days":3}}
+</tool_call>)";
+  const std::string now = R"(<tool_call>
+{"name":"now","arguments":{}}
+</tool_call>)";
+  for (const std::string& output : {weather, weather + "\n" + now}) {
+    EXPECT_TRUE(accepts(many, output)) << output;
+    const ParsedOutput parsed = parse_tool_calls(ToolCallFormat::kHermes, output);
+    EXPECT_TRUE(parsed.content.empty());
+    EXPECT_EQ(parsed.calls.front(), (ToolCall{"get_weather", R"({"city":"Paris","days":3})"}));
+  }
+  EXPECT_FALSE(accepts(many, ""));                  // at least one call
+  EXPECT_FALSE(accepts(many, "Sure. " + weather));  // nothing but calls
+  // "city" is required; "lookup" is not a tool.
+  const std::string cityless = R"(<tool_call>
+{"name":"get_weather","arguments":{"days":3}}
+</tool_call>)";
+  const std::string unknown = R"(<tool_call>
+{"name":"lookup","arguments":{}}
+</tool_call>)";
+  EXPECT_FALSE(accepts(many, cityless));
+  EXPECT_FALSE(accepts(many, unknown));
+  // One call only; a named function: only it.
+  const std::string one = tool_call_grammar(ToolCallFormat::kHermes, tools, "", false);
+  EXPECT_TRUE(accepts(one, now));
+  EXPECT_FALSE(accepts(one, weather + "\n" + now));
+  const std::string named = tool_call_grammar(ToolCallFormat::kHermes, tools, "now", false);
+  EXPECT_TRUE(accepts(named, now));
+  EXPECT_FALSE(accepts(named, weather));
+  // Llama's JSON: "parameters", calls separated by "; ", which its parser reads.
+  const std::string llama = tool_call_grammar(ToolCallFormat::kLlamaJson, tools, "", true);
+  const std::string calls =
+      R"({"name":"now","parameters":{}}; {"name":"get_weather","parameters":{"city":"Oslo"}})";
+  EXPECT_TRUE(accepts(llama, calls));
+  EXPECT_EQ(parse_tool_calls(ToolCallFormat::kLlamaJson, calls).calls.size(), 2u);
+  EXPECT_FALSE(accepts(llama, R"({"name":"now","arguments":{}})"));
+  // Parameters that do not compile name the problem.
+  const auto bad = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+          "properties": {"x": {"type": "number", "multipleOf": 2}}}}}])");
+  try {
+    tool_call_grammar(ToolCallFormat::kHermes, bad, "", true);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("multipleOf"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace

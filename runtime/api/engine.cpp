@@ -597,4 +597,29 @@ std::string Engine::detokenize(const std::vector<int32_t>& tokens) const {
   return core.tokenizer->decode(tokens, /*skip_special_tokens=*/true);
 }
 
+TokenPiece Engine::token_piece(int32_t token) const {
+  const detail::EngineCore& core = *impl_->core;
+  if (!core.tokenizer) throw Error("token_piece: " + core.info.target + " has no tokenizer.json");
+  const text::Tokenizer& tokenizer = *core.tokenizer;
+  if (tokenizer.is_special(token)) return {tokenizer.id_to_token(token).value_or(""), true};
+  return {tokenizer.token_bytes(token), false};
+}
+
+void check_constraint(const OutputConstraint& constraint) {
+  if (constraint.kind != ConstraintKind::kNone) compile_constraint(constraint);
+}
+
+std::string json_schema_gbnf(const std::string& schema, const std::string& root_rule) {
+  nlohmann::ordered_json document;
+  try {
+    document = nlohmann::ordered_json::parse(schema);
+  } catch (const nlohmann::ordered_json::parse_error& error) {
+    throw Error("JSON schema: not JSON: byte " + std::to_string(error.byte) + ": " +
+                std::string(error.what()));
+  }
+  grammar::JsonSchemaOptions options;
+  options.root_rule = root_rule;
+  return grammar::json_schema_to_gbnf(document, options);
+}
+
 }  // namespace specrun

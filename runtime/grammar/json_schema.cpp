@@ -159,7 +159,7 @@ class SchemaCompiler {
 
   std::string compile() {
     const std::string root = expression(document_, "");
-    std::string out = "root ::= " + root + "\n" + base_rules(options_);
+    std::string out = options_.root_rule + " ::= " + root + "\n" + base_rules(options_);
     for (const std::string& rule : rules_) out += rule + "\n";
     return out;
   }

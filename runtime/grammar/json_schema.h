@@ -38,12 +38,15 @@ struct JsonSchemaOptions {
   // space, or one newline followed by at most this many spaces or tabs. Bounded, so that a model
   // cannot stall on whitespace forever; 0 allows no whitespace at all.
   int max_indent = 20;
+  // The name of the rule a document is, so that another grammar can embed the schema's (which
+  // then defines `root` itself).
+  std::string root_rule = "root";
 };
 
-// The GBNF text of `schema` (root rule `root`). Throws specrun::Error naming the keyword and its
-// JSON path (as a JSON pointer, e.g. "#/properties/age/multipleOf") for anything unsupported or
-// malformed. An ordered_json keeps the properties in the order the schema writes them (a
-// nlohmann::json converts, with its keys sorted); the text overloads parse it so.
+// The GBNF text of `schema` (top rule options.root_rule). Throws specrun::Error naming the keyword
+// and its JSON path (as a JSON pointer, e.g. "#/properties/age/multipleOf") for anything
+// unsupported or malformed. An ordered_json keeps the properties in the order the schema writes
+// them (a nlohmann::json converts, with its keys sorted); the text overloads parse it so.
 std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema,
                                 const JsonSchemaOptions& options = {});
 std::shared_ptr<const Grammar> json_schema_grammar(const nlohmann::ordered_json& schema,

@@ -402,25 +402,194 @@ void read_tool_choice(const Fields& fields, CompletionRequest& request) {
       request.tool_choice = ToolChoice::kNone;
     } else if (*choice == "auto") {
       request.tool_choice = ToolChoice::kAuto;
-    } else if (*choice == "required" ||
-               (choice->is_object() && choice->value("type", json()) == "function")) {
-      refuse("tool_choice",
-             "'tool_choice' " +
-                 (choice->is_string() ? std::string("\"required\"")
-                                      : std::string("naming a function")) +
-                 " needs grammar-constrained decoding to force a call, which this server does not "
-                 "have yet: use \"auto\"");
+    } else if (*choice == "required") {
+      request.tool_choice = ToolChoice::kRequired;
+    } else if (choice->is_object() && choice->value("type", json()) == "function") {
+      const auto function = choice->find("function");
+      const json* name = function != choice->end() && function->is_object() &&
+                                 function->contains("name") && (*function)["name"].is_string()
+                             ? &(*function)["name"]
+                             : nullptr;
+      if (name == nullptr) {
+        refuse("tool_choice.function.name", "'tool_choice.function.name' must be a string");
+      }
+      request.tool_choice = ToolChoice::kFunction;
+      request.tool_function = name->get<std::string>();
+      bool known = false;
+      for (const json& tool : has_tools ? request.chat.tools : json::array()) {
+        known = known || tool["function"]["name"] == *name;
+      }
+      if (!known) {
+        refuse("tool_choice.function.name", "'tool_choice.function.name' names '" +
+                                                request.tool_function.substr(0, 64) +
+                                                "', which is not one of the request's tools");
+      }
     } else {
       refuse("tool_choice",
              "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
              "\"function\": {\"name\": ...}}, got " +
                  choice->dump().substr(0, 64));
     }
+    if (request.tool_choice == ToolChoice::kRequired && !has_tools) {
+      refuse("tool_choice", "'tool_choice' \"required\" needs 'tools' to call");
+    }
     if (request.tool_choice == ToolChoice::kAuto && !has_tools) {
       refuse("tool_choice", "'tool_choice' \"auto\" needs 'tools' to choose from");
     }
   }
   request.parallel_tool_calls = fields.boolean("parallel_tool_calls").value_or(true);
+}
+
+// A sampling setting the request names as its row of the sampling table does.
+void apply_sampling_row(const Fields& fields, const char* key, SamplingSettings& settings) {
+  const json* field = fields.get(key);
+  if (field == nullptr) return;
+  const Setting<SamplingSettings>* row = find_setting(sampling_settings(), key);
+  if (row == nullptr) refuse(key, std::string("'") + key + "' is not a sampling setting");
+  if (!field->is_number()) {
+    refuse(key, std::string("'") + key + "' must be a number, got " + type_name(*field));
+  }
+  const SettingValue value = field->get<double>();
+  if (const std::optional<std::string> problem = setting_problem(row->range, value)) {
+    refuse(key, std::string("'") + key + "' " + *problem);
+  }
+  row->set(settings, value);
+}
+
+// logit_bias: {"token id": bias}. The keys' form and the values' range are checked here; how many
+// there are and whether the ids are in the vocabulary, at submit (the engine's Error).
+std::map<int32_t, float> read_logit_bias(const json* bias) {
+  std::map<int32_t, float> out;
+  if (bias == nullptr) return out;
+  if (!bias->is_object()) {
+    refuse("logit_bias", "'logit_bias' must be an object mapping token ids to numbers");
+  }
+  for (const auto& [key, value] : bias->items()) {
+    const bool digits =
+        !key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+      refuse("logit_bias", "'logit_bias' keys must be token ids (decimal integers), got '" +
+                               key.substr(0, 64) + "'");
+    }
+    if (!value.is_number() || !(value.get<double>() >= -100.0 && value.get<double>() <= 100.0)) {
+      refuse("logit_bias", "'logit_bias' values must be numbers in [-100, 100], got " +
+                               value.dump().substr(0, 64) + " for token " + key);
+    }
+    out[static_cast<int32_t>(id)] = value.get<float>();
+  }
+  return out;
+}
+
+// Chat: logprobs (true or false) and top_logprobs (0..20, with logprobs true). Completions:
+// logprobs, the number of top tokens (0..20).
+void read_logprobs(const Fields& fields, CompletionRequest& request) {
+  if (request.endpoint == Endpoint::kChat) {
+    const bool wanted = fields.boolean("logprobs").value_or(false);
+    const std::optional<int64_t> top = fields.integer("top_logprobs", 0, kMaxTopLogprobs);
+    if (top && !wanted) {
+      refuse("top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+    }
+    request.logprobs = wanted ? top.value_or(0) : -1;
+  } else {
+    if (fields.get("top_logprobs") != nullptr) {
+      refuse("top_logprobs",
+             "'top_logprobs' belongs to /v1/chat/completions: a completion's 'logprobs' is the "
+             "number of top tokens");
+    }
+    request.logprobs = fields.integer("logprobs", 0, kMaxTopLogprobs).value_or(-1);
+  }
+}
+
+// n, best_of and echo.
+void read_choices(const Fields& fields, CompletionRequest& request) {
+  request.n = fields.integer("n", 1, kMaxChoices).value_or(1);
+  const bool completions = request.endpoint == Endpoint::kCompletions;
+  for (const char* name : {"best_of", "echo"}) {
+    if (!completions && fields.get(name) != nullptr) {
+      refuse(name, "'" + std::string(name) + "' belongs to /v1/completions");
+    }
+  }
+  request.best_of = fields.integer("best_of", 1, kMaxChoices).value_or(request.n);
+  if (request.best_of < request.n) {
+    refuse("best_of", "'best_of' (" + std::to_string(request.best_of) + ") must be at least 'n' (" +
+                          std::to_string(request.n) + ")");
+  }
+  if (request.best_of > request.n && request.stream) {
+    refuse("best_of",
+           "'best_of' above 'n' cannot be streamed: the best choices are known only "
+           "at the end");
+  }
+  request.echo = fields.boolean("echo").value_or(false);
+  if (request.echo && request.logprobs >= 0) {
+    refuse("echo",
+           "'echo' with 'logprobs' needs the prompt's log-probabilities, which this "
+           "server does not compute: ask for one or the other");
+  }
+}
+
+// response_format, "grammar" (llama-server's GBNF) and vLLM's guided_json: at most one, compiled
+// here so that a bad one is refused naming its field.
+void read_constraint(const Fields& fields, CompletionRequest& request) {
+  auto set = [&](const char* field, ConstraintKind kind, std::string text) {
+    if (request.constraint.kind != ConstraintKind::kNone) {
+      refuse(field, "'" + std::string(field) + "' and '" + request.constraint_field +
+                        "' both constrain the output: give one");
+    }
+    request.constraint = {kind, std::move(text)};
+    request.constraint_field = field;
+  };
+  if (const json* format = fields.get("response_format")) {
+    const json* type =
+        format->is_object() && format->contains("type") ? &(*format)["type"] : nullptr;
+    if (type != nullptr && *type == "json_object") {
+      set("response_format", ConstraintKind::kJsonObject, "");
+    } else if (type != nullptr && *type == "json_schema") {
+      const auto spec = format->find("json_schema");
+      if (spec == format->end() || !spec->is_object() || !spec->contains("schema") ||
+          !(*spec)["schema"].is_object()) {
+        refuse("response_format",
+               "'response_format.json_schema.schema' must be a JSON Schema object");
+      }
+      const json& entry = *spec;
+      if (entry.contains("name") && !entry["name"].is_string()) {
+        refuse("response_format", "'response_format.json_schema.name' must be a string");
+      }
+      if (entry.contains("strict") && !entry["strict"].is_boolean() && !entry["strict"].is_null()) {
+        refuse("response_format", "'response_format.json_schema.strict' must be true or false");
+      }
+      // The ordered body keeps the schema's members in the client's order: the output's too.
+      set("response_format", ConstraintKind::kJsonSchema, entry["schema"].dump());
+    } else if (type == nullptr || *type != "text") {
+      refuse("response_format",
+             "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+             "{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\"}}");
+    }
+  }
+  if (auto grammar = fields.string("grammar")) set("grammar", ConstraintKind::kGbnf, *grammar);
+  if (const json* schema = fields.get("guided_json")) {
+    if (schema->is_string()) {
+      set("guided_json", ConstraintKind::kJsonSchema, schema->get<std::string>());
+    } else if (schema->is_object()) {
+      set("guided_json", ConstraintKind::kJsonSchema, schema->dump());
+    } else {
+      refuse("guided_json", "'guided_json' must be a JSON Schema, as an object or its text");
+    }
+  }
+  if (request.constraint.kind != ConstraintKind::kNone &&
+      (request.tool_choice == ToolChoice::kRequired ||
+       request.tool_choice == ToolChoice::kFunction)) {
+    refuse(request.constraint_field, "'" + request.constraint_field +
+                                         "' and 'tool_choice' both constrain the output: give "
+                                         "one");
+  }
+  try {
+    check_constraint(request.constraint);
+  } catch (const Error& error) {
+    refuse(request.constraint_field,
+           "'" + request.constraint_field + "' does not compile: " + error.what());
+  }
 }
 
 json parse_body(std::string_view body) {
@@ -533,9 +702,11 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
                                 : static_cast<uint64_t>(seed->get<int64_t>());
     request.seeded = true;
   }
-  if (auto n = fields.integer("n", 1, most); n && *n != 1) {
-    refuse("n", "'n' must be 1: this server returns one choice per request");
+  // The penalties by their rows of the sampling table: the TOML keys' names, ranges and checks.
+  for (const char* key : {"frequency_penalty", "presence_penalty", "repetition_penalty"}) {
+    apply_sampling_row(fields, key, request.sampling);
   }
+  request.logit_bias = read_logit_bias(fields.get("logit_bias"));
   if (const json* stop = fields.get("stop")) {
     if (stop->is_string()) {
       request.stop.push_back(stop->get<std::string>());
@@ -558,6 +729,8 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
   // vLLM's: generate past the model's end-of-sequence tokens (to max_tokens).
   if (auto ignore = fields.boolean("ignore_eos")) request.sampling.stop_at_eos = !*ignore;
   request.stream = fields.boolean("stream").value_or(false);
+  read_logprobs(fields, request);
+  read_choices(fields, request);
   if (const json* options = fields.get("stream_options")) {
     if (!options->is_object()) refuse("stream_options", "'stream_options' must be an object");
     if (!request.stream) {
@@ -583,18 +756,9 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
     const json* value = fields.get(name);
     return value == nullptr || (value->is_structured() && value->empty());
   };
-  fields.unsupported_unless("presence_penalty", zero("presence_penalty"));
-  fields.unsupported_unless("frequency_penalty", zero("frequency_penalty"));
-  fields.unsupported_unless("repetition_penalty", equals("repetition_penalty", 1));
-  fields.unsupported_unless("logprobs", equals("logprobs", false) || equals("logprobs", 0));
-  fields.unsupported_unless("top_logprobs", zero("top_logprobs"));
-  fields.unsupported_unless("logit_bias", empty("logit_bias"));
-  fields.unsupported_unless("echo", equals("echo", false));
-  fields.unsupported_unless("best_of", equals("best_of", 1));
   fields.unsupported_unless("suffix", equals("suffix", ""));
   fields.unsupported_unless("functions", empty("functions"));
   fields.unsupported_unless("function_call", equals("function_call", "none"));
-  fields.unsupported_unless("response_format", equals("response_format", json{{"type", "text"}}));
   // vLLM's extensions that change the output, refused unless neutral: a client moving from vLLM
   // learns here rather than from different text.
   fields.unsupported_unless("min_tokens", zero("min_tokens"));
@@ -614,9 +778,10 @@ CompletionRequest parse_completion_request(std::string_view body, Endpoint endpo
   fields.unsupported_unless("documents", false);
   fields.unsupported_unless("reasoning_effort", false);
   for (const char* guided :
-       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
+       {"guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
     fields.unsupported_unless(guided, false);
   }
+  read_constraint(fields, request);
   return request;
 }
 
@@ -704,40 +869,86 @@ json base(Endpoint endpoint, const ResponseHeader& header, bool chunk) {
 
 }  // namespace
 
-nlohmann::json completion_response(Endpoint endpoint, const ResponseHeader& header,
-                                   const std::string& text, const std::string& finish,
-                                   const nlohmann::json& usage,
-                                   const std::vector<IdentifiedCall>& calls) {
-  json response = base(endpoint, header, false);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish}};
+nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<ReportedToken>& tokens,
+                             const TokenPieces& pieces) {
+  auto bytes_of = [](const std::string& text) {
+    json list = json::array();
+    for (const char c : text) list.push_back(static_cast<uint8_t>(c));
+    return list;
+  };
   if (endpoint == Endpoint::kChat) {
-    choice["message"] = {{"role", "assistant"},
-                         {"content", calls.empty() || !text.empty() ? json(text) : json()}};
-    if (!calls.empty()) {
-      json list = json::array();
-      for (const IdentifiedCall& call : calls) {
-        list.push_back(
-            {{"id", call.id},
-             {"type", "function"},
-             {"function", {{"name", call.call.name}, {"arguments", call.call.arguments}}}});
+    json content = json::array();
+    for (const ReportedToken& token : tokens) {
+      const std::string text = pieces(token.logprob.token).bytes;
+      json top = json::array();
+      for (const TopLogprob& entry : token.logprob.top) {
+        const std::string piece = pieces(entry.token).bytes;
+        top.push_back({{"token", piece}, {"logprob", entry.logprob}, {"bytes", bytes_of(piece)}});
       }
-      choice["message"]["tool_calls"] = std::move(list);
+      content.push_back({{"token", text},
+                         {"logprob", token.logprob.logprob},
+                         {"bytes", bytes_of(text)},
+                         {"top_logprobs", std::move(top)}});
     }
-  } else {
-    choice["text"] = text;
+    return {{"content", std::move(content)}};
   }
-  response["choices"] = json::array({choice});
+  json texts = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  for (const ReportedToken& token : tokens) {
+    texts.push_back(pieces(token.logprob.token).bytes);
+    values.push_back(token.logprob.logprob);
+    json top = json::object();
+    for (const TopLogprob& entry : token.logprob.top) {
+      top[pieces(entry.token).bytes] = entry.logprob;
+    }
+    tops.push_back(std::move(top));
+    offsets.push_back(token.offset);
+  }
+  return {{"tokens", std::move(texts)},
+          {"token_logprobs", std::move(values)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+nlohmann::json completion_response(Endpoint endpoint, const ResponseHeader& header,
+                                   const std::vector<ChoiceOutput>& choices,
+                                   const nlohmann::json& usage) {
+  json response = base(endpoint, header, false);
+  json list = json::array();
+  for (size_t index = 0; index < choices.size(); ++index) {
+    const ChoiceOutput& output = choices[index];
+    json choice = {
+        {"index", index}, {"logprobs", output.logprobs}, {"finish_reason", output.finish}};
+    if (endpoint == Endpoint::kChat) {
+      const bool content = output.calls.empty() || !output.text.empty();
+      choice["message"] = {{"role", "assistant"},
+                           {"content", content ? json(output.text) : json()}};
+      if (!output.calls.empty()) {
+        json calls = json::array();
+        for (const IdentifiedCall& call : output.calls) {
+          calls.push_back(
+              {{"id", call.id},
+               {"type", "function"},
+               {"function", {{"name", call.call.name}, {"arguments", call.call.arguments}}}});
+        }
+        choice["message"]["tool_calls"] = std::move(calls);
+      }
+    } else {
+      choice["text"] = output.text;
+    }
+    list.push_back(std::move(choice));
+  }
+  response["choices"] = std::move(list);
   response["usage"] = usage;
   return response;
 }
 
-nlohmann::json completion_chunk(Endpoint endpoint, const ResponseHeader& header,
+nlohmann::json completion_chunk(Endpoint endpoint, const ResponseHeader& header, size_t index,
                                 const std::string& text, bool first,
                                 const std::optional<std::string>& finish, bool include_usage,
-                                const nlohmann::json& speculative) {
+                                const nlohmann::json& speculative, const nlohmann::json& logprobs) {
   json chunk = base(endpoint, header, true);
   json choice = {
-      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish ? json(*finish) : json()}};
+      {"index", index}, {"logprobs", logprobs}, {"finish_reason", finish ? json(*finish) : json()}};
   if (endpoint == Endpoint::kChat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
@@ -752,22 +963,23 @@ nlohmann::json completion_chunk(Endpoint endpoint, const ResponseHeader& header,
   return chunk;
 }
 
-std::vector<nlohmann::json> tool_call_chunks(const ResponseHeader& header,
-                                             const IdentifiedCall& call, size_t index, bool first,
-                                             bool include_usage) {
+std::vector<nlohmann::json> tool_call_chunks(const ResponseHeader& header, size_t index,
+                                             const IdentifiedCall& call, size_t call_index,
+                                             bool first, bool include_usage) {
   std::vector<nlohmann::json> chunks;
-  const json deltas[] = {{{"index", index},
-                          {"id", call.id},
-                          {"type", "function"},
-                          {"function", {{"name", call.call.name}, {"arguments", ""}}}},
-                         {{"index", index}, {"function", {{"arguments", call.call.arguments}}}}};
+  const json deltas[] = {
+      {{"index", call_index},
+       {"id", call.id},
+       {"type", "function"},
+       {"function", {{"name", call.call.name}, {"arguments", ""}}}},
+      {{"index", call_index}, {"function", {{"arguments", call.call.arguments}}}}};
   for (const json& entry : deltas) {
     json chunk = base(Endpoint::kChat, header, true);
     json delta = json::object();
     if (first && chunks.empty()) delta["role"] = "assistant";
     delta["tool_calls"] = json::array({entry});
     chunk["choices"] = json::array(
-        {{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+        {{{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
     if (include_usage) chunk["usage"] = nullptr;
     chunks.push_back(std::move(chunk));
   }
@@ -829,6 +1041,38 @@ nlohmann::json TextOrigins::released(std::string_view text) {
   // target's rather than vanish.
   if (at < text.size()) pieces.push_back({{"text", text.substr(at)}, {"accepted_draft", false}});
   return pieces;
+}
+
+void TokenAligner::fed(std::string_view text, const std::vector<TokenLogprob>& tokens,
+                       const std::vector<size_t>& lengths) {
+  fed_ += text.size();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const size_t length = i < lengths.size() ? lengths[i] : 0;
+    Placed placed{tokens[i], placed_, placed_ + length, offset_};
+    // The event's text ends with the last token's bytes (and those of characters its
+    // predecessors began); a token that ends inside a character runs on into the next event's.
+    if (i + 1 == tokens.size()) placed.end = std::max(placed.end, fed_);
+    placed_ = placed.end;
+    offset_ += length;
+    pending_.push_back(std::move(placed));
+  }
+}
+
+std::vector<ReportedToken> TokenAligner::released(size_t bytes) {
+  released_ += bytes;
+  std::vector<ReportedToken> out;
+  while (!pending_.empty() && pending_.front().end <= released_) {
+    out.push_back({std::move(pending_.front().logprob), pending_.front().offset});
+    pending_.pop_front();
+  }
+  return out;
+}
+
+std::vector<ReportedToken> TokenAligner::rest() {
+  std::vector<ReportedToken> out;
+  for (Placed& placed : pending_) out.push_back({std::move(placed.logprob), placed.offset});
+  pending_.clear();
+  return out;
 }
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}

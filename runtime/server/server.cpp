@@ -4,9 +4,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -97,28 +100,55 @@ struct Server::State {
 
 namespace {
 
-// One admitted request from submit to its last byte; used on its connection's thread only.
+// The events of an exchange's engine requests, handed from the engine's thread (their callbacks)
+// to the connection's. Shared with the callbacks, which may outlive the exchange.
+struct EventQueue {
+  std::mutex mutex;                             // guards `events`
+  std::condition_variable ready;                // an event was queued
+  std::deque<std::pair<size_t, Event>> events;  // (choice, event), as they came
+};
+
+// One choice of an exchange: one engine request and what its output became.
+struct Choice {
+  RequestHandle handle;     // its engine request
+  StopMatcher matcher{{}};  // the request's stop strings over its text
+  TextOrigins origins;      // which streamed text came from accepted drafts
+  TokenAligner aligner;     // which tokens the released text is made of
+  ChunkSpeculation unsent;  // the events' counts the next text chunk carries
+  // tool_choice other than "none": the text past the stop strings read for tool calls (no value:
+  // all content)
+  std::optional<ToolCallStream> tool_calls;
+  std::vector<IdentifiedCall> calls;  // the calls returned so far, in order
+  std::string text;                   // the whole content, when not streaming (echo included)
+  std::vector<ReportedToken> tokens;  // released tokens: not yet sent (streamed), or all
+  double cumulative_logprob = 0.0;    // of the tokens released, for best_of
+  int64_t completion_tokens = 0;      // up to the stop string, when one matched
+  size_t text_bytes = 0;              // bytes of its text so far (echo included): token offsets
+  bool first_chunk = true;            // a chat choice's stream opens with the assistant role
+  bool done = false;                  // its request finished and its last chunk was written
+  std::string finish;                 // its finish_reason, once done
+  RequestStats stats;                 // its request's figures, once done
+};
+
+// One admitted request from submit to its last byte; used on its connection's thread only (but
+// for `queue`).
 struct Exchange {
   Server::State* server = nullptr;
-  RequestHandle handle;
+  std::shared_ptr<EventQueue> queue = std::make_shared<EventQueue>();
+  std::vector<Choice> choices;  // best_of of them (n unless best_of says more)
+  size_t returned = 1;          // n: the choices the response has
   Endpoint endpoint = Endpoint::kCompletions;
   bool stream = false;
   bool include_usage = false;
+  bool report_logprobs = false;  // the client asked for logprobs (best_of asks for itself too)
+  std::string echo;              // completions' echo: the prompt text each choice begins with
+  bool started = false;          // the first call of provide() (echoes the prompt) is past
   ResponseHeader header;
-  StopMatcher matcher{{}};
   Clock::time_point arrived;
   std::optional<Clock::time_point> last_text;  // when text was last sent, for the latencies
   Clock::time_point last_write;                // when bytes were last written, for heartbeats
-  std::string text;                            // the whole completion, when not streaming
-  int64_t completion_tokens = 0;               // up to the stop string, when one matched
-  TextOrigins origins;                         // which streamed text came from accepted drafts
-  ChunkSpeculation unsent;                     // the events' counts the next text chunk carries
-  bool first_chunk = true;                     // chat streams open with the assistant role
   bool finished = false;                       // the final bytes were written
-  // tool_choice "auto": the text past the stop strings read for tool calls (no value: all content)
-  std::optional<ToolCallStream> tool_calls;
-  bool parallel_tool_calls = true;    // false: calls after the first are not returned
-  std::vector<IdentifiedCall> calls;  // the calls returned so far, in order
+  bool parallel_tool_calls = true;  // false: calls after a choice's first are not returned
 };
 
 bool write(httplib::DataSink& sink, const std::string& bytes) {
@@ -140,73 +170,150 @@ void sent(Exchange& exchange) {
   exchange.last_text = now;
 }
 
+TokenPiece token_piece(const Exchange& exchange, int32_t token) {
+  return exchange.server->engine->token_piece(token);
+}
+
+// The logprobs of a choice's tokens released since its last chunk (null where none were asked),
+// which the chunk takes.
+json take_logprobs(Exchange& exchange, Choice& choice) {
+  if (!exchange.report_logprobs) return nullptr;
+  json logprobs = logprobs_json(exchange.endpoint, choice.tokens,
+                                [&](int32_t token) { return token_piece(exchange, token); });
+  choice.tokens.clear();
+  return logprobs;
+}
+
+// Tokens the choice's stop matcher released: kept for its next chunk, or for the response.
+void released_tokens(Choice& choice, std::vector<ReportedToken> tokens, size_t echo) {
+  for (ReportedToken& token : tokens) {
+    choice.cumulative_logprob += token.logprob.logprob;
+    token.offset += echo;
+    choice.tokens.push_back(std::move(token));
+  }
+}
+
 // Content that became sendable: streamed as a chunk, or kept for the JSON body. `pieces` says
 // which of it came from accepted drafts (null where tool-call parsing rearranged the text).
-bool emit_content(Exchange& exchange, httplib::DataSink& sink, const std::string& text,
-                  const json& pieces) {
+bool emit_content(Exchange& exchange, size_t index, httplib::DataSink& sink,
+                  const std::string& text, const json& pieces) {
   if (text.empty()) return true;
+  Choice& choice = exchange.choices[index];
   sent(exchange);
+  choice.text_bytes += text.size();
   if (!exchange.stream) {
-    exchange.text += text;
+    choice.text += text;
     return true;
   }
-  const bool first = exchange.first_chunk;
-  exchange.first_chunk = false;
+  const bool first = choice.first_chunk;
+  choice.first_chunk = false;
   exchange.last_write = Clock::now();  // (a JSON body's heartbeats go on: nothing is written)
-  const json speculative = chunk_speculative_json(exchange.unsent, pieces);
-  exchange.unsent = {};
-  return write_event(sink, completion_chunk(exchange.endpoint, exchange.header, text, first,
-                                            std::nullopt, exchange.include_usage, speculative));
+  const json speculative = chunk_speculative_json(choice.unsent, pieces);
+  choice.unsent = {};
+  return write_event(
+      sink, completion_chunk(exchange.endpoint, exchange.header, index, text, first, std::nullopt,
+                             exchange.include_usage, speculative, take_logprobs(exchange, choice)));
 }
 
 // A tool call read from the output: streamed as its chunks, or kept for the JSON body.
-bool emit_call(Exchange& exchange, httplib::DataSink& sink, ToolCall call) {
-  if (!exchange.parallel_tool_calls && !exchange.calls.empty()) return true;
+bool emit_call(Exchange& exchange, size_t index, httplib::DataSink& sink, ToolCall call) {
+  Choice& choice = exchange.choices[index];
+  if (!exchange.parallel_tool_calls && !choice.calls.empty()) return true;
   sent(exchange);
-  exchange.calls.push_back({exchange.server->new_id("call_"), std::move(call)});
+  choice.calls.push_back({exchange.server->new_id("call_"), std::move(call)});
   if (!exchange.stream) return true;
-  const bool first = exchange.first_chunk;
-  exchange.first_chunk = false;
+  const bool first = choice.first_chunk;
+  choice.first_chunk = false;
   exchange.last_write = Clock::now();
   for (const json& chunk :
-       tool_call_chunks(exchange.header, exchange.calls.back(), exchange.calls.size() - 1, first,
+       tool_call_chunks(exchange.header, index, choice.calls.back(), choice.calls.size() - 1, first,
                         exchange.include_usage)) {
     if (!write_event(sink, chunk)) return false;
   }
   return true;
 }
 
-// Text the stop strings released: content, or read for tool calls first. `end`: the output
+// Text a choice's stop strings released: content, or read for tool calls first. `end`: the output
 // ended, so nothing is held back any more.
-bool emit(Exchange& exchange, httplib::DataSink& sink, const std::string& text, bool end = false) {
-  if (!exchange.tool_calls) {
-    return emit_content(exchange, sink, text,
-                        exchange.stream ? exchange.origins.released(text) : json());
+bool emit(Exchange& exchange, size_t index, httplib::DataSink& sink, const std::string& text,
+          bool end = false) {
+  Choice& choice = exchange.choices[index];
+  if (!choice.tool_calls) {
+    return emit_content(exchange, index, sink, text,
+                        exchange.stream ? choice.origins.released(text) : json());
   }
-  if (exchange.stream) exchange.origins.released(text);  // kept in step; not told per chunk
-  std::vector<ToolCallPiece> pieces = exchange.tool_calls->feed(text);
+  if (exchange.stream) choice.origins.released(text);  // kept in step; not told per chunk
+  std::vector<ToolCallPiece> pieces = choice.tool_calls->feed(text);
   if (end) {
-    for (ToolCallPiece& piece : exchange.tool_calls->finish()) pieces.push_back(std::move(piece));
+    for (ToolCallPiece& piece : choice.tool_calls->finish()) pieces.push_back(std::move(piece));
   }
   for (ToolCallPiece& piece : pieces) {
-    const bool written = piece.is_call ? emit_call(exchange, sink, std::move(piece.call))
-                                       : emit_content(exchange, sink, piece.content, json());
+    const bool written = piece.is_call ? emit_call(exchange, index, sink, std::move(piece.call))
+                                       : emit_content(exchange, index, sink, piece.content, json());
     if (!written) return false;
   }
   return true;
 }
 
-// The request ended: the last text, the finish reason and the usage, or an error.
-bool finish(Exchange& exchange, httplib::DataSink& sink) {
-  const bool stopped = exchange.matcher.stopped();
-  if (!emit(exchange, sink, exchange.matcher.flush(), /*end=*/true)) return false;
-  const Result result = exchange.handle.wait();
+// Every choice is done: the usage and the end of the stream, or the whole response.
+bool finish_exchange(Exchange& exchange, httplib::DataSink& sink) {
+  const Choice& lead = exchange.choices.front();
+  exchange.server->metrics.request_finished(lead.finish);
+  // The prompt once (every choice's is the same); the completion tokens of every choice made.
+  int64_t completion_tokens = 0;
+  for (const Choice& choice : exchange.choices) completion_tokens += choice.completion_tokens;
+  const json usage =
+      usage_json(lead.stats.prompt_tokens, completion_tokens, lead.stats.cached_prompt_tokens);
+  exchange.finished = true;
+  bool written = true;
+  if (exchange.stream) {
+    if (exchange.include_usage) {
+      written = write_event(sink, usage_chunk(exchange.endpoint, exchange.header, usage));
+    }
+    written = written && write(sink, "data: [DONE]\n\n");
+  } else {
+    // best_of: the n choices whose tokens are likeliest together, in that order.
+    std::vector<size_t> order(exchange.choices.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (exchange.returned < order.size()) {
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return exchange.choices[a].cumulative_logprob > exchange.choices[b].cumulative_logprob;
+      });
+      order.resize(exchange.returned);
+    }
+    std::vector<ChoiceOutput> outputs;
+    for (const size_t i : order) {
+      Choice& choice = exchange.choices[i];
+      json logprobs = take_logprobs(exchange, choice);
+      outputs.push_back({choice.text, choice.finish, choice.calls, std::move(logprobs)});
+    }
+    json response = completion_response(exchange.endpoint, exchange.header, outputs, usage);
+    response["speculative"] = speculative_json(exchange.choices[order.front()].stats);
+    written = write(sink, dump(response));
+  }
+  sink.done();
+  return written;
+}
+
+// A choice's request ended: its last text and finish reason (streamed: its last chunk); an error
+// ends the whole response.
+bool finish_choice(Exchange& exchange, size_t index, httplib::DataSink& sink) {
+  Choice& choice = exchange.choices[index];
+  const bool stopped = choice.matcher.stopped();
+  const std::string rest = choice.matcher.flush();
+  const size_t echo = exchange.echo.size();
+  released_tokens(choice, choice.aligner.released(rest.size()), echo);
+  // Without a stop string every token is the output's, whatever its text.
+  if (!stopped) released_tokens(choice, choice.aligner.rest(), echo);
+  if (!emit(exchange, index, sink, rest, /*end=*/true)) return false;
+  const Result result = choice.handle.wait();
   exchange.server->metrics.request_stats(result.stats);
   std::optional<std::string> reason = finish_reason(result.reason, stopped);
   // As vLLM: an output that called a tool ends for that reason.
-  if (reason && !exchange.calls.empty()) reason = "tool_calls";
-  exchange.finished = true;
+  if (reason && !choice.calls.empty()) reason = "tool_calls";
   if (!reason) {
+    exchange.finished = true;
+    for (Choice& other : exchange.choices) other.handle.cancel();
     const bool shutdown = result.reason == FinishReason::kShutdown;
     exchange.server->metrics.request_finished(shutdown ? "shutdown" : to_string(result.reason));
     const ApiError error =
@@ -218,43 +325,77 @@ bool finish(Exchange& exchange, httplib::DataSink& sink) {
     sink.done();
     return written;
   }
-  exchange.server->metrics.request_finished(*reason);
-  const json usage = usage_json(result.stats.prompt_tokens, exchange.completion_tokens,
-                                result.stats.cached_prompt_tokens);
-  bool written = true;
+  choice.done = true;
+  choice.finish = *reason;
+  choice.stats = result.stats;
   if (exchange.stream) {
-    written = write_event(
-        sink, completion_chunk(exchange.endpoint, exchange.header, "", exchange.first_chunk, reason,
-                               exchange.include_usage, speculative_json(result.stats)));
-    if (written && exchange.include_usage) {
-      written = write_event(sink, usage_chunk(exchange.endpoint, exchange.header, usage));
+    const bool first = choice.first_chunk;
+    choice.first_chunk = false;
+    if (!write_event(sink,
+                     completion_chunk(exchange.endpoint, exchange.header, index, "", first, reason,
+                                      exchange.include_usage, speculative_json(result.stats),
+                                      take_logprobs(exchange, choice)))) {
+      return false;
     }
-    written = written && write(sink, "data: [DONE]\n\n");
-  } else {
-    json response = completion_response(exchange.endpoint, exchange.header, exchange.text, *reason,
-                                        usage, exchange.calls);
-    response["speculative"] = speculative_json(result.stats);
-    written = write(sink, dump(response));
   }
-  sink.done();
-  return written;
+  for (const Choice& other : exchange.choices) {
+    if (!other.done) return true;
+  }
+  return finish_exchange(exchange, sink);
+}
+
+// One event of a choice's request.
+bool take_event(Exchange& exchange, size_t index, const Event& event, httplib::DataSink& sink) {
+  Choice& choice = exchange.choices[index];
+  if (!choice.matcher.stopped()) {
+    const auto tokens = static_cast<int64_t>(event.tokens.size());
+    choice.completion_tokens += tokens;
+    choice.unsent.tokens += tokens;
+    choice.unsent.drafted += event.drafted;
+    choice.unsent.accepted_drafts += event.accepted_drafts;
+    if (exchange.stream) choice.origins.fed(event.text, event.accepted_text);
+    if (!event.logprobs.empty()) {
+      // Each token's length in the text, which places it there (a special token has none).
+      std::vector<size_t> lengths;
+      for (const int32_t token : event.tokens) {
+        const TokenPiece piece = token_piece(exchange, token);
+        lengths.push_back(piece.special ? 0 : piece.bytes.size());
+      }
+      choice.aligner.fed(event.text, event.logprobs, lengths);
+    }
+    const std::string released = choice.matcher.feed(event.text);
+    released_tokens(choice, choice.aligner.released(released.size()), exchange.echo.size());
+    if (!emit(exchange, index, sink, released)) return false;
+    // A stop string ends the completion: the engine stops at its next step.
+    if (choice.matcher.stopped()) choice.handle.cancel();
+  }
+  if (event.finished) return finish_choice(exchange, index, sink);
+  return true;
 }
 
 // Called by cpp-httplib on the connection's thread until the response is complete; returning false
-// (a write failed: the client went away) ends the connection and the releaser cancels the request.
+// (a write failed: the client went away) ends the connection and the releaser cancels the requests.
 bool provide(Exchange& exchange, httplib::DataSink& sink) {
-  if (std::optional<Event> event = exchange.handle.next(kHeartbeat)) {
-    if (!exchange.matcher.stopped()) {
-      exchange.completion_tokens += static_cast<int64_t>(event->tokens.size());
-      exchange.unsent.tokens += static_cast<int64_t>(event->tokens.size());
-      exchange.unsent.drafted += event->drafted;
-      exchange.unsent.accepted_drafts += event->accepted_drafts;
-      if (exchange.stream) exchange.origins.fed(event->text, event->accepted_text);
-      if (!emit(exchange, sink, exchange.matcher.feed(event->text))) return false;
-      // A stop string ends the completion: the engine stops at its next step.
-      if (exchange.matcher.stopped()) exchange.handle.cancel();
+  if (!exchange.started) {
+    exchange.started = true;
+    // echo: each choice begins with the prompt, streamed as its first chunk.
+    for (size_t index = 0; index < exchange.choices.size(); ++index) {
+      if (!emit_content(exchange, index, sink, exchange.echo, json())) return false;
     }
-    if (event->finished) return finish(exchange, sink);
+  }
+  std::optional<std::pair<size_t, Event>> next;
+  {
+    std::unique_lock lock(exchange.queue->mutex);
+    exchange.queue->ready.wait_for(lock, kHeartbeat,
+                                   [&] { return !exchange.queue->events.empty(); });
+    if (!exchange.queue->events.empty()) {
+      next = std::move(exchange.queue->events.front());
+      exchange.queue->events.pop_front();
+    }
+  }
+  if (next) {
+    if (!take_event(exchange, next->first, next->second, sink)) return false;
+    if (exchange.finished) return true;
   }
   // Whatever holds the text back (the engine, a stop string's prefix, a JSON body kept whole), the
   // client hears something every kHeartbeat; the write fails once it has gone away.
@@ -300,9 +441,30 @@ Request Server::State::engine_request(const CompletionRequest& parsed) {
     }
   }
   request.sampling = parsed.sampling;
-  // Without a seed each request draws its own, as OpenAI's API samples; with one it reproduces.
-  if (!parsed.seeded) request.sampling->seed = draw();
   request.speculation = parsed.speculation;
+  request.logit_bias = parsed.logit_bias;
+  // best_of ranks its choices by their tokens' log-probabilities: it asks for them itself.
+  request.logprobs =
+      parsed.best_of > parsed.n ? std::max<int64_t>(parsed.logprobs, 0) : parsed.logprobs;
+  if (request.logprobs >= 0 && !engine->info().has_tokenizer) {
+    throw ApiException(ApiError{400, "invalid_request_error",
+                                "'logprobs' shows tokens as text, and the model has no tokenizer",
+                                "logprobs", ""});
+  }
+  request.constraint = parsed.constraint;
+  if (parsed.tool_choice == ToolChoice::kRequired || parsed.tool_choice == ToolChoice::kFunction) {
+    // The output is forced into calls that the template's format reads back.
+    try {
+      request.constraint = {
+          ConstraintKind::kGbnf,
+          tool_call_grammar(
+              tool_call_format(chat_template->source()), parsed.chat.tools, parsed.tool_function,
+              parsed.tool_choice == ToolChoice::kRequired && parsed.parallel_tool_calls)};
+    } catch (const Error& error) {
+      throw ApiException(ApiError{400, "invalid_request_error",
+                                  std::string("'tool_choice': ") + error.what(), "tools", ""});
+    }
+  }
   return request;
 }
 
@@ -357,28 +519,60 @@ void Server::State::completion(const std::string& body, httplib::Response& respo
   auto exchange = std::make_shared<Exchange>();
   try {
     const CompletionRequest parsed = parse_completion_request(body, endpoint, defaults, model_name);
-    const Request request = engine_request(parsed);
-    try {
-      exchange->handle = engine->submit(request);
-    } catch (const Error& error) {
-      const std::string message = error.what();
-      if (message.find("shut down") != std::string::npos) {
-        throw ApiException(server_error(503, "the server is shutting down"));
-      }
-      const bool too_long = message.find("context limit") != std::string::npos;
-      throw ApiException(ApiError{400, "invalid_request_error", message,
-                                  endpoint == Endpoint::kChat ? "messages" : "prompt",
-                                  too_long ? "context_length_exceeded" : ""});
-    }
+    Request request = engine_request(parsed);
     exchange->server = this;
     exchange->endpoint = endpoint;
     exchange->stream = parsed.stream;
     exchange->include_usage = parsed.include_usage;
-    exchange->matcher = StopMatcher(parsed.stop);
-    if (endpoint == Endpoint::kChat && parsed.tool_choice == ToolChoice::kAuto) {
-      exchange->tool_calls.emplace(tool_call_format(chat_template->source()));
+    exchange->report_logprobs = parsed.logprobs >= 0;
+    exchange->returned = static_cast<size_t>(parsed.n);
+    if (parsed.echo) {
+      exchange->echo =
+          parsed.prompt_ids.empty() ? parsed.prompt : engine->detokenize(parsed.prompt_ids);
     }
-    exchange->parallel_tool_calls = parsed.parallel_tool_calls;
+    exchange->parallel_tool_calls =
+        parsed.parallel_tool_calls && parsed.tool_choice != ToolChoice::kFunction;
+    exchange->choices.resize(static_cast<size_t>(parsed.best_of));
+    // Each choice is a request of its own: the same prompt (its KV blocks shared through the
+    // prefix cache), choice i seeded seed + i where the request gives a seed, each drawing its
+    // own otherwise, as OpenAI's API samples.
+    const uint64_t seed = parsed.seeded ? parsed.sampling.seed : 0;
+    for (size_t index = 0; index < exchange->choices.size(); ++index) {
+      Choice& choice = exchange->choices[index];
+      request.sampling->seed = parsed.seeded ? seed + index : draw();
+      choice.matcher = StopMatcher(parsed.stop);
+      if (endpoint == Endpoint::kChat && parsed.tool_choice != ToolChoice::kNone) {
+        choice.tool_calls.emplace(tool_call_format(chat_template->source()));
+      }
+      try {
+        choice.handle =
+            engine->submit(request, [queue = exchange->queue, index](const Event& event) {
+              {
+                std::lock_guard lock(queue->mutex);
+                queue->events.emplace_back(index, event);
+              }
+              queue->ready.notify_one();
+            });
+      } catch (const Error& error) {
+        for (size_t earlier = 0; earlier < index; ++earlier) {
+          exchange->choices[earlier].handle.cancel();
+        }
+        const std::string message = error.what();
+        if (message.find("shut down") != std::string::npos) {
+          throw ApiException(server_error(503, "the server is shutting down"));
+        }
+        const bool too_long = message.find("context limit") != std::string::npos;
+        // The field the engine's check names, else the prompt's.
+        std::string param = endpoint == Endpoint::kChat ? "messages" : "prompt";
+        if (message.starts_with("logit_bias")) param = "logit_bias";
+        if (message.starts_with("constraint") || message.starts_with("JSON schema") ||
+            message.starts_with("the request's grammar")) {
+          param = parsed.constraint_field.empty() ? "tool_choice" : parsed.constraint_field;
+        }
+        throw ApiException(ApiError{400, "invalid_request_error", message, param,
+                                    too_long ? "context_length_exceeded" : ""});
+      }
+    }
     exchange->header = {new_id(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"),
                         static_cast<int64_t>(std::time(nullptr)), model_name};
     exchange->arrived = Clock::now();
@@ -402,7 +596,7 @@ void Server::State::completion(const std::string& body, httplib::Response& respo
       [exchange](size_t, httplib::DataSink& sink) { return provide(*exchange, sink); },
       [this, exchange](bool) {
         if (!exchange->finished) {
-          exchange->handle.cancel();
+          for (Choice& choice : exchange->choices) choice.handle.cancel();
           metrics.request_finished("cancelled");
         }
         in_flight.fetch_sub(1);

@@ -1,5 +1,7 @@
 #include "runtime/server/tool_calls.h"
 
+#include "specrun/specrun.hpp"
+
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -303,6 +305,44 @@ std::vector<ToolCallPiece> ToolCallStream::finish() {
   if (!called_) release(std::move(held_space_), out);
   held_space_.clear();
   return out;
+}
+
+std::string tool_call_grammar(ToolCallFormat format, const nlohmann::ordered_json& tools,
+                              const std::string& only, bool many) {
+  using json = nlohmann::ordered_json;
+  if (format == ToolCallFormat::kNone) throw Error("tool calls: the template has no call format");
+  // One JSON Schema over every allowed call, so that the calls share one compiled document: an
+  // anyOf of {"name": const, <arguments>: parameters}, both required, in the format's order.
+  const char* arguments = format == ToolCallFormat::kHermes ? "arguments" : "parameters";
+  json alternatives = json::array();
+  for (const json& tool : tools) {
+    const json& function = tool["function"];
+    const std::string name = function["name"].get<std::string>();
+    if (!only.empty() && name != only) continue;
+    json parameters = function.contains("parameters") && function["parameters"].is_object() &&
+                              !function["parameters"].empty()
+                          ? function["parameters"]
+                          : json{{"type", "object"}};
+    alternatives.push_back(
+        {{"type", "object"},
+         {"properties", {{"name", {{"const", name}}}, {arguments, std::move(parameters)}}},
+         {"required", json::array({"name", arguments})},
+         {"additionalProperties", false}});
+  }
+  if (alternatives.empty()) throw Error("tool calls: no tool named '" + only + "'");
+  const json schema =
+      alternatives.size() == 1 ? alternatives[0] : json{{"anyOf", std::move(alternatives)}};
+  std::string grammar;
+  try {
+    grammar = json_schema_gbnf(schema.dump(), "tool-call");
+  } catch (const Error& error) {
+    throw Error(std::string("tool calls: the tools' parameters do not compile: ") + error.what());
+  }
+  const std::string call = format == ToolCallFormat::kHermes
+                               ? "\"<tool_call>\\n\" tool-call \"\\n</tool_call>\""
+                               : "tool-call";
+  const std::string separator = format == ToolCallFormat::kHermes ? "\"\\n\"" : "\"; \"";
+  return "root ::= " + call + (many ? " (" + separator + " " + call + ")*" : "") + "\n" + grammar;
 }
 
 }  // namespace specrun::server

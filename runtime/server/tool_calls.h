@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace specrun::server {
 
 // How a model writes its tool calls.
@@ -46,6 +48,17 @@ struct ParsedOutput {
 // dropped. Llama: the output (after whitespace and <|python_tag|>) is calls separated by ';' and
 // nothing else, or it is all content. kNone: all content.
 ParsedOutput parse_tool_calls(ToolCallFormat format, std::string_view text);
+
+// tool_choice "required" and a named function: the GBNF grammar whose sentences are exactly calls
+// in `format` that parse_tool_calls reads, each call's arguments valid against its function's
+// `parameters` (JSON Schema; none, or an empty schema: an object without members). Hermes: blocks
+// "<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>" separated by "\n"; Llama:
+// {"name": ..., "parameters": {...}} objects separated by "; ", without <|python_tag|> (a special
+// token, which the output's text drops). `tools` is the request's, checked (checked_tools);
+// `only` restricts the calls to that function ("" any of them); `many`: one or more calls, else
+// exactly one. Throws specrun::Error (a function's parameters that do not compile, naming it).
+std::string tool_call_grammar(ToolCallFormat format, const nlohmann::ordered_json& tools,
+                              const std::string& only, bool many);
 
 // One piece of a streamed output, in order: content text, or a complete call.
 struct ToolCallPiece {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace specrun {
@@ -22,6 +23,14 @@ struct TokenLogprob {
   float logprob = 0.0f;         // its natural log-probability
   std::vector<TopLogprob> top;  // the most likely tokens at its position, highest first (the
                                 // lower id among equals), as many as the request asked
+};
+
+// What a token is in text (Engine::token_piece): the bytes it adds to detokenized text, a
+// byte-level token's raw bytes possibly part of a UTF-8 character; a special token, which
+// detokenized text skips, by its content ("<|eot_id|>") with `special` set.
+struct TokenPiece {
+  std::string bytes;     // the token's bytes ("" for an id the tokenizer does not know)
+  bool special = false;  // a special token: `bytes` is its content, absent from the text
 };
 
 }  // namespace specrun

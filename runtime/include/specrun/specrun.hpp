@@ -101,6 +101,17 @@ struct OutputConstraint {
   std::string text{};  // kJsonSchema: the schema as JSON; kGbnf: the grammar; else ""
 };
 
+// Checks `constraint` as submit() would (its schema or grammar compiled), without a model, so
+// that a front end can refuse a bad one before it has anything to submit. Throws Error naming
+// what is wrong (the keyword and its JSON path, the grammar's line and column).
+void check_constraint(const OutputConstraint& constraint);
+
+// The GBNF text of the JSON Schema `schema` (JSON text; properties in the order it writes them),
+// whose top rule is named `root_rule` rather than `root`: a GBNF grammar that defines `root` and
+// the other rules may then embed it (a tool call inside its tags). Its other rule names begin
+// "s-" or "json-", or are "ws". Throws Error as a kJsonSchema constraint's would.
+std::string json_schema_gbnf(const std::string& schema, const std::string& root_rule = "root");
+
 struct Request {
   std::string prompt{};                              // text; BOS is added as the tokenizer says
   std::vector<int32_t> prompt_ids{};                 // or token ids (then `prompt` must be empty)
@@ -286,6 +297,8 @@ class Engine {
   // text does.
   std::vector<int32_t> tokenize(const std::string& text, bool add_special_tokens = true) const;
   std::string detokenize(const std::vector<int32_t>& tokens) const;
+  // A token as log-probabilities show it (OpenAI's "token" and "bytes"); Error without a tokenizer.
+  TokenPiece token_piece(int32_t token) const;
 
  private:
   class Impl;
