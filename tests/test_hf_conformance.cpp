@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -17,6 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/logprobs.h"
+#include "runtime/engine/batch_engine.h"
 #include "runtime/model/safetensors.h"
 #include "tests/hf_conformance.h"
 
@@ -68,6 +71,63 @@ TEST_P(HfConformanceTest, LogitsAndGreedyContinuationMatchTransformers) {
   EXPECT_EQ(c.greedy_failures, 0) << "greedy choices differ where the reference has a clear "
                                      "margin; first at "
                                   << c.first_greedy_failure;
+}
+
+// Log-probabilities as a client reads them (Request::logprobs) against transformers' logits: the
+// log-softmax of its row at each generated token, and at each of the top tokens reported. The
+// engine runs speculatively with the model drafting for itself (every draft accepted), so most
+// tokens' log-probabilities come from rows scored after drafts. A log-probability is a logit less
+// the row's log-sum-exp, each within the logits' bound, so twice the bound holds it.
+TEST(HfLogprobs, SpeculativeLogprobsAreTransformersLogSoftmax) {
+  for (const std::string name : {"llama_gqa_f32", "gemma3_local_global_f32"}) {
+    testing::TempDir scratch;
+    std::string skip_reason;
+    const std::filesystem::path directory = testing::hf_reference_dir(name, scratch, &skip_reason);
+    if (directory.empty()) GTEST_SKIP() << skip_reason;
+    const testing::HfReference reference = testing::load_hf_reference(directory, name);
+    auto backend = testing::make_cpu_backend(2);
+    ModelOptions options;
+    options.kv_cache_tokens = 1024;
+    options.kv_cache_dtype = DType::kF32;
+    auto target = Model::load(directory / name, *backend, options);
+    auto draft = Model::load(directory / name, *backend, options);
+    BatchEngine engine(*target, draft.get(), {});
+    int64_t compared = 0, accepted = 0;
+    for (const testing::HfReference::Prompt& prompt : reference.prompts) {
+      EngineRequest request;
+      request.prompt = prompt.tokens;
+      request.sampling = testing::greedy(static_cast<int64_t>(prompt.continuation.size()));
+      request.speculation =
+          testing::speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, 4);
+      request.logprobs = 5;
+      const Completion result = engine.run(std::move(request));
+      ASSERT_EQ(result.logprobs.size(), result.tokens.size()) << result.error;
+      accepted += result.stats.accepted;
+      const auto length = static_cast<int64_t>(prompt.tokens.size());
+      for (size_t i = 0; i < result.tokens.size(); ++i) {
+        // Past a near tie the two may continue differently; the logits test judges those.
+        if (result.tokens[i] != prompt.continuation[i]) break;
+        const std::span<const float> row =
+            reference.row(prompt, length - 1 + static_cast<int64_t>(i));
+        const double total = kernels::cpu::log_sum_exp(row);
+        float largest = 0.0f;
+        for (const float x : row) largest = std::max(largest, std::abs(x));
+        const double bound = 2 * kTolerance * largest;
+        const auto expected = [&](int32_t token) {
+          return static_cast<double>(row[static_cast<size_t>(token)]) - total;
+        };
+        const TokenLogprob& logprob = result.logprobs[i];
+        EXPECT_NEAR(logprob.logprob, expected(result.tokens[i]), bound) << name << " token " << i;
+        ASSERT_EQ(logprob.top.size(), 5u);
+        for (const TopLogprob& top : logprob.top) {
+          EXPECT_NEAR(top.logprob, expected(top.token), bound) << name << " token " << i;
+        }
+        ++compared;
+      }
+    }
+    EXPECT_GT(compared, 100) << name;
+    EXPECT_GT(accepted, compared / 2) << name << ": few rows after drafts were compared";
+  }
 }
 
 // A deliberate break of an f32 case's model: its config.json edited by `edit_config`, and each

@@ -799,7 +799,8 @@ ChatPrompt parse_chat_prompt(std::string_view body) {
   }
   std::string keys;
   for (const char* key : kChatPromptKeys) keys += (keys.empty() ? "" : ", ") + std::string(key);
-  for (const auto& [key, unused] : document.items()) {
+  for (const auto& item : document.items()) {
+    const std::string& key = item.key();
     if (std::find_if(std::begin(kChatPromptKeys), std::end(kChatPromptKeys),
                      [&](const char* known) { return key == known; }) ==
         std::end(kChatPromptKeys)) {
