@@ -59,6 +59,50 @@ void LogprobReader::collect() {
                    "reading the log-probabilities");
 }
 
+std::vector<TokenLogprob> LogprobReader::read_prompt(const float* logits, int64_t vocab,
+                                                     std::span<const int32_t> next, int64_t top) {
+  const auto rows = static_cast<int64_t>(next.size());
+  std::vector<TokenLogprob> logprobs;
+  if (rows == 0) return logprobs;
+  // Slots, then the tokens they index, in; the chosen log-probabilities and top tokens out.
+  std::vector<int32_t> inputs(static_cast<size_t>(2 * rows));
+  for (int64_t j = 0; j < rows; ++j) {
+    inputs[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+    inputs[static_cast<size_t>(rows + j)] = next[static_cast<size_t>(j)];
+  }
+  std::vector<uint32_t> outputs(static_cast<size_t>(rows * (1 + 2 * top)));
+  DeviceBuffer buffer(backend_, (inputs.size() + outputs.size()) * sizeof(uint32_t),
+                      "the prompt's log-probabilities");
+  auto* slots = buffer.as<int32_t>();
+  SPECRUN_CHECK_OK(backend_.copy_to_device(slots, inputs.data(), inputs.size() * sizeof(int32_t)),
+                   "uploading the prompt's tokens");
+  auto* chosen = reinterpret_cast<float*>(slots + 2 * rows);
+  auto* top_tokens = reinterpret_cast<int32_t*>(chosen + rows);
+  auto* top_logprobs = reinterpret_cast<float*>(top_tokens + rows * top);
+  SPECRUN_CHECK_OK(backend_.token_logprobs({rows, vocab, top}, logits, slots, slots + rows, chosen,
+                                           top_tokens, top_logprobs),
+                   "reading the prompt's log-probabilities");
+  SPECRUN_CHECK_OK(backend_.copy_to_host(outputs.data(), chosen, outputs.size() * sizeof(uint32_t)),
+                   "reading the prompt's log-probabilities");
+  const auto as_float = [](uint32_t bits) {
+    float value;
+    std::memcpy(&value, &bits, sizeof(value));
+    return value;
+  };
+  for (int64_t j = 0; j < rows; ++j) {
+    TokenLogprob& logprob = logprobs.emplace_back();
+    logprob.token = next[static_cast<size_t>(j)];
+    logprob.logprob = as_float(outputs[static_cast<size_t>(j)]);
+    for (int64_t k = 0; k < top; ++k) {
+      const auto token = static_cast<int32_t>(outputs[static_cast<size_t>(rows + j * top + k)]);
+      if (token < 0) break;
+      logprob.top.push_back(
+          {token, as_float(outputs[static_cast<size_t>(rows + rows * top + j * top + k)])});
+    }
+  }
+  return logprobs;
+}
+
 TokenLogprob LogprobReader::at(int64_t b, int64_t i) const {
   const int64_t first = first_[static_cast<size_t>(b)];
   SPECRUN_CHECK(first >= 0 && pending_) << "row " << b << " asked for no log-probabilities";

@@ -32,6 +32,12 @@ class LogprobReader {
   // Row b's log-probabilities at its position i (0: the token p_0 decided), as collected.
   TokenLogprob at(int64_t b, int64_t i) const;
 
+  // A prompt's log-probabilities (a client's echo): row j of `logits` ([next.size(), vocab], on the
+  // backend, as a prefill left them) at next[j], the prompt's token after the one it followed,
+  // with `top` top tokens; read back at once (a prefill is not a step: this wait is its own).
+  std::vector<TokenLogprob> read_prompt(const float* logits, int64_t vocab,
+                                        std::span<const int32_t> next, int64_t top);
+
  private:
   kernels::Backend& backend_;
   bool pending_ = false;

@@ -165,6 +165,7 @@ void deliver(detail::RequestState& state, BatchEngine& batch, const RequestUpdat
     event.drafted = update.drafted;
     event.accepted_drafts = update.accepted_drafts;
     event.logprobs.assign(update.logprobs.begin(), update.logprobs.end());
+    event.prompt_logprobs.assign(update.prompt_logprobs.begin(), update.prompt_logprobs.end());
     for (size_t i = 0; i < event.tokens.size(); ++i) {
       state.token_ms.push_back(ms_between(state.submitted, now));
     }
@@ -209,6 +210,8 @@ void deliver(detail::RequestState& state, BatchEngine& batch, const RequestUpdat
   result.request = update.id;
   result.tokens.insert(result.tokens.end(), update.tokens.begin(), update.tokens.end());
   result.logprobs.insert(result.logprobs.end(), update.logprobs.begin(), update.logprobs.end());
+  result.prompt_logprobs.insert(result.prompt_logprobs.end(), update.prompt_logprobs.begin(),
+                                update.prompt_logprobs.end());
   result.text += event.text;
   if (update.finished) {
     result.reason = failure.empty() ? update.reason : FinishReason::kFailed;
@@ -501,6 +504,7 @@ RequestHandle Engine::submit(const Request& request, StreamCallback on_event) {
   internal.prompt = prompt_tokens(core, request);
   internal.logit_bias = request.logit_bias;
   internal.logprobs = request.logprobs;
+  internal.prompt_logprobs = request.prompt_logprobs;
   try {
     validate_prompt(*core.target, internal.prompt);
     if (request.constraint.kind != ConstraintKind::kNone) {

@@ -75,6 +75,11 @@ RequestId BatchEngine::submit(EngineRequest request, UpdateCallback on_update) {
     throw Error("logprobs must be -1 (none) or top tokens in [0, " +
                 std::to_string(kMaxTopLogprobs) + "], got " + std::to_string(request.logprobs));
   }
+  if (request.prompt_logprobs < -1 || request.prompt_logprobs > kMaxTopLogprobs) {
+    throw Error("prompt_logprobs must be -1 (none) or top tokens in [0, " +
+                std::to_string(kMaxTopLogprobs) + "], got " +
+                std::to_string(request.prompt_logprobs));
+  }
 
   auto sequence = std::make_unique<Sequence>();
   sequence->drafts_with_model =
@@ -144,6 +149,9 @@ std::vector<Completion> BatchEngine::run(std::vector<EngineRequest> requests) {
                                  update.tokens.end());
         completion.logprobs.insert(completion.logprobs.end(), update.logprobs.begin(),
                                    update.logprobs.end());
+        completion.prompt_logprobs.insert(completion.prompt_logprobs.end(),
+                                          update.prompt_logprobs.begin(),
+                                          update.prompt_logprobs.end());
         if (!update.finished) return;
         completion.reason = update.reason;
         completion.error = update.error;
@@ -227,6 +235,7 @@ void BatchEngine::State::finish(std::unique_ptr<Sequence> sequence, FinishReason
     update.drafted = last.drafted;
     update.accepted_drafts = last.accepted_drafts;
     update.logprobs = last.logprobs;
+    update.prompt_logprobs = sequence->prompt_logprobs;  // a request ending in its first step
     update.finished = true;
     update.reason = reason;
     update.error = error;

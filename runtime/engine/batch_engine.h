@@ -54,6 +54,10 @@ struct EngineRequest {
   // kMaxTopLogprobs); -1: none. A request asking for them, or with penalties, bias or a grammar,
   // brings no alternates (a token tree's rows would need their own processing).
   int64_t logprobs = -1;
+  // The prompt's log-probabilities (each token's after the first, from the target's raw logits)
+  // with this many top tokens beside each, delivered with the first update; -1: none. The prompt
+  // is then computed whole, not taken from the prefix cache.
+  int64_t prompt_logprobs = -1;
   // Structured output: the generated text follows this grammar, spelled in this vocabulary of
   // the target's (runtime/grammar); both null: free text.
   std::shared_ptr<const grammar::Grammar> grammar{};
@@ -73,6 +77,8 @@ struct RequestUpdate {
   // request stopped first) it chose itself.
   int64_t accepted_drafts = 0;
   std::span<const TokenLogprob> logprobs;  // one per token, where the request asked for them
+  // The prompt's, one per token after its first, in the request's first update (where it asked).
+  std::span<const TokenLogprob> prompt_logprobs;
 };
 
 // Called for every update of a request, in order, on the scheduler thread, with no engine lock
@@ -122,6 +128,7 @@ struct BatchEngineStats {
 struct Completion {
   std::vector<int32_t> tokens;                     // every generated token
   std::vector<TokenLogprob> logprobs;              // one per token, where the request asked
+  std::vector<TokenLogprob> prompt_logprobs;       // the prompt's, where the request asked
   FinishReason reason = FinishReason::kMaxTokens;  // why it finished
   std::string error;                               // when reason is kFailed
   RequestStats stats;                              // its figures

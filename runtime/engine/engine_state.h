@@ -47,6 +47,8 @@ struct Sequence {
   int64_t worst_positions = 0;         // the most target positions it holds (what they cover)
   int64_t reserved_draft_blocks = 0;   // the same in the draft's cache
   RandomStream random;                 // its random numbers, keyed by its seed
+  // The prompt's log-probabilities (EngineRequest::prompt_logprobs), until its first update.
+  std::vector<TokenLogprob> prompt_logprobs;
   // Its penalties and logit bias, over its text so far; null when it has none.
   std::unique_ptr<LogitProcessor> processor;
   RequestStats stats;            // its figures so far (runtime/engine/stats.h)

@@ -53,19 +53,29 @@ void BatchEngine::State::admit_wave(std::vector<std::unique_ptr<Sequence>> admit
     }
     const std::span<const int32_t> fed =
         std::span<const int32_t>(sequence->committed).first(sequence->committed.size() - 1);
-    const int64_t reused = reuse_cached_prefix(*sequence, fed);
+    // A prompt whose log-probabilities are asked for is computed whole: each token's row.
+    const bool whole = sequence->request.prompt_logprobs >= 0;
+    const int64_t reused = whole ? 0 : reuse_cached_prefix(*sequence, fed);
     if (reused < static_cast<int64_t>(fed.size())) {
-      prefill.push_back({sequence->target_kv, fed.subspan(static_cast<size_t>(reused)), false});
+      prefill.push_back({sequence->target_kv, fed.subspan(static_cast<size_t>(reused)), whole});
       prefilled.emplace_back(sequence.get(), reused);
     }
     starting.push_back(std::move(sequence));
   }
   try {
     if (!prefill.empty()) {
-      Logits unused;
-      unused.keep_on_device = true;  // a prefill's logits are never read
+      Logits logits;
+      logits.keep_on_device = true;  // read only for prompt log-probabilities, there
       Features features;
-      target.forward(prefill, &unused, reads_features ? &features : nullptr);
+      target.forward(prefill, &logits, reads_features ? &features : nullptr);
+      for (size_t s = 0; s < prefilled.size(); ++s) {
+        Sequence& sequence = *prefilled[s].first;
+        if (sequence.request.prompt_logprobs < 0) continue;
+        sequence.prompt_logprobs = logprobs.read_prompt(
+            logits.device + logits.row_begin[s] * logits.device_width, logits.device_width,
+            std::span<const int32_t>(sequence.committed).subspan(1),
+            sequence.request.prompt_logprobs);
+      }
       for (size_t s = 0; reads_features && s < prefilled.size(); ++s) {
         const auto& [sequence, first] = prefilled[s];
         if (!sequence->drafts_with_model) continue;
@@ -501,6 +511,7 @@ void BatchEngine::State::deliver(StepWork& work) {
     update.drafted = work.drafts.proposals.counts[b];
     update.accepted_drafts = work.accepted_new[b];
     update.logprobs = work.logprobs[b];
+    update.prompt_logprobs = sequence->prompt_logprobs;
     if (const std::optional<FinishReason> stop = work.stops[b]) {
       // The final update carries this step's tokens.
       const std::vector<int32_t> last(new_tokens.begin(), new_tokens.end());
@@ -513,6 +524,7 @@ void BatchEngine::State::deliver(StepWork& work) {
       update.stats = &sequence->stats;
       sequence->on_update(update);
     }
+    sequence->prompt_logprobs.clear();  // delivered with the first update
     still_running.push_back(std::move(sequence));
   }
   running = std::move(still_running);

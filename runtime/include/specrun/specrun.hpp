@@ -123,6 +123,11 @@ struct Request {
   // The log-probability of every generated token with this many most likely tokens beside it
   // (Event::logprobs, Result::logprobs), at most kMaxTopLogprobs; -1: none.
   int64_t logprobs = -1;
+  // The prompt's log-probabilities (each token's after the first, from the target's logits as
+  // they are; OpenAI's echo with logprobs, vLLM's prompt_logprobs) with this many top tokens
+  // beside each, in the first event (Event::prompt_logprobs, Result::prompt_logprobs), at most
+  // kMaxTopLogprobs; -1: none. The prompt is then computed whole, not taken from the prefix cache.
+  int64_t prompt_logprobs = -1;
   OutputConstraint constraint{};  // structured output; kNone: free text (needs a tokenizer)
 };
 
@@ -144,6 +149,8 @@ struct Event {
   // the target's token completed is the target's.
   size_t accepted_text = 0;
   std::vector<TokenLogprob> logprobs;  // one per token of `tokens`, where the request asked
+  // The prompt's, one per token after its first, in the first event (where the request asked).
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 struct Result {
@@ -154,6 +161,7 @@ struct Result {
   std::string error;                               // what failed (reason kFailed)
   RequestStats stats;                              // its figures
   std::vector<TokenLogprob> logprobs;              // one per token, where the request asked
+  std::vector<TokenLogprob> prompt_logprobs;       // the prompt's, where the request asked
 };
 
 // Called on the engine's thread for every event of the request, in order; keep it short. It may
