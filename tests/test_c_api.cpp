@@ -53,6 +53,10 @@ struct Collected {
   int events = 0;                                        // callbacks received
   int finished = 0;                                      // events with finished set
   specrun_finish_reason reason = SPECRUN_FINISH_FAILED;  // the final event's reason
+  int64_t drafted = 0;                                   // every event's drafted
+  int64_t accepted_drafts = 0;                           // every event's accepted_drafts
+  std::vector<specrun_token_logprob> logprobs;           // every event's logprobs, in order
+  bool consistent = true;  // every event's counts agreed with its tokens and text
 };
 
 void collect(const specrun_event* event, void* user_data) {
@@ -61,6 +65,19 @@ void collect(const specrun_event* event, void* user_data) {
                            event->tokens + event->token_count);
   collected->text.append(event->text, event->text_length);
   ++collected->events;
+  collected->drafted += event->drafted;
+  collected->accepted_drafts += event->accepted_drafts;
+  if (event->logprobs != nullptr) {
+    collected->logprobs.insert(collected->logprobs.end(), event->logprobs,
+                               event->logprobs + event->logprob_count);
+  }
+  if (event->accepted_drafts < 0 || event->accepted_drafts > event->drafted ||
+      static_cast<size_t>(event->accepted_drafts) > event->token_count ||
+      event->accepted_text > event->text_length ||
+      (event->logprob_count != 0 && event->logprob_count != event->token_count) ||
+      (event->logprob_count == 0) != (event->logprobs == nullptr)) {
+    collected->consistent = false;
+  }
   if (event->finished) {
     ++collected->finished;
     collected->reason = event->reason;
@@ -156,6 +173,14 @@ TEST_F(CApiTest, InitSetsTheCppDefaults) {
   EXPECT_EQ(params.speculation, nullptr);
   EXPECT_EQ(params.on_event, nullptr);
   EXPECT_EQ(params.user_data, nullptr);
+  EXPECT_EQ(params.logit_bias_tokens, nullptr);
+  EXPECT_EQ(params.logit_bias_values, nullptr);
+  EXPECT_EQ(params.logit_bias_count, 0u);
+  EXPECT_EQ(params.logprobs, Request{}.logprobs);
+  EXPECT_EQ(params.logprobs, -1);
+  EXPECT_EQ(params.constraint_kind, SPECRUN_CONSTRAINT_NONE);
+  EXPECT_EQ(params.constraint_text, nullptr);
+  EXPECT_EQ(SPECRUN_MAX_TOP_LOGPROBS, kMaxTopLogprobs);
   EXPECT_STREQ(specrun_version(), "0.1.0");
   EXPECT_STREQ(specrun_status_name(SPECRUN_ERROR_SHUT_DOWN), "shut_down");
   EXPECT_STREQ(specrun_finish_reason_name(SPECRUN_FINISH_CANCELLED), "cancelled");
@@ -929,6 +954,292 @@ TEST_F(CApiTest, TextThroughTheTokenizerAndFromToml) {
   EXPECT_EQ(result->stats.prompt_tokens, 17);  // BOS and 16 bytes
   specrun_result_free(result);
   specrun_request_free(request);
+  specrun_engine_destroy(engine);
+}
+
+// A bias of 100 on one token makes greedy decoding choose it at every position, drafts and all.
+TEST_F(CApiTest, LogitBiasForcesAToken) {
+  specrun_engine* engine = create();
+  ASSERT_NE(engine, nullptr);
+  const std::vector<int32_t> prompt = {1, 17, 200};
+  const int32_t tokens[] = {42, 43};
+  const float values[] = {100.0f, -100.0f};
+  specrun_request_params params;
+  specrun_request_params_init(&params);
+  params.prompt_ids = prompt.data();
+  params.prompt_id_count = prompt.size();
+  params.logit_bias_tokens = tokens;
+  params.logit_bias_values = values;
+  params.logit_bias_count = 2;
+  specrun_request* request = nullptr;
+  ASSERT_EQ(specrun_submit(engine, &params, &request), SPECRUN_OK) << specrun_last_error();
+  specrun_result* result = nullptr;
+  ASSERT_EQ(specrun_request_wait(request, &result), SPECRUN_OK) << specrun_last_error();
+  EXPECT_EQ(std::vector<int32_t>(result->tokens, result->tokens + result->token_count),
+            std::vector<int32_t>(12, 42));
+  EXPECT_NE(greedy_alone(prompt, 12), std::vector<int32_t>(12, 42));  // the bias did it
+  EXPECT_EQ(result->logprobs, nullptr);                               // not asked for
+  EXPECT_EQ(result->logprob_count, 0u);
+  specrun_result_free(result);
+  specrun_request_free(request);
+  specrun_engine_destroy(engine);
+}
+
+// Logprobs through the C ABI are the C++ API's for the same request, in the events (pushed to a
+// callback and pulled) and in the result; the events' drafted and accepted_drafts add up to the
+// request's stats.
+TEST_F(CApiTest, LogprobsAndDraftCountsAreTheCppApis) {
+  const std::vector<int32_t> prompt = {1, 17, 200};
+  EngineConfig settings;
+  settings.target = target_;
+  settings.draft = draft_;
+  settings.threads = 2;
+  settings.kv_cache_tokens = 2048;
+  settings.sampling.temperature = 0.0f;
+  settings.sampling.stop_at_eos = false;
+  settings.sampling.max_tokens = 12;
+  Request cpp_request;
+  cpp_request.prompt_ids = prompt;
+  cpp_request.logprobs = 3;
+  const Result expected = Engine::create(settings)->submit(cpp_request).wait();
+  ASSERT_EQ(expected.logprobs.size(), 12u);
+
+  const auto expect_cpp = [&](const specrun_token_logprob* logprobs, size_t count) {
+    ASSERT_EQ(count, expected.logprobs.size());
+    for (size_t t = 0; t < count; ++t) {
+      SCOPED_TRACE("token " + std::to_string(t));
+      const TokenLogprob& want = expected.logprobs[t];
+      EXPECT_EQ(logprobs[t].token, want.token);
+      EXPECT_FLOAT_EQ(logprobs[t].logprob, want.logprob);
+      ASSERT_EQ(logprobs[t].top_count, 3);
+      ASSERT_EQ(want.top.size(), 3u);
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(logprobs[t].top_tokens[k], want.top[k].token);
+        EXPECT_FLOAT_EQ(logprobs[t].top_logprobs[k], want.top[k].logprob);
+      }
+    }
+  };
+
+  specrun_engine* engine = create();
+  ASSERT_NE(engine, nullptr);
+  specrun_speculation speculation;
+  specrun_speculation_init(&speculation);
+  speculation.controller = SPECRUN_CONTROLLER_FIXED;
+  speculation.gamma = 3;
+  specrun_request_params params;
+  specrun_request_params_init(&params);
+  params.prompt_ids = prompt.data();
+  params.prompt_id_count = prompt.size();
+  params.speculation = &speculation;
+  params.logprobs = 3;
+  Collected collected;
+  params.on_event = collect;
+  params.user_data = &collected;
+  specrun_request* request = nullptr;
+  ASSERT_EQ(specrun_submit(engine, &params, &request), SPECRUN_OK) << specrun_last_error();
+  specrun_result* result = nullptr;
+  ASSERT_EQ(specrun_request_wait(request, &result), SPECRUN_OK) << specrun_last_error();
+  EXPECT_EQ(std::vector<int32_t>(result->tokens, result->tokens + result->token_count),
+            expected.tokens);
+  {
+    SCOPED_TRACE("result");
+    expect_cpp(result->logprobs, result->logprob_count);
+  }
+  {
+    SCOPED_TRACE("callback");
+    expect_cpp(collected.logprobs.data(), collected.logprobs.size());
+  }
+  EXPECT_TRUE(collected.consistent);
+  EXPECT_GT(result->stats.drafted, 0);
+  EXPECT_EQ(collected.drafted, result->stats.drafted);
+  EXPECT_EQ(collected.accepted_drafts, result->stats.accepted);
+  specrun_result_free(result);
+  specrun_request_free(request);
+
+  // Pulled: each event owns a copy, valid until specrun_event_free.
+  params.on_event = nullptr;
+  params.user_data = nullptr;
+  ASSERT_EQ(specrun_submit(engine, &params, &request), SPECRUN_OK) << specrun_last_error();
+  std::vector<specrun_token_logprob> pulled;
+  int64_t drafted = 0, accepted = 0;
+  for (;;) {
+    specrun_event* event = nullptr;
+    ASSERT_EQ(specrun_request_next(request, -1, &event), SPECRUN_OK) << specrun_last_error();
+    EXPECT_EQ(event->logprob_count, event->token_count);
+    if (event->logprob_count > 0) {
+      pulled.insert(pulled.end(), event->logprobs, event->logprobs + event->logprob_count);
+    }
+    drafted += event->drafted;
+    accepted += event->accepted_drafts;
+    const bool finished = event->finished != 0;
+    specrun_event_free(event);
+    if (finished) break;
+  }
+  ASSERT_EQ(specrun_request_wait(request, &result), SPECRUN_OK) << specrun_last_error();
+  {
+    SCOPED_TRACE("pulled");
+    expect_cpp(pulled.data(), pulled.size());
+  }
+  EXPECT_EQ(drafted, result->stats.drafted);
+  EXPECT_EQ(accepted, result->stats.accepted);
+  specrun_result_free(result);
+  specrun_request_free(request);
+  specrun_engine_destroy(engine);
+}
+
+// A GBNF grammar holds greedy decoding to its sentences, through the C ABI as through C++; a
+// grammar or schema that does not compile is the engine's refusal, SPECRUN_ERROR_FAILED.
+TEST_F(CApiTest, ConstrainedOutputFollowsItsGrammar) {
+  for (const char* model : {"target", "draft"}) {
+    testing::write_file(dir_ / model / "tokenizer.json", testing::byte_tokenizer_json());
+  }
+  specrun_engine* engine = create();
+  ASSERT_NE(engine, nullptr);
+  specrun_sampling sampling;
+  specrun_sampling_init(&sampling);
+  sampling.temperature = 0.0f;
+  sampling.max_tokens = 16;
+  specrun_request_params params;
+  specrun_request_params_init(&params);
+  params.prompt = "Answer: ";
+  params.sampling = &sampling;
+  params.constraint_kind = SPECRUN_CONSTRAINT_GBNF;
+  params.constraint_text = R"(root ::= "yes" | "no")";
+  specrun_request* request = nullptr;
+  ASSERT_EQ(specrun_submit(engine, &params, &request), SPECRUN_OK) << specrun_last_error();
+  specrun_result* result = nullptr;
+  ASSERT_EQ(specrun_request_wait(request, &result), SPECRUN_OK) << specrun_last_error();
+  const std::string text(result->text, result->text_length);
+  EXPECT_TRUE(text == "yes" || text == "no") << text;
+  EXPECT_EQ(result->reason, SPECRUN_FINISH_END_OF_SEQUENCE) << text;
+  specrun_result_free(result);
+  specrun_request_free(request);
+
+  params.constraint_text = "root ::= missing";
+  request = nullptr;
+  expect_failure(specrun_submit(engine, &params, &request), SPECRUN_ERROR_FAILED, "specrun_submit",
+                 {"missing"});
+  EXPECT_EQ(request, nullptr);
+  params.constraint_kind = SPECRUN_CONSTRAINT_JSON_SCHEMA;
+  params.constraint_text = R"({"type": "object", "not": {}})";
+  expect_failure(specrun_submit(engine, &params, &request), SPECRUN_ERROR_FAILED, "specrun_submit",
+                 {"not"});
+  EXPECT_EQ(request, nullptr);
+  specrun_engine_destroy(engine);
+}
+
+// Inconsistent bias, logprobs and constraint fields are refused before anything is submitted,
+// naming the field; values only the engine can judge come back as its refusal.
+TEST_F(CApiTest, RefusesInconsistentBiasLogprobsAndConstraintNamingTheField) {
+  specrun_engine* engine = create();
+  ASSERT_NE(engine, nullptr);
+  static const int32_t ids[] = {1, 2};
+  static const int32_t tokens[] = {5, 6, 5};
+  static const float values[] = {1.0f, 2.0f, 3.0f};
+  static const float too_much[] = {150.0f};
+  static const int32_t outside[] = {256};
+  struct Case {
+    const char* what;
+    void (*edit)(specrun_request_params&);
+    specrun_status status;
+    std::vector<std::string> fragments;
+  };
+  const std::vector<Case> cases = {
+      {"a count without tokens",
+       [](specrun_request_params& p) {
+         p.logit_bias_values = values;
+         p.logit_bias_count = 2;
+       },
+       SPECRUN_ERROR_INVALID_ARGUMENT,
+       {"params->logit_bias_tokens is NULL", "logit_bias_count 2"}},
+      {"a count without values",
+       [](specrun_request_params& p) {
+         p.logit_bias_tokens = tokens;
+         p.logit_bias_count = 2;
+       },
+       SPECRUN_ERROR_INVALID_ARGUMENT,
+       {"params->logit_bias_values is NULL", "logit_bias_count 2"}},
+      {"a count past the bound",
+       [](specrun_request_params& p) {
+         p.logit_bias_tokens = tokens;
+         p.logit_bias_values = values;
+         p.logit_bias_count = SIZE_MAX;
+       },
+       SPECRUN_ERROR_INVALID_ARGUMENT,
+       {"params->logit_bias_count must be at most 300"}},
+      {"a token twice",
+       [](specrun_request_params& p) {
+         p.logit_bias_tokens = tokens;
+         p.logit_bias_values = values;
+         p.logit_bias_count = 3;
+       },
+       SPECRUN_ERROR_INVALID_ARGUMENT,
+       {"params->logit_bias_tokens[2]", "logit_bias_tokens[0]", "token 5"}},
+      {"a bias out of range",
+       [](specrun_request_params& p) {
+         p.logit_bias_tokens = tokens;
+         p.logit_bias_values = too_much;
+         p.logit_bias_count = 1;
+       },
+       SPECRUN_ERROR_FAILED,
+       {"logit_bias", "[-100, 100]", "150"}},
+      {"a token outside the vocabulary",
+       [](specrun_request_params& p) {
+         p.logit_bias_tokens = outside;
+         p.logit_bias_values = values;
+         p.logit_bias_count = 1;
+       },
+       SPECRUN_ERROR_FAILED,
+       {"logit_bias", "256"}},
+      {"logprobs 21",
+       [](specrun_request_params& p) { p.logprobs = 21; },
+       SPECRUN_ERROR_INVALID_ARGUMENT,
+       {"params->logprobs must be -1 (none) or in [0, 20], got 21"}},
+      {"logprobs -2",
+       [](specrun_request_params& p) { p.logprobs = -2; },
+       SPECRUN_ERROR_INVALID_ARGUMENT,
+       {"params->logprobs", "got -2"}},
+      {"a grammar without text",
+       [](specrun_request_params& p) { p.constraint_kind = SPECRUN_CONSTRAINT_GBNF; },
+       SPECRUN_ERROR_INVALID_ARGUMENT,
+       {"params->constraint_text must hold the grammar", "SPECRUN_CONSTRAINT_GBNF", "NULL"}},
+      {"a schema that is empty",
+       [](specrun_request_params& p) {
+         p.constraint_kind = SPECRUN_CONSTRAINT_JSON_SCHEMA;
+         p.constraint_text = "";
+       },
+       SPECRUN_ERROR_INVALID_ARGUMENT,
+       {"params->constraint_text must hold the schema", "SPECRUN_CONSTRAINT_JSON_SCHEMA"}},
+      {"text without a kind",
+       [](specrun_request_params& p) { p.constraint_text = "root ::= \"a\""; },
+       SPECRUN_ERROR_INVALID_ARGUMENT,
+       {"params->constraint_text must be NULL", "SPECRUN_CONSTRAINT_NONE"}},
+      {"an unknown kind",
+       [](specrun_request_params& p) { store_int(&p.constraint_kind, 7); },
+       SPECRUN_ERROR_INVALID_ARGUMENT,
+       {"params->constraint_kind 7 is not a specrun_constraint_kind"}},
+      {"a constraint without a tokenizer",
+       [](specrun_request_params& p) { p.constraint_kind = SPECRUN_CONSTRAINT_JSON_OBJECT; },
+       SPECRUN_ERROR_FAILED,
+       {"tokenizer"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    specrun_request_params params;
+    specrun_request_params_init(&params);
+    params.prompt_ids = ids;
+    params.prompt_id_count = 2;
+    c.edit(params);
+    specrun_request* request = nullptr;
+    const specrun_status status = specrun_submit(engine, &params, &request);
+    EXPECT_EQ(status, c.status) << specrun_last_error();
+    const std::string message = specrun_last_error();
+    EXPECT_EQ(message.rfind("specrun_submit: ", 0), 0u) << message;
+    for (const std::string& fragment : c.fragments) {
+      EXPECT_NE(message.find(fragment), std::string::npos) << message << "\nmissing: " << fragment;
+    }
+    EXPECT_EQ(request, nullptr);
+  }
   specrun_engine_destroy(engine);
 }
 

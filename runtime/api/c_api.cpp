@@ -4,11 +4,13 @@
 // released by the matching free function, so a caller in any language can own it.
 #include "specrun/specrun.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <new>
 #include <optional>
@@ -20,6 +22,8 @@
 #include <vector>
 
 #include "runtime/base/member_pointer.h"
+#include "runtime/sampling/logit_processor.h"
+#include "specrun/logprobs.hpp"
 #include "specrun/specrun.hpp"
 
 namespace {
@@ -387,8 +391,36 @@ int32_t* copy_tokens(const std::vector<int32_t>& tokens) {
   return copy;
 }
 
+// The C bounds are the C++ ones, spelled for C.
+static_assert(SPECRUN_MAX_TOP_LOGPROBS == specrun::kMaxTopLogprobs);
+static_assert(SPECRUN_MAX_LOGIT_BIAS == specrun::kMaxLogitBias);
+
+void to_c(const std::vector<specrun::TokenLogprob>& logprobs, specrun_token_logprob* c) {
+  for (const specrun::TokenLogprob& entry : logprobs) {
+    *c = specrun_token_logprob{};
+    c->token = entry.token;
+    c->logprob = entry.logprob;
+    // The engine gives at most the request's logprobs, which submit held to the C bound.
+    const size_t top = std::min<size_t>(entry.top.size(), SPECRUN_MAX_TOP_LOGPROBS);
+    c->top_count = static_cast<int32_t>(top);
+    for (size_t i = 0; i < top; ++i) {
+      c->top_tokens[i] = entry.top[i].token;
+      c->top_logprobs[i] = entry.top[i].logprob;
+    }
+    ++c;
+  }
+}
+
+// A malloc'd copy (NULL when empty), freed with the event or result that holds it.
+specrun_token_logprob* copy_logprobs(const std::vector<specrun::TokenLogprob>& logprobs) {
+  specrun_token_logprob* copy = allocate_array<specrun_token_logprob>(logprobs.size());
+  to_c(logprobs, copy);
+  return copy;
+}
+
 void free_event(specrun_event* event) noexcept {
   if (event == nullptr) return;
+  std::free(const_cast<specrun_token_logprob*>(event->logprobs));
   std::free(const_cast<int32_t*>(event->tokens));
   std::free(const_cast<char*>(event->text));
   std::free(const_cast<char*>(event->error));
@@ -397,14 +429,18 @@ void free_event(specrun_event* event) noexcept {
 
 void free_result(specrun_result* result) noexcept {
   if (result == nullptr) return;
+  std::free(result->logprobs);
   std::free(result->tokens);
   std::free(result->text);
   std::free(result->error);
   std::free(result);
 }
 
-// An event that borrows the C++ event's storage, for a callback.
-specrun_event borrowed(const specrun::Event& event) {
+// An event that borrows the C++ event's storage, for a callback; its logprobs are converted into
+// `logprobs`, which must outlive the view.
+specrun_event borrowed(const specrun::Event& event, std::vector<specrun_token_logprob>& logprobs) {
+  logprobs.resize(event.logprobs.size());
+  to_c(event.logprobs, logprobs.data());
   specrun_event view;
   view.request = event.request;
   view.tokens = event.tokens.data();
@@ -414,6 +450,11 @@ specrun_event borrowed(const specrun::Event& event) {
   view.finished = event.finished ? 1 : 0;
   view.reason = to_c(event.reason);
   view.error = event.error.c_str();
+  view.drafted = event.drafted;
+  view.accepted_drafts = event.accepted_drafts;
+  view.accepted_text = event.accepted_text;
+  view.logprobs = logprobs.empty() ? nullptr : logprobs.data();
+  view.logprob_count = logprobs.size();
   return view;
 }
 
@@ -422,10 +463,13 @@ specrun_event* owned(const specrun::Event& event) {
   auto* copy = static_cast<specrun_event*>(std::calloc(1, sizeof(specrun_event)));
   if (copy == nullptr) throw std::bad_alloc();
   try {
-    *copy = borrowed(event);
+    std::vector<specrun_token_logprob> logprobs;
+    *copy = borrowed(event, logprobs);
     copy->tokens = nullptr;
     copy->text = nullptr;
     copy->error = nullptr;
+    copy->logprobs = nullptr;
+    copy->logprobs = copy_logprobs(event.logprobs);
     copy->tokens = copy_tokens(event.tokens);
     copy->text = copy_string(event.text);
     copy->error = copy_string(event.error);
@@ -482,6 +526,8 @@ specrun_result* owned(const specrun::Result& result) {
     copy->reason = to_c(result.reason);
     copy->error = copy_string(result.error);
     copy->stats = to_c(result.stats);
+    copy->logprob_count = result.logprobs.size();
+    copy->logprobs = copy_logprobs(result.logprobs);
   } catch (...) {
     free_result(copy);
     throw;
@@ -519,6 +565,75 @@ specrun::EngineConfig from_c(const specrun_engine_config& config) {
   settings.overlap_drafting = enum_from_c<specrun::overlap_draftings>(
       config.overlap_drafting, "config->overlap_drafting", "specrun_overlap_drafting");
   return settings;
+}
+
+// The bias of a request's params as specrun::Request's map, refusing a count without its arrays,
+// one past SPECRUN_MAX_LOGIT_BIAS (before any entry is read) and a token named twice. The values'
+// range and the tokens' vocabulary are the engine's to check.
+std::map<int32_t, float> logit_bias_from_c(const specrun_request_params& params) {
+  std::map<int32_t, float> bias;
+  const size_t count = params.logit_bias_count;
+  if (count == 0) return bias;
+  if (params.logit_bias_tokens == nullptr) {
+    throw InvalidArgument("params->logit_bias_tokens is NULL with logit_bias_count " +
+                          std::to_string(count));
+  }
+  if (params.logit_bias_values == nullptr) {
+    throw InvalidArgument("params->logit_bias_values is NULL with logit_bias_count " +
+                          std::to_string(count));
+  }
+  if (count > SPECRUN_MAX_LOGIT_BIAS) {
+    throw InvalidArgument("params->logit_bias_count must be at most " +
+                          std::to_string(SPECRUN_MAX_LOGIT_BIAS) + ", got " +
+                          std::to_string(count));
+  }
+  std::map<int32_t, size_t> index_of;  // each token's first index, to name a repeat
+  for (size_t i = 0; i < count; ++i) {
+    const int32_t token = params.logit_bias_tokens[i];
+    if (const auto [first, inserted] = index_of.emplace(token, i); !inserted) {
+      throw InvalidArgument("params->logit_bias_tokens[" + std::to_string(i) +
+                            "] must not repeat logit_bias_tokens[" + std::to_string(first->second) +
+                            "], token " + std::to_string(token));
+    }
+    bias[token] = params.logit_bias_values[i];
+  }
+  return bias;
+}
+
+// The constraint of a request's params, refusing an unknown kind, a kind without the text it needs
+// and text for a kind that takes none. Whether the schema or grammar compiles is the engine's.
+specrun::OutputConstraint constraint_from_c(const specrun_request_params& params) {
+  const int64_t kind = enum_value(params.constraint_kind);
+  const char* text = params.constraint_text;
+  const bool has_text = text != nullptr && text[0] != '\0';
+  specrun::OutputConstraint constraint;
+  switch (kind) {
+    case SPECRUN_CONSTRAINT_NONE:
+    case SPECRUN_CONSTRAINT_JSON_OBJECT:
+      if (has_text) {
+        throw InvalidArgument(std::string("params->constraint_text must be NULL or \"\" with ") +
+                              (kind == SPECRUN_CONSTRAINT_NONE ? "SPECRUN_CONSTRAINT_NONE"
+                                                               : "SPECRUN_CONSTRAINT_JSON_OBJECT"));
+      }
+      constraint.kind = kind == SPECRUN_CONSTRAINT_NONE ? specrun::ConstraintKind::kNone
+                                                        : specrun::ConstraintKind::kJsonObject;
+      return constraint;
+    case SPECRUN_CONSTRAINT_JSON_SCHEMA:
+    case SPECRUN_CONSTRAINT_GBNF:
+      if (!has_text) {
+        throw InvalidArgument(std::string("params->constraint_text must hold ") +
+                              (kind == SPECRUN_CONSTRAINT_GBNF
+                                   ? "the grammar with SPECRUN_CONSTRAINT_GBNF"
+                                   : "the schema with SPECRUN_CONSTRAINT_JSON_SCHEMA") +
+                              ", got " + (text == nullptr ? "NULL" : "\"\""));
+      }
+      constraint.kind = kind == SPECRUN_CONSTRAINT_GBNF ? specrun::ConstraintKind::kGbnf
+                                                        : specrun::ConstraintKind::kJsonSchema;
+      constraint.text = text;
+      return constraint;
+  }
+  throw InvalidArgument("params->constraint_kind " + std::to_string(kind) +
+                        " is not a specrun_constraint_kind");
 }
 
 specrun_model_memory to_c(const specrun::ModelMemory& memory) {
@@ -698,6 +813,12 @@ specrun_status specrun_request_params_init(specrun_request_params* params) {
     params->speculation = nullptr;
     params->on_event = nullptr;
     params->user_data = nullptr;
+    params->logit_bias_tokens = nullptr;
+    params->logit_bias_values = nullptr;
+    params->logit_bias_count = 0;
+    params->logprobs = specrun::Request{}.logprobs;
+    params->constraint_kind = SPECRUN_CONSTRAINT_NONE;
+    params->constraint_text = nullptr;
   });
 }
 
@@ -732,11 +853,21 @@ specrun_status specrun_submit(specrun_engine* engine, const specrun_request_para
     if (params->speculation != nullptr) {
       settings.speculation = from_c(*params->speculation, "params->speculation");
     }
+    settings.logit_bias = logit_bias_from_c(*params);
+    // Checked here, not only by the engine: the bound sizes specrun_token_logprob's arrays.
+    if (params->logprobs < -1 || params->logprobs > SPECRUN_MAX_TOP_LOGPROBS) {
+      throw InvalidArgument("params->logprobs must be -1 (none) or in [0, " +
+                            std::to_string(SPECRUN_MAX_TOP_LOGPROBS) + "], got " +
+                            std::to_string(params->logprobs));
+    }
+    settings.logprobs = params->logprobs;
+    settings.constraint = constraint_from_c(*params);
     specrun::StreamCallback callback;
     if (params->on_event != nullptr) {
       callback = [on_event = params->on_event,
                   user_data = params->user_data](const specrun::Event& event) {
-        const specrun_event view = borrowed(event);
+        std::vector<specrun_token_logprob> logprobs;
+        const specrun_event view = borrowed(event, logprobs);
         on_event(&view, user_data);
       };
     }

@@ -238,6 +238,21 @@ specrun_status specrun_engine_shutdown(specrun_engine* engine);
 /* Shuts down (if needed) and frees the engine. NULL is ignored. */
 void specrun_engine_destroy(specrun_engine* engine);
 
+/* The most alternatives a request may ask for at each token (specrun::kMaxTopLogprobs). */
+#define SPECRUN_MAX_TOP_LOGPROBS 20
+
+/* A generated token's log-probability (as specrun::TokenLogprob): the target's own, after the
+ * request's penalties and logit bias and before temperature and the filters. Fixed-size arrays,
+ * so that an array of these is one allocation with nothing inside to free. */
+typedef struct specrun_token_logprob {
+  int32_t token;     /* the generated token */
+  float logprob;     /* its natural log-probability */
+  int32_t top_count; /* entries of top_tokens and top_logprobs in use: the request's logprobs */
+  int32_t top_tokens[SPECRUN_MAX_TOP_LOGPROBS]; /* the most likely tokens at its position, highest
+                                                   first (the lower id among equals) */
+  float top_logprobs[SPECRUN_MAX_TOP_LOGPROBS]; /* their natural log-probabilities */
+} specrun_token_logprob;
+
 /* One delivery on a request's stream. */
 typedef struct specrun_event {
   uint64_t request;             /* the request's id */
@@ -249,13 +264,43 @@ typedef struct specrun_event {
   int finished;                 /* nonzero on the request's last event */
   specrun_finish_reason reason; /* why it finished (when finished) */
   const char* error;            /* what failed (reason SPECRUN_FINISH_FAILED), else "" */
+  /* How speculation made the tokens (an event is one engine step of the request): the target
+   * verified `drafted` drafts, and the first `accepted_drafts` of `tokens` are drafts it accepted;
+   * the rest (one, unless the request stopped first) it chose itself. Both 0 in a step without
+   * drafts, and in a final event that no step sent (cancelled, shut down, failed). */
+  int64_t drafted;         /* drafts the target verified in this step */
+  int64_t accepted_drafts; /* of those, accepted: the first ones of `tokens` */
+  size_t accepted_text;    /* bytes at the start of `text` those drafts completed (a character a
+                              draft began and the target's token completed is the target's) */
+  const specrun_token_logprob* logprobs; /* [logprob_count], one per token of `tokens`, where
+                                            the request asked (params->logprobs >= 0); else
+                                            NULL */
+  size_t logprob_count;                  /* token_count or 0 */
 } specrun_event;
 
 /* Called on the engine's thread for every event of a request, in order (see Threads above). */
 typedef void (*specrun_stream_callback)(const specrun_event* event, void* user_data);
 
+/* Structured output (as specrun::ConstraintKind, docs/structured-output.md): what the generated
+ * text must be. Any kind but NONE needs the target's tokenizer. */
+typedef enum specrun_constraint_kind {
+  SPECRUN_CONSTRAINT_NONE = 0,        /* free text (default) */
+  SPECRUN_CONSTRAINT_JSON_OBJECT = 1, /* any JSON object (OpenAI's response_format json_object) */
+  SPECRUN_CONSTRAINT_JSON_SCHEMA = 2, /* JSON valid against the JSON Schema in constraint_text */
+  SPECRUN_CONSTRAINT_GBNF = 3         /* a sentence of the GBNF grammar in constraint_text
+                                         (llama.cpp's format; its rule root) */
+} specrun_constraint_kind;
+
+/* The most tokens a request's logit bias may name (OpenAI's bound). */
+#define SPECRUN_MAX_LOGIT_BIAS 300
+
 /* One request: the prompt as text or as token ids, optional settings and an optional callback.
- * specrun_request_params_init clears it. */
+ * specrun_request_params_init clears it (logprobs -1, no bias, no constraint). Inconsistent
+ * fields (a count without its arrays, a token repeated in the bias, a kind without the text it
+ * needs, text for a kind that takes none, an unknown kind, logprobs out of range) are refused
+ * with SPECRUN_ERROR_INVALID_ARGUMENT naming the field; what the engine refuses (a bias out of
+ * [-100, 100] or naming a token outside the vocabulary, a schema or grammar that does not
+ * compile, a constraint without a tokenizer) is SPECRUN_ERROR_FAILED. */
 typedef struct specrun_request_params {
   const char* prompt;                     /* text (BOS added as the tokenizer says), or NULL */
   const int32_t* prompt_ids;              /* [prompt_id_count] token ids, or NULL */
@@ -264,6 +309,17 @@ typedef struct specrun_request_params {
   const specrun_speculation* speculation; /* NULL: the engine's defaults */
   specrun_stream_callback on_event;       /* NULL: take events with specrun_request_next */
   void* user_data;                        /* passed to on_event as it is */
+  /* Added to these tokens' logits at every position, before temperature and the filters
+   * (OpenAI's logit_bias): logit_bias_values[i] to token logit_bias_tokens[i]. */
+  const int32_t* logit_bias_tokens; /* [logit_bias_count] distinct token ids, or NULL */
+  const float* logit_bias_values;   /* [logit_bias_count] biases, each in [-100, 100], or NULL */
+  size_t logit_bias_count;          /* at most SPECRUN_MAX_LOGIT_BIAS; 0 (default): no bias */
+  int64_t logprobs; /* report every generated token's log-probability with this many most likely
+                       tokens beside it (specrun_event's and specrun_result's logprobs), at most
+                       SPECRUN_MAX_TOP_LOGPROBS; -1 (default): none */
+  specrun_constraint_kind constraint_kind; /* default SPECRUN_CONSTRAINT_NONE */
+  const char* constraint_text; /* JSON_SCHEMA: the schema as JSON; GBNF: the grammar; NULL (or
+                                  "") for the other kinds */
 } specrun_request_params;
 
 specrun_status specrun_request_params_init(specrun_request_params* params);
@@ -325,6 +381,9 @@ typedef struct specrun_result {
   specrun_finish_reason reason; /* why it finished */
   char* error;                  /* what failed (reason SPECRUN_FINISH_FAILED), else "" */
   specrun_request_stats stats;  /* its figures */
+  /* Where the request asked (params->logprobs >= 0); freed with the result. */
+  specrun_token_logprob* logprobs; /* [logprob_count], one per token; else NULL */
+  size_t logprob_count;            /* token_count or 0 */
 } specrun_result;
 
 /* Blocks until the request finishes; free the result with specrun_result_free. May be called
