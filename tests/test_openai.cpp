@@ -472,7 +472,8 @@ TEST(OpenAiRequest, Logprobs) {
                  {"/v1/chat/completions"});
 }
 
-// n, best_of (completions, not streamed, at least n) and echo (completions, not with logprobs).
+// n, best_of (completions, not streamed, at least n) and echo (completions; with logprobs, the
+// prompt's too).
 TEST(OpenAiRequest, ChoicesBestOfAndEcho) {
   const CompletionRequest request =
       parse(R"({"model": "m", "prompt": "x", "n": 3, "best_of": 5, "echo": true})");
@@ -488,8 +489,10 @@ TEST(OpenAiRequest, ChoicesBestOfAndEcho) {
                  {"at least 'n'"});
   expect_refused(R"({"model": "m", "prompt": "x", "best_of": 2, "stream": true})", 400, "best_of",
                  {"cannot be streamed"});
-  expect_refused(R"({"model": "m", "prompt": "x", "echo": true, "logprobs": 1})", 400, "echo",
-                 {"prompt's log-probabilities"});
+  const CompletionRequest echoed =
+      parse(R"({"model": "m", "prompt": "x", "echo": true, "logprobs": 1})");
+  EXPECT_TRUE(echoed.echo);
+  EXPECT_EQ(echoed.logprobs, 1);
   const std::string chat = R"({"model": "m", "messages": [{"role": "user", "content": "hi"}])";
   EXPECT_EQ(parse(chat + R"(, "n": 4})", Endpoint::kChat).n, 4);
   expect_refused(chat + R"(, "best_of": 2})", 400, "best_of", {"/v1/completions"}, Endpoint::kChat);

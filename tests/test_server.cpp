@@ -773,10 +773,37 @@ TEST_F(ServerTest, SeveralChoicesBestOfAndEcho) {
   const std::vector<json> echo_chunks = events(post("/v1/completions", echo.dump()).body);
   EXPECT_EQ(echo_chunks.front()["choices"][0]["text"], "abc");
   EXPECT_EQ(streamed_text(echo_chunks), echoed);
+  // echo with logprobs: the prompt's tokens first (BOS and "abc", the first without a
+  // log-probability, as OpenAI writes it), then the completion's; streamed alike.
   echo["logprobs"] = 1;
-  const Reply refused = post("/v1/completions", echo.dump());
-  EXPECT_EQ(refused.status, 400);
-  EXPECT_EQ(refused.parsed()["error"]["param"], "echo");
+  echo["stream"] = false;
+  const json with_logprobs = post("/v1/completions", echo.dump()).parsed();
+  const json logprobs = with_logprobs["choices"][0]["logprobs"];
+  ASSERT_EQ(logprobs["tokens"].size(), 9u) << with_logprobs.dump();
+  EXPECT_EQ(logprobs["tokens"][1], "a");
+  EXPECT_EQ(logprobs["tokens"][3], "c");
+  EXPECT_TRUE(logprobs["token_logprobs"][0].is_null());
+  EXPECT_TRUE(logprobs["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < 9; ++i) {
+    EXPECT_LE(logprobs["token_logprobs"][i].get<double>(), 0.0) << i;
+    EXPECT_EQ(logprobs["top_logprobs"][i].size(), 1u) << i;
+  }
+  EXPECT_EQ(logprobs["text_offset"], json::parse("[0, 0, 1, 2, 3, 4, 5, 6, 7]"))
+      << "offsets in the echoed text (byte tokens)";
+  EXPECT_EQ(with_logprobs["choices"][0]["text"], echoed);
+  echo["stream"] = true;
+  json streamed_tokens = json::array(), streamed_values = json::array();
+  for (const json& chunk : events(post("/v1/completions", echo.dump()).body)) {
+    if (chunk["choices"].empty() || chunk["choices"][0]["logprobs"].is_null()) continue;
+    for (const json& token : chunk["choices"][0]["logprobs"]["tokens"]) {
+      streamed_tokens.push_back(token);
+    }
+    for (const json& value : chunk["choices"][0]["logprobs"]["token_logprobs"]) {
+      streamed_values.push_back(value);
+    }
+  }
+  EXPECT_EQ(streamed_tokens, logprobs["tokens"]);
+  EXPECT_EQ(streamed_values, logprobs["token_logprobs"]);
 }
 
 // Structured output on random weights: response_format's JSON schema (its members in order) and

@@ -20,6 +20,7 @@
 #include "draft/proposer.h"
 #include "draft/step_drafter.h"
 #include "kernels/cpu/logit_edits.h"
+#include "kernels/cpu/logprobs.h"
 #include "runtime/engine/pairing.h"
 #include "runtime/engine/settings.h"
 #include "runtime/sampling/logit_processor.h"
@@ -679,6 +680,38 @@ TEST_F(SpeculativeTest, PenaltiesBiasAndLogprobsAreTheTargetsWithAndWithoutSpecu
     }
   }
   EXPECT_GT(accepted, 0) << "no draft was accepted: the rows after drafts were never checked";
+}
+
+// The prompt's log-probabilities are each prompt token's log-softmax under the target after the
+// tokens before it, whatever the prefix cache holds (a second request with the same prompt gets
+// the same numbers), and come with the first update.
+TEST_F(SpeculativeTest, PromptLogprobsAreTheTargetsOverThePrompt) {
+  const std::vector<int32_t> prompt = {1, 40, 41, 42, 40, 41, 42, 40, 41, 7, 7, 9};
+  const SequenceId sequence = target_->kv_cache().add_sequence();
+  const SequenceInput input[] = {{sequence, prompt, /*all_logits=*/true}};
+  Logits logits;
+  target_->forward(input, &logits);
+  target_->kv_cache().remove_sequence(sequence);
+  BatchEngine engine(*target_, self_draft_.get(), {});
+  for (int round = 0; round < 2; ++round) {
+    EngineRequest request;
+    request.prompt = prompt;
+    request.sampling = testing::greedy(4);
+    request.prompt_logprobs = 2;
+    const Completion result = engine.run(std::move(request));
+    ASSERT_EQ(result.prompt_logprobs.size(), prompt.size() - 1) << result.error;
+    EXPECT_EQ(result.stats.cached_prompt_tokens, 0) << "the prompt is computed whole";
+    for (size_t j = 0; j + 1 < prompt.size(); ++j) {
+      const std::span<const float> row = logits.row(static_cast<int64_t>(j));
+      const TokenLogprob& logprob = result.prompt_logprobs[j];
+      EXPECT_EQ(logprob.token, prompt[j + 1]);
+      EXPECT_NEAR(logprob.logprob,
+                  row[static_cast<size_t>(prompt[j + 1])] - kernels::cpu::log_sum_exp(row), 1e-5)
+          << "round " << round << ", token " << j + 1;
+      ASSERT_EQ(logprob.top.size(), 2u);
+      EXPECT_EQ(logprob.top[0].token, argmax(row));
+    }
+  }
 }
 
 // A request out of range is refused at submit, naming what: a bias outside [-100, 100] or on a

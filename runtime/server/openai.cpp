@@ -522,11 +522,6 @@ void read_choices(const Fields& fields, CompletionRequest& request) {
            "at the end");
   }
   request.echo = fields.boolean("echo").value_or(false);
-  if (request.echo && request.logprobs >= 0) {
-    refuse("echo",
-           "'echo' with 'logprobs' needs the prompt's log-probabilities, which this "
-           "server does not compute: ask for one or the other");
-  }
 }
 
 // response_format, "grammar" (llama-server's GBNF) and vLLM's guided_json: at most one, compiled
@@ -896,12 +891,14 @@ nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<ReportedToken>
   json texts = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
   for (const ReportedToken& token : tokens) {
     texts.push_back(pieces(token.logprob.token).bytes);
-    values.push_back(token.logprob.logprob);
+    // An echoed prompt's first token has no log-probability (NaN): null, as OpenAI writes it.
+    const bool none = std::isnan(token.logprob.logprob);
+    values.push_back(none ? json() : json(token.logprob.logprob));
     json top = json::object();
     for (const TopLogprob& entry : token.logprob.top) {
       top[pieces(entry.token).bytes] = entry.logprob;
     }
-    tops.push_back(std::move(top));
+    tops.push_back(none ? json() : std::move(top));
     offsets.push_back(token.offset);
   }
   return {{"tokens", std::move(texts)},

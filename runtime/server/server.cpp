@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
@@ -140,9 +141,11 @@ struct Exchange {
   Endpoint endpoint = Endpoint::kCompletions;
   bool stream = false;
   bool include_usage = false;
-  bool report_logprobs = false;  // the client asked for logprobs (best_of asks for itself too)
-  std::string echo;              // completions' echo: the prompt text each choice begins with
-  bool started = false;          // the first call of provide() (echoes the prompt) is past
+  bool report_logprobs = false;     // the client asked for logprobs (best_of asks for itself too)
+  std::string echo;                 // completions' echo: the prompt text each choice begins with
+  int32_t prompt_first_token = -1;  // echo with logprobs: the prompt's first token (reported
+                                    // without a log-probability, which nothing before it gives)
+  bool started = false;             // the first call of provide() (echoes the prompt) is past
   ResponseHeader header;
   Clock::time_point arrived;
   std::optional<Clock::time_point> last_text;  // when text was last sent, for the latencies
@@ -347,6 +350,20 @@ bool finish_choice(Exchange& exchange, size_t index, httplib::DataSink& sink) {
 // One event of a choice's request.
 bool take_event(Exchange& exchange, size_t index, const Event& event, httplib::DataSink& sink) {
   Choice& choice = exchange.choices[index];
+  if (!event.prompt_logprobs.empty() && exchange.report_logprobs) {
+    // The echoed prompt's tokens come first among the choice's logprobs: the first token (which
+    // follows nothing) without a log-probability, each placed in the echo by its bytes.
+    std::vector<ReportedToken> prompt;
+    const TokenPiece first = token_piece(exchange, exchange.prompt_first_token);
+    prompt.push_back({TokenLogprob{exchange.prompt_first_token, NAN, {}}, 0});
+    size_t offset = first.special ? 0 : first.bytes.size();
+    for (const TokenLogprob& logprob : event.prompt_logprobs) {
+      prompt.push_back({logprob, std::min(offset, exchange.echo.size())});
+      const TokenPiece piece = token_piece(exchange, logprob.token);
+      offset += piece.special ? 0 : piece.bytes.size();
+    }
+    choice.tokens.insert(choice.tokens.begin(), prompt.begin(), prompt.end());
+  }
   if (!choice.matcher.stopped()) {
     const auto tokens = static_cast<int64_t>(event.tokens.size());
     choice.completion_tokens += tokens;
@@ -446,6 +463,8 @@ Request Server::State::engine_request(const CompletionRequest& parsed) {
   // best_of ranks its choices by their tokens' log-probabilities: it asks for them itself.
   request.logprobs =
       parsed.best_of > parsed.n ? std::max<int64_t>(parsed.logprobs, 0) : parsed.logprobs;
+  // echo with logprobs reports the prompt's tokens too, the first without one (OpenAI's shape).
+  if (parsed.echo && parsed.logprobs >= 0) request.prompt_logprobs = parsed.logprobs;
   if (request.logprobs >= 0 && !engine->info().has_tokenizer) {
     throw ApiException(ApiError{400, "invalid_request_error",
                                 "'logprobs' shows tokens as text, and the model has no tokenizer",
@@ -520,6 +539,11 @@ void Server::State::completion(const std::string& body, httplib::Response& respo
   try {
     const CompletionRequest parsed = parse_completion_request(body, endpoint, defaults, model_name);
     Request request = engine_request(parsed);
+    if (request.prompt_logprobs >= 0) {
+      exchange->prompt_first_token = request.prompt_ids.empty()
+                                         ? engine->tokenize(request.prompt).front()
+                                         : request.prompt_ids.front();
+    }
     exchange->server = this;
     exchange->endpoint = endpoint;
     exchange->stream = parsed.stream;
