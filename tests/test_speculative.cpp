@@ -684,7 +684,8 @@ TEST_F(SpeculativeTest, PenaltiesBiasAndLogprobsAreTheTargetsWithAndWithoutSpecu
 
 // The prompt's log-probabilities are each prompt token's log-softmax under the target after the
 // tokens before it, whatever the prefix cache holds (a second request with the same prompt gets
-// the same numbers), and come with the first update.
+// the same numbers) and however the prefill is cut into chunks to bound its rows of logits, and
+// come with the first update.
 TEST_F(SpeculativeTest, PromptLogprobsAreTheTargetsOverThePrompt) {
   const std::vector<int32_t> prompt = {1, 40, 41, 42, 40, 41, 42, 40, 41, 7, 7, 9};
   const SequenceId sequence = target_->kv_cache().add_sequence();
@@ -692,12 +693,15 @@ TEST_F(SpeculativeTest, PromptLogprobsAreTheTargetsOverThePrompt) {
   Logits logits;
   target_->forward(input, &logits);
   target_->kv_cache().remove_sequence(sequence);
-  BatchEngine engine(*target_, self_draft_.get(), {});
-  for (int round = 0; round < 2; ++round) {
+  for (int round = 0; round < 3; ++round) {
+    // The third round's prefill in chunks of 3 rows.
+    const int64_t logits_at_once = round < 2 ? int64_t{1} << 24 : 3 * target_->config().vocab_size;
+    BatchEngine engine(*target_, self_draft_.get(), {.prompt_logprob_logits = logits_at_once});
     EngineRequest request;
     request.prompt = prompt;
     request.sampling = testing::greedy(4);
     request.prompt_logprobs = 2;
+    if (round == 1) engine.run(request);  // the prompt's blocks are in the cache now
     const Completion result = engine.run(std::move(request));
     ASSERT_EQ(result.prompt_logprobs.size(), prompt.size() - 1) << result.error;
     EXPECT_EQ(result.stats.cached_prompt_tokens, 0) << "the prompt is computed whole";

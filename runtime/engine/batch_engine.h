@@ -96,6 +96,9 @@ struct BatchEngineOptions {
   // it to each row's gamma policy where the draft has a stream of its own that the device runs
   // beside the target's (a GPU's; the CPU runs one op at a time).
   OverlapDrafting overlap = OverlapDrafting::kAuto;
+  // The most logits (rows times the vocabulary) a prompt whose log-probabilities are asked for
+  // holds at once: its prefill runs in chunks of as many rows (64 MiB of f32 by default).
+  int64_t prompt_logprob_logits = int64_t{1} << 24;
 };
 
 struct BatchEngineStats {

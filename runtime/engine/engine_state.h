@@ -141,6 +141,8 @@ struct BatchEngine::State {
   void admit(std::vector<std::unique_ptr<Sequence>> admitted);
   // One prefill of `admitted`, none of whose prompts shares its first block with another's.
   void admit_wave(std::vector<std::unique_ptr<Sequence>> admitted);
+  // The prefill of a prompt whose log-probabilities are asked for (EngineRequest::prompt_logprobs).
+  void prefill_reading_logprobs(Sequence& sequence);
   // Starts the admitted sequence's target cache from cached blocks of `fed` (its prompt but the
   // last token) and returns how many positions it reused.
   int64_t reuse_cached_prefix(Sequence& sequence, std::span<const int32_t> fed);

@@ -41,6 +41,7 @@ void BatchEngine::State::admit_wave(std::vector<std::unique_ptr<Sequence>> admit
   std::vector<std::unique_ptr<Sequence>> starting;
   std::vector<SequenceInput> prefill;
   std::vector<std::pair<Sequence*, int64_t>> prefilled;  // and the first position it computes
+  std::vector<Sequence*> whole_prompts;  // prompts whose log-probabilities are asked for
   const bool reads_features = drafter.model() != nullptr && drafter.model()->reads_features();
   for (auto& sequence : admitted) {
     sequence->stats.queue_ms = milliseconds(sequence->submitted, start);
@@ -53,29 +54,24 @@ void BatchEngine::State::admit_wave(std::vector<std::unique_ptr<Sequence>> admit
     }
     const std::span<const int32_t> fed =
         std::span<const int32_t>(sequence->committed).first(sequence->committed.size() - 1);
-    // A prompt whose log-probabilities are asked for is computed whole: each token's row.
-    const bool whole = sequence->request.prompt_logprobs >= 0;
-    const int64_t reused = whole ? 0 : reuse_cached_prefix(*sequence, fed);
+    if (sequence->request.prompt_logprobs >= 0) {
+      if (!fed.empty()) whole_prompts.push_back(sequence.get());
+      starting.push_back(std::move(sequence));
+      continue;
+    }
+    const int64_t reused = reuse_cached_prefix(*sequence, fed);
     if (reused < static_cast<int64_t>(fed.size())) {
-      prefill.push_back({sequence->target_kv, fed.subspan(static_cast<size_t>(reused)), whole});
+      prefill.push_back({sequence->target_kv, fed.subspan(static_cast<size_t>(reused)), false});
       prefilled.emplace_back(sequence.get(), reused);
     }
     starting.push_back(std::move(sequence));
   }
   try {
     if (!prefill.empty()) {
-      Logits logits;
-      logits.keep_on_device = true;  // read only for prompt log-probabilities, there
+      Logits unused;
+      unused.keep_on_device = true;  // a prefill's logits are never read
       Features features;
-      target.forward(prefill, &logits, reads_features ? &features : nullptr);
-      for (size_t s = 0; s < prefilled.size(); ++s) {
-        Sequence& sequence = *prefilled[s].first;
-        if (sequence.request.prompt_logprobs < 0) continue;
-        sequence.prompt_logprobs = logprobs.read_prompt(
-            logits.device + logits.row_begin[s] * logits.device_width, logits.device_width,
-            std::span<const int32_t>(sequence.committed).subspan(1),
-            sequence.request.prompt_logprobs);
-      }
+      target.forward(prefill, &unused, reads_features ? &features : nullptr);
       for (size_t s = 0; reads_features && s < prefilled.size(); ++s) {
         const auto& [sequence, first] = prefilled[s];
         if (!sequence->drafts_with_model) continue;
@@ -83,6 +79,7 @@ void BatchEngine::State::admit_wave(std::vector<std::unique_ptr<Sequence>> admit
                                           features.of(static_cast<int64_t>(s)));
       }
     }
+    for (Sequence* sequence : whole_prompts) prefill_reading_logprobs(*sequence);
   } catch (const std::exception& error) {
     for (auto& sequence : starting) {
       finish(std::move(sequence), FinishReason::kFailed,
@@ -104,6 +101,34 @@ void BatchEngine::State::admit_wave(std::vector<std::unique_ptr<Sequence>> admit
   counters.target_ms += prefill_ms;
   counters.prompt_tokens += prompt_tokens;
   counters.cached_prompt_tokens += cached_prompt_tokens;
+}
+
+// A prompt whose log-probabilities are asked for is computed whole (nothing from the prefix cache),
+// every token's row of logits kept: in chunks of at most options.prompt_logprob_logits logits
+// each, so a long prompt with a large vocabulary never holds all its rows at once, each chunk's
+// read on the backend before the next.
+void BatchEngine::State::prefill_reading_logprobs(Sequence& sequence) {
+  const std::span<const int32_t> committed = sequence.committed;
+  const auto fed = static_cast<int64_t>(committed.size()) - 1;
+  const int64_t chunk =
+      std::max<int64_t>(1, options.prompt_logprob_logits / target.config().vocab_size);
+  const bool hands_features = sequence.drafts_with_model && drafter.model()->reads_features();
+  for (int64_t first = 0; first < fed; first += chunk) {
+    const auto count = static_cast<size_t>(std::min(chunk, fed - first));
+    const SequenceInput input[] = {
+        {sequence.target_kv, committed.subspan(static_cast<size_t>(first), count), true}};
+    Logits logits;
+    logits.keep_on_device = true;
+    Features features;
+    target.forward(input, &logits, hands_features ? &features : nullptr);
+    const std::vector<TokenLogprob> part = logprobs.read_prompt(
+        logits.device, logits.device_width,
+        committed.subspan(static_cast<size_t>(first) + 1, count), sequence.request.prompt_logprobs);
+    sequence.prompt_logprobs.insert(sequence.prompt_logprobs.end(), part.begin(), part.end());
+    if (hands_features) {
+      drafter.model()->observe_features(static_cast<int64_t>(sequence.id), first, features.of(0));
+    }
+  }
 }
 
 // A draft reading the target's features needs them from the position before the first token it
