@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes specrun's readers of untrusted input (tests/fuzz: safetensors and GGUF files, config.json,
 # tokenizer.json with encode and streaming decode, the TOML settings, chat templates compiled and
-# rendered, the server's request bodies) with libFuzzer under AddressSanitizer and UndefinedBehaviorSanitizer, each for SECONDS
+# rendered, the server's request bodies and raw connections, structured output's grammars and JSON
+# schemas) with libFuzzer under AddressSanitizer and UndefinedBehaviorSanitizer, each for SECONDS
 # (default 60), starting from the seed corpus in tests/fuzz/corpus/, one harness per core at a time.
 # Usage: tools/run-fuzzers.sh [SECONDS] [HARNESS...]
 #
@@ -19,7 +20,7 @@ shift || true
 harnesses=("$@")
 if [[ ${#harnesses[@]} -eq 0 ]]; then
   harnesses=(fuzz_safetensors fuzz_gguf fuzz_model_config fuzz_tokenizer fuzz_settings
-    fuzz_chat_template fuzz_openai_request fuzz_http_request)
+    fuzz_chat_template fuzz_openai_request fuzz_http_request fuzz_grammar)
 fi
 build_dir=${SPECRUN_BUILD_DIR:-build-fuzz}
 
