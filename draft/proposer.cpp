@@ -370,11 +370,14 @@ void ModelProposer::enqueue_processing(Call& call, int64_t round, const Logits& 
     edit_ends_.push_back(static_cast<int64_t>(edits_.size()));
     if (!request.processor->masks()) continue;
     token_mask_.clear();
-    request.processor->masks(text, text.size() + 1, head.empty() ? words : vocab_words, token_mask_,
+    // Over the grammar's vocabulary (the target's tokenizer) or the draft's, the wider: a token
+    // past the draft's rows is never one it scores.
+    request.processor->masks(text, text.size() + 1,
+                             std::max(request.processor->mask_words(), vocab_words), token_mask_,
                              text.size());
     uint32_t* mask = masks_.data() + first_mask;
     if (head.empty()) {
-      std::copy(token_mask_.begin(), token_mask_.end(), mask);
+      std::copy_n(token_mask_.begin(), words, mask);
       continue;
     }
     std::fill(mask, mask + words, 0u);

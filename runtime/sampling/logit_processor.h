@@ -48,6 +48,8 @@ class LogitProcessor {
 
   // Whether the rows are masked (a grammar).
   bool masks() const { return matcher_.has_value(); }
+  // The fewest words a mask row takes: the grammar vocabulary's (0 without a grammar).
+  size_t mask_words() const { return matcher_ ? matcher_->vocabulary().mask_words() : 0; }
   // Appends to `out` the masks of `rows` rows of `words` words each (at least the vocabulary's;
   // bit t % 32 of word t / 32 set: token t allowed), row i the position after the committed text
   // and drafts[0, i). A row past a draft the grammar refuses allows every token: no verification
