@@ -338,36 +338,36 @@ void ModelProposer::enqueue_processing(Call& call, int64_t round, const Logits& 
   const bool any_masks = std::any_of(rows.begin(), rows.end(), [&](int64_t b) {
     return call.request(b).processor != nullptr && call.request(b).processor->masks();
   });
-  edit_ends_.assign(1, 0);
-  edits_.clear();
-  masks_.clear();
+  edits_.clear(any_masks ? words : 0);
+  std::vector<kernels::LogitEdit>& edits = edits_.edits();
   std::vector<int32_t> text;  // what the row's processor has not committed: then its drafts
   for (const int64_t b : rows) {
     const DraftRequest& request = call.request(b);
-    const size_t first_mask = masks_.size();
-    if (any_masks) masks_.resize(first_mask + words, ~0u);
     if (request.processor == nullptr) {
-      edit_ends_.push_back(static_cast<int64_t>(edits_.size()));
+      edits_.add_untouched(1);
       continue;
     }
     text.assign(request.committed.end() - request.uncommitted, request.committed.end());
     const int32_t* drafts = call.proposals.tokens.data() + b * call.proposals.gamma;
     text.insert(text.end(), drafts, drafts + round);
-    const size_t before = edits_.size();
-    std::vector<int64_t> ends;
-    request.processor->edits(text, text.size() + 1, edits_, ends, text.size());
+    const size_t before = edits.size();
+    request.processor->edits(text, text.size() + 1, edits, edits_.row_ends(), text.size());
     if (!head.empty()) {
       // Columns of the reduced head: an edit of a token it does not score is dropped.
       size_t kept = before;
-      for (size_t e = before; e < edits_.size(); ++e) {
-        const auto at = std::lower_bound(head.begin(), head.end(), edits_[e].token);
-        if (at == head.end() || *at != edits_[e].token) continue;
-        edits_[kept] = edits_[e];
-        edits_[kept++].token = static_cast<int32_t>(at - head.begin());
+      for (size_t e = before; e < edits.size(); ++e) {
+        const auto at = std::lower_bound(head.begin(), head.end(), edits[e].token);
+        if (at == head.end() || *at != edits[e].token) continue;
+        edits[kept] = edits[e];
+        edits[kept++].token = static_cast<int32_t>(at - head.begin());
       }
-      edits_.resize(kept);
+      edits.resize(kept);
+      edits_.row_ends().back() = static_cast<int64_t>(kept);
     }
-    edit_ends_.push_back(static_cast<int64_t>(edits_.size()));
+    if (!any_masks) continue;
+    std::vector<uint32_t>& masks = edits_.masks();
+    const size_t first_mask = masks.size();
+    masks.resize(first_mask + words, ~0u);
     if (!request.processor->masks()) continue;
     token_mask_.clear();
     // Over the grammar's vocabulary (the target's tokenizer) or the draft's, the wider: a token
@@ -375,7 +375,7 @@ void ModelProposer::enqueue_processing(Call& call, int64_t round, const Logits& 
     request.processor->masks(text, text.size() + 1,
                              std::max(request.processor->mask_words(), vocab_words), token_mask_,
                              text.size());
-    uint32_t* mask = masks_.data() + first_mask;
+    uint32_t* mask = masks.data() + first_mask;
     if (head.empty()) {
       std::copy_n(token_mask_.begin(), words, mask);
       continue;
@@ -393,34 +393,9 @@ void ModelProposer::enqueue_processing(Call& call, int64_t round, const Logits& 
     // draft is refused by the target, which is exact whatever the draft proposes.
     if (!allows_any) std::fill(mask, mask + words, ~0u);
   }
-  if (edits_.empty() && !any_masks) return;
-  kernels::Backend& backend = draft_.backend();
-  const size_t end_bytes = edit_ends_.size() * sizeof(int64_t);
-  const size_t edit_bytes = (edits_.size() * sizeof(kernels::LogitEdit) + 7) / 8 * 8;
-  const size_t mask_bytes = masks_.size() * sizeof(uint32_t);
-  edits_device_.reserve(backend, end_bytes + edit_bytes + mask_bytes, "the draft's logit edits");
-  char* device = edits_device_.as<char>();
-  SPECRUN_CHECK_OK(backend.copy_to_device(device, edit_ends_.data(), end_bytes),
-                   "uploading the draft's logit edits");
-  if (!edits_.empty()) {
-    SPECRUN_CHECK_OK(backend.copy_to_device(device + end_bytes, edits_.data(),
-                                            edits_.size() * sizeof(kernels::LogitEdit)),
-                     "uploading the draft's logit edits");
-  }
-  if (any_masks) {
-    SPECRUN_CHECK_OK(
-        backend.copy_to_device(device + end_bytes + edit_bytes, masks_.data(), mask_bytes),
-        "uploading the draft's grammar masks");
-  }
   // The forward's rows are this call's until the draft's next forward: edited where they lie.
-  SPECRUN_CHECK_OK(
-      backend.edit_logits(
-          {static_cast<int64_t>(rows.size()), width, any_masks ? static_cast<int64_t>(words) : 0},
-          reinterpret_cast<const int64_t*>(device),
-          reinterpret_cast<const kernels::LogitEdit*>(device + end_bytes),
-          any_masks ? reinterpret_cast<const uint32_t*>(device + end_bytes + edit_bytes) : nullptr,
-          const_cast<float*>(logits.device)),
-      "applying the requests' penalties, logit bias and grammars to the draft's rows");
+  edits_.apply(draft_.backend(), width, const_cast<float*>(logits.device),
+               "applying the requests' penalties, logit bias and grammars to the draft's rows");
 }
 
 void ModelProposer::read_back(const Call& call, int64_t first, int64_t count) {

@@ -159,11 +159,8 @@ class ModelProposer : public Proposer {
   DeviceBuffer head_tokens_device_;  // a reduced head's output_token_ids
   // The round's logits processing, where its requests have processors: host staging and the
   // upload (row offsets, edits, masks), reused from round to round.
-  std::vector<int64_t> edit_ends_;
-  std::vector<kernels::LogitEdit> edits_;
-  std::vector<uint32_t> masks_;
+  LogitEditBatch edits_;
   std::vector<uint32_t> token_mask_;  // one row's mask over the vocabulary, before mapping
-  DeviceBuffer edits_device_;
 
   // The round's forward: each row of the round reads its unseen committed tokens (round 0) or
   // its previous draft, from the host or, where the call settles its rounds at the end, straight

@@ -133,58 +133,27 @@ void Scorer::apply_processors(std::span<const ScoreRequest> requests) {
     return request.processor && request.processor->masks();
   });
   const auto words = static_cast<size_t>((logits_.vocab_size + 31) / 32);
-  edit_begin_.assign(1, 0);
-  edits_.clear();
-  masks_.clear();
+  edits_.clear(any_masks ? words : 0);
   for (size_t b = 0; b < requests.size(); ++b) {
     const ScoreRequest& request = requests[b];
     const auto rows = static_cast<size_t>(logits_.row_begin[b + 1] - logits_.row_begin[b]);
     if (request.processor == nullptr) {
-      edit_begin_.insert(edit_begin_.end(), rows, static_cast<int64_t>(edits_.size()));
-      if (any_masks) masks_.resize(masks_.size() + rows * words, ~0u);
+      edits_.add_untouched(rows);
       continue;
     }
     SPECRUN_CHECK(rows == request.drafts.size() + 1)
         << "a row with logits processors brings alternates (" << rows << " rows for "
         << request.drafts.size() << " drafts)";
-    request.processor->edits(request.drafts, rows, edits_, edit_begin_);
+    request.processor->edits(request.drafts, rows, edits_.edits(), edits_.row_ends());
     if (request.processor->masks()) {
-      request.processor->masks(request.drafts, rows, words, masks_);
+      request.processor->masks(request.drafts, rows, words, edits_.masks());
     } else if (any_masks) {
-      masks_.resize(masks_.size() + rows * words, ~0u);
+      edits_.masks().resize(edits_.masks().size() + rows * words, ~0u);
     }
   }
-  if (edits_.empty() && !any_masks) return;  // penalties with nothing yet to penalise
-  kernels::Backend& backend = target_.backend();
-  // One upload: the row offsets, the edits, the masks, each 8-byte aligned.
-  const size_t begin_bytes = edit_begin_.size() * sizeof(int64_t);
-  const size_t edit_bytes = (edits_.size() * sizeof(kernels::LogitEdit) + 7) / 8 * 8;
-  const size_t mask_bytes = masks_.size() * sizeof(uint32_t);
-  device_edits_.reserve(backend, begin_bytes + edit_bytes + mask_bytes, "logit edits");
-  char* device = device_edits_.as<char>();
-  SPECRUN_CHECK_OK(backend.copy_to_device(device, edit_begin_.data(), begin_bytes),
-                   "uploading the logit edits");
-  if (!edits_.empty()) {
-    SPECRUN_CHECK_OK(backend.copy_to_device(device + begin_bytes, edits_.data(),
-                                            edits_.size() * sizeof(kernels::LogitEdit)),
-                     "uploading the logit edits");
-  }
-  if (any_masks) {
-    SPECRUN_CHECK_OK(
-        backend.copy_to_device(device + begin_bytes + edit_bytes, masks_.data(), mask_bytes),
-        "uploading the grammar masks");
-  }
-  const int64_t rows = logits_.row_begin.back();
   // The rows are the scorer's until the target's next forward: edited where they lie.
-  SPECRUN_CHECK_OK(
-      backend.edit_logits({rows, logits_.vocab_size, any_masks ? static_cast<int64_t>(words) : 0},
-                          reinterpret_cast<const int64_t*>(device),
-                          reinterpret_cast<const kernels::LogitEdit*>(device + begin_bytes),
-                          any_masks
-                              ? reinterpret_cast<const uint32_t*>(device + begin_bytes + edit_bytes)
-                              : nullptr,
-                          const_cast<float*>(logits_.device)),
-      "applying the requests' penalties, logit bias and grammars");
+  edits_.apply(target_.backend(), logits_.vocab_size, const_cast<float*>(logits_.device),
+               "applying the requests' penalties, logit bias and grammars");
 }
 
 }  // namespace specrun

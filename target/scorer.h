@@ -63,13 +63,10 @@ class Scorer {
   Logits logits_;
   Scores scores_;                                  // what score returns
   std::vector<kernels::LogitsSettings> settings_;  // [rows] host, reused per call
-  std::vector<int64_t> edit_begin_;                // [rows + 1] host, reused per call
-  std::vector<kernels::LogitEdit> edits_;          // the rows' edits, host, reused per call
-  std::vector<uint32_t> masks_;                    // [rows, mask words] host, reused per call
-  DeviceBuffer device_edits_;                      // edit_begin_, edits_, then masks_
-  DeviceBuffer device_settings_;                   // [rows] LogitsSettings
-  DeviceBuffer probs_;                             // [rows, vocab] f32
-  DeviceBuffer status_;                            // [rows] RowStatus
+  LogitEditBatch edits_;          // the rows' penalties, bias and masks, reused per call
+  DeviceBuffer device_settings_;  // [rows] LogitsSettings
+  DeviceBuffer probs_;            // [rows, vocab] f32
+  DeviceBuffer status_;           // [rows] RowStatus
 };
 
 }  // namespace specrun

@@ -15,10 +15,14 @@
 #include "runtime/grammar/json_schema.h"
 #include "runtime/grammar/matcher.h"
 #include "runtime/grammar/vocabulary.h"
+#include "tests/grammar_testing.h"
 #include "tests/test_support.h"
 
 namespace specrun {
 namespace {
+
+using testing::brute_force_mask;
+using testing::mask_of;
 
 using grammar::Matcher;
 using grammar::TokenVocabulary;
@@ -55,22 +59,6 @@ bool matches(const std::shared_ptr<const grammar::Grammar>& compiled, const std:
 
 bool matches(const std::string& gbnf, const std::string& text) {
   return matches(grammar::parse_gbnf(gbnf), text);
-}
-
-std::vector<uint32_t> mask_of(const Matcher& matcher) {
-  std::vector<uint32_t> bits(matcher.vocabulary().mask_words());
-  matcher.fill_mask(bits);
-  return bits;
-}
-
-// The reference: each token accepted (or not) by a copy of the matcher.
-std::vector<uint32_t> brute_force_mask(const Matcher& matcher) {
-  std::vector<uint32_t> bits(matcher.vocabulary().mask_words());
-  for (int32_t id = 0; id < matcher.vocabulary().size(); ++id) {
-    Matcher copy = matcher;
-    if (copy.accept_token(id)) bits[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
-  }
-  return bits;
 }
 
 bool allowed(const std::vector<uint32_t>& bits, int32_t id) {

@@ -17,10 +17,14 @@
 #include "runtime/grammar/vocabulary.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/text/unicode.h"
+#include "tests/grammar_testing.h"
 #include "tests/test_support.h"
 
 namespace specrun {
 namespace {
+
+using testing::brute_force_mask;
+using testing::mask_of;
 
 namespace fs = std::filesystem;
 using grammar::Matcher;
@@ -37,21 +41,6 @@ std::shared_ptr<const TokenVocabulary> vocabulary_of(const text::Tokenizer& toke
   std::vector<int32_t> eos;
   if (tokenizer.eos_id()) eos.push_back(*tokenizer.eos_id());
   return TokenVocabulary::from_tokenizer(tokenizer, eos);
-}
-
-std::vector<uint32_t> mask_of(const Matcher& matcher) {
-  std::vector<uint32_t> bits(matcher.vocabulary().mask_words());
-  matcher.fill_mask(bits);
-  return bits;
-}
-
-std::vector<uint32_t> brute_force_mask(const Matcher& matcher) {
-  std::vector<uint32_t> bits(matcher.vocabulary().mask_words());
-  for (int32_t id = 0; id < matcher.vocabulary().size(); ++id) {
-    Matcher copy = matcher;
-    if (copy.accept_token(id)) bits[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
-  }
-  return bits;
 }
 
 std::vector<int32_t> allowed_ids(const std::vector<uint32_t>& bits) {

@@ -45,6 +45,15 @@ namespace {
 // a missing bias, the window) moves logits by 1e-2 to 1 of that scale: 2-4 orders above.
 constexpr double kTolerance = 1e-4;
 
+// A case's model as every comparison loads it: room for its prompts and continuations, f32 keys
+// and values (the reference's exact ones).
+ModelOptions comparison_options() {
+  ModelOptions options;
+  options.kv_cache_tokens = 1024;
+  options.kv_cache_dtype = DType::kF32;
+  return options;
+}
+
 class HfConformanceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfConformanceTest, LogitsAndGreedyContinuationMatchTransformers) {
@@ -57,10 +66,7 @@ TEST_P(HfConformanceTest, LogitsAndGreedyContinuationMatchTransformers) {
   ASSERT_FALSE(reference.prompts.empty());
 
   auto backend = testing::make_cpu_backend(2);
-  ModelOptions options;
-  options.kv_cache_tokens = 1024;
-  options.kv_cache_dtype = DType::kF32;  // the reference's exact keys and values
-  auto model = Model::load(directory / name, *backend, options);
+  auto model = Model::load(directory / name, *backend, comparison_options());
   ASSERT_EQ(model->config().vocab_size, reference.vocab_size);
 
   const testing::HfComparison c = testing::compare_with_hf(*model, reference, kTolerance);
@@ -86,11 +92,8 @@ TEST(HfLogprobs, SpeculativeLogprobsAreTransformersLogSoftmax) {
     if (directory.empty()) GTEST_SKIP() << skip_reason;
     const testing::HfReference reference = testing::load_hf_reference(directory, name);
     auto backend = testing::make_cpu_backend(2);
-    ModelOptions options;
-    options.kv_cache_tokens = 1024;
-    options.kv_cache_dtype = DType::kF32;
-    auto target = Model::load(directory / name, *backend, options);
-    auto draft = Model::load(directory / name, *backend, options);
+    auto target = Model::load(directory / name, *backend, comparison_options());
+    auto draft = Model::load(directory / name, *backend, comparison_options());
     BatchEngine engine(*target, draft.get(), {});
     int64_t compared = 0, accepted = 0;
     for (const testing::HfReference::Prompt& prompt : reference.prompts) {
@@ -171,9 +174,7 @@ void expect_breaks_caught(const std::string& name, const std::vector<Break>& bre
   if (directory.empty()) GTEST_SKIP() << skip_reason;
   const testing::HfReference reference = testing::load_hf_reference(directory, name);
   auto backend = testing::make_cpu_backend(2);
-  ModelOptions options;
-  options.kv_cache_tokens = 1024;
-  options.kv_cache_dtype = DType::kF32;
+  const ModelOptions options = comparison_options();
   for (size_t i = 0; i < breaks.size(); ++i) {
     SCOPED_TRACE(breaks[i].what);
     const std::filesystem::path broken =

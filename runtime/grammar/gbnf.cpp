@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "runtime/text/unicode.h"
 #include "specrun/error.hpp"
 
 namespace specrun::grammar {
@@ -25,21 +26,7 @@ int hex_value(char c) {
 
 std::string utf8_of(uint32_t code_point) {
   std::string out;
-  if (code_point < 0x80) {
-    out += static_cast<char>(code_point);
-  } else if (code_point < 0x800) {
-    out += static_cast<char>(0xC0 | (code_point >> 6));
-    out += static_cast<char>(0x80 | (code_point & 0x3F));
-  } else if (code_point < 0x10000) {
-    out += static_cast<char>(0xE0 | (code_point >> 12));
-    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (code_point & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (code_point >> 18));
-    out += static_cast<char>(0x80 | ((code_point >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (code_point & 0x3F));
-  }
+  text::append_utf8(out, code_point);
   return out;
 }
 

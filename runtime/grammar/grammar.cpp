@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "runtime/base/check.h"
+#include "runtime/text/unicode.h"
 
 namespace specrun::grammar {
 
@@ -53,29 +54,6 @@ std::vector<CodePointRange> normalize(std::vector<CodePointRange> ranges, bool n
   return out;
 }
 
-int encode_utf8(uint32_t code_point, uint8_t* out) {
-  if (code_point < 0x80) {
-    out[0] = static_cast<uint8_t>(code_point);
-    return 1;
-  }
-  if (code_point < 0x800) {
-    out[0] = static_cast<uint8_t>(0xC0 | (code_point >> 6));
-    out[1] = static_cast<uint8_t>(0x80 | (code_point & 0x3F));
-    return 2;
-  }
-  if (code_point < 0x10000) {
-    out[0] = static_cast<uint8_t>(0xE0 | (code_point >> 12));
-    out[1] = static_cast<uint8_t>(0x80 | ((code_point >> 6) & 0x3F));
-    out[2] = static_cast<uint8_t>(0x80 | (code_point & 0x3F));
-    return 3;
-  }
-  out[0] = static_cast<uint8_t>(0xF0 | (code_point >> 18));
-  out[1] = static_cast<uint8_t>(0x80 | ((code_point >> 12) & 0x3F));
-  out[2] = static_cast<uint8_t>(0x80 | ((code_point >> 6) & 0x3F));
-  out[3] = static_cast<uint8_t>(0x80 | (code_point & 0x3F));
-  return 4;
-}
-
 // The UTF-8 encodings of [first, last] (no surrogates inside) as sequences of byte ranges, each
 // byte position one range: the split of Rust regex-syntax's utf8 module. A range is cut where
 // the encoded length changes, then wherever its ends differ above a continuation byte's 6 bits
@@ -109,12 +87,13 @@ void utf8_sequences(uint32_t first, uint32_t last,
       }
     }
   }
-  uint8_t low[4];
-  uint8_t high[4];
-  const int length = encode_utf8(first, low);
-  encode_utf8(last, high);
+  std::string low, high;  // the same length: the range does not cross one
+  text::append_utf8(low, first);
+  text::append_utf8(high, last);
   std::vector<std::pair<uint8_t, uint8_t>> sequence;
-  for (int k = 0; k < length; ++k) sequence.emplace_back(low[k], high[k]);
+  for (size_t k = 0; k < low.size(); ++k) {
+    sequence.emplace_back(static_cast<uint8_t>(low[k]), static_cast<uint8_t>(high[k]));
+  }
   out.push_back(std::move(sequence));
 }
 

@@ -9,6 +9,7 @@
 
 #include "runtime/grammar/gbnf.h"
 #include "runtime/grammar/regex_grammar.h"
+#include "runtime/text/unicode.h"
 #include "specrun/error.hpp"
 
 namespace specrun::grammar {
@@ -556,27 +557,10 @@ class SchemaCompiler {
       if (!trie[k].is_name) body = "\"\\\"\"";
       for (const auto& [c, child] : trie[k].children) {
         excluded.push_back({c, c});
-        std::string text;
-        if (c < 0x80) {
-          text = std::string(1, static_cast<char>(c));
-        } else {
-          // Re-encode: the class writer and the literal writer both take UTF-8.
-          text = "";
-          if (c < 0x800) {
-            text += static_cast<char>(0xC0 | (c >> 6));
-            text += static_cast<char>(0x80 | (c & 0x3F));
-          } else if (c < 0x10000) {
-            text += static_cast<char>(0xE0 | (c >> 12));
-            text += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-            text += static_cast<char>(0x80 | (c & 0x3F));
-          } else {
-            text += static_cast<char>(0xF0 | (c >> 18));
-            text += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-            text += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-            text += static_cast<char>(0x80 | (c & 0x3F));
-          }
-        }
-        body += (body.empty() ? "" : " | ") + gbnf_literal(text) + " " + rule_of[child];
+        // Re-encoded: the literal writer takes UTF-8.
+        std::string character;
+        text::append_utf8(character, c);
+        body += (body.empty() ? "" : " | ") + gbnf_literal(character) + " " + rule_of[child];
       }
       std::sort(excluded.begin(), excluded.end(),
                 [](const CodePointRange& a, const CodePointRange& b) { return a.first < b.first; });

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "runtime/grammar/gbnf.h"
+#include "runtime/text/unicode.h"
 #include "specrun/error.hpp"
 
 namespace specrun::grammar {
@@ -76,21 +77,7 @@ bool needs_json_escape(uint32_t code_point) {
 
 std::string encode(uint32_t code_point) {
   std::string out;
-  if (code_point < 0x80) {
-    out += static_cast<char>(code_point);
-  } else if (code_point < 0x800) {
-    out += static_cast<char>(0xC0 | (code_point >> 6));
-    out += static_cast<char>(0x80 | (code_point & 0x3F));
-  } else if (code_point < 0x10000) {
-    out += static_cast<char>(0xE0 | (code_point >> 12));
-    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (code_point & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (code_point >> 18));
-    out += static_cast<char>(0x80 | ((code_point >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((code_point >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (code_point & 0x3F));
-  }
+  text::append_utf8(out, code_point);
   return out;
 }
 

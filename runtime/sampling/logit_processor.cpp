@@ -112,4 +112,35 @@ void LogitProcessor::edits(std::span<const int32_t> drafts, size_t rows,
   }
 }
 
+void LogitEditBatch::apply(kernels::Backend& backend, int64_t width, float* logits,
+                           const char* what) {
+  if (edits_.empty() && !masked()) return;  // penalties with nothing yet to penalise
+  // One upload: the row offsets, the edits, the masks, each 8-byte aligned.
+  const size_t end_bytes = row_ends_.size() * sizeof(int64_t);
+  const size_t edit_bytes = (edits_.size() * sizeof(kernels::LogitEdit) + 7) / 8 * 8;
+  const size_t mask_bytes = masks_.size() * sizeof(uint32_t);
+  device_.reserve(backend, end_bytes + edit_bytes + mask_bytes, "logit edits");
+  char* device = device_.as<char>();
+  SPECRUN_CHECK_OK(backend.copy_to_device(device, row_ends_.data(), end_bytes),
+                   "uploading the logit edits");
+  if (!edits_.empty()) {
+    SPECRUN_CHECK_OK(backend.copy_to_device(device + end_bytes, edits_.data(),
+                                            edits_.size() * sizeof(kernels::LogitEdit)),
+                     "uploading the logit edits");
+  }
+  if (masked()) {
+    SPECRUN_CHECK_OK(
+        backend.copy_to_device(device + end_bytes + edit_bytes, masks_.data(), mask_bytes),
+        "uploading the grammar masks");
+  }
+  const auto rows = static_cast<int64_t>(row_ends_.size()) - 1;
+  SPECRUN_CHECK_OK(
+      backend.edit_logits(
+          {rows, width, static_cast<int64_t>(words_)}, reinterpret_cast<const int64_t*>(device),
+          reinterpret_cast<const kernels::LogitEdit*>(device + end_bytes),
+          masked() ? reinterpret_cast<const uint32_t*>(device + end_bytes + edit_bytes) : nullptr,
+          logits),
+      what);
+}
+
 }  // namespace specrun

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "runtime/base/device_buffer.h"
 #include "runtime/grammar/matcher.h"
 #include "specrun/settings.hpp"
 
@@ -75,6 +76,40 @@ class LogitProcessor {
   std::unordered_map<int32_t, int32_t> output_counts_;  // generated tokens, with their counts
   std::map<int32_t, float> bias_;
   std::optional<grammar::Matcher> matcher_;  // at the end of the committed text
+};
+
+// One call's rows of edits and masks, staged on the host by their processors and applied in one
+// upload and one edit_logits: what the target's scorer and the draft's rounds share. Reused from
+// call to call.
+class LogitEditBatch {
+ public:
+  // Starts a batch of rows `words` mask words wide (0: no row is masked).
+  void clear(size_t words) {
+    words_ = words;
+    row_ends_.assign(1, 0);
+    edits_.clear();
+    masks_.clear();
+  }
+  // The staging a processor appends a row's edits to (LogitProcessor::edits) and where the row
+  // ends are pushed; then its mask (LogitProcessor::masks), if masked().
+  std::vector<kernels::LogitEdit>& edits() { return edits_; }
+  std::vector<int64_t>& row_ends() { return row_ends_; }
+  std::vector<uint32_t>& masks() { return masks_; }
+  bool masked() const { return words_ > 0; }
+  // `rows` rows no processor touches: no edits, every token allowed.
+  void add_untouched(size_t rows) {
+    row_ends_.insert(row_ends_.end(), rows, static_cast<int64_t>(edits_.size()));
+    masks_.resize(masks_.size() + rows * words_, ~0u);
+  }
+  // Edits `logits` ([rows staged, width], on `backend`) in place, where anything changes them.
+  void apply(kernels::Backend& backend, int64_t width, float* logits, const char* what);
+
+ private:
+  size_t words_ = 0;
+  std::vector<int64_t> row_ends_;          // [rows + 1]
+  std::vector<kernels::LogitEdit> edits_;  // the rows' edits
+  std::vector<uint32_t> masks_;            // [rows, words_]
+  DeviceBuffer device_;                    // row_ends_, edits_, masks_
 };
 
 }  // namespace specrun

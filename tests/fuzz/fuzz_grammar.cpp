@@ -41,9 +41,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view steps =
       split == std::string_view::npos ? std::string_view() : input.substr(split + 1);
   specrun::fuzz::expect_clean_refusal([&] {
-    const auto grammar = (data[0] & 1) != 0
-                             ? specrun::grammar::json_schema_grammar(text)
-                             : specrun::grammar::parse_gbnf(text, "fuzz grammar");
+    const auto grammar = (data[0] & 1) != 0 ? specrun::grammar::json_schema_grammar(text)
+                                            : specrun::grammar::parse_gbnf(text, "fuzz grammar");
     specrun::grammar::Matcher matcher(grammar, tokens);
     std::vector<uint32_t> mask(tokens->mask_words());
     for (const char step : steps.substr(0, 256)) {
