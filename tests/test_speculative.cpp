@@ -719,7 +719,8 @@ TEST_F(SpeculativeTest, PromptLogprobsAreTheTargetsOverThePrompt) {
 }
 
 // A request out of range is refused at submit, naming what: a bias outside [-100, 100] or on a
-// token outside the vocabulary, more top log-probabilities than 20.
+// token outside the vocabulary, more top log-probabilities than 20, prompt log-probabilities
+// below -1.
 TEST_F(SpeculativeTest, RefusesABiasOrLogprobsOutOfRange) {
   BatchEngine engine(*target_, nullptr, {});
   EngineRequest request;
@@ -731,6 +732,9 @@ TEST_F(SpeculativeTest, RefusesABiasOrLogprobsOutOfRange) {
   request.logit_bias = {};
   request.logprobs = 21;
   testing::expect_error([&] { engine.submit(request, {}); }, {"logprobs", "21"});
+  request.logprobs = -1;
+  request.prompt_logprobs = -2;
+  testing::expect_error([&] { engine.submit(request, {}); }, {"prompt_logprobs", "-2"});
 }
 
 TEST_F(SpeculativeTest, SeededRejectionSamplingDoesNotDependOnBatchMates) {
