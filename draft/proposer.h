@@ -10,7 +10,7 @@
 #include "runtime/base/device_buffer.h"
 #include "runtime/model/model.h"
 #include "runtime/sampling/logit_processor.h"
-#include "runtime/sampling/sampler.h"
+#include "runtime/sampling/sampling_params.h"
 #include "runtime/sampling/speculative_step.h"
 
 namespace specrun {

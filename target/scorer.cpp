@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "runtime/base/check.h"
-#include "runtime/sampling/sampler.h"
+#include "runtime/sampling/sampling_params.h"
 
 namespace specrun {
 

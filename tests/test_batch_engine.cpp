@@ -14,6 +14,7 @@
 
 #include "runtime/engine/batch_engine.h"
 #include "tests/deferred_backend.h"
+#include "tests/host_verifiers.h"
 #include "tests/test_support.h"
 #include "verify/verifier.h"
 

@@ -10,7 +10,7 @@
 #include <optional>
 #include <vector>
 
-#include "runtime/sampling/sampler.h"
+#include "tests/host_sampling.h"
 #include "tests/test_support.h"
 
 namespace specrun {

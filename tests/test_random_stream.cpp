@@ -13,7 +13,7 @@
 #include "kernels/core/random_stream.h"
 #include "runtime/base/check.h"
 #include "runtime/sampling/rng.h"
-#include "runtime/sampling/sampler.h"
+#include "tests/host_sampling.h"
 #include "tests/verify_testing.h"
 
 namespace specrun {

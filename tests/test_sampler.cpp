@@ -16,7 +16,7 @@
 #include "kernels/cpu/exp.h"
 #include "kernels/cpu/sampling.h"
 #include "runtime/base/check.h"
-#include "runtime/sampling/sampler.h"
+#include "tests/host_sampling.h"
 
 namespace specrun {
 namespace {

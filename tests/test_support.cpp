@@ -23,7 +23,7 @@
 #include "runtime/model/safetensors.h"
 #include "runtime/sampling/logit_processor.h"
 #include "runtime/sampling/rng.h"
-#include "runtime/sampling/sampler.h"
+#include "tests/host_sampling.h"
 
 namespace specrun::testing {
 

@@ -8,7 +8,8 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "runtime/base/check.h"
 #include "runtime/sampling/rng.h"
-#include "runtime/sampling/sampler.h"
+#include "tests/host_sampling.h"
+#include "tests/host_verifiers.h"
 #include "tests/test_support.h"
 #include "tests/verify_testing.h"
 #include "verify/commit.h"
@@ -398,20 +399,27 @@ TEST(CommitRule, AnAcceptedAlternateMovesToItsPositionAndTheDraftReadsItAgain) {
   EXPECT_EQ(stopped.draft_keep, 11);
 }
 
-TEST(Verifiers, EachRowsSettingsChooseItsRuleUnlessAReplacementDecidesEvery) {
+TEST(VerifyRule, EachRowsSettingsChooseItsRuleAndWhatItReads) {
   SamplingParams greedy, sampled, shared;
   greedy.temperature = 0.0f;
   sampled.temperature = 0.8f;
   shared.temperature = 0.8f;
   shared.shared_noise = true;
-  const Verifiers verifiers;
-  EXPECT_NE(dynamic_cast<const GreedyVerifier*>(&verifiers.for_row(greedy)), nullptr);
-  EXPECT_NE(dynamic_cast<const RejectionSampler*>(&verifiers.for_row(sampled)), nullptr);
-  EXPECT_NE(dynamic_cast<const SharedNoiseVerifier*>(&verifiers.for_row(shared)), nullptr);
-  const RejectionSampler replacement;
-  const Verifiers replaced(&replacement);
-  EXPECT_EQ(&replaced.for_row(greedy), &replacement);
-  EXPECT_EQ(&replaced.for_row(shared), &replacement);
+  EXPECT_EQ(verify_rule(greedy), kernels::VerifyRule::kGreedy);
+  EXPECT_EQ(verify_rule(sampled), kernels::VerifyRule::kRejection);
+  EXPECT_EQ(verify_rule(shared), kernels::VerifyRule::kSharedNoise);
+  // The host rules say what they read as the rule functions do.
+  const GreedyVerifier greedy_rule;
+  const RejectionSampler rejection_rule;
+  const SharedNoiseVerifier shared_noise_rule;
+  const std::pair<kernels::VerifyRule, const Verifier*> rules[] = {
+      {kernels::VerifyRule::kGreedy, &greedy_rule},
+      {kernels::VerifyRule::kRejection, &rejection_rule},
+      {kernels::VerifyRule::kSharedNoise, &shared_noise_rule}};
+  for (const auto& [rule, verifier] : rules) {
+    EXPECT_EQ(takes_alternates(rule), verifier->takes_alternates());
+    EXPECT_EQ(reads_draft_distributions(rule), verifier->reads_draft_distributions());
+  }
 }
 
 TEST(Verifier, RejectsScoresThatDoNotMatchTheProposals) {

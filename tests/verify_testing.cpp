@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "runtime/sampling/sampler.h"
+#include "tests/host_sampling.h"
 
 namespace specrun::testing {
 namespace {

@@ -185,7 +185,7 @@ int run_device_bench(const DeviceBenchOptions& options) {
   const ModelConfig draft_config =
       options.draft_shape.empty() ? ModelConfig{} : synthetic_config(options.draft_shape);
   parse_device(options.device);
-  auto pool = std::make_shared<kernels::cpu::ThreadPool>(options.threads);
+  auto pool = make_thread_pool(options.threads);
   const std::unique_ptr<kernels::Backend> backend =
       make_backend(options.device, pool, BackendOptions{options.deterministic});
   nlohmann::json results;

@@ -24,6 +24,7 @@
 #include "kernels/core/weight_layout.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/fill.h"
+#include "kernels/cpu/sampling.h"
 #include "runtime/engine/batch_engine.h"
 #include "runtime/engine/checkpoint_tokenizer.h"
 #include "runtime/engine/pairing.h"
@@ -32,7 +33,6 @@
 #include "runtime/grammar/matcher.h"
 #include "runtime/model/model.h"
 #include "runtime/sampling/rng.h"
-#include "runtime/sampling/sampler.h"
 #include "specrun/chat.hpp"
 #include "specrun/specrun.hpp"
 #include "tools/cli_support.h"
@@ -600,13 +600,20 @@ nlohmann::json sampling_bench(int64_t vocab, int64_t repeats) {
     params.temperature = setting.temperature;
     params.top_p = setting.top_p;
     params.top_k = setting.top_k;
+    const specrun::kernels::LogitsSettings row_settings = specrun::logits_settings(params);
     std::vector<double> process_us, noise_us;
     int64_t sink = 0;
     for (int64_t run = 0; run <= repeats; ++run) {  // run 0 warms up
       const auto start = Clock::now();
-      for (int row = 0; row < kRows; ++row) specrun::process_logits(params, logits, probs);
+      for (int row = 0; row < kRows; ++row) {
+        if (specrun::kernels::cpu::process_logits(row_settings, logits, probs) !=
+            specrun::kernels::RowStatus::kOk) {
+          throw specrun::Error("the measured row of logits failed to process");
+        }
+      }
       const auto middle = Clock::now();
-      for (int row = 0; row < kRows; ++row) sink += specrun::sample_with_noise(probs, stream, row);
+      for (int row = 0; row < kRows; ++row)
+        sink += specrun::kernels::cpu::sample_with_noise(probs, stream, row, {});
       const auto end = Clock::now();
       if (run == 0) continue;
       process_us.push_back(std::chrono::duration<double, std::micro>(middle - start).count() /

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/cpu/verify.h"
 #include "runtime/base/check.h"
 
 namespace specrun {
@@ -47,22 +46,14 @@ kernels::VerifyRule verify_rule(const SamplingParams& sampling) {
                                : kernels::VerifyRule::kRejection;
 }
 
-const Verifier& Verifiers::for_row(const SamplingParams& sampling) const {
-  if (replacement_ != nullptr) return *replacement_;
-  switch (verify_rule(sampling)) {
-    case kernels::VerifyRule::kGreedy:
-      return greedy_;
-    case kernels::VerifyRule::kSharedNoise:
-      return shared_noise_;
-    case kernels::VerifyRule::kRejection:
-      break;
-  }
-  return rejection_;
+bool takes_alternates(kernels::VerifyRule rule) {
+  return rule != kernels::VerifyRule::kRejection;
 }
 
-namespace {
+bool reads_draft_distributions(kernels::VerifyRule rule) {
+  return rule == kernels::VerifyRule::kRejection;
+}
 
-// The verification's shape for these proposals and scores.
 kernels::VerifyParams verify_params(const Proposals& proposals, const Scores& scores,
                                     int64_t batch) {
   return {batch,
@@ -73,7 +64,6 @@ kernels::VerifyParams verify_params(const Proposals& proposals, const Scores& sc
           proposals.has_alternates() ? proposals.alternates_width : 0};
 }
 
-// Row b's alternates' scored rows as the verify op reads them: [gamma, width], -1 where none.
 void alternate_rows_of(const Proposals& proposals, const Scores& scores, int64_t b, int64_t* out) {
   const int64_t width = proposals.alternates_width;
   std::fill(out, out + proposals.gamma * width, -1);
@@ -88,36 +78,6 @@ void alternate_rows_of(const Proposals& proposals, const Scores& scores, int64_t
   }
 }
 
-// Row b by `rule` on the host.
-int32_t verify_on_host(kernels::VerifyRule rule, const Proposals& proposals, const Scores& scores,
-                       int64_t b, const RowDraws& draws, std::span<int32_t> out) {
-  const auto row = static_cast<size_t>(b);
-  SPECRUN_CHECK(static_cast<int64_t>(out.size()) == proposals.gamma + 1)
-      << out.size() << " slots for " << proposals.gamma << " drafts";
-  kernels::VerifyParams params = verify_params(proposals, scores, 1);
-  const bool takes_alternates = rule != kernels::VerifyRule::kRejection;
-  if (!takes_alternates) params.alternates_width = 0;
-  std::vector<int64_t> alternate_rows(
-      static_cast<size_t>(params.gamma * std::max<int64_t>(params.alternates_width, 0)));
-  if (params.alternates_width > 0) alternate_rows_of(proposals, scores, b, alternate_rows.data());
-  const kernels::VerifyRow verify_row{draws.stream.seed(), draws.position, scores.row_begin[row],
-                                      proposals.counts[row], rule};
-  int32_t accepted = -1, taken = -1;
-  kernels::cpu::verify_row(
-      params, verify_row, scores.probs, scores.status,
-      params.vocab_q > 0 ? proposals.probs.data() + b * proposals.gamma * proposals.vocab : nullptr,
-      proposals.tokens.data() + b * proposals.gamma,
-      params.alternates_width > 0
-          ? proposals.alternates.data() + b * proposals.gamma * proposals.alternates_width
-          : nullptr,
-      params.alternates_width > 0 ? alternate_rows.data() : nullptr, out.data(), &accepted, &taken);
-  SPECRUN_CHECK(accepted >= 0) << "row " << b
-                               << " could not be verified: a distribution it reads has no mass";
-  return accepted;
-}
-
-}  // namespace
-
 Verdict Verifier::verify(const Proposals& proposals, const Scores& scores,
                          std::span<const RowDraws> draws) const {
   Verdict verdict = empty_verdict(proposals, scores);
@@ -128,21 +88,6 @@ Verdict Verifier::verify(const Proposals& proposals, const Scores& scores,
         verify_row(proposals, scores, b, draws[static_cast<size_t>(b)], verdict.slots(b));
   }
   return verdict;
-}
-
-int32_t RejectionSampler::verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
-                                     const RowDraws& draws, std::span<int32_t> out) const {
-  return verify_on_host(kernels::VerifyRule::kRejection, proposals, scores, b, draws, out);
-}
-
-int32_t SharedNoiseVerifier::verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
-                                        const RowDraws& draws, std::span<int32_t> out) const {
-  return verify_on_host(kernels::VerifyRule::kSharedNoise, proposals, scores, b, draws, out);
-}
-
-int32_t GreedyVerifier::verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
-                                   const RowDraws& draws, std::span<int32_t> out) const {
-  return verify_on_host(kernels::VerifyRule::kGreedy, proposals, scores, b, draws, out);
 }
 
 Verdict BackendVerification::verify(const Proposals& proposals, const Scores& scores,
@@ -172,7 +117,7 @@ void BackendVerification::enqueue(const Proposals& proposals, const Scores& scor
   }
   alternate_rows_.assign(static_cast<size_t>(batch * gamma * width), -1);
   for (int64_t b = 0; width > 0 && b < batch; ++b) {
-    if (rules[static_cast<size_t>(b)] == kernels::VerifyRule::kRejection) continue;
+    if (!takes_alternates(rules[static_cast<size_t>(b)])) continue;
     alternate_rows_of(proposals, scores, b, alternate_rows_.data() + b * gamma * width);
   }
 

@@ -10,7 +10,7 @@
 
 #include "kernels/backend.h"
 #include "runtime/base/device_buffer.h"
-#include "runtime/sampling/sampler.h"
+#include "runtime/sampling/sampling_params.h"
 #include "runtime/sampling/speculative_step.h"
 
 namespace specrun {
@@ -38,6 +38,26 @@ Verdict empty_verdict(const Proposals& proposals, const Scores& scores);
 // noise where the settings ask for it, else rejection sampling.
 kernels::VerifyRule verify_rule(const SamplingParams& sampling);
 
+// What a rule reads besides the drafts. Greedy and shared noise take alternates (a token is
+// accepted for being the target's own, so any guess may stand beside a draft); rejection sampling
+// reads q, the draft's distribution at each draft (Proposals::probs). Where no row's rule reads
+// q, the proposals carry no such vocabulary-wide rows: the drafts are point masses to the verifier.
+bool takes_alternates(kernels::VerifyRule rule);
+bool reads_draft_distributions(kernels::VerifyRule rule);
+
+// The verify op's shape for these proposals and scores, `batch` rows of them.
+kernels::VerifyParams verify_params(const Proposals& proposals, const Scores& scores,
+                                    int64_t batch);
+
+// Row b's alternates' scored rows as the verify op reads them: out is [gamma, width], -1 where
+// none.
+void alternate_rows_of(const Proposals& proposals, const Scores& scores, int64_t b, int64_t* out);
+
+// A rule decided on the host, row by row, reading the scores there. The engine verifies on the
+// scores' backend (BackendVerification); tests give it a replacement rule of this kind
+// (BatchEngineOptions::verifier), deliberately broken ones among them, to show that the
+// distribution checks catch them, and the tests' references are rules of this kind
+// (tests/host_verifiers.h).
 class Verifier {
  public:
   virtual ~Verifier() = default;
@@ -55,64 +75,6 @@ class Verifier {
   // Every row by this rule; draws[b] is row b's.
   Verdict verify(const Proposals& proposals, const Scores& scores,
                  std::span<const RowDraws> draws) const;
-};
-
-// The rules below decide on the host, through the backends' reference (kernels/cpu/verify.h), and
-// read the scores there: for tests and for scores in host memory. The engine's step verifies on
-// the scores' backend instead (BackendVerification).
-
-// For i = 1..n: accept d_i with probability min(1, p_{i-1}(d_i) / q_i(d_i)); at the first
-// rejection draw the recovered token from norm(max(0, p_{i-1} - q_i)) and stop; if all n are
-// accepted draw the bonus token from p_n. The test of d_i reads the uniform of (its position,
-// Draw::kAcceptance), the recovered or bonus token that of (its position, Draw::kToken).
-// Distributions of different widths (a draft vocabulary padded differently from the target's) are
-// compared with zeros beyond either width.
-class RejectionSampler : public Verifier {
- public:
-  int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
-                     const RowDraws& draws, std::span<int32_t> out) const override;
-};
-
-// Shared noise: the target's token at each position is sample_with_noise(p_i) with that position's
-// noise, exactly what plain decoding with the shared noise draws; d_i is accepted while it equals
-// that token, and the first disagreeing (or the bonus) token is the target's own. So the output is
-// the target's Gumbel-max sample token for token, whatever the proposer, gamma, controller or
-// batch, and is distributed exactly as p. A draft drawn with the same noise from q agrees as often
-// as the Gumbel coupling of p and q allows, somewhat less often than rejection sampling accepts.
-// Where the first disagreeing token is one of that position's alternates (a token tree), it is
-// accepted too, and the target's token after it (from the distribution the target scored after
-// that alternate) is the new one: the same tokens, one more of them in the step.
-// The greedy verifier takes alternates the same way.
-class SharedNoiseVerifier : public Verifier {
- public:
-  bool takes_alternates() const override { return true; }
-  bool reads_draft_distributions() const override { return false; }
-  int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
-                     const RowDraws& draws, std::span<int32_t> out) const override;
-};
-
-// Accepts d_i while it is the argmax of p_{i-1} (lowest id on ties); the new token is the argmax
-// of the first disagreeing or the last distribution. Uses no randomness.
-class GreedyVerifier : public Verifier {
- public:
-  bool takes_alternates() const override { return true; }
-  bool reads_draft_distributions() const override { return false; }
-  int32_t verify_row(const Proposals& proposals, const Scores& scores, int64_t b,
-                     const RowDraws& draws, std::span<int32_t> out) const override;
-};
-
-// The host rule each row's settings choose (verify_rule), or a replacement for every row: tests
-// pass deliberately broken rules to show that the distribution checks catch them.
-class Verifiers {
- public:
-  explicit Verifiers(const Verifier* replacement = nullptr) : replacement_(replacement) {}
-  const Verifier& for_row(const SamplingParams& sampling) const;
-
- private:
-  const Verifier* replacement_;
-  GreedyVerifier greedy_;
-  RejectionSampler rejection_;
-  SharedNoiseVerifier shared_noise_;
 };
 
 // Verification on the backend that scored the rows (Backend::verify): the step's drafts, their q

@@ -1,6 +1,6 @@
 // Logits processing and sampling on the host, one row at a time: the reference for every
 // backend's process_logits, argmax, sample and verify ops (kernels/backend.h), which the CPU
-// backend runs (runtime/sampling/sampler.h wraps these for tests and tools, throwing where a row
+// backend runs (tests/host_sampling.h wraps these for the tests, throwing where a row
 // fails). Nothing here throws or allocates per token beyond process_logits' filter scratch.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Logits processing and sampling on the device: process_logits, argmax and sample_from of
-// runtime/sampling/sampler.h for many rows per launch, each row with its own settings, so that the
+// kernels/cpu/sampling.h for many rows per launch, each row with its own settings, so that the
 // processed distributions never leave the device. Plain C++ can include this header: it names the
 // stream type only by forward declaration. The block-level building blocks at the end are seen only
 // by nvcc; the device verifier (verify.cu) ranks and draws tokens with them, so the two agree.
@@ -32,7 +32,7 @@ struct ProcessLogitsParams {
 // buffers: 16 bytes a logit), the per-row segment offsets and statistics, the sort's own storage.
 Status process_logits_workspace_bytes(const ProcessLogitsParams& params, size_t* bytes);
 
-// probs = process_logits(settings[r], logits[r]) for every row r, as runtime/sampling/sampler.cpp
+// probs = process_logits(settings[r], logits[r]) for every row r, as kernels/cpu/sampling.cpp
 // defines it: temperature, top-k, top-p, min-p in that order, ties ranked by lower token id, the
 // kept weights renormalised; temperature 0 gives a point mass on the argmax.
 //

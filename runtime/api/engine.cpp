@@ -14,7 +14,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "kernels/cpu/thread_pool.h"
 #include "runtime/api/config.h"
 #include "runtime/engine/batch_engine.h"
 #include "runtime/engine/checkpoint_tokenizer.h"
@@ -484,7 +483,7 @@ std::unique_ptr<Engine> Engine::create(const EngineConfig& config) {
     if (eos_id) info.eos_token = tokenizer.id_to_token(*eos_id).value_or("");
   }
   info.device = std::string(core->backend->name());
-  info.threads = core->pool->num_threads();
+  info.threads = thread_count(*core->pool);
   info.cpu_kernels = std::string(core->backend->matmul_kernels());
   info.activations = std::string(core->backend->matmul_activations());
 

@@ -7,6 +7,8 @@
 #include <spdlog/spdlog.h>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
 #include "runtime/base/check.h"
 #if SPECRUN_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -20,6 +22,10 @@ std::shared_ptr<kernels::cpu::ThreadPool> make_thread_pool(int threads) {
   } catch (const std::runtime_error& error) {  // a worker that cannot start, saying which
     throw Error(error.what());
   }
+}
+
+int thread_count(const kernels::cpu::ThreadPool& pool) {
+  return pool.num_threads();
 }
 
 DeviceSpec parse_device(const std::string& text) {

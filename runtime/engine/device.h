@@ -1,16 +1,21 @@
 // Where the models run: the [runtime] device setting ("cpu", "cuda" or "cuda:N") and the backend
-// it names.
+// it names. device.cpp is the one place in the runtime that names a concrete backend; everything
+// else reaches the kernels through kernels/backend.h, so the CPU's types appear here only by name.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "kernels/backend.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/thread_pool.h"
 #include "specrun/settings.hpp"
 
 namespace specrun {
+namespace kernels::cpu {
+class ThreadPool;
+struct MatmulVariant;
+enum class Activations : uint8_t;
+}  // namespace kernels::cpu
 
 struct DeviceSpec {
   enum class Kind { kCpu, kCuda };
@@ -41,6 +46,8 @@ bool cuda_backend_built();
 
 // A pool of `threads` CPU threads (0: one per core); throws Error saying why one cannot start.
 std::shared_ptr<kernels::cpu::ThreadPool> make_thread_pool(int threads);
+// How many threads the pool runs.
+int thread_count(const kernels::cpu::ThreadPool& pool);
 
 // The backend for `device`; the CPU backend runs on `pool`. Throws Error naming the device when
 // this build has no CUDA backend, or when the CUDA device cannot be opened (no driver, no such

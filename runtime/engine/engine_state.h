@@ -91,8 +91,7 @@ struct BatchEngine::State {
         drafter(draft_model, engine_options.overlap, target_model.config().vocab_size),
         scorer(target_model, SamplingParams{}),
         verification(target_model.backend()),
-        logprobs(target_model.backend()),
-        verifiers(engine_options.verifier) {}
+        logprobs(target_model.backend()) {}
 
   Model& target;
   Model* draft;
@@ -101,7 +100,6 @@ struct BatchEngine::State {
   Scorer scorer;                     // each row brings its own sampling settings
   BackendVerification verification;  // on the target's backend, where the scores are
   LogprobReader logprobs;            // the rows' log-probabilities, where requests ask
-  Verifiers verifiers;               // the rules on the host: what each row's rule reads
   // The gamma policies in use, made on first use; they persist across requests, since acceptance
   // and costs are properties of the model pair and the machine.
   std::map<GammaControl, std::unique_ptr<GammaPolicy>> policies;
@@ -162,12 +160,22 @@ struct BatchEngine::State {
   RowVerdict commit_row(StepWork& work, size_t b, DraftOutcome& outcome);
   void deliver(StepWork& work);
 
+  // What the sequence's rule reads besides its drafts: a test's replacement rule's where the
+  // options give one (BatchEngineOptions::verifier), else the rule of its sampling settings.
+  bool rule_takes_alternates(const Sequence& sequence) const {
+    return options.verifier != nullptr ? options.verifier->takes_alternates()
+                                       : takes_alternates(verify_rule(sequence.sampling));
+  }
+  bool rule_reads_draft_distributions(const Sequence& sequence) const {
+    return options.verifier != nullptr ? options.verifier->reads_draft_distributions()
+                                       : reads_draft_distributions(verify_rule(sequence.sampling));
+  }
   // Alternates the draft offers beside each of the sequence's drafts: where its rule takes them
   // and the target's backend reads token trees.
   int64_t alternates_for(const Sequence& sequence) const {
     const bool possible = draft != nullptr && target.backend().attends_with_key_gaps() &&
-                          verifiers.for_row(sequence.sampling).takes_alternates() &&
-                          sequence.processor == nullptr && sequence.request.logprobs < 0;
+                          rule_takes_alternates(sequence) && sequence.processor == nullptr &&
+                          sequence.request.logprobs < 0;
     return possible ? sequence.request.speculation.draft_alternates : 0;
   }
   // [batch] the top tokens each running row asks beside its logprobs, -1 where it asks none.

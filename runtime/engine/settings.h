@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "runtime/model/model.h"
-#include "runtime/sampling/sampler.h"
+#include "runtime/sampling/sampling_params.h"
 #include "specrun/settings.hpp"
 
 namespace specrun {

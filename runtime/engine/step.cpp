@@ -259,7 +259,6 @@ void BatchEngine::State::propose(StepWork& work) {
   for (size_t b = 0; b < running.size(); ++b) {
     Sequence& sequence = *running[b];
     const DraftPlan& plan = work.plans[b];
-    const Verifier& rule = verifiers.for_row(sequence.sampling);
     DraftingRow& row = work.rows.emplace_back();
     row.sequence = static_cast<int64_t>(sequence.id);
     row.committed = sequence.committed;
@@ -274,7 +273,7 @@ void BatchEngine::State::propose(StepWork& work) {
     row.draft_ahead = plan.draft_ahead;
     row.alternate_floor = plan.alternate_floor;
     row.alternates = alternates_for(sequence);
-    row.keep_distributions = rule.reads_draft_distributions();
+    row.keep_distributions = rule_reads_draft_distributions(sequence);
     row.room = room(sequence);
     row.state = &sequence.drafting;
     row.processor = sequence.processor.get();

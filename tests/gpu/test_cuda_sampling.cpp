@@ -1,6 +1,6 @@
 // The CUDA logits processing, sampling and verification kernels (kernels/cuda/sampling.h,
-// kernels/cuda/verify.h) against the CPU reference (runtime/sampling/sampler.h,
-// verify/verifier.h). Every test skips without a device.
+// kernels/cuda/verify.h) against the CPU reference (tests/host_sampling.h,
+// tests/host_verifiers.h). Every test skips without a device.
 //
 // Tolerance for the processed distributions: |gpu - ref| <= atol + rtol * |ref| with
 // rtol = 3 * 2^-23 and atol = 3 * 2^-149. Both sides compute every weight in double; the device's
@@ -37,9 +37,10 @@
 #include "kernels/cuda/sampling.h"
 #include "kernels/cuda/verify.h"
 #include "runtime/sampling/rng.h"
-#include "runtime/sampling/sampler.h"
 #include "runtime/sampling/speculative_step.h"
 #include "specrun/error.hpp"
+#include "tests/host_sampling.h"
+#include "tests/host_verifiers.h"
 #include "tests/verify_testing.h"
 #include "verify/verifier.h"
 
