@@ -14,9 +14,9 @@ namespace specrun::testing {
 
 std::vector<std::string> hf_case_names() {
   std::vector<std::string> names;
-  for (const char* family :
-       {"llama_gqa", "llama_tied", "llama3_rope_scaling", "mistral_sliding_window",
-        "qwen2_qkv_bias", "qwen3_qk_norm", "qwen3_tied", "gemma3_local_global"}) {
+  for (const char* family : {"llama_gqa", "llama_tied", "llama3_rope_scaling",
+                             "mistral_sliding_window", "qwen2_qkv_bias", "qwen3_qk_norm",
+                             "qwen3_tied", "gemma3_local_global", "gemma3_multimodal"}) {
     for (const char* dtype : {"bf16", "f32"}) names.push_back(std::string(family) + "_" + dtype);
   }
   return names;

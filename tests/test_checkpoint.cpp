@@ -538,6 +538,78 @@ TEST(CheckpointModelLoadTest, ShardedMatchesSingleFile) {
   EXPECT_EQ(prompt_logits(*a), prompt_logits(*b));
 }
 
+// Gemma 3's 4B and larger models ship as Gemma3ForConditionalGeneration: the text model's config
+// in text_config, its tensors under the language model's prefix beside a vision tower's. Written
+// either way (the Hub's files and transformers 5: language_model.model.X; transformers 4.5x:
+// model.language_model.X with an lm_head), the text model is the text-only checkpoint's, and the
+// vision tensors are never read.
+TEST(CheckpointModelLoadTest, AMultimodalGemma3IsItsTextModel) {
+  TempDir dir;
+  const auto backend = testing::make_cpu_backend(1);
+  GeneratorOptions options;
+  options.architecture = "Gemma3ForCausalLM";
+  options.head_dim = 32;
+  const fs::path text_only = make_checkpoint(dir, options, "text");
+  const std::unique_ptr<Model> reference = Model::load(text_only, *backend);
+  const std::vector<float> want = prompt_logits(*reference);
+
+  // The text model's tensors under `text_prefix` and its output projection named `head`.
+  const auto multimodal = [&](const std::string& name, const std::string& text_prefix,
+                              const std::string& head = "language_model.lm_head.weight") {
+    const fs::path directory = make_checkpoint(dir, options, name);
+    edit_tensors(directory / "model.safetensors", [&](std::vector<OwnedTensor>& tensors) {
+      for (OwnedTensor& tensor : tensors) {
+        tensor.name = tensor.name == "lm_head.weight"
+                          ? head
+                          : text_prefix + tensor.name.substr(std::string("model.").size());
+      }
+      tensors.push_back(zeros("vision_tower.vision_model.embeddings.patch_embedding.weight",
+                              DType::kF32, {8, 3, 14, 14}));
+      tensors.push_back(
+          zeros("multi_modal_projector.mm_input_projection_weight", DType::kF32, {8, 64}));
+    });
+    edit_config(directory, [](json& config) {
+      json text = config;
+      text.erase("architectures");
+      text.erase("eos_token_id");
+      config = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+                {"model_type", "gemma3"},
+                {"eos_token_id", {1, 106}},
+                {"text_config", text},
+                {"vision_config", {{"model_type", "siglip_vision_model"}}}};
+    });
+    return directory;
+  };
+  for (const auto& [prefix, head] : {std::pair<std::string, std::string>{
+                                         "language_model.model.", "language_model.lm_head.weight"},
+                                     {"model.language_model.", "lm_head.weight"}}) {
+    SCOPED_TRACE(prefix);
+    const fs::path directory = multimodal("multimodal", prefix, head);
+    const std::unique_ptr<Model> model = Model::load(directory, *backend);
+    EXPECT_EQ(model->config().architecture, Architecture::kGemma3);
+    EXPECT_EQ(model->config().architecture_name, "Gemma3ForConditionalGeneration");
+    EXPECT_EQ(model->config().eos_token_ids, (std::vector<int32_t>{1, 106}));
+    EXPECT_EQ(model->parameter_count(), reference->parameter_count());
+    EXPECT_EQ(prompt_logits(*model), want);
+    fs::remove_all(directory);
+  }
+
+  // A tensor that is the text model's under both names is refused, naming it.
+  const fs::path twice = multimodal("twice", "language_model.model.");
+  add_tensor(twice / "model.safetensors", zeros("model.norm.weight", DType::kF32, {64}));
+  expect_error([&] { open_checkpoint(twice); },
+               {"tensors 'language_model.model.norm.weight' and 'model.norm.weight' are both the "
+                "text model's 'model.norm.weight'"});
+  // A vision-free name the text model does not have is refused as in any checkpoint.
+  const fs::path stray = multimodal("stray", "language_model.model.");
+  add_tensor(stray / "model.safetensors", zeros("audio_tower.weight", DType::kF32, {4}));
+  expect_error([&] { bind_weights(open_checkpoint(stray)); },
+               {"unexpected tensor 'audio_tower.weight'"});
+  // Without its text_config there is no text model to run.
+  edit_config(stray, [](json& config) { config.erase("text_config"); });
+  expect_error([&] { open_checkpoint(stray); }, {"config.json", "'text_config'"});
+}
+
 TEST(CheckpointModelLoadTest, ErrorsNameTheCulprit) {
   TempDir dir;
   const auto backend = testing::make_cpu_backend(1);

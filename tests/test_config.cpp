@@ -425,6 +425,72 @@ TEST(ConfigTest, Gemma3_1B) {
   }
 }
 
+// google/gemma-3-4b-it's config.json as the Hub has it (vision_config shortened): text_config
+// states only what differs from Gemma3TextConfig's defaults, and the end-of-sequence ids are the
+// whole model's.
+constexpr const char* kGemma3_4B_Multimodal = R"({
+  "architectures": ["Gemma3ForConditionalGeneration"],
+  "boi_token_index": 255999,
+  "eoi_token_index": 256000,
+  "eos_token_id": [1, 106],
+  "image_token_index": 262144,
+  "initializer_range": 0.02,
+  "mm_tokens_per_image": 256,
+  "model_type": "gemma3",
+  "text_config": {
+    "hidden_size": 2560,
+    "intermediate_size": 10240,
+    "model_type": "gemma3_text",
+    "num_hidden_layers": 34,
+    "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+    "sliding_window": 1024
+  },
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.50.0.dev0",
+  "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}
+})";
+
+TEST(ConfigTest, Gemma3_4B_MultimodalIsItsTextModel) {
+  const ModelConfig c = parse(kGemma3_4B_Multimodal);
+  EXPECT_EQ(c.architecture, Architecture::kGemma3);
+  EXPECT_EQ(c.architecture_name, "Gemma3ForConditionalGeneration");
+  EXPECT_TRUE(c.text_of_multimodal);
+  // Stated by text_config.
+  EXPECT_EQ(c.hidden_size, 2560);
+  EXPECT_EQ(c.intermediate_size, 10240);
+  EXPECT_EQ(c.num_layers, 34);
+  EXPECT_EQ(c.sliding_window, 1024);
+  EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kLinear);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
+  // Gemma3TextConfig's defaults.
+  EXPECT_EQ(c.vocab_size, 262208);
+  EXPECT_EQ(c.num_heads, 8);
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_FLOAT_EQ(c.query_scale, 1.0f / 16.0f);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(c.local_rope_theta, 1e4);
+  EXPECT_EQ(c.layer_window(5), 0);  // every sixth layer global
+  EXPECT_EQ(c.layer_window(6), 1024);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_ids, (std::vector<int32_t>{2}));
+  // The whole model's.
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{1, 106}));
+
+  // An error in the text model's keys names text_config.
+  json broken = json::parse(kGemma3_4B_Multimodal);
+  broken["text_config"]["num_attention_heads"] = 7;
+  expect_error([&] { parse_model_config(broken, kSource); },
+               {kSource, "text_config", "num_key_value_heads"});
+  broken["text_config"] = "gemma";
+  expect_error([&] { parse_model_config(broken, kSource); }, {kSource, "'text_config'"});
+  broken.erase("text_config");
+  expect_error([&] { parse_model_config(broken, kSource); }, {kSource, "'text_config'"});
+  broken = json::parse(kGemma3_4B_Multimodal);
+  broken.erase("architectures");  // model_type alone says it too
+  EXPECT_TRUE(parse_model_config(broken, kSource).text_of_multimodal);
+}
+
 TEST(ConfigTest, Qwen3_06B) {
   const ModelConfig c = parse(kQwen3_06B);
   EXPECT_EQ(c.architecture, Architecture::kQwen3);

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "runtime/base/allocation.h"
@@ -110,6 +111,11 @@ Checkpoint open_checkpoint_unguarded(const std::filesystem::path& path) {
   ModelConfig config = load_model_config(paths.config);
   TensorStore tensors = paths.sharded ? TensorStore::open_index(paths.weights)
                                       : TensorStore::open_file(paths.weights);
+  if (config.text_of_multimodal) {
+    const int64_t dropped = tensors.keep_text_model();
+    spdlog::debug("{}: the text model of a {}; {} tensors of its vision tower and projector unread",
+                  paths.weights.string(), config.architecture_name, dropped);
+  }
   return Checkpoint{std::move(paths), std::move(config), std::move(tensors)};
 }
 

@@ -271,7 +271,7 @@ Architecture parse_architecture(const json& document, const std::string& source,
     if (*name == "Gemma3ForCausalLM") return Architecture::kGemma3;
     throw Error(source + ": architecture '" + *name +
                 "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                "Qwen3ForCausalLM, Gemma3ForCausalLM)");
+                "Qwen3ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration's text)");
   }
   // Some configs name only the model type.
   const auto model_type = document.find("model_type");
@@ -285,7 +285,7 @@ Architecture parse_architecture(const json& document, const std::string& source,
   if (type == "qwen3") return *name = "Qwen3ForCausalLM", Architecture::kQwen3;
   if (type == "gemma3_text") return *name = "Gemma3ForCausalLM", Architecture::kGemma3;
   throw Error(source + ": model_type '" + type +
-              "' is not supported (llama, mistral, qwen2, qwen3, gemma3_text)");
+              "' is not supported (llama, mistral, qwen2, qwen3, gemma3_text, gemma3)");
 }
 
 // `object_key` names the object in errors: rope_scaling, or rope_parameters (transformers 5).
@@ -422,8 +422,55 @@ void parse_gemma3(const KeyReader& keys, ModelConfig& config) {
 
 }  // namespace
 
+namespace {
+
+// Whether the document describes a multimodal Gemma 3 (Gemma3ForConditionalGeneration, model_type
+// gemma3), whose text model specrun runs.
+bool is_gemma3_multimodal(const json& document) {
+  const auto architectures = document.find("architectures");
+  if (architectures != document.end() && architectures->is_array() && !architectures->empty()) {
+    return (*architectures)[0] == "Gemma3ForConditionalGeneration";
+  }
+  const auto model_type = document.find("model_type");
+  return model_type != document.end() && *model_type == "gemma3";
+}
+
+// The text model's config of a multimodal Gemma 3: its text_config, completed with
+// Gemma3TextConfig's defaults where it leaves a dimension out (the Hub's files state only what
+// differs from them: google/gemma-3-4b-it's gives five keys), and the keys the whole model states
+// for its text (the end-of-sequence ids of its instruction-tuned files, tying, quantization).
+json gemma3_text_document(const json& document, const std::string& source) {
+  const auto text = document.find("text_config");
+  if (text == document.end() || !text->is_object()) {
+    throw Error(source +
+                ": key 'text_config' must be an object (Gemma3ForConditionalGeneration keeps its "
+                "text model's configuration there)");
+  }
+  json merged = {{"vocab_size", 262208},    {"hidden_size", 2304},      {"intermediate_size", 9216},
+                 {"num_hidden_layers", 26}, {"num_attention_heads", 8}, {"num_key_value_heads", 4},
+                 {"head_dim", 256},         {"bos_token_id", 2},        {"eos_token_id", 1}};
+  for (const auto& [key, value] : text->items()) merged[key] = value;
+  for (const char* key :
+       {"bos_token_id", "eos_token_id", "tie_word_embeddings", "quantization_config"}) {
+    const auto value = document.find(key);
+    if (value != document.end() && !value->is_null()) merged[key] = *value;
+  }
+  merged["architectures"] = json::array({"Gemma3ForCausalLM"});
+  merged["model_type"] = "gemma3_text";
+  return merged;
+}
+
+}  // namespace
+
 ModelConfig parse_model_config(const json& document, const std::string& source) {
   if (!document.is_object()) throw Error(source + ": not a JSON object");
+  if (is_gemma3_multimodal(document)) {
+    ModelConfig config =
+        parse_model_config(gemma3_text_document(document, source), source + ": text_config");
+    config.architecture_name = "Gemma3ForConditionalGeneration";
+    config.text_of_multimodal = true;
+    return config;
+  }
   ModelConfig config;
   config.architecture = parse_architecture(document, source, &config.architecture_name);
   const KeyReader keys(document, source);

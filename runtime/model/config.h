@@ -73,6 +73,10 @@ inline constexpr int64_t kMaxHeadDim = 1024;
 struct ModelConfig {
   Architecture architecture = Architecture::kLlama;  // which family's rules apply
   std::string architecture_name;  // as written in config.json, e.g. "LlamaForCausalLM"
+  // The text model of a multimodal checkpoint (Gemma3ForConditionalGeneration): its keys are
+  // config.json's text_config, its weights sit under the language model's prefix beside a vision
+  // tower's, which specrun neither reads nor loads (TensorStore::keep_text_model).
+  bool text_of_multimodal = false;
   int64_t vocab_size = 0;         // rows of the embedding and of the output projection
   int64_t hidden_size = 0;        // model width
   int64_t intermediate_size = 0;  // MLP width

@@ -272,6 +272,46 @@ bool TensorStore::release_converted(const void* data) {
   return true;
 }
 
+int64_t TensorStore::keep_text_model() {
+  static constexpr std::pair<std::string_view, std::string_view> kRenamed[] = {
+      {"language_model.model.", "model."},
+      {"language_model.lm_head.", "lm_head."},
+      {"model.language_model.", "model."},
+  };
+  static constexpr std::string_view kDropped[] = {"vision_tower.", "multi_modal_projector.",
+                                                  "model.vision_tower.",
+                                                  "model.multi_modal_projector."};
+  const auto starts_with = [](std::string_view name, std::string_view prefix) {
+    return name.substr(0, prefix.size()) == prefix;
+  };
+  std::map<std::string, const TensorInfo*, std::less<>> kept;
+  std::map<std::string, std::string> kept_from;  // each kept name's name in the file
+  int64_t dropped = 0;
+  for (const auto& [name, info] : by_name_) {
+    if (std::any_of(std::begin(kDropped), std::end(kDropped),
+                    [&](std::string_view prefix) { return starts_with(name, prefix); })) {
+      ++dropped;
+      continue;
+    }
+    const auto rule = std::find_if(std::begin(kRenamed), std::end(kRenamed),
+                                   [&](const auto& r) { return starts_with(name, r.first); });
+    // A name no rule renames stays the file's own: the binder refuses what it does not know.
+    const TensorInfo* entry = info;
+    if (rule != std::end(kRenamed)) {
+      TensorInfo& renamed = renamed_.emplace_back(*info);
+      renamed.name = std::string(rule->second) + name.substr(rule->first.size());
+      entry = &renamed;
+    }
+    if (!kept.emplace(entry->name, entry).second) {
+      fail(info->file, "tensors '" + kept_from[entry->name] + "' and '" + name +
+                           "' are both the text model's '" + entry->name + "'");
+    }
+    kept_from[entry->name] = name;
+  }
+  by_name_ = std::move(kept);
+  return dropped;
+}
+
 const TensorInfo* TensorStore::find(std::string_view name) const {
   const auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : it->second;

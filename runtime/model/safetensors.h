@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -85,6 +86,13 @@ class TensorStore {
   // naming the tensor.
   static TensorStore open_gguf(const std::filesystem::path& path);
 
+  // A multimodal checkpoint's text model (Gemma3ForConditionalGeneration): the language model's
+  // tensors under the names of the text-only architecture ("language_model.model.X", as the Hub's
+  // files and transformers write it, or "model.language_model.X", as transformers 4.5x wrote it,
+  // become "model.X"; "language_model.lm_head.weight" becomes "lm_head.weight"), and the vision
+  // tower's and the projector's tensors dropped, never read. Returns how many were dropped.
+  int64_t keep_text_model();
+
   const TensorInfo* find(std::string_view name) const;
   // Every tensor, sorted by name.
   std::vector<const TensorInfo*> all() const;
@@ -102,6 +110,7 @@ class TensorStore {
   std::vector<TensorInfo> gguf_tensors_;                 // a GGUF file's tensors, sized once
   std::vector<std::unique_ptr<std::byte[]>> converted_;  // dequantised or realigned bytes
   std::map<std::string, const TensorInfo*, std::less<>> by_name_;
+  std::deque<TensorInfo> renamed_;  // keep_text_model's tensors under their new names
 };
 
 struct TensorToWrite {

@@ -117,6 +117,17 @@ _FAMILIES = {
         rope_parameters=dict(
             full_attention=dict(rope_type="linear", factor=4.0, rope_theta=100000.0),
             sliding_attention=dict(rope_type="default", rope_theta=10000.0)))),
+    # Gemma 3 as its 4B and larger models ship (Gemma3ForConditionalGeneration): the text model of
+    # gemma3_local_global's kind in text_config, its weights under language_model.model. beside a
+    # small SigLIP vision tower and projector, which text alone never runs.
+    "gemma3_multimodal": ("Gemma3Multimodal", dict(
+        vocab_size=336, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32,
+        sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+        tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
+        rope_parameters=dict(
+            full_attention=dict(rope_type="linear", factor=8.0, rope_theta=1000000.0),
+            sliding_attention=dict(rope_type="default", rope_theta=10000.0)))),
 }
 _DTYPES = ("bf16", "f32")
 CASES = [f"{family}_{dtype}" for family in _FAMILIES for dtype in _DTYPES]
@@ -137,9 +148,13 @@ def _initialize(model, config, seed):
     projection, so it takes that scale too.
     """
     generator = torch.Generator().manual_seed(seed)
-    hidden = config.hidden_size
+    text = config.get_text_config()
+    hidden = text.hidden_size
     with torch.no_grad():
         for name, parameter in model.named_parameters():
+            # A multimodal model's text weights, named as the text model's.
+            if name.startswith("model.language_model."):
+                name = "model." + name[len("model.language_model."):]
             if name.endswith("norm.weight") and config.model_type.startswith("gemma"):
                 # Gemma stores a gain as its offset from one: 1 + w is the gain, about one.
                 values = 0.1 * torch.randn(parameter.shape, generator=generator)
@@ -148,10 +163,12 @@ def _initialize(model, config, seed):
             elif name.endswith(".bias"):
                 values = 0.3 * torch.randn(parameter.shape, generator=generator)
             elif name == "lm_head.weight" or (name == "model.embed_tokens.weight" and
-                                              config.tie_word_embeddings):
+                                              text.tie_word_embeddings):
                 values = 3.0 / math.sqrt(hidden) * torch.randn(parameter.shape, generator=generator)
             elif name == "model.embed_tokens.weight":
                 values = torch.randn(parameter.shape, generator=generator)
+            elif parameter.dim() < 2:
+                values = 0.1 * torch.randn(parameter.shape, generator=generator)
             else:
                 values = torch.randn(parameter.shape, generator=generator) / math.sqrt(
                     parameter.shape[1])
@@ -165,12 +182,25 @@ def build(case, model_dir):
     prefix, options = _FAMILIES[family]
     # Gemma 3's text model has its own config class (its "Gemma3Config" is the multimodal one);
     # it names its activation hidden_activation.
-    config_class = getattr(transformers, prefix + ("TextConfig" if prefix == "Gemma3" else "Config"))
     common = dict(_COMMON)
-    if prefix == "Gemma3":
+    if prefix.startswith("Gemma3"):
         del common["hidden_act"]
-    config = config_class(**common, **options)
-    model = getattr(transformers, prefix + "ForCausalLM")(config).eval()
+    if prefix == "Gemma3Multimodal":
+        # Image tokens past the text's ids; a 28-pixel image of 14-pixel patches, 4 tokens each.
+        text_config = transformers.Gemma3TextConfig(**common, **options)
+        vision_config = transformers.SiglipVisionConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            image_size=28, patch_size=14)
+        config = transformers.Gemma3Config(
+            text_config=text_config, vision_config=vision_config, mm_tokens_per_image=4,
+            boi_token_index=options["vocab_size"] - 3, eoi_token_index=options["vocab_size"] - 2,
+            image_token_index=options["vocab_size"] - 1, tie_word_embeddings=True)
+        model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    else:
+        config_class = getattr(transformers,
+                               prefix + ("TextConfig" if prefix == "Gemma3" else "Config"))
+        config = config_class(**common, **options)
+        model = getattr(transformers, prefix + "ForCausalLM")(config).eval()
     _initialize(model, config, seed=CASES.index(case) + 1)
     model.to(torch.bfloat16 if dtype_name == "bf16" else torch.float32)
     model.save_pretrained(model_dir)
@@ -219,7 +249,7 @@ def _load(model_dir, gguf_file):
 
 
 def _reference(model, prompts, new_tokens, out_prefix):
-    vocab = model.config.vocab_size
+    vocab = model.config.get_text_config().vocab_size
     rows, manifest = [], []
     offset = 0
     for tokens in prompts:
@@ -311,7 +341,8 @@ def cases(out_dir, names):
         model_dir = os.path.join(out_dir, name)
         config = build(name, model_dir)
         generator = torch.Generator().manual_seed(1000 + CASES.index(name))
-        prompts = [torch.randint(0, config.vocab_size, (length,), generator=generator).tolist()
+        vocab = config.get_text_config().vocab_size
+        prompts = [torch.randint(0, vocab, (length,), generator=generator).tolist()
                    for length in _PROMPT_LENGTHS]
         run(model_dir, None, prompts, 64, os.path.join(out_dir, name))
     with open(status, "w") as f:
