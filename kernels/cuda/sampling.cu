@@ -168,7 +168,8 @@ __device__ double scan_sorted_weights(const float* sorted_logits,  // [count]
 // The top-p cut by sequential sums: total = sum of the kept weights in rank order, one at a time;
 // then the fewest leading weights whose running sum reaches top_p * total. (The CPU sums the total
 // in id order, and its exp may differ from the device's by an ulp: the two cuts can disagree only
-// where a partial sum lies within rounding of the target; CudaProcessLogits expects no such row.)
+// where a partial sum lies within rounding of the target; the process_logits cases of
+// tests/test_backend_ops.cpp expect no such row.)
 // The block computes a chunk of weights at a time and thread 0 accumulates them in order. Slow
 // for a long row, and needed only when the parallel sums lie within rounding of the cut.
 __device__ int64_t sequential_top_p(const float* sorted_logits,  // [kept]

@@ -1,22 +1,13 @@
-// The CUDA backend against the CPU backend: every op on fresh random inputs for every weight dtype
-// and several shapes, the same StatusCode for the same bad input, batch invariance, and a whole
-// model. Every test skips without a CUDA device.
+// The CUDA backend beyond what each op computes, which test_cuda_backend_ops holds against the CPU
+// reference (tests/test_backend_ops.cpp: every op, dtype and shape, bad shapes and bad index
+// data): the memory plan, copies, streams, events, timing and staged uploads; fused ops bitwise the
+// ops they fuse; batch invariance; and whole models against the CPU. Every test that needs a device
+// skips without one.
 //
-// Tolerances: |gpu - ref| <= bound, per element, with u = 2^-24 (f32 unit roundoff). Both backends
-// accumulate in f32 in different orders, so each bound is twice the classical bound of one
-// implementation against the exact value:
-// - embedding, kv_write, add, copies: exact (no arithmetic, or one rounded add in both).
-// - rmsnorm: the mean square is a length-dim sum: 2 (dim + 8) u |ref|.
-// - rope: cos and sin may differ by an ulp between libm and CUDA's double sincos before rounding
-//   to f32; with |x| <= 1 that is within 1e-6 absolute.
-// - matmul, skinny path (rows <= 16) and f32 weights: 2 (in + 2) u sum_k |x_k w_k| (+ |bias|).
-//   GEMM path (rows > 16) on bf16/f16 weights: x is rounded to the weight dtype first, adding
-//   2^-9 (bf16) or 2^-11 (f16) of sum_k |x_k w_k|; that term dominates, and is why this path's
-//   tolerance is looser.
+// Tolerances against the CPU, per element, with u = 2^-24 (f32 unit roundoff), derived as
+// test_backend_ops derives each op's:
 // - attention: scores carry head_dim roundings into exp and the weighted sum carries the context
 //   length (values in [-1, 1]): 8 (head_dim + context + 16) u, as in the CPU suite, doubled.
-// - gated_activation (SwiGLU): exp within 2 ulp (CUDA) and 1 ulp (libm), then a quotient and a
-// product: 16 u |ref|.
 // - whole model: from the per-op bounds through two layers; 1e-3 of the largest logit with f32
 //   activations everywhere (batch-invariant mode), 3e-2 when prefill GEMMs round activations to
 //   bf16/f16. The argmax must agree wherever the CPU's top-2 margin exceeds twice the tolerance.
@@ -314,22 +305,6 @@ TEST_F(CudaBackendTest, LargeUploadsThroughTheStagingBuffersArriveWhole) {
   EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](uint32_t v) { return v == 0; }));
 }
 
-TEST_F(CudaBackendTest, FillEqualsTheCpuFillBitwise) {
-  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kI8}) {
-    const int64_t count = 1000003;
-    const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
-    DeviceBuffer on_gpu(*gpu_, bytes, "test");
-    std::vector<uint8_t> on_cpu(bytes), back(bytes);
-    // 8-bit codes over their whole range and past it (saturating).
-    const float range = dtype == DType::kF8E4M3 ? 500.0f : dtype == DType::kI8 ? 130.0f : 0.75f;
-    const FillParams params{count, dtype, 1234, -range, 0.5f * range};
-    ASSERT_TRUE(gpu_->fill_uniform(params, on_gpu.data()).is_ok());
-    ASSERT_TRUE(cpu_->fill_uniform(params, on_cpu.data()).is_ok());
-    ASSERT_TRUE(gpu_->copy_to_host(back.data(), on_gpu.data(), bytes).is_ok());
-    EXPECT_TRUE(back == on_cpu) << dtype_name(dtype);
-  }
-}
-
 TEST_F(CudaBackendTest, CreateRejectsADeviceThatDoesNotExist) {
   std::unique_ptr<CudaBackend> backend;
   EXPECT_EQ(CudaBackend::create(-1, &backend).code(), StatusCode::kInvalidArgument);
@@ -337,63 +312,8 @@ TEST_F(CudaBackendTest, CreateRejectsADeviceThatDoesNotExist) {
   EXPECT_TRUE(backend == nullptr);
 }
 
-// ---- Embedding
-// -----------------------------------------------------------------------------------
-
-TEST_F(CudaBackendTest, EmbeddingMatchesCpuExactly) {
-  // dim 19: the scalar path; dim 128: 16-byte loads.
-  for (const int64_t dim : {19, 128}) {
-    const int64_t vocab = 301;
-    const std::vector<int32_t> tokens = {0, 300, 5, 5, 17, 299, 1, 42};
-    for (const DType dtype : kAllDtypes) {
-      const StoredTensor table = store(random_floats(vocab * dim, 2), dtype);
-      const EmbeddingParams params{static_cast<int64_t>(tokens.size()), vocab, dim, dtype};
-      std::vector<float> ref(tokens.size() * dim);
-      ASSERT_TRUE(cpu_->embedding(params, tokens.data(), table.data(dtype), ref.data()).is_ok());
-      DeviceBuffer ids = upload(*gpu_, tokens);
-      DeviceBuffer device_table = upload_bytes(*gpu_, table.data(dtype), table.bytes(dtype));
-      DeviceBuffer out = poisoned(*gpu_, ref.size());
-      ASSERT_TRUE(
-          gpu_->embedding(params, ids.as<int32_t>(), device_table.data(), out.as<float>()).is_ok());
-      EXPECT_TRUE(bitwise_equal(download(*gpu_, out, ref.size()), ref))
-          << "dim " << dim << " dtype " << dtype_name(dtype);
-    }
-  }
-}
-
 // ---- RMSNorm
 // -------------------------------------------------------------------------------------
-
-TEST_F(CudaBackendTest, RmsNormMatchesCpu) {
-  const float eps = 1e-5f;
-  for (const int64_t rows : {1, 2, 5, 16, 17, 64}) {
-    for (const int64_t dim : {67, 128, 4096}) {
-      const std::vector<float> x = random_floats(rows * dim, 3 + rows + dim, 3.0f);
-      for (const DType dtype : kAllDtypes) {
-        const StoredTensor weight = store(random_floats(dim, 4 + dim), dtype);
-        const RmsNormParams params{rows, dim, eps, dtype};
-        std::vector<float> ref(x.size());
-        ASSERT_TRUE(cpu_->rmsnorm(params, x.data(), weight.data(dtype), ref.data()).is_ok());
-        DeviceBuffer device_x = upload(*gpu_, x);
-        DeviceBuffer device_weight = upload_bytes(*gpu_, weight.data(dtype), weight.bytes(dtype));
-        DeviceBuffer out = poisoned(*gpu_, x.size());
-        ASSERT_TRUE(
-            gpu_->rmsnorm(params, device_x.as<float>(), device_weight.data(), out.as<float>())
-                .is_ok());
-        const double rtol = 2.0 * (dim + 8) * kUnitRoundoff;
-        EXPECT_TRUE(all_close(download(*gpu_, out, x.size()), ref, 1e-30, rtol))
-            << rows << "x" << dim << " " << dtype_name(dtype);
-        // In place (out aliases x): the same bits as out of place.
-        ASSERT_TRUE(
-            gpu_->rmsnorm(params, device_x.as<float>(), device_weight.data(), device_x.as<float>())
-                .is_ok());
-        EXPECT_TRUE(
-            bitwise_equal(download(*gpu_, device_x, x.size()), download(*gpu_, out, x.size())))
-            << "in place, " << rows << "x" << dim << " " << dtype_name(dtype);
-      }
-    }
-  }
-}
 
 // The residual add fused with the norm after it: the sums and the normalised rows bitwise those of
 // add() then rmsnorm(), on the 16-byte path, the scalar one (dim 67), and with an addend that is
@@ -436,69 +356,10 @@ TEST_F(CudaBackendTest, FusedAddRmsNormEqualsTheTwoOpsBitwise) {
 // ---- Matmul
 // --------------------------------------------------------------------------------------
 
-// Per-element bounds: (rounding_of_x + 2 (in + 2) u) * (sum_k |x_k w_k| + |bias|).
-std::vector<double> matmul_bounds(const std::vector<float>& x, const std::vector<float>& weight,
-                                  const std::vector<float>* bias, int64_t rows, int64_t in,
-                                  int64_t out_features, double x_rounding) {
-  std::vector<double> bound(static_cast<size_t>(rows * out_features));
-  const double relative = x_rounding + 2.0 * static_cast<double>(in + 2) * kUnitRoundoff;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t f = 0; f < out_features; ++f) {
-      double magnitude = bias ? std::abs((*bias)[f]) : 0.0;
-      for (int64_t i = 0; i < in; ++i) {
-        magnitude += std::abs(static_cast<double>(x[r * in + i]) * weight[f * in + i]);
-      }
-      // The absolute term covers f16 subnormals of x (absolute error <= 2^-25).
-      bound[r * out_features + f] = relative * magnitude + 1e-30 + 0x1.0p-25 * in;
-    }
-  }
-  return bound;
-}
-
-TEST_F(CudaBackendTest, MatmulMatchesCpuForEveryDtypeAndShape) {
-  // (in, out): in % 8 != 0 takes the scalar skinny path; the others the 16-byte one.
-  const int64_t sizes[][2] = {{37, 21}, {128, 96}, {1024, 300}};
-  for (const int64_t rows : {1, 2, 5, 16, 17, 64}) {
-    for (const auto& size : sizes) {
-      const int64_t in = size[0], out_features = size[1];
-      const std::vector<float> x = random_floats(rows * in, 5 + rows * 7 + in);
-      for (const DType dtype : kAllDtypes) {
-        const StoredTensor weight = store(random_floats(out_features * in, 6 + in), dtype);
-        const StoredTensor bias = store(random_floats(out_features, 7 + out_features), dtype);
-        for (const bool with_bias : {false, true}) {
-          const MatmulParams params{rows, in, out_features, dtype, dtype};
-          std::vector<float> ref(rows * out_features);
-          ASSERT_TRUE(cpu_->matmul(params, x.data(), weight.data(dtype), nullptr,
-                                   with_bias ? bias.data(dtype) : nullptr, ref.data())
-                          .is_ok());
-          DeviceBuffer device_x = upload(*gpu_, x);
-          DeviceBuffer device_weight = upload_bytes(*gpu_, weight.data(dtype), weight.bytes(dtype));
-          DeviceBuffer device_bias = upload_bytes(*gpu_, bias.data(dtype), bias.bytes(dtype));
-          DeviceBuffer out = poisoned(*gpu_, ref.size());
-          ASSERT_TRUE(gpu_->matmul(params, device_x.as<float>(), device_weight.data(), nullptr,
-                                   with_bias ? device_bias.data() : nullptr, out.as<float>())
-                          .is_ok());
-          // Rows above 16 go through the GEMM, which rounds x to a half dtype.
-          double x_rounding = 0.0;
-          if (rows > 16 && dtype == DType::kBF16) x_rounding = 0x1.0p-9;
-          if (rows > 16 && dtype == DType::kF16) x_rounding = 0x1.0p-11;
-          const std::vector<double> bound =
-              matmul_bounds(x, weight.floats, with_bias ? &bias.floats : nullptr, rows, in,
-                            out_features, x_rounding);
-          EXPECT_TRUE(within(download(*gpu_, out, ref.size()), ref, bound))
-              << rows << "x" << in << "x" << out_features << " " << dtype_name(dtype)
-              << (with_bias ? " with bias" : "");
-        }
-      }
-    }
-  }
-}
-
-// A quantized weight: codes, their scale grid, and the weights they stand for (code * scale).
+// A quantized weight: codes and their scale grid.
 struct QuantizedWeight {
-  std::vector<uint8_t> codes;      // [out, in]
-  std::vector<float> scales;       // [grid rows, grid columns]
-  std::vector<float> dequantized;  // [out, in], code * scale rounded to f32 once
+  std::vector<uint8_t> codes;  // [out, in]
+  std::vector<float> scales;   // [grid rows, grid columns]
 };
 
 QuantizedWeight quantized_weight(DType dtype, int64_t out_features, int64_t in, int64_t block_rows,
@@ -518,92 +379,7 @@ QuantizedWeight quantized_weight(DType dtype, int64_t out_features, int64_t in, 
   const std::vector<float> draws =
       random_floats(static_cast<size_t>(grid_rows * grid_cols), seed + 1);
   for (const float draw : draws) w.scales.push_back(0.01f + 0.005f * draw);  // in (0.005, 0.015)
-  w.dequantized.resize(values.size());
-  for (int64_t o = 0; o < out_features; ++o) {
-    for (int64_t i = 0; i < in; ++i) {
-      const size_t at = static_cast<size_t>(o * in + i);
-      w.dequantized[at] =
-          load_as_f32(w.codes.data(), dtype, at) *
-          w.scales[static_cast<size_t>((o / block_rows) * grid_cols + i / block_cols)];
-    }
-  }
   return w;
-}
-
-TEST_F(CudaBackendTest, QuantizedMatmulMatchesCpuForEveryLayout) {
-  // (in, out): in % 16 != 0 takes the scalar skinny path; the others 16-byte loads. Layouts: per
-  // output channel, per tensor, 128 x 128 blocks, and 32 x 16 blocks (a scale per chunk).
-  const int64_t sizes[][2] = {{37, 21}, {128, 96}, {1024, 300}};
-  for (const DType dtype : {DType::kF8E4M3, DType::kI8}) {
-    for (const auto& size : sizes) {
-      const int64_t in = size[0], out_features = size[1];
-      const int64_t layouts[][2] = {{1, in}, {out_features, in}, {128, 128}, {32, 16}};
-      for (const auto& layout : layouts) {
-        const QuantizedWeight w =
-            quantized_weight(dtype, out_features, in, layout[0], layout[1], 60 + in + layout[1]);
-        const std::vector<float> bias = random_floats(out_features, 61);
-        DeviceBuffer device_codes = upload(*gpu_, w.codes);
-        DeviceBuffer device_scales = upload(*gpu_, w.scales);
-        DeviceBuffer device_bias = upload(*gpu_, bias);
-        for (const int64_t rows : {1, 2, 5, 16, 17, 64}) {
-          const std::vector<float> x = random_floats(rows * in, 62 + rows);
-          DeviceBuffer device_x = upload(*gpu_, x);
-          for (const bool with_bias : {false, true}) {
-            MatmulParams params{rows, in, out_features, dtype, DType::kF32};
-            params.scale_block_rows = layout[0];
-            params.scale_block_cols = layout[1];
-            std::vector<float> ref(rows * out_features);
-            ASSERT_TRUE(cpu_->matmul(params, x.data(), w.codes.data(), w.scales.data(),
-                                     with_bias ? bias.data() : nullptr, ref.data())
-                            .is_ok());
-            DeviceBuffer out = poisoned(*gpu_, ref.size());
-            const Status status = gpu_->matmul(
-                params, device_x.as<float>(), device_codes.data(), device_scales.as<float>(),
-                with_bias ? device_bias.as<float>() : nullptr, out.as<float>());
-            ASSERT_TRUE(status.is_ok()) << status.to_string();
-            // Skinny: the CPU's sum in another order, and one more rounding where the scale
-            // multiplies; the GEMM path rounds x and the dequantized weight to bf16 (2^-9 each).
-            const double rounding = rows > 16 ? 0x1.0p-8 : 2.0 * kUnitRoundoff;
-            const std::vector<double> bound = matmul_bounds(
-                x, w.dequantized, with_bias ? &bias : nullptr, rows, in, out_features, rounding);
-            EXPECT_TRUE(within(download(*gpu_, out, ref.size()), ref, bound))
-                << dtype_name(dtype) << " " << rows << "x" << in << "x" << out_features
-                << " blocks " << layout[0] << "x" << layout[1] << (with_bias ? " with bias" : "");
-          }
-        }
-        // Batch invariance: each row alone gives the bits it gets among 16.
-        const std::vector<float> x = random_floats(16 * in, 63);
-        auto run = [&](int64_t first, int64_t count) {
-          const std::vector<float> slice(x.begin() + first * in, x.begin() + (first + count) * in);
-          DeviceBuffer device_x = upload(*gpu_, slice);
-          DeviceBuffer out = poisoned(*gpu_, count * out_features);
-          MatmulParams params{count, in, out_features, dtype, DType::kF32};
-          params.scale_block_rows = layout[0];
-          params.scale_block_cols = layout[1];
-          EXPECT_TRUE(gpu_->matmul(params, device_x.as<float>(), device_codes.data(),
-                                   device_scales.as<float>(), nullptr, out.as<float>())
-                          .is_ok());
-          return download(*gpu_, out, count * out_features);
-        };
-        const std::vector<float> all = run(0, 16);
-        for (const int64_t r : {0, 5, 15}) {
-          EXPECT_TRUE(bitwise_equal(
-              run(r, 1), std::span<const float>(all).subspan(r * out_features, out_features)))
-              << dtype_name(dtype) << " row " << r << " in " << in;
-        }
-      }
-    }
-  }
-  // A scale grid the kernels cannot read is the CPU's error.
-  MatmulParams bad{1, 64, 4, DType::kI8, DType::kF32};
-  bad.scale_block_rows = 1;
-  bad.scale_block_cols = 24;
-  DeviceBuffer x = upload(*gpu_, random_floats(64, 1));
-  DeviceBuffer codes(*gpu_, 256, "test"), scales(*gpu_, 64, "test"), out(*gpu_, 16, "test");
-  EXPECT_EQ(
-      gpu_->matmul(bad, x.as<float>(), codes.data(), scales.as<float>(), nullptr, out.as<float>())
-          .code(),
-      StatusCode::kInvalidArgument);
 }
 
 TEST_F(CudaBackendTest, AMatmulGroupIsEachTargetsMatmulBitwise) {
@@ -750,44 +526,46 @@ TEST_F(CudaBackendTest, SkinnyMatmulIsBatchInvariantBitwise) {
   }
 }
 
-// ---- RoPE and the KV-cache write
-// -----------------------------------------------------------------
-
-TEST_F(CudaBackendTest, RopeMatchesCpuInBothStyles) {
-  for (const int64_t head_dim : {64, 128}) {
-    std::vector<float> inv_freq(head_dim / 2);
-    for (int64_t i = 0; i < head_dim / 2; ++i) {
-      inv_freq[i] = static_cast<float>(1.0 / std::pow(500000.0, 2.0 * i / head_dim));
-    }
-    const int64_t head_counts[][2] = {{4, 1}, {8, 8}, {8, 2}};
-    for (const auto& heads : head_counts) {
-      for (const int64_t tokens : {1, 5, 17}) {
-        std::vector<int32_t> positions(tokens);
-        for (int64_t t = 0; t < tokens; ++t) positions[t] = static_cast<int32_t>(t * 7919 % 131072);
-        positions[0] = tokens > 1 ? 0 : 100000;
-        for (const RopeStyle style : {RopeStyle::kRotateHalf, RopeStyle::kInterleaved}) {
-          const RopeParams params{tokens, heads[0], heads[1], head_dim, style};
-          std::vector<float> q = random_floats(tokens * heads[0] * head_dim, 11 + tokens);
-          std::vector<float> k = random_floats(tokens * heads[1] * head_dim, 12 + tokens);
-          DeviceBuffer device_q = upload(*gpu_, q);
-          DeviceBuffer device_k = upload(*gpu_, k);
-          DeviceBuffer device_positions = upload(*gpu_, positions);
-          DeviceBuffer device_inv_freq = upload(*gpu_, inv_freq);
-          ASSERT_TRUE(
-              cpu_->rope(params, positions.data(), inv_freq.data(), q.data(), k.data()).is_ok());
-          ASSERT_TRUE(gpu_->rope(params, device_positions.as<int32_t>(),
-                                 device_inv_freq.as<float>(), device_q.as<float>(),
-                                 device_k.as<float>())
+// An 8-bit weight through the skinny kernel, in each scale layout and load path: each row alone
+// gives the bits it gets among 16.
+TEST_F(CudaBackendTest, QuantizedSkinnyMatmulIsBatchInvariantBitwise) {
+  const int64_t sizes[][2] = {{37, 21}, {128, 96}, {1024, 300}};
+  for (const DType dtype : {DType::kF8E4M3, DType::kI8}) {
+    for (const auto& size : sizes) {
+      const int64_t in = size[0], out_features = size[1];
+      const int64_t layouts[][2] = {{1, in}, {out_features, in}, {128, 128}, {32, 16}};
+      for (const auto& layout : layouts) {
+        const QuantizedWeight w =
+            quantized_weight(dtype, out_features, in, layout[0], layout[1], 60 + in + layout[1]);
+        DeviceBuffer device_codes = upload(*gpu_, w.codes);
+        DeviceBuffer device_scales = upload(*gpu_, w.scales);
+        const std::vector<float> x = random_floats(16 * in, 63);
+        auto run = [&](int64_t first, int64_t count) {
+          const std::vector<float> slice(x.begin() + first * in, x.begin() + (first + count) * in);
+          DeviceBuffer device_x = upload(*gpu_, slice);
+          DeviceBuffer out = poisoned(*gpu_, count * out_features);
+          MatmulParams params{count, in, out_features, dtype, DType::kF32};
+          params.scale_block_rows = layout[0];
+          params.scale_block_cols = layout[1];
+          EXPECT_TRUE(gpu_->matmul(params, device_x.as<float>(), device_codes.data(),
+                                   device_scales.as<float>(), nullptr, out.as<float>())
                           .is_ok());
-          EXPECT_TRUE(all_close(download(*gpu_, device_q, q.size()), q, 1e-6, 0.0))
-              << "q, head_dim " << head_dim << " tokens " << tokens;
-          EXPECT_TRUE(all_close(download(*gpu_, device_k, k.size()), k, 1e-6, 0.0))
-              << "k, head_dim " << head_dim << " tokens " << tokens;
+          return download(*gpu_, out, count * out_features);
+        };
+        const std::vector<float> all = run(0, 16);
+        for (const int64_t r : {0, 5, 15}) {
+          EXPECT_TRUE(bitwise_equal(
+              run(r, 1), std::span<const float>(all).subspan(r * out_features, out_features)))
+              << dtype_name(dtype) << " row " << r << " in " << in << " blocks " << layout[0] << "x"
+              << layout[1];
         }
       }
     }
   }
 }
+
+// ---- RoPE and the KV-cache write
+// -----------------------------------------------------------------
 
 // A cache of `slots * row` elements of `dtype` holding arbitrary earlier contents, as raw bytes.
 std::vector<uint8_t> cache_bytes(int64_t elements, DType dtype, uint64_t seed) {
@@ -802,44 +580,6 @@ std::vector<uint8_t> cache_bytes(int64_t elements, DType dtype, uint64_t seed) {
     }
   }
   return bytes;
-}
-
-// The CPU's kv_write is the reference: the device's cache must hold the same bytes, in f32 (a
-// copy) and in bf16 (each value rounded to nearest even, NaN and infinities included).
-TEST_F(CudaBackendTest, KvWriteStoresRowsAtSlots) {
-  for (const DType dtype : {DType::kF32, DType::kBF16}) {
-    for (const int64_t head_dim : {6, 64}) {  // 6: rows not a multiple of 4 elements
-      const int64_t kv_heads = 2, tokens = 5, slots_in_cache = 40;
-      const int64_t row = kv_heads * head_dim;
-      std::vector<float> k = random_floats(tokens * row, 13);
-      const std::vector<float> v = random_floats(tokens * row, 14);
-      k[0] = bit_cast_f32(0x3f808000u);  // halfway: to even, down
-      k[1] = bit_cast_f32(0x3f818000u);  // halfway: to even, up
-      k[2] = std::numeric_limits<float>::max();
-      k[3] = -std::numeric_limits<float>::infinity();
-      k[4] = std::numeric_limits<float>::quiet_NaN();
-      k[5] = 1e-40f;  // subnormal
-      const std::vector<int32_t> slots = {39, 0, 17, 5, 18};
-      std::vector<uint8_t> k_cache = cache_bytes(slots_in_cache * row, dtype, 15);
-      std::vector<uint8_t> v_cache = cache_bytes(slots_in_cache * row, dtype, 16);
-      DeviceBuffer device_k = upload(*gpu_, k), device_v = upload(*gpu_, v);
-      DeviceBuffer device_slots = upload(*gpu_, slots);
-      DeviceBuffer device_k_cache = upload(*gpu_, k_cache);
-      DeviceBuffer device_v_cache = upload(*gpu_, v_cache);
-      const KvWriteParams params{tokens, kv_heads, head_dim, slots_in_cache, dtype};
-      ASSERT_TRUE(
-          cpu_->kv_write(params, k.data(), v.data(), slots.data(), k_cache.data(), v_cache.data())
-              .is_ok());
-      ASSERT_TRUE(gpu_->kv_write(params, device_k.as<float>(), device_v.as<float>(),
-                                 device_slots.as<int32_t>(), device_k_cache.data(),
-                                 device_v_cache.data())
-                      .is_ok());
-      EXPECT_EQ(download<uint8_t>(*gpu_, device_k_cache, k_cache.size()), k_cache)
-          << dtype_name(dtype) << " head_dim " << head_dim;
-      EXPECT_EQ(download<uint8_t>(*gpu_, device_v_cache, v_cache.size()), v_cache)
-          << dtype_name(dtype) << " head_dim " << head_dim;
-    }
-  }
 }
 
 TEST_F(CudaBackendTest, FusedRopeAndKvWriteEqualsTheTwoOpsBitwise) {
@@ -974,44 +714,6 @@ std::vector<float> cpu_attention(cpu::CpuBackend& cpu, const PagedInputs& in) {
   return out;
 }
 
-TEST_F(CudaBackendTest, PagedAttentionMatchesCpu) {
-  const std::vector<AttentionCase> cases = {
-      // GQA 1, head_dim 64; a long context: few blocks, so the per-split schedule.
-      {4, 4, 64, 16, {1, 5, 3}, {9, 1100, 300}},
-      // GQA 4, head_dim 128.
-      {8, 2, 128, 16, {1, 4, 6}, {1100, 20, 600}},
-      // Sliding windows, inside one split and across split boundaries.
-      {8, 2, 128, 16, {1, 4, 6}, {1100, 20, 600}, 100},
-      {8, 2, 64, 16, {2, 7}, {900, 530}, 300},
-      // An odd block size, and a sequence without new tokens.
-      {4, 4, 64, 7, {2, 1, 0}, {700, 13, 50}},
-      // Prefill-shaped: many rows of one sequence, causal among themselves.
-      {8, 2, 128, 16, {40}, {40}},
-      {8, 2, 128, 16, {70, 3}, {600, 3}, 64},
-      // head_dim 10, not a multiple of 4 (scalar gathers); 40 (two channels per lane); 256 (the
-      // largest, beyond 48 KiB of shared memory).
-      {3, 1, 10, 4, {3, 1}, {9, 600}},
-      {4, 2, 40, 16, {2, 1}, {33, 400}},
-      {4, 2, 256, 16, {2, 1}, {70, 800}},
-  };
-  uint64_t seed = 100;
-  // Both cache dtypes: bf16 keys and values widen exactly on both backends, so the tolerance is
-  // the f32 cache's.
-  for (const DType dtype : {DType::kF32, DType::kBF16}) {
-    for (AttentionCase c : cases) {
-      c.cache_dtype = dtype;
-      const PagedInputs in = make_paged_inputs(c, seed += 10);
-      const std::vector<float> ref = cpu_attention(*cpu_, in);
-      const std::vector<float> got = gpu_attention(*gpu_, in);
-      const double atol =
-          8.0 * static_cast<double>(c.head_dim + in.max_context + 16) * kUnitRoundoff;
-      EXPECT_TRUE(all_close(got, ref, atol, 0.0))
-          << dtype_name(dtype) << " cache, heads " << c.heads << "/" << c.kv_heads << " head_dim "
-          << c.head_dim << " block " << c.block_size << " window " << c.window;
-    }
-  }
-}
-
 TEST_F(CudaBackendTest, AttentionIsBatchInvariantBitwise) {
   // Sequence A (context 1100, verification-shaped: 5 new tokens) alone runs the per-split
   // schedule; among 140 short sequences the grid is large and each block merges its splits in
@@ -1052,221 +754,6 @@ TEST_F(CudaBackendTest, AttentionIsBatchInvariantBitwise) {
     const double atol = 8.0 * static_cast<double>(head_dim + 1100 + 16) * kUnitRoundoff;
     EXPECT_TRUE(all_close(in_batch, cpu_attention(*cpu_, batch), atol, 0.0));
   }
-}
-
-// ---- SwiGLU and the residual add
-// ------------------------------------------------------------------
-
-TEST_F(CudaBackendTest, SwigluAndAddMatchCpu) {
-  for (const int64_t rows : {1, 5, 17}) {
-    for (const int64_t dim : {7, 256}) {
-      const std::vector<float> gate = random_floats(rows * dim, 21 + rows, 6.0f);
-      const std::vector<float> up = random_floats(rows * dim, 22 + dim, 2.0f);
-      std::vector<float> ref(gate.size());
-      ASSERT_TRUE(cpu_->gated_activation({rows, dim}, gate.data(), up.data(), ref.data()).is_ok());
-      DeviceBuffer gate_d = upload(*gpu_, gate), up_d = upload(*gpu_, up);
-      DeviceBuffer out = poisoned(*gpu_, gate.size());
-      ASSERT_TRUE(
-          gpu_->gated_activation({rows, dim}, gate_d.as<float>(), up_d.as<float>(), out.as<float>())
-              .is_ok());
-      EXPECT_TRUE(all_close(download(*gpu_, out, ref.size()), ref, 1e-30, 16 * kUnitRoundoff));
-      // out aliasing gate.
-      ASSERT_TRUE(gpu_->gated_activation({rows, dim}, gate_d.as<float>(), up_d.as<float>(),
-                                         gate_d.as<float>())
-                      .is_ok());
-      EXPECT_TRUE(
-          bitwise_equal(download(*gpu_, gate_d, ref.size()), download(*gpu_, out, ref.size())));
-
-      std::vector<float> accumulator = random_floats(rows * dim, 23);
-      const std::vector<float> addend = random_floats(rows * dim, 24);
-      DeviceBuffer accumulator_d = upload(*gpu_, accumulator), addend_d = upload(*gpu_, addend);
-      ASSERT_TRUE(cpu_->add(rows * dim, addend.data(), accumulator.data()).is_ok());
-      ASSERT_TRUE(gpu_->add(rows * dim, addend_d.as<float>(), accumulator_d.as<float>()).is_ok());
-      EXPECT_TRUE(bitwise_equal(download(*gpu_, accumulator_d, accumulator.size()), accumulator));
-    }
-  }
-}
-
-// ---- Bad input: the CPU backend's StatusCode
-// ------------------------------------------------------
-
-TEST_F(CudaBackendTest, BadShapesGiveTheCpuStatusCodes) {
-  // Valid buffers everywhere: only the parameters are wrong.
-  const std::vector<float> host(4096, 0.5f);
-  const std::vector<int32_t> host_ints(64, 0);
-  DeviceBuffer floats = upload(*gpu_, host), ints = upload(*gpu_, host_ints);
-  const float* f = floats.as<float>();
-  float* mutable_f = floats.as<float>();
-  const int32_t* i32 = ints.as<int32_t>();
-  std::vector<float> cpu_scratch(host);
-  float* c = cpu_scratch.data();
-  const int32_t* ci = host_ints.data();
-
-  auto same = [&](const Status& cpu_status, const Status& gpu_status, const char* what) {
-    EXPECT_NE(cpu_status.code(), StatusCode::kOk) << what;
-    EXPECT_EQ(gpu_status.code(), cpu_status.code())
-        << what << ": cpu " << cpu_status.to_string() << ", gpu " << gpu_status.to_string();
-  };
-  for (const EmbeddingParams& p :
-       {EmbeddingParams{-1, 4, 4, DType::kF32}, EmbeddingParams{1, 4, 0, DType::kF32},
-        EmbeddingParams{1, 0, 4, DType::kBF16}}) {
-    same(cpu_->embedding(p, ci, c, c), gpu_->embedding(p, i32, f, mutable_f), "embedding");
-  }
-  for (const RmsNormParams& p :
-       {RmsNormParams{-1, 4, 1e-5f, DType::kF32}, RmsNormParams{1, 0, 1e-5f, DType::kF32},
-        RmsNormParams{1, 4, -1.0f, DType::kF16},
-        RmsNormParams{1, 4, std::numeric_limits<float>::quiet_NaN(), DType::kF32}}) {
-    same(cpu_->rmsnorm(p, c, c, c), gpu_->rmsnorm(p, f, f, mutable_f), "rmsnorm");
-  }
-  for (const MatmulParams& p : {MatmulParams{-1, 4, 4, DType::kF32, DType::kF32},
-                                MatmulParams{1, 0, 4, DType::kBF16, DType::kF32},
-                                MatmulParams{20, 4, 0, DType::kF16, DType::kF32}}) {
-    same(cpu_->matmul(p, c, c, nullptr, nullptr, c),
-         gpu_->matmul(p, f, f, nullptr, nullptr, mutable_f), "matmul");
-  }
-  for (const RopeParams& p : {RopeParams{1, 1, 1, 3, RopeStyle::kRotateHalf},
-                              RopeParams{-1, 1, 1, 4, RopeStyle::kRotateHalf},
-                              RopeParams{1, 0, 1, 4, RopeStyle::kInterleaved},
-                              RopeParams{1, 1, 0, 4, RopeStyle::kInterleaved},
-                              RopeParams{1, 1, 1, 0, RopeStyle::kRotateHalf}}) {
-    same(cpu_->rope(p, ci, c, c, c), gpu_->rope(p, i32, f, mutable_f, mutable_f), "rope");
-    const KvWriteParams cache{p.num_tokens, p.num_kv_heads, p.head_dim, 8, DType::kF32};
-    same(cpu_->rope_kv_write(p, cache, ci, c, ci, c, c, c, c, c),
-         gpu_->rope_kv_write(p, cache, i32, f, i32, mutable_f, mutable_f, f, mutable_f, mutable_f),
-         "rope_kv_write");
-  }
-  // A cache dtype other than bf16 and f32, and a cache write of other tokens or heads.
-  const RopeParams one_head{1, 1, 1, 4, RopeStyle::kRotateHalf};
-  for (const KvWriteParams& cache :
-       {KvWriteParams{1, 1, 4, 8, DType::kF16}, KvWriteParams{2, 1, 4, 8, DType::kF32},
-        KvWriteParams{1, 2, 4, 8, DType::kF32}, KvWriteParams{1, 1, 8, 8, DType::kBF16}}) {
-    same(cpu_->rope_kv_write(one_head, cache, ci, c, ci, c, c, c, c, c),
-         gpu_->rope_kv_write(one_head, cache, i32, f, i32, mutable_f, mutable_f, f, mutable_f,
-                             mutable_f),
-         "rope_kv_write");
-  }
-  for (const RmsNormParams& p :
-       {RmsNormParams{-1, 4, 1e-5f, DType::kF32}, RmsNormParams{1, 0, 1e-5f, DType::kBF16},
-        RmsNormParams{1, 4, std::numeric_limits<float>::quiet_NaN(), DType::kF32}}) {
-    same(cpu_->add_rmsnorm(p, c, c, c, c), gpu_->add_rmsnorm(p, f, mutable_f, f, mutable_f),
-         "add_rmsnorm");
-  }
-  for (const KvWriteParams& p :
-       {KvWriteParams{-1, 1, 4, 8, DType::kF32}, KvWriteParams{1, 0, 4, 8, DType::kF32},
-        KvWriteParams{1, 1, 0, 8, DType::kBF16}, KvWriteParams{1, 1, 4, 8, DType::kF16}}) {
-    same(cpu_->kv_write(p, c, c, ci, c, c), gpu_->kv_write(p, f, f, i32, mutable_f, mutable_f),
-         "kv_write");
-  }
-  for (const AttentionParams& p : {AttentionParams{-1, 1, 1, 1, 4, 4, 1, 0.5f, 0, DType::kF32},
-                                   AttentionParams{1, -1, 1, 1, 4, 4, 1, 0.5f, 0, DType::kF32},
-                                   AttentionParams{1, 1, 1, 1, 0, 4, 1, 0.5f, 0, DType::kF32},
-                                   AttentionParams{1, 1, 3, 2, 4, 4, 1, 0.5f, 0, DType::kF32},
-                                   AttentionParams{1, 1, 2, 0, 4, 4, 1, 0.5f, 0, DType::kBF16},
-                                   AttentionParams{1, 1, 1, 1, 4, 0, 1, 0.5f, 0, DType::kBF16},
-                                   AttentionParams{1, 1, 1, 1, 4, 4, 1, 0.5f, -1, DType::kF32},
-                                   AttentionParams{1, 1, 1, 1, 4, 4, 1, 0.5f, 0, DType::kI8}}) {
-    same(cpu_->attention(p, c, c, c, ci, ci, ci, nullptr, c),
-         gpu_->attention(p, f, f, f, i32, i32, i32, nullptr, mutable_f), "attention");
-  }
-  same(cpu_->gated_activation({-1, 4}, c, c, c), gpu_->gated_activation({-1, 4}, f, f, mutable_f),
-       "gated_activation");
-  same(cpu_->gated_activation({1, 0}, c, c, c), gpu_->gated_activation({1, 0}, f, f, mutable_f),
-       "gated_activation");
-  same(cpu_->add(-1, c, c), gpu_->add(-1, f, mutable_f), "add");
-  EXPECT_TRUE(gpu_->synchronize().is_ok());
-}
-
-// Index data the kernels check: the CPU's code, from the op itself in eager mode and from the
-// next synchronize() otherwise; the check clears once reported.
-TEST_F(CudaBackendTest, BadIndexDataGivesTheCpuStatusCodes) {
-  for (const bool eager : {true, false}) {
-    gpu_->set_eager_checks(eager);
-    auto expect_code = [&](const Status& op_status, StatusCode expected, const char* what) {
-      if (eager) {
-        EXPECT_EQ(op_status.code(), expected) << what << ": " << op_status.to_string();
-      } else {
-        EXPECT_TRUE(op_status.is_ok()) << what << ": " << op_status.to_string();
-        EXPECT_EQ(gpu_->synchronize().code(), expected) << what;
-      }
-      EXPECT_TRUE(gpu_->synchronize().is_ok()) << what << ": the failure is reported once";
-    };
-
-    // Embedding: an id past the vocabulary, and a negative one.
-    const std::vector<float> table(4 * 3, 1.0f);
-    DeviceBuffer table_d = upload(*gpu_, table);
-    DeviceBuffer out = poisoned(*gpu_, 3);
-    std::vector<float> cpu_out(3);
-    for (const int32_t id : {4, -1}) {
-      const std::vector<int32_t> ids = {id};
-      DeviceBuffer ids_d = upload(*gpu_, ids);
-      const EmbeddingParams p{1, 4, 3, DType::kF32};
-      const StatusCode expected =
-          cpu_->embedding(p, ids.data(), table.data(), cpu_out.data()).code();
-      EXPECT_EQ(expected, StatusCode::kOutOfRange);
-      expect_code(gpu_->embedding(p, ids_d.as<int32_t>(), table_d.data(), out.as<float>()),
-                  expected, "embedding");
-    }
-
-    // kv_write: a slot outside the cache.
-    {
-      const std::vector<float> rows(2 * 4, 1.0f);
-      std::vector<float> cache(8 * 4, 0.0f);
-      const std::vector<int32_t> slots = {3, 8};
-      DeviceBuffer rows_d = upload(*gpu_, rows), cache_d = upload(*gpu_, cache);
-      DeviceBuffer slots_d = upload(*gpu_, slots);
-      const KvWriteParams p{2, 1, 4, 8, DType::kF32};
-      const StatusCode expected =
-          cpu_->kv_write(p, rows.data(), rows.data(), slots.data(), cache.data(), cache.data())
-              .code();
-      EXPECT_EQ(expected, StatusCode::kOutOfRange);
-      expect_code(gpu_->kv_write(p, rows_d.as<float>(), rows_d.as<float>(), slots_d.as<int32_t>(),
-                                 cache_d.data(), cache_d.data()),
-                  expected, "kv_write");
-      const std::vector<int32_t> positions = {0, 1};
-      const std::vector<float> inv_freq = {1.0f, 0.5f};
-      DeviceBuffer positions_d = upload(*gpu_, positions), inv_freq_d = upload(*gpu_, inv_freq);
-      DeviceBuffer q_d = upload(*gpu_, rows), k_d = upload(*gpu_, rows);
-      expect_code(
-          gpu_->rope_kv_write({2, 1, 1, 4, RopeStyle::kRotateHalf}, p, positions_d.as<int32_t>(),
-                              inv_freq_d.as<float>(), slots_d.as<int32_t>(), q_d.as<float>(),
-                              k_d.as<float>(), rows_d.as<float>(), cache_d.data(), cache_d.data()),
-          StatusCode::kOutOfRange, "rope_kv_write");
-    }
-
-    // Attention metadata: query_start not covering the tokens, fewer cached positions than new
-    // tokens, and a context longer than the block table.
-    struct BadMetadata {
-      std::vector<int32_t> query_start;
-      std::vector<int32_t> lengths;
-      const char* what;
-    };
-    const std::vector<BadMetadata> bad = {
-        {{0, 1, 3}, {4, 4}, "query_start past num_tokens"},
-        {{1, 2, 2}, {4, 4}, "query_start[0] != 0"},
-        {{0, 2, 2}, {1, 4}, "context shorter than the new tokens"},
-        {{0, 1, 2}, {4, 9}, "context longer than the block table"},
-    };
-    for (const BadMetadata& b : bad) {
-      const AttentionParams p{2, 2, 2, 1, 4, 4, 2, 0.5f, 0, DType::kF32};  // tables of 8 positions
-      const std::vector<float> q(2 * 2 * 4, 0.25f), cache(4 * 4 * 4, 0.5f);
-      const std::vector<int32_t> tables = {0, 1, 2, 3};
-      std::vector<float> cpu_result(2 * 2 * 4);
-      const StatusCode expected =
-          cpu_->attention(p, q.data(), cache.data(), cache.data(), b.query_start.data(),
-                          b.lengths.data(), tables.data(), nullptr, cpu_result.data())
-              .code();
-      EXPECT_EQ(expected, StatusCode::kInvalidArgument) << b.what;
-      DeviceBuffer q_d = upload(*gpu_, q), cache_d = upload(*gpu_, cache);
-      DeviceBuffer query_start_d = upload(*gpu_, b.query_start);
-      DeviceBuffer lengths_d = upload(*gpu_, b.lengths), tables_d = upload(*gpu_, tables);
-      DeviceBuffer result = poisoned(*gpu_, 2 * 2 * 4);
-      expect_code(gpu_->attention(p, q_d.as<float>(), cache_d.as<float>(), cache_d.as<float>(),
-                                  query_start_d.as<int32_t>(), lengths_d.as<int32_t>(),
-                                  tables_d.as<int32_t>(), nullptr, result.as<float>()),
-                  expected, b.what);
-    }
-  }
-  gpu_->set_eager_checks(false);
 }
 
 // ---- The whole model
