@@ -17,6 +17,7 @@ trap 'kill "$python_setup" 2>/dev/null || true' EXIT
 # SPECRUN_TEST_LABELS (e.g. "cpu fuzz") builds and runs the suites of those ctest labels alone; by
 # default everything is built and run. SPECRUN_TEST_TARGETS (e.g. specrun_tests_cpu_threaded)
 # builds those targets instead of the labels' own: the labels' suites that are not built do not run.
+build_start=$SECONDS
 labels=${SPECRUN_TEST_LABELS:-}
 label_args=()
 if [ -n "$labels" ]; then
@@ -28,6 +29,7 @@ else
   bash tools/build.sh
 fi
 build_dir=${SPECRUN_BUILD_DIR:-build}
+echo "run-tests: built in $((SECONDS - build_start)) s"
 wait "$python_setup"
 # SPECRUN_CTEST_ARGS narrows the run further (CI's ThreadSanitizer pass leaves out some suites).
 # shellcheck disable=SC2086
