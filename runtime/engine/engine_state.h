@@ -18,6 +18,7 @@
 #include "runtime/engine/settings.h"
 #include "target/logprobs.h"
 #include "target/scorer.h"
+#include "verify/commit.h"
 #include "verify/gamma_policy.h"
 #include "verify/verifier.h"
 
@@ -158,6 +159,7 @@ struct BatchEngine::State {
   void commit(StepWork& work);
   // Commits row b's verdict into its sequence and both caches; returns what drafting needs of it.
   RowVerdict commit_row(StepWork& work, size_t b, DraftOutcome& outcome);
+  void roll_back_target(StepWork& work, size_t b, const RowCommit& commit, int64_t length);
   void deliver(StepWork& work);
 
   // What the sequence's rule reads besides its drafts: a test's replacement rule's where the

@@ -502,7 +502,15 @@ RowVerdict BatchEngine::State::commit_row(StepWork& work, size_t b, DraftOutcome
   stats.tokens_generated = sequence.generated;
   if (!sequence.token_ms.empty()) stats.ttft_ms = sequence.token_ms.front();
   verdict.new_token = sequence.committed.back();
+  roll_back_target(work, b, commit, length);
+  return verdict;
+}
 
+// The target's cache keeps what row b committed (an accepted alternate's keys and values moved to
+// its place) and seals it; a feature-reading draft gets the target's features there.
+void BatchEngine::State::roll_back_target(StepWork& work, size_t b, const RowCommit& commit,
+                                          int64_t length) {
+  Sequence& sequence = *running[b];
   KvCache& cache = target.kv_cache();
   if (commit.alternate_to >= 0) {
     cache.copy_position(sequence.target_kv, commit.alternate_from, commit.alternate_to);
@@ -512,14 +520,14 @@ RowVerdict BatchEngine::State::commit_row(StepWork& work, size_t b, DraftOutcome
   if (sequence.drafts_with_model && drafter.model()->reads_features() && !commit.stop) {
     // The target's features at the positions now committed for good: the pending token's and
     // the accepted drafts', the last of them an accepted alternate's (scored past the drafts).
+    const int64_t fed = work.alternate_input.empty() ? -1 : work.alternate_input[b];
     committed_features(work.target_features.of(static_cast<int64_t>(b)),
-                       static_cast<size_t>(work.target_features.width), accepted, fed,
-                       work.committed_features);
+                       static_cast<size_t>(work.target_features.width), work.verdict.accepted[b],
+                       fed, work.committed_features);
     drafter.model()->observe_features(static_cast<int64_t>(sequence.id), length - 1,
                                       work.committed_features);
     annotate_sealed(sequence);
   }
-  return verdict;
 }
 
 // Deliver: each request gets the step's tokens; those that stopped finish with them.
