@@ -2,7 +2,8 @@
 # Installs specrun's build and test dependencies from Debian 12's packages (only those missing).
 # The CUDA toolkit is not installed here: the CUDA backend is built when nvcc is already present.
 # Usage: tools/install-deps.sh [--tests]. --tests adds what only the test suite needs (a browser
-# for the chat page's test: tools/run-tests.sh passes it), so that the demo's setup stays light.
+# for the chat page's test, nginx for the replicas' test: tools/run-tests.sh passes it), so that
+# the demo's setup stays light.
 set -euo pipefail
 
 packages=(
@@ -20,6 +21,8 @@ packages=(
 if [[ ${1:-} == --tests ]]; then
   packages+=(
     chromium chromium-driver  # the chat page of specrun serve in a headless browser (label browser)
+    nginx                     # replicas of specrun serve behind nginx (label deploy; the test runs
+                              # its own nginx as the current user on high ports)
   )
 elif [[ $# -gt 0 ]]; then
   echo "usage: tools/install-deps.sh [--tests]" >&2
@@ -39,5 +42,16 @@ fi
 sudo=""
 if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
 echo "install-deps: installing ${missing[*]}" >&2
+# Installed, nginx's package starts its service on port 80 unless a policy-rc.d forbids it (in a
+# container without systemd invoke-rc.d runs the init script, and a failed start fails the
+# install). The tests start their own nginx: while installing, a policy-rc.d refuses every
+# service start, and is removed afterwards (one already there is left as it is).
+policy=/usr/sbin/policy-rc.d
+if [[ ! -e $policy ]]; then
+  printf '#!/bin/sh\n# tools/install-deps.sh: no service starts while it installs\nexit 101\n' |
+    $sudo tee "$policy" >/dev/null
+  $sudo chmod 755 "$policy"
+  trap '$sudo rm -f "$policy"' EXIT
+fi
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
