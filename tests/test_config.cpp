@@ -489,6 +489,20 @@ TEST(ConfigTest, Gemma3_4B_MultimodalIsItsTextModel) {
   broken = json::parse(kGemma3_4B_Multimodal);
   broken.erase("architectures");  // model_type alone says it too
   EXPECT_TRUE(parse_model_config(broken, kSource).text_of_multimodal);
+
+  // A quantized one's modules left unquantized are named as the text model's.
+  json quantized = json::parse(kGemma3_4B_Multimodal);
+  quantized["quantization_config"] = {
+      {"quant_method", "fp8"},
+      {"modules_to_not_convert",
+       {"language_model.lm_head", "language_model.model.layers.0.mlp.down_proj",
+        "model.language_model.layers.1.mlp.up_proj", "vision_tower.encoder", "re:.*norm"}}};
+  const ModelConfig quantized_config = parse_model_config(quantized, kSource);
+  ASSERT_TRUE(quantized_config.quantization.has_value());
+  EXPECT_EQ(quantized_config.quantization->unquantized,
+            (std::vector<std::string>{"lm_head", "model.layers.0.mlp.down_proj",
+                                      "model.layers.1.mlp.up_proj", "vision_tower.encoder",
+                                      "re:.*norm"}));
 }
 
 TEST(ConfigTest, Qwen3_06B) {

@@ -435,6 +435,20 @@ bool is_gemma3_multimodal(const json& document) {
   return model_type != document.end() && *model_type == "gemma3";
 }
 
+// A multimodal Gemma 3's module name as its text model names it: "language_model.model.X" and
+// "model.language_model.X" are "model.X", "language_model.lm_head" is "lm_head".
+std::string text_model_name(const std::string& name) {
+  for (const auto& [prefix, text] :
+       {std::pair<std::string_view, std::string_view>{"language_model.model.", "model."},
+        {"model.language_model.", "model."},
+        {"language_model.lm_head", "lm_head"}}) {
+    if (name.compare(0, prefix.size(), prefix) == 0) {
+      return std::string(text) + name.substr(prefix.size());
+    }
+  }
+  return name;
+}
+
 // The text model's config of a multimodal Gemma 3: its text_config, completed with
 // Gemma3TextConfig's defaults where it leaves a dimension out (the Hub's files state only what
 // differs from them: google/gemma-3-4b-it's gives five keys), and the keys the whole model states
@@ -454,6 +468,17 @@ json gemma3_text_document(const json& document, const std::string& source) {
        {"bos_token_id", "eos_token_id", "tie_word_embeddings", "quantization_config"}) {
     const auto value = document.find(key);
     if (value != document.end() && !value->is_null()) merged[key] = *value;
+  }
+  // A quantized checkpoint's modules left unquantized, by the text model's names ("re:" patterns
+  // stay as written).
+  if (merged.contains("quantization_config") && merged["quantization_config"].is_object()) {
+    json& quantization = merged["quantization_config"];
+    for (const char* key : {"ignore", "modules_to_not_convert", "ignored_layers"}) {
+      if (!quantization.contains(key) || !quantization[key].is_array()) continue;
+      for (json& name : quantization[key]) {
+        if (name.is_string()) name = text_model_name(name.get<std::string>());
+      }
+    }
   }
   merged["architectures"] = json::array({"Gemma3ForCausalLM"});
   merged["model_type"] = "gemma3_text";
