@@ -437,6 +437,20 @@ RawReply raw_exchange(int port, const std::string& head, const std::vector<std::
   return reply;
 }
 
+// A second server on a port another one listens on is refused at once, naming the port, rather
+// than sharing its connections (which httplib's default SO_REUSEPORT would have it do).
+TEST_F(ServerTest, APortAnotherServerListensOnIsRefused) {
+  start();
+  ServerConfig config;
+  config.port = server_->port();
+  testing::expect_error([&] { Server second(config, engine_config()); },
+                        {"cannot listen on 127.0.0.1:" + std::to_string(config.port)});
+  // The first still answers.
+  const httplib::Result health = client().Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
 TEST_F(ServerTest, ABodyPastTheLimitIsRefusedWhateverItsFramingAndNeverBuffered) {
   ServerConfig config;
   config.max_body_bytes = 4096;

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -718,6 +719,15 @@ Server::Server(const ServerConfig& config, const EngineConfig& defaults)
   const auto workers = static_cast<size_t>(config.max_requests) + 8;
   s.http.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
   s.http.set_write_timeout(30, 0);
+  // httplib's listening socket takes SO_REUSEPORT by default, with which a second server binds a
+  // port another already listens on and the kernel splits the connections between them: a
+  // replica started on a busy port (or beside an old one still draining) would silently share
+  // its traffic. SO_REUSEADDR alone rebinds a port whose old connections linger in TIME_WAIT and
+  // refuses one that another process listens on.
+  s.http.set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   s.routes();
   s.port = config.port == 0 ? s.http.bind_to_any_port(config.host)
                             : (s.http.bind_to_port(config.host, config.port) ? config.port : -1);

@@ -65,10 +65,19 @@ FOLLOW_UPS = [
 ]
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count):
+    """`count` distinct free ports: each socket stays bound until all are chosen, so the kernel
+    cannot hand the same port out twice."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def http_get(port, path, headers=None, timeout=5.0):
@@ -346,8 +355,9 @@ def main():
 
     directory = tempfile.mkdtemp(prefix="specrun-nginx-")
     os.chmod(directory, 0o755)  # nginx's workers run as nobody when the test runs as root
-    replicas = [Replica(args.specrun, models, free_port(), directory, i) for i in range(3)]
-    nginx_port = free_port()
+    *replica_ports, nginx_port = free_ports(4)
+    replicas = [Replica(args.specrun, models, port, directory, i)
+                for i, port in enumerate(replica_ports)]
     nginx_process = None
     failures = []
     started = time.monotonic()
