@@ -667,5 +667,18 @@ TEST_F(SafetensorsShardedTest, MalformedShard) {
                {shard.string(), "past the end of the file"});
 }
 
+// A multimodal checkpoint's names as its text model's: both layouts, the output projection with
+// what follows it, and nothing outside the language model (nor a name that only begins alike).
+TEST(MultimodalTextName, MapsTheLanguageModelsNamesAndNothingElse) {
+  EXPECT_EQ(multimodal_text_name("language_model.model.layers.3.mlp.up_proj.weight"),
+            "model.layers.3.mlp.up_proj.weight");
+  EXPECT_EQ(multimodal_text_name("model.language_model.norm.weight"), "model.norm.weight");
+  EXPECT_EQ(multimodal_text_name("language_model.lm_head.weight"), "lm_head.weight");
+  EXPECT_EQ(multimodal_text_name("language_model.lm_head"), "lm_head");
+  EXPECT_EQ(multimodal_text_name("language_model.lm_heads.weight"), std::nullopt);
+  EXPECT_EQ(multimodal_text_name("vision_tower.embeddings.patch_embedding.weight"), std::nullopt);
+  EXPECT_EQ(multimodal_text_name("model.layers.0.mlp.up_proj.weight"), std::nullopt);
+}
+
 }  // namespace
 }  // namespace specrun

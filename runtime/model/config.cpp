@@ -8,6 +8,7 @@
 #include "runtime/base/check.h"
 #include "runtime/base/json.h"
 #include "runtime/base/mapped_file.h"
+#include "runtime/model/safetensors.h"
 
 namespace specrun {
 namespace {
@@ -420,10 +421,6 @@ void parse_gemma3(const KeyReader& keys, ModelConfig& config) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Whether the document describes a multimodal Gemma 3 (Gemma3ForConditionalGeneration, model_type
 // gemma3), whose text model specrun runs.
 bool is_gemma3_multimodal(const json& document) {
@@ -433,20 +430,6 @@ bool is_gemma3_multimodal(const json& document) {
   }
   const auto model_type = document.find("model_type");
   return model_type != document.end() && *model_type == "gemma3";
-}
-
-// A multimodal Gemma 3's module name as its text model names it: "language_model.model.X" and
-// "model.language_model.X" are "model.X", "language_model.lm_head" is "lm_head".
-std::string text_model_name(const std::string& name) {
-  for (const auto& [prefix, text] :
-       {std::pair<std::string_view, std::string_view>{"language_model.model.", "model."},
-        {"model.language_model.", "model."},
-        {"language_model.lm_head", "lm_head"}}) {
-    if (name.compare(0, prefix.size(), prefix) == 0) {
-      return std::string(text) + name.substr(prefix.size());
-    }
-  }
-  return name;
 }
 
 // The text model's config of a multimodal Gemma 3: its text_config, completed with
@@ -476,7 +459,10 @@ json gemma3_text_document(const json& document, const std::string& source) {
     for (const char* key : {"ignore", "modules_to_not_convert", "ignored_layers"}) {
       if (!quantization.contains(key) || !quantization[key].is_array()) continue;
       for (json& name : quantization[key]) {
-        if (name.is_string()) name = text_model_name(name.get<std::string>());
+        if (!name.is_string()) continue;
+        if (std::optional<std::string> text_name = multimodal_text_name(name.get<std::string>())) {
+          name = std::move(*text_name);
+        }
       }
     }
   }

@@ -272,34 +272,41 @@ bool TensorStore::release_converted(const void* data) {
   return true;
 }
 
-int64_t TensorStore::keep_text_model() {
+std::optional<std::string> multimodal_text_name(std::string_view name) {
   static constexpr std::pair<std::string_view, std::string_view> kRenamed[] = {
       {"language_model.model.", "model."},
-      {"language_model.lm_head.", "lm_head."},
       {"model.language_model.", "model."},
+      {"language_model.lm_head", "lm_head"},
   };
+  for (const auto& [prefix, text] : kRenamed) {
+    if (name.substr(0, prefix.size()) != prefix) continue;
+    const std::string_view rest = name.substr(prefix.size());
+    if (prefix.back() != '.' && !rest.empty() && rest.front() != '.') continue;
+    return std::string(text) + std::string(rest);
+  }
+  return std::nullopt;
+}
+
+int64_t TensorStore::keep_text_model() {
   static constexpr std::string_view kDropped[] = {"vision_tower.", "multi_modal_projector.",
                                                   "model.vision_tower.",
                                                   "model.multi_modal_projector."};
-  const auto starts_with = [](std::string_view name, std::string_view prefix) {
-    return name.substr(0, prefix.size()) == prefix;
-  };
   std::map<std::string, const TensorInfo*, std::less<>> kept;
   std::map<std::string, std::string> kept_from;  // each kept name's name in the file
   int64_t dropped = 0;
   for (const auto& [name, info] : by_name_) {
-    if (std::any_of(std::begin(kDropped), std::end(kDropped),
-                    [&](std::string_view prefix) { return starts_with(name, prefix); })) {
+    if (std::any_of(std::begin(kDropped), std::end(kDropped), [&](std::string_view prefix) {
+          return std::string_view(name).substr(0, prefix.size()) == prefix;
+        })) {
       ++dropped;
       continue;
     }
-    const auto rule = std::find_if(std::begin(kRenamed), std::end(kRenamed),
-                                   [&](const auto& r) { return starts_with(name, r.first); });
-    // A name no rule renames stays the file's own: the binder refuses what it does not know.
+    // A name outside the language model stays the file's own: the binder refuses what it does not
+    // know.
     const TensorInfo* entry = info;
-    if (rule != std::end(kRenamed)) {
+    if (std::optional<std::string> text_name = multimodal_text_name(name)) {
       TensorInfo& renamed = renamed_.emplace_back(*info);
-      renamed.name = std::string(rule->second) + name.substr(rule->first.size());
+      renamed.name = std::move(*text_name);
       entry = &renamed;
     }
     if (!kept.emplace(entry->name, entry).second) {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -112,6 +113,12 @@ class TensorStore {
   std::map<std::string, const TensorInfo*, std::less<>> by_name_;
   std::deque<TensorInfo> renamed_;  // keep_text_model's tensors under their new names
 };
+
+// A multimodal checkpoint's tensor or module name as its text model names it:
+// "language_model.model.X" (the Hub's files, transformers 5) and "model.language_model.X"
+// (transformers 4.5x) are "model.X", "language_model.lm_head" and what follows it "lm_head" and
+// the same; nullopt for a name outside the language model.
+std::optional<std::string> multimodal_text_name(std::string_view name);
 
 struct TensorToWrite {
   std::string name;                  // tensor name
