@@ -294,7 +294,9 @@ int64_t TensorStore::keep_text_model() {
   std::map<std::string, const TensorInfo*, std::less<>> kept;
   std::map<std::string, std::string> kept_from;  // each kept name's name in the file
   int64_t dropped = 0;
-  for (const auto& [name, info] : by_name_) {
+  for (const auto& tensor : by_name_) {
+    const std::string& name = tensor.first;  // named, not bound: lambdas below capture it
+    const TensorInfo* info = tensor.second;
     if (std::any_of(std::begin(kDropped), std::end(kDropped), [&](std::string_view prefix) {
           return std::string_view(name).substr(0, prefix.size()) == prefix;
         })) {
