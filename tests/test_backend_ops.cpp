@@ -67,6 +67,7 @@
 #include "runtime/sampling/rng.h"
 #include "tests/deferred_backend.h"
 #include "tests/test_support.h"
+#include "tests/verify_testing.h"
 #if SPECRUN_TEST_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/device.h"
@@ -80,6 +81,7 @@ using kernels::Draw;
 using kernels::PhiloxWords;
 using kernels::RandomStream;
 using testing::random_floats;
+using testing::VerifyBatch;
 
 // ---- moving tensors -----------------------------------------------------------------------------
 
@@ -179,8 +181,7 @@ struct Stored {
 Stored stored(DType dtype, int64_t count, uint64_t seed) {
   const testing::StoredTensor tensor =
       testing::store(random_floats(static_cast<size_t>(count), seed), dtype);
-  const auto* first = static_cast<const uint8_t*>(tensor.data(dtype));
-  return {{first, first + tensor.bytes(dtype)}, tensor.floats};
+  return {tensor.raw(dtype), tensor.floats};
 }
 
 // An 8-bit weight: codes of values in [-1, 1) spread over the code range, their scale grid, and
@@ -235,22 +236,6 @@ std::vector<double> dot_magnitudes(const std::vector<float>& x, const std::vecto
 std::vector<double> with_bias(std::vector<double> magnitudes, const std::vector<float>& bias) {
   for (size_t i = 0; i < magnitudes.size(); ++i) magnitudes[i] += std::fabs(bias[i % bias.size()]);
   return magnitudes;
-}
-
-// A cache of `elements` values of `dtype` (F32, BF16) holding arbitrary earlier contents, as
-// bytes.
-std::vector<uint8_t> cache_bytes(int64_t elements, DType dtype, uint64_t seed) {
-  const std::vector<float> values = random_floats(static_cast<size_t>(elements), seed);
-  std::vector<uint8_t> bytes(static_cast<size_t>(elements) * dtype_size(dtype));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::kBF16) {
-      const uint16_t bits = f32_to_bf16(values[i]);
-      std::memcpy(bytes.data() + 2 * i, &bits, 2);
-    } else {
-      std::memcpy(bytes.data() + 4 * i, &values[i], 4);
-    }
-  }
-  return bytes;
 }
 
 std::vector<float> inverse_frequencies(int64_t head_dim, double base) {
@@ -632,9 +617,9 @@ void add_rope_and_cache_cases(std::vector<OpCase>& cases) {
              const DeviceBuffer v_d = upload(backend, random_floats(tokens * row, 14));
              const DeviceBuffer s = upload(backend, slots);
              const DeviceBuffer k_cache =
-                 upload(backend, cache_bytes(slots_in_cache * row, cache_dtype, 15));
+                 upload(backend, stored(cache_dtype, slots_in_cache * row, 15).bytes);
              const DeviceBuffer v_cache =
-                 upload(backend, cache_bytes(slots_in_cache * row, cache_dtype, 16));
+                 upload(backend, stored(cache_dtype, slots_in_cache * row, 16).bytes);
              expect_ok(backend.kv_write({tokens, kv_heads, head_dim, slots_in_cache, cache_dtype},
                                         k_d.as<float>(), v_d.as<float>(), s.as<int32_t>(),
                                         k_cache.data(), v_cache.data()));
@@ -721,8 +706,8 @@ Outputs run_paged_attention(Backend& backend, const PagedAttention& c, DType cac
   const int64_t tokens = query_start.back();
   const int64_t cache_elements = total_blocks * c.block_size * c.kv_heads * c.head_dim;
   const int64_t count = tokens * c.heads * c.head_dim;
-  const DeviceBuffer k = upload(backend, cache_bytes(cache_elements, cache_dtype, seed + 1));
-  const DeviceBuffer v = upload(backend, cache_bytes(cache_elements, cache_dtype, seed + 2));
+  const DeviceBuffer k = upload(backend, stored(cache_dtype, cache_elements, seed + 1).bytes);
+  const DeviceBuffer v = upload(backend, stored(cache_dtype, cache_elements, seed + 2).bytes);
   const DeviceBuffer q = upload(backend, random_floats(count, seed + 3));
   const DeviceBuffer starts = upload(backend, query_start);
   const DeviceBuffer context = upload(backend, lengths);
@@ -1181,46 +1166,6 @@ void add_sample_cases(std::vector<OpCase>& cases) {
     }
   }
 }
-
-// A verification batch in Backend::verify's dense layout.
-struct VerifyBatch {
-  int64_t batch = 0;
-  int64_t gamma = 0;
-  int64_t vocab_p = 0;
-  int64_t vocab_q = 0;
-  bool point_masses = false;
-  std::vector<float> p;         // [batch, gamma + 1, vocab_p]
-  std::vector<float> q;         // [batch, gamma, vocab_q]; empty for point masses
-  std::vector<int32_t> drafts;  // [batch, gamma], -1 past a row's count
-  std::vector<int32_t> counts;  // [batch]
-
-  std::span<const float> p_row(int64_t b, int64_t i) const {
-    return {p.data() + (b * (gamma + 1) + i) * vocab_p, static_cast<size_t>(vocab_p)};
-  }
-
-  // The distribution row b's new token is drawn from by rejection sampling when it accepted k
-  // drafts: p_k for the bonus token, else the residual max(0, p_k - q_k) (p_k where it has no
-  // mass).
-  std::vector<float> final_distribution(int64_t b, int32_t k) const {
-    const auto p_k = p_row(b, k);
-    std::vector<float> result(p_k.begin(), p_k.end());
-    if (k == counts[static_cast<size_t>(b)]) return result;
-    const int32_t draft = drafts[static_cast<size_t>(b * gamma + k)];
-    double mass = 0.0;
-    for (int64_t x = 0; x < vocab_p; ++x) {
-      float q_x = 0.0f;
-      if (point_masses) {
-        q_x = x == draft ? 1.0f : 0.0f;
-      } else if (x < vocab_q) {
-        q_x = q[static_cast<size_t>((b * gamma + k) * vocab_q + x)];
-      }
-      result[static_cast<size_t>(x)] = std::max(0.0f, p_k[static_cast<size_t>(x)] - q_x);
-      mass += result[static_cast<size_t>(x)];
-    }
-    if (mass > 0.0) return result;
-    return {p_k.begin(), p_k.end()};
-  }
-};
 
 struct BatchOptions {
   int64_t batch = 16;

@@ -157,6 +157,11 @@ struct StoredTensor {
                                 : static_cast<const void*>(halves.data());
   }
   size_t bytes(DType dtype) const { return floats.size() * dtype_size(dtype); }
+  // The stored bytes: a weight's or a KV cache's contents as a kernel reads them.
+  std::vector<uint8_t> raw(DType dtype) const {
+    const auto* first = static_cast<const uint8_t*>(data(dtype));
+    return {first, first + bytes(dtype)};
+  }
 };
 StoredTensor store(const std::vector<float>& values, DType dtype);
 

@@ -1,14 +1,58 @@
-// Helpers for distribution tests: a chi-square statistic with sparse cells pooled, its critical
-// value, and deliberately broken verifiers that the distribution checks must reject.
+// Helpers for verification tests: a batch in the verify op's dense layout, a chi-square statistic
+// with sparse cells pooled, its critical value, and deliberately broken verifiers that the
+// distribution checks must reject.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "verify/verifier.h"
 
 namespace specrun::testing {
+
+// A verification batch in Backend::verify's (and the CUDA launcher's) dense layout.
+struct VerifyBatch {
+  int64_t batch = 0;
+  int64_t gamma = 0;
+  int64_t vocab_p = 0;
+  int64_t vocab_q = 0;
+  bool point_masses = false;
+  std::vector<float> p;         // [batch, gamma + 1, vocab_p]
+  std::vector<float> q;         // [batch, gamma, vocab_q]; empty for point masses
+  std::vector<int32_t> drafts;  // [batch, gamma], -1 past a row's count
+  std::vector<int32_t> counts;  // [batch]
+
+  std::span<const float> p_row(int64_t b, int64_t i) const {
+    return {p.data() + (b * (gamma + 1) + i) * vocab_p, static_cast<size_t>(vocab_p)};
+  }
+
+  // The distribution row b's new token is drawn from by rejection sampling when it accepted k
+  // drafts: p_k for the bonus token, else the residual max(0, p_k - q_k) (p_k where it has no
+  // mass).
+  std::vector<float> final_distribution(int64_t b, int32_t k) const {
+    const auto p_k = p_row(b, k);
+    std::vector<float> result(p_k.begin(), p_k.end());
+    if (k == counts[static_cast<size_t>(b)]) return result;
+    const int32_t draft = drafts[static_cast<size_t>(b * gamma + k)];
+    double mass = 0.0;
+    for (int64_t x = 0; x < vocab_p; ++x) {
+      float q_x = 0.0f;
+      if (point_masses) {
+        q_x = x == draft ? 1.0f : 0.0f;
+      } else if (x < vocab_q) {
+        q_x = q[static_cast<size_t>((b * gamma + k) * vocab_q + x)];
+      }
+      result[static_cast<size_t>(x)] = std::max(0.0f, p_k[static_cast<size_t>(x)] - q_x);
+      mass += result[static_cast<size_t>(x)];
+    }
+    if (mass > 0.0) return result;
+    return {p_k.begin(), p_k.end()};
+  }
+};
 
 struct ChiSquare {
   double statistic = 0.0;  // Pearson's statistic

@@ -567,19 +567,9 @@ TEST_F(CudaBackendTest, QuantizedSkinnyMatmulIsBatchInvariantBitwise) {
 // ---- RoPE and the KV-cache write
 // -----------------------------------------------------------------
 
-// A cache of `slots * row` elements of `dtype` holding arbitrary earlier contents, as raw bytes.
+// A cache of `elements` values of `dtype` holding arbitrary earlier contents, as raw bytes.
 std::vector<uint8_t> cache_bytes(int64_t elements, DType dtype, uint64_t seed) {
-  const std::vector<float> values = random_floats(elements, seed);
-  std::vector<uint8_t> bytes(static_cast<size_t>(elements) * dtype_size(dtype));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::kBF16) {
-      const uint16_t bits = f32_to_bf16(values[i]);
-      std::memcpy(bytes.data() + 2 * i, &bits, 2);
-    } else {
-      std::memcpy(bytes.data() + 4 * i, &values[i], 4);
-    }
-  }
-  return bytes;
+  return store(random_floats(static_cast<size_t>(elements), seed), dtype).raw(dtype);
 }
 
 TEST_F(CudaBackendTest, FusedRopeAndKvWriteEqualsTheTwoOpsBitwise) {

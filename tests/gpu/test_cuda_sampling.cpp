@@ -139,19 +139,6 @@ TEST(CudaSample, RejectsBadShapesAndSmallWorkspaces) {
 
 // ---- verification -------------------------------------------------------------------------------
 
-// One batch in the dense layout of kernels/cuda/verify.h.
-struct VerifyCase {
-  int64_t batch = 0;
-  int64_t gamma = 0;
-  int64_t vocab_p = 0;
-  int64_t vocab_q = 0;
-  bool point_masses = false;
-  std::vector<float> p;         // [batch, gamma + 1, vocab_p]
-  std::vector<float> q;         // [batch, gamma, vocab_q]; empty for point masses
-  std::vector<int32_t> drafts;  // [batch, gamma], -1 past a row's count
-  std::vector<int32_t> counts;  // [batch]
-};
-
 struct DeviceVerdict {
   std::vector<int32_t> tokens;    // [batch, gamma + 1]
   std::vector<int32_t> accepted;  // [batch]
@@ -163,7 +150,7 @@ RowDraws row_draws(uint64_t seed, int64_t b) {
 }
 
 // launch_verify over the case, every row by `rule` with row_draws(seed, b).
-DeviceVerdict device_verify(const VerifyCase& c, VerifyRule rule, uint64_t seed) {
+DeviceVerdict device_verify(const testing::VerifyBatch& c, VerifyRule rule, uint64_t seed) {
   Stream stream;
   std::vector<VerifyRow> rows;
   for (int64_t b = 0; b < c.batch; ++b) {
@@ -201,7 +188,7 @@ TEST(CudaRejectionVerify, EmittedTokensFollowTheTarget) {
   const std::vector<std::vector<float>> p = {
       {0.10f, 0.20f, 0.30f, 0.40f}, {0.25f, 0.25f, 0.25f, 0.25f}, {0.70f, 0.10f, 0.10f, 0.10f}};
   const int64_t draws = 100000;
-  VerifyCase c;
+  testing::VerifyBatch c;
   c.batch = draws;
   c.gamma = 2;
   c.vocab_p = 4;
@@ -246,7 +233,7 @@ TEST(CudaRejectionVerify, PointMassDraftsFollowTheTarget) {
   const std::vector<float> p0 = {0.1f, 0.6f, 0.3f};
   const std::vector<float> p1 = {0.3f, 0.3f, 0.4f};
   const int64_t draws = 100000;
-  VerifyCase c;
+  testing::VerifyBatch c;
   c.batch = draws;
   c.gamma = 1;
   c.vocab_p = 3;
