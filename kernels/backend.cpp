@@ -130,6 +130,14 @@ Status check_add(int64_t count) {
   return Status::ok();
 }
 
+Status check_gather(const GatherParams& params) {
+  if (params.count < 0 || params.source_count < 0) {
+    return Status::invalid_argument("gather: negative count (" + std::to_string(params.count) +
+                                    " from " + std::to_string(params.source_count) + ")");
+  }
+  return Status::ok();
+}
+
 Status check_logits(const LogitsParams& params) {
   if (params.rows < 0 || params.vocab < 1 || params.vocab > INT32_MAX) {
     return Status::invalid_argument("logits: rows >= 0 and vocab in [1, 2^31 - 1], got " +
@@ -245,6 +253,11 @@ Status Backend::gated_activation(const GatedActivationParams& params, const floa
 Status Backend::fill_uniform(const FillParams& params, void* out) {
   if (Status status = check_fill(params); !status.is_ok()) return status;
   return run_fill_uniform(params, out);
+}
+Status Backend::gather(const GatherParams& params, const int32_t* source, const int32_t* index,
+                       int32_t* out) {
+  if (Status status = check_gather(params); !status.is_ok()) return status;
+  return run_gather(params, source, index, out);
 }
 Status Backend::process_logits(const LogitsParams& params, const float* logits,
                                const LogitsSettings* settings, float* probs, int32_t* row_status) {

@@ -133,6 +133,12 @@ struct AttentionParams {
                                // are widened to f32 exactly before any arithmetic
 };
 
+// Token ids moved from where one op wrote them to where the next reads them (gather).
+struct GatherParams {
+  int64_t count;         // entries of index and out
+  int64_t source_count;  // entries of source; an index outside [-1, source_count) is kOutOfRange
+};
+
 // out[i] = low + (high - low) * uniform_at(seed, i) (kernels/core/uniform_hash.h), rounded to
 // the dtype (8-bit codes: FP8 saturating at 448, INT8 at [-128, 127]): synthetic weights, bit for
 // bit the same on every backend.
@@ -320,6 +326,7 @@ Status check_attention(const AttentionParams& params);
 Status check_gated_activation(const GatedActivationParams& params);
 Status check_fill(const FillParams& params);
 Status check_add(int64_t count);
+Status check_gather(const GatherParams& params);
 
 // A model's forwards at their largest, for Backend::scratch_bytes_bound: what a backend's ops may
 // ask of memory beyond the buffers the model passes them.
@@ -525,6 +532,17 @@ class Backend {
   Status fill_uniform(const FillParams& params, void* out);
   // [count] dtype
 
+  // out[i] = source[index[i]] where index[i] >= 0; out[i] keeps its value where index[i] is -1.
+  // Moves ids one op wrote on the backend (a draft's draws, round after round) to where later ops
+  // read them (the target's forward and its verification), with no host read between. An index
+  // outside [-1, source_count) is kOutOfRange (a device reports it at its next host wait) and its
+  // entry is left as it was. out must not overlap source.
+  Status gather(const GatherParams& params,
+                const int32_t* source,  // [source_count]
+                const int32_t* index,   // [count]
+                int32_t* out);
+  // [count]
+
   // probs[r] = the processed distribution of logits[r] under settings[r]: temperature, top-k,
   // top-p, min-p in that order, ties ranked by lower token id, the kept weights renormalised; a
   // point mass on the argmax at temperature 0. row_status[r] says whether row r could be processed;
@@ -684,6 +702,10 @@ class Backend {
                                       const float* up,    // [rows, dim]
                                       float* out) = 0;
   virtual Status run_fill_uniform(const FillParams& params, void* out) = 0;
+  virtual Status run_gather(const GatherParams& params,
+                            const int32_t* source,  // [source_count]
+                            const int32_t* index,   // [count]
+                            int32_t* out) = 0;      // [count]
   virtual Status run_process_logits(const LogitsParams& params,
                                     const float* logits,             // [rows, vocab]
                                     const LogitsSettings* settings,  // [rows]

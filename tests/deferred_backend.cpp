@@ -296,6 +296,11 @@ Status DeferredBackend::run_fill_uniform(const kernels::FillParams& params, void
   return enqueue([=](CpuBackend& cpu) { return cpu.fill_uniform(params, out); });
 }
 
+Status DeferredBackend::run_gather(const kernels::GatherParams& params, const int32_t* source,
+                                   const int32_t* index, int32_t* out) {
+  return enqueue([=](CpuBackend& cpu) { return cpu.gather(params, source, index, out); });
+}
+
 Status DeferredBackend::run_process_logits(const kernels::LogitsParams& params, const float* logits,
                                            const kernels::LogitsSettings* settings, float* probs,
                                            int32_t* row_status) {

@@ -979,6 +979,38 @@ void add_logits_cases(std::vector<OpCase>& cases) {
                      }});
   }
 
+  // A draft's draws moved where the target reads them: kept entries (-1), repeats, the source's
+  // ends, one entry to many blocks' worth; checked against the definition on the host too.
+  for (const int64_t count : {1, 37, 3000}) {
+    cases.push_back({"gather/i32/" + std::to_string(count), kExact, [=](Backend& backend) {
+                       const int64_t source_count = 2 * count + 1;
+                       std::vector<int32_t> source(static_cast<size_t>(source_count));
+                       for (int64_t i = 0; i < source_count; ++i) {
+                         source[static_cast<size_t>(i)] = static_cast<int32_t>(1000 + 7 * i);
+                       }
+                       std::vector<int32_t> index(static_cast<size_t>(count));
+                       std::vector<int32_t> before(static_cast<size_t>(count));
+                       std::vector<int32_t> expected(static_cast<size_t>(count));
+                       for (int64_t i = 0; i < count; ++i) {
+                         const auto e = static_cast<size_t>(i);
+                         index[e] = i % 5 == 2   ? -1
+                                    : i % 7 == 0 ? static_cast<int32_t>(source_count - 1)
+                                                 : static_cast<int32_t>((i * 13) % source_count);
+                         before[e] = static_cast<int32_t>(-5 - i);
+                         expected[e] =
+                             index[e] < 0 ? before[e] : source[static_cast<size_t>(index[e])];
+                       }
+                       const DeviceBuffer s = upload(backend, source);
+                       const DeviceBuffer x = upload(backend, index);
+                       const DeviceBuffer out = upload(backend, before);
+                       expect_ok(backend.gather({count, source_count}, s.as<int32_t>(),
+                                                x.as<int32_t>(), out.as<int32_t>()));
+                       const std::vector<int32_t> got = download<int32_t>(backend, out, count);
+                       EXPECT_EQ(got, expected);
+                       return Outputs{{}, {as_integers(got)}};
+                     }});
+  }
+
   // Penalties and bias as edits (a repetition penalty on positive and negative logits, a token
   // outside the row, rows without edits), with and without a grammar's masks.
   for (const bool masked : {false, true}) {
@@ -1570,6 +1602,14 @@ std::vector<BadShape> bad_shapes() {
                                    nullptr, nullptr);
        }},
       {"add: negative count", [](Backend& b) { return b.add(-1, nullptr, nullptr); }},
+      {"gather: negative count",
+       [](Backend& b) {
+         return b.gather({-1, 4}, nullptr, nullptr, nullptr);
+       }},
+      {"gather: negative source count",
+       [](Backend& b) {
+         return b.gather({1, -4}, nullptr, nullptr, nullptr);
+       }},
       {"fill_uniform: low above high",
        [](Backend& b) {
          return b.fill_uniform({4, DType::kF32, 1, 1.0f, 0.0f}, nullptr);
@@ -1721,6 +1761,18 @@ std::vector<BadData> bad_data() {
                                      backend.embedding({1, 4, 3, DType::kF32}, ids.as<int32_t>(),
                                                        table.data(), out.as<float>()));
                    }});
+  }
+  // Gather: an index past the source, and one below -1 (-1 keeps the entry).
+  for (const int32_t index : {4, -2}) {
+    bad.push_back(
+        {"gather: index " + std::to_string(index) + " of 4", StatusCode::kOutOfRange,
+         [index](Backend& backend) {
+           const DeviceBuffer source = upload(backend, std::vector<int32_t>{1, 2, 3, 4});
+           const DeviceBuffer indices = upload(backend, std::vector<int32_t>{0, index, -1});
+           const DeviceBuffer out = upload(backend, std::vector<int32_t>{9, 9, 9});
+           return reported(backend, backend.gather({3, 4}, source.as<int32_t>(),
+                                                   indices.as<int32_t>(), out.as<int32_t>()));
+         }});
   }
   // A cache slot outside the cache, written alone and after a rotation.
   for (const bool rotated : {false, true}) {

@@ -284,6 +284,10 @@ class ForwardingBackend : public kernels::Backend {
   Status run_add(int64_t count, const float* addend, float* accumulator) override {
     return inner_.add(count, addend, accumulator);
   }
+  Status run_gather(const kernels::GatherParams& p, const int32_t* source, const int32_t* index,
+                    int32_t* out) override {
+    return inner_.gather(p, source, index, out);
+  }
   Status run_add_rmsnorm(const kernels::RmsNormParams& p, const float* addend, float* accumulator,
                          const void* weight, float* out) override {
     return inner_.add_rmsnorm(p, addend, accumulator, weight, out);

@@ -14,6 +14,7 @@
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/fill.h"
+#include "kernels/cpu/gather.h"
 #include "kernels/cpu/logit_edits.h"
 #include "kernels/cpu/logprobs.h"
 #include "kernels/cpu/matmul.h"
@@ -196,6 +197,11 @@ Status CpuBackend::run_add(int64_t count, const float* addend, float* accumulato
 
 Status CpuBackend::run_fill_uniform(const FillParams& params, void* out) {
   return cpu::fill_uniform(params, out, *pool_);
+}
+
+Status CpuBackend::run_gather(const GatherParams& params, const int32_t* source,
+                              const int32_t* index, int32_t* out) {
+  return cpu::gather(params, source, index, out);
 }
 
 Status CpuBackend::run_process_logits(const LogitsParams& params, const float* logits,

@@ -75,6 +75,8 @@ class CpuBackend final : public Backend {
                               const float* up, float* out) override;
   Status run_add(int64_t count, const float* addend, float* accumulator) override;
   Status run_fill_uniform(const FillParams& params, void* out) override;
+  Status run_gather(const GatherParams& params, const int32_t* source, const int32_t* index,
+                    int32_t* out) override;
   // The rows shared out over the pool (kernels/cpu/sampling.h and verify.h are the reference).
   Status run_process_logits(const LogitsParams& params, const float* logits,
                             const LogitsSettings* settings, float* probs,

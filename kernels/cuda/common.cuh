@@ -47,6 +47,7 @@ enum class DeviceCheck : int {
   kSlot = 2,           // kv_write: slot outside [0, bound); kOutOfRange
   kQueryStart = 3,     // attention: query_start does not cover [0, num_tokens); kInvalidArgument
   kContextLength = 4,  // attention: a sequence's context length is impossible; kInvalidArgument
+  kGatherIndex = 5,    // gather: index outside [-1, bound); kOutOfRange
 };
 
 struct DeviceErrorRecord {

@@ -14,6 +14,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/fill.h"
+#include "kernels/cuda/gather.h"
 #include "kernels/cuda/logit_edits.h"
 #include "kernels/cuda/logprobs.h"
 #include "kernels/cuda/matmul.h"
@@ -80,6 +81,10 @@ Status status_from_record(const DeviceErrorRecord& record) {
     case DeviceCheck::kContextLength:
       return Status::invalid_argument("attention: sequence " + std::to_string(record.index) +
                                       " has an impossible context length");
+    case DeviceCheck::kGatherIndex:
+      return Status::out_of_range("gather: index " + std::to_string(record.value) + " at entry " +
+                                  std::to_string(record.index) + " is outside [-1, " +
+                                  std::to_string(record.bound) + ")");
     case DeviceCheck::kNone:
       break;
   }
@@ -587,6 +592,14 @@ Status CudaBackend::run_fill_uniform(const FillParams& params, void* out) {
   if (Status status = scope.status(); !status.is_ok()) return status;
   return launch_fill_uniform(params.count, params.dtype, params.seed, params.low, params.high, out,
                              stream_);
+}
+
+Status CudaBackend::run_gather(const GatherParams& params, const int32_t* source,
+                               const int32_t* index, int32_t* out) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return after_checked_op(launch_gather(params, source, index, out, device_errors_, stream_),
+                          "gather");
 }
 
 Status CudaBackend::run_process_logits(const LogitsParams& params, const float* logits,
