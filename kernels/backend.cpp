@@ -138,6 +138,17 @@ Status check_gather(const GatherParams& params) {
   return Status::ok();
 }
 
+Status check_gather_rows(const RowGatherParams& params) {
+  if (params.rows < 0 || params.source_rows < 0 || params.width < 0 ||
+      params.out_width < params.width) {
+    return Status::invalid_argument(
+        "gather_rows: rows and source rows >= 0 and 0 <= width <= out_width, got " +
+        std::to_string(params.rows) + " rows of " + std::to_string(params.width) + " into " +
+        std::to_string(params.out_width) + " from " + std::to_string(params.source_rows));
+  }
+  return Status::ok();
+}
+
 Status check_logits(const LogitsParams& params) {
   if (params.rows < 0 || params.vocab < 1 || params.vocab > INT32_MAX) {
     return Status::invalid_argument("logits: rows >= 0 and vocab in [1, 2^31 - 1], got " +
@@ -258,6 +269,11 @@ Status Backend::gather(const GatherParams& params, const int32_t* source, const 
                        int32_t* out) {
   if (Status status = check_gather(params); !status.is_ok()) return status;
   return run_gather(params, source, index, out);
+}
+Status Backend::gather_rows(const RowGatherParams& params, const float* source,
+                            const int32_t* index, const int32_t* columns, float* out) {
+  if (Status status = check_gather_rows(params); !status.is_ok()) return status;
+  return run_gather_rows(params, source, index, columns, out);
 }
 Status Backend::process_logits(const LogitsParams& params, const float* logits,
                                const LogitsSettings* settings, float* probs, int32_t* row_status) {

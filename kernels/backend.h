@@ -139,6 +139,15 @@ struct GatherParams {
   int64_t source_count;  // entries of source; an index outside [-1, source_count) is kOutOfRange
 };
 
+// Rows of floats moved the same way, widened through a column map (gather_rows).
+struct RowGatherParams {
+  int64_t rows;         // rows of index and out
+  int64_t width;        // entries of a source row
+  int64_t source_rows;  // rows of source; an index outside [-1, source_rows) is kOutOfRange
+  int64_t out_width;    // entries of an out row: at least width; a column outside [0, out_width)
+                        // is kOutOfRange
+};
+
 // out[i] = low + (high - low) * uniform_at(seed, i) (kernels/core/uniform_hash.h), rounded to
 // the dtype (8-bit codes: FP8 saturating at 448, INT8 at [-128, 127]): synthetic weights, bit for
 // bit the same on every backend.
@@ -327,6 +336,7 @@ Status check_gated_activation(const GatedActivationParams& params);
 Status check_fill(const FillParams& params);
 Status check_add(int64_t count);
 Status check_gather(const GatherParams& params);
+Status check_gather_rows(const RowGatherParams& params);
 
 // A model's forwards at their largest, for Backend::scratch_bytes_bound: what a backend's ops may
 // ask of memory beyond the buffers the model passes them.
@@ -543,6 +553,18 @@ class Backend {
                 int32_t* out);
   // [count]
 
+  // out[r, :] = 0, then out[r, columns[c]] = source[index[r], c] for each c < width (columns null:
+  // column c): rows one op wrote (a draft's q, round after round, over a reduced head's columns)
+  // laid out as the next reads them (verify's [batch, gamma, vocab] q). A row whose index is -1 is
+  // all zeros. A bad index or column is kOutOfRange (a device reports it at its next host wait);
+  // the rest of the rows are still written. out must not overlap source.
+  Status gather_rows(const RowGatherParams& params,
+                     const float* source,     // [source_rows, width]
+                     const int32_t* index,    // [rows]
+                     const int32_t* columns,  // [width], or null
+                     float* out);
+  // [rows, out_width]
+
   // probs[r] = the processed distribution of logits[r] under settings[r]: temperature, top-k,
   // top-p, min-p in that order, ties ranked by lower token id, the kept weights renormalised; a
   // point mass on the argmax at temperature 0. row_status[r] says whether row r could be processed;
@@ -706,6 +728,11 @@ class Backend {
                             const int32_t* source,  // [source_count]
                             const int32_t* index,   // [count]
                             int32_t* out) = 0;      // [count]
+  virtual Status run_gather_rows(const RowGatherParams& params,
+                                 const float* source,     // [source_rows, width]
+                                 const int32_t* index,    // [rows]
+                                 const int32_t* columns,  // [width], or null
+                                 float* out) = 0;         // [rows, out_width]
   virtual Status run_process_logits(const LogitsParams& params,
                                     const float* logits,             // [rows, vocab]
                                     const LogitsSettings* settings,  // [rows]

@@ -301,6 +301,12 @@ Status DeferredBackend::run_gather(const kernels::GatherParams& params, const in
   return enqueue([=](CpuBackend& cpu) { return cpu.gather(params, source, index, out); });
 }
 
+Status DeferredBackend::run_gather_rows(const kernels::RowGatherParams& params, const float* source,
+                                        const int32_t* index, const int32_t* columns, float* out) {
+  return enqueue(
+      [=](CpuBackend& cpu) { return cpu.gather_rows(params, source, index, columns, out); });
+}
+
 Status DeferredBackend::run_process_logits(const kernels::LogitsParams& params, const float* logits,
                                            const kernels::LogitsSettings* settings, float* probs,
                                            int32_t* row_status) {

@@ -88,6 +88,8 @@ class DeferredBackend final : public kernels::Backend {
   Status run_fill_uniform(const kernels::FillParams& params, void* out) override;
   Status run_gather(const kernels::GatherParams& params, const int32_t* source,
                     const int32_t* index, int32_t* out) override;
+  Status run_gather_rows(const kernels::RowGatherParams& params, const float* source,
+                         const int32_t* index, const int32_t* columns, float* out) override;
   Status run_process_logits(const kernels::LogitsParams& params, const float* logits,
                             const kernels::LogitsSettings* settings, float* probs,
                             int32_t* row_status) override;

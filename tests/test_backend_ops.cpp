@@ -1011,6 +1011,45 @@ void add_logits_cases(std::vector<OpCase>& cases) {
                      }});
   }
 
+  // A draft's q rows laid out as verify reads them: rows left zero (-1), repeats, a reduced head's
+  // columns spread over a wider row and the identity, from one row to many blocks' width; checked
+  // against the definition on the host too.
+  for (const bool mapped : {false, true}) {
+    for (const int64_t width : {int64_t{5}, int64_t{1000}}) {
+      cases.push_back(
+          {"gather_rows/f32/" + std::string(mapped ? "mapped/" : "") + std::to_string(width),
+           kExact, [=](Backend& backend) {
+             const int64_t count = 7, source_rows = 4;
+             const int64_t out_width = mapped ? 3 * width + 2 : width;
+             const std::vector<float> source = random_floats(source_rows * width, 411);
+             const std::vector<int32_t> index = {2, -1, 0, 3, 3, -1, 1};
+             std::vector<int32_t> columns;
+             for (int64_t c = 0; c < width; ++c) columns.push_back(static_cast<int32_t>(3 * c + 1));
+             std::vector<float> expected(static_cast<size_t>(count * out_width), 0.0f);
+             for (int64_t r = 0; r < count; ++r) {
+               if (index[static_cast<size_t>(r)] < 0) continue;
+               for (int64_t c = 0; c < width; ++c) {
+                 const int64_t column = mapped ? columns[static_cast<size_t>(c)] : c;
+                 expected[static_cast<size_t>(r * out_width + column)] =
+                     source[static_cast<size_t>(index[static_cast<size_t>(r)] * width + c)];
+               }
+             }
+             const DeviceBuffer s = upload(backend, source);
+             const DeviceBuffer x = upload(backend, index);
+             const DeviceBuffer m = upload(backend, columns);
+             // Whatever out held before is overwritten.
+             const DeviceBuffer out =
+                 upload(backend, std::vector<float>(static_cast<size_t>(count * out_width), 7.0f));
+             expect_ok(backend.gather_rows({count, width, source_rows, out_width}, s.as<float>(),
+                                           x.as<int32_t>(), mapped ? m.as<int32_t>() : nullptr,
+                                           out.as<float>()));
+             const std::vector<float> got = download<float>(backend, out, count * out_width);
+             EXPECT_EQ(got, expected);
+             return Outputs{{as_doubles(got)}, {}};
+           }});
+    }
+  }
+
   // Penalties and bias as edits (a repetition penalty on positive and negative logits, a token
   // outside the row, rows without edits), with and without a grammar's masks.
   for (const bool masked : {false, true}) {
@@ -1610,6 +1649,14 @@ std::vector<BadShape> bad_shapes() {
        [](Backend& b) {
          return b.gather({1, -4}, nullptr, nullptr, nullptr);
        }},
+      {"gather_rows: negative rows",
+       [](Backend& b) {
+         return b.gather_rows({-1, 4, 4, 4}, nullptr, nullptr, nullptr, nullptr);
+       }},
+      {"gather_rows: out rows narrower than the source's",
+       [](Backend& b) {
+         return b.gather_rows({1, 4, 4, 3}, nullptr, nullptr, nullptr, nullptr);
+       }},
       {"fill_uniform: low above high",
        [](Backend& b) {
          return b.fill_uniform({4, DType::kF32, 1, 1.0f, 0.0f}, nullptr);
@@ -1773,6 +1820,22 @@ std::vector<BadData> bad_data() {
            return reported(backend, backend.gather({3, 4}, source.as<int32_t>(),
                                                    indices.as<int32_t>(), out.as<int32_t>()));
          }});
+  }
+  // Gather_rows: a row index past the source, and a column past the out row.
+  for (const bool bad_column : {false, true}) {
+    bad.push_back({std::string("gather_rows: ") + (bad_column ? "column 6 of 6" : "index 2 of 2"),
+                   StatusCode::kOutOfRange, [bad_column](Backend& backend) {
+                     const DeviceBuffer source = upload(backend, std::vector<float>(2 * 3, 1.0f));
+                     const DeviceBuffer indices =
+                         upload(backend, std::vector<int32_t>{1, bad_column ? 0 : 2});
+                     const DeviceBuffer columns =
+                         upload(backend, std::vector<int32_t>{0, 2, bad_column ? 6 : 4});
+                     const DeviceBuffer out = output<float>(backend, 2 * 6);
+                     return reported(
+                         backend, backend.gather_rows({2, 3, 2, 6}, source.as<float>(),
+                                                      indices.as<int32_t>(), columns.as<int32_t>(),
+                                                      out.as<float>()));
+                   }});
   }
   // A cache slot outside the cache, written alone and after a rotation.
   for (const bool rotated : {false, true}) {

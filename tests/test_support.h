@@ -288,6 +288,10 @@ class ForwardingBackend : public kernels::Backend {
                     int32_t* out) override {
     return inner_.gather(p, source, index, out);
   }
+  Status run_gather_rows(const kernels::RowGatherParams& p, const float* source,
+                         const int32_t* index, const int32_t* columns, float* out) override {
+    return inner_.gather_rows(p, source, index, columns, out);
+  }
   Status run_add_rmsnorm(const kernels::RmsNormParams& p, const float* addend, float* accumulator,
                          const void* weight, float* out) override {
     return inner_.add_rmsnorm(p, addend, accumulator, weight, out);

@@ -150,10 +150,10 @@ sanitize() {
     for tool in memcheck racecheck synccheck; do runs+=("$tool $SANITIZE_ONLY"); done
   else
     for test in "${gpu_tests[@]}"; do runs+=("memcheck $test *"); done
-    # The attention, RoPE, matmul and sampling kernels: their cases in the op harness, and the
-    # tests that run them beyond it (batch invariance, fused ops, the emitted distribution).
+    # The attention, RoPE, matmul, sampling and gather kernels: their cases in the op harness, and
+    # the tests that run them beyond it (batch invariance, fused ops, the emitted distribution).
     for tool in racecheck synccheck; do
-      runs+=("$tool test_cuda_backend_ops *_attention_*:*_rope*:*_matmul*:*_logits_*:*_argmax_*:*_sample_*:*_verify_*"
+      runs+=("$tool test_cuda_backend_ops *_attention_*:*_rope*:*_matmul*:*_logits_*:*_argmax_*:*_sample_*:*_verify_*:*_gather_*"
         "$tool test_cuda_backend *Attention*:*Rope*:*Matmul*" "$tool test_cuda_sampling *")
     done
   fi

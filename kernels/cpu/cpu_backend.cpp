@@ -204,6 +204,11 @@ Status CpuBackend::run_gather(const GatherParams& params, const int32_t* source,
   return cpu::gather(params, source, index, out);
 }
 
+Status CpuBackend::run_gather_rows(const RowGatherParams& params, const float* source,
+                                   const int32_t* index, const int32_t* columns, float* out) {
+  return cpu::gather_rows(params, source, index, columns, out);
+}
+
 Status CpuBackend::run_process_logits(const LogitsParams& params, const float* logits,
                                       const LogitsSettings* settings, float* probs,
                                       int32_t* row_status) {

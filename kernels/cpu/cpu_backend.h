@@ -77,6 +77,8 @@ class CpuBackend final : public Backend {
   Status run_fill_uniform(const FillParams& params, void* out) override;
   Status run_gather(const GatherParams& params, const int32_t* source, const int32_t* index,
                     int32_t* out) override;
+  Status run_gather_rows(const RowGatherParams& params, const float* source, const int32_t* index,
+                         const int32_t* columns, float* out) override;
   // The rows shared out over the pool (kernels/cpu/sampling.h and verify.h are the reference).
   Status run_process_logits(const LogitsParams& params, const float* logits,
                             const LogitsSettings* settings, float* probs,

@@ -13,4 +13,12 @@ Status gather(const GatherParams& params,
               const int32_t* index,   // [count]
               int32_t* out);          // [count]
 
+// Backend::gather_rows: out[r] zeroed, then source[index[r]] written at its columns. The first bad
+// index or column is kOutOfRange, naming it; a bad column is skipped, a bad index's row left zero.
+Status gather_rows(const RowGatherParams& params,
+                   const float* source,     // [source_rows, width]
+                   const int32_t* index,    // [rows]
+                   const int32_t* columns,  // [width], or null
+                   float* out);             // [rows, out_width]
+
 }  // namespace specrun::kernels::cpu

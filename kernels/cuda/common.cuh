@@ -47,7 +47,8 @@ enum class DeviceCheck : int {
   kSlot = 2,           // kv_write: slot outside [0, bound); kOutOfRange
   kQueryStart = 3,     // attention: query_start does not cover [0, num_tokens); kInvalidArgument
   kContextLength = 4,  // attention: a sequence's context length is impossible; kInvalidArgument
-  kGatherIndex = 5,    // gather: index outside [-1, bound); kOutOfRange
+  kGatherIndex = 5,    // gather, gather_rows: index outside [-1, bound); kOutOfRange
+  kGatherColumn = 6,   // gather_rows: column outside [0, bound); kOutOfRange
 };
 
 struct DeviceErrorRecord {

@@ -85,6 +85,10 @@ Status status_from_record(const DeviceErrorRecord& record) {
       return Status::out_of_range("gather: index " + std::to_string(record.value) + " at entry " +
                                   std::to_string(record.index) + " is outside [-1, " +
                                   std::to_string(record.bound) + ")");
+    case DeviceCheck::kGatherColumn:
+      return Status::out_of_range("gather_rows: column " + std::to_string(record.value) +
+                                  " of entry " + std::to_string(record.index) + " is outside [0, " +
+                                  std::to_string(record.bound) + ")");
     case DeviceCheck::kNone:
       break;
   }
@@ -600,6 +604,15 @@ Status CudaBackend::run_gather(const GatherParams& params, const int32_t* source
   if (Status status = scope.status(); !status.is_ok()) return status;
   return after_checked_op(launch_gather(params, source, index, out, device_errors_, stream_),
                           "gather");
+}
+
+Status CudaBackend::run_gather_rows(const RowGatherParams& params, const float* source,
+                                    const int32_t* index, const int32_t* columns, float* out) {
+  DeviceScope scope(device_);
+  if (Status status = scope.status(); !status.is_ok()) return status;
+  return after_checked_op(
+      launch_gather_rows(params, source, index, columns, out, device_errors_, stream_),
+      "gather_rows");
 }
 
 Status CudaBackend::run_process_logits(const LogitsParams& params, const float* logits,

@@ -132,6 +132,8 @@ class CudaBackend final : public Backend {
   Status run_fill_uniform(const FillParams& params, void* out) override;
   Status run_gather(const GatherParams& params, const int32_t* source, const int32_t* index,
                     int32_t* out) override;
+  Status run_gather_rows(const RowGatherParams& params, const float* source, const int32_t* index,
+                         const int32_t* columns, float* out) override;
   // One kernel each (kernels/cuda/rope.h, kernels/cuda/rmsnorm.h), bitwise the two ops.
   Status run_rope_kv_write(const RopeParams& rope, const KvWriteParams& cache,
                            const int32_t* positions, const float* inv_freq, const int32_t* slots,

@@ -22,4 +22,15 @@ Status launch_gather(const GatherParams& params,
                      DeviceErrorRecord* errors,  // may be null: bad entries are still left alone
                      cudaStream_t stream);
 
+// out[r] zeroed, then source[index[r]] written at its columns; one block a row, which zeroes its
+// row and, after a barrier, scatters into it. A bad index (the row stays zero) or column (skipped)
+// is recorded in `errors` as kOutOfRange, as the CPU reports it.
+Status launch_gather_rows(const RowGatherParams& params,
+                          const float* source,        // [source_rows, width]
+                          const int32_t* index,       // [rows]
+                          const int32_t* columns,     // [width], or null
+                          float* out,                 // [rows, out_width]
+                          DeviceErrorRecord* errors,  // may be null
+                          cudaStream_t stream);
+
 }  // namespace specrun::kernels::cuda
