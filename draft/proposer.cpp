@@ -64,7 +64,8 @@ void ModelProposer::rollback(int64_t sequence, int64_t committed_prefix) {
   rollback_keeping(sequence, committed_prefix, 0);
 }
 
-void ModelProposer::rollback_keeping(int64_t sequence, int64_t committed_prefix, int64_t drafts) {
+void ModelProposer::rollback_keeping(int64_t sequence, int64_t committed_prefix, int64_t drafts,
+                                     std::span<const int32_t> text) {
   SPECRUN_CHECK(drafts >= 0);
   DraftSequence& entry = state(sequence);
   KvCache& cache = draft_.kv_cache();
@@ -74,6 +75,7 @@ void ModelProposer::rollback_keeping(int64_t sequence, int64_t committed_prefix,
     cache.truncate(entry.kv, 0);
     entry.offset = committed_prefix;
     entry.read_target_features = 0;
+    entry.stand_ins_from = -1;
     return;
   }
   // A feature-reading draft keeps only the positions it computed from the target's features: at
@@ -82,6 +84,21 @@ void ModelProposer::rollback_keeping(int64_t sequence, int64_t committed_prefix,
                              ? std::min(cache.length(entry.kv), entry.read_target_features)
                              : cache.length(entry.kv);
   cache.truncate(entry.kv, std::min(length, keep + drafts));
+  const int64_t kept = cache.length(entry.kv);
+  if (entry.stand_ins_from >= 0) {
+    // Drafts fed from the backend's memory: those the prefix keeps are committed text now.
+    const int64_t known_end = std::min(kept, keep);
+    if (entry.stand_ins_from < known_end) {
+      SPECRUN_CHECK(static_cast<int64_t>(text.size()) >= entry.offset + known_end)
+          << "the draft's cache holds drafts it never read up to position " << known_end
+          << ", and the rollback brings " << text.size() << " tokens of text";
+      cache.rewrite_tokens(entry.kv, entry.stand_ins_from,
+                           text.subspan(static_cast<size_t>(entry.offset + entry.stand_ins_from),
+                                        static_cast<size_t>(known_end - entry.stand_ins_from)));
+    }
+    entry.stand_ins_from = std::max(entry.stand_ins_from, known_end);
+    if (entry.stand_ins_from >= kept) entry.stand_ins_from = -1;
+  }
   // What the cache holds up to the committed prefix is committed text: its full blocks become
   // reusable. Drafts past it are not final, so they stay unsealed.
   cache.seal(entry.kv, std::min(length, keep));
@@ -154,12 +171,17 @@ struct ModelProposer::Call {
   Features own_features;
   std::vector<SequenceInput> forward_batch;
   // [rounds fed + 1] where each round's results block starts: [rows] SampledRow, then where the
-  // call keeps q, [rows, row_width] floats, 8-byte aligned.
+  // call keeps q for the host, [rows, row_width] floats, 8-byte aligned.
   std::vector<size_t> blocks{0};
+  // The drafts stay where they were drawn (ModelProposer::leave_on_device), and q, where kept,
+  // in the rounds' rows of q_device_.
+  bool on_device = false;
 
   const DraftRequest& request(int64_t b) const { return requests[static_cast<size_t>(b)]; }
+  // Whether the results blocks carry q back to the host.
+  bool q_in_blocks() const { return keep && !on_device; }
   size_t block_bytes(size_t rows) const {
-    const size_t q_bytes = keep ? static_cast<size_t>(row_width) * sizeof(float) : 0;
+    const size_t q_bytes = q_in_blocks() ? static_cast<size_t>(row_width) * sizeof(float) : 0;
     return (rows * (sizeof(kernels::SampledRow) + q_bytes) + 7) / 8 * 8;
   }
   // Round r's results block, on the backend or as read back.
@@ -180,6 +202,8 @@ void ModelProposer::catch_up(Call& call, int64_t b) {
   KvCache& cache = draft_.kv_cache();
   const int64_t committed = static_cast<int64_t>(request.committed.size());
   int64_t seen = entry.offset + cache.length(kv);
+  SPECRUN_CHECK(entry.stand_ins_from < 0)
+      << "the draft's drafts left on the backend were never rolled back to the committed text";
   SPECRUN_CHECK(seen < committed)
       << "the draft has seen every committed token, so it has no logits to draft from";
   if (request.max_catch_up > 0 && committed - seen > request.max_catch_up) {
@@ -317,8 +341,11 @@ void ModelProposer::enqueue_sample(Call& call, int64_t round, const Logits& logi
                                           rows.size() * sizeof(kernels::SampleRow)),
                    "uploading the draft's sampling rows");
   std::byte* block = call.block(results_device_.as<std::byte>(), round);
-  float* q = call.keep ? reinterpret_cast<float*>(block + call.q_offset(round))
-                       : q_scratch_device_.as<float>();
+  // [rows, row width]: in the results block where the host reads q, in its rounds' rows where the
+  // target will gather it, else scratch each round overwrites.
+  float* q = call.q_in_blocks() ? reinterpret_cast<float*>(block + call.q_offset(round))
+             : call.keep ? q_device_.as<float>() + first * static_cast<size_t>(call.row_width)
+                         : q_device_.as<float>();
   SPECRUN_CHECK_OK(backend.sample({static_cast<int64_t>(rows.size()), logits.device_width, vocab},
                                   rows_device, logits.device, head_tokens_device_.as<int32_t>(), q,
                                   reinterpret_cast<kernels::SampledRow*>(block),
@@ -517,6 +544,52 @@ bool ModelProposer::settle(Call& call, int64_t round, size_t row) {
   return round + 1 < request.gamma;
 }
 
+void ModelProposer::leave_on_device(Call& call) {
+  kernels::Backend& backend = draft_.backend();
+  Proposals& proposals = call.proposals;
+  const std::vector<int64_t>& rows = call.round_rows.front();
+  DraftsOnDevice& on_device = proposals.on_device;
+  const auto entries = static_cast<size_t>(proposals.batch * proposals.gamma);
+  on_device.draws = drawn_device_.as<int32_t>();
+  on_device.draw_count = static_cast<int64_t>(call.round_rows.size()) * round_rows_;
+  on_device.statuses = results_device_.as<int32_t>();
+  on_device.status_words = static_cast<int64_t>(call.blocks.back() / sizeof(int32_t));
+  on_device.draw_index.assign(entries, -1);
+  on_device.status_index.assign(entries, -1);
+  if (call.keep) {
+    on_device.q = q_device_.as<float>();
+    on_device.q_width = call.row_width;
+    on_device.q_columns = head_tokens_device_.as<int32_t>();  // null without a reduced head
+  }
+  // Round r's draws are entries [r * round_rows_, ...) in the order of its rows, which are the
+  // first rows of round 0's; its SampledRows open its results block.
+  static_assert(offsetof(kernels::SampledRow, status) % sizeof(int32_t) == 0 &&
+                sizeof(kernels::SampledRow) % sizeof(int32_t) == 0);
+  for (size_t row = 0; row < rows.size(); ++row) {
+    const int64_t b = rows[row];
+    const int64_t gamma = call.request(b).gamma;
+    for (int64_t i = 0; i < gamma; ++i) {
+      const auto slot = static_cast<size_t>(b * proposals.gamma + i);
+      on_device.draw_index[slot] =
+          static_cast<int32_t>(i * round_rows_ + static_cast<int64_t>(row));
+      const size_t status_byte = call.blocks[static_cast<size_t>(i)] +
+                                 row * sizeof(kernels::SampledRow) +
+                                 offsetof(kernels::SampledRow, status);
+      on_device.status_index[slot] = static_cast<int32_t>(status_byte / sizeof(int32_t));
+    }
+    proposals.counts[static_cast<size_t>(b)] = static_cast<int32_t>(gamma);
+    // Rounds 1.. fed d_1..d_{gamma-1} from the backend: the cache recorded stand-ins for them.
+    if (gamma > 1)
+      state(call.request(b).sequence).stand_ins_from = call.first[static_cast<size_t>(b)];
+  }
+  if (drawn_event_ == nullptr) {
+    drawn_event_ = backend.create_event();
+    SPECRUN_CHECK(drawn_event_ != nullptr) << "the draft's backend made no event";
+  }
+  SPECRUN_CHECK_OK(backend.record(*drawn_event_), "marking the draft's last draw");
+  on_device.drawn = drawn_event_.get();
+}
+
 void ModelProposer::trim_after_settling(Call& call) {
   KvCache& cache = draft_.kv_cache();
   for (const int64_t b : call.round_rows.front()) {
@@ -558,13 +631,19 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
       any([](const DraftRequest& request) { return request.processor != nullptr; });
   call.settle_each_round = looks_up || reads_features() || processes ||
                            (has_floor && draft_.backend().uses_host_memory());
+  const bool host_reads =
+      any([](const DraftRequest& request) { return request.host_reads_drafts; });
+  const bool offers_alternates =
+      any([](const DraftRequest& request) { return request.alternates > 0; });
+  // Nothing the host decides depends on the draws: they stay where they were drawn.
+  call.on_device = !call.settle_each_round && !has_floor && !offers_alternates && !host_reads;
   // A reduced head (ModelConfig::output_token_ids) scores part of the vocabulary, every other
   // token's logit -infinity: its rows are sampled as it scores them, entry i standing for token
   // head_tokens[i] (the softmax, filters and draws of 8,192 entries rather than 49,152 for the
   // demo's draft), and q widened to the vocabulary only where the proposals keep it.
   const std::vector<int32_t>& head_tokens = draft_.config().output_token_ids;
   call.row_width = head_tokens.empty() ? vocab : static_cast<int64_t>(head_tokens.size());
-  if (call.keep) {
+  if (call.q_in_blocks()) {
     proposals.probs.assign(static_cast<size_t>(batch * proposals.gamma * vocab), 0.0f);
   }
   if (looks_up) {
@@ -600,7 +679,10 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
   kernels::Backend& backend = draft_.backend();
   round_rows_ = static_cast<int64_t>(rows.size());
   const auto round_entries = static_cast<size_t>(rounds * round_rows_);
-  const size_t q_bytes = static_cast<size_t>(round_rows_ * call.row_width) * sizeof(float);
+  // q's rows on the backend: every round's where the target gathers them, else one round's.
+  const size_t q_bytes = static_cast<size_t>((call.on_device && call.keep ? rounds : 1) *
+                                             round_rows_ * call.row_width) *
+                         sizeof(float);
   // At most every row in every round.
   const size_t results_bytes =
       static_cast<size_t>(rounds) * call.block_bytes(static_cast<size_t>(round_rows_));
@@ -610,7 +692,7 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
                               "the draft's sampling rows");
   results_device_.reserve(backend, results_bytes, "the draft's draws");
   drawn_device_.reserve(backend, round_entries * sizeof(int32_t), "the draft's drawn tokens");
-  if (!call.keep) q_scratch_device_.reserve(backend, q_bytes, "the draft's distributions");
+  if (!call.q_in_blocks()) q_device_.reserve(backend, q_bytes, "the draft's distributions");
 
   for (int64_t round = 0; !rows.empty(); ++round) {
     call.round_rows.push_back(rows);
@@ -628,7 +710,9 @@ Proposals ModelProposer::propose(std::span<const DraftRequest> requests) {
       std::erase_if(rows, [&](int64_t b) { return call.request(b).gamma <= round + 1; });
     }
   }
-  if (!call.settle_each_round) {
+  if (call.on_device) {
+    leave_on_device(call);
+  } else if (!call.settle_each_round) {
     const auto fed = static_cast<int64_t>(call.round_rows.size());
     read_back(call, 0, fed);
     for (int64_t round = 0; round < fed; ++round) {

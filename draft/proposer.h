@@ -62,6 +62,12 @@ struct DraftRequest {
   // with a processor settles each round: the next round's edits follow the drafts so far.
   const LogitProcessor* processor = nullptr;
   int64_t uncommitted = 0;
+  // Whether the host reads the row's drafts before the verdict (drafting ahead from them, a
+  // replacement verifier on the host). A call none of whose rows does, and that needs no decision
+  // of the host's between or after its rounds (no lookup, confidence floor, alternates or
+  // processors, not reading features), leaves its drafts and their q where the backend drew them
+  // (Proposals::on_device): the host does not wait for the draft at all.
+  bool host_reads_drafts = true;
 };
 
 // Prompt lookup's match: the index of the token after the latest earlier occurrence of the
@@ -103,8 +109,12 @@ class ModelProposer : public Proposer {
   Proposals propose(std::span<const DraftRequest> requests) override;
   void rollback(int64_t sequence, int64_t committed_prefix) override;
   // As rollback(), but keeps up to `drafts` cached positions past the committed prefix: drafts
-  // proposed ahead that are still wanted (overlapped drafting). They are not sealed.
-  void rollback_keeping(int64_t sequence, int64_t committed_prefix, int64_t drafts);
+  // proposed ahead that are still wanted (overlapped drafting). They are not sealed. `text` is the
+  // committed text: where the last call left its drafts on the backend, the cache recorded
+  // stand-ins for the ids it fed from there, and the text names those the prefix keeps. A
+  // rollback keeping such positions without the text is a bug (CHECK).
+  void rollback_keeping(int64_t sequence, int64_t committed_prefix, int64_t drafts,
+                        std::span<const int32_t> text = {});
   // Committed tokens the draft has accounted for: those its cache holds plus those a bounded
   // catch-up skipped. The next proposal reads the committed tokens past this.
   int64_t cached_length(int64_t sequence) const;
@@ -139,6 +149,9 @@ class ModelProposer : public Proposer {
     std::vector<float> features{};
     int64_t features_from = 0;
     int64_t read_target_features = 0;
+    // The first cache position whose recorded token is a stand-in (a draft fed from the backend's
+    // memory that the host never read), to be rewritten from the committed text; -1: none.
+    int64_t stand_ins_from = -1;
   };
   std::vector<DraftSequence> sequences_;
 
@@ -154,9 +167,14 @@ class ModelProposer : public Proposer {
   std::vector<uint64_t> results_host_;           // the results blocks read back
   DeviceBuffer sample_rows_device_;              // [rounds, round_rows_] SampleRow
   DeviceBuffer results_device_;                  // the rounds' results blocks
-  DeviceBuffer drawn_device_;        // [rounds, round_rows_] int32: what each round's rows drew
-  DeviceBuffer q_scratch_device_;    // [round_rows_, row width]: q where the call keeps none
+  DeviceBuffer drawn_device_;  // [rounds, round_rows_] int32: what each round's rows drew
+  // q on the backend where the host does not read it: every round's rows, [rounds, round_rows_,
+  // row width], where a call leaves its drafts there and keeps q (for the target to gather);
+  // else [round_rows_, row width] that each round overwrites.
+  DeviceBuffer q_device_;
   DeviceBuffer head_tokens_device_;  // a reduced head's output_token_ids
+  // Recorded after the last round of a call that leaves its drafts on the backend.
+  std::unique_ptr<kernels::Event> drawn_event_;
   // The round's logits processing, where its requests have processors: host staging and the
   // upload (row offsets, edits, masks), reused from round to round.
   LogitEditBatch edits_;
@@ -182,6 +200,10 @@ class ModelProposer : public Proposer {
   // A call that settled at the end fed every row up to its gamma: the cache positions past the
   // drafts a row kept are dropped, and the kept ones learn their token ids.
   void trim_after_settling(Call& call);
+  // A call that leaves its drafts on the backend: every row drafted its gamma; the proposals say
+  // where each draft, its q (where kept) and its row's status lie, and an event marks the last
+  // draw.
+  void leave_on_device(Call& call);
   DraftSequence& state(int64_t sequence);
   // Where a feature-reading draft's context may start: past the positions whose target features
   // were never computed (served from the target's prefix cache); 0 for any other draft.

@@ -119,6 +119,18 @@ void StepDrafter::propose(std::span<const DraftingRow> rows, StepDrafts& step) {
       point_mass.emplace_back(static_cast<int64_t>(b), lookup.propose(request));
     }
   }
+  // The model's drafts may stay on its backend only where no other row proposes and nothing reads
+  // them on the host before the verdict.
+  const bool others_propose =
+      std::any_of(step.from_kept.begin(), step.from_kept.end(),
+                  [](int64_t taken) { return taken > 0; }) ||
+      std::any_of(point_mass.begin(), point_mass.end(),
+                  [](const auto& entry) { return entry.second.counts[0] > 0; });
+  for (size_t r = 0; r < model_requests.size(); ++r) {
+    const DraftingRow& row = rows[static_cast<size_t>(model_rows[r])];
+    model_requests[r].host_reads_drafts =
+        others_propose || row.host_reads_drafts || may_draft_ahead(row);
+  }
   Proposals from_model;
   if (!model_requests.empty()) from_model = model_->propose(model_requests);
   assemble(rows, step, from_model, model_rows, point_mass);
@@ -138,9 +150,10 @@ void StepDrafter::assemble(std::span<const DraftingRow> rows, StepDrafts& step,
                                     [](int64_t taken) { return taken > 0; });
   const bool any_drafts = !model_rows.empty() || any_kept;
   // q is materialised for every row when some row's rule reads it, else for none (point masses).
-  const bool materialise = any_drafts && std::any_of(rows.begin(), rows.end(), [](const auto& row) {
-                             return row.keep_distributions;
-                           });
+  // Drafts left on the draft's backend keep their q there too.
+  const bool materialise =
+      any_drafts && !from_model.drafts_on_device() &&
+      std::any_of(rows.begin(), rows.end(), [](const auto& row) { return row.keep_distributions; });
   // Only the draft model's rows bring alternates (drafts kept ahead never do).
   const int64_t alternates_width = from_model.alternates_width;
   if (any_drafts) {
@@ -201,18 +214,41 @@ void StepDrafter::assemble(std::span<const DraftingRow> rows, StepDrafts& step,
           step.from_kept[static_cast<size_t>(b)]);
   }
   for (const auto& [b, source] : point_mass) place(b, source, 0, 0, source.counts[0], 0);
+  if (from_model.drafts_on_device()) {
+    // Every drafting row is the model's: its entries, in the step's rows and stride.
+    DraftsOnDevice& on_device = proposals.on_device;
+    on_device = from_model.on_device;
+    const auto entries = static_cast<size_t>(batch * proposals.gamma);
+    on_device.draw_index.assign(entries, -1);
+    on_device.status_index.assign(entries, -1);
+    for (size_t r = 0; r < model_rows.size(); ++r) {
+      const auto from = static_cast<ptrdiff_t>(r) * from_model.gamma;
+      const auto to = model_rows[r] * proposals.gamma;
+      const int32_t count = from_model.counts[r];
+      std::copy_n(from_model.on_device.draw_index.begin() + from, count,
+                  on_device.draw_index.begin() + to);
+      std::copy_n(from_model.on_device.status_index.begin() + from, count,
+                  on_device.status_index.begin() + to);
+    }
+  }
+}
+
+bool StepDrafter::may_draft_ahead(const DraftingRow& row) const {
+  return model_ != nullptr && row.with_model && !row.filler && row.max_catch_up == 0 &&
+         (overlap_ == OverlapDrafting::kOn ||
+          (overlap_ == OverlapDrafting::kAuto && row.draft_ahead));
 }
 
 void StepDrafter::draft_ahead(std::span<const DraftingRow> rows, StepDrafts& step) {
   if (model_ == nullptr || overlap_ == OverlapDrafting::kOff) return;
+  if (step.proposals.drafts_on_device()) return;  // no row may: see propose()
   std::vector<DraftRequest> requests;
   step.ahead_row.assign(rows.size(), -1);
   for (size_t b = 0; b < rows.size(); ++b) {
     const DraftingRow& row = rows[b];
     const int64_t drafted = step.proposals.counts[b];
     // A row stopped by the confidence floor has fed its last draft and found the draft unsure.
-    if (!row.with_model || row.filler || row.max_catch_up > 0 || drafted == 0 ||
-        drafted < row.gamma || (overlap_ == OverlapDrafting::kAuto && !row.draft_ahead)) {
+    if (!may_draft_ahead(row) || drafted == 0 || drafted < row.gamma) {
       continue;
     }
     // The next step starts drafted + 1 tokens later: it could verify this many.
@@ -242,10 +278,10 @@ AheadUse StepDrafter::roll_back(const DraftingRow& row, const StepDrafts& step, 
     DraftingState& state = *row.state;
     state.ahead = one_row(step.ahead, ahead_row);
     state.ahead_complete = ahead_count == step.ahead_wanted[static_cast<size_t>(ahead_row)];
-    model_->rollback_keeping(row.sequence, verdict.keep, state.ahead.counts[0]);
+    model_->rollback_keeping(row.sequence, verdict.keep, state.ahead.counts[0], verdict.committed);
     return AheadUse::kTaken;
   }
-  model_->rollback(row.sequence, verdict.draft_keep);
+  model_->rollback_keeping(row.sequence, verdict.draft_keep, 0, verdict.committed);
   return ahead_row >= 0 ? AheadUse::kDropped : AheadUse::kNone;
 }
 

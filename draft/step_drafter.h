@@ -66,6 +66,9 @@ struct DraftingRow {
   DraftingState* state = nullptr;  // the sequence's, carried across steps
   // Its penalties, bias and grammar (the draft's rows are processed as the target's); null: none.
   const LogitProcessor* processor = nullptr;
+  // Its drafts are read on the host before the verdict by someone other than the drafter (a
+  // replacement verifier): they may not stay where the draft drew them.
+  bool host_reads_drafts = false;
 };
 
 // One step's drafting, from proposal to the verdict; rows are the step's, in order.
@@ -94,6 +97,9 @@ struct RowVerdict {
   int32_t new_token = -1;       // the last token committed: the next step's pending one
   int64_t keep = 0;             // committed tokens the caches keep (all but the pending one)
   int64_t draft_keep = 0;       // of them, those the draft's cache holds the right token at
+  // The sequence's committed text after the verdict: what names the drafts the draft fed without
+  // the host reading them (Proposals::on_device), where its cache keeps them.
+  std::span<const int32_t> committed;
 };
 
 // What happened to a row's drafts ahead at the verdict.
@@ -123,13 +129,16 @@ class StepDrafter {
   // The step's proposals, in `step.proposals`: rows drafting with the model in one batched call
   // (drafts kept from the last step's drafting ahead first, as far as the row wants them), the
   // rest by prompt lookup or a calibration filler; q is materialised for every row when some
-  // row's rule reads it. Throws where the draft model's forward fails.
+  // row's rule reads it. Where every drafting row drafts with the model and nothing the host does
+  // before the verdict reads the drafts (no row drafts ahead or is read by a host verifier), and
+  // the model's call leaves them on its backend (ModelProposer), the proposals say where they lie
+  // (Proposals::on_device). Throws where the draft model's forward fails.
   void propose(std::span<const DraftingRow> rows, StepDrafts& step);
   // Overlapped drafting: every row the model proposed for in full, and whose plan says so, goes
   // on drafting past its last draft as if all were accepted: first the token verification would
   // then add, then as many drafts as the next step could verify (this step's gamma at most). A
-  // backend with a stream per model runs this beside the verification enqueued before it.
-  // Throws where the draft model's forward fails.
+  // backend with a stream per model runs this beside the verification enqueued before it. Proposals
+  // left on the backend never draft ahead. Throws where the draft model's forward fails.
   void draft_ahead(std::span<const DraftingRow> rows, StepDrafts& step);
   // After the verdict, for a row drafting with the model: its drafts ahead are kept when every
   // draft was accepted and the new token is their first (the draft's cache keeps them too);
@@ -143,6 +152,8 @@ class StepDrafter {
                                     std::span<const int32_t> decided, const RowVerdict& verdict);
 
  private:
+  // Whether the row may draft ahead of this step (draft_ahead would ask for it).
+  bool may_draft_ahead(const DraftingRow& row) const;
   // The step's one [batch, gamma] proposals from the model's rows and the point-mass rows.
   void assemble(std::span<const DraftingRow> rows, StepDrafts& step, const Proposals& from_model,
                 std::span<const int64_t> model_rows,

@@ -27,7 +27,53 @@ Scorer::Scorer(Model& target, const SamplingParams& sampling)
   validate_sampling(sampling);
 }
 
-const Scores& Scorer::score(std::span<const ScoreRequest> requests, Features* features) {
+void Scorer::gather_ids(std::span<const ScoreRequest> requests, const DraftsOnDevice& drafts,
+                        std::span<SequenceInput> batch) {
+  kernels::Backend& backend = target_.backend();
+  const auto gamma = static_cast<int64_t>(drafts.draw_index.size()) /
+                     std::max<int64_t>(1, static_cast<int64_t>(requests.size()));
+  SPECRUN_CHECK(drafts.draw_index.size() == requests.size() * static_cast<size_t>(gamma))
+      << "drafts on the backend for " << drafts.draw_index.size() << " entries, " << requests.size()
+      << " rows";
+  size_t fed = 0;
+  for (const ScoreRequest& request : requests) {
+    SPECRUN_CHECK(request.alternates.empty() && request.processor == nullptr)
+        << "drafts left on the backend with alternates or logits processors";
+    SPECRUN_CHECK(static_cast<int64_t>(request.drafts.size()) <= gamma);
+    fed += 1 + request.drafts.size();
+  }
+  // [fed] the ids as far as the host knows them (the pending tokens), then [fed] where each of
+  // the others lies among the draws.
+  staged_ids_.assign(2 * fed, 0);
+  size_t at = 0;
+  for (size_t b = 0; b < requests.size(); ++b) {
+    staged_ids_[at] = requests[b].pending;
+    staged_ids_[fed + at] = -1;
+    for (size_t i = 0; i < requests[b].drafts.size(); ++i) {
+      staged_ids_[fed + at + 1 + i] = drafts.draw_index[b * static_cast<size_t>(gamma) + i];
+    }
+    at += 1 + requests[b].drafts.size();
+  }
+  const size_t bytes = staged_ids_.size() * sizeof(int32_t);
+  ids_.reserve(backend, bytes, "the target's token ids");
+  int32_t* ids = ids_.as<int32_t>();
+  SPECRUN_CHECK_OK(backend.copy_to_device(ids, staged_ids_.data(), bytes),
+                   "uploading the target's token ids");
+  if (drafts.drawn != nullptr) {
+    SPECRUN_CHECK_OK(backend.wait(*drafts.drawn), "waiting for the draft's draws");
+  }
+  SPECRUN_CHECK_OK(
+      backend.gather({static_cast<int64_t>(fed), drafts.draw_count}, drafts.draws, ids + fed, ids),
+      "gathering the draft's draws");
+  at = 0;
+  for (SequenceInput& input : batch) {
+    input.device_tokens = ids + at;
+    at += input.tokens.size();
+  }
+}
+
+const Scores& Scorer::score(std::span<const ScoreRequest> requests, Features* features,
+                            const DraftsOnDevice* drafts_on_device) {
   inputs_.resize(requests.size());
   parents_.resize(requests.size());
   std::vector<SequenceInput> batch;
@@ -69,6 +115,11 @@ const Scores& Scorer::score(std::span<const ScoreRequest> requests, Features* fe
       }
     }
     batch.push_back({request.sequence, input, true, {}, parents});
+  }
+  // The drafts' places hold stand-ins (0) the KV cache records until the verdict names them.
+  if (drafts_on_device != nullptr) {
+    for (std::vector<int32_t>& input : inputs_) std::fill(input.begin() + 1, input.end(), 0);
+    gather_ids(requests, *drafts_on_device, batch);
   }
   logits_.keep_on_device = true;
   target_.forward(batch, &logits_, features);

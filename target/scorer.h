@@ -49,12 +49,20 @@ class Scorer {
   // keeps them so). The scores are the scorer's own, valid until its next call: their rows of
   // vocabulary-wide distributions (megabytes a step) are written over in place, in the backend's
   // memory. A row that could not be processed (corrupt logits) is marked in Scores::status, for
-  // the verification to refuse.
-  const Scores& score(std::span<const ScoreRequest> requests, Features* features = nullptr);
+  // the verification to refuse. With `drafts_on_device` ([batch, gamma] of the requests' rows),
+  // the requests' drafts give only their counts: the ids are gathered on the target's stream from
+  // where the draft drew them, once it has waited for the draft's event, and the target's KV cache
+  // records stand-ins for them until the verdict names them (KvCache::rewrite_tokens).
+  const Scores& score(std::span<const ScoreRequest> requests, Features* features = nullptr,
+                      const DraftsOnDevice* drafts_on_device = nullptr);
 
  private:
   // Edits the rows of requests with a processor in place (Backend::edit_logits).
   void apply_processors(std::span<const ScoreRequest> requests);
+  // The forward's ids where the drafts are on the backend: [pending, d_1..d_n] per row, back to
+  // back in one buffer of the target's memory, each row's inputs pointed at its part.
+  void gather_ids(std::span<const ScoreRequest> requests, const DraftsOnDevice& drafts,
+                  std::span<SequenceInput> batch);
 
   Model& target_;
   SamplingParams sampling_;
@@ -63,10 +71,13 @@ class Scorer {
   Logits logits_;
   Scores scores_;                                  // what score returns
   std::vector<kernels::LogitsSettings> settings_;  // [rows] host, reused per call
-  LogitEditBatch edits_;          // the rows' penalties, bias and masks, reused per call
-  DeviceBuffer device_settings_;  // [rows] LogitsSettings
-  DeviceBuffer probs_;            // [rows, vocab] f32
-  DeviceBuffer status_;           // [rows] RowStatus
+  LogitEditBatch edits_;             // the rows' penalties, bias and masks, reused per call
+  DeviceBuffer device_settings_;     // [rows] LogitsSettings
+  DeviceBuffer probs_;               // [rows, vocab] f32
+  DeviceBuffer status_;              // [rows] RowStatus
+  std::vector<int32_t> staged_ids_;  // [fed tokens] the pending ids, then [fed tokens] gather
+                                     // indices (-1 at each pending id), reused per call
+  DeviceBuffer ids_;                 // staged_ids_ on the backend, the drafts gathered in
 };
 
 }  // namespace specrun

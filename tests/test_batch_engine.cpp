@@ -5,6 +5,7 @@
 // every request.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <limits>
@@ -519,22 +520,194 @@ class CorruptDraftBackend final : public testing::ForwardingBackend {
 };
 
 TEST_F(BatchEngineTest, ADraftRowThatCannotBeSampledFailsTheRequestSayingWhy) {
-  // The sample op reports the row's status; the request ends with the reason, not a crash.
-  auto cpu = testing::make_cpu_backend(1);
-  CorruptDraftBackend corrupt(*cpu);
+  // The sample op reports the row's status; the request ends with the reason, not a crash: where
+  // the host reads each draw (prompt lookup in the drafts), and where the drafts stay on the
+  // backend and the statuses come back with the verdict.
+  for (const int64_t lookup : {2, 0}) {
+    SCOPED_TRACE("draft_lookup_ngram " + std::to_string(lookup));
+    auto cpu = testing::make_cpu_backend(1);
+    CorruptDraftBackend corrupt(*cpu);
+    ModelOptions options;
+    options.kv_cache_tokens = 256;
+    options.kv_block_size = 8;
+    const std::unique_ptr<Model> draft = Model::load(dir_ / "draft", corrupt, options);
+    const std::unique_ptr<Model> target = Model::load(dir_ / "target", *cpu, options);
+    BatchEngine engine(*target, draft.get(), {});
+    EngineRequest r =
+        request({1, 5, 9}, 8, 0.0f, SpeculationMethod::kDraftModel, GammaControl::kFixed, 3);
+    r.speculation.draft_lookup_ngram = lookup;
+    r.speculation.draft_alternates = 0;
+    const Completion completion = engine.run(r);
+    EXPECT_EQ(completion.reason, FinishReason::kFailed);
+    EXPECT_NE(completion.error.find("drafting failed"), std::string::npos) << completion.error;
+    EXPECT_NE(completion.error.find("the draft's row for sequence"), std::string::npos)
+        << completion.error;
+    EXPECT_NE(completion.error.find("NaN"), std::string::npos) << completion.error;
+  }
+}
+
+// Requests whose drafts no decision of the host's reads (no prompt lookup, no alternates, no
+// confidence floor): the drafts, and their q where rejection sampling reads it, stay where the
+// draft drew them (Proposals::on_device). With `read_back`, a confidence floor no draft falls below
+// (the draft's top probability is at least 1/128) has the host read every draw instead, for the
+// same drafts. Temperature 0 is greedy, else `verification`'s rule.
+std::vector<EngineRequest> drafts_on_device_requests(
+    float temperature, int64_t gamma, bool read_back,
+    Verification verification = Verification::kSharedNoise) {
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 3; ++i) {
+    EngineRequest r;
+    r.prompt = {1};
+    for (int j = 0; j < 5 + 7 * i; ++j) r.prompt.push_back(3 + (i * 37 + j * 11) % 120);
+    r.sampling.max_tokens = 18 + 3 * i;
+    r.sampling.temperature = temperature;
+    r.sampling.seed = static_cast<uint64_t>(i) + 5;
+    r.sampling.stop_at_eos = false;
+    r.speculation =
+        testing::speculation(SpeculationMethod::kDraftModel, GammaControl::kFixed, gamma);
+    r.speculation.verification = verification;
+    r.speculation.draft_lookup_ngram = 0;
+    r.speculation.draft_alternates = 0;
+    r.speculation.draft_p_min = read_back ? 1e-6f : 0.0f;
+    requests.push_back(std::move(r));
+  }
+  return requests;
+}
+
+TEST_F(BatchEngineTest, DraftsLeftOnTheBackendDecodeAsDraftsReadBack) {
+  // The target gathers the drafts (and rejection sampling's q) on its stream once it has waited
+  // for the draft's event, and the host learns them from the verdict: one wait a step. Every step
+  // accepts exactly what it accepts with the drafts read back, the tokens are the same, and they
+  // are the target's alone (greedy) or the same with and without speculation (shared noise): with
+  // the draft on the target's stream and on its own, on this suite's backend.
+  const std::unique_ptr<kernels::Backend> stream = backend_->create_stream();
+  ASSERT_NE(stream, nullptr);
   ModelOptions options;
-  options.kv_cache_tokens = 256;
+  options.kv_cache_tokens = 4096;
   options.kv_block_size = 8;
-  const std::unique_ptr<Model> draft = Model::load(dir_ / "draft", corrupt, options);
-  const std::unique_ptr<Model> target = Model::load(dir_ / "target", *cpu, options);
-  BatchEngine engine(*target, draft.get(), {});
-  const Completion completion = engine.run(
-      request({1, 5, 9}, 8, 0.0f, SpeculationMethod::kDraftModel, GammaControl::kFixed, 3));
-  EXPECT_EQ(completion.reason, FinishReason::kFailed);
-  EXPECT_NE(completion.error.find("drafting failed"), std::string::npos) << completion.error;
-  EXPECT_NE(completion.error.find("the draft's row for sequence"), std::string::npos)
-      << completion.error;
-  EXPECT_NE(completion.error.find("NaN"), std::string::npos) << completion.error;
+  const std::unique_ptr<Model> own_stream_draft = Model::load(dir_ / "draft", *stream, options);
+  struct Rule {
+    float temperature;
+    Verification verification;
+  };
+  const Rule rules[] = {{0.0f, Verification::kRejection},
+                        {0.9f, Verification::kSharedNoise},
+                        {0.9f, Verification::kRejection}};
+  for (Model* draft : {draft_.get(), own_stream_draft.get()}) {
+    for (const Rule& rule : rules) {
+      for (const int64_t gamma : {1, 4}) {
+        SCOPED_TRACE(std::string(draft == draft_.get() ? "one stream" : "two streams") + ", T " +
+                     std::to_string(rule.temperature) + " by " + to_string(rule.verification) +
+                     ", gamma " + std::to_string(gamma));
+        const auto requests = [&](bool read_back) {
+          return drafts_on_device_requests(rule.temperature, gamma, read_back, rule.verification);
+        };
+        const auto run = [&](bool read_back, BatchEngineStats* stats) {
+          BatchEngine engine(*target_, draft, {.max_batch = 4, .overlap = OverlapDrafting::kOff});
+          std::vector<Completion> completions = engine.run(requests(read_back));
+          *stats = engine.stats();
+          return completions;
+        };
+        BatchEngineStats on_device, read_back;
+        const std::vector<Completion> got = run(false, &on_device);
+        const std::vector<Completion> expected = run(true, &read_back);
+        std::vector<EngineRequest> plain = requests(false);
+        for (EngineRequest& r : plain) r.speculation.method = SpeculationMethod::kNone;
+        BatchEngine target_only(*target_, nullptr, {.max_batch = 4});
+        const std::vector<Completion> unspeculated = target_only.run(plain);
+        // Rejection sampling's tokens depend on the drafts; greedy and shared noise's do not.
+        const bool drafter_invariant =
+            rule.verification != Verification::kRejection || rule.temperature == 0.0f;
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_NE(got[i].reason, FinishReason::kFailed) << got[i].error;
+          EXPECT_EQ(got[i].tokens, expected[i].tokens) << "request " << i;
+          if (drafter_invariant) {
+            EXPECT_EQ(got[i].tokens, unspeculated[i].tokens) << "request " << i;
+          }
+          EXPECT_EQ(got[i].stats.accepted, expected[i].stats.accepted) << "request " << i;
+        }
+        EXPECT_GT(on_device.drafted, 0);
+        EXPECT_EQ(on_device.drafted, read_back.drafted);
+        EXPECT_EQ(on_device.accepted, read_back.accepted);
+        EXPECT_EQ(on_device.host_waits, on_device.steps) << "one wait a step";
+        EXPECT_GT(read_back.host_waits, read_back.steps) << "the floor reads the draws back";
+      }
+    }
+  }
+}
+
+TEST_F(BatchEngineTest, DraftsLeftOnTheBackendAreCommittedTextInBothCaches) {
+  // The caches recorded stand-ins for the drafts fed from the backend's memory; the accepted ones
+  // are rewritten with their ids before they are sealed, so a request continuing a finished
+  // request's text reuses its generated blocks in both caches, and decodes as the target does
+  // alone.
+  EngineRequest first = drafts_on_device_requests(0.0f, 4, false).front();
+  first.sampling.max_tokens = 40;
+  const BatchEngineOptions options{.max_batch = 4, .overlap = OverlapDrafting::kOff};
+  EngineRequest second = first;
+  {
+    BatchEngine engine(*target_, draft_.get(), options);
+    const Completion a = engine.run(first);
+    ASSERT_EQ(a.tokens.size(), 40u) << a.error;
+    EXPECT_EQ(engine.stats().host_waits, engine.stats().steps);
+    second.prompt.insert(second.prompt.end(), a.tokens.begin(), a.tokens.end());
+  }
+  // The draft's cache sealed the generated text under its ids.
+  KvCache& cache = draft_->kv_cache();
+  const SequenceId probe = cache.add_sequence();
+  const int64_t reused = cache.reuse_prefix(probe, second.prompt);
+  cache.remove_sequence(probe);
+  EXPECT_GT(reused, static_cast<int64_t>(first.prompt.size()) + 16);
+  // So did the target's: a request continuing the text reuses every full block of it but its
+  // last token.
+  BatchEngine engine(*target_, draft_.get(), options);
+  second.sampling.max_tokens = 12;
+  const Completion b = engine.run(second);
+  ASSERT_EQ(b.tokens.size(), 12u) << b.error;
+  EXPECT_EQ(b.tokens, alone(second));
+  const int64_t reusable = (static_cast<int64_t>(second.prompt.size()) - 1) / 8 * 8;
+  EXPECT_EQ(b.stats.cached_prompt_tokens, reusable);
+  EXPECT_GT(reusable, static_cast<int64_t>(first.prompt.size()) + 8);
+}
+
+TEST_F(BatchEngineTest, ADroppedWaitForTheDraftsIsCaughtOnTheDeferredBackend) {
+  // On the deferred test backend the draft's rounds run only when something forces them. With the
+  // target's wait for the draft's event dropped (a deliberately broken engine), the target gathers
+  // the draws before the draft has drawn them. The output may still be the target's (the
+  // verification is exact whatever it is given): what gives the bug away is that the steps no
+  // longer accept what the correct engine's accept, or that garbage ids fail the request.
+  testing::DeferredBackend device(testing::make_cpu_backend(2), 0);
+  const std::unique_ptr<kernels::Backend> stream = device.create_stream();
+  ASSERT_NE(stream, nullptr);
+  ModelOptions options;
+  options.kv_cache_tokens = 1024;
+  options.kv_block_size = 8;
+  const std::unique_ptr<Model> target = Model::load(dir_ / "target", device, options);
+  const std::unique_ptr<Model> draft = Model::load(dir_ / "draft", *stream, options);
+  const std::vector<EngineRequest> requests = drafts_on_device_requests(0.0f, 4, false);
+  const auto run = [&](bool skip_wait, BatchEngineStats* stats) {
+    BatchEngine engine(
+        *target, draft.get(),
+        {.max_batch = 4, .overlap = OverlapDrafting::kOff, .skip_draft_wait = skip_wait});
+    std::vector<Completion> completions = engine.run(requests);
+    *stats = engine.stats();
+    return completions;
+  };
+  BatchEngineStats correct, broken;
+  const std::vector<Completion> waited = run(false, &correct);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_NE(waited[i].reason, FinishReason::kFailed) << waited[i].error;
+    EXPECT_EQ(waited[i].tokens, alone(requests[i])) << "request " << i;
+  }
+  EXPECT_EQ(correct.host_waits, correct.steps);
+  EXPECT_GT(correct.accepted, correct.drafted / 2) << "the pair agrees on most drafts";
+  const std::vector<Completion> raced = run(true, &broken);
+  const bool failed = std::any_of(raced.begin(), raced.end(), [](const Completion& completion) {
+    return completion.reason == FinishReason::kFailed;
+  });
+  EXPECT_TRUE(failed || broken.accepted != correct.accepted)
+      << "the dropped wait went unnoticed: " << broken.accepted << " of " << broken.drafted
+      << " accepted, as with the wait";
 }
 
 TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
@@ -546,11 +719,14 @@ TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
   // row of logits is vocab x 4), and rejection sampling, which reads q on the host, its
   // distributions: once a step, its rounds feeding one another on the backend, or once a draft
   // position where prompt lookup may propose in the model's place (the host decides each round).
+  // Where no decision of the host's reads the draws (no lookup, no alternates), the draft's step is
+  // not waited for at all, nor its q copied: one wait a step, tokens only.
   struct Case {
     SpeculationMethod method;
     float temperature;
     bool shared_noise;
     bool lookup_in_drafts = false;  // speculative.draft_lookup_ngram
+    bool alternates = true;         // speculative.draft_alternates 2, else 0
   };
   const Case cases[] = {{SpeculationMethod::kNone, 0.0f, false},
                         {SpeculationMethod::kNone, 0.8f, false},
@@ -562,14 +738,18 @@ TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
                         {SpeculationMethod::kDraftModel, 0.8f, false},
                         {SpeculationMethod::kDraftModel, 0.0f, false, true},
                         {SpeculationMethod::kDraftModel, 0.8f, true, true},
-                        {SpeculationMethod::kDraftModel, 0.8f, false, true}};
+                        {SpeculationMethod::kDraftModel, 0.8f, false, true},
+                        {SpeculationMethod::kDraftModel, 0.0f, false, false, false},
+                        {SpeculationMethod::kDraftModel, 0.8f, true, false, false},
+                        {SpeculationMethod::kDraftModel, 0.8f, false, false, false}};
   const int64_t gamma = 4;
   const int64_t vocab = draft_->config().vocab_size;
   ASSERT_GT(vocab * 4, static_cast<int64_t>(sizeof(kernels::SampledRow)));
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(to_string(c.method)) + " at T " + std::to_string(c.temperature) +
                  (c.shared_noise ? " with shared noise" : "") +
-                 (c.lookup_in_drafts ? ", lookup in the drafts" : ""));
+                 (c.lookup_in_drafts ? ", lookup in the drafts" : "") +
+                 (c.alternates ? "" : ", no alternates"));
     std::vector<EngineRequest> requests;
     for (int i = 0; i < 3; ++i) {
       // Repetitive prompts, so that prompt lookup finds drafts.
@@ -580,6 +760,7 @@ TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
       r.speculation.verification =
           c.shared_noise ? Verification::kSharedNoise : Verification::kRejection;
       r.speculation.draft_lookup_ngram = c.lookup_in_drafts ? 2 : 0;
+      r.speculation.draft_alternates = c.alternates ? 2 : 0;
       requests.push_back(std::move(r));
     }
     BatchEngine engine(*target_, draft_.get(), {.max_batch = 4});
@@ -589,7 +770,11 @@ TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
     }
     const BatchEngineStats stats = engine.stats();
     const uint64_t verdict_bytes = static_cast<uint64_t>(stats.sequence_steps * (gamma + 2) * 8);
-    if (c.method != SpeculationMethod::kDraftModel) {
+    // Without lookup or alternates the drafts (and rejection sampling's q) stay on the backend:
+    // the target gathers them, and the verdict brings their rows' statuses back with it.
+    const bool drafts_stay =
+        c.method == SpeculationMethod::kDraftModel && !c.lookup_in_drafts && !c.alternates;
+    if (c.method != SpeculationMethod::kDraftModel || drafts_stay) {
       EXPECT_EQ(stats.host_waits, stats.steps);
       EXPECT_LE(stats.bytes_to_host, verdict_bytes);
     } else {

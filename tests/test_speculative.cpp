@@ -1588,6 +1588,10 @@ class LosslessnessTest : public ::testing::Test {
           request.speculation.draft_lookup_ngram = 1;
           request.speculation.draft_lookup_below = 1.0f;
         }
+        if (drafts_on_device_) {
+          request.speculation.draft_lookup_ngram = 0;
+          request.speculation.draft_alternates = 0;
+        }
         requests.push_back(std::move(request));
       }
       for (const Completion& completion : engine.run(std::move(requests))) {
@@ -1607,6 +1611,9 @@ class LosslessnessTest : public ::testing::Test {
     if (lookup_everywhere_) {
       EXPECT_GT(looked_up, kSamples / 2) << "prompt lookup seldom proposed";
     }
+    if (drafts_on_device_) {
+      EXPECT_EQ(engine.stats().host_waits, engine.stats().steps) << "the drafts were read back";
+    }
     counts_ = counts;
     return testing::chi_square(counts, exact, kSamples);
   }
@@ -1614,6 +1621,9 @@ class LosslessnessTest : public ::testing::Test {
   std::vector<int32_t> prompt_ = {1, 4};
   // Prompt lookup in the draft model's place wherever the last token occurred before.
   bool lookup_everywhere_ = false;
+  // Neither prompt lookup nor alternates: the drafts and their q stay where the draft drew them,
+  // and the target gathers them (Proposals::on_device).
+  bool drafts_on_device_ = false;
   std::map<int32_t, float> bias_;      // every request's logit bias
   std::map<int64_t, int64_t> counts_;  // the last check's samples, by (a * vocab + b) * vocab + c
 
@@ -1684,6 +1694,26 @@ TEST_F(LosslessnessTest, MatchesTheTargetWithOverlappedDrafting) {
   const auto shared_noise =
       check(sampling, nullptr, 1, Verification::kSharedNoise, OverlapDrafting::kOn);
   EXPECT_LT(shared_noise.statistic, shared_noise.critical()) << "df " << shared_noise.degrees;
+}
+
+TEST_F(LosslessnessTest, MatchesTheTargetWithDraftsLeftOnTheBackend) {
+  // The target's stream gathers the drafts and, for rejection sampling, their q (widened through a
+  // reduced head's columns) from where the draft drew them: the distribution stays the target's
+  // under rejection sampling, with a full head and a reduced one, and under shared noise.
+  drafts_on_device_ = true;
+  SamplingSettings sampling;
+  const auto rejection = check(sampling, nullptr, 2);
+  EXPECT_LT(rejection.statistic, rejection.critical()) << "df " << rejection.degrees;
+  sampling.temperature = 0.6f;
+  sampling.top_k = 4;
+  const auto shared_noise = check(sampling, nullptr, 3, Verification::kSharedNoise);
+  EXPECT_LT(shared_noise.statistic, shared_noise.critical()) << "df " << shared_noise.degrees;
+  fixtures::write_reduced_head_checkpoint(dir_ / "draft", {0, 2, 3, 5}, dir_ / "reduced");
+  ModelOptions options;
+  options.kv_cache_tokens = 4096;
+  draft_ = Model::load(dir_ / "reduced", *backend_, options);
+  const auto reduced = check(SamplingSettings{}, nullptr, 2);
+  EXPECT_LT(reduced.statistic, reduced.critical()) << "df " << reduced.degrees;
 }
 
 TEST_F(LosslessnessTest, MatchesTheTargetWithADraftScoringPartOfTheVocabulary) {

@@ -121,6 +121,8 @@ void BackendVerification::enqueue(const Proposals& proposals, const Scores& scor
     alternate_rows_of(proposals, scores, b, alternate_rows_.data() + b * gamma * width);
   }
 
+  // q where the host holds it (drafts read back); drafts left on the backend keep theirs there.
+  const bool q_on_host = params.vocab_q > 0 && !proposals.drafts_on_device();
   // The inputs where the backend reads them: in place where its memory is the host's, else
   // uploaded into one buffer, each part 64-byte aligned.
   struct Part {
@@ -131,8 +133,8 @@ void BackendVerification::enqueue(const Proposals& proposals, const Scores& scor
   Part parts[] = {
       {rows_.data(), rows_.size() * sizeof(kernels::VerifyRow), nullptr},
       {proposals.tokens.data(), proposals.tokens.size() * sizeof(int32_t), nullptr},
-      {params.vocab_q > 0 ? proposals.probs.data() : nullptr,
-       params.vocab_q > 0 ? proposals.probs.size() * sizeof(float) : 0, nullptr},
+      {q_on_host ? proposals.probs.data() : nullptr,
+       q_on_host ? proposals.probs.size() * sizeof(float) : 0, nullptr},
       {width > 0 ? proposals.alternates.data() : nullptr,
        width > 0 ? proposals.alternates.size() * sizeof(int32_t) : 0, nullptr},
       {width > 0 ? alternate_rows_.data() : nullptr,
@@ -156,18 +158,75 @@ void BackendVerification::enqueue(const Proposals& proposals, const Scores& scor
     }
   }
   const size_t token_slots = static_cast<size_t>(batch * (gamma + 1));
-  results_.assign(token_slots + 2 * static_cast<size_t>(batch), -1);
+  const bool on_device = proposals.drafts_on_device();
+  const size_t draft_slots = on_device ? static_cast<size_t>(batch * gamma) : 0;
+  const size_t verdict_words = token_slots + 2 * static_cast<size_t>(batch);
+  results_.assign(verdict_words + draft_slots, -1);
+  draft_gamma_ = on_device ? gamma : 0;
+  draft_statuses_at_ = verdict_words;
   const size_t result_bytes = results_.size() * sizeof(int32_t);
   outputs_.reserve(backend_, result_bytes, "verification results");
   int32_t* tokens = outputs_.as<int32_t>();
+  const int32_t* drafts = static_cast<const int32_t*>(parts[1].device);
+  const float* q = static_cast<const float*>(parts[2].device);
+  if (on_device) {
+    // The drafts gathered from where the draft drew them ([batch, gamma], -1 past each row's
+    // count), and each one's row status beside the verdict, read back with it.
+    const DraftsOnDevice& from = proposals.on_device;
+    SPECRUN_CHECK(from.draw_index.size() == draft_slots && from.status_index.size() == draft_slots)
+        << "drafts on the backend for " << from.draw_index.size() << " entries, " << draft_slots
+        << " wanted";
+    staged_.assign(draft_slots, -1);
+    staged_.insert(staged_.end(), from.draw_index.begin(), from.draw_index.end());
+    staged_.insert(staged_.end(), from.status_index.begin(), from.status_index.end());
+    gathered_.reserve(backend_, staged_.size() * sizeof(int32_t), "the drafts gathered");
+    int32_t* gathered = gathered_.as<int32_t>();
+    const int32_t* draw_index = gathered + draft_slots;
+    const int32_t* status_index = draw_index + draft_slots;
+    std::fill(results_.begin() + static_cast<ptrdiff_t>(verdict_words), results_.end(), 0);
+    SPECRUN_CHECK_OK(
+        backend_.copy_to_device(gathered, staged_.data(), staged_.size() * sizeof(int32_t)),
+        "uploading where the drafts lie");
+    SPECRUN_CHECK_OK(
+        backend_.copy_to_device(tokens + verdict_words, results_.data() + verdict_words,
+                                draft_slots * sizeof(int32_t)),
+        "clearing the drafts' statuses");
+    if (from.drawn != nullptr) {
+      SPECRUN_CHECK_OK(backend_.wait(*from.drawn), "waiting for the draft's draws");
+    }
+    const auto count = static_cast<int64_t>(draft_slots);
+    SPECRUN_CHECK_OK(backend_.gather({count, from.draw_count}, from.draws, draw_index, gathered),
+                     "gathering the drafts");
+    SPECRUN_CHECK_OK(backend_.gather({count, from.status_words}, from.statuses, status_index,
+                                     tokens + verdict_words),
+                     "gathering the drafts' statuses");
+    drafts = gathered;
+    if (from.q != nullptr) {
+      // [batch, gamma, vocab_q]: each draft's q as verify reads it, zero past a reduced head's
+      // tokens and past a row's count.
+      q_.reserve(backend_, draft_slots * static_cast<size_t>(params.vocab_q) * sizeof(float),
+                 "the drafts' distributions");
+      SPECRUN_CHECK_OK(backend_.gather_rows({count, from.q_width, from.draw_count, params.vocab_q},
+                                            from.q, draw_index, from.q_columns, q_.as<float>()),
+                       "gathering the drafts' distributions");
+      q = q_.as<float>();
+    }
+  }
   SPECRUN_CHECK_OK(
       backend_.verify(params, static_cast<const kernels::VerifyRow*>(parts[0].device), scores.probs,
-                      scores.status, static_cast<const float*>(parts[2].device),
-                      static_cast<const int32_t*>(parts[1].device),
-                      static_cast<const int32_t*>(parts[3].device),
+                      scores.status, q, drafts, static_cast<const int32_t*>(parts[3].device),
                       static_cast<const int64_t*>(parts[4].device), tokens, tokens + token_slots,
                       tokens + token_slots + batch),
       "verifying the drafts");
+}
+
+kernels::RowStatus BackendVerification::draft_status(int64_t b) const {
+  const size_t first = draft_statuses_at_ + static_cast<size_t>(draft_gamma_ * b);
+  for (int64_t i = 0; i < draft_gamma_; ++i) {
+    const int32_t status = results_[first + static_cast<size_t>(i)];
+    if (status != 0) return static_cast<kernels::RowStatus>(status);
+  }
+  return kernels::RowStatus::kOk;
 }
 
 Verdict BackendVerification::collect(const Proposals& proposals, const Scores& scores,
@@ -177,7 +236,8 @@ Verdict BackendVerification::collect(const Proposals& proposals, const Scores& s
   const int64_t gamma = proposals.gamma;
   const int64_t width = proposals.alternates_width;
   const size_t token_slots = static_cast<size_t>(batch * (gamma + 1));
-  SPECRUN_CHECK(results_.size() == token_slots + 2 * static_cast<size_t>(batch))
+  SPECRUN_CHECK(results_.size() == token_slots + 2 * static_cast<size_t>(batch) +
+                                       static_cast<size_t>(batch * draft_gamma_))
       << "collecting a verdict of " << batch << " rows of " << gamma
       << " drafts that was not enqueued";
   // The step's one wait: the verdict comes back.

@@ -98,6 +98,11 @@ class BackendVerification {
   // The verdict of the last enqueue(), of these proposals and scores: the one wait for it.
   Verdict collect(const Proposals& proposals, const Scores& scores,
                   std::vector<int64_t>* alternate_input);
+  // Where the last enqueue()'s drafts were on the backend (Proposals::on_device): the RowStatus
+  // of the draft's row that drew row b's drafts, the first that is not kOk (a draw whose logits
+  // were corrupt proposes 0; the verdict is exact whatever was proposed, and the caller decides
+  // what the draft's failure means). kOk otherwise. After collect().
+  kernels::RowStatus draft_status(int64_t b) const;
   // [batch, gamma + 1] the tokens the last enqueue() has the backend write, in its memory: what
   // ops enqueued after it may read before the host does.
   const int32_t* tokens() const { return outputs_.as<int32_t>(); }
@@ -106,9 +111,17 @@ class BackendVerification {
   kernels::Backend& backend_;
   std::vector<kernels::VerifyRow> rows_;  // host staging, reused
   std::vector<int64_t> alternate_rows_;   // [batch, gamma, width]
-  std::vector<int32_t> results_;          // tokens [batch, gamma + 1], accepted, taken [batch]
-  DeviceBuffer inputs_;                   // the uploaded inputs, one allocation
-  DeviceBuffer outputs_;                  // results_ on the backend
+  // tokens [batch, gamma + 1], accepted, taken [batch], then with drafts on the backend their
+  // rows' statuses [batch, gamma]
+  std::vector<int32_t> results_;
+  int64_t draft_gamma_ = 0;       // the last enqueue()'s gamma where its drafts were on the backend
+  size_t draft_statuses_at_ = 0;  // where in results_ their statuses begin
+  std::vector<int32_t> staged_;   // drafts on the backend: -1 x [batch, gamma], then where each
+                                  // draft and its status lie
+  DeviceBuffer inputs_;           // the uploaded inputs, one allocation
+  DeviceBuffer gathered_;         // staged_ on the backend, the drafts gathered into its first part
+  DeviceBuffer q_;                // [batch, gamma, vocab_q] their q gathered, where rows keep it
+  DeviceBuffer outputs_;          // results_ on the backend
 };
 
 }  // namespace specrun

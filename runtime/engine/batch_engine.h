@@ -99,6 +99,10 @@ struct BatchEngineOptions {
   // The most logits (rows times the vocabulary) a prompt whose log-probabilities are asked for
   // holds at once: its prefill runs in chunks of as many rows (64 MiB of f32 by default).
   int64_t prompt_logprob_logits = int64_t{1} << 24;
+  // A deliberately broken engine, for the tests that show the deferred test backend catches a
+  // missing wait: where the drafts stay on the draft's backend (Proposals::on_device), the target's
+  // ops read them without waiting for the draft's event. Never set outside those tests.
+  bool skip_draft_wait = false;
 };
 
 struct BatchEngineStats {

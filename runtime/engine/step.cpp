@@ -277,6 +277,7 @@ void BatchEngine::State::propose(StepWork& work) {
     row.room = room(sequence);
     row.state = &sequence.drafting;
     row.processor = sequence.processor.get();
+    row.host_reads_drafts = options.verifier != nullptr;
   }
   try {
     drafter.propose(work.rows, work.drafts);
@@ -329,7 +330,10 @@ void BatchEngine::State::score(StepWork& work) {
   }
   try {
     const bool reads_features = drafter.model() != nullptr && drafter.model()->reads_features();
-    work.scores = &scorer.score(score_requests, reads_features ? &work.target_features : nullptr);
+    Proposals& proposals = work.drafts.proposals;
+    if (options.skip_draft_wait) proposals.on_device.drawn = nullptr;
+    work.scores = &scorer.score(score_requests, reads_features ? &work.target_features : nullptr,
+                                proposals.drafts_on_device() ? &proposals.on_device : nullptr);
     work.draws.clear();
     std::vector<kernels::VerifyRule> rules;
     for (const auto& sequence : running) {
@@ -358,6 +362,16 @@ void BatchEngine::State::collect_verdict(StepWork& work) {
     if (options.verifier == nullptr) {
       work.verdict = verification.collect(work.drafts.proposals, scores, &work.alternate_input);
       logprobs.collect();
+      for (int64_t b = 0; work.drafts.proposals.drafts_on_device() && b < batch; ++b) {
+        // A draft row that could not be sampled drew 0s, which the verification judged like any
+        // draft; the request still fails, naming the draft.
+        const kernels::RowStatus status = verification.draft_status(b);
+        if (status == kernels::RowStatus::kOk) continue;
+        work.failure = "drafting failed: the draft's row for sequence " +
+                       std::to_string(running[static_cast<size_t>(b)]->id) + ": " +
+                       kernels::row_status_message(status);
+        return;
+      }
     } else {
       // A test's rule, on the host (the scores are in host memory: see the constructor).
       Verdict& verdict = work.verdict;
@@ -475,8 +489,8 @@ RowVerdict BatchEngine::State::commit_row(StepWork& work, size_t b, DraftOutcome
   const RowCommit commit = decide_commit(decided, length, accepted, fed,
                                          {target.config().eos_token_ids, sampling.stop_at_eos,
                                           sampling.max_tokens - sequence.generated});
-  RowVerdict verdict{accepted, fed >= 0,    commit.stop.has_value(),
-                     -1,       commit.keep, commit.draft_keep};
+  RowVerdict verdict{accepted,          fed >= 0, commit.stop.has_value(), -1, commit.keep,
+                     commit.draft_keep, {}};
   const LookupCount looked_up = StepDrafter::tally_contests(
       sequence.drafting, proposals, static_cast<int64_t>(b), decided, verdict);
   stats.looked_up += looked_up.looked_up;
@@ -502,6 +516,7 @@ RowVerdict BatchEngine::State::commit_row(StepWork& work, size_t b, DraftOutcome
   stats.tokens_generated = sequence.generated;
   if (!sequence.token_ms.empty()) stats.ttft_ms = sequence.token_ms.front();
   verdict.new_token = sequence.committed.back();
+  verdict.committed = sequence.committed;
   roll_back_target(work, b, commit, length);
   return verdict;
 }
@@ -514,6 +529,14 @@ void BatchEngine::State::roll_back_target(StepWork& work, size_t b, const RowCom
   KvCache& cache = target.kv_cache();
   if (commit.alternate_to >= 0) {
     cache.copy_position(sequence.target_kv, commit.alternate_from, commit.alternate_to);
+  }
+  if (work.drafts.proposals.drafts_on_device() && commit.keep > length) {
+    // The forward fed the drafts from the backend, the cache recording stand-ins: the accepted
+    // ones are committed text now (pending at length - 1, d_i at length - 1 + i).
+    cache.rewrite_tokens(
+        sequence.target_kv, length,
+        std::span<const int32_t>(sequence.committed)
+            .subspan(static_cast<size_t>(length), static_cast<size_t>(commit.keep - length)));
   }
   cache.truncate(sequence.target_kv, commit.keep);
   cache.seal(sequence.target_kv, commit.keep);

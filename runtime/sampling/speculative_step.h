@@ -7,7 +7,37 @@
 #include <span>
 #include <vector>
 
+namespace specrun::kernels {
+class Event;
+}  // namespace specrun::kernels
+
 namespace specrun {
+
+// Drafts the host has not read: where a draft model's draws lie in the backend's memory, for the
+// target's ops to gather (Backend::gather) once its stream has waited for `drawn`. The host learns
+// the accepted ones from the verdict, the one copy a step reads back.
+struct DraftsOnDevice {
+  const int32_t* draws = nullptr;  // [draw_count] the draft's drawn ids, in the order drawn
+  int64_t draw_count = 0;
+  std::vector<int32_t> draw_index;  // [batch, gamma] the entry of draws holding each draft, -1
+                                    // past a row's count
+  // [status_words] 32-bit words of the draft's results, among them the RowStatus of each draw
+  // (kernels::SampledRow::status): a draw whose row could not be sampled is a 0 in draws, and the
+  // step fails naming the draft once the verdict comes back with these.
+  const int32_t* statuses = nullptr;
+  int64_t status_words = 0;
+  std::vector<int32_t> status_index;  // [batch, gamma] the word of statuses for each draft, -1
+                                      // past a row's count
+  // Where rows keep q (rejection sampling): [draw_count, q_width], row e the distribution draw e
+  // was drawn from, over a reduced head's columns where q_columns ([q_width] token ids) is given;
+  // null: point masses.
+  const float* q = nullptr;
+  int64_t q_width = 0;
+  const int32_t* q_columns = nullptr;
+  // Recorded on the draft's stream after its last draw: what an op reading draws or statuses on
+  // another stream waits for. Null only where a test drops the wait on purpose.
+  const kernels::Event* drawn = nullptr;
+};
 
 // Up to gamma proposed tokens per sequence, with the processed draft distribution each was drawn
 // from.
@@ -31,8 +61,13 @@ struct Proposals {
   // target's own (greedy, shared noise) take them. Empty: none.
   int64_t alternates_width = 0;
   std::vector<int32_t> alternates;
+  // Where the drafts lie when the host has not read them (then `tokens` holds -1 throughout, and
+  // probs, contests and alternates are empty: q, where kept, is on the backend too); draws null:
+  // the drafts are `tokens`.
+  DraftsOnDevice on_device;
 
-  bool point_masses() const { return probs.empty(); }
+  bool point_masses() const { return probs.empty() && on_device.q == nullptr; }
+  bool drafts_on_device() const { return on_device.draws != nullptr; }
   bool has_alternates() const { return !alternates.empty(); }
   // Row b's alternates for draft i (from 0): [alternates_width], -1 past those it has.
   std::span<const int32_t> alternates_of(int64_t b, int64_t i) const {

@@ -143,6 +143,52 @@ TEST_F(CudaEngineTest, DeterministicGreedySpeculationWithDraftingAheadEqualsTheT
   EXPECT_GT(engine->stats().ahead_taken, 0);
 }
 
+TEST_F(CudaEngineTest, DraftsLeftOnTheDeviceWaitOnceAStepAndDecodeAsReadBack) {
+  // Without prompt lookup, alternates, a floor or drafting ahead, the drafts (and rejection
+  // sampling's q) stay on the device: the target's stream waits for the draft's event and gathers
+  // them. Greedy and shared noise give the target's own tokens; rejection sampling the tokens of
+  // the same requests with the drafts read back (a floor no draft falls below); one wait a step.
+  EngineConfig settings = config("cuda", true);
+  settings.overlap_drafting = OverlapDrafting::kOff;
+  const auto engine = Engine::create(settings);
+  struct Rule {
+    float temperature;
+    Verification verification;
+  };
+  for (const Rule rule :
+       {Rule{0.0f, Verification::kRejection}, Rule{0.8f, Verification::kSharedNoise},
+        Rule{0.8f, Verification::kRejection}}) {
+    for (const std::vector<int32_t>& prompt : prompts()) {
+      for (const int64_t gamma : {1, 4}) {
+        SCOPED_TRACE(std::string(to_string(rule.verification)) + " at T " +
+                     std::to_string(rule.temperature) + ", gamma " + std::to_string(gamma));
+        const auto request = [&](SpeculationMethod method, float floor) {
+          Request r = greedy_request(prompt, method, gamma);
+          r.sampling->temperature = rule.temperature;
+          r.sampling->seed = 11;
+          r.speculation->verification = rule.verification;
+          r.speculation->draft_lookup_ngram = 0;
+          r.speculation->draft_alternates = 0;
+          r.speculation->draft_p_min = floor;
+          return r;
+        };
+        const Result on_device =
+            engine->submit(request(SpeculationMethod::kDraftModel, 0.0f)).wait();
+        ASSERT_EQ(on_device.reason, FinishReason::kMaxTokens) << on_device.error;
+        EXPECT_EQ(on_device.stats.host_waits, on_device.stats.steps);
+        const Result read_back =
+            engine->submit(request(SpeculationMethod::kDraftModel, 1e-6f)).wait();
+        EXPECT_EQ(on_device.tokens, read_back.tokens);
+        EXPECT_EQ(on_device.stats.accepted, read_back.stats.accepted);
+        if (rule.verification == Verification::kSharedNoise || rule.temperature == 0.0f) {
+          const Result alone = engine->submit(request(SpeculationMethod::kNone, 0.0f)).wait();
+          EXPECT_EQ(on_device.tokens, alone.tokens);
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaEngineTest, GreedyOutputFollowsTheCpuBackend) {
   // The backends round differently, so a near tie may go either way; the layer-skip pair's
   // logits are well separated, so the first tokens agree.
