@@ -660,11 +660,14 @@ TEST_F(BatchEngineTest, DraftsLeftOnTheBackendAreCommittedTextInBothCaches) {
   EXPECT_GT(reused, static_cast<int64_t>(first.prompt.size()) + 16);
   // So did the target's: a request continuing the text reuses every full block of it but its
   // last token.
-  BatchEngine engine(*target_, draft_.get(), options);
   second.sampling.max_tokens = 12;
-  const Completion b = engine.run(second);
+  Completion b;
+  {
+    BatchEngine engine(*target_, draft_.get(), options);
+    b = engine.run(second);
+  }
   ASSERT_EQ(b.tokens.size(), 12u) << b.error;
-  EXPECT_EQ(b.tokens, alone(second));
+  EXPECT_EQ(b.tokens, alone(second));  // the models are the test's again once the engine is gone
   const int64_t reusable = (static_cast<int64_t>(second.prompt.size()) - 1) / 8 * 8;
   EXPECT_EQ(b.stats.cached_prompt_tokens, reusable);
   EXPECT_GT(reusable, static_cast<int64_t>(first.prompt.size()) + 8);
