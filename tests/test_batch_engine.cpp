@@ -713,6 +713,40 @@ TEST_F(BatchEngineTest, ADroppedWaitForTheDraftsIsCaughtOnTheDeferredBackend) {
       << " accepted, as with the wait";
 }
 
+TEST_F(BatchEngineTest, AcceptanceIsCountedByDraftPosition) {
+  // Each step's drafts count at their positions: the totals are drafted and accepted, a position
+  // is never drafted or accepted more often than the one before it, and the first is drafted in
+  // every step that drafts.
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> prompt = {1};
+    for (int j = 0; j < 4 + 3 * i; ++j) prompt.push_back(3 + (i * 31 + j * 7) % 120);
+    requests.push_back(request(prompt, 30, i % 2 == 0 ? 0.0f : 0.8f, SpeculationMethod::kDraftModel,
+                               GammaControl::kFixed, 2 + i, static_cast<uint64_t>(i)));
+  }
+  BatchEngine engine(*target_, draft_.get(), {.max_batch = 4});
+  for (const Completion& completion : engine.run(requests)) {
+    ASSERT_EQ(completion.tokens.size(), 30u) << completion.error;
+  }
+  const BatchEngineStats stats = engine.stats();
+  ASSERT_EQ(stats.drafted_at.size(), stats.accepted_at.size());
+  EXPECT_EQ(stats.drafted_at.size(), 5u) << "the largest gamma";
+  int64_t drafted = 0, accepted = 0;
+  for (size_t i = 0; i < stats.drafted_at.size(); ++i) {
+    drafted += stats.drafted_at[i];
+    accepted += stats.accepted_at[i];
+    EXPECT_LE(stats.accepted_at[i], stats.drafted_at[i]) << "position " << i;
+    if (i > 0) {
+      EXPECT_LE(stats.drafted_at[i], stats.drafted_at[i - 1]) << "position " << i;
+      EXPECT_LE(stats.accepted_at[i], stats.accepted_at[i - 1]) << "position " << i;
+    }
+  }
+  EXPECT_EQ(drafted, stats.drafted);
+  EXPECT_EQ(accepted, stats.accepted);
+  EXPECT_GT(stats.accepted_at[0], 0);
+  EXPECT_LE(stats.drafted_at[0], stats.sequence_steps);
+}
+
 TEST_F(BatchEngineTest, AStepWaitsOnceAndReadsBackOnlyTokens) {
   // The target's logits are processed and verified where they were computed: a step waits for the
   // backend once (the verdict) and copies back a few words a row, however many drafts it verified

@@ -384,6 +384,16 @@ TEST_F(CApiTest, StreamsThroughTheCallbackAndReturnsTheResult) {
   EXPECT_EQ(engine_stats.ahead_taken, 0);
   EXPECT_GE(engine_stats.host_waits, engine_stats.steps);
   EXPECT_GT(engine_stats.bytes_to_host, 0u);
+  // Acceptance by draft position, summing to the totals.
+  int64_t drafted_at = 0, accepted_at = 0;
+  for (int i = 0; i < SPECRUN_MAX_GAMMA; ++i) {
+    drafted_at += engine_stats.drafted_at[i];
+    accepted_at += engine_stats.accepted_at[i];
+    EXPECT_LE(engine_stats.accepted_at[i], engine_stats.drafted_at[i]) << i;
+  }
+  EXPECT_EQ(drafted_at, engine_stats.drafted);
+  EXPECT_EQ(accepted_at, engine_stats.accepted);
+  EXPECT_GT(engine_stats.drafted_at[0], 0);
   specrun_engine_info info;
   ASSERT_EQ(specrun_engine_info_get(engine, &info), SPECRUN_OK);
   EXPECT_EQ(fs::path(info.target), fs::path(target_));

@@ -1130,6 +1130,16 @@ TEST_F(ServerTest, MetricsInPrometheusTextFormat) {
   EXPECT_EQ(metric("specrun_generation_tokens_total"), 24);
   EXPECT_EQ(metric("specrun_prompt_tokens_total"), 12);
   EXPECT_EQ(metric("specrun_time_to_first_token_seconds_count"), 3);
+  // Acceptance by draft position: every step with drafts has a first one.
+  const double drafted_first = metric("specrun_drafts_per_position_total{position=\"1\"}");
+  const double accepted_first =
+      metric("specrun_accepted_drafts_per_position_total{position=\"1\"}");
+  EXPECT_GT(drafted_first, 0);
+  EXPECT_GE(accepted_first, 0);
+  EXPECT_LE(accepted_first, drafted_first);
+  // A second scrape adds nothing where nothing ran.
+  get("/metrics");
+  EXPECT_EQ(metric("specrun_drafts_per_position_total{position=\"1\"}"), drafted_first);
 }
 
 TEST_F(ServerTest, TheOfficialOpenAiClientWorksWithIt) {

@@ -991,6 +991,10 @@ specrun_status specrun_engine_stats_get(const specrun_engine* engine, specrun_en
     stats->ahead_taken = s.ahead_taken;
     stats->host_waits = s.host_waits;
     stats->bytes_to_host = s.bytes_to_host;
+    for (size_t i = 0; i < SPECRUN_MAX_GAMMA; ++i) {
+      stats->drafted_at[i] = i < s.drafted_at.size() ? s.drafted_at[i] : 0;
+      stats->accepted_at[i] = i < s.accepted_at.size() ? s.accepted_at[i] : 0;
+    }
   });
 }
 

@@ -571,6 +571,8 @@ EngineStats Engine::stats() const {
   stats.ahead_taken = batch.ahead_taken;
   stats.host_waits = batch.host_waits;
   stats.bytes_to_host = batch.bytes_to_host;
+  stats.drafted_at = batch.drafted_at;
+  stats.accepted_at = batch.accepted_at;
   stats.prefix_cache_hit_rate = batch.prompt_tokens > 0
                                     ? static_cast<double>(batch.cached_prompt_tokens) /
                                           static_cast<double>(batch.prompt_tokens)

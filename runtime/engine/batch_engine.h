@@ -126,9 +126,15 @@ struct BatchEngineStats {
   int64_t kv_tokens_cached = 0;      // target KV positions in reusable prefix blocks now
   // What the steps (not prefills) waited for and copied back from the models' backends
   // (Backend::transfer_counts): one wait and a few bytes a row per step where only tokens come
-  // back, one more for a draft model's drafts (one a draft position where its drafts look up).
+  // back (a draft model's drafts left on its backend included), one more where the host reads a
+  // draft model's drafts (one a draft position where its drafts look up).
   int64_t host_waits = 0;
   uint64_t bytes_to_host = 0;
+  // [draft position, from 0] drafts verified at that position of their step and, of those, drafts
+  // accepted: where along the drafts acceptance falls off (each non-increasing; their sums are
+  // drafted and accepted).
+  std::vector<int64_t> drafted_at;
+  std::vector<int64_t> accepted_at;
 };
 
 // A request run to its end (BatchEngine::run).

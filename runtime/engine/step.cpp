@@ -441,6 +441,17 @@ void BatchEngine::State::commit(StepWork& work) {
   }
   const KvCache& cache = target.kv_cache();
   std::lock_guard lock(mutex);
+  for (const DraftOutcome& outcome : outcomes) {
+    const auto drafted = static_cast<size_t>(outcome.drafted);
+    if (counters.drafted_at.size() < drafted) {
+      counters.drafted_at.resize(drafted, 0);
+      counters.accepted_at.resize(drafted, 0);
+    }
+    for (size_t i = 0; i < drafted; ++i) {
+      counters.drafted_at[i] += 1;
+      counters.accepted_at[i] += static_cast<int64_t>(i) < outcome.accepted ? 1 : 0;
+    }
+  }
   counters.steps += 1;
   counters.sequence_steps += static_cast<int64_t>(batch);
   counters.tokens_generated += emitted_total;

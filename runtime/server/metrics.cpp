@@ -1,5 +1,7 @@
 #include "runtime/server/metrics.h"
 
+#include <algorithm>
+
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
@@ -69,10 +71,18 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                             "Time spent in target passes (prefill and verification)");
   host_waits_ = counter(r, "specrun_device_waits_total",
                         "Times the engine's steps waited for the device (once per step for the "
-                        "verdict, once more for a draft model's drafts, or once per draft "
-                        "position where prompt lookup joins the draft)");
+                        "verdict; once more where the host reads a draft model's drafts, or once "
+                        "per draft position where prompt lookup joins the draft)");
   bytes_to_host_ = counter(r, "specrun_device_to_host_bytes_total",
                            "Bytes the engine's steps copied back from the device");
+  drafted_at_ = &prometheus::BuildCounter()
+                     .Name("specrun_drafts_per_position_total")
+                     .Help("Drafts verified, by their position among their step's drafts (from 1)")
+                     .Register(r);
+  accepted_at_ = &prometheus::BuildCounter()
+                      .Name("specrun_accepted_drafts_per_position_total")
+                      .Help("Drafts accepted, by their position among their step's drafts (from 1)")
+                      .Register(r);
 }
 
 Metrics::~Metrics() = default;
@@ -125,6 +135,17 @@ std::string Metrics::scrape(const EngineStats& engine) {
                                                       : 0));
     host_waits_seen_ = std::max(host_waits_seen_, engine.host_waits);
     bytes_to_host_seen_ = std::max(bytes_to_host_seen_, engine.bytes_to_host);
+    const auto by_position = [](prometheus::Family<prometheus::Counter>& family,
+                                const std::vector<int64_t>& totals, std::vector<int64_t>& seen) {
+      if (seen.size() < totals.size()) seen.resize(totals.size(), 0);
+      for (size_t i = 0; i < totals.size(); ++i) {
+        family.Add({{"position", std::to_string(i + 1)}})
+            .Increment(static_cast<double>(std::max<int64_t>(0, totals[i] - seen[i])));
+        seen[i] = std::max(seen[i], totals[i]);
+      }
+    };
+    by_position(*drafted_at_, engine.drafted_at, drafted_at_seen_);
+    by_position(*accepted_at_, engine.accepted_at, accepted_at_seen_);
   }
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }

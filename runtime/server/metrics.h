@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "specrun/specrun.hpp"
 
@@ -61,11 +62,15 @@ class Metrics {
   prometheus::Counter* target_seconds_;
   prometheus::Counter* host_waits_;
   prometheus::Counter* bytes_to_host_;
-  std::mutex mutex_;                 // guards the engine's running totals below
-  double draft_ms_seen_ = 0.0;       // engine draft time already added to draft_seconds_
-  double target_ms_seen_ = 0.0;      // the same for target_seconds_
-  int64_t host_waits_seen_ = 0;      // the same for host_waits_
-  uint64_t bytes_to_host_seen_ = 0;  // the same for bytes_to_host_
+  prometheus::Family<prometheus::Counter>* drafted_at_;   // {position}, from 1
+  prometheus::Family<prometheus::Counter>* accepted_at_;  // {position}, from 1
+  std::mutex mutex_;                       // guards the engine's running totals below
+  double draft_ms_seen_ = 0.0;             // engine draft time already added to draft_seconds_
+  double target_ms_seen_ = 0.0;            // the same for target_seconds_
+  int64_t host_waits_seen_ = 0;            // the same for host_waits_
+  uint64_t bytes_to_host_seen_ = 0;        // the same for bytes_to_host_
+  std::vector<int64_t> drafted_at_seen_;   // the same for drafted_at_, by position
+  std::vector<int64_t> accepted_at_seen_;  // the same for accepted_at_
 };
 
 }  // namespace specrun::server

@@ -430,6 +430,10 @@ typedef struct specrun_engine_stats {
   int64_t ahead_taken;          /* of those, the ones whose drafts ahead the next step proposed */
   int64_t host_waits;           /* times the steps waited for the device */
   uint64_t bytes_to_host;       /* bytes the steps copied back from the device */
+  /* [draft position, from 0] drafts verified at that position of their step, and of those the
+   * drafts accepted: where along the drafts acceptance falls off */
+  int64_t drafted_at[SPECRUN_MAX_GAMMA];
+  int64_t accepted_at[SPECRUN_MAX_GAMMA];
 } specrun_engine_stats;
 
 specrun_status specrun_engine_stats_get(const specrun_engine* engine, specrun_engine_stats* stats);

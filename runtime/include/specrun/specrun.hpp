@@ -222,6 +222,11 @@ struct EngineStats {
   int64_t ahead_taken = 0;     // of those, the ones whose drafts ahead the next step proposed
   int64_t host_waits = 0;      // times the steps waited for the device (RequestStats's)
   uint64_t bytes_to_host = 0;  // bytes the steps copied back from the device
+  // [draft position, from 0] drafts verified at that position of their step, and of those the
+  // drafts accepted: where along the drafts acceptance falls off (their sums are drafted and
+  // accepted).
+  std::vector<int64_t> drafted_at;
+  std::vector<int64_t> accepted_at;
 };
 
 // What the engine runs on.
