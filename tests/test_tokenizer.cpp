@@ -565,6 +565,27 @@ TEST(StreamingDecoder, NeverSplitsACharacterAndAddsUpToDecode) {
   }
 }
 
+TEST(StreamingDecoder, IdsThatDecodeToNothingChangeNothing) {
+  // Unknown ids and skipped special tokens between the others, many of them: the stream still adds
+  // up to decode(), and a character split over byte tokens around them is still whole.
+  const auto tokenizer = build(sentencepiece_document());
+  Ids ids;
+  for (int round = 0; round < 200; ++round) {
+    for (const int32_t id : {13, 10, -5, 11, 1000, 12, 15, 7, 2000}) ids.push_back(id);
+  }
+  for (const bool skip : {false, true}) {
+    text::StreamingDecoder stream(*tokenizer, skip);
+    std::string streamed;
+    for (const int32_t id : ids) {
+      const std::string piece = stream.step(id);
+      EXPECT_TRUE(text::is_valid_utf8(piece));
+      streamed += piece;
+    }
+    streamed += stream.flush();
+    EXPECT_EQ(streamed, tokenizer->decode(ids, skip)) << "skip " << skip;
+  }
+}
+
 TEST(StreamingDecoder, ARunOfBytesThatTurnsInvalidSplitsNoCharacter) {
   const testing::TempDir dir;
   testing::write_file(dir / "tokenizer.json", testing::byte_tokenizer_json());

@@ -413,17 +413,7 @@ std::string Tokenizer::decode_checked(std::span<const int32_t> ids, bool skip_sp
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (const int32_t id : ids) {
-    if (id < 0 || id >= id_limit_) continue;
-    const int32_t added = added_index_by_id_[static_cast<size_t>(id)];
-    if (added >= 0) {
-      const AddedToken& token = added_[static_cast<size_t>(added)];
-      if (!(skip_special_tokens && token.special)) tokens.push_back(token.content);
-    } else if (const std::string* token = model_->id_to_token(id)) {
-      // A model token that happens to spell a special token is skipped too, as the reference
-      // decides by content.
-      if (skip_special_tokens && special_contents_->find(*token)) continue;
-      tokens.push_back(*token);
-    }
+    if (const std::string* piece = decoded_piece(id, skip_special_tokens)) tokens.push_back(*piece);
   }
   if (!decoder_) {
     std::string joined;
@@ -437,6 +427,20 @@ std::string Tokenizer::decode_checked(std::span<const int32_t> ids, bool skip_sp
   std::string joined;
   for (const std::string& token : tokens) joined += token;
   return joined;
+}
+
+const std::string* Tokenizer::decoded_piece(int32_t id, bool skip_special_tokens) const {
+  if (id < 0 || id >= id_limit_) return nullptr;
+  const int32_t added = added_index_by_id_[static_cast<size_t>(id)];
+  if (added >= 0) {
+    const AddedToken& token = added_[static_cast<size_t>(added)];
+    return skip_special_tokens && token.special ? nullptr : &token.content;
+  }
+  const std::string* token = model_->id_to_token(id);
+  // A model token that happens to spell a special token is skipped too, as the reference decides
+  // by content.
+  if (token != nullptr && skip_special_tokens && special_contents_->find(*token)) return nullptr;
+  return token;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
@@ -493,6 +497,9 @@ std::string StreamingDecoder::step(int32_t id) {
   // The reference's DecodeStream: decode a window of context ids plus the new ones, and emit
   // what extends the context's own decoding, once it no longer ends inside a character. The
   // context keeps rules such as SentencePiece's "strip the first leading space" right.
+  // An id that decode() skips changes no decoding: it stays out of the window, which would
+  // otherwise grow with every such id and make each step decode all of them again.
+  if (tokenizer_.decoded_piece(id, skip_special_tokens_) == nullptr) return "";
   bool incomplete = false;
   if (prefix_.empty() && !ids_.empty()) {
     std::string text = tokenizer_.decode_checked(ids_, skip_special_tokens_, incomplete);

@@ -91,6 +91,9 @@ class Tokenizer {
   // then shows as a trailing U+FFFD); the streaming decoder holds such text back.
   std::string decode_checked(std::span<const int32_t> ids, bool skip_special_tokens,
                              bool& incomplete) const;
+  // The piece decode() reads for `id` before its decoder runs, or null where it reads none (an id
+  // it does not know, a special token it skips): such an id changes no decoding it is part of.
+  const std::string* decoded_piece(int32_t id, bool skip_special_tokens) const;
 
  private:
   class Matcher;
