@@ -1618,6 +1618,14 @@ class LosslessnessTest : public ::testing::Test {
     return testing::chi_square(counts, exact, kSamples);
   }
 
+  // The draft becomes one whose head scores four of the six tokens (0, 2, 3 and 5).
+  void use_reduced_head_draft() {
+    fixtures::write_reduced_head_checkpoint(dir_ / "draft", {0, 2, 3, 5}, dir_ / "reduced");
+    ModelOptions options;
+    options.kv_cache_tokens = 4096;
+    draft_ = Model::load(dir_ / "reduced", *backend_, options);
+  }
+
   std::vector<int32_t> prompt_ = {1, 4};
   // Prompt lookup in the draft model's place wherever the last token occurred before.
   bool lookup_everywhere_ = false;
@@ -1708,10 +1716,7 @@ TEST_F(LosslessnessTest, MatchesTheTargetWithDraftsLeftOnTheBackend) {
   sampling.top_k = 4;
   const auto shared_noise = check(sampling, nullptr, 3, Verification::kSharedNoise);
   EXPECT_LT(shared_noise.statistic, shared_noise.critical()) << "df " << shared_noise.degrees;
-  fixtures::write_reduced_head_checkpoint(dir_ / "draft", {0, 2, 3, 5}, dir_ / "reduced");
-  ModelOptions options;
-  options.kv_cache_tokens = 4096;
-  draft_ = Model::load(dir_ / "reduced", *backend_, options);
+  use_reduced_head_draft();
   const auto reduced = check(SamplingSettings{}, nullptr, 2);
   EXPECT_LT(reduced.statistic, reduced.critical()) << "df " << reduced.degrees;
 }
@@ -1719,10 +1724,7 @@ TEST_F(LosslessnessTest, MatchesTheTargetWithDraftsLeftOnTheBackend) {
 TEST_F(LosslessnessTest, MatchesTheTargetWithADraftScoringPartOfTheVocabulary) {
   // A draft whose head scores four of the six tokens: q is zero on the other two, which the
   // target must still produce at their own rates, under both rules.
-  fixtures::write_reduced_head_checkpoint(dir_ / "draft", {0, 2, 3, 5}, dir_ / "reduced");
-  ModelOptions options;
-  options.kv_cache_tokens = 4096;
-  draft_ = Model::load(dir_ / "reduced", *backend_, options);
+  use_reduced_head_draft();
   SamplingSettings sampling;
   const auto rejection = check(sampling, nullptr, 2);
   EXPECT_LT(rejection.statistic, rejection.critical()) << "df " << rejection.degrees;
