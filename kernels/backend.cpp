@@ -25,6 +25,12 @@ Status check_matmul_group(const MatmulTarget* targets, size_t count) {
       return Status::invalid_argument(
           "matmul: a quantized weight needs scales in blocks of whole 16-column groups");
     }
+    if (is_block_quantized(p.weight_dtype) &&
+        (p.in_features % kQuantBlockElements != 0 || p.weight_layout != WeightLayout::kRows)) {
+      return Status::invalid_argument(
+          "matmul: a weight of GGUF blocks needs rows of whole 32-element blocks, laid out in "
+          "rows");
+    }
   }
   return Status::ok();
 }
@@ -119,6 +125,9 @@ Status check_gated_activation(const GatedActivationParams& params) {
 
 Status check_fill(const FillParams& params) {
   if (params.count < 0) return Status::invalid_argument("fill: negative count");
+  if (is_block_quantized(params.dtype)) {
+    return Status::invalid_argument("fill: GGUF blocks are read, never filled");
+  }
   if (!std::isfinite(params.low) || !std::isfinite(params.high) || params.high < params.low) {
     return Status::invalid_argument("fill: the range must be finite with low <= high");
   }

@@ -102,6 +102,54 @@ std::string quantize_q8_0(std::span<const float> values) {
   return out;
 }
 
+std::string quantize_q4_0(std::span<const float> values) {
+  std::string out;
+  for (size_t block = 0; block < values.size() / 32; ++block) {
+    const float* x = values.data() + block * 32;
+    // The value of largest magnitude maps to code 0 (-8): its sign sets d's.
+    float amax = 0.0f, extreme = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      if (std::abs(x[j]) > amax) {
+        amax = std::abs(x[j]);
+        extreme = x[j];
+      }
+    }
+    const float d = extreme / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out += GgufWriter::le<uint16_t>(f32_to_f16(d));
+    for (int j = 0; j < 16; ++j) {
+      const int low = std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f)));
+      const int high = std::min(15, static_cast<int>(static_cast<int8_t>(x[j + 16] * id + 8.5f)));
+      out += static_cast<char>(low | high << 4);
+    }
+  }
+  return out;
+}
+
+std::string quantize_q4_1(std::span<const float> values) {
+  std::string out;
+  for (size_t block = 0; block < values.size() / 32; ++block) {
+    const float* x = values.data() + block * 32;
+    float low = x[0], high = x[0];
+    for (int j = 1; j < 32; ++j) {
+      low = std::min(low, x[j]);
+      high = std::max(high, x[j]);
+    }
+    const float d = (high - low) / 15.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    out += GgufWriter::le<uint16_t>(f32_to_f16(d));
+    out += GgufWriter::le<uint16_t>(f32_to_f16(low));
+    for (int j = 0; j < 16; ++j) {
+      const int first =
+          std::min(15, static_cast<int>(static_cast<int8_t>((x[j] - low) * id + 0.5f)));
+      const int second =
+          std::min(15, static_cast<int>(static_cast<int8_t>((x[j + 16] - low) * id + 0.5f)));
+      out += static_cast<char>(first | second << 4);
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // GPT-2's byte-to-character table: printable bytes stand for themselves, the others for 256 + n.
@@ -135,6 +183,10 @@ std::string encode_as(uint32_t type, const float* values, size_t count) {
     }
   } else if (type == kGgmlQ8_0) {
     out = quantize_q8_0(std::span<const float>(values, count));
+  } else if (type == kGgmlQ4_0) {
+    out = quantize_q4_0(std::span<const float>(values, count));
+  } else if (type == kGgmlQ4_1) {
+    out = quantize_q4_1(std::span<const float>(values, count));
   } else {
     throw Error("write_gguf_from_checkpoint: type " + std::to_string(type) + " not written");
   }

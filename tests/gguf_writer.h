@@ -69,7 +69,7 @@ class GgufWriter {
 // pairing as llama.cpp's converter does, names and dimension order GGUF's. The metadata has a
 // byte-level gpt2 tokenizer when `tokenizer` is true.
 struct GgufModelOptions {
-  uint32_t type = kGgmlF32;   // ggml type of the matrices: F32, F16, BF16 or Q8_0
+  uint32_t type = kGgmlF32;   // ggml type of the matrices: F32, F16, BF16, Q8_0, Q4_0 or Q4_1
   bool tokenizer = true;      // write tokenizer.* metadata
   bool tied = false;          // no output.weight
   std::string chat_template;  // tokenizer.chat_template, when not empty
@@ -79,5 +79,8 @@ void write_gguf_from_checkpoint(const std::filesystem::path& checkpoint_dir,
 
 // Q8_0 blocks of `values` (a multiple of 32), as ggml quantises them (round to nearest).
 std::string quantize_q8_0(std::span<const float> values);
+// Q4_0 and Q4_1 blocks of `values` (a multiple of 32), as ggml's reference quantisers write them.
+std::string quantize_q4_0(std::span<const float> values);
+std::string quantize_q4_1(std::span<const float> values);
 
 }  // namespace specrun::testing

@@ -761,6 +761,10 @@ TEST_F(ApiTest, TheMemoryPlanCountsBothModelsAndRefusesWhatCannotFit) {
     EXPECT_EQ(m->kv_tokens, 4096);
     EXPECT_EQ(m->kv_bytes, m->kv_bytes_per_token * 4096);
     EXPECT_GT(m->workspace_bytes, 0u);
+    uint64_t typed = 0;  // the bytes by type add up to the weights'
+    for (const auto& [type, bytes] : m->weight_types) typed += bytes;
+    EXPECT_EQ(typed, m->weight_bytes);
+    EXPECT_EQ(m->weight_types.count("BF16"), 1u);  // the models' matrices, as stored
   }
   EXPECT_EQ(plan.scratch_bytes, 0u);  // the CPU's ops take nothing of their own
   EXPECT_EQ(plan.total_bytes, plan.target.weight_bytes + plan.target.kv_bytes +
@@ -768,7 +772,8 @@ TEST_F(ApiTest, TheMemoryPlanCountsBothModelsAndRefusesWhatCannotFit) {
                                   plan.draft.kv_bytes + plan.draft.workspace_bytes);
   const std::string line = to_string(plan);
   EXPECT_EQ(line.find('\n'), std::string::npos);
-  for (const char* part : {"memory plan on cpu", "target", "+ draft", "4096 tokens", "available"}) {
+  for (const char* part :
+       {"memory plan on cpu", "target", "+ draft", "4096 tokens", "available", "BF16"}) {
     EXPECT_NE(line.find(part), std::string::npos) << part << " in " << line;
   }
   // The engine keeps the plan it was checked against.
@@ -860,9 +865,11 @@ TEST_F(ApiTest, FromTomlReadsTheModelsAndSettings) {
   EXPECT_FALSE(info.has_tokenizer);
   EXPECT_EQ(info.device, "cpu");
   EXPECT_EQ(info.threads, 1);
-  // runtime.activations "auto": bf16 where the kernels multiply bf16 pairs, else f32.
-  EXPECT_EQ(info.activations,
-            kernels::cpu::best_matmul_variant().multiplies_bf16_pairs() ? "bf16" : "f32");
+  // runtime.activations "auto": bf16 where the kernels multiply bf16 pairs, else f32 (GGUF blocks
+  // meet int8 either way).
+  EXPECT_EQ(info.activations, kernels::cpu::best_matmul_variant().multiplies_bf16_pairs()
+                                  ? "bf16"
+                                  : "f32 (int8 for GGUF blocks)");
   Request request;
   request.prompt_ids = {1, 2, 3};
   const Result result = engine->submit(request).wait();  // the file's sampling defaults

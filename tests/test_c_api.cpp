@@ -405,9 +405,10 @@ TEST_F(CApiTest, StreamsThroughTheCallbackAndReturnsTheResult) {
   // activations "auto" resolved as the C++ engine resolves it, and the kernels named.
   EXPECT_STREQ(info.cpu_kernels,
                std::string(specrun::kernels::cpu::best_matmul_variant().name).c_str());
-  EXPECT_STREQ(
-      info.activations,
-      specrun::kernels::cpu::best_matmul_variant().multiplies_bf16_pairs() ? "bf16" : "f32");
+  EXPECT_STREQ(info.activations,
+               specrun::kernels::cpu::best_matmul_variant().multiplies_bf16_pairs()
+                   ? "bf16"
+                   : "f32 (int8 for GGUF blocks)");
   specrun_engine_destroy(engine);
 }
 

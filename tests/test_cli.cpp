@@ -718,7 +718,7 @@ TEST_F(CliSpeculativeTest, StatsOnStderrAndAsJson) {
   EXPECT_EQ(stats["verification"], "shared_noise");
   // What the CPU multiplied with, in the JSON and on stderr.
   const std::string activations = stats["activations"].get<std::string>();
-  EXPECT_TRUE(activations == "bf16" || activations == "f32") << activations;
+  EXPECT_TRUE(activations == "bf16" || activations == "f32 (int8 for GGUF blocks)") << activations;
   EXPECT_FALSE(stats["cpu_kernels"].get<std::string>().empty());
   EXPECT_NE(result.stderr_text.find("on cpu (" + stats["cpu_kernels"].get<std::string>() +
                                     " kernels, " + activations + " activations) with"),

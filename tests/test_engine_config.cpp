@@ -114,7 +114,7 @@ TEST(EngineConfigFile, AutoActivationsAreBf16ExactlyWhereTheMatmulMultipliesBf16
       EXPECT_FALSE(variant.multiplies_bf16_pairs());
     }
     EXPECT_EQ(cpu_activations(ActivationPrecision::kAuto, variant),
-              variant.multiplies_bf16_pairs() ? Activations::kBF16 : Activations::kF32);
+              variant.multiplies_bf16_pairs() ? Activations::kBF16 : Activations::kF32Int8Blocks);
     EXPECT_EQ(cpu_activations(ActivationPrecision::kF32, variant), Activations::kF32);
     EXPECT_EQ(cpu_activations(ActivationPrecision::kBF16, variant), Activations::kBF16);
     EXPECT_EQ(cpu_activations(ActivationPrecision::kInt8, variant), Activations::kInt8);

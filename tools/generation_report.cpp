@@ -77,6 +77,7 @@ nlohmann::json stats_to_json(const RequestStats& stats, const RunDescription& ru
   if (run.memory) {
     const auto model = [](const ModelMemory& m) {
       return nlohmann::json{{"weight_bytes", m.weight_bytes},
+                            {"weight_types", m.weight_types},
                             {"kv_bytes_per_token", m.kv_bytes_per_token},
                             {"kv_tokens", m.kv_tokens},
                             {"kv_bytes", m.kv_bytes},

@@ -9,9 +9,12 @@ Status lay_out_weight(WeightLayout layout, const void* source, int64_t out_featu
   const size_t element = dtype_size(dtype);
   const auto* from = static_cast<const unsigned char*>(source);
   auto* to = static_cast<unsigned char*>(destination);
+  if (is_block_quantized(dtype) && layout != WeightLayout::kRows) {
+    return Status::invalid_argument("weight layout: GGUF blocks lie in rows only");
+  }
   switch (layout) {
     case WeightLayout::kRows:
-      std::memcpy(to, from, static_cast<size_t>(out_features * in_features) * element);
+      std::memcpy(to, from, dtype_bytes(dtype, static_cast<uint64_t>(out_features * in_features)));
       return Status::ok();
     case WeightLayout::kTiled: {
       const int64_t padded = stored_columns(layout, in_features);

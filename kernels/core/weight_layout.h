@@ -71,10 +71,10 @@ constexpr uint64_t stored_elements(WeightLayout layout, int64_t out_features, in
          static_cast<uint64_t>(stored_columns(layout, in_features));
 }
 
-// Bytes of a [out_features, in_features] weight of `dtype` in `layout`.
+// Bytes of a [out_features, in_features] weight of `dtype` in `layout` (GGUF blocks: kRows).
 constexpr uint64_t stored_weight_bytes(WeightLayout layout, int64_t out_features,
                                        int64_t in_features, DType dtype) {
-  return stored_elements(layout, out_features, in_features) * dtype_size(dtype);
+  return dtype_bytes(dtype, stored_elements(layout, out_features, in_features));
 }
 
 // Where a row's elements start and how far apart its chunks are, in elements, in kRows or kTiled:
@@ -112,8 +112,8 @@ constexpr int64_t element_offset(WeightLayout layout, int64_t row, int64_t colum
 }
 
 // Copies a row-major [out_features, in_features] weight of `dtype` into `destination`
-// (stored_weight_bytes of `layout`), padding with zeros. kPairTiles takes 16-bit dtypes only
-// (kInvalidArgument otherwise).
+// (stored_weight_bytes of `layout`), padding with zeros. kPairTiles takes 16-bit dtypes only, and
+// GGUF blocks take kRows only (kInvalidArgument otherwise).
 Status lay_out_weight(WeightLayout layout, const void* source, int64_t out_features,
                       int64_t in_features, DType dtype, void* destination);
 

@@ -75,14 +75,16 @@ std::string_view CpuBackend::matmul_activations() const {
       return "bf16";
     case Activations::kInt8:
       return "int8";
+    case Activations::kF32Int8Blocks:
+      return "f32 (int8 for GGUF blocks)";
   }
   return "f32";
 }
 
 WeightLayout CpuBackend::matmul_weight_layout(DType weight_dtype) const {
-  return activations_ != Activations::kF32 && weight_dtype == DType::kBF16
-             ? variant_->bf16_pairs_layout
-             : WeightLayout::kTiled;
+  if (is_block_quantized(weight_dtype)) return WeightLayout::kRows;  // GGUF blocks as stored
+  return rounds_to_bf16(activations_) && weight_dtype == DType::kBF16 ? variant_->bf16_pairs_layout
+                                                                      : WeightLayout::kTiled;
 }
 
 void* CpuBackend::allocate(size_t bytes) {

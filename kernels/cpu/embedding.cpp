@@ -18,10 +18,25 @@ Status embedding(const EmbeddingParams& params, const int32_t* token_ids, const 
                                   std::to_string(params.vocab_size) + ")");
     }
   }
+  const bool blocks = is_block_quantized(params.table_dtype);
+  if (blocks &&
+      (params.dim % kQuantBlockElements != 0 || params.table_layout != WeightLayout::kRows)) {
+    return Status::invalid_argument(
+        "embedding: a table of GGUF blocks needs rows of whole blocks, laid out in rows");
+  }
   const size_t element_size = dtype_size(params.table_dtype);
   pool.parallel_for(params.num_tokens, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float* destination = out + t * params.dim;
+      if (blocks) {
+        const size_t row_bytes = dtype_bytes(params.table_dtype, static_cast<uint64_t>(params.dim));
+        const auto* row = static_cast<const uint8_t*>(table) + token_ids[t] * row_bytes;
+        for (int64_t c = 0; c < params.dim; c += kQuantBlockElements) {
+          dequantize_block(row + c / kQuantBlockElements * dtype_block_bytes(params.table_dtype),
+                           params.table_dtype, destination + c);
+        }
+        continue;
+      }
       if (params.table_layout == WeightLayout::kPairTiles) {
         // A row lies two elements at a time, a tile's worth of rows apart.
         for (int64_t c = 0; c < params.dim; ++c) {

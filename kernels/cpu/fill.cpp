@@ -32,6 +32,10 @@ Status fill_uniform(const FillParams& params, void* out, ThreadPool& pool) {
           static_cast<int8_t*>(out)[i] =
               static_cast<int8_t>(std::clamp(std::nearbyint(value), -128.0f, 127.0f));
           break;
+        case DType::kQ4_0:
+        case DType::kQ4_1:
+        case DType::kQ8_0:
+          break;  // refused by check_fill
       }
     }
   });

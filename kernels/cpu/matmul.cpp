@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 
+#include "kernels/cpu/matmul_blocks.h"
 #include "kernels/cpu/vector_math.h"
 
 // Compiled once per instruction set (kernels/CMakeLists.txt), each copy in its own namespace;
@@ -402,6 +403,77 @@ void int8_features(const MatmulParams& params, const Int8Rows& x, const void* we
   }
 }
 
+// matmul_features for GGUF blocks meeting f32 activations (Activations::kF32): each group of weight
+// rows widened to its f32 values, then multiplied as an f32 weight is, bitwise an f32 weight
+// holding those values (the reference for the per-block int8 path).
+template <DType kQ>
+void block_f32_features(const MatmulParams& params, const float* x, const void* weight,
+                        const void* bias, float* out, int64_t feature_begin, int64_t feature_end) {
+  const int64_t k = params.in_features;
+  const auto row_bytes = static_cast<int64_t>(dtype_bytes(kQ, static_cast<uint64_t>(k)));
+  // Not a std::vector: see matmul_features.
+  const std::unique_ptr<float[]> widened(new float[static_cast<size_t>(kFeatureGroup * k)]);
+  MatmulParams widened_params = params;
+  widened_params.weight_dtype = DType::kF32;
+  for (int64_t feature = feature_begin; feature < feature_end;) {
+    const int64_t group_end = std::min<int64_t>(feature + kFeatureGroup, feature_end);
+    const int64_t features = group_end - feature;
+    for (int64_t f = 0; f < features; ++f) {
+      const auto* row = static_cast<const uint8_t*>(weight) + (feature + f) * row_bytes;
+      for (int64_t b = 0; b < k / kQuantBlockElements; ++b) {
+        block_matmul::widen_block<kQ>(row + b * static_cast<int64_t>(dtype_block_bytes(kQ)),
+                                      widened.get() + f * k + b * kQuantBlockElements);
+      }
+    }
+    for (int64_t row = 0; row < params.rows; row += kRowGroup) {
+      const int64_t rows = std::min<int64_t>(kRowGroup, params.rows - row);
+      const auto tile = [&]<int kFeatures>() {
+        dot_rows_tile<DType::kF32, kFeatures>(rows, widened_params, x, row, nullptr, nullptr, bias,
+                                              feature, out, widened.get());
+      };
+      switch (features) {
+        case 4:
+          tile.template operator()<4>();
+          break;
+        case 3:
+          tile.template operator()<3>();
+          break;
+        case 2:
+          tile.template operator()<2>();
+          break;
+        default:
+          tile.template operator()<1>();
+          break;
+      }
+    }
+    feature = group_end;
+  }
+}
+
+// A block type's two paths, chosen per call.
+struct BlockKernels {
+  void (*f32)(const MatmulParams&, const float*, const void*, const void*, float*, int64_t,
+              int64_t);
+  void (*int8)(const MatmulParams&, const block_matmul::BlockRows&, const void*, const void*,
+               float*, int64_t, int64_t);
+};
+
+template <DType kQ>
+constexpr BlockKernels kBlockKernels{block_f32_features<kQ>, block_matmul::block_int8_features<kQ>};
+
+const BlockKernels* block_kernels(DType dtype) {
+  switch (dtype) {
+    case DType::kQ4_0:
+      return &kBlockKernels<DType::kQ4_0>;
+    case DType::kQ4_1:
+      return &kBlockKernels<DType::kQ4_1>;
+    case DType::kQ8_0:
+      return &kBlockKernels<DType::kQ8_0>;
+    default:
+      return nullptr;
+  }
+}
+
 #if defined(SPECRUN_CPU_BF16_PAIRS)
 // Activation rows per block of the bf16-pair kernel: 6 x 4 accumulators and 4 weight registers
 // fit the 32 vector registers, and verifying 5 drafts (6 rows) reads each weight tile once.
@@ -633,6 +705,10 @@ FeatureKernel feature_kernel(DType dtype) {
       return matmul_features<DType::kF8E4M3>;
     case DType::kI8:
       return matmul_features<DType::kI8>;
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ8_0:
+      break;  // block_kernels
   }
   return nullptr;
 }
@@ -657,15 +733,20 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
     return activations == Activations::kInt8 && meets_int8_activations(params);
   };
   const auto meets_bf16 = [&](const MatmulParams& params) {
-    return activations != Activations::kF32 && meets_bf16_activations(params) &&
-           !meets_int8(params);
+    return rounds_to_bf16(activations) && meets_bf16_activations(params) && !meets_int8(params);
+  };
+  // GGUF blocks meet activations quantized per block but under kF32.
+  const auto meets_int8_blocks = [&](const MatmulParams& params) {
+    return activations != Activations::kF32 && is_block_quantized(params.weight_dtype);
   };
   int64_t features = 0;  // over the whole group
   // A target meets_bf16: x is rounded to bf16 once per call, for every such target.
   bool rounded = false;
-  bool any_meets_int8 = false;  // a target that meets_int8
+  bool any_meets_int8 = false;         // a target that meets_int8
+  bool any_meets_int8_blocks = false;  // a target that meets_int8_blocks
   for (size_t t = 0; t < count; ++t) {
-    if (feature_kernel(targets[t].params.weight_dtype) == nullptr) {
+    if (feature_kernel(targets[t].params.weight_dtype) == nullptr &&
+        block_kernels(targets[t].params.weight_dtype) == nullptr) {
       return Status::invalid_argument("matmul: unknown weight dtype");
     }
     if (targets[t].params.weight_layout == WeightLayout::kPairTiles) {
@@ -674,6 +755,7 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
     features += targets[t].params.out_features;
     rounded = rounded || meets_bf16(targets[t].params);
     any_meets_int8 = any_meets_int8 || meets_int8(targets[t].params);
+    any_meets_int8_blocks = any_meets_int8_blocks || meets_int8_blocks(targets[t].params);
   }
   const int64_t rows = targets[0].params.rows, in_features = targets[0].params.in_features;
   if (any_meets_int8 && in_features > kInt8MaxColumns) {
@@ -682,6 +764,10 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
   if (rows == 0) return Status::ok();
   // x quantized once per call for the targets that meet int8 activations.
   const Int8Rows x_int8 = any_meets_int8 ? quantize_rows_int8(x, rows, in_features) : Int8Rows{};
+  // And per block for the targets of GGUF blocks (check_matmul_group: whole blocks).
+  const block_matmul::BlockRows x_blocks =
+      any_meets_int8_blocks ? block_matmul::quantize_block_rows(x, rows, in_features)
+                            : block_matmul::BlockRows{};
 #if defined(SPECRUN_CPU_BF16_PAIRS)
   // As bf16, rows zero-padded to whole 32-column chunks.
   const int64_t x_stride = (in_features + 2 * kLanes - 1) / (2 * kLanes) * (2 * kLanes);
@@ -714,7 +800,16 @@ Status matmul_group(const float* x, const MatmulTarget* targets, size_t count, T
       const int64_t last = first + target.params.out_features;
       const int64_t from = std::max(begin, first), to = std::min(end, last);
       const DType dtype = target.params.weight_dtype;
-      if (from < to && meets_int8(target.params)) {
+      if (from < to && is_block_quantized(dtype)) {
+        const BlockKernels& kernels = *block_kernels(dtype);
+        if (meets_int8_blocks(target.params)) {
+          kernels.int8(target.params, x_blocks, target.weight, target.bias, target.out,
+                       from - first, to - first);
+        } else {
+          kernels.f32(target.params, x, target.weight, target.bias, target.out, from - first,
+                      to - first);
+        }
+      } else if (from < to && meets_int8(target.params)) {
         int8_features(target.params, x_int8, target.weight, target.weight_scales, target.bias,
                       target.out, from - first, to - first);
       } else if (from < to && meets_bf16(target.params)) {

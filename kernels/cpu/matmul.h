@@ -10,9 +10,19 @@ namespace specrun::kernels::cpu {
 
 // How activations meet bf16 weights, and INT8 and FP8 weights with one scale per row (their
 // codes' values are exact in bf16 and their sums are scaled once, so they are multiplied as bf16
-// weights are).
+// weights are), and GGUF's 4- and 8-bit blocks.
+//
+// GGUF blocks meet activations quantized per block under every mode but kF32: each activation
+// row's 32 columns of a block become int8 codes round(x * 127 / max |x|) with one f32 scale,
+// max |x| / 127 (as llama.cpp's Q8_0 activations, with an f32 scale where it keeps f16), and each
+// block's result is the exact integer sum of code products times the two blocks' scales (plus
+// Q4_1's offset times the activation block's scale times its codes' sum). Integer sums taken in
+// eight lanes of four columns (vpdpbusd where the copy has AVX512-VNNI, vpmaddubsw and vpmaddwd in
+// AVX2, the same sums) and the lanes' f32 sums in one fixed order: the same bits from every copy
+// with FMA, for any number of rows.
 enum class Activations : uint8_t {
-  kF32,   // exactly: each f32 activation times the widened weight, f32 sums (the reference)
+  kF32,   // exactly: each f32 activation times the widened weight, f32 sums (the reference); GGUF
+          // blocks widened to their f32 values first (bitwise an f32 weight of those values)
   kBF16,  // rounded to bf16 first, as llama.cpp and the GPUs' bf16 GEMMs do: then products of
           // two bf16 pairs a vdpbf16ps where the build has AVX512-BF16 (half the instructions,
           // no widening), AMX tile multiplies for weights in pair tiles (the "amx" copy), else
@@ -24,7 +34,15 @@ enum class Activations : uint8_t {
           // instruction, where the copy has AVX512-VNNI; vpmaddwd in the AVX2 copy). Integer
           // sums: the same bits from every copy of the kernels. Coarser than kBF16: each
           // activation within half a step, max |x| / 254, of its value.
+  kF32Int8Blocks,  // as kF32 for every weight but GGUF blocks, which meet activations quantized
+                   // per block (above): what "auto" is where the CPU has no bf16 pairs in hardware
 };
+
+// Whether activations that meet bf16 weights (and 8-bit ones with a scale per row) are rounded to
+// bf16 first.
+constexpr bool rounds_to_bf16(Activations activations) {
+  return activations == Activations::kBF16 || activations == Activations::kInt8;
+}
 
 // One instruction set's copy of the matmul kernels. The matmul is the one loop whose best
 // instructions differ from CPU to CPU (AVX-512 and vdpbf16ps, or AVX2), so it is compiled once per

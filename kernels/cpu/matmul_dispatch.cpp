@@ -76,7 +76,7 @@ Status amx_group(const float* x, const MatmulTarget* targets, size_t count, Thre
     const MatmulParams& params = targets[t].params;
     if (params.weight_layout != WeightLayout::kPairTiles) {
       other[other_count++] = targets[t];
-    } else if (params.weight_dtype != DType::kBF16 || activations == Activations::kF32) {
+    } else if (params.weight_dtype != DType::kBF16 || !rounds_to_bf16(activations)) {
       return Status::invalid_argument(
           "matmul: weights in pair tiles are bf16 and meet bf16 activations");
     } else {

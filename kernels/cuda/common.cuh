@@ -200,6 +200,8 @@ __device__ __forceinline__ float load_element_f32(const void* data, DType dtype,
       return Stored<DType::kF16>::widen(static_cast<const uint16_t*>(data)[index]);
     case DType::kBF16:
       return Stored<DType::kBF16>::widen(static_cast<const uint16_t*>(data)[index]);
+    default:  // biases are never quantized (check_matmul's callers)
+      break;
   }
   return 0.0f;
 }

@@ -86,6 +86,9 @@ Status launch_embedding(const EmbeddingParams& params, const int32_t* token_ids,
       break;
     case DType::kF8E4M3:
     case DType::kI8:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ8_0:
       return Status::unsupported("embedding: a quantized table (embeddings stay in bf16)");
   }
   return launch_status("embedding kernel");

@@ -67,6 +67,10 @@ Status launch_fill_uniform(int64_t count, DType dtype, uint64_t seed, float low,
       fill_uniform_kernel<DType::kI8>
           <<<blocks, kThreads, 0, stream>>>(static_cast<uint8_t*>(out), count, seed, low, width);
       break;
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ8_0:
+      break;  // refused by check_fill
   }
   return launch_status("fill kernel");
 }

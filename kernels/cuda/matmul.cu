@@ -316,6 +316,10 @@ Status launch_skinny(const SkinnyLaunch& launch, cudaStream_t stream) {
       return launch_skinny_quantized<DType::kF8E4M3>(launch, stream);
     case DType::kI8:
       return launch_skinny_quantized<DType::kI8>(launch, stream);
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ8_0:
+      break;  // refused by run_matmul_group (GGUF blocks are widened on the way up)
   }
   return Status::invalid_argument("matmul: unknown weight dtype");
 }
@@ -586,6 +590,10 @@ Status launch_matmul_group(const float* x, const MatmulTarget* targets, size_t c
   for (size_t i = 0; i < count; ++i) {
     if (targets[i].params.weight_layout != WeightLayout::kRows) {
       return Status::unsupported("matmul: the CUDA kernels read row-major weights only");
+    }
+    if (is_block_quantized(targets[i].params.weight_dtype)) {
+      return Status::unsupported(
+          "matmul: the CUDA kernels do not read GGUF blocks (widened at load)");
     }
   }
   const MatmulParams& first = targets[0].params;

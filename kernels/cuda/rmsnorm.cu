@@ -134,6 +134,9 @@ Status launch_norm(const RmsNormParams& params, const float* addend, float* x, c
       break;
     case DType::kF8E4M3:
     case DType::kI8:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ8_0:
       return Status::unsupported("rmsnorm: a quantized weight (norms stay unquantized)");
   }
   return launch_status(kAdd ? "add_rmsnorm kernel" : "rmsnorm kernel");

@@ -324,8 +324,8 @@ MemoryNeeds model_needs(const Checkpoint& checkpoint, const ModelOptions& option
 }
 
 ModelMemory model_memory(const MemoryNeeds& needs) {
-  return {needs.weight_bytes, needs.kv_bytes_per_token, needs.kv_tokens, needs.kv_bytes,
-          needs.workspace_bytes};
+  return {needs.weight_bytes, needs.weight_bytes_by_type, needs.kv_bytes_per_token, needs.kv_tokens,
+          needs.kv_bytes,     needs.workspace_bytes};
 }
 
 uint64_t model_total(const ModelMemory& m) {
@@ -366,8 +366,18 @@ std::string gib(uint64_t bytes) {
 }
 
 std::string model_line(const char* role, const ModelMemory& m) {
+  // The types the weights are held in, by bytes, largest first: " [Q4_1 78.2 MiB, Q8_0 16.1
+  // MiB, F32 0.3 MiB]", or " BF16" alone.
+  std::vector<std::pair<std::string, uint64_t>> types(m.weight_types.begin(), m.weight_types.end());
+  std::stable_sort(types.begin(), types.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string typed;
+  for (const auto& [type, bytes] : types) {
+    typed += (typed.empty() ? "" : ", ") + type + (types.size() > 1 ? " " + gib(bytes) : "");
+  }
+  if (types.size() > 1) typed = "[" + typed + "]";
   return std::string(role) + " " + gib(model_total(m)) + " (weights " + gib(m.weight_bytes) +
-         ", KV " + gib(m.kv_bytes) + " = " +
+         (typed.empty() ? "" : " " + typed) + ", KV " + gib(m.kv_bytes) + " = " +
          (m.kv_bytes_per_token >= 1024 ? std::to_string(m.kv_bytes_per_token / 1024) + " KiB"
                                        : std::to_string(m.kv_bytes_per_token) + " B") +
          " x " + std::to_string(m.kv_tokens) + " tokens, workspace " + gib(m.workspace_bytes) + ")";

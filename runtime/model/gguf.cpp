@@ -35,15 +35,6 @@ constexpr GgmlTypeInfo kGgmlTypes[] = {
     {35, "TQ2_0", 256, 66, false},   {39, "MXFP4", 32, 17, false},
 };
 
-std::string supported_type_names() {
-  std::string names;
-  for (const GgmlTypeInfo& info : kGgmlTypes) {
-    if (!info.supported) continue;
-    names += (names.empty() ? "" : ", ") + std::string(info.name);
-  }
-  return names;
-}
-
 // Reads the header region of the mapping with a cursor, every read bounded by the file size, and
 // every failure naming the file, what was being read and the byte offset.
 class Cursor {
@@ -190,6 +181,15 @@ GgufValue read_value(Cursor& cursor, GgufType type, const std::string& key, int 
 }
 
 }  // namespace
+
+std::string supported_type_names() {
+  std::string names;
+  for (const GgmlTypeInfo& info : kGgmlTypes) {
+    if (!info.supported) continue;
+    names += (names.empty() ? "" : ", ") + std::string(info.name);
+  }
+  return names;
+}
 
 std::string gguf_type_name(GgufType type) {
   static constexpr std::array<std::string_view, 13> kNames = {
@@ -455,25 +455,13 @@ float load_f16(const uint8_t* bytes) {
   return f16_to_f32(load_u16(bytes));
 }
 
-// Q4_0: {d, qs[16]}: x[j] = (low nibble - 8) * d, x[j + 16] = (high nibble - 8) * d.
+// Q4_0, Q4_1 and Q8_0 are specrun's own block dtypes too (kernels/core/dtype.h, which defines
+// their bits once).
 void dequantize_q4_0(const uint8_t* block, float* out) {
-  const float d = load_f16(block);
-  const uint8_t* qs = block + 2;
-  for (int j = 0; j < 16; ++j) {
-    out[j] = static_cast<float>((qs[j] & 0x0f) - 8) * d;
-    out[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
-  }
+  dequantize_block(block, DType::kQ4_0, out);
 }
-
-// Q4_1: {d, m, qs[16]}: x = nibble * d + m.
 void dequantize_q4_1(const uint8_t* block, float* out) {
-  const float d = load_f16(block);
-  const float m = load_f16(block + 2);
-  const uint8_t* qs = block + 4;
-  for (int j = 0; j < 16; ++j) {
-    out[j] = static_cast<float>(qs[j] & 0x0f) * d + m;
-    out[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
-  }
+  dequantize_block(block, DType::kQ4_1, out);
 }
 
 // A little-endian 32-bit word (Q5_0 and Q5_1's fifth bits).
@@ -509,10 +497,8 @@ void dequantize_q5_1(const uint8_t* block, float* out) {
   for (int j = 0; j < 32; ++j) out[j] = static_cast<float>(q[j]) * d + m;
 }
 
-// Q8_0: {d, int8 qs[32]}: x = q * d.
 void dequantize_q8_0(const uint8_t* block, float* out) {
-  const float d = load_f16(block);
-  for (int j = 0; j < 32; ++j) out[j] = static_cast<float>(static_cast<int8_t>(block[2 + j])) * d;
+  dequantize_block(block, DType::kQ8_0, out);
 }
 
 // Q4_K's 6-bit scale and min of sub-block j (of 8), packed in 12 bytes.
@@ -635,8 +621,8 @@ BlockDequantizer block_dequantizer(uint32_t type) {
 
 void dequantize(uint32_t type, const void* blocks, int64_t count, float* out) {
   const GgmlTypeInfo* info = ggml_type_info(type);
-  const BlockDequantizer dequantize_block = block_dequantizer(type);
-  if (info == nullptr || dequantize_block == nullptr) {
+  const BlockDequantizer widen_block = block_dequantizer(type);
+  if (info == nullptr || widen_block == nullptr) {
     throw Error("dequantize: ggml type " + (info ? std::string(info->name) : std::to_string(type)) +
                 " is not supported (" + supported_type_names() + ")");
   }
@@ -648,7 +634,7 @@ void dequantize(uint32_t type, const void* blocks, int64_t count, float* out) {
   const auto* bytes = static_cast<const uint8_t*>(blocks);
   const int64_t num_blocks = count / info->block_elements;
   for (int64_t b = 0; b < num_blocks; ++b) {
-    dequantize_block(bytes + b * info->block_bytes, out + b * info->block_elements);
+    widen_block(bytes + b * info->block_bytes, out + b * info->block_elements);
   }
 }
 

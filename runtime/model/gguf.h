@@ -75,6 +75,8 @@ struct GgmlTypeInfo {
 };
 // nullptr for a number ggml does not define (or no longer does).
 const GgmlTypeInfo* ggml_type_info(uint32_t id);
+// The supported types' names, comma-separated, for errors.
+std::string supported_type_names();
 
 inline constexpr uint32_t kGgmlF32 = 0;
 inline constexpr uint32_t kGgmlF16 = 1;

@@ -622,6 +622,39 @@ std::optional<json> gguf_tokenizer_json(const GgufFile& file) {
   return document;
 }
 
+namespace {
+
+// The specrun dtype of a ggml block type kept as stored; nullopt for those widened at load.
+std::optional<DType> block_dtype(uint32_t ggml_type) {
+  switch (ggml_type) {
+    case kGgmlQ4_0:
+      return DType::kQ4_0;
+    case kGgmlQ4_1:
+      return DType::kQ4_1;
+    case kGgmlQ8_0:
+      return DType::kQ8_0;
+    default:
+      return std::nullopt;
+  }
+}
+
+// A block whose scale or offset is NaN or infinite makes every product of its row NaN: refused at
+// load, naming the tensor and the block, rather than found as a corrupt forward.
+void check_block_scales(const std::filesystem::path& path, const GgufTensorInfo& tensor,
+                        DType dtype) {
+  const auto* blocks = reinterpret_cast<const uint8_t*>(tensor.data);
+  const int64_t count = tensor.num_elements() / kQuantBlockElements;
+  for (int64_t b = 0; b < count; ++b) {
+    if (!block_scales_finite(blocks + b * dtype_block_bytes(dtype), dtype)) {
+      throw Error(path.string() + ": tensor '" + tensor.name + "' (" +
+                  std::string(dtype_name(dtype)) + ") has a scale that is not finite in block " +
+                  std::to_string(b) + " of " + std::to_string(count));
+    }
+  }
+}
+
+}  // namespace
+
 TensorStore TensorStore::open_gguf(const std::filesystem::path& path) {
   TensorStore store;
   auto file = std::make_shared<const GgufFile>(path);
@@ -649,12 +682,18 @@ TensorStore TensorStore::open_gguf(const std::filesystem::path& path) {
         info.data = copy.get();
         store.converted_.push_back(std::move(copy));
       }
+    } else if (const std::optional<DType> blocks = block_dtype(tensor.type);
+               blocks && tensor.ne.size() == 2) {
+      // A matrix is kept as the file stores it, in the mapping: the CPU multiplies (and looks
+      // up) the blocks as they lie, and a device's upload widens them (Model::place_weights).
+      // Vectors (norms, biases) are widened here, as the other types are.
+      info.dtype = *blocks;
+      check_block_scales(path, tensor, *blocks);
     } else {
       if (!type.supported) {
         throw Error(path.string() + ": tensor '" + tensor.name + "' has ggml type " +
-                    std::string(type.name) +
-                    ", which specrun cannot dequantise (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, "
-                    "Q6_K)");
+                    std::string(type.name) + ", which specrun cannot read (" +
+                    supported_type_names() + ")");
       }
       // [elements] bf16: what the backends compute with.
       auto bytes = std::make_unique<std::byte[]>(static_cast<size_t>(elements) * sizeof(uint16_t));

@@ -255,6 +255,10 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
   const auto logit_rows = std::clamp<int64_t>(max_logit_rows, 1, needs.kv_tokens);
   const DType quantized_to =
       options.quantize == WeightQuantize::kINT8 ? DType::kI8 : DType::kF8E4M3;
+  const auto place = [&](DType placed, uint64_t bytes) {
+    needs.weight_bytes += bytes;
+    needs.weight_bytes_by_type[std::string(dtype_name(placed))] += bytes;
+  };
   for (const TensorInfo* info : checkpoint.tensors.all()) {
     const std::string& name = info->name;
     const bool head = ends_with(name, "lm_head.weight") || name == "output.weight";
@@ -278,22 +282,23 @@ MemoryNeeds Model::plan_memory(const Checkpoint& checkpoint, const ModelOptions&
         laid_out ? kernels::stored_elements(layout_of(loaded_dtype), info->shape[0], info->shape[1])
                  : static_cast<uint64_t>(info->num_elements());
     if (ends_with(name, ".weight_scale") || ends_with(name, ".weight_scale_inv")) {
-      needs.weight_bytes += elements * sizeof(float);  // placed as f32
+      place(DType::kF32, elements * sizeof(float));  // placed as f32
     } else if (is_quantized(info->dtype)) {
-      needs.weight_bytes += elements;
+      place(info->dtype, elements);
     } else if (quantizing && linear && info->shape.size() == 2) {
-      needs.weight_bytes += elements + static_cast<uint64_t>(info->shape[0]) * sizeof(float);
+      place(quantized_to, elements);
+      place(DType::kF32, static_cast<uint64_t>(info->shape[0]) * sizeof(float));
     } else if (!host_memory) {
-      needs.weight_bytes += elements * sizeof(uint16_t);  // a device holds bf16
+      place(DType::kBF16, elements * sizeof(uint16_t));  // a device holds bf16
     } else {
-      needs.weight_bytes += elements * dtype_size(info->dtype);
+      place(info->dtype, dtype_bytes(info->dtype, elements));  // GGUF blocks as stored
     }
   }
   if (quantizing && options.quantize_output && !has_head) {
     // A tied head quantized is a copy of the embedding table.
-    needs.weight_bytes +=
-        kernels::stored_elements(layout_of(DType::kI8), c.vocab_size, c.hidden_size) +
-        static_cast<uint64_t>(c.vocab_size) * sizeof(float);
+    place(quantized_to,
+          kernels::stored_elements(layout_of(DType::kI8), c.vocab_size, c.hidden_size));
+    place(DType::kF32, static_cast<uint64_t>(c.vocab_size) * sizeof(float));
   }
   if (!has_head) {
     // The tied head multiplies by the embedding table (or its quantized copy).
@@ -479,7 +484,7 @@ void Model::quantize_onto_backend(WeightView& view, Progress* progress) {
                                                host_scales.size() * sizeof(float)),
                        "uploading weight scales");
       if (progress != nullptr) {
-        progress->advance(static_cast<uint64_t>(count * columns) * dtype_size(view.dtype));
+        progress->advance(dtype_bytes(view.dtype, static_cast<uint64_t>(count * columns)));
       }
     }
   }
@@ -545,8 +550,8 @@ void Model::place_weights() {
       quantize_onto_backend(*view, &progress);
       continue;
     }
-    const size_t element_size = dtype_size(view->dtype);
-    const uint64_t elements = view->size_bytes / element_size;
+    uint64_t elements = 1;
+    for (const int64_t extent : view->shape) elements *= static_cast<uint64_t>(extent);
     if (is_quantized(view->dtype)) {
       // A pre-quantized checkpoint's codes, as they are (place_scales placed their scales).
       DeviceBuffer buffer(backend_, view->size_bytes, "quantized weights");
@@ -572,12 +577,14 @@ void Model::place_weights() {
       weight_buffers_.push_back(std::move(buffer));
       continue;
     }
+    // Widened to bf16 where stored otherwise (GGUF blocks too: a device multiplies bf16).
     const bool convert = view->dtype != DType::kBF16;
     DeviceBuffer buffer(backend_, elements * sizeof(uint16_t), "weights");
-    const uint64_t chunk = kChunkBytes / element_size;  // elements per chunk
+    const uint64_t chunk = kChunkBytes / sizeof(float);  // elements per chunk: whole GGUF blocks
     for (uint64_t first = 0; first < elements; first += chunk) {
       const uint64_t count = std::min(chunk, elements - first);
-      const void* source = static_cast<const std::byte*>(view->data) + first * element_size;
+      const void* source =
+          static_cast<const std::byte*>(view->data) + dtype_bytes(view->dtype, first);
       if (convert) {
         converted.resize(count);
         for (uint64_t i = 0; i < count; ++i) {
@@ -588,7 +595,7 @@ void Model::place_weights() {
       SPECRUN_CHECK_OK(
           backend_.copy_to_device(buffer.as<uint16_t>() + first, source, count * sizeof(uint16_t)),
           "uploading weights");
-      progress.advance(count * element_size);
+      progress.advance(dtype_bytes(view->dtype, count));
     }
     view->data = buffer.data();
     view->dtype = DType::kBF16;

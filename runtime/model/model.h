@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -44,8 +45,10 @@ struct ModelOptions {
 // What a model will hold on its backend, worked out from its config and tensor headers alone (no
 // weight is read).
 struct MemoryNeeds {
-  uint64_t weight_bytes = 0;        // as placed: stored bytes on the host, bf16 on a device, 8-bit
-                                    // codes plus f32 scales where quantized (Model::weight_bytes)
+  uint64_t weight_bytes = 0;  // as placed: stored bytes on the host, bf16 on a device, 8-bit
+                              // codes plus f32 scales where quantized (Model::weight_bytes)
+  // weight_bytes by the type they are placed in ("Q4_1", "BF16", "F32": scales and norms too).
+  std::map<std::string, uint64_t> weight_bytes_by_type;
   uint64_t kv_bytes_per_token = 0;  // K and V of every layer, in the cache's dtype
   int64_t kv_tokens = 0;            // the cache's capacity, whole blocks
   uint64_t kv_bytes = 0;            // kv_bytes_per_token * kv_tokens

@@ -47,7 +47,7 @@ struct TensorInfo {
   int64_t num_elements() const;
   // Bytes at `data`: end - begin, but for a GGUF tensor dequantised to bf16 at load, whose begin
   // and end still delimit its quantized bytes in the file.
-  uint64_t size_bytes() const { return static_cast<uint64_t>(num_elements()) * dtype_size(dtype); }
+  uint64_t size_bytes() const { return dtype_bytes(dtype, static_cast<uint64_t>(num_elements())); }
 };
 
 // "[4096, 4096]"

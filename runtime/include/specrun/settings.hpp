@@ -93,13 +93,16 @@ const char* to_string(OverlapDrafting overlap);  // "auto", "on", "off"
 // activation row quantized to int8 codes with one scale (max |x| / 127), multiplied by the weight
 // codes in exact integer sums (vpdpbusd where the CPU has AVX512-VNNI), and scaled once: about
 // twice the speed of bf16 in prefill and verification, and an error of up to half a step
-// (max |x| / 254) per activation. Other weights (and the CUDA backend, which multiplies bf16 by
-// bf16) ignore this.
+// (max |x| / 254) per activation. GGUF's Q4_0, Q4_1 and Q8_0 matrices, multiplied as stored,
+// meet activations quantized to int8 per block of 32 columns under every choice but kF32, which
+// widens their blocks to f32 values (exact, several times slower). Other weights (and the CUDA
+// backend, which multiplies bf16 by bf16) ignore this.
 enum class ActivationPrecision {
   kAuto,  // bf16 where the matmul in use multiplies bf16 pairs in hardware (AMX tiles, or
           // vdpbf16ps with AVX512-BF16), which makes prefill and verification faster; f32 on
-          // other CPUs, where rounding would cost precision and save no time
-  kF32,   // always f32: exact
+          // other CPUs, where rounding would cost precision and save no time (GGUF blocks: int8
+          // per block either way)
+  kF32,   // always f32: exact, GGUF blocks included
   kBF16,  // always bf16 (widened to f32 on CPUs without bf16 dot products)
   kInt8,  // bf16, and int8 codes per token for INT8 weights with one scale per row; never auto's
           // choice: it changes the numbers more than rounding to bf16 does

@@ -125,8 +125,9 @@ typedef enum specrun_overlap_drafting {
  * treat their activations (specrun.hpp's specrun::ActivationPrecision). */
 typedef enum specrun_activations {
   SPECRUN_ACTIVATIONS_AUTO = 0, /* bf16 where the CPU multiplies bf16 pairs in hardware (AMX,
-                                 * AVX512-BF16), else f32 (default) */
-  SPECRUN_ACTIVATIONS_F32 = 1,  /* f32: exact, the reference */
+                                 * AVX512-BF16), else f32 (default); GGUF's Q4_0, Q4_1 and Q8_0
+                                 * blocks meet int8 per block under every choice but f32 */
+  SPECRUN_ACTIVATIONS_F32 = 1,  /* f32: exact, the reference (GGUF blocks widened) */
   SPECRUN_ACTIVATIONS_BF16 = 2, /* rounded to bf16, as llama.cpp and GPU bf16 GEMMs do */
   SPECRUN_ACTIVATIONS_INT8 = 3  /* bf16, and int8 codes per token for INT8 weights with one
                                  * scale per row (W8A8, integer sums) */
@@ -480,8 +481,8 @@ typedef struct specrun_engine_info {
   const char* device;        /* "cpu", "cuda:0" */
   int threads;               /* CPU threads */
   /* The CPU's matmul: the copy of its kernels that runs ("native", "x86-64-v4+bf16", ...) and what
-   * activations meet the weights as, the config's activations resolved ("f32", "bf16", "int8");
-   * both "" on a GPU. */
+   * activations meet the weights as, the config's activations resolved ("f32", "bf16", "int8",
+   * or auto's "f32 (int8 for GGUF blocks)" on CPUs without bf16 pairs); both "" on a GPU. */
   const char* cpu_kernels;
   const char* activations;
 } specrun_engine_info;

@@ -232,8 +232,10 @@ struct EngineStats {
 // What the engine runs on.
 // What one model will hold on the engine's device, planned before anything loads.
 struct ModelMemory {
-  uint64_t weight_bytes = 0;        // weights as loaded: stored dtype on the CPU, bf16 on a GPU,
-                                    // 8-bit codes plus f32 scales where quantized
+  uint64_t weight_bytes = 0;  // weights as loaded: stored dtype on the CPU, bf16 on a GPU,
+                              // 8-bit codes plus f32 scales where quantized
+  // weight_bytes by the type they are loaded in: {"Q4_1", bytes}, {"F32", bytes}...
+  std::map<std::string, uint64_t> weight_types;
   uint64_t kv_bytes_per_token = 0;  // K and V of every layer (f32)
   int64_t kv_tokens = 0;            // KV capacity, whole blocks
   uint64_t kv_bytes = 0;            // the KV cache
@@ -278,8 +280,8 @@ struct EngineInfo {
   std::string device;                // "cpu", "cuda:0"
   int threads = 0;                   // CPU threads
   // The CPU's matmul: the copy of its kernels that runs ("native", "x86-64-v4+bf16", ...) and
-  // what activations meet the weights as, runtime.activations resolved ("f32", "bf16", "int8");
-  // both "" on a GPU.
+  // what activations meet the weights as, runtime.activations resolved ("f32", "bf16", "int8",
+  // or auto's "f32 (int8 for GGUF blocks)" on CPUs without bf16 pairs); both "" on a GPU.
   std::string cpu_kernels;
   std::string activations;
   MemoryPlan memory;  // the plan the engine was checked against
