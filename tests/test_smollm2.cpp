@@ -652,7 +652,7 @@ TEST_F(SmolLm2Test, Int8WeightsKeepTheirLossWithInt8Activations) {
 // and the greedy answers to the held-out questions compared token by token, the agreement printed
 // as "[ SmolLM2 blocks ]" lines; the capital question's answer unchanged.
 TEST_F(SmolLm2Test, BlocksAsStoredKeepTheWidenedModelsLossAndAnswers) {
-  // Held as the file stores them (98 MB with its metadata), not widened to bf16 (270 MB).
+  // Held as the file stores them (92.1 MiB), not widened to bf16 (256.6 MiB).
   EXPECT_LT(model_->weight_bytes(), uint64_t{100} << 20);
   kernels::cpu::CpuBackend backend(std::make_shared<kernels::cpu::ThreadPool>(2),
                                    kernels::cpu::Activations::kF32Int8Blocks);
