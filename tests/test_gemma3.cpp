@@ -135,9 +135,11 @@ TEST_F(Gemma3Test, TokenizerMatchesTransformersGgufConversion) {
 
 // Logits and greedy continuations against transformers reading the same GGUF file, both ways as
 // SmolLM2's suite compares them (tests/test_smollm2.cpp says how the bounds were set): against
-// transformers with every matrix rounded to bf16 as specrun's loader rounds it, only f32 rounding
-// separates the two (18 layers: 2e-4 of the row's largest logit); against plain transformers
-// (f32 weights), bf16 rounding of the weights adds up to 2e-2.
+// transformers with the matrices specrun widens to bf16 at load (the file's Q5_0, Q4_K and Q6_K
+// ones) rounded as its loader rounds them, and its Q8_0 ones (multiplied as stored, widened to
+// their f32 values under f32 activations) exact, only f32 rounding separates the two (18 layers:
+// 2e-4 of the row's largest logit); against plain transformers (f32 weights), bf16 rounding of
+// the weights adds up to 2e-2.
 TEST_F(Gemma3Test, LogitsAndGreedyContinuationMatchTransformers) {
   const std::string python =
       testing::venv_python_with("torch, transformers, accelerate, gguf, tokenizers");

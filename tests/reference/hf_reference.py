@@ -21,10 +21,12 @@ Four commands:
       --bf16-weights-out PREFIX2 then, from the same load (a GGUF file's takes transformers
       longer than the decoding), rounds every matrix (every parameter of two or more dimensions)
       to bfloat16, to nearest even, and writes the same reference computed in float32 again to
-      PREFIX2.json and PREFIX2.bin: the weights specrun
-      runs on a GGUF file whose matrices are quantized (it dequantizes them to bf16; the norms,
-      vectors, are stored and used in F32). Against the plain reference it measures what that
-      rounding alone does; against specrun it leaves only the arithmetic to compare.
+      PREFIX2.json and PREFIX2.bin; of a GGUF file, only the matrices specrun widens to bf16 at
+      load (the types it does not multiply as stored: Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), so that
+      PREFIX2 holds the weight values specrun runs on with f32 activations (its Q4_0, Q4_1 and
+      Q8_0 blocks widened to their f32 values, the norms F32 as stored). Against the plain
+      reference it measures what that rounding alone does; against specrun it leaves only the
+      arithmetic to compare.
 
   hf_reference.py tokenize --model DIR --gguf-file FILE --input IN.json --out OUT.json
       The tokenizer transformers builds from the GGUF file's metadata itself
@@ -223,11 +225,43 @@ def run(model_dir, gguf_file, prompts, new_tokens, out_prefix, bf16_out_prefix=N
         model = _load(model_dir, gguf_file)
         _reference(model, prompts, new_tokens, out_prefix)
         if bf16_out_prefix:
+            kept = _kept_as_stored(os.path.join(model_dir, gguf_file)) if gguf_file else set()
             # A tied embedding is one parameter, rounded once.
-            for parameter in model.parameters():
-                if parameter.dim() >= 2:
+            for name, parameter in model.named_parameters():
+                if parameter.dim() >= 2 and _gguf_name(name) not in kept:
                     parameter.copy_(parameter.to(torch.bfloat16).to(torch.float32))
             _reference(model, prompts, new_tokens, bf16_out_prefix)
+
+
+# transformers' parameter names of a decoder's matrices, by their GGUF names' parts.
+_GGUF_MODULES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+                 "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+                 "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def _gguf_name(name):
+    """The GGUF tensor name of a transformers parameter ("model.layers.3.mlp.up_proj.weight" is
+    "blk.3.ffn_up.weight"), or None for a parameter no GGUF matrix names."""
+    if name.endswith("embed_tokens.weight"):
+        return "token_embd.weight"
+    if name == "lm_head.weight":
+        return "output.weight"
+    parts = name.split(".")
+    if "layers" in parts:
+        index = parts.index("layers")
+        layer, module = parts[index + 1], ".".join(parts[index + 2:-1])
+        if module in _GGUF_MODULES:
+            return f"blk.{layer}.{_GGUF_MODULES[module]}.weight"
+    return None
+
+
+def _kept_as_stored(path):
+    """The GGUF matrices specrun multiplies as stored (Q4_0, Q4_1, Q8_0), by name."""
+    import gguf
+    kept_types = {gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1,
+                  gguf.GGMLQuantizationType.Q8_0}
+    return {t.name for t in gguf.GGUFReader(path).tensors
+            if len(t.shape) == 2 and t.tensor_type in kept_types}
 
 
 def _load(model_dir, gguf_file):
@@ -362,8 +396,9 @@ def main(argv):
     run_parser.add_argument("--new-tokens", type=int, default=64)
     run_parser.add_argument("--out", required=True, help="writes OUT.json and OUT.bin")
     run_parser.add_argument("--bf16-weights-out",
-                            help="then round every matrix to bfloat16 and write the reference "
-                            "again to BF16_WEIGHTS_OUT.json and .bin")
+                            help="then round every matrix to bfloat16 (of a GGUF file, those "
+                            "specrun widens to bf16) and write the reference again to "
+                            "BF16_WEIGHTS_OUT.json and .bin")
     tokenize_parser = commands.add_parser("tokenize", help="a GGUF file's tokenizer")
     tokenize_parser.add_argument("--model", required=True, help="model directory")
     tokenize_parser.add_argument("--gguf-file", required=True, help="a GGUF file in it")
