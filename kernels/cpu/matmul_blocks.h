@@ -64,7 +64,8 @@ inline BlockRows quantize_block_rows(const float* x, int64_t rows, int64_t k) {
       const float inverse = finite && largest > 0.0f ? 127.0f / largest : 0.0f;
       int32_t code_sum = 0;
       for (int j = 0; j < kQuantBlockElements; ++j) {
-        const auto code = static_cast<int32_t>(std::nearbyint(block[j] * inverse));
+        // A block that is not finite has codes zero (and a NaN scale): no NaN is converted.
+        const auto code = finite ? static_cast<int32_t>(std::nearbyint(block[j] * inverse)) : 0;
         codes[j] = static_cast<int8_t>(code);
         code_sum += code;
       }
