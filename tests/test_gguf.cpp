@@ -703,33 +703,77 @@ TEST_F(GgufModelTest, QwenAndGemmaFilesReadAsTheirSafetensorsCheckpoints) {
   }
 }
 
-// `source` rewritten with each tensor's type and bytes as `retype` gives them (name, type, bytes).
-fs::path retyped(const fs::path& source, const fs::path& out,
-                 const std::function<void(const std::string&, uint32_t&, std::string&)>& retype) {
+// Rewrites a converted model's file with one change to its keys or tensors.
+struct Edit {
+  Edit(std::string drop_key_, std::function<void(GgufWriter&)> add_ = {},
+       std::string drop_tensor_ = {}, std::string reshape_tensor_ = {})
+      : drop_key(std::move(drop_key_)),
+        add(std::move(add_)),
+        drop_tensor(std::move(drop_tensor_)),
+        reshape_tensor(std::move(reshape_tensor_)) {}
+  std::string drop_key;                  // a key left out
+  std::function<void(GgufWriter&)> add;  // keys and tensors added
+  std::string drop_tensor;               // a tensor left out
+  std::string reshape_tensor;            // a tensor written with ne reversed
+  // Each tensor's type and bytes changed, where set (name, type, bytes).
+  std::function<void(const std::string&, uint32_t&, std::string&)> retype;
+};
+
+fs::path rewrite(const fs::path& source, const fs::path& out, const Edit& edit) {
   const GgufFile file(source);
   GgufWriter writer;
   for (const auto& [key, value] : file.metadata()) {
-    if (value.type == GgufType::kUint32) writer.kv_u32(key, static_cast<uint32_t>(value.bits));
-    if (value.type == GgufType::kFloat32) writer.kv_f32(key, static_cast<float>(value.number));
-    if (value.type == GgufType::kString) writer.kv_string(key, value.string);
-    if (value.type == GgufType::kArray && value.element_type == GgufType::kString) {
-      std::vector<std::string> strings;
-      for (const GgufValue& v : value.array) strings.push_back(v.string);
-      writer.kv_strings(key, strings);
-    } else if (value.type == GgufType::kArray) {
-      std::vector<int32_t> ints;
-      for (const GgufValue& v : value.array) ints.push_back(static_cast<int32_t>(v.bits));
-      writer.kv_i32s(key, ints);
+    if (key == edit.drop_key) continue;
+    // Only the types the converter writes.
+    switch (value.type) {
+      case GgufType::kUint32:
+        writer.kv_u32(key, static_cast<uint32_t>(value.bits));
+        break;
+      case GgufType::kFloat32:
+        writer.kv_f32(key, static_cast<float>(value.number));
+        break;
+      case GgufType::kBool:
+        writer.kv_bool(key, value.bits != 0);
+        break;
+      case GgufType::kString:
+        writer.kv_string(key, value.string);
+        break;
+      case GgufType::kArray: {
+        if (value.element_type == GgufType::kString) {
+          std::vector<std::string> strings;
+          for (const GgufValue& v : value.array) strings.push_back(v.string);
+          writer.kv_strings(key, strings);
+        } else {
+          std::vector<int32_t> ints;
+          for (const GgufValue& v : value.array) ints.push_back(static_cast<int32_t>(v.bits));
+          writer.kv_i32s(key, ints);
+        }
+        break;
+      }
+      default:
+        throw Error("rewrite: unexpected type for " + key);
     }
   }
+  if (edit.add) edit.add(writer);
   for (const GgufTensorInfo& t : file.tensors()) {
+    if (t.name == edit.drop_tensor) continue;
+    std::vector<uint64_t> ne(t.ne.begin(), t.ne.end());
+    if (t.name == edit.reshape_tensor) std::reverse(ne.begin(), ne.end());
     uint32_t type = t.type;
     std::string bytes(reinterpret_cast<const char*>(t.data), t.size_bytes);
-    retype(t.name, type, bytes);
-    writer.tensor(t.name, type, std::vector<uint64_t>(t.ne.begin(), t.ne.end()), bytes);
+    if (edit.retype) edit.retype(t.name, type, bytes);
+    writer.tensor(t.name, type, ne, bytes);
   }
   writer.write(out);
   return out;
+}
+
+// `source` rewritten with each tensor's type and bytes as `retype` gives them (name, type, bytes).
+fs::path retyped(const fs::path& source, const fs::path& out,
+                 std::function<void(const std::string&, uint32_t&, std::string&)> retype) {
+  Edit edit("");
+  edit.retype = std::move(retype);
+  return rewrite(source, out, edit);
 }
 
 // The f32 values of a GGUF tensor's bytes.
@@ -763,8 +807,8 @@ TEST_F(GgufModelTest, Q4AndQ8MatricesAreKeptAsStoredInTheMapping) {
     EXPECT_GE(blocks, stored.size_bytes * 2);  // every layer's matrices at least
     EXPECT_EQ(Model::load(path, *backend_)->weight_bytes(), needs.weight_bytes);
     // A device holds them widened to bf16.
-    EXPECT_EQ(Model::plan_memory(checkpoint, {}, false, layout_of, 1).weight_bytes_by_type.count(
-                  std::string(dtype_name(loaded.dtype))),
+    EXPECT_EQ(Model::plan_memory(checkpoint, {}, false, layout_of, 1)
+                  .weight_bytes_by_type.count(std::string(dtype_name(loaded.dtype))),
               0u);
   }
 }
@@ -878,67 +922,6 @@ TEST_F(GgufModelTest, BlocksDecodeAsTheirDequantisedValues) {
       EXPECT_LE(max_error, 0.02 * largest);
     }
   }
-}
-
-// Rewrites a converted model's file with one change to its keys or tensors.
-struct Edit {
-  Edit(std::string drop_key_, std::function<void(GgufWriter&)> add_ = {},
-       std::string drop_tensor_ = {}, std::string reshape_tensor_ = {})
-      : drop_key(std::move(drop_key_)),
-        add(std::move(add_)),
-        drop_tensor(std::move(drop_tensor_)),
-        reshape_tensor(std::move(reshape_tensor_)) {}
-  std::string drop_key;                  // a key left out
-  std::function<void(GgufWriter&)> add;  // keys and tensors added
-  std::string drop_tensor;               // a tensor left out
-  std::string reshape_tensor;            // a tensor written with ne reversed
-};
-
-fs::path rewrite(const fs::path& source, const fs::path& out, const Edit& edit) {
-  const GgufFile file(source);
-  GgufWriter writer;
-  for (const auto& [key, value] : file.metadata()) {
-    if (key == edit.drop_key) continue;
-    // Only the types the converter writes.
-    switch (value.type) {
-      case GgufType::kUint32:
-        writer.kv_u32(key, static_cast<uint32_t>(value.bits));
-        break;
-      case GgufType::kFloat32:
-        writer.kv_f32(key, static_cast<float>(value.number));
-        break;
-      case GgufType::kBool:
-        writer.kv_bool(key, value.bits != 0);
-        break;
-      case GgufType::kString:
-        writer.kv_string(key, value.string);
-        break;
-      case GgufType::kArray: {
-        if (value.element_type == GgufType::kString) {
-          std::vector<std::string> strings;
-          for (const GgufValue& v : value.array) strings.push_back(v.string);
-          writer.kv_strings(key, strings);
-        } else {
-          std::vector<int32_t> ints;
-          for (const GgufValue& v : value.array) ints.push_back(static_cast<int32_t>(v.bits));
-          writer.kv_i32s(key, ints);
-        }
-        break;
-      }
-      default:
-        throw Error("rewrite: unexpected type for " + key);
-    }
-  }
-  if (edit.add) edit.add(writer);
-  for (const GgufTensorInfo& t : file.tensors()) {
-    if (t.name == edit.drop_tensor) continue;
-    std::vector<uint64_t> ne(t.ne.begin(), t.ne.end());
-    if (t.name == edit.reshape_tensor) std::reverse(ne.begin(), ne.end());
-    writer.tensor(t.name, t.type, ne,
-                  std::string(reinterpret_cast<const char*>(t.data), t.size_bytes));
-  }
-  writer.write(out);
-  return out;
 }
 
 TEST_F(GgufModelTest, ArchitectureAndKeysAreChecked) {

@@ -104,6 +104,38 @@ void dot_rows_tile(int64_t rows, const MatmulParams& params, const float* x, int
   }
 }
 
+// Activation rows [row_begin, row_end), kRowGroup at a time, against one group of `features`
+// (1..kFeatureGroup) weight rows from first_feature on (dot_tile has the rest).
+template <DType kDType>
+void dot_row_groups(int64_t features, int64_t row_begin, int64_t row_end,
+                    const MatmulParams& params, const float* x, const void* weight,
+                    const float* scales, const void* bias, int64_t first_feature, float* out,
+                    const float* widened) {
+  for (int64_t row = row_begin; row < row_end; row += kRowGroup) {
+    const int64_t rows = std::min<int64_t>(kRowGroup, row_end - row);
+    const auto tile = [&]<int kFeatures>() {
+      dot_rows_tile<kDType, kFeatures>(rows, params, x, row, weight, scales, bias, first_feature,
+                                       out, widened);
+    };
+    switch (features) {
+      case 4:
+        tile.template operator()<4>();
+        break;
+      case 3:
+        tile.template operator()<3>();
+        break;
+      case 2:
+        tile.template operator()<2>();
+        break;
+      case 1:
+        tile.template operator()<1>();
+        break;
+      default:
+        break;
+    }
+  }
+}
+
 // The end of the feature group that starts at `feature`: kFeatureGroup features, never crossing
 // a tile of a tiled weight (its rows are one stream).
 int64_t feature_group_end(const MatmulParams& params, int64_t feature, int64_t feature_end) {
@@ -142,30 +174,8 @@ void matmul_features(const MatmulParams& params, const float* x, const void* wei
               address.column_step, k, widened.get() + f * k);
         }
       }
-      const float* group_widened = widen ? widened.get() : nullptr;
-      for (int64_t row = block; row < block_end; row += kRowGroup) {
-        const int64_t rows = std::min<int64_t>(kRowGroup, block_end - row);
-        switch (features) {
-          case 4:
-            dot_rows_tile<kDType, 4>(rows, params, x, row, weight, scales, bias, feature, out,
-                                     group_widened);
-            break;
-          case 3:
-            dot_rows_tile<kDType, 3>(rows, params, x, row, weight, scales, bias, feature, out,
-                                     group_widened);
-            break;
-          case 2:
-            dot_rows_tile<kDType, 2>(rows, params, x, row, weight, scales, bias, feature, out,
-                                     group_widened);
-            break;
-          case 1:
-            dot_rows_tile<kDType, 1>(rows, params, x, row, weight, scales, bias, feature, out,
-                                     group_widened);
-            break;
-          default:
-            break;
-        }
-      }
+      dot_row_groups<kDType>(features, block, block_end, params, x, weight, scales, bias, feature,
+                             out, widen ? widened.get() : nullptr);
       feature = group_end;
     }
   }
@@ -425,27 +435,8 @@ void block_f32_features(const MatmulParams& params, const float* x, const void* 
                                       widened.get() + f * k + b * kQuantBlockElements);
       }
     }
-    for (int64_t row = 0; row < params.rows; row += kRowGroup) {
-      const int64_t rows = std::min<int64_t>(kRowGroup, params.rows - row);
-      const auto tile = [&]<int kFeatures>() {
-        dot_rows_tile<DType::kF32, kFeatures>(rows, widened_params, x, row, nullptr, nullptr, bias,
-                                              feature, out, widened.get());
-      };
-      switch (features) {
-        case 4:
-          tile.template operator()<4>();
-          break;
-        case 3:
-          tile.template operator()<3>();
-          break;
-        case 2:
-          tile.template operator()<2>();
-          break;
-        default:
-          tile.template operator()<1>();
-          break;
-      }
-    }
+    dot_row_groups<DType::kF32>(features, 0, params.rows, widened_params, x, nullptr, nullptr, bias,
+                                feature, out, widened.get());
     feature = group_end;
   }
 }

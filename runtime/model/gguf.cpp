@@ -451,9 +451,6 @@ namespace {
 uint16_t load_u16(const uint8_t* bytes) {
   return static_cast<uint16_t>(bytes[0] | bytes[1] << 8);
 }
-float load_f16(const uint8_t* bytes) {
-  return f16_to_f32(load_u16(bytes));
-}
 
 // Q4_0, Q4_1 and Q8_0 are specrun's own block dtypes too (kernels/core/dtype.h, which defines
 // their bits once).
@@ -482,7 +479,7 @@ void five_bit_values(const uint8_t* qh_bytes, const uint8_t* qs, int* values) {
 
 // Q5_0: {d, qh[4], qs[16]}: x = (q - 16) * d.
 void dequantize_q5_0(const uint8_t* block, float* out) {
-  const float d = load_f16(block);
+  const float d = block_f16(block, 0);
   int q[32];
   five_bit_values(block + 2, block + 6, q);
   for (int j = 0; j < 32; ++j) out[j] = static_cast<float>(q[j] - 16) * d;
@@ -490,8 +487,8 @@ void dequantize_q5_0(const uint8_t* block, float* out) {
 
 // Q5_1: {d, m, qh[4], qs[16]}: x = q * d + m.
 void dequantize_q5_1(const uint8_t* block, float* out) {
-  const float d = load_f16(block);
-  const float m = load_f16(block + 2);
+  const float d = block_f16(block, 0);
+  const float m = block_f16(block, 2);
   int q[32];
   five_bit_values(block + 4, block + 8, q);
   for (int j = 0; j < 32; ++j) out[j] = static_cast<float>(q[j]) * d + m;
@@ -517,8 +514,8 @@ void scale_min_k4(int j, const uint8_t* q, uint8_t* scale, uint8_t* min) {
 // qs[128]}, the same with a fifth bit per element in qh (bit 2i of qh[l] for the low nibbles of
 // pass i, bit 2i + 1 for the high ones); `qh` is null for Q4_K.
 void dequantize_k4_or_k5(const uint8_t* block, const uint8_t* qh, const uint8_t* q, float* out) {
-  const float d = load_f16(block);
-  const float dmin = load_f16(block + 2);
+  const float d = block_f16(block, 0);
+  const float dmin = block_f16(block, 2);
   const uint8_t* scales = block + 4;
   int is = 0;
   for (int pass = 0; pass < 4; ++pass) {
@@ -555,7 +552,7 @@ void dequantize_q6_k(const uint8_t* block, float* out) {
   const uint8_t* ql = block;
   const uint8_t* qh = block + 128;
   const auto* sc = reinterpret_cast<const int8_t*>(block + 192);
-  const float d = load_f16(block + 208);
+  const float d = block_f16(block, 208);
   for (int n = 0; n < 256; n += 128) {
     for (int l = 0; l < 32; ++l) {
       const int is = l / 16;
@@ -579,7 +576,7 @@ void dequantize_f32(const uint8_t* block, float* out) {
   std::memcpy(out, block, 4);
 }
 void dequantize_f16(const uint8_t* block, float* out) {
-  *out = load_f16(block);
+  *out = block_f16(block, 0);
 }
 void dequantize_bf16(const uint8_t* block, float* out) {
   *out = bf16_to_f32(load_u16(block));
