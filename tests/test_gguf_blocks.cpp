@@ -19,6 +19,7 @@
 
 #include "kernels/core/weight_layout.h"
 #include "kernels/cpu/embedding.h"
+#include "kernels/cpu/fill.h"
 #include "kernels/cpu/matmul.h"
 #include "runtime/model/gguf.h"
 #include "tests/test_support.h"
@@ -332,6 +333,9 @@ TEST_P(GgufBlockMatmul, BadShapesAreRefused) {
   ASSERT_TRUE(
       lay_out_weight(WeightLayout::kRows, blocks.data(), 4, 64, DType::kQ8_0, laid.data()).is_ok());
   EXPECT_EQ(laid, blocks);
+  // Blocks are read, never filled.
+  const FillParams fill{64, DType::kQ4_0, 1, -1.0f, 1.0f};
+  EXPECT_EQ(fill_uniform(fill, laid.data(), pool_).code(), StatusCode::kInvalidArgument);
 }
 
 TEST_P(GgufBlockMatmul, EmbeddingLooksUpTheBlocksValues) {
